@@ -1,0 +1,177 @@
+"""The ``ragbatch`` command line.
+
+Commands: ``run``, ``validate``, ``metrics``. Exit status: 0 on success, 2 for a problem
+in the config or input found before running, 1 for a failure while running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ragbatch import __version__
+from ragbatch.config import JobConfig, load_config
+from ragbatch.errors import ConfigError, InputError, RagbatchError
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragbatch", description="Evaluate RAG traces at corpus scale on Ray Data."
+    )
+    parser.add_argument("--version", action="version", version=f"ragbatch {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a job config end to end")
+    _add_config_args(run)
+    run.add_argument("--run-id", help="run id (default: generated, or run.run_id)")
+    run.add_argument("--run-date", type=dt.date.fromisoformat,
+                     help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
+    run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+
+    validate = sub.add_parser("validate", help="check a config, its input and params without running")
+    _add_config_args(validate)
+
+    metrics = sub.add_parser("metrics", help="list every metric with inputs, params, range and source")
+    metrics.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="path to the job config (YAML)")
+    p.add_argument("--input", dest="input_uri", help="override input.uri")
+    p.add_argument("--output", dest="output_uri", help="override output.uri")
+
+
+def _load(args: argparse.Namespace) -> JobConfig:
+    config = load_config(args.config)
+    if args.input_uri:
+        config.input.uri = args.input_uri
+    if args.output_uri:
+        config.output.uri = args.output_uri
+    if getattr(args, "run_date", None):
+        config.run.run_date = args.run_date
+    return config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ragbatch.runner import run_job
+
+    config = _load(args)
+    result = run_job(config, run_id=args.run_id, address=args.address,
+                     config_dir=Path(args.config).parent)
+    layout = result.layout
+    print(f"run {result.run_id} committed ({result.check.n_rows} rows x "
+          f"{len(config.metrics)} metrics = {result.check.n_cells} cells)")
+    print(f"  scores:   {layout.uri(layout.scores_path)}/")
+    print(f"  summary:  {layout.uri(layout.summary_path)}")
+    print(f"  manifest: {layout.uri(layout.manifest_path)}")
+    print()
+    print(_summary_text(result.check.summary.to_pylist()))
+    print()
+    print("query it with DuckDB:")
+    print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("
+          f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
+          f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
+    return EXIT_OK
+
+
+def _summary_text(rows: list[dict]) -> str:
+    header = f"{'metric':<28} {'n':>7} {'ok':>7} {'mean':>7}  other statuses"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        other = ", ".join(
+            f"{k[2:]}={v}" for k, v in r.items() if k.startswith("n_") and k not in ("n_total", "n_ok") and v
+        )
+        mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
+        lines.append(f"{r['metric']:<28} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  {other}")
+    return "\n".join(lines)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from ragbatch.plan import build_plan
+    from ragbatch.runner import prepare_import_paths
+
+    config = _load(args)
+    prepare_import_paths(Path(args.config).parent)
+    plan = build_plan(config)
+    _check_output_reachable(config)
+    schema = plan.input_schema
+    print(f"config {args.config}: ok")
+    print(f"input  {config.input.uri}: {len(plan.read_tasks)} read task(s); "
+          f"columns: {', '.join(schema.names) if schema is not None else '?'}")
+    mapping = {k: v for k, v in config.input.columns.model_dump().items() if v}
+    print(f"mapping: {json.dumps(mapping, ensure_ascii=False)}")
+    print(f"slice columns: {', '.join(o for _, o in plan.slices) or '(none)'}")
+    for stage in plan.stages:
+        desc = stage.describe()
+        extra = f" on engine {desc['engine']} ({desc['engine_spec']['type']})" if "engine" in desc else ""
+        print(f"stage {stage.name}{extra}: {', '.join(desc['metrics'])}")
+    for m in plan.metrics:
+        info = m.manifest_info()
+        if "regex_engine" in info:
+            why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
+            print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
+    print(f"output {config.output.uri}: reachable")
+    return EXIT_OK
+
+
+def _check_output_reachable(config: JobConfig) -> None:
+    from ragbatch.io.fs import describe_storage_error, resolve
+
+    fs, base = resolve(config.output.uri, config.output.storage_options)
+    try:
+        probe = base.rstrip("/") or "/"
+        while probe and not fs.exists(probe):
+            parent = probe.rsplit("/", 1)[0] if "/" in probe.strip("/") else ""
+            if parent in ("", probe):
+                break
+            probe = parent
+    except Exception as exc:
+        raise describe_storage_error(config.output.uri, exc, section="output") from None
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from ragbatch.registry import all_metrics
+
+    described = [cls.describe() for cls in all_metrics()]
+    if args.json:
+        print(json.dumps(described, indent=2, default=str))
+        return EXIT_OK
+    for d in described:
+        print(f"{d['name']}  [{d['kind']}]  range {d['range']}"
+              f"{' boolean' if d['boolean'] else ''}, "
+              f"{'higher' if d['higher_is_better'] else 'lower'} is better")
+        print(f"    {d['summary']}")
+        print(f"    inputs: {', '.join(d['inputs']) or '(all canonical columns)'}")
+        for pname, p in d["params"].items():
+            req = "required" if p["required"] else f"default {p['default']!r}"
+            print(f"    param {pname} ({req}): {p['description']}")
+        print(f"    source: {d['source']}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ragbatch`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics}
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, InputError) as exc:
+        print(f"ragbatch: error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except RagbatchError as exc:
+        print(f"ragbatch: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

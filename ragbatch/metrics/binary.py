@@ -1,0 +1,148 @@
+"""``binary``: a user-supplied Python callback decides pass or fail."""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from typing import Any, Callable, Literal
+
+import polars as pl
+from pydantic import Field, field_validator
+
+from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
+from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
+from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.registry import register
+from ragbatch.status import ERROR, NOT_APPLICABLE
+
+#: Columns the callback sees, in this order.
+CALLBACK_COLUMNS = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
+
+
+class BinaryParams(StrictParams):
+    callback: str = Field(description='"package.module:function", importable on every worker')
+    mode: Literal["batch", "row"] = Field(
+        "batch",
+        description="batch: fn(polars.DataFrame) -> boolean Series of the same length; "
+        "row: fn(dict) -> bool or None",
+    )
+
+    @field_validator("callback")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        load_callback(value)
+        return value
+
+
+def load_callback(spec: str) -> Callable[..., Any]:
+    """Import ``"module:function"`` and return the function.
+
+    Raises
+    ------
+    ValueError
+        The spec is malformed, the module cannot be imported, or the attribute is
+        missing or not callable. The message says which.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"callback {spec!r} must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or an error raised while importing it
+        raise ValueError(
+            f"cannot import module {module_name!r} for callback {spec!r}: "
+            f"{type(exc).__name__}: {exc}. Put it on PYTHONPATH, or next to the config file"
+        ) from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise ValueError(f"callback {spec!r} is not callable")
+    return fn
+
+
+@register
+class Binary(ExpressionMetric):
+    """1.0 / 0.0 as decided by a user function.
+
+    Follows Tonic Validate's ``BinaryMetric``. In ``batch`` mode the function receives a
+    ``polars.DataFrame`` with the canonical columns (row_id, question, contexts, answer,
+    reference, latency_s) of a batch and returns a boolean ``polars.Series`` (or list) of
+    the same length; in ``row`` mode it receives one row as a dict and returns a bool.
+
+    A null result gives ``not_applicable``; an exception, a wrong length or a non-boolean
+    value gives ``error`` with the reason (for a batch-mode exception, on every row of
+    that batch). Nulls in the inputs are passed to the callback as they are.
+    """
+
+    name = "binary"
+    inputs = ()
+    Params = BinaryParams
+    summary = "a user callback `module:function` returns True/False"
+    source = "Tonic Validate BinaryMetric"
+    policy = (
+        ("callback returns null", "not_applicable"),
+        ("callback raises / wrong length / non-bool", "error with the message"),
+        ("null inputs", "passed to the callback unchanged"),
+    )
+
+    def expression(self) -> pl.Expr:
+        fn = load_callback(self.params.callback)
+        run = _batch_runner(fn) if self.params.mode == "batch" else _row_runner(fn)
+        packed = pl.struct([pl.col(c) for c in CALLBACK_COLUMNS])
+        return packed.map_batches(run, return_dtype=CELL_DTYPE)
+
+
+def _batch_runner(fn: Callable[[pl.DataFrame], Any]) -> Callable[[pl.Series], pl.Series]:
+    def run(series: pl.Series) -> pl.Series:
+        frame = series.struct.unnest()
+        try:
+            result = fn(frame)
+        except Exception as exc:
+            return _all_error(len(frame), f"callback raised {_describe(exc)}")
+        values = result.to_list() if hasattr(result, "to_list") else list(result)
+        if len(values) != len(frame):
+            return _all_error(
+                len(frame), f"callback returned {len(values)} values for {len(frame)} rows"
+            )
+        return _cells([_judge(v) for v in values])
+
+    return run
+
+
+def _row_runner(fn: Callable[[dict[str, Any]], Any]) -> Callable[[pl.Series], pl.Series]:
+    def run(series: pl.Series) -> pl.Series:
+        out = []
+        for row in series.to_list():
+            try:
+                out.append(_judge(fn(row)))
+            except Exception as exc:
+                out.append(PyCell(None, ERROR, f"callback raised {_describe(exc)}"))
+        return _cells(out)
+
+    return run
+
+
+def _judge(value: Any) -> PyCell:
+    if value is None:
+        return PyCell(None, NOT_APPLICABLE, "callback returned null")
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy.bool_
+        return PyCell(float(bool(value)))
+    return PyCell(None, ERROR, f"callback returned {value!r} ({type(value).__name__}); "
+                               "expected True, False or None")
+
+
+def _describe(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _all_error(n: int, reason: str) -> pl.Series:
+    return _cells([PyCell(None, ERROR, reason)] * n)
+
+
+def _cells(cells: list[PyCell]) -> pl.Series:
+    return pl.Series([to_cell_dict(c) for c in cells], dtype=CELL_DTYPE)

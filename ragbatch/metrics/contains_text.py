@@ -1,0 +1,82 @@
+"""``contains_text``: every given string occurs in the answer."""
+
+from __future__ import annotations
+
+import polars as pl
+from pydantic import Field, field_validator
+
+from ragbatch.metrics._cells import cell, missing
+from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.registry import register
+
+
+class ContainsTextParams(StrictParams):
+    text: str | list[str] = Field(description="a string or a list of strings that must all occur")
+    case_sensitive: bool = Field(False, description="when false, lowercase both sides first")
+
+    @field_validator("text")
+    @classmethod
+    def _non_empty(cls, value: str | list[str]) -> str | list[str]:
+        needles = [value] if isinstance(value, str) else value
+        if not needles:
+            raise ValueError("give at least one string to look for")
+        for i, needle in enumerate(needles):
+            if needle == "":
+                where = "text" if isinstance(value, str) else f"text[{i}]"
+                raise ValueError(f"{where} is empty; an empty string occurs in every answer")
+        return value
+
+    @property
+    def needles(self) -> list[str]:
+        return [self.text] if isinstance(self.text, str) else list(self.text)
+
+
+@register
+class ContainsText(ExpressionMetric):
+    """1.0 when every string in ``text`` occurs in the answer (substring test), else 0.0.
+
+    Follows Tonic Validate's ``ContainsTextMetric`` (Python ``needle in answer``;
+    case-insensitive by default with both sides lowercased). The reason of a 0.0 lists
+    the strings that are missing. Cost: one literal substring search per string.
+    """
+
+    name = "contains_text"
+    inputs = ("answer",)
+    Params = ContainsTextParams
+    summary = "every given string occurs in the answer"
+    source = "Tonic Validate ContainsTextMetric"
+    policy = (("answer null", "missing_input"), ("answer empty", "scored: 0.0"))
+    examples = (
+        Example({"answer": "Use Delta Lake on Databricks"}, 1.0,
+                params={"text": ["delta lake", "DATABRICKS"]}),
+        Example({"answer": "Use Delta Lake"}, 0.0, params={"text": ["delta", "spark"]}),
+        Example({"answer": "Use Delta Lake"}, 0.0, params={"text": "delta", "case_sensitive": True}),
+        Example({"answer": "価格は🚀です"}, 1.0, params={"text": "🚀"}),
+        Example({"answer": ""}, 0.0, params={"text": "a"}),
+        Example({}, None, "missing_input", params={"text": "a"}),
+    )
+
+    def expression(self) -> pl.Expr:
+        answer = pl.col("answer")
+        needles = self.params.needles
+        if not self.params.case_sensitive:
+            answer = answer.str.to_lowercase()
+        found = [
+            answer.str.contains(
+                needle if self.params.case_sensitive else _lower(needle), literal=True
+            )
+            for needle in needles
+        ]
+        missing_list = pl.concat_str(
+            [pl.when(~f).then(pl.lit(repr(n))) for f, n in zip(found, needles)],
+            separator=", ",
+            ignore_nulls=True,
+        )
+        all_found = pl.all_horizontal(found)
+        reason = pl.when(~all_found).then(pl.format("not found: {}", missing_list))
+        return cell([missing("answer")], all_found, reason=reason)
+
+
+def _lower(text: str) -> str:
+    """Lowercase with Polars so that needles and answers use one mapping."""
+    return pl.Series([text]).str.to_lowercase()[0]

@@ -1,0 +1,120 @@
+"""``regex``: the answer matches a regular expression (Python ``re`` semantics)."""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+from pydantic import Field, field_validator
+
+from ragbatch.metrics._cells import PyCell, cell, details_json, missing, python_cells
+from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.regex_compat import Translation, translate
+from ragbatch.registry import register
+
+
+class RegexParams(StrictParams):
+    pattern: str = Field(description="a Python `re` pattern")
+    expected_count: int | None = Field(
+        None, ge=0,
+        description="when set, pass iff the number of non-overlapping matches equals it; "
+        "when null, pass iff there is any match",
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        return value
+
+
+@register
+class Regex(ExpressionMetric):
+    """Regular-expression check on the answer, with Python ``re`` as the reference.
+
+    With ``expected_count`` (Tonic Validate ``RegexMetric``): 1.0 when
+    ``len(re.findall(pattern, answer)) == expected_count``, and ``details`` holds
+    ``{"count": n}``. Without it (Vellum "Regex Match"): 1.0 when
+    ``re.search(pattern, answer)`` finds a match.
+
+    Notes
+    -----
+    The pattern runs on Polars' Rust engine when :func:`ragbatch.regex_compat.translate`
+    can express it with exactly the same meaning; otherwise (look-around,
+    backreferences, ``$`` before a final newline, ``\\b``, zero-width matches when
+    counting, ...) it runs with Python ``re`` row by row. The run manifest records which
+    engine ran and why.
+    """
+
+    name = "regex"
+    inputs = ("answer",)
+    Params = RegexParams
+    summary = "answer matches `pattern` (any match, or exactly `expected_count` matches)"
+    source = "Tonic Validate RegexMetric (count) / Vellum Regex Match (search)"
+    policy = (("answer null", "missing_input"), ("answer empty", "scored like any string"))
+    examples = (
+        Example({"answer": "Databricks and databricks"}, 1.0, params={"pattern": "(?i)databricks"}),
+        Example({"answer": "Databricks and databricks"}, 1.0,
+                params={"pattern": "(?i)databricks", "expected_count": 2}),
+        Example({"answer": "Databricks"}, 0.0, params={"pattern": "(?i)databricks", "expected_count": 2}),
+        Example({"answer": "abc"}, 1.0, params={"pattern": "(?<=a)b", "expected_count": 1},
+                note="look-behind runs on Python re"),
+        Example({"answer": "x\u0301y"}, 1.0, params={"pattern": r"\w+", "expected_count": 2},
+                note="Python \\w does not match combining marks"),
+        Example({"answer": ""}, 0.0, params={"pattern": "a"}),
+        Example({}, None, "missing_input", params={"pattern": "a"}),
+    )
+
+    @property
+    def counting(self) -> bool:
+        return self.params.expected_count is not None
+
+    @cached_property
+    def translation(self) -> Translation:
+        return translate(self.params.pattern, count=self.counting)
+
+    def manifest_info(self) -> dict[str, Any]:
+        info = super().manifest_info()
+        tr = self.translation
+        info["regex_engine"] = "polars" if tr.rust_pattern is not None else "python-re"
+        if tr.rust_pattern is None:
+            info["regex_fallback_reason"] = tr.reason
+        return info
+
+    def expression(self) -> pl.Expr:
+        rust = self.translation.rust_pattern
+        if rust is None:
+            return self._python_expression()
+        answer = pl.col("answer")
+        if not self.counting:
+            found = answer.str.contains(rust)
+            return cell([missing("answer")], found, reason=pl.when(~found).then(pl.lit("no match")))
+        count = answer.str.count_matches(rust)
+        passed = count == self.params.expected_count
+        reason = pl.when(~passed).then(
+            pl.format("{} matches, expected {}", count, pl.lit(self.params.expected_count))
+        )
+        return cell([missing("answer")], passed, reason=reason, details=details_json(count=count))
+
+    def _python_expression(self) -> pl.Expr:
+        compiled = re.compile(self.params.pattern)
+        expected = self.params.expected_count
+
+        def score_rows(rows: list[dict[str, Any]]) -> list[PyCell]:
+            out = []
+            for row in rows:
+                if expected is None:
+                    hit = compiled.search(row["answer"]) is not None
+                    out.append(PyCell(float(hit), reason=None if hit else "no match"))
+                else:
+                    n = sum(1 for _ in compiled.finditer(row["answer"]))
+                    out.append(PyCell(float(n == expected), details={"count": n},
+                                      reason=None if n == expected else f"{n} matches, expected {expected}"))
+            return out
+
+        return python_cells([missing("answer")], ["answer"], score_rows)

@@ -1,0 +1,154 @@
+"""Turn a validated config into a plan: metrics with params, stages, input tasks.
+
+Everything that can be checked before any metric runs is checked here (metric names and
+params, engines, input reachability, mapped columns), and all problems are reported in
+one error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pydantic import TypeAdapter
+
+from ragbatch.config import EngineSpec, JobConfig
+from ragbatch.errors import ConfigError, InputError
+from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
+from ragbatch.registry import get_metric
+
+_ENGINE_ADAPTER: TypeAdapter = TypeAdapter(EngineSpec)
+
+
+@dataclass
+class Stage:
+    """One pipeline stage: all expression metrics, or the model metrics of one engine."""
+
+    kind: str  # "expression" | "model"
+    name: str
+    metrics: list[Metric]
+    engine_name: str | None = None
+    engine: Any = None  # validated engine spec (pydantic model) for model stages
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"stage": self.name, "kind": self.kind,
+                               "metrics": [m.id for m in self.metrics]}
+        if self.engine is not None:
+            out["engine"] = self.engine_name
+            out["engine_spec"] = self.engine.model_dump(mode="json")
+        return out
+
+
+@dataclass
+class Plan:
+    """What a run will do. ``read_tasks`` and ``input_schema`` are empty when the plan was
+    built without touching the input."""
+
+    config: JobConfig
+    metrics: list[Metric]
+    stages: list[Stage]
+    engines: dict[str, Any]
+    read_tasks: list = field(default_factory=list)
+    input_schema: pa.Schema | None = None
+    slices: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def metric_ids(self) -> list[str]:
+        return [m.id for m in self.metrics]
+
+    @property
+    def slice_names(self) -> list[str]:
+        return [out for _, out in self.slices]
+
+
+def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list[str]]:
+    """Instantiate every metric; resolve engines. Returns (metrics, engines, problems)."""
+    metrics: list[Metric] = []
+    engines: dict[str, Any] = dict(config.engines)
+    problems: list[str] = []
+    for i, spec in enumerate(config.metrics):
+        where = f"metrics[{i}]"
+        try:
+            cls = get_metric(spec.name, where=f"{where}.name")
+            engine_name = _resolve_engine(cls, spec.engine, engines, where)
+            metrics.append(cls.from_params(spec.params, metric_id=spec.metric_id,
+                                           engine=engine_name, where=f"{where}.params"))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    return metrics, engines, problems
+
+
+def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any], where: str) -> str | None:
+    if not issubclass(cls, ModelMetric):
+        if name is not None:
+            raise ConfigError(f"{where}.engine: {cls.name} is computed without a model; remove `engine:`")
+        return None
+    if name is None:
+        if cls.default_engine is None:
+            raise ConfigError(f"{where}.engine: {cls.name} needs an engine of type "
+                              f"{' or '.join(cls.engine_types)}; define one under `engines`")
+        default = _ENGINE_ADAPTER.validate_python(cls.default_engine)
+        name = f"default_{default.type}"
+        engines.setdefault(name, default)
+    spec = engines[name]
+    if spec.type not in cls.engine_types:
+        raise ConfigError(
+            f"{where}.engine: engine {name!r} has type {spec.type!r}, but {cls.name} needs "
+            f"{' or '.join(repr(t) for t in cls.engine_types)}"
+        )
+    return name
+
+
+def _engine_problems(engines: dict[str, Any]) -> list[str]:
+    problems = []
+    for name, spec in engines.items():
+        model = getattr(spec, "model", None)
+        if model and "://" not in model and not Path(model).expanduser().exists():
+            problems.append(f"engines.{name}.model: {model!r} does not exist; give a local model directory")
+    return problems
+
+
+def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
+    stages: list[Stage] = []
+    expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
+    if expression:
+        stages.append(Stage("expression", "expressions", expression))
+    for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, ModelMetric)):
+        members = [m for m in metrics if isinstance(m, ModelMetric) and m.engine == name]
+        stages.append(Stage("model", f"model:{name}", members, name, engines[name]))
+    return stages
+
+
+def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
+    """Validate metrics, engines and (unless ``inspect_input`` is false) the input.
+
+    Raises
+    ------
+    ConfigError
+        Unknown metrics, bad params, engine mismatches, unmapped columns a metric needs.
+    InputError
+        The input cannot be listed or read, or a mapped column does not exist.
+    """
+    from ragbatch.io.read import peek_schema, plan_read
+    from ragbatch.io.schema import check_columns, slice_columns
+
+    metrics, engines, problems = build_metrics(config)
+    problems += _engine_problems(engines)
+    if problems:
+        raise ConfigError(problems)
+    plan = Plan(config, metrics, _stages(metrics, engines), engines)
+    if not inspect_input:
+        return plan
+    plan.read_tasks = plan_read(config.input)
+    plan.input_schema = peek_schema(config.input)
+    column_problems = check_columns(config.input, plan.input_schema)
+    if column_problems:
+        raise InputError("\n".join(column_problems))
+    mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
+    missing = [p for m in metrics for p in m.check_input(mapped)]
+    if missing:
+        raise ConfigError(missing)
+    plan.slices = slice_columns(config.input, plan.input_schema)
+    return plan

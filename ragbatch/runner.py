@@ -1,0 +1,216 @@
+"""Run a job: plan, execute on Ray Data, write, verify row conservation, commit.
+
+With no Ray address (and no ``RAY_ADDRESS``), Ray starts locally in this process; with
+one, the same plan runs on that cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragbatch.config import JobConfig
+from ragbatch.errors import InputError
+from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
+from ragbatch.io.write import OutputLayout, RunCheck, verify_run
+from ragbatch.manifest import build_manifest
+from ragbatch.plan import Plan, build_plan
+
+log = logging.getLogger("ragbatch")
+
+#: Target rows per output Parquet file (Ray may write fewer for the last file).
+ROWS_PER_FILE = 1_000_000
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced."""
+
+    run_id: str
+    run_date: dt.date
+    layout: OutputLayout
+    check: RunCheck
+    manifest: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def new_run_id(now: dt.datetime | None = None) -> str:
+    """``YYYYMMDDTHHMMSSZ-xxxxxx``: UTC start time plus 6 random hex digits."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None = None,
+            config_dir: str | Path | None = None) -> RunResult:
+    """Execute a job end to end and return where its outputs are.
+
+    Raises
+    ------
+    ConfigError, InputError
+        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds.
+    OutputError
+        The run id already exists under the output root, or the root is not writable.
+    ConservationError
+        The written scores do not hold exactly one cell per (row, metric); the run is
+        then not committed (no manifest is written).
+    """
+    started = dt.datetime.now(dt.timezone.utc)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    import_paths = prepare_import_paths(config_dir)
+    plan = build_plan(config)
+    run_id = run_id or config.run.run_id or new_run_id(started)
+    run_date = config.run.run_date or started.date()
+    layout = OutputLayout.for_run(config.output, run_date, run_id)
+    layout.ensure_new()
+    timings["plan_s"] = time.perf_counter() - t0
+    log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
+             len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
+
+    t1 = time.perf_counter()
+    ray_info = ensure_ray(address, import_paths)
+    n_rows = execute(plan, layout)
+    timings["execute_s"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    names = {m.id: m.name for m in plan.metrics}
+    check = verify_run(layout, plan.metric_ids, names, n_rows)
+    layout.write_table(layout.summary_path, check.summary)
+    timings["verify_s"] = time.perf_counter() - t2
+    timings["total_s"] = time.perf_counter() - t0
+    manifest = build_manifest(plan, layout, check, started=started, timings=timings, ray_info=ray_info)
+    layout.write_json(layout.manifest_path, manifest)
+    log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
+             len(plan.metrics), timings["total_s"])
+    return RunResult(run_id, run_date, layout, check, manifest, timings)
+
+
+def prepare_import_paths(config_dir: str | Path | None) -> list[str]:
+    """Put the directories user callbacks may live in (the working directory and the
+    config file's directory) on ``sys.path``; return them for the Ray workers."""
+    import sys
+
+    paths = [os.getcwd()]
+    if config_dir is not None:
+        paths.append(str(Path(config_dir).resolve()))
+    paths = list(dict.fromkeys(paths))
+    for p in reversed(paths):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    return paths
+
+
+def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
+    """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally; return facts
+    about the cluster for the manifest. An already initialised Ray is reused."""
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        existing = os.environ.get("PYTHONPATH", "")
+        env = {"PYTHONPATH": os.pathsep.join([*import_paths, existing] if existing else import_paths)}
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            if var in os.environ:
+                env[var] = os.environ[var]
+        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(include_dashboard=False, **kwargs)
+    ctx = ray.get_runtime_context()
+    return {
+        "address": getattr(ctx, "gcs_address", None),
+        "resources": {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")},
+    }
+
+
+def execute(plan: Plan, layout: OutputLayout) -> int:
+    """Build the Ray Data pipeline, run it into ``layout``; return the input row count.
+
+    Raises
+    ------
+    InputError
+        The input turned out to hold no rows.
+    """
+    import ray
+
+    from udfs.read import RowLedger
+
+    ledger = ray.remote(num_cpus=0)(RowLedger).remote()
+    ds, local_rows = _source(plan, ledger)
+    ds = _score(ds, plan)
+    _write(ds, layout)
+    n_rows = local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
+    ray.kill(ledger)
+    if n_rows == 0:
+        raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
+    return n_rows
+
+
+def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
+    """The normalized input dataset, and its row count when read on the driver."""
+    import ray.data
+
+    from udfs.read import read_stage
+
+    cfg = plan.config.input
+    fs, _ = resolve(cfg.uri, cfg.storage_options)
+    if is_process_local(fs):
+        # The input lives in this process only (memory://): read it here.
+        from ragbatch.io.read import read_task
+        from ragbatch.io.schema import normalize
+
+        tables = [normalize(read_task(t, cfg), cfg, t, slices=plan.slices) for t in plan.read_tasks]
+        return ray.data.from_arrow(tables), sum(t.num_rows for t in tables)
+    items = [{"task": i} for i in range(len(plan.read_tasks))]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.map_batches(
+        read_stage, batch_size=1, batch_format="pyarrow",
+        fn_kwargs={"tasks": plan.read_tasks, "input_cfg": cfg, "slices": plan.slices,
+                   "ledger": ledger},
+    )
+    return ds, None
+
+
+def _score(ds: Any, plan: Plan) -> Any:
+    """Chain the metric stages and the wide-to-long stage."""
+    from udfs.expressions import expression_stage
+    from udfs.scores import to_long
+
+    for stage in plan.stages:
+        if stage.kind == "expression":
+            ds = ds.map_batches(expression_stage, batch_format="pyarrow",
+                                fn_kwargs={"metrics": stage.metrics})
+        else:
+            from udfs.similarity import ModelStage, stage_options
+
+            spec = stage.engine.model_dump(mode="json")
+            ds = ds.map_batches(
+                ModelStage, batch_format="pyarrow",
+                fn_constructor_kwargs={
+                    "engine_name": stage.engine_name, "engine_spec": spec,
+                    "metrics": [{"name": m.name, "id": m.id,
+                                 "params": m.params.model_dump(mode="json")}
+                                for m in stage.metrics],
+                },
+                **stage_options(spec),
+            )
+    return ds.map_batches(to_long, batch_format="pyarrow",
+                          fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
+
+
+def _write(ds: Any, layout: OutputLayout) -> None:
+    if layout.process_local:
+        # The output lives in this process only (memory://): write it from here.
+        for i, batch in enumerate(ds.iter_batches(batch_format="pyarrow", batch_size=None)):
+            if batch.num_rows:
+                layout.write_table(f"{layout.scores_path}/part-{i:05d}.parquet", batch)
+        return
+    ds.write_parquet(layout.scores_path, filesystem=to_pyarrow(layout.fs),
+                     min_rows_per_file=ROWS_PER_FILE)

@@ -1,0 +1,43 @@
+"""The status vocabulary of a score cell.
+
+Every (row, metric) cell of the scores table carries exactly one of these one-word
+statuses. ``score`` is non-null only when the status is ``ok``: a score of 0 always means
+the metric measured 0, never that something failed.
+"""
+
+from __future__ import annotations
+
+OK = "ok"
+NOT_APPLICABLE = "not_applicable"
+MISSING_INPUT = "missing_input"
+PARSE_FAILURE = "parse_failure"
+JUDGE_ERROR = "judge_error"
+TIMEOUT = "timeout"
+CONTEXT_TOO_LONG = "context_too_long"
+ERROR = "error"
+
+#: Every status, in the order summaries and reports list them.
+STATUSES: tuple[str, ...] = (
+    OK,
+    NOT_APPLICABLE,
+    MISSING_INPUT,
+    PARSE_FAILURE,
+    JUDGE_ERROR,
+    TIMEOUT,
+    CONTEXT_TOO_LONG,
+    ERROR,
+)
+
+#: One line per status, used by ``ragbatch metrics`` and the docs.
+DESCRIPTIONS: dict[str, str] = {
+    OK: "the metric ran; `score` holds its value",
+    NOT_APPLICABLE: "the inputs are present but the metric does not apply to them "
+    "(for example an empty context list for context_length)",
+    MISSING_INPUT: "a required input is null, empty where content is needed, or not of "
+    "the expected type; `reason` names the column",
+    PARSE_FAILURE: "a model or callback reply could not be parsed",
+    JUDGE_ERROR: "the judge engine failed for this row",
+    TIMEOUT: "the call for this row ran past its time limit",
+    CONTEXT_TOO_LONG: "the prompt would exceed the model's context window",
+    ERROR: "anything else went wrong for this row; `reason` holds the message",
+}

@@ -1,0 +1,37 @@
+"""Shared pytest fixtures: one local Ray instance per test session, data paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO / "examples" / "data"
+
+# Model hubs are unreachable by design: every model loads from a local path.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+pytest_plugins = ["s3_fixtures"]
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray instance shared by the whole session (starting one takes seconds)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}},
+        )
+    yield ray
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO

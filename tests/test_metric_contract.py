@@ -1,0 +1,71 @@
+"""One contract test per registered metric: declarations complete, examples hold."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from metric_frames import canonical_frame, run_metric
+from ragbatch.columns import CANONICAL
+from ragbatch.metrics.base import ExpressionMetric, ModelMetric
+from ragbatch.registry import all_metrics
+from ragbatch.status import STATUSES
+
+METRICS = all_metrics()
+IDS = [m.name for m in METRICS]
+
+
+def test_registry_has_the_design_catalogue():
+    expected = {"answer_match", "exact_match", "contains_text", "regex", "response_length",
+                "context_length", "latency", "json_valid", "binary", "semantic_similarity"}
+    assert expected <= set(IDS)
+
+
+@pytest.mark.parametrize("cls", METRICS, ids=IDS)
+def test_declarations(cls):
+    assert re.fullmatch(r"[a-z][a-z0-9_]*", cls.name)
+    assert cls.kind in ("expression", "model")
+    assert set(cls.inputs) <= set(CANONICAL)
+    low, high = cls.score_range
+    assert low < high
+    assert cls.summary and cls.source and cls.__doc__
+    assert cls.policy, "every metric documents its degenerate-input policy"
+    described = cls.describe()
+    assert described["name"] == cls.name and described["params"] is not None
+
+
+@pytest.mark.parametrize("cls", [m for m in METRICS if issubclass(m, ExpressionMetric)],
+                         ids=[m.name for m in METRICS if issubclass(m, ExpressionMetric)])
+def test_examples_hold_and_scores_in_range(cls):
+    for ex in cls.examples:
+        metric = cls.from_params(ex.params)
+        cell = run_metric(metric, [ex.inputs])[0]
+        assert cell["status"] == ex.status, (ex, cell)
+        assert cell["status"] in STATUSES
+        if ex.score is None:
+            assert cell["score"] is None, (ex, cell)
+        else:
+            assert cell["score"] == pytest.approx(ex.score), (ex, cell)
+            low, high = cls.score_range
+            assert low <= cell["score"] <= high
+            if cls.boolean:
+                assert cell["score"] in (0.0, 1.0)
+
+
+@pytest.mark.parametrize("cls", [m for m in METRICS if issubclass(m, ModelMetric)],
+                         ids=[m.name for m in METRICS if issubclass(m, ModelMetric)])
+def test_model_metric_examples_with_default_engine(cls):
+    from pydantic import TypeAdapter
+
+    from ragbatch.config import EngineSpec
+    from ragbatch.engines.sentence_transformers import load_model
+
+    assert cls.default_engine is not None and cls.engine_types
+    model = load_model(TypeAdapter(EngineSpec).validate_python(cls.default_engine))
+    for ex in cls.examples:
+        metric = cls.from_params(ex.params)
+        cell = metric.compute(model, canonical_frame([ex.inputs])).to_list()[0]
+        assert cell["status"] == ex.status, (ex, cell)
+        if ex.score is not None:
+            assert cell["score"] == pytest.approx(ex.score, abs=1e-3)

@@ -1,0 +1,216 @@
+"""Deterministic metrics against hand-worked values.
+
+Every frame mixes ordinary rows with nulls, empty strings, CJK, emoji, combining marks and
+an exact duplicate row; expected cells were worked out by hand from the definitions in
+DESIGN.md / the metric docstrings.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from metric_frames import run_metric
+from ragbatch.errors import ConfigError
+from ragbatch.registry import get_metric
+
+NULL = None
+OK, MISSING, NA, ERROR = "ok", "missing_input", "not_applicable", "error"
+
+
+def metric(name, **params):
+    return get_metric(name).from_params(params)
+
+
+def scores(cells):
+    return [(c["score"], c["status"]) for c in cells]
+
+
+def test_answer_match_case_insensitive_default():
+    rows = [{"answer": "Paris"}, {"answer": "PARIS"}, {"answer": "paris "}, {"answer": ""},
+            {"answer": None}, {"answer": "Paris"}]
+    got = scores(run_metric(metric("answer_match", text="paris"), rows))
+    assert got == [(1.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK)]
+
+
+def test_answer_match_unicode_and_case_sensitive():
+    rows = [{"answer": "東京🚀"}, {"answer": "e\u0301"}, {"answer": "\u00e9"}, {"answer": "ΣΟΦΙΑ"}]
+    got = scores(run_metric(metric("answer_match", text="e\u0301", case_sensitive=True), rows))
+    assert got == [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK)]  # no Unicode normalization
+    greek = scores(run_metric(metric("answer_match", text="σοφια"), rows))
+    assert greek[3] == (1.0, OK)
+
+
+def test_exact_match_strip_and_nulls():
+    rows = [
+        {"answer": "\nRich people and nerds.", "reference": "Rich people and nerds."},
+        {"answer": "rich people and nerds.", "reference": "Rich people and nerds."},
+        {"answer": "x", "reference": None},
+        {"answer": None, "reference": "x"},
+        {"answer": "", "reference": ""},
+        {"answer": "数据\u3000", "reference": "数据"},  # ideographic space is whitespace
+    ]
+    got = scores(run_metric(metric("exact_match"), rows))
+    assert got == [(1.0, OK), (0.0, OK), (NULL, MISSING), (NULL, MISSING), (1.0, OK), (1.0, OK)]
+    cells = run_metric(metric("exact_match"), rows)
+    assert cells[2]["reason"] == "reference is null"
+    assert cells[3]["reason"] == "answer is null"
+    insensitive = scores(run_metric(metric("exact_match", case_sensitive=False), rows))
+    assert insensitive[1] == (1.0, OK)
+
+
+def test_exact_match_reason_from_normalizer_issue():
+    rows = [{"answer": None, "reference": "x",
+             "_issues": {"answer": "answer: expected a string, got int (42)"}}]
+    cell = run_metric(metric("exact_match"), rows)[0]
+    assert (cell["status"], cell["reason"]) == (MISSING, "answer: expected a string, got int (42)")
+
+
+def test_contains_text_list_and_reason():
+    rows = [{"answer": "Delta Lake runs on Databricks"}, {"answer": "Delta only"},
+            {"answer": ""}, {"answer": None}, {"answer": "DATABRICKS 🚀 delta lake"}]
+    cells = run_metric(metric("contains_text", text=["delta lake", "Databricks"]), rows)
+    assert scores(cells) == [(1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK)]
+    assert cells[1]["reason"] == "not found: 'delta lake', 'Databricks'"
+    assert cells[0]["reason"] is None
+
+
+def test_contains_text_case_sensitive_and_cjk():
+    rows = [{"answer": "価格は🚀です"}, {"answer": "Spark"}]
+    assert scores(run_metric(metric("contains_text", text="🚀"), rows)) == [(1.0, OK), (0.0, OK)]
+    assert scores(run_metric(metric("contains_text", text="spark", case_sensitive=True), rows)) == [
+        (0.0, OK), (0.0, OK)]
+
+
+@pytest.mark.parametrize("params, expected", [
+    ({"min_chars": 1, "max_chars": 4}, [(1.0, OK), (0.0, OK), (0.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
+    ({"min_chars": 0, "max_chars": 0}, [(0.0, OK), (0.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),
+    ({"max_chars": 4}, [(1.0, OK), (0.0, OK), (1.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
+    ({"min_chars": 5}, [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),
+])
+def test_response_length_bounds(params, expected):
+    # lengths by hand: "abcd"=4, "abcdef"=6, ""=0, "e\u0301🚀数"=4 code points, null, "abcd" duplicate
+    rows = [{"answer": "abcd"}, {"answer": "abcdef"}, {"answer": ""},
+            {"answer": "e\u0301🚀数"}, {"answer": None}, {"answer": "abcd"}]
+    cells = run_metric(metric("response_length", **params), rows)
+    assert scores(cells) == expected
+    assert [c["details"] for c in cells] == [
+        '{"length":4}', '{"length":6}', '{"length":0}', '{"length":4}', None, '{"length":4}']
+
+
+def test_context_length_cases():
+    rows = [
+        {"contexts": ["abc", "数据库"]},          # 3, 3
+        {"contexts": ["abc", "abcdefgh"]},        # 3, 8 -> #1 out
+        {"contexts": []},
+        {"contexts": None},
+        {"contexts": ["abc", None]},
+        {"contexts": ["", "🚀🚀"]},               # 0, 2 -> #0 out
+    ]
+    cells = run_metric(metric("context_length", min_chars=1, max_chars=5), rows)
+    assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (NULL, MISSING), (NULL, MISSING), (0.0, OK)]
+    assert cells[1]["reason"] == "#1 (8 chars) outside [1, 5]"
+    assert cells[5]["reason"] == "#0 (0 chars) outside [1, 5]"
+    assert cells[4]["reason"] == "contexts[1] is null"
+    assert cells[2]["reason"] == "contexts is an empty list"
+    assert cells[0]["details"] == '{"lengths":[3,3]}'
+
+
+def test_latency():
+    rows = [{"latency_s": 1.5}, {"latency_s": 2.0}, {"latency_s": 2.0000001}, {"latency_s": None},
+            {"latency_s": float("nan")}, {"latency_s": -0.1}, {"latency_s": float("inf")}]
+    cells = run_metric(metric("latency", target_s=2.0), rows)
+    assert scores(cells) == [(1.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (NULL, MISSING),
+                             (NULL, MISSING), (0.0, OK)]
+    assert cells[5]["reason"] == "latency_s is negative (-0.1)"
+
+
+def test_json_valid_with_and_without_schema():
+    rows = [{"answer": '{"a": 1}'}, {"answer": "[1, 2"}, {"answer": "NaN"}, {"answer": ""},
+            {"answer": None}, {"answer": ' "数据" '}, {"answer": "```json\n{}\n```"}]
+    cells = run_metric(metric("json_valid"), rows)
+    assert scores(cells) == [(1.0, OK), (0.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK), (0.0, OK)]
+    assert cells[1]["reason"].startswith("not JSON: ")
+    schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}
+    with_schema = run_metric(metric("json_valid", schema=schema), rows)
+    assert scores(with_schema)[:2] == [(1.0, OK), (0.0, OK)]
+    assert scores(with_schema)[5] == (0.0, OK)  # a JSON string is not an object
+    assert "does not match schema" in with_schema[5]["reason"]
+
+
+@pytest.mark.parametrize("pattern, expected_count, answers, expected", [
+    ("(?i)databricks", None, ["Databricks", "none", "", None], [1.0, 0.0, 0.0, None]),
+    ("(?i)databricks", 2, ["databricks and DATABRICKS", "databricks"], [1.0, 0.0]),
+    (r"\w+", 2, ["x\u0301y", "数据 库"], [1.0, 1.0]),        # Python \w skips the combining mark
+    (r"(?<=a)b", 1, ["abab", "ab"], [0.0, 1.0]),             # look-behind: Python re path
+    (r"(\w)\1", None, ["aa", "ab"], [1.0, 0.0]),              # backreference
+    (r"end$", None, ["the end\n", "end."], [1.0, 0.0]),       # $ before a final newline
+    (r"🚀+", 1, ["go 🚀🚀 now", "🚀 🚀"], [1.0, 0.0]),
+    (r"a*", 3, ["baa"], [1.0]),                               # empty matches counted as Python does
+])
+def test_regex_matches_python(pattern, expected_count, answers, expected):
+    m = metric("regex", pattern=pattern, expected_count=expected_count)
+    cells = run_metric(m, [{"answer": a} for a in answers])
+    assert [c["score"] for c in cells] == expected
+    assert [c["status"] for c in cells] == [OK if a is not None else MISSING for a in answers]
+
+
+def test_regex_engine_recorded():
+    assert metric("regex", pattern="(?i)databricks").manifest_info()["regex_engine"] == "polars"
+    info = metric("regex", pattern=r"(?<=a)b").manifest_info()
+    assert info["regex_engine"] == "python-re" and info["regex_fallback_reason"]
+
+
+@pytest.mark.parametrize("name, params, fragment", [
+    ("regex", {"pattern": "(unclosed"}, "invalid regular expression"),
+    ("regex", {"pattern": "a", "expected_count": -1}, "expected_count"),
+    ("response_length", {"min_chars": 5, "max_chars": 2}, "min_chars (5) is greater than max_chars (2)"),
+    ("response_length", {}, "set min_chars, max_chars or both"),
+    ("context_length", {"min_chars": -1}, "min_chars"),
+    ("contains_text", {"text": ["a", ""]}, "text[1] is empty"),
+    ("contains_text", {"text": []}, "at least one string"),
+    ("answer_match", {}, "params.text"),
+    ("answer_match", {"text": "x", "casesensitive": True}, "unknown param for answer_match"),
+    ("json_valid", {"schema": {"type": 5}}, "not a valid JSON Schema"),
+    ("binary", {"callback": "no_such_module_xyz:f"}, "cannot import module 'no_such_module_xyz'"),
+    ("binary", {"callback": "json"}, "must look like 'package.module:function'"),
+    ("binary", {"callback": "json:no_such_function"}, "has no attribute 'no_such_function'"),
+    ("latency", {"target_s": "soon"}, "target_s"),
+])
+def test_bad_params_name_the_field(name, params, fragment):
+    with pytest.raises(ConfigError) as info:
+        get_metric(name).from_params(params)
+    assert fragment in str(info.value)
+
+
+def test_unknown_metric_suggests():
+    with pytest.raises(ConfigError) as info:
+        get_metric("exact_mach")
+    assert "did you mean 'exact_match'" in str(info.value)
+
+
+def test_binary_batch_callback():
+    rows = [{"answer": "42 apples"}, {"answer": "none"}, {"answer": None}, {"answer": "42 apples"}]
+    cells = run_metric(metric("binary", callback="binary_callbacks:answer_has_digit"), rows)
+    assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (1.0, OK)]
+    assert cells[2]["reason"] == "callback returned null"
+    seen = run_metric(metric("binary", callback="binary_callbacks:sees_canonical_columns"), rows)
+    assert {c["score"] for c in seen} == {1.0}
+
+
+def test_binary_batch_failures_become_error_cells():
+    rows = [{"answer": "a"}, {"answer": "b"}]
+    cells = run_metric(metric("binary", callback="binary_callbacks:wrong_length"), rows)
+    assert scores(cells) == [(NULL, ERROR)] * 2
+    assert cells[0]["reason"] == "callback returned 1 values for 2 rows"
+    cells = run_metric(metric("binary", callback="binary_callbacks:raises"), rows)
+    assert scores(cells) == [(NULL, ERROR)] * 2
+    assert cells[0]["reason"].startswith("callback raised ValueError: boom")
+
+
+def test_binary_row_callback():
+    rows = [{"answer": "a", "reference": "x"}, {"answer": "a"}, {"answer": None},
+            {"answer": "raise"}, {"answer": "int"}]
+    cells = run_metric(metric("binary", callback="binary_callbacks:row_has_reference", mode="row"), rows)
+    assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (NULL, ERROR), (NULL, ERROR)]
+    assert "KeyError" in cells[3]["reason"]
+    assert "expected True, False or None" in cells[4]["reason"]

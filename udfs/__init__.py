@@ -1,0 +1,1 @@
+"""Ray Data stage functions and callable classes (one module per pipeline stage)."""

@@ -1,0 +1,49 @@
+"""Read stage: one Ray task per read task (a file or a slice of a Parquet file)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from ragbatch.config import InputSection
+from ragbatch.io.read import ReadTask, read_task
+from ragbatch.io.schema import normalize
+
+
+def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
+               slices: list[tuple[str, str]], ledger: Any = None) -> pa.Table:
+    """Read and normalize the read tasks whose indices are in ``batch["task"]``.
+
+    Returns canonical rows (``ragbatch.columns.CANONICAL_SCHEMA`` plus the planned
+    ``slices``, so every block has the same columns) in task order. When ``ledger`` (a :class:`RowLedger` actor handle) is given, the row
+    count of each task is recorded there, keyed by task index, so the driver knows how
+    many rows entered the run even though it never sees them.
+    """
+    tables = []
+    for index in batch.column("task").to_pylist():
+        task = tasks[index]
+        table = normalize(read_task(task, input_cfg), input_cfg, task, slices=slices)
+        if ledger is not None:
+            import ray
+
+            ray.get(ledger.record.remote(index, table.num_rows))
+        tables.append(table)
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) != 1 else tables[0]
+
+
+class RowLedger:
+    """Counts input rows per read task (idempotent: a retried task overwrites its entry).
+
+    Wrapped with ``ray.remote(num_cpus=0)`` by the runner.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[int, int] = {}
+
+    def record(self, task_index: int, n_rows: int) -> None:
+        self._rows[task_index] = n_rows
+
+    def totals(self) -> tuple[int, int]:
+        """(rows, tasks recorded)."""
+        return sum(self._rows.values()), len(self._rows)

@@ -1,0 +1,53 @@
+"""Final stage: wide cell columns -> the long scores table."""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+
+from ragbatch.arrow_util import to_arrow
+from ragbatch.columns import CELL_FIELDS, ROW_ID, cell_column
+
+
+def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Table:
+    """Turn a batch of rows with ``cell::<id>`` columns into scores-table rows.
+
+    Parameters
+    ----------
+    batch
+        ``n`` rows holding ``row_id``, the slice columns and one cell column per metric.
+    metric_ids
+        Metric ids in config order.
+    slices
+        Slice column names (after renaming), appended after the cell fields.
+
+    Returns
+    -------
+    pyarrow.Table
+        ``n * len(metric_ids)`` rows: ``row_id, metric, score, status, reason, details,
+        model`` followed by the slice columns, metric-major.
+
+    Raises
+    ------
+    RuntimeError
+        A cell column is missing, or the row count is not ``n * len(metric_ids)``.
+    """
+    frame = pl.from_arrow(batch)
+    assert isinstance(frame, pl.DataFrame)
+    absent = [m for m in metric_ids if cell_column(m) not in frame.columns]
+    if absent:
+        raise RuntimeError(f"no cells were computed for metrics {absent}")
+    fields = [name for name, _ in CELL_FIELDS]
+    parts = [
+        frame.select(
+            pl.col(ROW_ID),
+            pl.lit(mid, pl.String).alias("metric"),
+            *[pl.col(cell_column(mid)).struct.field(f).alias(f) for f in fields],
+            *[pl.col(s) for s in slices],
+        )
+        for mid in metric_ids
+    ]
+    long = pl.concat(parts, how="vertical") if parts else frame.clear()
+    if long.height != frame.height * len(metric_ids):
+        raise RuntimeError(f"{long.height} score rows for {frame.height} rows x {len(metric_ids)} metrics")
+    return to_arrow(long)
