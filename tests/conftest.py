@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO / "examples" / "data"
+EXAMPLES = REPO / "examples" / "data"
 
 # Model hubs are unreachable by design: every model loads from a local path.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,11 +23,15 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
+        # Workers import metric callbacks from tests/ and jobs/, as `ragbatch run` arranges
+        # for the working directory and the config's directory.
+        paths = os.pathsep.join([str(REPO / "tests"), str(REPO / "jobs"), str(REPO)])
         ray.init(
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}},
+            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                      "PYTHONPATH": paths}},
         )
     yield ray
 

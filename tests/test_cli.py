@@ -1,0 +1,119 @@
+"""The command line: exit codes, messages for bad input, and one real run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragbatch.cli import main
+from ragbatch.registry import all_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
+
+
+def _write_config(tmp_path: Path, **overrides) -> Path:
+    config = {
+        "input": {"uri": str(ARES), "columns": {"question": "Question", "contexts": "Document",
+                                               "answer": "Answer"}},
+        "output": {"uri": str(tmp_path / "out")},
+        "metrics": [{"name": "response_length", "params": {"min_chars": 1}}],
+    }
+    for key, value in overrides.items():
+        config[key] = value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True))
+    return path
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_metrics_lists_every_metric(capsys):
+    code, out, _ = _run(capsys, "metrics")
+    assert code == 0
+    for cls in all_metrics():
+        assert f"{cls.name}  [" in out
+    code, out, _ = _run(capsys, "metrics", "--json")
+    assert {d["name"] for d in json.loads(out)} == {c.name for c in all_metrics()}
+
+
+@pytest.mark.parametrize("job", ["ares.yaml", "tonic_paul_graham.yaml"])
+def test_validate_shipped_jobs(capsys, monkeypatch, job):
+    monkeypatch.chdir(REPO)
+    code, out, err = _run(capsys, "validate", f"jobs/{job}")
+    assert code == 0, err
+    assert "stage expressions:" in out and "reachable" in out
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    ({"metrics": [{"name": "exact_mach"}]}, ["metrics[0].name", "did you mean 'exact_match'"]),
+    ({"metrics": [{"name": "regex", "params": {"pattern": "(a"}}]},
+     ["metrics[0].params.pattern", "invalid regular expression"]),
+    ({"metrics": [{"name": "response_length", "params": {"min_chars": 9, "max_chars": 2}}]},
+     ["metrics[0].params", "min_chars (9) is greater than max_chars (2)"]),
+    ({"metrics": [{"name": "exact_match"}]},
+     ["exact_match reads `reference`", "input.columns maps nothing to reference"]),
+    ({"metrics": [{"name": "regex", "params": {"pattern": "a"}},
+                  {"name": "regex", "params": {"pattern": "b"}}]},
+     ["metrics[1]: id 'regex' is already used by metrics[0]"]),
+    ({"metrics": [{"name": "semantic_similarity", "engine": "nope"}]},
+     ["metrics[0].engine: 'nope' is not defined under `engines`"]),
+    ({"metrics": []}, ["metrics: List should have at least 1 item"]),
+    ({"outptu": {"uri": "x"}}, ["outptu: unknown field (did you mean 'output'?)"]),
+])
+def test_bad_config_exits_2_with_field_named(capsys, tmp_path, overrides, fragments):
+    code, out, err = _run(capsys, "validate", str(_write_config(tmp_path, **overrides)))
+    assert code == 2
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_missing_mapped_column_lists_existing_columns(capsys, tmp_path):
+    cfg = _write_config(tmp_path, input={"uri": str(ARES), "columns": {"answer": "Answr"}})
+    code, _, err = _run(capsys, "validate", str(cfg))
+    assert code == 2
+    assert "Answr" in err and "Question" in err and "Document" in err
+
+
+def test_missing_input_path(capsys, tmp_path):
+    cfg = _write_config(tmp_path, input={"uri": str(tmp_path / "nope.tsv"), "columns": {"answer": "Answer"}})
+    code, _, err = _run(capsys, "run", str(cfg))
+    assert code == 2 and "nope.tsv" in err
+
+
+def test_mis_encoded_input(capsys, tmp_path):
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes("question,answer\nq,caf\xe9\n".encode("latin-1"))
+    cfg = _write_config(tmp_path, input={"uri": str(bad), "columns": {"answer": "answer"}})
+    code, _, err = _run(capsys, "validate", str(cfg))
+    assert code == 2 and "latin1.csv" in err and "input.encoding" in err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = _run(capsys, "validate", str(tmp_path / "absent.yaml"))
+    assert code == 2 and "does not exist" in err
+
+
+@pytest.mark.slow
+def test_run_as_a_user_would(tmp_path):
+    """`ragbatch run` in a fresh process, overriding the output, as the README shows."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
+         "--output", str(tmp_path / "out"), "--run-id", "cli-test"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "run cli-test committed (200 rows x 6 metrics = 1200 cells)" in proc.stdout
+    manifest = tmp_path / "out/runs" / next((tmp_path / "out/runs").iterdir()).name / "run_id=cli-test/manifest.json"
+    assert json.loads(manifest.read_text())["rows"]["input"] == 200
