@@ -24,8 +24,9 @@ from ragbatch.plan import Plan, build_plan
 
 log = logging.getLogger("ragbatch")
 
-#: Target rows per output Parquet file (Ray may write fewer for the last file).
-ROWS_PER_FILE = 1_000_000
+#: Most rows per output Parquet file. Each read task writes its own files (one, or more
+#: when its scores exceed this), so a run writes at least one file per read task.
+ROWS_PER_FILE = 2_000_000
 
 
 @dataclass
@@ -212,5 +213,8 @@ def _write(ds: Any, layout: OutputLayout) -> None:
             if batch.num_rows:
                 layout.write_table(f"{layout.scores_path}/part-{i:05d}.parquet", batch)
         return
+    # A cap, not a minimum: Ray Data fuses the write into the read/score tasks, and a
+    # ``min_rows_per_file`` there makes it bundle read tasks (one input row each) until
+    # that many rows, i.e. every read task into a single task on one CPU.
     ds.write_parquet(layout.scores_path, filesystem=to_pyarrow(layout.fs),
-                     min_rows_per_file=ROWS_PER_FILE)
+                     max_rows_per_file=ROWS_PER_FILE)

@@ -47,7 +47,7 @@ def test_metrics_lists_every_metric(capsys):
     assert {d["name"] for d in json.loads(out)} == {c.name for c in all_metrics()}
 
 
-@pytest.mark.parametrize("job", ["ares.yaml", "tonic_paul_graham.yaml"])
+@pytest.mark.parametrize("job", ["ares.yaml", "tonic_paul_graham.yaml", "trulens_trace.yaml"])
 def test_validate_shipped_jobs(capsys, monkeypatch, job):
     monkeypatch.chdir(REPO)
     code, out, err = _run(capsys, "validate", f"jobs/{job}")
@@ -117,3 +117,26 @@ def test_run_as_a_user_would(tmp_path):
     assert "run cli-test committed (200 rows x 6 metrics = 1200 cells)" in proc.stdout
     manifest = tmp_path / "out/runs" / next((tmp_path / "out/runs").iterdir()).name / "run_id=cli-test/manifest.json"
     assert json.loads(manifest.read_text())["rows"]["input"] == 200
+
+
+@pytest.mark.slow
+def test_run_on_an_existing_cluster_via_address(tmp_path):
+    """`--address` connects to a running Ray cluster instead of starting one."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        env.pop("RAY_ADDRESS", None)
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
+             "--output", str(tmp_path / "out"), "--run-id", "on-cluster", "--address", cluster.address],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Connecting to existing Ray cluster" in proc.stderr
+        manifest = next((tmp_path / "out/runs").glob("run_date=*/run_id=on-cluster/manifest.json"))
+        recorded = json.loads(manifest.read_text())["ray"]["address"]
+        assert recorded.split(":")[-1] == cluster.address.split(":")[-1]
+    finally:
+        cluster.shutdown()

@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from ragbatch.arrow_util import to_arrow
 from ragbatch.columns import CELL_FIELDS, ROW_ID, cell_column
+from udfs.expressions import polars_frame
 
 
 def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Table:
@@ -31,9 +32,17 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     ------
     RuntimeError
         A cell column is missing, or the row count is not ``n * len(metric_ids)``.
+
+    Notes
+    -----
+    Only ``row_id``, the slice columns and the cell columns are converted to Polars; the
+    input text columns the batch still carries are not read.
     """
-    frame = pl.from_arrow(batch)
-    assert isinstance(frame, pl.DataFrame)
+    if metric_ids:
+        wanted = {ROW_ID, *slices, *(cell_column(m) for m in metric_ids)}
+        frame = polars_frame(batch, [c for c in batch.column_names if c in wanted])
+    else:
+        frame = polars_frame(batch, batch.column_names)
     absent = [m for m in metric_ids if cell_column(m) not in frame.columns]
     if absent:
         raise RuntimeError(f"no cells were computed for metrics {absent}")

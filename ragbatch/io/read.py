@@ -310,16 +310,18 @@ def _check_partitions(cfg: InputSection, files: list[_InputFile]) -> None:
 # --------------------------------------------------------------------------- planning
 
 
-def plan_read(cfg: InputSection, target_rows_per_task: int = 200_000) -> list[ReadTask]:
+def plan_read(cfg: InputSection, target_rows_per_task: int = 100_000) -> list[ReadTask]:
     """List the input files and cut them into read tasks.
 
     Parameters
     ----------
     cfg : InputSection
         ``uri``, ``format`` and ``storage_options`` are used.
-    target_rows_per_task : int, default 200_000
+    target_rows_per_task : int, default 100_000
         Parquet files are split between row groups into tasks of about this many rows
-        (a single larger row group stays whole). Text files are one task each.
+        (a single larger row group stays whole). Text files are one task each. Each task
+        is read, scored and written by one Ray task; 100,000 rows of long RAG traces are
+        about 0.5 GB in memory, and several tasks per CPU keep the CPUs evenly busy.
 
     Returns
     -------
@@ -809,15 +811,22 @@ def _read_parquet(fs: fsspec.AbstractFileSystem, task: ReadTask, cfg: InputSecti
     where = _display(fs, task.path)
     _refuse_compressed_parquet(task.path)
     try:
+        if isinstance(fs, LocalFileSystem):
+            # Memory-mapped: Arrow decodes straight from the page cache, about twice as
+            # fast as reading through a Python file object.
+            return _read_row_groups(pq.ParquetFile(task.path, memory_map=True), task)
         with fs.open(task.path, "rb") as handle:
-            parquet = pq.ParquetFile(handle)
-            if task.row_groups is None:
-                return parquet.read()
-            return parquet.read_row_groups(list(task.row_groups))
+            return _read_row_groups(pq.ParquetFile(handle), task)
     except pa.ArrowException as exc:
         raise _bad_parquet(where, exc) from None
     except Exception as exc:
         raise describe_storage_error(where, exc) from exc
+
+
+def _read_row_groups(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table:
+    if task.row_groups is None:
+        return parquet.read()
+    return parquet.read_row_groups(list(task.row_groups))
 
 
 def _refuse_compressed_parquet(path: str) -> None:

@@ -346,7 +346,10 @@ def _source(raw: pa.Table, cfg: InputSection, canonical: str, task: ReadTask) ->
             f"{task.file_key}: column {name!r} (input.columns.{canonical}) is missing from this "
             f"file; it has: {columns or 'no columns'}"
         )
-    return raw.column(name).combine_chunks()
+    column = raw.column(name)
+    # One chunk (a Parquet task of one row group, any text file): use it as it is;
+    # combine_chunks would copy it.
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _mask(n: int, rows: set[int]) -> pa.Array:

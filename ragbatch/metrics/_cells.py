@@ -124,6 +124,53 @@ def cell(
     )
 
 
+def frame_cells(
+    guards: Sequence[Guard],
+    columns: Sequence[str],
+    score_frame: Callable[[pl.DataFrame], pl.DataFrame],
+) -> pl.Expr:
+    """A cell expression whose score, reason and details come from one call per batch of
+    a function over Polars frames, for metrics built on costly intermediates.
+
+    A plain :func:`cell` that refers to an intermediate (per-context lengths, the result
+    of a search) in its score, reason and details evaluates it once per reference where
+    Polars' common-subexpression elimination does not apply (list expressions such as
+    ``list.eval``, or expressions the simplifier rewrites). ``score_frame`` gets the
+    batch's ``columns`` as a frame and materialises each intermediate once; it returns a
+    frame of the same height with ``score`` (numeric or boolean), ``reason`` and
+    ``details`` (String or null). Guards behave as in :func:`cell`: the values of rows
+    they settle are not used.
+    """
+    g_status, g_reason = guard_status(guards)
+    packed = pl.struct(
+        g_status.alias("__status"), g_reason.alias("__reason"), *[pl.col(c) for c in columns]
+    )
+
+    def run(series: pl.Series) -> pl.Series:
+        frame = series.struct.unnest()
+        scored = score_frame(frame.select(columns))
+        if scored.height != frame.height:
+            raise RuntimeError(f"scoring returned {scored.height} cells for {frame.height} rows")
+        blocked = frame.get_column("__status").is_not_null()
+        cells = pl.DataFrame({
+            "blocked": blocked,
+            "g_status": frame.get_column("__status").cast(pl.String),
+            "g_reason": frame.get_column("__reason").cast(pl.String),
+            "s": scored.get_column("score"),
+            "r": scored.get_column("reason").cast(pl.String),
+            "d": scored.get_column("details").cast(pl.String),
+        }).select(
+            score=pl.when("blocked").then(None).otherwise(pl.col("s").cast(pl.Float64)),
+            status=pl.coalesce("g_status", pl.lit(OK, pl.String)),
+            reason=pl.when("blocked").then("g_reason").otherwise("r"),
+            details=pl.when("blocked").then(None).otherwise("d"),
+            model=pl.lit(None, pl.String),
+        )
+        return cells.to_struct("cell").cast(CELL_DTYPE)
+
+    return packed.map_batches(run, return_dtype=CELL_DTYPE)
+
+
 def python_cells(
     guards: Sequence[Guard],
     columns: Sequence[str],
@@ -134,7 +181,7 @@ def python_cells(
 
     ``score_rows`` receives those rows as dicts of ``columns`` and returns one
     :class:`PyCell` per row, in order. Guards are evaluated by Polars; Python is called
-    once per batch.
+    once per batch, and only the unsettled rows' values are converted to Python objects.
     """
     g_status, g_reason = guard_status(guards)
     packed = pl.struct(
@@ -142,21 +189,39 @@ def python_cells(
     )
 
     def run(series: pl.Series) -> pl.Series:
-        rows = series.to_list()
-        todo = [i for i, r in enumerate(rows) if r["__status"] is None]
-        scored = score_rows([{c: rows[i][c] for c in columns} for i in todo]) if todo else []
-        if len(scored) != len(todo):
-            raise RuntimeError(f"scoring returned {len(scored)} cells for {len(todo)} rows")
-        out: list[dict[str, Any]] = [
-            {"score": None, "status": r["__status"], "reason": r["__reason"], "details": None,
-             "model": model}
-            for r in rows
-        ]
-        for i, pc in zip(todo, scored):
-            out[i] = to_cell_dict(pc, model)
-        return pl.Series(out, dtype=CELL_DTYPE)
+        status = series.struct.field("__status")
+        reason = series.struct.field("__reason")
+        todo = status.is_null()
+        rows: list[dict[str, Any]] = []
+        if todo.any():
+            picked = series.filter(todo)
+            values = [picked.struct.field(c).to_list() for c in columns]
+            rows = [dict(zip(columns, row)) for row in zip(*values)]
+        scored = score_rows(rows) if rows else []
+        if len(scored) != len(rows):
+            raise RuntimeError(f"scoring returned {len(scored)} cells for {len(rows)} rows")
+        return _assemble(series.len(), status, reason, todo,
+                         [to_cell_dict(pc, model) for pc in scored], model)
 
     return packed.map_batches(run, return_dtype=CELL_DTYPE)
+
+
+def _assemble(n: int, status: pl.Series, reason: pl.Series, todo: pl.Series,
+              cells: list[dict[str, Any]], model: str | None) -> pl.Series:
+    """Cells of a batch: the guards' status and reason where a guard settled the row (null
+    score and details), and ``cells`` (one dict per unsettled row, in order) elsewhere."""
+    score = pl.repeat(None, n, dtype=pl.Float64, eager=True).alias("score")
+    details = pl.repeat(None, n, dtype=pl.String, eager=True).alias("details")
+    status, reason = status.cast(pl.String).alias("status"), reason.cast(pl.String).alias("reason")
+    if cells:
+        at = todo.arg_true()
+        score = score.scatter(at, pl.Series([c["score"] for c in cells], dtype=pl.Float64))
+        status = status.scatter(at, pl.Series([c["status"] for c in cells], dtype=pl.String))
+        reason = reason.scatter(at, pl.Series([c["reason"] for c in cells], dtype=pl.String))
+        details = details.scatter(at, pl.Series([c["details"] for c in cells], dtype=pl.String))
+    frame = pl.DataFrame([score, status, reason, details,
+                          pl.repeat(model, n, dtype=pl.String, eager=True).alias("model")])
+    return frame.to_struct("cell").cast(CELL_DTYPE)
 
 
 def to_cell_dict(pc: PyCell, model: str | None = None) -> dict[str, Any]:

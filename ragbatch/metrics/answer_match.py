@@ -23,7 +23,8 @@ class AnswerMatch(ExpressionMetric):
 
     Follows Tonic Validate's ``AnswerMatchMetric``: plain equality, no whitespace
     stripping; case-insensitive by default, where both sides are lowercased with the
-    Unicode lowercase mapping (Python ``str.lower``). Cost: one vectorized comparison.
+    Unicode lowercase mapping (Python ``str.lower``). Cost: a byte-length check per answer;
+    only answers short enough to match are lowercased and compared.
     """
 
     name = "answer_match"
@@ -44,9 +45,20 @@ class AnswerMatch(ExpressionMetric):
     )
 
     def expression(self) -> pl.Expr:
-        answer, text = pl.col("answer"), pl.lit(self.params.text, pl.String)
-        if not self.params.case_sensitive:
-            answer, text = answer.str.to_lowercase(), text.str.to_lowercase()
-        matched = answer == text
+        answer = pl.col("answer")
+        if self.params.case_sensitive:
+            matched = answer == pl.lit(self.params.text, pl.String)
+        else:
+            # Lowercasing never shortens a string (every character maps to one or more),
+            # so only answers with at most as many characters as the lowercased text can
+            # match, and a character takes at most 4 bytes in UTF-8. Only answers within
+            # 4x the text's length in bytes are lowercased; the others become "" first
+            # (a null would still be lowercased from the data behind it) and do not match.
+            text = pl.Series([self.params.text], dtype=pl.String).str.to_lowercase()[0]
+            candidate = answer.str.len_bytes() <= 4 * len(text)
+            lowered = pl.when(candidate).then(answer).otherwise(pl.lit("")).str.to_lowercase()
+            matched = pl.when(answer.is_null()).then(None).otherwise(
+                candidate & (lowered == pl.lit(text, pl.String))
+            )
         reason = pl.when(~matched).then(pl.lit("answer differs from the expected text"))
         return cell([missing("answer")], matched, reason=reason)

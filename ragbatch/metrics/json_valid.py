@@ -8,9 +8,10 @@ from typing import Any
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics._cells import PyCell, missing, python_cells
+from ragbatch.metrics._cells import PyCell, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.registry import register
+from ragbatch.status import OK
 
 
 class JsonValidParams(StrictParams):
@@ -48,7 +49,9 @@ class JsonValid(ExpressionMetric):
     against it; else 0.0 with the parser's or validator's message as the reason.
 
     Follows Vellum's "JSON Validity" and "JSON Schema Match" evaluators. Surrounding
-    whitespace is allowed; Markdown code fences are not. Cost: one Python parse per row.
+    whitespace is allowed; Markdown code fences are not. Cost: a regex check of each
+    answer's start; a Python parse only for answers that could begin a JSON value (the
+    others get the parser's "Expecting value" message, computed without parsing).
     """
 
     name = "json_valid"
@@ -76,15 +79,100 @@ class JsonValid(ExpressionMetric):
 
             validator = jsonschema.validators.validator_for(self.params.schema_)(self.params.schema_)
 
-        def score_rows(rows: list[dict[str, Any]]) -> list[PyCell]:
-            return [_check(row["answer"], validator) for row in rows]
+        def score_frame(frame: pl.DataFrame) -> pl.DataFrame:
+            return _score(frame.get_column("answer"), validator)
 
-        return python_cells([missing("answer")], ["answer"], score_rows)
+        return frame_cells([missing("answer")], ["answer"], score_frame)
+
+
+#: What Python's decoder can read a value from, after JSON whitespace (NaN, Infinity and
+#: -Infinity included: they reach ``parse_constant``). A text that does not start so is
+#: refused with "Expecting value" where its leading whitespace ends.
+_VALUE_AHEAD = r'^[ \t\n\r]*(?:["{\[0-9-]|null|true|false|NaN|Infinity)'
+#: JSON whitespace at the start of a text.
+_SPACE_FIRST = r"^[ \t\n\r]"
+_JSON_SPACE = " \t\n\r"
+_AT_START = "not JSON: Expecting value: line 1 column 1 (char 0)"
+
+
+def _score(answer: pl.Series, validator: Any) -> pl.DataFrame:
+    """Score and reason of every answer (null answers are settled by the guard).
+
+    An answer whose first character after JSON whitespace cannot begin a JSON value (an
+    answer in prose, an empty one) gets Python's own "Expecting value" message without
+    being parsed: the position, line and column are computed with Polars. The other
+    answers go through :func:`_check` one by one.
+    """
+    n = answer.len()
+    score = pl.repeat(None, n, dtype=pl.Float64, eager=True)
+    reason = pl.repeat(None, n, dtype=pl.String, eager=True)
+    prose = _not_a_value(answer) if _FAST_PATH else pl.repeat(False, n, eager=True)
+    at = prose.arg_true()
+    if at.len():
+        score = score.scatter(at, pl.repeat(0.0, at.len(), dtype=pl.Float64, eager=True))
+        reason = reason.scatter(at, _expecting_value(answer.gather(at)))
+    rest = (answer.is_not_null() & ~prose).arg_true()
+    if rest.len():
+        cells = [_check(text, validator) for text in answer.gather(rest).to_list()]
+        score = score.scatter(rest, pl.Series([
+            float(c.score) if c.status == OK and c.score is not None else None for c in cells
+        ], dtype=pl.Float64))
+        reason = reason.scatter(rest, pl.Series([c.reason for c in cells], dtype=pl.String))
+    return pl.DataFrame({"score": score, "reason": reason,
+                         "details": pl.repeat(None, n, dtype=pl.String, eager=True)})
+
+
+def _not_a_value(answer: pl.Series) -> pl.Series:
+    """True where no JSON value can be read after the leading JSON whitespace (prose,
+    empty text); False for null answers and for a leading BOM (``json.loads`` has its
+    own message for that)."""
+    return (~answer.str.contains(_VALUE_AHEAD) & ~answer.str.starts_with("\ufeff")).fill_null(False)
+
+
+def _expecting_value(answer: pl.Series) -> pl.Series:
+    """``"not JSON: Expecting value: line L column C (char P)"`` as Python's decoder words
+    it, P being where the leading JSON whitespace ends (0 for most texts)."""
+    out = pl.repeat(_AT_START, answer.len(), dtype=pl.String, eager=True)
+    spaced = answer.str.contains(_SPACE_FIRST).fill_null(False).arg_true()
+    if not spaced.len():
+        return out
+    text = pl.col("a")
+    frame = pl.DataFrame({"a": answer.gather(spaced)}).with_columns(
+        pos=text.str.len_chars() - text.str.strip_chars_start(_JSON_SPACE).str.len_chars()
+    ).with_columns(prefix=text.str.head(pl.col("pos")))
+    return out.scatter(spaced, frame.select(pl.format(
+        "not JSON: Expecting value: line {} column {} (char {})",
+        pl.col("prefix").str.count_matches("\n", literal=True) + 1,
+        pl.col("prefix").str.split("\n").list.last().str.len_chars() + 1,
+        pl.col("pos"),
+    )).to_series())
+
+
+def _fast_path_agrees() -> bool:
+    """Whether :func:`_expecting_value` words errors exactly as this Python's ``json``."""
+    probes = ["x", "", "   ", "\n", " \n\t\r x", "\r\n\r\nabc", "é", "  \n  \n  z🚀", " \ufeff{}",
+              "nul", "Nope", "Inf", "tru", " fals", "\u00a0{}", "}"]
+    series = pl.Series(probes, dtype=pl.String)
+    if not _not_a_value(series).all():
+        return False
+    return _expecting_value(series).to_list() == [_check(p, None).reason for p in probes]
+
+
+#: ``json.loads(text, parse_constant=_reject_constant)`` builds this decoder on every call;
+#: one shared instance gives the same results without that cost.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text, parse_constant=_reject_constant)`` for a ``str``."""
+    if text.startswith("\ufeff"):  # json.loads refuses a BOM before decoding
+        return json.loads(text, parse_constant=_reject_constant)
+    return _DECODER.decode(text)
 
 
 def _check(text: str, validator: Any) -> PyCell:
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = _loads(text)
     except ValueError as exc:
         return PyCell(0.0, reason=f"not JSON: {exc}")
     if validator is None:
@@ -94,3 +182,7 @@ def _check(text: str, validator: Any) -> PyCell:
         return PyCell(1.0)
     path = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return PyCell(0.0, reason=f"JSON does not match schema at {path}: {error.message}")
+
+
+#: The vectorized "Expecting value" path is used only where it was checked to match.
+_FAST_PATH = _fast_path_agrees()

@@ -49,8 +49,9 @@ class Latency(ExpressionMetric):
             missing("latency_s"),
             Guard(latency.is_nan(), MISSING_INPUT, pl.lit("latency_s is NaN")),
             Guard(latency < 0, MISSING_INPUT,
-                  pl.format("latency_s is negative ({})", latency)),
+                  pl.format("latency_s is negative ({})", pl.when(latency < 0).then(latency))),
         ]
         passed = latency <= target
-        reason = pl.when(~passed).then(pl.format("{} s > target {} s", latency, pl.lit(target)))
+        # Latencies are formatted only where they are reported (null elsewhere).
+        reason = pl.format("{} s > target {} s", pl.when(~passed).then(latency), pl.lit(target))
         return cell(guards, passed, reason=reason)

@@ -96,8 +96,9 @@ class Regex(ExpressionMetric):
             return cell([missing("answer")], found, reason=pl.when(~found).then(pl.lit("no match")))
         count = answer.str.count_matches(rust)
         passed = count == self.params.expected_count
-        reason = pl.when(~passed).then(
-            pl.format("{} matches, expected {}", count, pl.lit(self.params.expected_count))
+        reason = pl.format(
+            "{} matches, expected {}", pl.when(~passed).then(count),
+            pl.lit(self.params.expected_count),
         )
         return cell([missing("answer")], passed, reason=reason, details=details_json(count=count))
 

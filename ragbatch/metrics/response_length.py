@@ -38,8 +38,9 @@ class ResponseLength(ExpressionMetric):
     def expression(self) -> pl.Expr:
         length = pl.col("answer").str.len_chars()
         passed = self.params.admits(length)
-        reason = pl.when(~passed).then(
-            pl.format("{} chars outside {}", length, pl.lit(self.params.label()))
+        # The length is formatted only where the check fails (null elsewhere).
+        reason = pl.format(
+            "{} chars outside {}", pl.when(~passed).then(length), pl.lit(self.params.label())
         )
         return cell([missing("answer")], passed, reason=reason,
                     details=details_json(length=length))
