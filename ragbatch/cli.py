@@ -74,6 +74,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  manifest: {layout.uri(layout.manifest_path)}")
     print()
     print(_summary_text(result.check.summary.to_pylist()))
+    judge = result.manifest.get("judge") or {}
+    if judge.get("metrics"):
+        t = judge["total"]
+        print(f"judge: {t['judge_calls']} calls, {t['cache_hits']} cache hits, "
+              f"{t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens")
+        for name, stats in (judge.get("engines") or {}).items():
+            if stats.get("prefix_cache_hit_rate") is not None:
+                print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
     print()
     print("query it with DuckDB:")
     print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("

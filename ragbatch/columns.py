@@ -63,16 +63,33 @@ CELL_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
 )
 CELL_TYPE = pa.struct(list(CELL_FIELDS))
 
+#: Judge record of a cell (null for metrics without a judge), in scores-table order:
+#: the raw reply (truncated), a hash of the prompt(s), tokens of the judgments behind the
+#: cell, judge requests made in this run for it, and judgments served from the cache.
+JUDGE_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("judge_reply", pa.string()),
+    ("prompt_hash", pa.string()),
+    ("prompt_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()),
+    ("judge_calls", pa.int32()),
+    ("cache_hits", pa.int32()),
+)
+JUDGE_TYPE = pa.struct(list(JUDGE_FIELDS))
+JUDGE_PREFIX = "judge::"
+
 CELL_PREFIX = "cell::"
 
 #: Columns of the long scores table written to Parquet (partition keys ``run_date`` and
 #: ``run_id`` are hive directories, not file columns), before the slice columns.
-SCORES_COLUMNS: tuple[str, ...] = (ROW_ID, "metric") + tuple(n for n, _ in CELL_FIELDS)
+SCORES_COLUMNS: tuple[str, ...] = (
+    (ROW_ID, "metric") + tuple(n for n, _ in CELL_FIELDS) + tuple(n for n, _ in JUDGE_FIELDS)
+)
 
 #: Names an input slice column may not keep; a clashing slice column is renamed with
 #: :data:`SLICE_RENAME_PREFIX`.
 RESERVED: frozenset[str] = frozenset(
     set(CANONICAL) | {ISSUES, "metric", "run_id", "run_date"} | {n for n, _ in CELL_FIELDS}
+    | {n for n, _ in JUDGE_FIELDS}
 )
 SLICE_RENAME_PREFIX = "input_"
 
@@ -80,3 +97,8 @@ SLICE_RENAME_PREFIX = "input_"
 def cell_column(metric_id: str) -> str:
     """Name of the in-pipeline struct column holding ``metric_id``'s cells."""
     return f"{CELL_PREFIX}{metric_id}"
+
+
+def judge_column(metric_id: str) -> str:
+    """Name of the in-pipeline struct column holding ``metric_id``'s judge records."""
+    return f"{JUDGE_PREFIX}{metric_id}"

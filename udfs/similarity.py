@@ -22,7 +22,9 @@ import pyarrow as pa
 from pydantic import TypeAdapter, ValidationError
 
 from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
-from ragbatch.config import CrossEncoderEngine, EmbeddingEngine, EngineSpec
+from ragbatch.config import (
+    ENGINE_TYPES, CrossEncoderEngine, EmbeddingEngine, EngineSpec, normalize_engine,
+)
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.metrics.base import ModelMetric
@@ -57,11 +59,11 @@ def parse_engine_spec(
     if isinstance(engine_spec, (EmbeddingEngine, CrossEncoderEngine)):
         return engine_spec
     try:
-        return _ENGINE_SPEC.validate_python(engine_spec)
+        return _ENGINE_SPEC.validate_python(normalize_engine(engine_spec))
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p not in ("embedding", "cross_encoder")]
+            loc = [str(p) for p in err.get("loc", ()) if p not in ENGINE_TYPES]
             where = ".".join(["engines", engine_name, *loc])
             problems.append(f"{where}: {err.get('msg', 'invalid').removeprefix('Value error, ')}")
         raise ConfigError(problems) from None

@@ -74,6 +74,15 @@ def blank(column: str) -> Guard:
     )
 
 
+def every_context_blank() -> Guard:
+    """``missing_input`` when every context chunk is empty or only whitespace (an empty
+    list is not caught here: metrics decide what an empty list means)."""
+    blank_chunk = py_strip(pl.element()).str.len_chars().fill_null(0) == 0
+    return Guard(pl.col("contexts").list.eval(blank_chunk).list.all()
+                 & (pl.col("contexts").list.len() > 0),
+                 MISSING_INPUT, pl.lit("every context is empty"))
+
+
 def _chain(guards: Sequence[Guard], pick: Callable[[Guard], pl.Expr]) -> pl.Expr:
     """``when(g1) then pick(g1) when(g2) ... otherwise null``."""
     expr = pl.when(guards[0].when).then(pick(guards[0]))

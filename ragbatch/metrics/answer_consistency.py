@@ -1,0 +1,159 @@
+"""``answer_consistency``: the share of the answer's main points derivable from the contexts."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import (
+    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
+    statements_schema, verdicts_schema,
+)
+from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+
+#: Completion budget of the main-points step: the longest reply the schema allows
+#: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus
+#: quotes, commas and the surrounding object.
+POINTS_MAX_TOKENS = MAX_STATEMENTS * (STATEMENT_MAX_CHARS // 3 + 8) + 16
+#: Completion budget per verdict: a reason of REASON_MAX_CHARS plus the item's keys.
+VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
+
+POINTS_TASK = """\
+List the main points of the answer: the distinct pieces of information it gives in reply
+to the question. Write each point as one sentence that can be read on its own (name
+things instead of using pronouns), keeping the answer's meaning. Leave out filler such as
+greetings, a restated question or an offer of more help. An answer that gives no
+information (a refusal, "I cannot tell from the documents") has no main points: return
+an empty list.
+
+Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
+
+DERIVABLE_TASK = """\
+Below are the main points of the answer. For each point, decide whether it can be
+derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
+follows from what they state. Verdict 0: the point needs information the contexts do not
+give, or the contexts contradict it. Your own knowledge does not count. Give one verdict
+per point, in the same order, each with a one-sentence reason.
+
+Main points:
+{points}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+
+
+@register
+class AnswerConsistency(JudgeMetric):
+    """Consistency of the answer with the retrieved contexts, in [0, 1].
+
+    Two judge steps per row: the judge lists the answer's main points, then gives a 0/1
+    verdict per point on whether it can be derived from the contexts. The score is
+    ``derivable points / main points``; ``details`` lists the points and verdicts.
+
+    Notes
+    -----
+    Source: Tonic Validate ``AnswerConsistencyMetric`` (main points of the answer that
+    can be derived from the context, over all main points). The question is shown to the
+    judge when present but is not required. Where the answer has no main points (a
+    refusal) the metric returns ``not_applicable`` rather than a number. Cost: two judge
+    calls per row (one when the answer has no main points).
+    """
+
+    name: ClassVar[str] = "answer_consistency"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
+    boolean: ClassVar[bool] = False
+    summary: ClassVar[str] = ("Share of the answer's main points that can be derived from the "
+                              "contexts")
+    source: ClassVar[str] = "Tonic Validate AnswerConsistencyMetric (answer consistency)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("contexts or answer is null", "missing_input"),
+        ("question is null", "judged: the question is optional and shown as '(not given)'"),
+        ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
+         "(nothing can support a point)"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("answer makes no claim (a refusal)", "not_applicable; reason 'the answer has no main "
+         "points'"),
+        ("reference is null", "not read: the metric does not use the reference"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
+         "supports no point, so it cannot raise the score"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the number of points, or a reply cut at max_tokens",
+         "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed on the "
+                    "Moon on 20 July 1969, with Neil Armstrong and Buzz Aldrin aboard the lunar "
+                    "module."], ANSWER: "Apollo 11 landed on 20 July 1969. Armstrong was the "
+                    "first to step out, and the crew brought back 22 kg of rock."},
+            replies=('{"statements": ["Apollo 11 landed on 20 July 1969.", "Neil Armstrong was '
+                     'the first to step out of the lunar module.", "The Apollo 11 crew brought '
+                     'back 22 kg of rock."]}',
+                     '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, {"reason": '
+                     '"The context does not say who stepped out first.", "verdict": 0}, '
+                     '{"reason": "No sample mass is given.", "verdict": 0}]}'),
+            score=1 / 3, note="one of three main points derivable",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    ANSWER: "Sorry, I can't answer that."},
+            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            note="a refusal has no main points",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["", "  "],
+                    ANSWER: "In 1969."},
+            replies=(), score=None, status=MISSING_INPUT,
+            note="every context chunk blank: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    ANSWER: "It landed in 1969."},
+            replies=('{"statements": ["Apollo 11 landed in 1969."]}',
+                     '{"verdicts": [{"reason": "stated", "verdict": 1}, '
+                     '{"reason": "stated", "verdict": 1}]}',
+                     ("length", '{"verdicts": [{"reason": "The context states the ye')),
+            score=None, status="parse_failure",
+            note="two verdicts for one point, then a reply cut at max_tokens",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        [points] = yield [Ask(
+            build_messages(row, POINTS_TASK),
+            OutputSpec.of_schema(statements_schema(), max_tokens=POINTS_MAX_TOKENS),
+            parse_statements, step="main_points",
+        )]
+        if not points:
+            return PyCell(None, NOT_APPLICABLE, "the answer has no main points")
+        n = len(points)
+        task = DERIVABLE_TASK.format(points=numbered(points), n=n)
+        [verdicts] = yield [Ask(
+            build_messages(row, task),
+            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
+            lambda text: parse_verdicts(text, n), step="verdicts",
+        )]
+        derivable = sum(verdicts)
+        reason = None
+        if derivable < n:
+            reason = f"{n - derivable} of {n} main points not derivable from the contexts"
+        return PyCell(derivable / n, reason=reason,
+                      details={"main_points": points, "verdicts": verdicts})

@@ -1,0 +1,122 @@
+"""``augmentation_accuracy``: the share of retrieved contexts whose information the answer uses."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT
+
+#: Completion budget per verdict: a reason of REASON_MAX_CHARS (about 3 characters a
+#: token) plus the item's keys.
+VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
+
+TASK = """\
+For each retrieved context above, from [1] to [{n}], decide whether the answer uses
+information from it. Verdict 1: some information in the answer comes from that context
+(stated there, quoted or paraphrased); using part of a context counts. Verdict 0: the
+answer takes nothing from that context. Give one verdict per context, in the order of
+their numbers, each with a one-sentence reason.
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+
+
+@register
+class AugmentationAccuracy(JudgeMetric):
+    """Share of the retrieved contexts whose information appears in the answer, in [0, 1].
+
+    One judge step per row: the judge gives a 0/1 verdict per context (referred to by
+    its number in the shared prompt block) on whether the answer uses information from
+    it. The score is ``contexts used / contexts``; ``details`` lists the verdicts.
+
+    Notes
+    -----
+    Source: Tonic Validate ``AugmentationAccuracyMetric`` (the fraction of the retrieved
+    contexts whose information is contained in the answer). Tonic asks once per context;
+    this metric asks once per row for a verdict list of exactly ``len(contexts)`` items
+    (a list of the wrong length is a ``parse_failure``). Cost: one judge call per row.
+    """
+
+    name: ClassVar[str] = "augmentation_accuracy"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
+    boolean: ClassVar[bool] = False
+    summary: ClassVar[str] = ("Share of the retrieved contexts whose information appears in the "
+                              "answer")
+    source: ClassVar[str] = "Tonic Validate AugmentationAccuracyMetric (augmentation accuracy)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("contexts or answer is null", "missing_input"),
+        ("question is null", "judged: the question is not needed and shown as '(not given)'"),
+        ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
+         "(the share of no contexts is undefined)"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("answer makes no claim (a refusal)", "judged: a refusal uses no context, so it "
+         "scores 0.0 with a reason; a measured 0"),
+        ("reference is null", "not read: the metric does not use the reference"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: the "
+         "answer rarely uses it, so it lowers the score (the retrieval fetched it)"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
+         "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land, and who flew it?",
+                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969.",
+                               "The Saturn V was the rocket of the Apollo programme.",
+                               "Neil Armstrong commanded Apollo 11."],
+                    ANSWER: "Apollo 11 landed on 20 July 1969 under the command of "
+                            "Neil Armstrong."},
+            replies=('{"verdicts": [{"reason": "The date comes from it.", "verdict": 1}, '
+                     '{"reason": "The rocket is not mentioned.", "verdict": 0}, '
+                     '{"reason": "The commander comes from it.", "verdict": 1}]}',),
+            score=2 / 3, note="two of three contexts used",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: [], ANSWER: "In 1969."},
+            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed in 1969.", "The Moon has no air."],
+                    ANSWER: "In 1969."},
+            replies=('{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}]}',
+                     '{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}, '
+                     '{"reason": "Not used.", "verdict": 0}, {"reason": "Not used.", '
+                     '"verdict": 0}]}'),
+            score=None, status="parse_failure",
+            note="one verdict, then three, for two contexts",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        n = len(row[CONTEXTS])
+        [verdicts] = yield [Ask(
+            build_messages(row, TASK.format(n=n)),
+            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
+            lambda text: parse_verdicts(text, n), step="verdicts",
+        )]
+        used = sum(verdicts)
+        reason = None
+        if used < n:
+            reason = f"{n - used} of {n} contexts not reflected in the answer"
+        return PyCell(used / n, reason=reason, details={"verdicts": verdicts})

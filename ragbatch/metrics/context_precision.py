@@ -1,0 +1,156 @@
+"""``context_precision``: rank-aware precision of the contexts useful for the reference answer."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT
+
+#: Completion budget per verdict: a reason of REASON_MAX_CHARS (about 3 characters a
+#: token) plus the item's keys.
+VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
+
+TASK = """\
+Reference answer to the question:
+{reference}
+
+For each retrieved context above, from [1] to [{n}], decide whether it was useful for
+arriving at the reference answer. Verdict 1: the context holds information that the
+reference answer states or that leads to it. Verdict 0: it does not. Judge against the
+question and the reference answer; ignore the system's answer. Give one verdict per
+context, in the order of their numbers, each with a one-sentence reason.
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+
+def average_precision(verdicts: Sequence[int]) -> float:
+    """Average precision of a ranked list of 0/1 usefulness verdicts.
+
+    ``sum over k of precision@k * v_k``, divided by the number of useful contexts, where
+    ``precision@k`` is the share of useful contexts among the first ``k``. With no useful
+    context the result is 0.0 (as in Ragas, whose denominator carries a tiny epsilon).
+
+    Examples
+    --------
+    >>> round(average_precision([0, 1, 1]), 6)  # (1/2 + 2/3) / 2
+    0.583333
+    >>> average_precision([1, 1, 0]), average_precision([0, 0])
+    (1.0, 0.0)
+    """
+    useful = 0
+    total = 0.0
+    for k, verdict in enumerate(verdicts, start=1):
+        if verdict:
+            useful += 1
+            total += useful / k
+    return total / useful if useful else 0.0
+
+
+
+@register
+class ContextPrecision(JudgeMetric):
+    """Rank-aware precision of the retrieved contexts, in [0, 1].
+
+    One judge step per row: the judge gives a 0/1 verdict per context (in retrieval
+    order) on whether it was useful for arriving at the reference answer. The score is
+    the average precision of the verdicts (:func:`average_precision`): high when the
+    useful contexts come first. With no useful context the score is 0.0: the metric
+    measures 0 (nothing retrieved helps), as Ragas does. ``details`` lists the verdicts.
+
+    Notes
+    -----
+    Source: Ragas ``context_precision`` (Ragas docs; Es et al., "RAGAS: Automated
+    Evaluation of Retrieval Augmented Generation", 2023), the variant that judges
+    usefulness against the reference answer. Cost: one judge call per row.
+    """
+
+    name: ClassVar[str] = "context_precision"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
+    boolean: ClassVar[bool] = False
+    summary: ClassVar[str] = ("Average precision of the contexts useful for arriving at the "
+                              "reference answer (useful ones ranked first score higher)")
+    source: ClassVar[str] = "Ragas context_precision (Es et al. 2023, RAGAS; Ragas docs)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("question, contexts or reference is null", "missing_input"),
+        ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
+        ("answer null, empty or a refusal (no claims)", "not read: usefulness is judged "
+         "against the reference answer"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list'"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("no context is useful", "score 0.0 with a reason: the metric measures 0, as Ragas "
+         "does"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: "
+         "not useful; ranked above useful ones, it lowers the score"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
+         "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["The Saturn V was a rocket.",
+                               "Apollo 11 landed on the Moon on 20 July 1969.",
+                               "The landing came at 20:17 UTC on 20 July 1969."],
+                    REFERENCE: "Apollo 11 landed on 20 July 1969."},
+            replies=('{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, {"reason": '
+                     '"States the date.", "verdict": 1}, {"reason": "States the date.", '
+                     '"verdict": 1}]}',),
+            score=(1 / 2 + 2 / 3) / 2, note="useful at ranks 2 and 3: (1/2 + 2/3) / 2",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["The Saturn V was a rocket.", "Home | About"],
+                    REFERENCE: "On 20 July 1969."},
+            replies=('{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, '
+                     '{"reason": "Navigation.", "verdict": 0}]}',),
+            score=0.0, note="no useful context: a measured 0",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    ANSWER: "1969.", REFERENCE: None},
+            replies=(), score=None, status=MISSING_INPUT, note="null reference: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    REFERENCE: "In 1969."},
+            replies=('{"verdicts": []}', '{"verdicts": [{"reason": "States it.", "verdict": 1}, '
+                     '{"reason": "States it.", "verdict": 1}]}'),
+            score=None, status="parse_failure",
+            note="no verdict, then two, for one context",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(QUESTION), missing(CONTEXTS), missing(REFERENCE), blank(REFERENCE),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        n = len(row[CONTEXTS])
+        task = TASK.format(reference=row[REFERENCE], n=n)
+        [verdicts] = yield [Ask(
+            build_messages(row, task),
+            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
+            lambda text: parse_verdicts(text, n), step="verdicts",
+        )]
+        useful = sum(verdicts)
+        reason = None
+        if useful == 0:
+            reason = "no context is useful for arriving at the reference answer"
+        elif useful < n:
+            reason = f"{n - useful} of {n} contexts not useful for the reference answer"
+        return PyCell(average_precision(verdicts), reason=reason, details={"verdicts": verdicts})

@@ -1,0 +1,160 @@
+"""``context_recall``: the share of the reference answer's statements the contexts support."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import (
+    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
+    statements_schema, verdicts_schema,
+)
+from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+
+#: Completion budget of the statements step: the longest reply the schema allows
+#: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus
+#: quotes, commas and the surrounding object.
+STATEMENTS_MAX_TOKENS = MAX_STATEMENTS * (STATEMENT_MAX_CHARS // 3 + 8) + 16
+#: Completion budget per verdict: a reason of REASON_MAX_CHARS plus the item's keys.
+VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
+
+STATEMENTS_TASK = """\
+Reference answer to the question:
+{reference}
+
+Split the reference answer (not the system's answer above) into its individual
+statements. Each statement makes one claim, can be read on its own (name things instead
+of using pronouns) and keeps the reference's meaning. Leave out text that makes no
+claim. If the reference makes no claim, return an empty list.
+
+Reply with JSON: {{"statements": ["...", ...]}} with at most 20 statements."""
+
+ATTRIBUTION_TASK = """\
+Reference answer to the question:
+{reference}
+
+Below are the statements of the reference answer. For each one, decide whether it can be
+attributed to the retrieved contexts. Verdict 1: the contexts state it or it follows
+from what they state. Verdict 0: the contexts do not give it, or contradict it. Your own
+knowledge does not count. Give one verdict per statement, in the same order, each with a
+one-sentence reason.
+
+Statements:
+{statements}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+
+
+@register
+class ContextRecall(JudgeMetric):
+    """Recall of the reference answer by the retrieved contexts, in [0, 1].
+
+    Two judge steps per row: the judge splits the reference answer into statements, then
+    gives a 0/1 verdict per statement on whether the contexts support it. The score is
+    ``attributable statements / statements``; ``details`` lists the statements and
+    verdicts.
+
+    Notes
+    -----
+    Source: Ragas ``context_recall`` (Es et al., "RAGAS: Automated Evaluation of
+    Retrieval Augmented Generation", 2023; Ragas docs: reference sentences attributable to
+    the retrieved context over all reference sentences). Where Ragas returns NaN for a
+    reference with no statements, this metric returns ``not_applicable``. Cost: two judge
+    calls per row (one when the reference has no statements).
+    """
+
+    name: ClassVar[str] = "context_recall"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
+    boolean: ClassVar[bool] = False
+    summary: ClassVar[str] = "Share of the reference answer's statements that the contexts support"
+    source: ClassVar[str] = "Ragas context_recall (Es et al. 2023, RAGAS; Ragas docs)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("question, contexts or reference is null", "missing_input"),
+        ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
+        ("answer null, empty or a refusal (no claims)", "not read: recall is judged on the "
+         "reference answer"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
+         "(Ragas would score 0)"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("reference makes no claim", "not_applicable; reason 'the reference makes no "
+         "statements' (Ragas: NaN)"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
+         "supports no statement, so it cannot raise the score"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the statement count, or a reply cut at max_tokens",
+         "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land, and who commanded it?",
+                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                    REFERENCE: "Apollo 11 landed on 20 July 1969; Neil Armstrong commanded it."},
+            replies=('{"statements": ["Apollo 11 landed on 20 July 1969.", '
+                     '"Neil Armstrong commanded Apollo 11."]}',
+                     '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, '
+                     '{"reason": "No commander is named.", "verdict": 0}]}'),
+            score=0.5, note="one of two reference statements in the contexts",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    REFERENCE: "n/a"},
+            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            note="the reference makes no statement",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    REFERENCE: " "},
+            replies=(), score=None, status=MISSING_INPUT, note="blank reference: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    REFERENCE: "Apollo 11 landed in 1969."},
+            replies=('{"statements": ["Apollo 11 landed in 1969."]}',
+                     "Verdict: 1, the context states it.",
+                     '{"verdicts": [{"reason": "Stated.", "verdict": 1}, '
+                     '{"reason": "Stated.", "verdict": 1}]}'),
+            score=None, status="parse_failure",
+            note="prose, then two verdicts for one statement",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(QUESTION), missing(CONTEXTS), missing(REFERENCE), blank(REFERENCE),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        reference = row[REFERENCE]
+        [statements] = yield [Ask(
+            build_messages(row, STATEMENTS_TASK.format(reference=reference)),
+            OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
+            parse_statements, step="statements",
+        )]
+        if not statements:
+            return PyCell(None, NOT_APPLICABLE, "the reference makes no statements")
+        n = len(statements)
+        task = ATTRIBUTION_TASK.format(reference=reference, statements=numbered(statements), n=n)
+        [verdicts] = yield [Ask(
+            build_messages(row, task),
+            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
+            lambda text: parse_verdicts(text, n), step="verdicts",
+        )]
+        attributable = sum(verdicts)
+        reason = None
+        if attributable < n:
+            reason = f"{n - attributable} of {n} reference statements not supported by the contexts"
+        return PyCell(attributable / n, reason=reason,
+                      details={"statements": statements, "verdicts": verdicts})

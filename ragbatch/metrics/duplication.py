@@ -1,0 +1,134 @@
+"""``duplication``: 1 when the answer repeats the same information."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT
+
+#: The reply: a reason, then the verdict (property names sort into generation order).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
+        "verdict": {"type": "boolean"},
+    },
+    "required": ["reason", "verdict"],
+    "additionalProperties": False,
+}
+#: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
+#: keys and a boolean.
+MAX_TOKENS = REASON_MAX_CHARS // 3 + 24
+
+TASK = """\
+Decide whether the answer repeats itself: whether it gives the same piece of information
+more than once, in the same words or in different ones. A closing summary that restates
+points already made counts as repetition. Naming the same thing in two statements that
+say different things about it does not. Judge the answer's text only; ignore the
+contexts and the question.
+
+Give a one-sentence reason first (quote the repeated information when there is some),
+then the verdict: true when the answer repeats information, false when it does not.
+
+Reply with JSON: {"reason": "...", "verdict": true or false}"""
+
+
+def parse_reply(text: str) -> dict[str, Any]:
+    """The reply as a dict of :data:`SCHEMA`.
+
+    Raises
+    ------
+    ParseError
+        Not JSON, or not of the schema's shape.
+    """
+    return parse_json(text, SCHEMA)
+
+
+@register
+class Duplication(JudgeMetric):
+    """Whether the answer contains duplicated information: 1.0 (it does) or 0.0.
+
+    One judge step per row: the judge reads the answer alone and decides whether it
+    states the same information more than once. Lower is better. The judge's reason is
+    kept in ``details`` (and in ``reason`` for a 1).
+
+    Notes
+    -----
+    Source: Tonic Validate ``DuplicationMetric`` (true when the answer contains
+    duplicate information). Cost: one judge call per row.
+    """
+
+    name: ClassVar[str] = "duplication"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
+    boolean: ClassVar[bool] = True
+    higher_is_better: ClassVar[bool] = False
+    summary: ClassVar[str] = "1 when the answer repeats the same information"
+    source: ClassVar[str] = "Tonic Validate DuplicationMetric (duplicate information in the answer)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("answer is null", "missing_input"),
+        ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
+        ("question or contexts null, or contexts an empty list", "not read: only the answer's "
+         "text is judged"),
+        ("answer makes no claim (a refusal)", "judged like any other text: a short refusal "
+         "repeats nothing and scores 0.0"),
+        ("reference is null", "not read: the metric does not use the reference"),
+        ("a context chunk is junk (markup, boilerplate)", "no effect: the task tells the judge "
+         "to ignore the contexts (they stay in the shared prompt block)"),
+        ("prompt longer than the judge's window (the shared block holds the contexts too)",
+         "context_too_long; nothing is truncated"),
+        ("reply not of the schema (prose, a verdict that is not a boolean) or cut at "
+         "max_tokens", "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl restart "
+                    "app."], ANSWER: "Run systemctl restart app. To restart the service, use "
+                    "systemctl restart app."},
+            replies=('{"reason": "The restart command is given twice.", "verdict": true}',),
+            score=1.0, note="the same instruction twice",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "How do I restart the service?", CONTEXTS: [],
+                    ANSWER: "Run systemctl restart app, then check its status with systemctl "
+                            "status app."},
+            replies=('{"reason": "Two different commands, nothing repeated.", '
+                     '"verdict": false}',),
+            score=0.0, note="no repetition; contexts are not needed",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl."],
+                    ANSWER: "\n\t "},
+            replies=(), score=None, status=MISSING_INPUT, note="blank answer: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl."],
+                    ANSWER: "Run systemctl restart app."},
+            replies=('{"reason": "Nothing repeated.", "verdict": "no"}',
+                     "No, the answer does not repeat itself."),
+            score=None, status="parse_failure",
+            note="a string verdict, then prose",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (missing(ANSWER), blank(ANSWER))
+
+    def program(self, row: dict[str, Any]) -> Program:
+        [reply] = yield [Ask(
+            build_messages(row, TASK),
+            OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
+            parse_reply, step="duplication",
+        )]
+        details = {"reason": reply["reason"]}
+        if reply["verdict"]:
+            why = reply["reason"].strip() or "the answer repeats information"
+            return PyCell(1.0, reason=why, details=details)
+        return PyCell(0.0, details=details)

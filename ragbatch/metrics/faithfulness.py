@@ -1,0 +1,138 @@
+"""``faithfulness``: the share of the answer's statements that the contexts support."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import (
+    STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS, parse_statements, parse_verdicts,
+    statements_schema, verdicts_schema,
+)
+from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+
+STATEMENTS_TASK = """\
+Break the answer into its individual factual statements. Each statement must make one
+claim, be understandable without the other statements (replace pronouns with what they
+refer to), and stay faithful to the answer's wording. Leave out greetings, hedges and
+text that makes no claim. If the answer makes no factual claim (a refusal, "I don't
+know"), return an empty list.
+
+Reply with JSON: {"statements": ["...", ...]}"""
+
+VERDICTS_TASK = """\
+For each statement below, decide whether it can be inferred from the retrieved contexts
+alone. Verdict 1: the contexts state it or it follows directly from them. Verdict 0: the
+contexts do not support it, or contradict it. Give one verdict per statement, in the same
+order, each with a one-sentence reason.
+
+Statements:
+{statements}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+
+@register
+class Faithfulness(JudgeMetric):
+    """Faithfulness of the answer to the retrieved contexts, in [0, 1].
+
+    Two judge steps per row: the judge splits the answer into standalone statements,
+    then gives a 0/1 verdict per statement on whether the contexts support it. The score
+    is ``supported statements / statements``; ``details`` lists the statements and
+    verdicts.
+
+    Notes
+    -----
+    Source: Ragas ``faithfulness`` (Es et al., "RAGAS: Automated Evaluation of Retrieval
+    Augmented Generation", 2023, section 3). Where Ragas returns NaN for an answer with
+    no statements, this metric returns ``not_applicable``. Cost: two judge calls per row.
+    """
+
+    name: ClassVar[str] = "faithfulness"
+    inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
+    summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
+    source: ClassVar[str] = "Ragas faithfulness (Es et al. 2023, RAGAS, section 3)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("question, contexts or answer is null", "missing_input"),
+        ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
+         "(nothing can support a statement; Ragas would score 0)"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("answer makes no claim (a refusal)", "not_applicable; reason 'the answer makes no "
+         "statements' (Ragas: NaN; DeepEval: 1)"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
+         "supports no statement, so it cannot raise the score"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the statement count", "parse_failure after the retries; "
+         "the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy by William "
+                    "Shakespeare, written around 1600."],
+                    ANSWER: "Hamlet was written by Shakespeare in 1750."},
+            replies=('{"statements": ["Hamlet was written by Shakespeare.", '
+                     '"Hamlet was written in 1750."]}',
+                     '{"verdicts": [{"reason": "The context names Shakespeare.", "verdict": 1}, '
+                     '{"reason": "The context says around 1600.", "verdict": 0}]}'),
+            score=0.5, note="one of two statements supported",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy."],
+                    ANSWER: "I don't know."},
+            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            note="a refusal makes no statements",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: [], ANSWER: "Shakespeare."},
+            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["By Shakespeare."],
+                    ANSWER: "Shakespeare wrote it in 1600."},
+            replies=('{"statements": ["Shakespeare wrote Hamlet.", "It was written in 1600."]}',
+                     '{"verdicts": [{"reason": "stated", "verdict": 1}]}',
+                     '{"verdicts": [{"reason": "stated", "verdict": 1}]}'),
+            score=None, status="parse_failure",
+            note="one verdict for two statements, twice (first try and the one retry)",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(QUESTION), missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        [statements] = yield [Ask(
+            build_messages(row, STATEMENTS_TASK),
+            OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
+            parse_statements, step="statements",
+        )]
+        if not statements:
+            return PyCell(None, NOT_APPLICABLE, "the answer makes no statements")
+        task = VERDICTS_TASK.format(statements=numbered(statements), n=len(statements))
+        [verdicts] = yield [Ask(
+            build_messages(row, task),
+            OutputSpec.of_schema(verdicts_schema(len(statements)),
+                                 max_tokens=16 + VERDICT_MAX_TOKENS * len(statements)),
+            lambda text: parse_verdicts(text, len(statements)), step="verdicts",
+        )]
+        supported = sum(verdicts)
+        reason = None
+        if supported < len(statements):
+            unsupported = [s for s, v in zip(statements, verdicts) if not v]
+            reason = f"{len(unsupported)} of {len(statements)} statements not supported"
+        return PyCell(supported / len(statements), reason=reason,
+                      details={"statements": statements, "verdicts": verdicts})

@@ -1,0 +1,124 @@
+"""``retrieval_precision``: the share of retrieved contexts relevant to the question."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.registry import register
+from ragbatch.status import MISSING_INPUT
+
+#: Completion budget per verdict: a reason of REASON_MAX_CHARS (about 3 characters a
+#: token) plus the item's keys.
+VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
+
+TASK = """\
+For each retrieved context above, from [1] to [{n}], decide whether it is relevant to the
+question. Verdict 1: the context holds information that helps answer the question.
+Verdict 0: it does not (another subject, navigation or markup, text only loosely
+related). Judge the contexts against the question only; ignore the answer. Give one
+verdict per context, in the order of their numbers, each with a one-sentence reason.
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+
+
+@register
+class RetrievalPrecision(JudgeMetric):
+    """Share of the retrieved contexts that are relevant to the question, in [0, 1].
+
+    One judge step per row: the judge gives a 0/1 relevance verdict per context (by its
+    number in the shared prompt block). The score is ``relevant contexts / contexts``;
+    ``details`` lists the verdicts.
+
+    Notes
+    -----
+    Source: Tonic Validate ``RetrievalPrecisionMetric`` (the fraction of retrieved
+    contexts relevant to answering the question). Tonic asks once per context; this
+    metric asks once per row for exactly ``len(contexts)`` verdicts. The answer is not
+    judged (it appears in the shared prompt block only). Cost: one judge call per row.
+    """
+
+    name: ClassVar[str] = "retrieval_precision"
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
+    boolean: ClassVar[bool] = False
+    summary: ClassVar[str] = "Share of the retrieved contexts that are relevant to the question"
+    source: ClassVar[str] = "Tonic Validate RetrievalPrecisionMetric (retrieval precision)"
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("question or contexts is null", "missing_input"),
+        ("question empty or only whitespace", "missing_input; reason 'question is empty'"),
+        ("answer null, empty or a refusal (no claims)", "not read: relevance is judged "
+         "against the question only"),
+        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
+         "(precision of nothing retrieved is undefined)"),
+        ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
+        ("reference is null", "not read: the metric does not use the reference"),
+        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: "
+         "irrelevant, so it lowers the score (the retrieval fetched it)"),
+        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
+         "parse_failure after the retries; the raw reply is kept"),
+    )
+    judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969.",
+                               "Home | About | Contact", "The Saturn V was a rocket.",
+                               "The lunar module touched down at 20:17 UTC on 20 July 1969."],
+                    ANSWER: "On 20 July 1969."},
+            replies=('{"verdicts": [{"reason": "Gives the date.", "verdict": 1}, {"reason": '
+                     '"Navigation text.", "verdict": 0}, {"reason": "About the rocket.", '
+                     '"verdict": 0}, {"reason": "Gives the date and time.", "verdict": 1}]}',),
+            score=0.5, note="two of four contexts relevant, one of them junk",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
+                    ANSWER: None},
+            replies=('{"verdicts": [{"reason": "Gives the year.", "verdict": 1}]}',),
+            score=1.0, note="the answer is not needed",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: [], ANSWER: "In 1969."},
+            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed in 1969.", "The Saturn V was a rocket."],
+                    ANSWER: "In 1969."},
+            replies=('{"verdicts": [{"reason": "Gives the year.", "verdict": 1}]}',
+                     ("length", '{"verdicts": [{"reason": "Gives the year.", "verdict": 1}, '
+                      '{"reason": "About')),
+            score=None, status="parse_failure",
+            note="one verdict for two contexts, then a reply cut at max_tokens",
+        ),
+    )
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (
+            missing(QUESTION), missing(CONTEXTS), blank(QUESTION),
+            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
+                  pl.lit("contexts is an empty list")),
+            every_context_blank(),
+        )
+
+    def program(self, row: dict[str, Any]) -> Program:
+        n = len(row[CONTEXTS])
+        [verdicts] = yield [Ask(
+            build_messages(row, TASK.format(n=n)),
+            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
+            lambda text: parse_verdicts(text, n), step="verdicts",
+        )]
+        relevant = sum(verdicts)
+        reason = None
+        if relevant < n:
+            reason = f"{n - relevant} of {n} contexts not relevant to the question"
+        return PyCell(relevant / n, reason=reason, details={"verdicts": verdicts})

