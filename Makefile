@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo demo-judge test bench clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -29,6 +29,17 @@ setup: $(BIN)/ragbatch
 demo: setup
 	$(BIN)/ragbatch run jobs/tonic_paul_graham.yaml
 	$(BIN)/ragbatch run jobs/ares.yaml
+
+# The judge jobs on a tiny random model built locally (no model hub needed): shows the
+# judge stage end to end on CPU; the scores are meaningless. Use a real model for real scores.
+models/tiny-judge/config.json: tests/judge_models.py | setup
+	$(BIN)/python tests/judge_models.py models/tiny-judge
+
+# The first 24 ARES rows: a random model on two CPU cores writes slowly.
+demo-judge: setup models/tiny-judge/config.json
+	mkdir -p out
+	head -n 25 examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv > out/ares_24.tsv
+	$(BIN)/ragbatch run jobs/ares_judge.yaml --input out/ares_24.tsv
 
 test: setup
 	$(BIN)/python -m pytest

