@@ -37,7 +37,8 @@ class ContainsText(ExpressionMetric):
 
     Follows Tonic Validate's ``ContainsTextMetric`` (Python ``needle in answer``;
     case-insensitive by default with both sides lowercased). The reason of a 0.0 lists
-    the strings that are missing. Cost: one literal substring search per string.
+    the strings that are missing. Cost: one substring or case-pattern search per string;
+    case-insensitive, answers holding a non-ASCII character are also lowercased once.
     """
 
     name = "contains_text"
@@ -59,14 +60,10 @@ class ContainsText(ExpressionMetric):
     def expression(self) -> pl.Expr:
         answer = pl.col("answer")
         needles = self.params.needles
-        if not self.params.case_sensitive:
-            answer = answer.str.to_lowercase()
-        found = [
-            answer.str.contains(
-                needle if self.params.case_sensitive else _lower(needle), literal=True
-            )
-            for needle in needles
-        ]
+        if self.params.case_sensitive:
+            found = [answer.str.contains(needle, literal=True) for needle in needles]
+        else:
+            found = _found_ignoring_case(answer, needles)
         missing_list = pl.concat_str(
             [pl.when(~f).then(pl.lit(repr(n))) for f, n in zip(found, needles)],
             separator=", ",
@@ -75,6 +72,36 @@ class ContainsText(ExpressionMetric):
         all_found = pl.all_horizontal(found)
         reason = pl.when(~all_found).then(pl.format("not found: {}", missing_list))
         return cell([missing("answer")], all_found, reason=reason)
+
+
+def _found_ignoring_case(answer: pl.Expr, needles: list[str]) -> list[pl.Expr]:
+    """Per needle, whether ``lowercase(needle)`` occurs in ``lowercase(answer)``.
+
+    Lowercasing every answer is the costly part (Unicode case mapping, character by
+    character), so only answers holding a non-ASCII character are lowercased. An ASCII
+    answer lowercases to ASCII, so it can hold the lowercased needle only when that is
+    ASCII too, and then exactly where a pattern matching each letter in either case
+    (``[dD][aA]...``) matches: the same answer, without building its lowercase.
+    """
+    ascii_text = answer.str.len_bytes() == answer.str.len_chars()
+    lowered = pl.when(ascii_text).then(pl.lit("")).otherwise(answer).str.to_lowercase()
+    found = []
+    for needle in needles:
+        low = _lower(needle)
+        in_lowered = lowered.str.contains(low, literal=True)
+        if low.isascii():
+            in_ascii = answer.str.contains("".join(_either_case(c) for c in low))
+        else:
+            in_ascii = pl.lit(False)
+        found.append(pl.when(ascii_text).then(in_ascii).otherwise(in_lowered))
+    return found
+
+
+def _either_case(c: str) -> str:
+    """A Rust regex atom matching the ASCII character ``c`` in either case."""
+    if c.isalpha():
+        return f"[{c.lower()}{c.upper()}]"
+    return f"\\x{{{ord(c):X}}}"
 
 
 def _lower(text: str) -> str:
