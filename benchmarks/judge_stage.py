@@ -444,10 +444,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run["same_text_as_stage"] = (sum(a == b for a, b in zip(texts, stage_texts))
                                              / max(1, len(texts)))
                 raw_runs.append(run)
+            run["load_average_after"] = os.getloadavg()[0]
             order.append(which)
             print(f"  {which:5s} {run['wall_s']:8.2f} s  {run['requests']} requests  "
-                  f"{run['prompt_tokens']} prompt + {run['completion_tokens']} completion tokens",
-                  flush=True)
+                  f"{run['prompt_tokens']} prompt + {run['completion_tokens']} completion tokens"
+                  f"  (load {run['load_average_after']:.2f})", flush=True)
     raw_one_call = None
     if groups is not None and len([g for g in groups if g]) > 1:
         recorder.on = False

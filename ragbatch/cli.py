@@ -103,12 +103,13 @@ def _summary_text(rows: list[dict]) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from ragbatch.plan import build_plan
+    from ragbatch.plan import build_plan, preflight_engines
     from ragbatch.runner import prepare_import_paths
 
     config = _load(args)
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
+    preflight_engines(plan)
     _check_output_reachable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")

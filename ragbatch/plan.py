@@ -179,3 +179,26 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
         raise ConfigError(missing)
     plan.slices = slice_columns(config.input, plan.input_schema)
     return plan
+
+
+def preflight_engines(plan: Plan) -> None:
+    """Check, from this process and before any actor starts, that every OpenAI-compatible
+    judge server of the plan answers and serves its model (a few seconds at most).
+
+    Raises
+    ------
+    EngineError
+        A server cannot be reached, refuses the key, or does not serve the model; the
+        message starts with ``engines.<name>`` and names the URL and the cause.
+    """
+    from ragbatch.errors import EngineError
+
+    for stage in plan.stages:
+        if stage.kind != "judge" or stage.engine.type != "openai":
+            continue
+        from ragbatch.engines.openai import load_openai_engine
+
+        try:
+            load_openai_engine(stage.engine).close()
+        except EngineError as exc:
+            raise EngineError(f"engines.{stage.engine_name}: {exc}") from None

@@ -20,7 +20,7 @@ from ragbatch.errors import InputError
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
-from ragbatch.plan import Plan, build_plan
+from ragbatch.plan import Plan, build_plan, preflight_engines
 
 log = logging.getLogger("ragbatch")
 
@@ -66,6 +66,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     t0 = time.perf_counter()
     import_paths = prepare_import_paths(config_dir)
     plan = build_plan(config)
+    preflight_engines(plan)
     run_id = run_id or config.run.run_id or new_run_id(started)
     run_date = config.run.run_date or started.date()
     layout = OutputLayout.for_run(config.output, run_date, run_id)

@@ -140,3 +140,20 @@ def test_run_on_an_existing_cluster_via_address(tmp_path):
         assert recorded.split(":")[-1] == cluster.address.split(":")[-1]
     finally:
         cluster.shutdown()
+
+
+def test_unreachable_judge_server_fails_before_any_actor_starts(capsys, tmp_path):
+    pytest.importorskip("openai")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "input": {"uri": str(REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"),
+                  "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"}},
+        "output": {"uri": str(tmp_path / "out")},
+        "engines": {"judge": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "judge"}},
+        "metrics": [{"name": "hate_speech", "engine": "judge"}],
+    }))
+    for command in ("validate", "run"):
+        code, out, err = _run(capsys, command, str(config))
+        assert code == 1, (command, out, err)
+        assert "engines.judge: the openai engine cannot reach http://127.0.0.1:9/v1" in err
+    assert not (tmp_path / "out").exists()

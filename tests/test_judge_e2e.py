@@ -52,7 +52,7 @@ def _tonic_rows(tmp_path: Path, n: int) -> Path:
 
 def _scores(result) -> pl.DataFrame:
     con = duckdb.connect()
-    table = con.execute(
+    table = con.sql(
         f"SELECT * FROM read_parquet('{result.layout.root}/scores/**/*.parquet', "
         f"hive_partitioning=true) WHERE run_id = '{result.run_id}'"
     ).to_arrow_table()
