@@ -137,17 +137,31 @@ def build_tiny_model(path: Path) -> Path:
 
 
 class Recorder:
-    """Wraps an engine's ``complete`` and keeps every call's requests and completions."""
+    """Wraps an engine's ``complete`` and keeps every call's requests and completions,
+    and the time spent inside ``complete`` and in its chat-template tokenisation."""
 
     def __init__(self, engine: Any):
         self.engine = engine
         self.inner = engine.complete
+        self.inner_ids = engine.prompt_token_ids
         self.calls: list[tuple[list[Any], list[Any]]] = []
         self.on = True
-        engine.complete = self  # instance attribute: the runner calls engine.complete(...)
+        self.complete_s = 0.0
+        self.tokenize_s = 0.0
+        engine.complete = self  # instance attributes: the runner calls engine.complete(...)
+        engine.prompt_token_ids = self._ids
+
+    def _ids(self, request):
+        start = time.perf_counter()
+        try:
+            return self.inner_ids(request)
+        finally:
+            self.tokenize_s += time.perf_counter() - start
 
     def __call__(self, requests):
+        start = time.perf_counter()
         completions = self.inner(requests)
+        self.complete_s += time.perf_counter() - start
         if self.on:
             self.calls.append((list(requests), list(completions)))
         return completions
@@ -155,6 +169,11 @@ class Recorder:
     def take(self) -> list[tuple[list[Any], list[Any]]]:
         calls, self.calls = self.calls, []
         return calls
+
+    def take_times(self) -> tuple[float, float]:
+        times = (self.complete_s, self.tokenize_s)
+        self.complete_s = self.tokenize_s = 0.0
+        return times
 
 
 class _Ledger:
@@ -426,8 +445,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for which in pair:
             reset_prefix_cache(llm)
             if which == "stage":
+                recorder.take_times()
                 run = run_stage(stage, rows, args.batch_size)
                 calls = recorder.take()
+                complete_s, tokenize_s = recorder.take_times()
+                # Where the stage's time went: inside the engine adapter's complete()
+                # (of which chat template + tokenisation), and outside it (guards, judge
+                # programs, parsing, building the output columns).
+                run["in_complete_s"] = complete_s
+                run["tokenize_s"] = tokenize_s
+                run["outside_complete_s"] = run["wall_s"] - complete_s
                 if groups is None:
                     groups = raw_inputs(engine, calls)
                     stage_texts = [c.text for _, comps in calls for c in comps
@@ -470,6 +497,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "raw": {"wall_s": raw_s, "rows_per_s": n_rows / raw_s,
                 "requests_per_s": raw_runs[0]["requests"] / raw_s,
                 "tokens_per_s": (raw_runs[0]["prompt_tokens"] + raw_runs[0]["completion_tokens"]) / raw_s},
+        "stage_time_split_median_s": {
+            "in_complete": _median([r["in_complete_s"] for r in stage_runs]),
+            "of_which_tokenize": _median([r["tokenize_s"] for r in stage_runs]),
+            "outside_complete": _median([r["outside_complete_s"] for r in stage_runs])},
         "ratio_stage_over_raw": raw_s / stage_s,
         "target": 0.9,
     }
@@ -481,6 +512,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"stage {n_rows / stage_s:.2f} rows/s, {requests / stage_s:.2f} requests/s; raw "
           f"{n_rows / raw_s:.2f} rows/s, {raw_runs[0]['requests'] / raw_s:.2f} requests/s; "
           f"stage/raw = {summary['ratio_stage_over_raw']:.3f}", flush=True)
+    split = summary["stage_time_split_median_s"]
+    print(f"stage time: {split['in_complete']:.2f} s in the engine's complete() (of which "
+          f"{split['of_which_tokenize']:.2f} s chat template + tokenisation), "
+          f"{split['outside_complete']:.2f} s outside it", flush=True)
 
     layout: dict[str, Any] = {}
     if args.layout_rows > 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics._cells import cell, missing
+from ragbatch.metrics._cells import frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.registry import register
 
@@ -58,33 +58,46 @@ class ContainsText(ExpressionMetric):
     )
 
     def expression(self) -> pl.Expr:
-        answer = pl.col("answer")
+        return frame_cells([missing("answer")], ["answer"], self._score)
+
+    def _score(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Score and reason of a batch. Each search runs once and its result is kept as
+        a column: written as one expression, Polars would repeat the searches (and the
+        lowercasing) for the score and again for the reason."""
+        answer = frame.get_column("answer")
         needles = self.params.needles
         if self.params.case_sensitive:
-            found = [answer.str.contains(needle, literal=True) for needle in needles]
+            hits = [answer.str.contains(needle, literal=True) for needle in needles]
         else:
-            found = _found_ignoring_case(answer, needles)
+            hits = _found_ignoring_case(answer, needles)
+        names = [f"found_{i}" for i in range(len(needles))]
+        found = pl.DataFrame([h.alias(n) for h, n in zip(hits, names)])
         missing_list = pl.concat_str(
-            [pl.when(~f).then(pl.lit(repr(n))) for f, n in zip(found, needles)],
+            [pl.when(~pl.col(n)).then(pl.lit(repr(needle))) for n, needle in zip(names, needles)],
             separator=", ",
             ignore_nulls=True,
         )
-        all_found = pl.all_horizontal(found)
-        reason = pl.when(~all_found).then(pl.format("not found: {}", missing_list))
-        return cell([missing("answer")], all_found, reason=reason)
+        all_found = pl.all_horizontal(names)
+        return found.select(
+            score=all_found,
+            reason=pl.when(~all_found).then(pl.format("not found: {}", missing_list)),
+            details=pl.lit(None, pl.String),
+        )
 
 
-def _found_ignoring_case(answer: pl.Expr, needles: list[str]) -> list[pl.Expr]:
+def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Series]:
     """Per needle, whether ``lowercase(needle)`` occurs in ``lowercase(answer)``.
 
-    Lowercasing every answer is the costly part (Unicode case mapping, character by
-    character), so only answers holding a non-ASCII character are lowercased. An ASCII
-    answer lowercases to ASCII, so it can hold the lowercased needle only when that is
-    ASCII too, and then exactly where a pattern matching each letter in either case
+    Lowercasing is the costly part (Unicode case mapping, character by character), so
+    it is done once per batch and only for answers holding a non-ASCII character. An
+    ASCII answer lowercases to ASCII, so it can hold the lowercased needle only when that
+    is ASCII too, and then exactly where a pattern matching each letter in either case
     (``[dD][aA]...``) matches: the same answer, without building its lowercase.
     """
     ascii_text = answer.str.len_bytes() == answer.str.len_chars()
-    lowered = pl.when(ascii_text).then(pl.lit("")).otherwise(answer).str.to_lowercase()
+    lowered = pl.select(
+        pl.when(pl.lit(ascii_text)).then(pl.lit("")).otherwise(pl.lit(answer)).str.to_lowercase()
+    ).to_series()
     found = []
     for needle in needles:
         low = _lower(needle)
@@ -92,8 +105,10 @@ def _found_ignoring_case(answer: pl.Expr, needles: list[str]) -> list[pl.Expr]:
         if low.isascii():
             in_ascii = answer.str.contains("".join(_either_case(c) for c in low))
         else:
-            in_ascii = pl.lit(False)
-        found.append(pl.when(ascii_text).then(in_ascii).otherwise(in_lowered))
+            in_ascii = pl.repeat(False, answer.len(), eager=True)
+        found.append(pl.select(
+            pl.when(pl.lit(ascii_text)).then(pl.lit(in_ascii)).otherwise(pl.lit(in_lowered))
+        ).to_series())
     return found
 
 
