@@ -141,7 +141,11 @@ class JudgeStage:
         if self.ledger is None:
             return
         key = batch.column("row_id")[0].as_py() if batch.num_rows and "row_id" in batch.column_names else None
-        self.ledger.record.remote(self.engine_name, key, tallies, self.engine.stats(), self.actor_key)
+        import ray
+
+        # Waited for, so that every batch's report is in before the driver reads the totals.
+        ray.get(self.ledger.record.remote(self.engine_name, key, tallies, self.engine.stats(),
+                                          self.actor_key))
 
 
 def _build_metric(index: int, entry: dict[str, Any], engine_name: str) -> JudgeMetric:
