@@ -505,7 +505,7 @@ def _contexts_from_lists(source: pa.Array, cfg: InputSection, issues: _Issues) -
         try:
             return pc.cast(source, _LIST_OF_STRINGS)
         except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-            pass
+            pass  # not castable as a whole: convert item by item below, with per-row notes
     elif pa.types.is_struct(item):
         fast = _struct_items(source, cfg)
         if fast is not None:
@@ -524,7 +524,7 @@ def _struct_items(source: pa.Array, cfg: InputSection) -> pa.Array | None:
     try:
         lists = pc.cast(source, pa.list_(item))
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        return None
+        return None  # the caller falls back to the item-by-item path
     lists = pa.concat_arrays([lists])  # offset 0, as from_arrays with a mask needs
     candidates = [pc.cast(pc.struct_field(lists.values, [keys.index(f)]), pa.string()) for f in fields]
     values = candidates[0] if len(candidates) == 1 else pc.coalesce(*candidates)

@@ -74,6 +74,13 @@ def blank(column: str) -> Guard:
     )
 
 
+def empty_contexts() -> Guard:
+    """``missing_input`` when the context list is empty (for metrics that judge contexts:
+    nothing was retrieved, so there is nothing to judge)."""
+    return Guard(pl.col("contexts").list.len() == 0, MISSING_INPUT,
+                 pl.lit("contexts is an empty list"))
+
+
 def every_context_blank() -> Guard:
     """``missing_input`` when every context chunk is empty or only whitespace (an empty
     list is not caught here: metrics decide what an empty list means)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
@@ -14,7 +13,7 @@ from ragbatch.judge.parse import (
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -131,8 +130,7 @@ class AnswerConsistency(JudgeMetric):
     def guards(self) -> tuple[Guard, ...]:
         return (
             missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
-            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
-                  pl.lit("contexts is an empty list")),
+            empty_contexts(),
             every_context_blank(),
         )
 

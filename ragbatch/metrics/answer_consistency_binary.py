@@ -11,7 +11,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -133,8 +133,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     def guards(self) -> tuple[Guard, ...]:
         return (
             missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
-            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
-                  pl.lit("contexts is an empty list")),
+            empty_contexts(),
             every_context_blank(),
         )
 

@@ -12,7 +12,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
 
@@ -177,8 +177,7 @@ class ContextRelevancy(JudgeMetric):
     def guards(self) -> tuple[Guard, ...]:
         return (
             missing(QUESTION), missing(CONTEXTS), blank(QUESTION),
-            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
-                  pl.lit("contexts is an empty list")),
+            empty_contexts(),
             every_context_blank(),
             Guard(pl.col(CONTEXTS).list.eval(pl.element().str.contains(r"[\p{L}\p{N}]")
                                              .fill_null(False)).list.any().not_(),

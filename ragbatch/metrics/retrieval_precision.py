@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.metrics._cells import Guard, PyCell, blank, every_context_blank, missing
+from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
 
@@ -105,8 +104,7 @@ class RetrievalPrecision(JudgeMetric):
     def guards(self) -> tuple[Guard, ...]:
         return (
             missing(QUESTION), missing(CONTEXTS), blank(QUESTION),
-            Guard(pl.col(CONTEXTS).list.len() == 0, MISSING_INPUT,
-                  pl.lit("contexts is an empty list")),
+            empty_contexts(),
             every_context_blank(),
         )
 
