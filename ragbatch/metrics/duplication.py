@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
-from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
-from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+from ragbatch.judge.answer_verdict import AnswerVerdictMetric
+from ragbatch.judge.metric import JudgeExample
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
-
-#: The reply: a reason, then the verdict (property names sort into generation order).
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
-        "verdict": {"type": "boolean"},
-    },
-    "required": ["reason", "verdict"],
-    "additionalProperties": False,
-}
-#: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
-#: keys and a boolean.
-MAX_TOKENS = REASON_MAX_CHARS // 3 + 24
 
 TASK = """\
 Decide whether the answer repeats itself: whether it gives the same piece of information
@@ -40,19 +23,8 @@ then the verdict: true when the answer repeats information, false when it does n
 Reply with JSON: {"reason": "...", "verdict": true or false}"""
 
 
-def parse_reply(text: str) -> dict[str, Any]:
-    """The reply as a dict of :data:`SCHEMA`.
-
-    Raises
-    ------
-    ParseError
-        Not JSON, or not of the schema's shape.
-    """
-    return parse_json(text, SCHEMA)
-
-
 @register
-class Duplication(JudgeMetric):
+class Duplication(AnswerVerdictMetric):
     """Whether the answer contains duplicated information: 1.0 (it does) or 0.0.
 
     One judge step per row: the judge reads the answer alone and decides whether it
@@ -67,8 +39,8 @@ class Duplication(JudgeMetric):
 
     name: ClassVar[str] = "duplication"
     version: ClassVar[int] = 1
-    inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
-    boolean: ClassVar[bool] = True
+    task: ClassVar[str] = TASK
+    positive_reason: ClassVar[str] = "the answer repeats information"
     higher_is_better: ClassVar[bool] = False
     summary: ClassVar[str] = "1 when the answer repeats the same information"
     source: ClassVar[str] = "Tonic Validate DuplicationMetric (duplicate information in the answer)"
@@ -117,18 +89,3 @@ class Duplication(JudgeMetric):
             note="a string verdict, then prose",
         ),
     )
-
-    def guards(self) -> tuple[Guard, ...]:
-        return (missing(ANSWER), blank(ANSWER))
-
-    def program(self, row: dict[str, Any]) -> Program:
-        [reply] = yield [Ask(
-            build_messages(row, TASK),
-            OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step="duplication",
-        )]
-        details = {"reason": reply["reason"]}
-        if reply["verdict"]:
-            why = reply["reason"].strip() or "the answer repeats information"
-            return PyCell(1.0, reason=why, details=details)
-        return PyCell(0.0, details=details)

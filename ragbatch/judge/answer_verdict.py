@@ -1,0 +1,68 @@
+"""Base of the judge metrics that read the answer alone and return one reasoned yes/no
+verdict (``duplication``, ``hate_speech``): one judge call per row, score 1.0 when the
+verdict is true, else 0.0, the judge's reason kept in ``details``."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ragbatch.columns import ANSWER
+from ragbatch.judge.metric import JudgeMetric, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+
+#: The reply: a reason, then the verdict (generated in this order).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
+        "verdict": {"type": "boolean"},
+    },
+    "required": ["reason", "verdict"],
+    "additionalProperties": False,
+}
+#: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
+#: keys and a boolean.
+MAX_TOKENS = REASON_MAX_CHARS // 3 + 24
+
+
+def parse_reply(text: str) -> dict[str, Any]:
+    """The reply as a dict of :data:`SCHEMA`.
+
+    Raises
+    ------
+    ParseError
+        Not JSON, or not of the schema's shape.
+    """
+    return parse_json(text, SCHEMA)
+
+
+class AnswerVerdictMetric(JudgeMetric):
+    """A judge metric asking one reasoned true/false question about the answer.
+
+    Subclasses set :attr:`task` (the instructions, ending with the reply format) and
+    :attr:`positive_reason` (the cell's reason for a true verdict whose reason is blank).
+    Guards: a null or blank answer is ``missing_input``.
+    """
+
+    inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
+    boolean: ClassVar[bool] = True
+    task: ClassVar[str]
+    positive_reason: ClassVar[str]
+
+    def guards(self) -> tuple[Guard, ...]:
+        return (missing(ANSWER), blank(ANSWER))
+
+    def program(self, row: dict[str, Any]) -> Program:
+        [reply] = yield [Ask(
+            build_messages(row, self.task),
+            OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
+            parse_reply, step=self.name,
+        )]
+        details = {"reason": reply["reason"]}
+        if reply["verdict"]:
+            return PyCell(1.0, reason=reply["reason"].strip() or self.positive_reason,
+                          details=details)
+        return PyCell(0.0, details=details)
