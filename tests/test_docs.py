@@ -14,6 +14,7 @@ from ragbatch.status import STATUSES
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 JUDGES = (ROOT / "docs" / "judges.md").read_text(encoding="utf-8")
+PII = (ROOT / "docs" / "pii.md").read_text(encoding="utf-8")
 
 
 def _table_rows(text: str) -> set[tuple[str, ...]]:
@@ -25,7 +26,7 @@ def _table_rows(text: str) -> set[tuple[str, ...]]:
 
 
 ROWS = _table_rows(README)
-POLICY_ROWS = ROWS | _table_rows(JUDGES)
+POLICY_ROWS = ROWS | _table_rows(JUDGES) | _table_rows(PII)
 
 
 @pytest.mark.parametrize("cls", all_metrics(), ids=lambda c: c.name)

@@ -1,0 +1,460 @@
+"""Adapter for Presidio's analyzer: PII detection that runs inside the job.
+
+Every call into ``presidio_analyzer`` (and the spaCy, tldextract and phonenumbers calls
+made on its behalf) lives in this file. Written against presidio-analyzer 2.2.366; the
+calls used are ``RecognizerRegistry.load_predefined_recognizers``, ``AnalyzerEngine``
+(``analyze`` with precomputed ``nlp_artifacts``), ``SpacyNlpEngine``, ``SpacyRecognizer``,
+``HuggingFaceNerRecognizer``, ``PhoneRecognizer``, ``CreditCardRecognizer`` and
+``EmailRecognizer``.
+
+What runs (see :func:`describe_detectors`):
+
+* Presidio's pattern and checksum recognizers for the engine's language, on a blank spaCy
+  pipeline (a tokenizer only; no model to download);
+* two changes to them, both local: the email recognizer checks the domain against
+  tldextract's bundled public-suffix snapshot instead of fetching the list over the
+  network, and two more recognizers run beside Presidio's (:data:`CARD_IIN_PATTERN`, card
+  numbers of the ISO/IEC 7812 issuer ranges that Presidio's pattern leaves out, still
+  Luhn-checked; :class:`LabelledPhoneRecognizer`, numbers right after a phone label);
+* with ``ner_model``, a named-entity model from a local directory: a spaCy pipeline
+  (Presidio's spaCy NLP engine and recognizer) or a transformers token-classification
+  model (Presidio's Hugging Face recognizer).
+
+Nothing here opens a network connection; models load from local paths only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ragbatch.config import PresidioEngine
+from ragbatch.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+#: Card numbers by issuer range (ISO/IEC 7812 IINs) that Presidio's own card pattern does
+#: not cover: Visa of 19 digits, Mastercard 2221-2720, JCB 2131/1800 (15 digits) and
+#: 3528-3589 (16-19), Discover 16-19 and Diners 14-19. Maestro's 12-19 digit numbers
+#: (50, 56-69) are left out: too many order and tracking numbers of that shape pass the
+#: Luhn check. Matches still pass the Luhn check of Presidio's card recognizer to count.
+CARD_IIN_PATTERN = (
+    r"\b(?:4\d{18}"
+    r"|(?:222[1-9]|22[3-9]\d|2[3-6]\d{2}|27[01]\d|2720)\d{12}"
+    r"|(?:2131|1800)\d{11}"
+    r"|35(?:2[89]|[3-8]\d)\d{12,15}"
+    r"|6(?:011|5\d{2}|4[4-9]\d)\d{12,15}"
+    r"|3(?:0[0-5]|[689]\d)\d{11,16})\b"
+)
+
+#: Words that label a phone number when they stand right before it.
+PHONE_LABELS = (
+    "phone", "telephone", "tel", "mobile", "cell", "cellphone", "fax", "call me on",
+    "call me at", "call", "whatsapp", "sms", "text me at",
+)
+
+#: Presidio recognizers that only read entities from the NLP engine's own NER; they are
+#: replaced by an explicit NER recognizer when ``ner_model`` is set.
+_NLP_RECOGNIZERS = ("SpacyRecognizer", "StanzaRecognizer", "TransformersRecognizer")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One detected entity: its type, character span and score; never its text.
+
+    Attributes
+    ----------
+    entity_type : str
+        Presidio entity name, for example ``EMAIL_ADDRESS``.
+    start, end : int
+        Character offsets (Python string indices) of the span in the analyzed text.
+    score : float
+        Presidio's confidence in [0, 1].
+    recognizer : str
+        Name of the recognizer that found it.
+    """
+
+    entity_type: str
+    start: int
+    end: int
+    score: float
+    recognizer: str
+
+
+def resolve_overlaps(findings: Sequence[Finding]) -> list[Finding]:
+    """Drop findings that overlap a stronger finding of another type.
+
+    Presidio's analyzer reports every recognizer's matches; a 16-digit card number may
+    also match the phone recognizer, an IP address a phone pattern. A finding is dropped
+    when another finding of a different type overlaps its span and ranks higher by
+    (score, span length); ties keep both.
+
+    Parameters
+    ----------
+    findings : sequence of Finding
+
+    Returns
+    -------
+    list of Finding
+        The kept findings, in the input order.
+    """
+    kept = []
+    for f in findings:
+        rank = (f.score, f.end - f.start)
+        beaten = any(
+            g.entity_type != f.entity_type and g.start < f.end and f.start < g.end
+            and (g.score, g.end - g.start) > rank
+            for g in findings
+        )
+        if not beaten:
+            kept.append(f)
+    return kept
+
+
+def ner_labels(model_dir: str | Path, backend: str = "auto") -> tuple[str, list[str]]:
+    """Read the entity labels of a local NER model from its files, without loading it.
+
+    Parameters
+    ----------
+    model_dir : str or Path
+        A spaCy pipeline directory (``meta.json`` with ``labels.ner``) or a transformers
+        token-classification directory (``config.json`` with ``id2label``).
+    backend : {"auto", "spacy", "transformers"}
+        ``auto`` picks spaCy when ``meta.json`` and ``config.cfg`` exist, else
+        transformers when ``config.json`` exists.
+
+    Returns
+    -------
+    backend, labels : str, list of str
+        The backend used and the model's labels with BIO prefixes (``B-``, ``I-``, ...)
+        removed, in file order without repeats; ``O`` is left out.
+
+    Raises
+    ------
+    EngineError
+        The directory does not exist, or holds neither kind of model.
+    """
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        raise EngineError(f"ner_model {str(model_dir)!r} is not a directory; give a local "
+                          "spaCy pipeline or transformers model directory")
+    if backend == "auto":
+        if (path / "meta.json").is_file() and (path / "config.cfg").is_file():
+            backend = "spacy"
+        elif (path / "config.json").is_file():
+            backend = "transformers"
+        else:
+            raise EngineError(f"ner_model {str(path)!r} holds neither a spaCy pipeline "
+                              "(meta.json, config.cfg) nor a transformers model (config.json)")
+    if backend == "spacy":
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        raw = list(meta.get("labels", {}).get("ner", []))
+    else:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        raw = [str(v) for v in (config.get("id2label") or {}).values()]
+    labels = [re.sub(r"^[BIELSU]-", "", label) for label in raw]
+    return backend, [label for label in dict.fromkeys(labels) if label != "O"]
+
+
+def _entity_mapping(backend: str) -> dict[str, str]:
+    """Model label -> Presidio entity, as Presidio maps them for each backend."""
+    if backend == "spacy":
+        from presidio_analyzer.nlp_engine.ner_model_configuration import (
+            MODEL_TO_PRESIDIO_ENTITY_MAPPING,
+        )
+
+        return dict(MODEL_TO_PRESIDIO_ENTITY_MAPPING)
+    from presidio_analyzer.predefined_recognizers import HuggingFaceNerRecognizer
+
+    return dict(HuggingFaceNerRecognizer.DEFAULT_LABEL_MAPPING)
+
+
+def ner_entities(spec: PresidioEngine) -> tuple[str | None, dict[str, str]]:
+    """The NER backend and {model label: Presidio entity} for the labels the configured
+    model has that Presidio maps to a PII entity (empty without ``ner_model``)."""
+    if not spec.ner_model:
+        return None, {}
+    backend, labels = ner_labels(spec.ner_model, spec.ner_backend)
+    mapping = _entity_mapping(backend)
+    return backend, {label: mapping[label] for label in labels if label in mapping}
+
+
+def _offline_email_recognizer(language: str) -> Any:
+    import tldextract
+    from presidio_analyzer.predefined_recognizers import EmailRecognizer
+
+    # The bundled public-suffix snapshot only: no suffix-list URLs, no cache directory.
+    extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None,
+                                    fallback_to_snapshot=True)
+
+    class OfflineEmailRecognizer(EmailRecognizer):
+        """Presidio's email recognizer with its domain check kept on this machine."""
+
+        def validate_result(self, pattern_text: str) -> bool:
+            return extract(pattern_text).fqdn != ""
+
+    return OfflineEmailRecognizer(supported_language=language)
+
+
+def _card_iin_recognizer(language: str) -> Any:
+    from presidio_analyzer import Pattern
+    from presidio_analyzer.predefined_recognizers import CreditCardRecognizer
+
+    return CreditCardRecognizer(
+        patterns=[Pattern("card number (issuer ranges)", CARD_IIN_PATTERN, 0.3)],
+        supported_language=language, name="CardIssuerRangeRecognizer",
+    )
+
+
+def _labelled_phone_recognizer(language: str) -> Any:
+    from presidio_analyzer import LocalRecognizer, RecognizerResult
+
+    labels = "|".join(re.escape(w).replace(r"\ ", r"\s+")
+                      for w in sorted(PHONE_LABELS, key=len, reverse=True))
+    candidate = re.compile(
+        rf"(?i)\b(?:{labels})\b[ \t]*(?:number|no\.?|#)?[ \t]*[:.]?\s{{0,2}}"
+        r"(?P<number>\+?\(?\d[\d\-. ()]{5,22}\d)(?![\d\w])"
+    )
+    date_like = re.compile(r"^\d{4}[-./]\d{1,2}[-./]\d{1,2}$|^\d{1,2}[-./]\d{1,2}[-./]\d{2,4}$")
+
+    class LabelledPhoneRecognizer(LocalRecognizer):
+        """A number of 7 to 15 digits (the E.164 maximum) right after a phone label
+        ("Phone:", "Fax", "call me on", ...), in any national format. Dates are skipped."""
+
+        SCORE = 0.4
+
+        def load(self) -> None:
+            pass
+
+        def analyze(self, text: str, entities: list[str], nlp_artifacts: Any = None) -> list:
+            results = []
+            for match in candidate.finditer(text):
+                number = match.group("number")
+                digits = sum(ch.isdigit() for ch in number)
+                if not 7 <= digits <= 15 or date_like.match(number):
+                    continue
+                results.append(RecognizerResult(
+                    "PHONE_NUMBER", match.start("number"), match.end("number"), self.SCORE,
+                    recognition_metadata={RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
+                                          RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id},
+                ))
+            return results
+
+    return LabelledPhoneRecognizer(supported_entities=["PHONE_NUMBER"],
+                                   supported_language=language, name="LabelledPhoneRecognizer")
+
+
+def _quiet_presidio() -> None:
+    """Presidio logs every recognizer it loads or skips at INFO and WARNING; keep its
+    errors only."""
+    logging.getLogger("presidio-analyzer").setLevel(logging.ERROR)
+
+
+def _pattern_recognizers(spec: PresidioEngine) -> list[Any]:
+    """Presidio's predefined pattern recognizers for the language, with the email and
+    phone recognizers replaced, plus ours; no NER recognizer."""
+    _quiet_presidio()
+    from presidio_analyzer import RecognizerRegistry
+    from presidio_analyzer.predefined_recognizers import PhoneRecognizer
+
+    registry = RecognizerRegistry(supported_languages=[spec.language])
+    registry.load_predefined_recognizers(languages=[spec.language])
+    replaced = (*_NLP_RECOGNIZERS, "EmailRecognizer", "PhoneRecognizer")
+    out = [r for r in registry.recognizers if type(r).__name__ not in replaced]
+    out.append(_offline_email_recognizer(spec.language))
+    out.append(PhoneRecognizer(supported_language=spec.language,
+                               supported_regions=tuple(spec.phone_regions)))
+    out.append(_labelled_phone_recognizer(spec.language))
+    out.append(_card_iin_recognizer(spec.language))
+    return out
+
+
+def supported_entities(spec: PresidioEngine) -> list[str]:
+    """Every entity type the configured detectors can find, sorted.
+
+    Cheap enough for ``ragbatch validate``: it builds the pattern recognizers and reads
+    the NER model's labels from its files, loading no model weights.
+
+    Raises
+    ------
+    EngineError
+        ``ner_model`` is not a readable model directory, or the language has no
+        recognizers.
+    """
+    entities = {e for r in _pattern_recognizers(spec) for e in r.supported_entities}
+    if not entities:
+        raise EngineError(f"Presidio has no recognizers for language {spec.language!r}")
+    entities |= set(ner_entities(spec)[1].values())
+    return sorted(entities)
+
+
+def describe_detectors(spec: PresidioEngine) -> dict[str, Any]:
+    """What the run manifest records about the detectors of a ``presidio`` engine.
+
+    Returns
+    -------
+    dict
+        ``language``, ``score_threshold``, ``nlp`` (``"blank spaCy tokenizer"`` or the NER
+        backend and model path), ``recognizers`` (name -> entity types), ``entities``,
+        ``phone_regions`` and ``network`` (always ``"none"``).
+    """
+    backend, mapping = ner_entities(spec)
+    recognizers = {r.name: list(r.supported_entities) for r in _pattern_recognizers(spec)}
+    if backend is not None:
+        recognizers[f"ner:{backend}"] = sorted(set(mapping.values()))
+    return {
+        "language": spec.language,
+        "score_threshold": spec.score_threshold,
+        "nlp": ("blank spaCy tokenizer" if backend is None
+                else {"backend": backend, "model": spec.ner_model, "labels": mapping}),
+        "recognizers": recognizers,
+        "entities": supported_entities(spec),
+        "phone_regions": list(spec.phone_regions),
+        "network": "none",
+    }
+
+
+class PiiDetector:
+    """A loaded Presidio analyzer for one ``presidio`` engine spec.
+
+    Build it once per worker (loading a NER model takes seconds) and call :meth:`find`
+    per batch.
+
+    Parameters
+    ----------
+    spec : PresidioEngine
+
+    Attributes
+    ----------
+    entities : list of str
+        Entity types it can find (as :func:`supported_entities`).
+    model_id : str
+        ``presidio-analyzer==<version>`` plus ``+ner:<path>`` when a NER model runs;
+        recorded in each cell's ``model`` field.
+
+    Raises
+    ------
+    EngineError
+        The NER model cannot be loaded from its directory, or the language is not
+        supported by spaCy.
+    """
+
+    def __init__(self, spec: PresidioEngine):
+        from importlib import metadata
+
+        from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
+
+        self.spec = spec
+        backend, mapping = ner_entities(spec)
+        nlp_engine = self._nlp_engine(spec, backend, mapping)
+        registry = RecognizerRegistry(supported_languages=[spec.language])
+        for recognizer in _pattern_recognizers(spec):
+            registry.add_recognizer(recognizer)
+        if backend is not None:
+            registry.add_recognizer(self._ner_recognizer(spec, backend, mapping))
+        self.analyzer = AnalyzerEngine(
+            registry=registry, nlp_engine=nlp_engine, supported_languages=[spec.language],
+            default_score_threshold=spec.score_threshold,
+        )
+        self.entities = sorted(set(self.analyzer.get_supported_entities(spec.language)))
+        version = metadata.version("presidio-analyzer")
+        self.model_id = f"presidio-analyzer=={version}" + (
+            f"+ner:{spec.ner_model}" if backend else "")
+
+    @staticmethod
+    def _nlp_engine(spec: PresidioEngine, backend: str | None, mapping: dict[str, str]) -> Any:
+        import spacy
+        from presidio_analyzer.nlp_engine import NerModelConfiguration, SpacyNlpEngine
+
+        if backend == "spacy":
+            model_path = str(Path(spec.ner_model).expanduser())  # type: ignore[arg-type]
+            _, labels = ner_labels(model_path, "spacy")
+            config = NerModelConfiguration(
+                model_to_presidio_entity_mapping=mapping,
+                labels_to_ignore=[label for label in labels if label not in mapping])
+            engine = SpacyNlpEngine(models=[{"lang_code": spec.language, "model_name": model_path}],
+                                    ner_model_configuration=config)
+            try:
+                engine.nlp = {spec.language: spacy.load(model_path)}
+            except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way
+                raise EngineError(f"ner_model {model_path!r}: spaCy cannot load it: {exc}") from exc
+            return engine
+        engine = SpacyNlpEngine(models=[{"lang_code": spec.language, "model_name": "blank"}])
+        try:
+            blank = spacy.blank(spec.language)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"language {spec.language!r}: spaCy has no tokenizer for it: {exc}") from exc
+        blank.max_length = 50_000_000  # a tokenizer alone: long texts cost time, not memory
+        engine.nlp = {spec.language: blank}
+        return engine
+
+    @staticmethod
+    def _ner_recognizer(spec: PresidioEngine, backend: str, mapping: dict[str, str]) -> Any:
+        entities = sorted(set(mapping.values()))
+        if backend == "spacy":
+            from presidio_analyzer.predefined_recognizers import SpacyRecognizer
+
+            return SpacyRecognizer(supported_language=spec.language, supported_entities=entities)
+        from presidio_analyzer.predefined_recognizers import HuggingFaceNerRecognizer
+
+        recognizer = HuggingFaceNerRecognizer(
+            supported_entities=entities, supported_language=spec.language,
+            model_name=str(Path(spec.ner_model).expanduser()),  # type: ignore[arg-type]
+            label_mapping=mapping, threshold=spec.score_threshold, device="cpu",
+        )
+        try:
+            recognizer.load()
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"ner_model {spec.ner_model!r}: transformers cannot load it: "
+                              f"{exc}") from exc
+        return recognizer
+
+    def find(self, texts: Sequence[str], entities: Sequence[str]) -> list[list[Finding] | str]:
+        """Detect ``entities`` in each text.
+
+        Parameters
+        ----------
+        texts : sequence of str, length n
+            Repeated texts are analyzed once.
+        entities : sequence of str
+            Entity types to look for (a subset of :attr:`entities`).
+
+        Returns
+        -------
+        list, length n
+            Per text, the findings at or above the engine's ``score_threshold`` after
+            :func:`resolve_overlaps`, sorted by start offset; or, when the analyzer
+            raised on that text, a string ``"<ExceptionType>: <message>"``.
+        """
+        unique = list(dict.fromkeys(texts))
+        found: dict[str, list[Finding] | str] = {}
+        artifacts = self._artifacts(unique)
+        for text in unique:
+            try:
+                results = self.analyzer.analyze(
+                    text, language=self.spec.language, entities=list(entities),
+                    nlp_artifacts=artifacts.get(text),
+                )
+            except Exception as exc:  # noqa: BLE001 - a per-text failure becomes that row's status
+                found[text] = f"{type(exc).__name__}: {exc}"
+                continue
+            findings = [Finding(r.entity_type, r.start, r.end, float(r.score),
+                                (r.recognition_metadata or {}).get("recognizer_name", ""))
+                        for r in results]
+            found[text] = sorted(resolve_overlaps(findings), key=lambda f: (f.start, f.end))
+        return [found[t] for t in texts]
+
+    def _artifacts(self, texts: list[str]) -> dict[str, Any]:
+        """NLP artifacts of the texts, computed in one spaCy ``pipe`` (batched NER); on a
+        failure, empty, so that each text is processed (and fails) on its own."""
+        engine = self.analyzer.nlp_engine
+        try:
+            return {text: art for text, art in engine.process_batch(
+                texts, language=self.spec.language, batch_size=64)}
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("PII: batched NLP pass failed (%s); analyzing texts one by one", exc)
+            return {}

@@ -1,0 +1,114 @@
+"""Shared base of the PII metrics (``answer_contains_pii``, ``context_contains_pii``).
+
+Detection is local (Presidio's analyzer, :mod:`ragbatch.engines.presidio`) and runs in
+the PII stage (``udfs/pii.py``), one loaded analyzer per worker. A cell reports whether
+PII of the selected types was found (score 1.0) or not (0.0); its reason and details
+name the types found and how many, never the text found.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar, Sequence
+
+from pydantic import Field, field_validator
+
+from ragbatch.metrics.base import ModelMetric, StrictParams
+
+
+class PiiParams(StrictParams):
+    """Params of the PII metrics."""
+
+    pii_types: list[str] | None = Field(
+        None,
+        description="Presidio entity types to look for (EMAIL_ADDRESS, PHONE_NUMBER, "
+        "CREDIT_CARD, ...); default: every type the engine's detectors support",
+    )
+
+    @field_validator("pii_types")
+    @classmethod
+    def _non_empty_upper(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("pii_types is empty; leave it out to look for every supported type")
+        return list(dict.fromkeys(v.strip().upper() for v in value))
+
+
+class PiiMetric(ModelMetric):
+    """A metric that looks for PII with a ``presidio`` engine (kind ``pii``)."""
+
+    kind: ClassVar[str] = "pii"
+    Params = PiiParams
+    engine_types: ClassVar[tuple[str, ...]] = ("presidio",)
+    default_engine: ClassVar[dict[str, Any] | None] = {"type": "presidio"}
+    boolean: ClassVar[bool] = True
+    higher_is_better: ClassVar[bool] = False
+
+    def check_engine(self, spec: Any, supported: Sequence[str]) -> list[str]:
+        """Problems with ``pii_types`` given the entity types the engine supports.
+
+        A type the configured detectors cannot find would always score 0.0 (a silent
+        pass), so it is an error, naming the types that are supported.
+        """
+        if self.params.pii_types is None:
+            return []
+        unknown = [t for t in self.params.pii_types if t not in supported]
+        if not unknown:
+            return []
+        hint = ""
+        if any(t in ("PERSON", "LOCATION", "ORGANIZATION", "NRP") for t in unknown):
+            hint = ("; PERSON, LOCATION and other named entities need a NER model: set "
+                    f"engines.{self.engine}.ner_model to a local spaCy or transformers model")
+        return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r} "
+                f"(it finds {', '.join(supported)}){hint}"]
+
+    def types(self, supported: Sequence[str]) -> list[str]:
+        """The entity types this metric looks for."""
+        return list(self.params.pii_types) if self.params.pii_types else list(supported)
+
+
+def count_types(findings: Sequence[Any], types: Sequence[str] | None) -> Counter:
+    """Entity type -> number of findings whose type is in ``types`` (every finding when
+    ``types`` is None)."""
+    return Counter(f.entity_type for f in findings if types is None or f.entity_type in types)
+
+
+def describe_counts(counts: Counter) -> str:
+    """``"EMAIL_ADDRESS x2, PHONE_NUMBER x1"`` (types sorted), or ``"no PII found"``."""
+    if not counts:
+        return "no PII found"
+    return ", ".join(f"{t} x{n}" for t, n in sorted(counts.items()))
+
+
+class PiiResults:
+    """Findings of one batch's texts, shared by the PII metrics of a stage.
+
+    Parameters
+    ----------
+    found : dict
+        Text -> list of :class:`~ragbatch.engines.presidio.Finding`, or an error string
+        when the analyzer raised on that text.
+    model_id : str
+        Recorded in each cell's ``model`` field.
+    """
+
+    def __init__(self, found: dict[str, Any], model_id: str):
+        self.found = found
+        self.model_id = model_id
+
+    def get(self, text: str) -> Any:
+        """Findings of ``text`` (a list) or its error string.
+
+        Raises
+        ------
+        KeyError
+            ``text`` was not analyzed in this batch (a stage bug, never a data problem).
+        """
+        return self.found[text]
+
+
+def detector_failure(error: str) -> str:
+    """The reason of a cell whose text the detector failed on: the exception type only
+    (an exception message could quote the text, and reasons never hold PII)."""
+    return f"PII detection failed ({error.split(':', 1)[0]}); the worker log has the message"

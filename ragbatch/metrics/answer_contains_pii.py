@@ -1,0 +1,96 @@
+"""``answer_contains_pii``: the answer holds PII of the selected types, found locally."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import polars as pl
+
+from ragbatch.columns import ANSWER, ISSUES, NULLABLE_INPUTS
+from ragbatch.metrics._cells import CELL_DTYPE, PyCell, missing, python_cells
+from ragbatch.metrics._pii import (
+    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
+)
+from ragbatch.metrics.base import Example
+from ragbatch.registry import register
+from ragbatch.status import ERROR
+
+_ISSUES_DTYPE = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
+
+
+@register
+class AnswerContainsPii(PiiMetric):
+    """1.0 when the answer holds at least one entity of ``pii_types``, else 0.0.
+
+    Detection runs in the job with Presidio's analyzer (pattern and checksum recognizers;
+    a NER model too when the engine names one), so no text leaves the machine. The cell's
+    ``reason`` lists the types found with counts (``"EMAIL_ADDRESS x2"``) and ``details``
+    is ``{"types": {type: count}}``; neither ever holds the text that was found.
+
+    Notes
+    -----
+    Source: Tonic Validate's ``ContainsPiiMetric`` on the answer (which sends the text to
+    a remote redaction API); entity names follow Presidio's vocabulary. Lower is better.
+    """
+
+    name: ClassVar[str] = "answer_contains_pii"
+    inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
+    summary: ClassVar[str] = "the answer holds PII of the given types (found locally with Presidio)"
+    source: ClassVar[str] = (
+        "Tonic Validate ContainsPiiMetric (answer), detected locally with Presidio's analyzer"
+    )
+    policy: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("answer is null", "missing_input; reason is the normalizer's note or 'answer is null'"),
+        ("answer is empty or only whitespace", "score 0.0 (nothing to leak); reason 'answer is empty'"),
+        ("detector raises on the answer",
+         "error; reason names the exception type only (the message may quote the text)"),
+    )
+    examples: ClassVar[tuple[Example, ...]] = (
+        Example({ANSWER: "Write to ana@example.org for a refund."}, 1.0,
+                params={"pii_types": ["EMAIL_ADDRESS"]}),
+        Example({ANSWER: "Card 4111 1111 1111 1112 was declined."}, 0.0,
+                params={"pii_types": ["CREDIT_CARD"]}, note="fails the Luhn check"),
+        Example({ANSWER: "  "}, 0.0, note="empty answer"),
+        Example({}, None, "missing_input", note="null answer"),
+    )
+
+    def texts(self, frame: pl.DataFrame) -> list[str]:
+        """The non-blank answers of ``frame`` (what the stage must analyze)."""
+        return [t for t in frame.get_column(ANSWER).drop_nulls().to_list() if t.strip()]
+
+    def compute(self, model: PiiResults, frame: pl.DataFrame) -> pl.Series:
+        """Cells for every row of ``frame``.
+
+        Parameters
+        ----------
+        model : PiiResults
+            Findings of (at least) :meth:`texts` of ``frame``.
+        frame : polars.DataFrame
+            ``answer`` (String); ``_issues`` when present.
+
+        Returns
+        -------
+        polars.Series
+            ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
+            after the metric id; ``score`` 1.0/0.0 when ``ok``.
+        """
+        wanted = self.params.pii_types
+
+        def score(rows: list[dict[str, Any]]) -> list[PyCell]:
+            return [self._cell(model, row[ANSWER], wanted) for row in rows]
+
+        if ISSUES not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
+        expr = python_cells([missing(ANSWER)], [ANSWER], score, model=model.model_id)
+        return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
+
+    @staticmethod
+    def _cell(model: PiiResults, text: str, wanted: list[str] | None) -> PyCell:
+        if not text.strip():
+            return PyCell(0.0, reason="answer is empty", details={"types": {}})
+        found = model.get(text)
+        if isinstance(found, str):
+            return PyCell(None, ERROR, detector_failure(found))
+        counts = count_types(found, wanted)
+        return PyCell(1.0 if counts else 0.0, reason=describe_counts(counts),
+                      details={"types": dict(sorted(counts.items()))})

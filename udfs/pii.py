@@ -1,0 +1,144 @@
+"""PII stage: the PII metrics of one ``presidio`` engine.
+
+A Ray Data callable class: each worker builds Presidio's analyzer once, in
+``__init__``, then analyzes a batch at a time. Every distinct text of a batch (answers
+and context chunks alike) is analyzed once, for the union of the entity types the
+stage's metrics ask for; each metric then reads the findings it needs. Run it with::
+
+    ds.map_batches(
+        PiiStage,
+        batch_format="pyarrow",
+        fn_constructor_kwargs={"engine_name": ..., "engine_spec": ..., "metrics": [...]},
+        **stage_options(engine_spec),
+    )
+
+(``stage_options`` from :mod:`udfs.similarity`). No text leaves the worker; the cells
+hold entity types and counts only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
+from ragbatch.config import PresidioEngine
+from ragbatch.engines.presidio import PiiDetector
+from ragbatch.errors import ConfigError, EngineError
+from ragbatch.metrics._pii import PiiMetric, PiiResults
+from ragbatch.registry import get_metric
+from udfs.similarity import parse_engine_spec
+
+logger = logging.getLogger(__name__)
+
+
+class PiiStage:
+    """Ray Data callable class computing the PII metrics of one engine.
+
+    Parameters
+    ----------
+    engine_name : str
+        Key of the engine under ``engines`` (used in errors).
+    engine_spec : dict
+        A ``presidio`` engine spec (see :class:`ragbatch.config.PresidioEngine`).
+    metrics : list of dict
+        ``{"name", "id", "params"}`` per metric; each a registered PII metric.
+
+    Raises
+    ------
+    ConfigError
+        The spec or a metric is invalid, or a metric asks for a type the detectors cannot
+        find.
+    EngineError
+        The analyzer cannot be built (for example the NER model does not load); the
+        message starts with ``engines.<engine_name>``.
+    """
+
+    def __init__(self, engine_name: str, engine_spec: dict[str, Any],
+                 metrics: list[dict[str, Any]]) -> None:
+        self.engine_name = engine_name
+        spec = parse_engine_spec(engine_name, engine_spec)
+        if not isinstance(spec, PresidioEngine):
+            raise ConfigError(f"engines.{engine_name}: the PII stage needs a presidio engine, "
+                              f"got type {spec.type!r}")
+        self.metrics = [self._build_metric(i, m) for i, m in enumerate(metrics)]
+        try:
+            self.detector = PiiDetector(spec)
+        except EngineError as exc:
+            raise EngineError(f"engines.{engine_name}: {exc}") from exc
+        problems = [p for m in self.metrics for p in m.check_engine(spec, self.detector.entities)]
+        if problems:
+            raise ConfigError(problems)
+        self.entities = self._union_types()
+        self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
+
+    def _build_metric(self, index: int, entry: dict[str, Any]) -> PiiMetric:
+        where = f"metrics[{index}]"
+        cls = get_metric(entry["name"], where=f"{where}.name")
+        if not issubclass(cls, PiiMetric):
+            raise ConfigError(f"{where}: {cls.name} is not a PII metric")
+        metric = cls.from_params(entry.get("params"), metric_id=entry.get("id") or cls.name,
+                                 engine=self.engine_name, where=f"{where}.params")
+        assert isinstance(metric, PiiMetric)
+        return metric
+
+    def _union_types(self) -> list[str]:
+        if any(m.params.pii_types is None for m in self.metrics):
+            return list(self.detector.entities)
+        return sorted({t for m in self.metrics for t in m.params.pii_types})
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Analyze one batch.
+
+        Parameters
+        ----------
+        batch : pyarrow.Table
+            ``n`` canonical rows with at least the metrics' input columns.
+
+        Returns
+        -------
+        pyarrow.Table
+            ``batch`` unchanged (same ``n`` rows, same order) followed by one
+            ``cell::<metric id>`` column (:data:`ragbatch.columns.CELL_TYPE`) per metric.
+
+        Raises
+        ------
+        TypeError
+            ``batch`` is not a pyarrow Table.
+        ValueError
+            An input column is missing or a cell column already exists.
+        """
+        if not isinstance(batch, pa.Table):
+            raise TypeError(f"PiiStage expects pyarrow.Table batches, got {type(batch).__name__}; "
+                            'call map_batches with batch_format="pyarrow"')
+        frame = self._inputs(batch)
+        texts = list(dict.fromkeys(t for m in self.metrics for t in m.texts(frame)))
+        found = dict(zip(texts, self.detector.find(texts, self.entities)))
+        for text, result in found.items():
+            if isinstance(result, str):
+                logger.warning("engines.%s: PII detection failed on a text of %d chars: %s",
+                               self.engine_name, len(text), result)
+        results = PiiResults(found, self.detector.model_id)
+        out = batch
+        for metric in self.metrics:
+            name = cell_column(metric.id)
+            if name in out.column_names:
+                raise ValueError(f"column {name!r} is already present in the batch")
+            cells = metric.compute(results, frame)
+            if len(cells) != batch.num_rows:
+                raise RuntimeError(f"{metric.id}: {len(cells)} cells for {batch.num_rows} rows")
+            out = out.append_column(name, cells.to_arrow().cast(CELL_TYPE))
+        return out
+
+    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
+        missing = [c for c in self.input_columns if c not in batch.column_names]
+        if missing:
+            raise ValueError(f"engine {self.engine_name!r}: batch lacks input column(s) {missing}; "
+                             f"present: {batch.column_names}")
+        wanted = self.input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
+        frame = pl.from_arrow(batch.select(wanted))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
