@@ -122,6 +122,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         desc = stage.describe()
         extra = f" on engine {desc['engine']} ({desc['engine_spec']['type']})" if "engine" in desc else ""
         print(f"stage {stage.name}{extra}: {', '.join(desc['metrics'])}")
+    for stage in plan.stages:
+        if stage.kind == "pii":
+            from ragbatch.engines.presidio import supported_entities
+
+            print(f"  engine {stage.engine_name} finds: {', '.join(supported_entities(stage.engine))}")
     for m in plan.metrics:
         info = m.manifest_info()
         if "regex_engine" in info:

@@ -40,7 +40,7 @@ def redact(options: dict[str, Any]) -> dict[str, Any]:
 
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
                    timings: dict[str, float], ray_info: dict[str, Any],
-                   judge: dict[str, Any] | None = None) -> dict[str, Any]:
+                   judge: dict[str, Any] | None = None, resume: Any = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
     Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
@@ -50,7 +50,9 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``packages``, ``python``, ``platform``, ``ray``, and ``judge`` (per judge metric
     and in total: ``judge_calls`` made in this run, ``cache_hits``, ``prompt_tokens`` and
     ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
-    prefix-cache hit rate), and ``pii`` (per PII engine, the detectors that ran).
+    prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
+    ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
+    files reused from earlier attempts, files set aside).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -93,6 +95,13 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
         "ray": ray_info,
         "judge": judge_summary(plan, judge or {}),
         "pii": pii_summary(plan),
+        "resume": {
+            "attempt": resume.attempt if resume else 1,
+            "resumed": bool(resume and resume.resumed),
+            "rows_reused": len(resume.done_rows) if resume else 0,
+            "files_reused": len(resume.accepted) if resume else 0,
+            "files_set_aside": len(resume.set_aside) if resume else 0,
+        },
     }
 
 

@@ -107,6 +107,11 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
         if name is not None:
             raise ConfigError(f"{where}.engine: {cls.name} is computed without a model; remove `engine:`")
         return None
+    if name is None and cls.kind == "pii":
+        # A PII metric without `engine:` uses the one presidio engine the config defines.
+        configured = [n for n, s in engines.items() if s.type in cls.engine_types]
+        if len(configured) == 1:
+            name = configured[0]
     if name is None:
         if cls.default_engine is None:
             raise ConfigError(f"{where}.engine: {cls.name} needs an engine of type "

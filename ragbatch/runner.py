@@ -18,6 +18,7 @@ from typing import Any
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
+from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
@@ -56,10 +57,17 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     ConfigError, InputError
         Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds.
     OutputError
-        The run id already exists under the output root, or the root is not writable.
+        The run id is already committed under the output root, it was started before
+        with a different config or input, or the root is not writable.
     ConservationError
         The written scores do not hold exactly one cell per (row, metric); the run is
         then not committed (no manifest is written).
+
+    Notes
+    -----
+    Scores are staged (:mod:`ragbatch.io.staging`) and published when the run commits. A
+    run started again with the id of an interrupted run resumes it: rows whose scores
+    an earlier attempt wrote are not scored again.
     """
     started = dt.datetime.now(dt.timezone.utc)
     timings: dict[str, float] = {}
@@ -68,30 +76,48 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     plan = build_plan(config)
     preflight_engines(plan)
     run_id = run_id or config.run.run_id or new_run_id(started)
-    run_date = config.run.run_date or started.date()
-    layout = OutputLayout.for_run(config.output, run_date, run_id)
-    layout.ensure_new()
+    layout, staging, resume = _begin(plan, run_id, started)
+    run_date = layout.run_date
     timings["plan_s"] = time.perf_counter() - t0
     log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
              len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
 
     t1 = time.perf_counter()
     ray_info = ensure_ray(address, import_paths)
-    n_rows, judge = execute(plan, layout)
+    n_rows, judge = execute(plan, layout, staging.scores_dir(), resume.done_rows)
     timings["execute_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     names = {m.id: m.name for m in plan.metrics}
-    check = verify_run(layout, plan.metric_ids, names, n_rows)
-    layout.write_table(layout.summary_path, check.summary)
+    files = staging.score_files(resume)
+    check = verify_run(layout, files, plan.metric_ids, names, n_rows)
     timings["verify_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=judge)
-    layout.write_json(layout.manifest_path, manifest)
+                              ray_info=ray_info, judge=judge, resume=resume)
+    staging.publish(files, check.summary, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
     return RunResult(run_id, run_date, layout, check, manifest, timings)
+
+
+def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout, Staging, Resume]:
+    """The run's output layout and staging, and what an earlier attempt left to reuse.
+    A resumed run keeps the run date of its first attempt."""
+    from ragbatch.io.read import input_fingerprint
+
+    config = plan.config
+    probe = Staging(OutputLayout.for_run(config.output, started.date(), run_id))
+    run_date = config.run.run_date or probe.run_date() or started.date()
+    layout = OutputLayout.for_run(config.output, run_date, run_id)
+    staging = Staging(layout)
+    fingerprint = run_fingerprint(config.model_dump(mode="json"),
+                                  input_fingerprint(config.input, plan.read_tasks)["sha256"])
+    resume = staging.begin(fingerprint, plan.metric_ids)
+    if resume.resumed:
+        log.info("run %s: attempt %d resumes with %d rows already scored", run_id,
+                 resume.attempt, len(resume.done_rows))
+    return layout, staging, resume
 
 
 def prepare_import_paths(config_dir: str | Path | None) -> list[str]:
@@ -135,9 +161,12 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
     }
 
 
-def execute(plan: Plan, layout: OutputLayout) -> tuple[int, dict[str, Any]]:
-    """Build the Ray Data pipeline, run it into ``layout``; return the input row count
-    and the judge stages' totals (:meth:`udfs.judge.JudgeLedger.totals`).
+def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
+            done_rows: set[str] | None = None) -> tuple[int, dict[str, Any]]:
+    """Build the Ray Data pipeline and run it, writing score files into ``scores_dir``
+    (a path on ``layout.fs``); rows whose id is in ``done_rows`` are read and counted but
+    not scored. Return the input row count and the judge stages' totals
+    (:meth:`udfs.judge.JudgeLedger.totals`).
 
     Raises
     ------
@@ -152,8 +181,13 @@ def execute(plan: Plan, layout: OutputLayout) -> tuple[int, dict[str, Any]]:
     ledger = ray.remote(num_cpus=0)(RowLedger).remote()
     judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     ds, local_rows = _source(plan, ledger)
+    if done_rows:
+        from udfs.read import drop_rows
+
+        ds = ds.map_batches(drop_rows, batch_format="pyarrow",
+                            fn_kwargs={"row_ids": ray.put(sorted(done_rows))})
     ds = _score(ds, plan, judge_ledger)
-    _write(ds, layout)
+    _write(ds, layout, scores_dir)
     n_rows = local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
     judge = ray.get(judge_ledger.totals.remote())
     ray.kill(ledger)
@@ -257,15 +291,15 @@ def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any) -> Any:
     )
 
 
-def _write(ds: Any, layout: OutputLayout) -> None:
+def _write(ds: Any, layout: OutputLayout, scores_dir: str) -> None:
     if layout.process_local:
         # The output lives in this process only (memory://): write it from here.
         for i, batch in enumerate(ds.iter_batches(batch_format="pyarrow", batch_size=None)):
             if batch.num_rows:
-                layout.write_table(f"{layout.scores_path}/part-{i:05d}.parquet", batch)
+                layout.write_table(f"{scores_dir}/part-{i:05d}.parquet", batch)
         return
     # A cap, not a minimum: Ray Data fuses the write into the read/score tasks, and a
     # ``min_rows_per_file`` there makes it bundle read tasks (one input row each) until
     # that many rows, i.e. every read task into a single task on one CPU.
-    ds.write_parquet(layout.scores_path, filesystem=to_pyarrow(layout.fs),
+    ds.write_parquet(scores_dir, filesystem=to_pyarrow(layout.fs),
                      max_rows_per_file=ROWS_PER_FILE)

@@ -30,3 +30,12 @@ def row_has_reference(row: dict):
 def sees_canonical_columns(batch: pl.DataFrame) -> pl.Series:
     expected = ["row_id", "question", "contexts", "answer", "reference", "latency_s"]
     return pl.Series([batch.columns == expected] * batch.height)
+
+
+def slow_digit(batch: pl.DataFrame) -> pl.Series:
+    """Whether the answer holds a digit, after a pause per batch: stands in for an
+    expensive metric so that a test can kill a run while it scores."""
+    import time
+
+    time.sleep(0.6)
+    return batch["answer"].str.contains(r"[0-9]")

@@ -14,7 +14,6 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ConservationError, OutputError
@@ -215,7 +214,7 @@ def test_existing_run_id_is_refused(ray_local, tmp_path):
     pq.write_table(_SMALL, src)
     config = _small_config(str(src), str(tmp_path / "out"))
     run_job(config, run_id="nightly-1")
-    with pytest.raises(OutputError, match="already exists"):
+    with pytest.raises(OutputError, match="already committed"):
         run_job(config, run_id="nightly-1")
 
 

@@ -225,9 +225,16 @@ def test_types_the_detectors_cannot_find_fail_validation():
     assert "answer_contains_pii: pii_types ['PERSON'] cannot be found" in message
     assert "ner_model" in message and "EMAIL_ADDRESS" in message
     message = plan_problems([{"name": "context_contains_pii", "engine": "pii",
-                              "params": {"pii_types": ["EMAIL", "URL"]}}],
+                              "params": {"pii_types": ["EMAIL", "URL", "EMAIL_ADDRESS"]}}],
                             {"pii": {"type": "presidio"}})
-    assert "pii_types ['EMAIL'] cannot be found by engine 'pii'" in message
+    assert "pii_types ['EMAIL', 'URL'] cannot be found by engine 'pii'" in message
+    assert "no recognizer reports EMAIL; URL is not in the engine's entity_types" in message
+    message = plan_problems([{"name": "answer_contains_pii", "params": {"pii_types": ["PHONE_NUMBER"]}}],
+                            {"pii": {"type": "presidio", "score_threshold": 0.5}})
+    assert "PHONE_NUMBER scores at most 0.4, below score_threshold 0.5" in message
+    message = plan_problems([{"name": "answer_contains_pii"}],
+                            {"pii": {"type": "presidio", "language": "Klingon"}})
+    assert "engines.pii: language 'klingon': spaCy has no such language" in message
     message = plan_problems([{"name": "answer_contains_pii", "engine": "pii"}],
                             {"pii": {"type": "presidio", "ner_model": "/no/such/model"}})
     assert "engines.pii: ner_model '/no/such/model' is not a directory" in message
@@ -246,3 +253,75 @@ def test_default_types_pass_validation():
     plan = build_plan(config, inspect_input=False)
     assert [s.kind for s in plan.stages] == ["pii"]
     assert plan.metrics[1].params.pii_types == ["EMAIL_ADDRESS"]
+
+
+def test_a_metric_does_not_depend_on_its_sibling_metrics():
+    # 415-555-2671 also passes the UK NHS checksum (1.0) and beats the phone recognizers
+    # (0.4) when the engine looks for UK_NHS; the default engine does not.
+    texts = ["Call 415-555-2671 after six.", "Call 415-555-2671 after six."]
+    phone = {"name": "answer_contains_pii", "id": "ph", "params": {"pii_types": ["PHONE_NUMBER"]}}
+    every = {"name": "answer_contains_pii", "id": "all", "params": {}}
+    for engine in ({}, {"entity_types": "all"}):
+        alone = cells(stage([phone], **engine)(answers_table(texts)), "ph")
+        together = stage([phone, every], **engine)(answers_table(texts))
+        assert alone == cells(together, "ph")
+    default = stage([phone, every])(answers_table(texts))
+    assert cells(default, "ph")[0]["reason"] == cells(default, "all")[0]["reason"] == "PHONE_NUMBER x1"
+    everything = stage([phone, every], entity_types="all")(answers_table(texts))
+    assert cells(everything, "all")[0]["reason"] == "UK_NHS x1"
+
+
+def test_hidden_characters_do_not_hide_pii():
+    texts = ["mail ana\u200b@example.org today", "mail ana\x00bob@example.org",
+             "card ４１１１ １１１１ １１１１ １１１１ on file", "phone: 2\u200d1\u200d2 555 0198"]
+    out = stage([{"name": "answer_contains_pii", "id": "m", "params": {}}])(answers_table(texts))
+    assert [c["reason"] for c in cells(out, "m")] == [
+        "EMAIL_ADDRESS x1", "EMAIL_ADDRESS x1", "CREDIT_CARD x1", "PHONE_NUMBER x1"]
+
+
+def test_unreadable_inputs_are_not_quoted():
+    # The normalizer's notes quote the value they could not read; PII cells drop the quote.
+    from ragbatch.config import InputSection
+    from ragbatch.io.read import ReadTask
+    from ragbatch.io.schema import normalize
+
+    raw = pa.table({"a": pa.array([{"text": "Contact bob.leak@example.org"}, {"text": "fine"}]),
+                    "c": ['["card 4111 1111 1111 1111", broken', '["x@example.org"]']})
+    cfg = InputSection(uri="unused.jsonl", columns={"answer": "a", "contexts": "c"},
+                       contexts_format="json")
+    table = normalize(raw, cfg, ReadTask("/d/f.jsonl", "f.jsonl", "jsonl"))
+    out = stage([{"name": "answer_contains_pii", "id": "a", "params": {}},
+                 {"name": "context_contains_pii", "id": "c", "params": {}}])(table)
+    for cell in [cells(out, "a")[0], cells(out, "a")[1], cells(out, "c")[0]]:
+        assert cell["status"] == "missing_input", cell
+        assert "leak" not in cell["reason"] and "4111" not in cell["reason"], cell
+        assert cell["reason"].endswith("(the value is not quoted in PII cells)"), cell
+    assert cells(out, "c")[1]["reason"] == "EMAIL_ADDRESS x1 in context 0"
+
+
+def test_engine_choice_and_entity_types():
+    from ragbatch.config import PresidioEngine
+    from ragbatch.engines.presidio import supported_entities
+
+    default = supported_entities(PresidioEngine(type="presidio"))
+    assert {"EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS",
+            "US_SSN"} <= set(default)
+    assert not {"URL", "DATE_TIME", "UUID", "MAC_ADDRESS", "UK_NHS"} & set(default)
+    everything = supported_entities(PresidioEngine(type="presidio", entity_types="all"))
+    assert {"URL", "DATE_TIME", "UK_NHS"} <= set(everything)
+    assert PresidioEngine(type="presidio", language=" EN ").language == "en"
+    config = JobConfig.from_dict({
+        "input": {"uri": "unused.jsonl", "columns": {"answer": "a"}}, "output": {"uri": "unused"},
+        "metrics": [{"name": "answer_contains_pii"}],
+        "engines": {"strict": {"kind": "pii", "score_threshold": 0.5}},
+    })
+    plan = build_plan(config, inspect_input=False)
+    assert plan.metrics[0].engine == "strict", "the one configured presidio engine is used"
+
+
+def test_garbage_ner_model_is_a_clear_error(tmp_path):
+    (tmp_path / "meta.json").write_text("{not json")
+    (tmp_path / "config.cfg").write_text("")
+    message = plan_problems([{"name": "answer_contains_pii", "engine": "pii"}],
+                            {"pii": {"type": "presidio", "ner_model": str(tmp_path)}})
+    assert f"engines.pii: ner_model '{tmp_path}': cannot read the labels from meta.json" in message

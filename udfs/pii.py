@@ -2,8 +2,9 @@
 
 A Ray Data callable class: each worker builds Presidio's analyzer once, in
 ``__init__``, then analyzes a batch at a time. Every distinct text of a batch (answers
-and context chunks alike) is analyzed once, for the union of the entity types the
-stage's metrics ask for; each metric then reads the findings it needs. Run it with::
+and context chunks alike) is analyzed once, for every entity type the engine supports
+(overlapping findings of different types are settled among all of them); each metric
+then counts the types it asks for. Run it with::
 
     ds.map_batches(
         PiiStage,
@@ -72,7 +73,10 @@ class PiiStage:
         problems = [p for m in self.metrics for p in m.check_engine(spec, self.detector.entities)]
         if problems:
             raise ConfigError(problems)
-        self.entities = self._union_types()
+        # Every supported type is looked for, whatever the metrics select: which type a
+        # span is (a card number or a phone number) is decided among all of them, so a
+        # metric's cells never depend on the other metrics of the stage.
+        self.entities = list(self.detector.entities)
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
 
     def _build_metric(self, index: int, entry: dict[str, Any]) -> PiiMetric:
@@ -84,11 +88,6 @@ class PiiStage:
                                  engine=self.engine_name, where=f"{where}.params")
         assert isinstance(metric, PiiMetric)
         return metric
-
-    def _union_types(self) -> list[str]:
-        if any(m.params.pii_types is None for m in self.metrics):
-            return list(self.detector.entities)
-        return sorted({t for m in self.metrics for t in m.params.pii_types})
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Analyze one batch.

@@ -32,6 +32,21 @@ def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) != 1 else tables[0]
 
 
+def drop_rows(batch: pa.Table, row_ids: Any) -> pa.Table:
+    """``batch`` without the rows whose ``row_id`` is in ``row_ids`` (a sorted list of
+    str, or an object ref to one): the rows an earlier attempt of a resumed run scored."""
+    import pyarrow.compute as pc
+
+    if not isinstance(row_ids, list):
+        import ray
+
+        row_ids = ray.get(row_ids)
+    if not row_ids or batch.num_rows == 0:
+        return batch
+    keep = pc.invert(pc.is_in(batch.column("row_id"), value_set=pa.array(row_ids, pa.string())))
+    return batch.filter(keep)
+
+
 class RowLedger:
     """Counts input rows per read task (idempotent: a retried task overwrites its entry).
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -83,6 +84,25 @@ class Finding:
     end: int
     score: float
     recognizer: str
+
+
+#: Control characters kept by :func:`clean_text` (they separate words).
+_KEPT_CONTROLS = "\t\n\r"
+
+
+def clean_text(text: str) -> str:
+    """The text the recognizers see: NFKC-normalized (full-width digits and letters
+    become ASCII), invisible format characters (zero-width space and joiners, direction
+    marks; Unicode category Cf) removed, and other control characters (NUL, ...) turned
+    into spaces, so that such characters cannot hide an email or a number."""
+    text = unicodedata.normalize("NFKC", text)
+    out = []
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category == "Cf":
+            continue
+        out.append(" " if category == "Cc" and ch not in _KEPT_CONTROLS else ch)
+    return "".join(out)
 
 
 def resolve_overlaps(findings: Sequence[Finding]) -> list[Finding]:
@@ -150,12 +170,18 @@ def ner_labels(model_dir: str | Path, backend: str = "auto") -> tuple[str, list[
         else:
             raise EngineError(f"ner_model {str(path)!r} holds neither a spaCy pipeline "
                               "(meta.json, config.cfg) nor a transformers model (config.json)")
-    if backend == "spacy":
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        raw = list(meta.get("labels", {}).get("ner", []))
-    else:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        raw = [str(v) for v in (config.get("id2label") or {}).values()]
+    name = "meta.json" if backend == "spacy" else "config.json"
+    try:
+        data = json.loads((path / name).read_text(encoding="utf-8"))
+        if backend == "spacy":
+            raw = [str(v) for v in data.get("labels", {}).get("ner", [])]
+        else:
+            raw = [str(v) for v in (data.get("id2label") or {}).values()]
+    except (OSError, ValueError, AttributeError) as exc:
+        raise EngineError(f"ner_model {str(path)!r}: cannot read the labels from {name} "
+                          f"({type(exc).__name__}: {exc}); is it a {backend} model directory?") from None
+    if not raw:
+        raise EngineError(f"ner_model {str(path)!r}: {name} lists no entity labels")
     labels = [re.sub(r"^[BIELSU]-", "", label) for label in raw]
     return backend, [label for label in dict.fromkeys(labels) if label != "O"]
 
@@ -273,8 +299,53 @@ def _pattern_recognizers(spec: PresidioEngine) -> list[Any]:
     return out
 
 
+#: Score of a finding of the spaCy NER recognizer (Presidio's default for spaCy models,
+#: which give no confidence); transformers models give their own, up to 1.0.
+_SPACY_NER_SCORE = 0.85
+
+
+def _max_scores(recognizers: Sequence[Any]) -> dict[str, float]:
+    """Entity type -> the highest score any of ``recognizers`` can give it: a pattern's
+    own score, or 1.0 when the recognizer confirms matches with a checksum."""
+    from presidio_analyzer import PatternRecognizer
+
+    best: dict[str, float] = {}
+    for r in recognizers:
+        if isinstance(r, PatternRecognizer):
+            validated = type(r).validate_result is not PatternRecognizer.validate_result
+            top = 1.0 if validated else max((p.score for p in r.patterns), default=0.0)
+        else:
+            top = float(getattr(r, "SCORE", 1.0))
+        for entity in r.supported_entities:
+            best[entity] = max(best.get(entity, 0.0), top)
+    return best
+
+
+def _check_language(language: str) -> None:
+    import spacy
+
+    try:
+        spacy.util.get_lang_class(language)
+    except Exception:  # noqa: BLE001 - spaCy raises ImportError or its own error
+        raise EngineError(f"language {language!r}: spaCy has no such language; use an ISO "
+                          "639-1 code such as en, de or es") from None
+
+
+def reachable_entities(spec: PresidioEngine) -> dict[str, float]:
+    """Entity type -> highest score, for every type the configured recognizers report
+    (before ``entity_types`` and ``score_threshold`` are applied)."""
+    _check_language(spec.language)
+    best = _max_scores(_pattern_recognizers(spec))
+    backend, mapping = ner_entities(spec)
+    for entity in mapping.values():
+        best[entity] = max(best.get(entity, 0.0),
+                           _SPACY_NER_SCORE if backend == "spacy" else 1.0)
+    return best
+
+
 def supported_entities(spec: PresidioEngine) -> list[str]:
-    """Every entity type the configured detectors can find, sorted.
+    """The entity types the configured detectors find, sorted: types in ``entity_types``
+    that some recognizer reports with a score that can reach ``score_threshold``.
 
     Cheap enough for ``ragbatch validate``: it builds the pattern recognizers and reads
     the NER model's labels from its files, loading no model weights.
@@ -282,14 +353,25 @@ def supported_entities(spec: PresidioEngine) -> list[str]:
     Raises
     ------
     EngineError
-        ``ner_model`` is not a readable model directory, or the language has no
-        recognizers.
+        ``language`` is not a spaCy language, or ``ner_model`` is not a readable model
+        directory.
     """
-    entities = {e for r in _pattern_recognizers(spec) for e in r.supported_entities}
-    if not entities:
-        raise EngineError(f"Presidio has no recognizers for language {spec.language!r}")
-    entities |= set(ner_entities(spec)[1].values())
-    return sorted(entities)
+    best = reachable_entities(spec)
+    enabled = set(best) if spec.entity_types == "all" else set(spec.entity_types)
+    return sorted(e for e, top in best.items() if e in enabled and top >= spec.score_threshold)
+
+
+def unsupported_reason(spec: PresidioEngine, entity: str) -> str:
+    """Why ``entity`` is not among :func:`supported_entities` (for error messages)."""
+    best = reachable_entities(spec)
+    if entity in best and best[entity] < spec.score_threshold:
+        return (f"{entity} scores at most {best[entity]:g}, below score_threshold "
+                f"{spec.score_threshold:g}")
+    if entity in best:
+        return f"{entity} is not in the engine's entity_types"
+    if entity in ("PERSON", "LOCATION", "ORGANIZATION", "NRP"):
+        return f"{entity} needs a NER model (ner_model)"
+    return f"no recognizer reports {entity}"
 
 
 def describe_detectors(spec: PresidioEngine) -> dict[str, Any]:
@@ -313,6 +395,7 @@ def describe_detectors(spec: PresidioEngine) -> dict[str, Any]:
                 else {"backend": backend, "model": spec.ner_model, "labels": mapping}),
         "recognizers": recognizers,
         "entities": supported_entities(spec),
+        "entity_types": spec.entity_types,
         "phone_regions": list(spec.phone_regions),
         "network": "none",
     }
@@ -360,7 +443,7 @@ class PiiDetector:
             registry=registry, nlp_engine=nlp_engine, supported_languages=[spec.language],
             default_score_threshold=spec.score_threshold,
         )
-        self.entities = sorted(set(self.analyzer.get_supported_entities(spec.language)))
+        self.entities = supported_entities(spec)
         version = metadata.version("presidio-analyzer")
         self.model_id = f"presidio-analyzer=={version}" + (
             f"+ner:{spec.ner_model}" if backend else "")
@@ -401,12 +484,12 @@ class PiiDetector:
             return SpacyRecognizer(supported_language=spec.language, supported_entities=entities)
         from presidio_analyzer.predefined_recognizers import HuggingFaceNerRecognizer
 
-        recognizer = HuggingFaceNerRecognizer(
-            supported_entities=entities, supported_language=spec.language,
-            model_name=str(Path(spec.ner_model).expanduser()),  # type: ignore[arg-type]
-            label_mapping=mapping, threshold=spec.score_threshold, device="cpu",
-        )
         try:
+            recognizer = HuggingFaceNerRecognizer(
+                supported_entities=entities, supported_language=spec.language,
+                model_name=str(Path(spec.ner_model).expanduser()),  # type: ignore[arg-type]
+                label_mapping=mapping, threshold=spec.score_threshold, device="cpu",
+            )
             recognizer.load()
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"ner_model {spec.ner_model!r}: transformers cannot load it: "
@@ -427,17 +510,19 @@ class PiiDetector:
         -------
         list, length n
             Per text, the findings at or above the engine's ``score_threshold`` after
-            :func:`resolve_overlaps`, sorted by start offset; or, when the analyzer
-            raised on that text, a string ``"<ExceptionType>: <message>"``.
+            :func:`resolve_overlaps` among ``entities``, sorted by start offset; or, when
+            the analyzer raised on that text, a string ``"<ExceptionType>: <message>"``.
+            Offsets refer to :func:`clean_text` of the text.
         """
         unique = list(dict.fromkeys(texts))
         found: dict[str, list[Finding] | str] = {}
-        artifacts = self._artifacts(unique)
+        cleaned = {text: clean_text(text) for text in unique}
+        artifacts = self._artifacts(list(dict.fromkeys(cleaned.values())))
         for text in unique:
             try:
                 results = self.analyzer.analyze(
-                    text, language=self.spec.language, entities=list(entities),
-                    nlp_artifacts=artifacts.get(text),
+                    cleaned[text], language=self.spec.language, entities=list(entities),
+                    nlp_artifacts=artifacts.get(cleaned[text]),
                 )
             except Exception as exc:  # noqa: BLE001 - a per-text failure becomes that row's status
                 found[text] = f"{type(exc).__name__}: {exc}"

@@ -6,6 +6,7 @@ Layout under the output root (hive-style partitions, readable with
     scores/run_date=YYYY-MM-DD/run_id=<id>/*.parquet     long scores table
     summary/run_date=YYYY-MM-DD/run_id=<id>/summary.parquet
     runs/run_date=YYYY-MM-DD/run_id=<id>/manifest.json    written last: the run is committed
+    _staging/run_id=<id>/...                              a run in progress (ragbatch.io.staging)
 
 ``run_date`` and ``run_id`` are partition keys (directory names), not columns inside the
 files.
@@ -23,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragbatch.config import OutputSection
-from ragbatch.errors import ConservationError, OutputError
-from ragbatch.io.fs import describe_storage_error, is_process_local, resolve
+from ragbatch.errors import ConservationError
+from ragbatch.io.fs import is_process_local, resolve
 from ragbatch.status import OK, STATUSES
 
 SUMMARY_FILE = "summary.parquet"
@@ -70,27 +71,6 @@ class OutputLayout:
     def process_local(self) -> bool:
         return is_process_local(self.fs)
 
-    def ensure_new(self) -> None:
-        """Create the scores directory for this run.
-
-        Raises
-        ------
-        OutputError
-            The run id already has scores or a manifest here, or the root is not writable.
-        """
-        try:
-            taken = self.fs.exists(self.scores_path) or self.fs.exists(self.manifest_path)
-            if taken:
-                raise OutputError(
-                    f"run {self.run_id!r} already exists under {self.root} "
-                    f"({self.uri(self.scores_path)}); pass a new --run-id or remove it"
-                )
-            self.fs.makedirs(self.scores_path, exist_ok=True)
-        except OutputError:
-            raise
-        except Exception as exc:
-            raise OutputError(str(describe_storage_error(self.root, exc, section="output"))) from None
-
     def write_table(self, path: str, table: pa.Table) -> None:
         """Write one Parquet file at ``path``."""
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
@@ -117,8 +97,9 @@ def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _scores_glob(layout: OutputLayout) -> str:
-    return f"{layout.uri(layout.scores_path)}/*.parquet"
+def _file_list(layout: OutputLayout, files: list[str]) -> str:
+    """A DuckDB list literal of ``files`` as URIs DuckDB can open."""
+    return "[" + ", ".join("'" + layout.uri(f).replace("'", "''") + "'" for f in files) + "]"
 
 
 @dataclass
@@ -132,9 +113,10 @@ class RunCheck:
     models: dict[str, list[str]]
 
 
-def verify_run(layout: OutputLayout, metric_ids: list[str], metric_names: dict[str, str],
-               n_rows: int) -> RunCheck:
-    """Check row conservation over the written scores and compute the per-metric summary.
+def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
+               metric_names: dict[str, str], n_rows: int) -> RunCheck:
+    """Check row conservation over the score files ``files`` (filesystem paths of
+    ``layout.fs``) and compute the per-metric summary.
 
     Conservation: every metric has exactly ``n_rows`` cells, no (row_id, metric) pair
     appears twice, every row id appears for every metric, statuses are from the
@@ -146,10 +128,14 @@ def verify_run(layout: OutputLayout, metric_ids: list[str], metric_names: dict[s
         Any of the above fails; the message lists what and gives examples.
     """
     con = connect(layout)
-    con.execute(
-        f"CREATE VIEW s AS SELECT row_id, metric, score, status, model FROM "
-        f"read_parquet('{_scores_glob(layout)}', hive_partitioning=false)"
-    )
+    if files:
+        con.execute(
+            f"CREATE VIEW s AS SELECT row_id, metric, score, status, model FROM "
+            f"read_parquet({_file_list(layout, files)}, hive_partitioning=false)"
+        )
+    else:
+        con.execute("CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
+                    "NULL::DOUBLE score, NULL::VARCHAR status, NULL::VARCHAR model WHERE false")
     problems = _conservation_problems(con, metric_ids, n_rows)
     if problems:
         raise ConservationError(

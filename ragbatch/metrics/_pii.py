@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, ClassVar, Sequence
 
+import polars as pl
 from pydantic import Field, field_validator
 
+from ragbatch.columns import ISSUES
+from ragbatch.metrics._cells import Guard
 from ragbatch.metrics.base import ModelMetric, StrictParams
+from ragbatch.status import MISSING_INPUT
 
 
 class PiiParams(StrictParams):
@@ -51,17 +55,22 @@ class PiiMetric(ModelMetric):
         A type the configured detectors cannot find would always score 0.0 (a silent
         pass), so it is an error, naming the types that are supported.
         """
+        from ragbatch.engines.presidio import unsupported_reason
+
         if self.params.pii_types is None:
-            return []
+            return [] if supported else [
+                f"{self.id}: engine {self.engine!r} finds no entity type at score_threshold "
+                f"{spec.score_threshold:g}; lower it"]
         unknown = [t for t in self.params.pii_types if t not in supported]
         if not unknown:
             return []
+        why = "; ".join(unsupported_reason(spec, t) for t in unknown)
         hint = ""
         if any(t in ("PERSON", "LOCATION", "ORGANIZATION", "NRP") for t in unknown):
-            hint = ("; PERSON, LOCATION and other named entities need a NER model: set "
-                    f"engines.{self.engine}.ner_model to a local spaCy or transformers model")
-        return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r} "
-                f"(it finds {', '.join(supported)}){hint}"]
+            hint = (f"; set engines.{self.engine}.ner_model to a local spaCy or transformers "
+                    "NER model for named entities")
+        return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
+                f"{why} (it finds {', '.join(supported)}){hint}"]
 
     def types(self, supported: Sequence[str]) -> list[str]:
         """The entity types this metric looks for."""
@@ -72,6 +81,20 @@ def count_types(findings: Sequence[Any], types: Sequence[str] | None) -> Counter
     """Entity type -> number of findings whose type is in ``types`` (every finding when
     ``types`` is None)."""
     return Counter(f.entity_type for f in findings if types is None or f.entity_type in types)
+
+
+def missing_quietly(column: str) -> Guard:
+    """``missing_input`` when ``column`` is null, with a reason that never quotes input.
+
+    The normalizer's note on why a value is null can quote the value (``answer:
+    expected a string, got object ({"text": ...})``); PII cells keep the note up to the
+    quote and drop the rest.
+    """
+    issue = pl.col(ISSUES).struct.field(column)
+    note = issue.str.replace(r"(?s)\s*[(:]\s*['\"(\[{].*$", "").str.replace(r"(?s)\s*\(.*$", "")
+    reason = pl.when(issue.is_null()).then(pl.lit(f"{column} is null")).otherwise(
+        pl.format("{} (the value is not quoted in PII cells)", note))
+    return Guard(pl.col(column).is_null(), MISSING_INPUT, reason)
 
 
 def describe_counts(counts: Counter) -> str:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import polars as pl
-
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
@@ -13,7 +11,7 @@ from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.status import NOT_APPLICABLE
 
 #: The reply: a reason first (property names sort into generation order), then whether
 #: the answer states anything at all, then the verdict.

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 import polars as pl
 
 from ragbatch.columns import ANSWER, ISSUES, NULLABLE_INPUTS
-from ragbatch.metrics._cells import CELL_DTYPE, PyCell, missing, python_cells
+from ragbatch.metrics._cells import CELL_DTYPE, PyCell, python_cells
 from ragbatch.metrics._pii import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
+    PiiMetric, PiiResults, count_types, describe_counts, detector_failure, missing_quietly,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.registry import register
@@ -40,7 +40,8 @@ class AnswerContainsPii(PiiMetric):
         "Tonic Validate ContainsPiiMetric (answer), detected locally with Presidio's analyzer"
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("answer is null", "missing_input; reason is the normalizer's note or 'answer is null'"),
+        ("answer is null or not text",
+         "missing_input; reason is 'answer is null' or the normalizer's note without the value it quotes"),
         ("answer is empty or only whitespace", "score 0.0 (nothing to leak); reason 'answer is empty'"),
         ("detector raises on the answer",
          "error; reason names the exception type only (the message may quote the text)"),
@@ -81,7 +82,7 @@ class AnswerContainsPii(PiiMetric):
 
         if ISSUES not in frame.columns:
             frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
-        expr = python_cells([missing(ANSWER)], [ANSWER], score, model=model.model_id)
+        expr = python_cells([missing_quietly(ANSWER)], [ANSWER], score, model=model.model_id)
         return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
 
     @staticmethod

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
 from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.metrics.base import ExpressionMetric, StrictParams
 from ragbatch.registry import register
 from ragbatch.status import ERROR, NOT_APPLICABLE
 

@@ -8,9 +8,9 @@ from typing import Any, ClassVar
 import polars as pl
 
 from ragbatch.columns import CONTEXTS, ISSUES, NULLABLE_INPUTS
-from ragbatch.metrics._cells import CELL_DTYPE, PyCell, missing, python_cells
+from ragbatch.metrics._cells import CELL_DTYPE, PyCell, python_cells
 from ragbatch.metrics._pii import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
+    PiiMetric, PiiResults, count_types, describe_counts, detector_failure, missing_quietly,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.registry import register
@@ -45,10 +45,13 @@ class ContextContainsPii(PiiMetric):
         "Tonic Validate ContainsPiiMetric (contexts), detected locally with Presidio's analyzer"
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("contexts is null or unparseable", "missing_input; reason is the normalizer's note"),
+        ("contexts is null or unparseable",
+         "missing_input; reason is the normalizer's note without the value it quotes"),
         ("contexts is an empty list", "score 0.0 (nothing retrieved, nothing to leak); reason says so"),
         ("a context is null, empty or only whitespace",
          "skipped; details.skipped lists its index; the others decide the score"),
+        ("every context is null, empty or only whitespace",
+         "score 0.0; reason 'every context is empty: nothing to check'"),
         ("detector raises on a context",
          "score 1.0 if another context holds PII, else error; the reason names the context "
          "index and the exception type only"),
@@ -89,7 +92,7 @@ class ContextContainsPii(PiiMetric):
 
         if ISSUES not in frame.columns:
             frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
-        expr = python_cells([missing(CONTEXTS)], [CONTEXTS], score, model=model.model_id)
+        expr = python_cells([missing_quietly(CONTEXTS)], [CONTEXTS], score, model=model.model_id)
         return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
 
     @staticmethod
@@ -120,6 +123,8 @@ class ContextContainsPii(PiiMetric):
                 i, error = failed[0]
                 return PyCell(None, ERROR, f"context {i}: {detector_failure(error)}")
         if not total:
+            if len(skipped) == len(contexts):
+                return PyCell(0.0, reason="every context is empty: nothing to check", details=details)
             return PyCell(0.0, reason="no PII found", details=details)
         where = ", ".join(str(c["index"]) for c in per_context)
         noun = "contexts" if len(per_context) > 1 else "context"

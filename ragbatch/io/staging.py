@@ -1,0 +1,240 @@
+"""Staging, resume and atomic publish of a run's outputs.
+
+A run writes its scores under a staging prefix that readers of committed runs never
+look at, and publishes them only when every check has passed::
+
+    _staging/run_id=<id>/state.json                     run date, fingerprint, attempts
+    _staging/run_id=<id>/scores/attempt=<k>/*.parquet   scores written by attempt k
+
+Publishing moves the accepted score files to ``scores/run_date=<d>/run_id=<id>/``, writes
+the summary, writes the manifest last (the commit: a run is committed exactly when its
+manifest exists) and removes the staging prefix. Readers key on committed runs (see
+README "Output"): the scores of a run whose manifest is missing are not part of any
+result, and a crashed run leaves only its staging prefix, whose name starts with ``_``
+(Hive, Spark and the README's DuckDB queries skip it).
+
+Resume: a run started again with the same run id finds its staging prefix and reuses
+what earlier attempts wrote. Every complete Parquet file of an earlier attempt is read
+(a file cut short by the crash has no footer and is deleted); a row counts as done when
+its cells for every metric of the run are in those files, and files holding cells of a
+row that is not done are set aside, until no such file is left. The done rows are not
+scored again; the accepted files are recorded in ``state.json`` so that a file an
+orphaned worker of an earlier attempt finishes writing later is never published.
+Different run ids never share a path, so concurrent runs under one output root do not
+interfere.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ragbatch.errors import OutputError
+from ragbatch.io.fs import describe_storage_error
+from ragbatch.io.write import OutputLayout
+
+log = logging.getLogger("ragbatch")
+
+STAGING = "_staging"
+STATE_FILE = "state.json"
+
+
+@dataclass
+class Resume:
+    """What an attempt starts from.
+
+    Attributes
+    ----------
+    attempt : int
+        1 for a new run, k for the k-th start of the same run id.
+    done_rows : set of str
+        Row ids whose cells for every metric earlier attempts wrote.
+    accepted : list of str
+        Score files of earlier attempts that will be published (paths).
+    set_aside : list of str
+        Files of earlier attempts that are incomplete or hold cells of rows not done;
+        they are deleted now and never published.
+    """
+
+    attempt: int
+    done_rows: set[str] = field(default_factory=set)
+    accepted: list[str] = field(default_factory=list)
+    set_aside: list[str] = field(default_factory=list)
+
+    @property
+    def resumed(self) -> bool:
+        return self.attempt > 1
+
+
+def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
+    """sha256 of what decides a run's output: the config (run id and run date removed)
+    and the input fingerprint. A resume must match it."""
+    config = json.loads(json.dumps(config, default=str))
+    config.get("run", {}).pop("run_id", None)
+    config.get("run", {}).pop("run_date", None)
+    blob = json.dumps({"config": config, "input": input_fingerprint}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class Staging:
+    """The staging prefix of one run under ``layout``'s output root."""
+
+    def __init__(self, layout: OutputLayout):
+        self.layout = layout
+        self.fs = layout.fs
+        self.root = f"{layout.base}/{STAGING}/run_id={layout.run_id}"
+        self.state_path = f"{self.root}/{STATE_FILE}"
+        self.attempt = 1
+
+    def scores_dir(self, attempt: int | None = None) -> str:
+        """Where attempt ``attempt`` (default: the current one) writes its score files."""
+        return f"{self.root}/scores/attempt={self.attempt if attempt is None else attempt}"
+
+    # -- starting --------------------------------------------------------------------------
+
+    def begin(self, fingerprint: str, metric_ids: list[str]) -> Resume:
+        """Start attempt 1, or the next attempt of an interrupted run.
+
+        Raises
+        ------
+        OutputError
+            The run id is already committed under this root; or it was started with a
+            different config or input (its fingerprint differs); or the root cannot be
+            written. Each message names the run id, the root and what to do.
+        """
+        try:
+            if self.fs.exists(self.layout.manifest_path):
+                raise OutputError(
+                    f"run {self.layout.run_id!r} is already committed under {self.layout.root} "
+                    f"({self.layout.uri(self.layout.manifest_path)}); pass a new --run-id")
+            state = self._read_state()
+            if state is None:
+                if self.fs.exists(self.layout.scores_path):
+                    raise OutputError(
+                        f"run {self.layout.run_id!r} has scores but no manifest under "
+                        f"{self.layout.root} ({self.layout.uri(self.layout.scores_path)}), "
+                        "written by a version without staging; remove them or pass a new --run-id")
+                self._write_state({"run_id": self.layout.run_id, "fingerprint": fingerprint,
+                                   "run_date": self.layout.run_date.isoformat(), "attempts": 1,
+                                   "accepted": [], "started_at": _now()})
+                return Resume(attempt=1)
+            if state["fingerprint"] != fingerprint:
+                raise OutputError(
+                    f"run {self.layout.run_id!r} under {self.layout.root} was started with a "
+                    "different config or input, so its partial scores cannot be reused; pass a "
+                    f"new --run-id, or delete {self.layout.uri(self.root)} to start it over")
+            self.attempt = int(state["attempts"]) + 1
+            self._undo_partial_publish()
+            resume = self._scan(state, metric_ids)
+            state.update(attempts=self.attempt, accepted=resume.accepted, resumed_at=_now())
+            self._write_state(state)
+            return resume
+        except OutputError:
+            raise
+        except Exception as exc:
+            raise OutputError(str(describe_storage_error(self.layout.root, exc, section="output"))) from None
+
+    def run_date(self) -> dt.date | None:
+        """The run date an earlier attempt recorded (a resume keeps it), or None."""
+        state = self._read_state()
+        return dt.date.fromisoformat(state["run_date"]) if state else None
+
+    def _read_state(self) -> dict[str, Any] | None:
+        if not self.fs.exists(self.state_path):
+            return None
+        with self.fs.open(self.state_path, "r", encoding="utf-8") as fh:
+            return json.load(fh)
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.fs.makedirs(self.root, exist_ok=True)
+        tmp = f"{self.state_path}.tmp"
+        with self.fs.open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh, indent=2)
+        self.fs.mv(tmp, self.state_path)
+
+    def _undo_partial_publish(self) -> None:
+        """An attempt that died while publishing moved some files to the scores partition
+        but wrote no manifest: move them back to staging (as attempt 0) to be scanned."""
+        moved = self._files(self.layout.scores_path)
+        if not moved:
+            return
+        back = self.scores_dir(0)
+        self.fs.makedirs(back, exist_ok=True)
+        for path in moved:
+            self.fs.mv(path, f"{back}/{path.rsplit('/', 1)[1]}")
+        log.info("resume: moved %d files of an unfinished publish back to staging", len(moved))
+
+    def _scan(self, state: dict[str, Any], metric_ids: list[str]) -> Resume:
+        """Find the reusable files and done rows of the earlier attempts."""
+        current = self.scores_dir() + "/"
+        files = sorted(p for p in self._files(f"{self.root}/scores") if not p.startswith(current))
+        cells: dict[str, dict[str, set[str]]] = {}  # file -> row id -> metrics
+        broken = []
+        for path in files:
+            try:
+                with self.fs.open(path, "rb") as fh:
+                    table = pq.read_table(fh, columns=["row_id", "metric"])
+            except Exception as exc:  # noqa: BLE001 - a file cut short by the crash
+                log.info("resume: %s is incomplete (%s); its rows are scored again", path, exc)
+                broken.append(path)
+                continue
+            per_row: dict[str, set[str]] = {}
+            for row_id, metric in zip(table.column("row_id").to_pylist(),
+                                      table.column("metric").to_pylist()):
+                per_row.setdefault(row_id, set()).add(metric)
+            cells[path] = per_row
+        wanted = set(metric_ids)
+        accepted = set(cells)
+        while True:
+            merged: dict[str, set[str]] = {}
+            for path in accepted:
+                for row_id, metrics in cells[path].items():
+                    merged.setdefault(row_id, set()).update(metrics)
+            done = {r for r, m in merged.items() if m == wanted}
+            drop = {p for p in accepted if any(r not in done for r in cells[p])}
+            if not drop:
+                break
+            accepted -= drop
+        set_aside = sorted(set(files) - accepted)
+        for path in set_aside:
+            self.fs.rm(path)
+        log.info("resume of run %s (attempt %d): %d rows reused from %d files; %d files set aside",
+                 self.layout.run_id, self.attempt, len(done), len(accepted), len(set_aside))
+        return Resume(self.attempt, done, sorted(accepted), set_aside)
+
+    def _files(self, path: str) -> list[str]:
+        if not self.fs.exists(path):
+            return []
+        return [p for p in self.fs.find(path) if p.endswith(".parquet")]
+
+    # -- finishing -------------------------------------------------------------------------
+
+    def score_files(self, resume: Resume) -> list[str]:
+        """The files this run publishes: the accepted files of earlier attempts and every
+        file of the current attempt."""
+        return sorted(resume.accepted) + sorted(self._files(self.scores_dir()))
+
+    def publish(self, files: list[str], summary: Any, manifest: dict[str, Any]) -> None:
+        """Move ``files`` into the run's scores partition, write the summary, write the
+        manifest (the commit), and remove the staging prefix."""
+        target = self.layout.scores_path
+        self.fs.makedirs(target, exist_ok=True)
+        for i, path in enumerate(files):
+            self.fs.mv(path, f"{target}/part-{i:05d}.parquet")
+        self.layout.write_table(self.layout.summary_path, summary)
+        self.layout.write_json(self.layout.manifest_path, manifest)
+        try:
+            self.fs.rm(self.root, recursive=True)
+        except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless
+            log.warning("run %s committed, but its staging prefix %s was not removed: %s",
+                        self.layout.run_id, self.root, exc)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()

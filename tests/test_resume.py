@@ -1,0 +1,176 @@
+"""Resume after a crash and atomic publish, with real crashes.
+
+``ragbatch run`` runs in a subprocess and its driver is killed with SIGKILL while it
+scores (a ``binary`` callback that sleeps makes each batch take a while, as an expensive
+metric would); the same run id is then run again. Every completed run must equal a
+reference run of the same input made without interruption, with each (row_id, metric)
+once, and a killed run must leave nothing a reader of committed runs can see.
+
+``RAGBATCH_SOAK_RUNS`` sets how many random kills the soak test makes (default 4; the
+figure asked of a release is 20).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ragbatch.config import JobConfig
+from ragbatch.errors import OutputError
+from ragbatch.runner import run_job
+
+TESTS = Path(__file__).resolve().parent
+N_FILES, ROWS_PER_FILE = 12, 40
+METRICS = [
+    {"name": "response_length", "params": {"min_chars": 1, "max_chars": 30}},
+    {"name": "contains_text", "params": {"text": "7"}},
+    {"name": "binary", "id": "slow_digit", "params": {"callback": "binary_callbacks:slow_digit"}},
+]
+
+
+def write_input(root: Path) -> Path:
+    """12 Parquet files (one read task each) with duplicate and unicode rows."""
+    src = root / "in"
+    src.mkdir()
+    for f in range(N_FILES):
+        answers = [f"answer {f}-{i} 数据🚀" if i % 5 else "dup row" for i in range(ROWS_PER_FILE)]
+        pq.write_table(pa.table({"q": [f"q{i}" for i in range(ROWS_PER_FILE)], "a": answers}),
+                       src / f"part-{f:02d}.parquet")
+    return src
+
+
+def config_dict(src: Path, out: Path) -> dict:
+    return {"run": {"name": "resume"},
+            "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
+            "output": {"uri": str(out)}, "metrics": METRICS}
+
+
+def start(config_path: Path, run_id: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    ragbatch = Path(sys.executable).with_name("ragbatch")
+    return subprocess.Popen([str(ragbatch), "run", str(config_path), "--run-id", run_id],
+                            env=env, cwd=config_path.parent, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def committed_scores(out: Path, run_id: str | None = None) -> list[tuple]:
+    """(run_id, row_id, metric, score, status, reason) of committed runs, as a reader
+    keyed on manifests sees them."""
+    if not list(out.glob("runs/**/manifest.json")):
+        return []
+    where = f"AND s.run_id = '{run_id}'" if run_id else ""
+    return duckdb.sql(
+        f"SELECT s.run_id, row_id, metric, score, status, reason FROM read_parquet("
+        f"'{out}/scores/**/*.parquet', hive_partitioning=true) s WHERE s.run_id IN ("
+        f"SELECT run_id FROM read_json('{out}/runs/**/manifest.json', hive_partitioning=true)) "
+        f"{where} ORDER BY ALL").fetchall()
+
+
+def strip_run(rows: list[tuple]) -> list[tuple]:
+    return [r[1:] for r in rows]
+
+
+def manifest(out: Path, run_id: str) -> dict:
+    (path,) = out.glob(f"runs/*/run_id={run_id}/manifest.json")
+    return json.loads(path.read_text())
+
+
+def wait_for_staged_file(out: Path, run_id: str, proc: subprocess.Popen, limit_s: float = 120) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(out.glob(f"_staging/run_id={run_id}/scores/attempt=*/*.parquet")):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Input, config and the scores of one uninterrupted run (in a subprocess, as the
+    interrupted runs are)."""
+    root = tmp_path_factory.mktemp("resume")
+    src = write_input(root)
+    out = root / "out"
+    config_path = root / "job.yaml"
+    config_path.write_text(yaml.safe_dump(config_dict(src, out)))
+    proc = start(config_path, "reference")
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+    rows = committed_scores(out, "reference")
+    assert len(rows) == N_FILES * ROWS_PER_FILE * len(METRICS)
+    return root, config_path, out, strip_run(rows)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_rescoring(reference):
+    root, config_path, out, want = reference
+    proc = start(config_path, "killed")
+    assert wait_for_staged_file(out, "killed", proc), "no score file was staged before the run ended"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert committed_scores(out, "killed") == []
+    assert not list(out.glob("scores/*/run_id=killed")) or not list(out.glob("scores/*/run_id=killed/*"))
+
+    again = start(config_path, "killed")
+    assert again.wait(timeout=600) == 0, again.stderr.read()[-3000:]
+    assert strip_run(committed_scores(out, "killed")) == want
+    info = manifest(out, "killed")["resume"]
+    assert info["resumed"] and info["attempt"] == 2
+    assert 0 < info["rows_reused"] < N_FILES * ROWS_PER_FILE
+    assert not (out / "_staging" / "run_id=killed").exists()
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_changed_config(reference, ray_local):
+    root, config_path, out, _ = reference
+    proc = start(config_path, "changed")
+    assert wait_for_staged_file(out, "changed", proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    changed = config_dict(Path(root / "in"), out)
+    changed["metrics"] = METRICS[:2]
+    with pytest.raises(OutputError, match="different config or input"):
+        run_job(JobConfig.from_dict(changed), run_id="changed")
+    with pytest.raises(OutputError, match="already committed"):
+        run_job(JobConfig.from_dict(config_dict(Path(root / "in"), out)), run_id="reference")
+
+
+@pytest.mark.slow
+def test_soak_random_kills(reference):
+    root, config_path, out, want = reference
+    rng = random.Random(int(os.environ.get("RAGBATCH_SOAK_SEED", "11")))
+    runs = int(os.environ.get("RAGBATCH_SOAK_RUNS", "4"))
+    for n in range(runs):
+        run_id = f"soak-{n}"
+        attempts = 0
+        while True:
+            attempts += 1
+            proc = start(config_path, run_id)
+            if attempts <= 2:  # kill the first two attempts at a random moment
+                try:
+                    proc.wait(timeout=rng.uniform(2.0, 14.0))
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    assert committed_scores(out, run_id) == []
+                    continue
+            else:
+                assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+            if proc.returncode == 0 or manifest_exists(out, run_id):
+                break
+        assert strip_run(committed_scores(out, run_id)) == want, (run_id, attempts)
+
+
+def manifest_exists(out: Path, run_id: str) -> bool:
+    return bool(list(out.glob(f"runs/*/run_id={run_id}/manifest.json")))
