@@ -10,10 +10,11 @@ A row *contains type T* when one of its gold spans has ``entity_type`` T.
 
 1. **Quality.** ``udfs.pii.PiiStage`` runs in this process (no Ray) over all rows, as the
    answer column, with one ``answer_contains_pii`` metric per entity type, each limited to
-   that type, on an engine with ``entity_types: all``. For every gold type and every type the detectors report, the table gives
-   gold rows, rows flagged, true and false positives, precision and recall of "row
-   contains T". Gold types the default detectors cannot find (PERSON, LOCATION and the
-   other named entities need a NER model) show recall 0 and no precision.
+   that type, on an engine with ``entity_types: all`` (threshold 0.4). For every gold
+   type and every type the detectors report, the table gives gold rows, rows flagged,
+   true and false positives, precision and recall of "row contains T". Gold types the
+   detectors cannot find (PERSON, LOCATION and the other named entities need a NER
+   model) show recall 0 and no precision.
 2. **Speed.** Two ways of scoring the same rows, alternated ``--repeat`` times after an
    untimed warm-up, medians reported:
 

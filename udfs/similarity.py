@@ -32,6 +32,9 @@ from ragbatch.registry import get_metric
 
 _ENGINE_SPEC = TypeAdapter(EngineSpec)
 
+#: How many times a batch is retried on a new actor after the actor running it died.
+ACTOR_TASK_RETRIES = 3
+
 
 def parse_engine_spec(
     engine_name: str, engine_spec: dict[str, Any] | EmbeddingEngine | CrossEncoderEngine
@@ -85,7 +88,9 @@ def stage_options(
     -------
     dict
         ``compute`` (a ``ray.data.ActorPoolStrategy``), ``num_gpus``, ``num_cpus``,
-        ``batch_size``, and ``udf_modifying_row_count=False`` where the installed Ray
+        ``batch_size``, ``max_task_retries`` (:data:`ACTOR_TASK_RETRIES`: a batch whose
+        actor died runs again on a replacement at most that many times), and
+        ``udf_modifying_row_count=False`` where the installed Ray
         Data accepts it (the stage returns its rows 1:1). ``batch_format`` is not
         included: pass ``batch_format="pyarrow"`` yourself.
 
@@ -110,6 +115,10 @@ def stage_options(
     }
     if "udf_modifying_row_count" in inspect.signature(ray.data.Dataset.map_batches).parameters:
         options["udf_modifying_row_count"] = False
+    # A dead actor is replaced (Ray Data restarts pool actors without limit) and the batch
+    # it held runs again, but at most this many times: a batch that kills every actor it
+    # reaches fails the run with Ray's error instead of looping forever.
+    options["max_task_retries"] = ACTOR_TASK_RETRIES
     return options
 
 
