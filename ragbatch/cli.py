@@ -91,14 +91,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _summary_text(rows: list[dict]) -> str:
-    header = f"{'metric':<28} {'n':>7} {'ok':>7} {'mean':>7}  other statuses"
+    width = max([28, *(len(r["metric"]) for r in rows)])
+    header = f"{'metric':<{width}} {'n':>7} {'ok':>7} {'mean':>7}  other statuses"
     lines = [header, "-" * len(header)]
     for r in rows:
         other = ", ".join(
             f"{k[2:]}={v}" for k, v in r.items() if k.startswith("n_") and k not in ("n_total", "n_ok") and v
         )
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
-        lines.append(f"{r['metric']:<28} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  {other}")
+        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  {other}")
     return "\n".join(lines)
 
 
