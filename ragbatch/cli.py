@@ -150,6 +150,9 @@ def _check_output_reachable(config: JobConfig) -> None:
             probe = parent
     except Exception as exc:
         raise describe_storage_error(config.output.uri, exc, section="output") from None
+    from ragbatch.io.staging import check_output_bucket
+
+    check_output_bucket(fs, base, config.output.uri)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

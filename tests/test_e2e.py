@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import duckdb
@@ -229,3 +230,30 @@ def test_duplicate_mapped_row_ids_fail_conservation(ray_local, tmp_path):
         run_job(config, run_id="dup")
     assert "appear more than once" in str(info.value) and "row_id" in str(info.value)
     assert not (tmp_path / "out" / "runs").exists()  # not committed
+
+
+def test_missing_output_bucket_fails_before_scoring(s3_storage_options, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(_SMALL, src)
+    uri = "s3://rb-no-such-output-bucket/eval"
+    config = _small_config(str(src), uri)
+    config.output.storage_options = dict(s3_storage_options)
+    started = time.monotonic()
+    with pytest.raises(OutputError) as info:
+        run_job(config, run_id="no-bucket")
+    assert str(info.value).startswith(f"{uri}: not found"), str(info.value)
+    assert time.monotonic() - started < 60
+
+
+def test_validate_reports_a_missing_output_bucket(s3_storage_options, tmp_path, capsys):
+    from ragbatch.cli import main
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(_SMALL, src)
+    config = _small_config(str(src), "s3://rb-no-such-output-bucket/eval").model_dump(mode="json")
+    config["output"]["storage_options"] = dict(s3_storage_options)
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "s3://rb-no-such-output-bucket/eval: not found: bucket 'rb-no-such-output-bucket'" in err

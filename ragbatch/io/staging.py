@@ -109,6 +109,7 @@ class Staging:
             written. Each message names the run id, the root and what to do.
         """
         try:
+            self._check_bucket()
             if self.fs.exists(self.layout.manifest_path):
                 raise OutputError(
                     f"run {self.layout.run_id!r} is already committed under {self.layout.root} "
@@ -139,6 +140,9 @@ class Staging:
             raise
         except Exception as exc:
             raise OutputError(str(describe_storage_error(self.layout.root, exc, section="output"))) from None
+
+    def _check_bucket(self) -> None:
+        check_output_bucket(self.fs, self.layout.base, self.layout.root)
 
     def run_date(self) -> dt.date | None:
         """The run date an earlier attempt recorded (a resume keeps it), or None."""
@@ -234,6 +238,28 @@ class Staging:
         except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless
             log.warning("run %s committed, but its staging prefix %s was not removed: %s",
                         self.layout.run_id, self.root, exc)
+
+
+def check_output_bucket(fs: Any, base: str, root: str) -> None:
+    """On object storage, the output bucket must exist: creating a directory there would
+    otherwise create the bucket (s3fs and gcsfs do), under whatever account the
+    credentials belong to.
+
+    Raises
+    ------
+    OutputError
+        The bucket of ``base`` does not exist or cannot be seen; the message names
+        ``root``.
+    """
+    protocol = fs.protocol
+    protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+    if protocol not in ("s3", "s3a", "gs", "gcs", "abfs", "az"):
+        return
+    bucket = base.split("/", 1)[0]
+    if not fs.exists(bucket):
+        raise OutputError(
+            f"{root}: not found: bucket {bucket!r} does not exist (or these credentials "
+            "cannot see it); create it, or fix output.uri / output.storage_options")
 
 
 def _now() -> str:
