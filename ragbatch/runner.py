@@ -174,10 +174,14 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
         The input turned out to hold no rows.
     """
     import ray
+    import ray.data
 
     from udfs.judge import JudgeLedger
     from udfs.read import RowLedger
 
+    # Keep a UDF's own exception (instead of Ray Data's UserCodeException, which keeps
+    # only its text), so that _own_error can find it.
+    ray.data.DataContext.get_current().raise_original_map_exception = True
     ledger = ray.remote(num_cpus=0)(RowLedger).remote()
     judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     ds, local_rows = _source(plan, ledger)
@@ -187,7 +191,16 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
         ds = ds.map_batches(drop_rows, batch_format="pyarrow",
                             fn_kwargs={"row_ids": ray.put(sorted(done_rows))})
     ds = _score(ds, plan, judge_ledger)
-    _write(ds, layout, scores_dir)
+    try:
+        _write(ds, layout, scores_dir)
+    except Exception as exc:
+        # A RagbatchError raised inside a Ray task (an input problem found while reading,
+        # a model that cannot load) arrives wrapped in Ray's task errors: re-raise our own
+        # error so that the message and the CLI's exit status are the ones it carries.
+        own = _own_error(exc)
+        if own is None:
+            raise
+        raise own from None
     n_rows = local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
     judge = ray.get(judge_ledger.totals.remote())
     ray.kill(ledger)
@@ -195,6 +208,27 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
     if n_rows == 0:
         raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
     return n_rows, judge
+
+
+def _own_error(exc: BaseException) -> Exception | None:
+    """The first :class:`~ragbatch.errors.RagbatchError` in ``exc``'s chain of causes
+    (Ray keeps the original as ``cause`` on its task errors), or None."""
+    from ragbatch.errors import RagbatchError
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        if isinstance(cause, RagbatchError):
+            return cause  # the original, without Ray's remote traceback in its message
+        if isinstance(current, RagbatchError):
+            return current
+        todo += [cause, current.__cause__, current.__context__]
+    return None
 
 
 def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
