@@ -174,3 +174,18 @@ def test_soak_random_kills(reference):
 
 def manifest_exists(out: Path, run_id: str) -> bool:
     return bool(list(out.glob(f"runs/*/run_id={run_id}/manifest.json")))
+
+
+def test_fingerprint_ignores_credentials_and_cache_but_not_metrics():
+    from ragbatch.io.staging import run_fingerprint
+
+    base = {"run": {"run_id": "a", "run_date": "2026-11-30"},
+            "input": {"uri": "s3://t/in", "storage_options": {"key": "old"}},
+            "output": {"uri": "s3://t/out", "storage_options": {"secret": "old"}},
+            "metrics": [{"name": "latency"}], "cache": {"enabled": True}}
+    rotated = {**base, "run": {"run_id": "b"}, "cache": {"enabled": False},
+               "input": {"uri": "s3://t/in", "storage_options": {"key": "new"}},
+               "output": {"uri": "s3://t/out", "storage_options": {}}}
+    assert run_fingerprint(base, "f1") == run_fingerprint(rotated, "f1")
+    assert run_fingerprint(base, "f1") != run_fingerprint(base, "f2")
+    assert run_fingerprint(base, "f1") != run_fingerprint({**base, "metrics": [{"name": "regex"}]}, "f1")

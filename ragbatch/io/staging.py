@@ -73,11 +73,16 @@ class Resume:
 
 
 def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
-    """sha256 of what decides a run's output: the config (run id and run date removed)
-    and the input fingerprint. A resume must match it."""
+    """sha256 of what decides a run's output: the config and the input fingerprint. A
+    resume must match it. Left out: the run id and date, the storage options (rotated
+    credentials must not block a resume) and the judgment cache settings (they change
+    cost, not scores)."""
     config = json.loads(json.dumps(config, default=str))
     config.get("run", {}).pop("run_id", None)
     config.get("run", {}).pop("run_date", None)
+    config.pop("cache", None)
+    for section in ("input", "output"):
+        config.get(section, {}).pop("storage_options", None)
     blob = json.dumps({"config": config, "input": input_fingerprint}, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
