@@ -72,6 +72,38 @@ class PiiMetric(ModelMetric):
         return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
                 f"{why} (it finds {', '.join(supported)}){hint}"]
 
+    def compute(self, model: "PiiResults", frame: pl.DataFrame) -> pl.Series:
+        """Cells for every row of ``frame``.
+
+        Parameters
+        ----------
+        model : PiiResults
+            Findings of (at least) the metric's ``texts(frame)``.
+        frame : polars.DataFrame
+            The metric's input column; ``_issues`` when present.
+
+        Returns
+        -------
+        polars.Series
+            ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
+            after the metric id; ``score`` 1.0/0.0 when ``ok``. Null inputs get
+            :func:`missing_quietly`; every other row gets the subclass's ``_cell``.
+        """
+        from ragbatch.columns import NULLABLE_INPUTS
+        from ragbatch.metrics._cells import CELL_DTYPE, python_cells
+
+        column = self.inputs[0]
+        wanted = self.params.pii_types
+        if ISSUES not in frame.columns:
+            issues = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
+            frame = frame.with_columns(pl.lit(None, issues).alias(ISSUES))
+
+        def score(rows: list[dict[str, Any]]) -> list:
+            return [self._cell(model, row[column], wanted) for row in rows]
+
+        expr = python_cells([missing_quietly(column)], [column], score, model=model.model_id)
+        return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
+
     def types(self, supported: Sequence[str]) -> list[str]:
         """The entity types this metric looks for."""
         return list(self.params.pii_types) if self.params.pii_types else list(supported)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import polars as pl
 
-from ragbatch.columns import ANSWER, ISSUES, NULLABLE_INPUTS
-from ragbatch.metrics._cells import CELL_DTYPE, PyCell, python_cells
+from ragbatch.columns import ANSWER
+from ragbatch.metrics._cells import PyCell
 from ragbatch.metrics._pii import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure, missing_quietly,
+    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.registry import register
 from ragbatch.status import ERROR
-
-_ISSUES_DTYPE = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
-
 
 @register
 class AnswerContainsPii(PiiMetric):
@@ -58,32 +55,6 @@ class AnswerContainsPii(PiiMetric):
     def texts(self, frame: pl.DataFrame) -> list[str]:
         """The non-blank answers of ``frame`` (what the stage must analyze)."""
         return [t for t in frame.get_column(ANSWER).drop_nulls().to_list() if t.strip()]
-
-    def compute(self, model: PiiResults, frame: pl.DataFrame) -> pl.Series:
-        """Cells for every row of ``frame``.
-
-        Parameters
-        ----------
-        model : PiiResults
-            Findings of (at least) :meth:`texts` of ``frame``.
-        frame : polars.DataFrame
-            ``answer`` (String); ``_issues`` when present.
-
-        Returns
-        -------
-        polars.Series
-            ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
-            after the metric id; ``score`` 1.0/0.0 when ``ok``.
-        """
-        wanted = self.params.pii_types
-
-        def score(rows: list[dict[str, Any]]) -> list[PyCell]:
-            return [self._cell(model, row[ANSWER], wanted) for row in rows]
-
-        if ISSUES not in frame.columns:
-            frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
-        expr = python_cells([missing_quietly(ANSWER)], [ANSWER], score, model=model.model_id)
-        return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
 
     @staticmethod
     def _cell(model: PiiResults, text: str, wanted: list[str] | None) -> PyCell:

@@ -7,17 +7,14 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from ragbatch.columns import CONTEXTS, ISSUES, NULLABLE_INPUTS
-from ragbatch.metrics._cells import CELL_DTYPE, PyCell, python_cells
+from ragbatch.columns import CONTEXTS
+from ragbatch.metrics._cells import PyCell
 from ragbatch.metrics._pii import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure, missing_quietly,
+    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.registry import register
 from ragbatch.status import ERROR
-
-_ISSUES_DTYPE = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
-
 
 @register
 class ContextContainsPii(PiiMetric):
@@ -68,32 +65,6 @@ class ContextContainsPii(PiiMetric):
         """The non-blank contexts of ``frame`` (what the stage must analyze)."""
         chunks = frame.get_column(CONTEXTS).explode().drop_nulls().to_list()
         return [c for c in chunks if c.strip()]
-
-    def compute(self, model: PiiResults, frame: pl.DataFrame) -> pl.Series:
-        """Cells for every row of ``frame``.
-
-        Parameters
-        ----------
-        model : PiiResults
-            Findings of (at least) :meth:`texts` of ``frame``.
-        frame : polars.DataFrame
-            ``contexts`` (List[String]); ``_issues`` when present.
-
-        Returns
-        -------
-        polars.Series
-            ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
-            after the metric id; ``score`` 1.0/0.0 when ``ok``.
-        """
-        wanted = self.params.pii_types
-
-        def score(rows: list[dict[str, Any]]) -> list[PyCell]:
-            return [self._cell(model, row[CONTEXTS], wanted) for row in rows]
-
-        if ISSUES not in frame.columns:
-            frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
-        expr = python_cells([missing_quietly(CONTEXTS)], [CONTEXTS], score, model=model.model_id)
-        return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
 
     @staticmethod
     def _cell(model: PiiResults, contexts: list[str | None], wanted: list[str] | None) -> PyCell:
