@@ -249,9 +249,23 @@ def test_nested_quantifier_regex_engines(ray_local, tmp_path):
     config = _config(src, tmp_path / "out", columns={"answer": "a"}, metrics=[
         {"name": "regex", "id": "rust", "params": {"pattern": r"(a+)+\Z"}},
         {"name": "regex", "id": "python", "params": {"pattern": "(a+)+$"}},
+        # Exponential on Python re for 'a' * 40 + 'b' (2^40 ways to split the a's).
+        {"name": "regex", "id": "stuck", "params": {"pattern": "(a|a)+$", "timeout_s": 1.0}},
     ])
+    src.write_text(src.read_text() + json.dumps({"a": "a" * 40 + "b"}) + "\n")
     result = run_job(config, run_id="regex")
-    cells = _cells(result, 4, ["rust", "python"])
+    cells = _cells(result, 5, ["rust", "python", "stuck"])
+    stuck = {k[0]: v for k, v in cells.items() if k[1] == "stuck"}
+    limit = ("Python re ran past timeout_s=1 s on this answer (catastrophic backtracking?); "
+             "rewrite the pattern or raise timeout_s")
+    assert stuck == {
+        "in.jsonl:0": (0.0, "ok", "no match"),  # 2^18 splits: ~0.1 s, under the limit
+        "in.jsonl:1": (1.0, "ok", None),
+        "in.jsonl:2": (1.0, "ok", None),
+        "in.jsonl:3": (None, "missing_input", "answer is null"),
+        "in.jsonl:4": (None, "timeout", limit),
+    }
+    cells = {k: v for k, v in cells.items() if k[1] != "stuck" and k[0] != "in.jsonl:4"}
     assert {k: v for k, v in cells.items() if k[0] != "details"} == {
         ("in.jsonl:0", "rust"): (0.0, "ok", "no match"),
         ("in.jsonl:1", "rust"): (0.0, "ok", "no match"),  # \Z is the very end
@@ -263,7 +277,7 @@ def test_nested_quantifier_regex_engines(ray_local, tmp_path):
         ("in.jsonl:3", "python"): (None, "missing_input", "answer is null"),
     }
     engines = {m["id"]: m["regex_engine"] for m in result.manifest["metrics"]}
-    assert engines == {"rust": "polars", "python": "python-re"}
+    assert engines == {"rust": "polars", "python": "python-re", "stuck": "python-re"}
     python = next(m for m in result.manifest["metrics"] if m["id"] == "python")
     assert "'$' without MULTILINE" in python["regex_fallback_reason"]
 

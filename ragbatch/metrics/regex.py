@@ -13,6 +13,8 @@ from ragbatch.metrics._cells import PyCell, cell, details_json, missing, python_
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.regex_compat import Translation, translate
 from ragbatch.registry import register
+from ragbatch.status import ERROR, TIMEOUT
+from ragbatch.time_limit import TIMED_OUT, Failed, map_with_time_limit
 
 
 class RegexParams(StrictParams):
@@ -21,6 +23,12 @@ class RegexParams(StrictParams):
         None, ge=0,
         description="when set, pass iff the number of non-overlapping matches equals it; "
         "when null, pass iff there is any match",
+    )
+    timeout_s: float = Field(
+        2.0, gt=0,
+        description="time limit in seconds for matching one answer when the pattern runs on "
+        "Python re (a pattern that backtracks catastrophically gives `timeout` on that row); "
+        "the Rust engine never backtracks and needs none",
     )
 
     @field_validator("pattern")
@@ -56,7 +64,8 @@ class Regex(ExpressionMetric):
     Params = RegexParams
     summary = "answer matches `pattern` (any match, or exactly `expected_count` matches)"
     source = "Tonic Validate RegexMetric (count) / Vellum Regex Match (search)"
-    policy = (("answer null", "missing_input"), ("answer empty", "scored like any string"))
+    policy = (("answer null", "missing_input"), ("answer empty", "scored like any string"),
+              ("Python re runs past timeout_s on an answer", "timeout"))
     examples = (
         Example({"answer": "Databricks and databricks"}, 1.0, params={"pattern": "(?i)databricks"}),
         Example({"answer": "Databricks and databricks"}, 1.0,
@@ -105,17 +114,29 @@ class Regex(ExpressionMetric):
     def _python_expression(self) -> pl.Expr:
         compiled = re.compile(self.params.pattern)
         expected = self.params.expected_count
+        limit = self.params.timeout_s
+
+        def match(answer: str) -> int:
+            if expected is None:
+                return int(compiled.search(answer) is not None)
+            return sum(1 for _ in compiled.finditer(answer))
 
         def score_rows(rows: list[dict[str, Any]]) -> list[PyCell]:
-            out = []
-            for row in rows:
-                if expected is None:
-                    hit = compiled.search(row["answer"]) is not None
-                    out.append(PyCell(float(hit), reason=None if hit else "no match"))
-                else:
-                    n = sum(1 for _ in compiled.finditer(row["answer"]))
-                    out.append(PyCell(float(n == expected), details={"count": n},
-                                      reason=None if n == expected else f"{n} matches, expected {expected}"))
-            return out
+            found = map_with_time_limit(match, [r["answer"] for r in rows], limit)
+            return [_python_cell(n, expected, limit) for n in found]
 
         return python_cells([missing("answer")], ["answer"], score_rows)
+
+
+def _python_cell(found: Any, expected: int | None, limit: float) -> PyCell:
+    """The cell of one answer matched on Python re: ``found`` is whether it matched (or
+    the match count when counting), :data:`TIMED_OUT`, or :class:`Failed`."""
+    if found is TIMED_OUT:
+        return PyCell(None, TIMEOUT, f"Python re ran past timeout_s={limit:g} s on this answer "
+                      "(catastrophic backtracking?); rewrite the pattern or raise timeout_s")
+    if isinstance(found, Failed):
+        return PyCell(None, ERROR, f"Python re failed: {found.message}")
+    if expected is None:
+        return PyCell(float(found), reason=None if found else "no match")
+    return PyCell(float(found == expected), details={"count": found},
+                  reason=None if found == expected else f"{found} matches, expected {expected}")
