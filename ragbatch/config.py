@@ -37,11 +37,17 @@ class _Strict(BaseModel):
 
 class RunSection(_Strict):
     """``run``: naming of the run. ``run_date`` defaults to today (UTC); ``run_id`` is
-    generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``."""
+    generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``.
+    ``error_budget`` (fraction in [0, 1], default 0.01) is the largest share of input rows
+    that may end with status ``error`` on some metric: past it the run stops (early, when
+    failed batches exceed it) and is not committed."""
 
     name: str = "ragbatch"
     run_date: dt.date | None = None
     run_id: str | None = None
+    #: Largest fraction of input rows that may end with status ``error`` on some metric
+    #: (a batch that kept failing, a callback that raised) for the run to commit.
+    error_budget: float = Field(0.01, ge=0, le=1)
 
     @field_validator("run_id")
     @classmethod

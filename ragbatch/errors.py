@@ -40,3 +40,7 @@ class ConservationError(RagbatchError):
 
 class EngineError(RagbatchError):
     """A model engine (embedding, cross-encoder, judge) cannot be loaded or run."""
+
+
+class RunError(RagbatchError):
+    """The run stopped while running: more rows failed than ``run.error_budget`` allows."""

@@ -40,7 +40,8 @@ def redact(options: dict[str, Any]) -> dict[str, Any]:
 
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
                    timings: dict[str, float], ray_info: dict[str, Any],
-                   judge: dict[str, Any] | None = None, resume: Any = None) -> dict[str, Any]:
+                   judge: dict[str, Any] | None = None, resume: Any = None,
+                   faults: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
     Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
@@ -52,7 +53,10 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
     prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
-    files reused from earlier attempts, files set aside).
+    files reused from earlier attempts, files set aside) and ``faults`` (the error
+    budget, and per actor stage and in total: batches, batch starts, in-process batch
+    retries, actors lost mid-batch and replaced, batches and rows marked ``error``; see
+    :meth:`udfs.ledger.RunLedger.faults`).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -102,6 +106,18 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "files_reused": len(resume.accepted) if resume else 0,
             "files_set_aside": len(resume.set_aside) if resume else 0,
         },
+        "faults": fault_summary(plan, faults or {}),
+    }
+
+
+def fault_summary(plan: Plan, faults: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The manifest's ``faults`` section: the error budget, the counters per actor stage
+    (:meth:`udfs.ledger.RunLedger.faults`) and their sums."""
+    keys = ("batches", "batch_starts", "batch_retries", "actors_lost", "failed_batches", "failed_rows")
+    return {
+        "error_budget": plan.config.run.error_budget,
+        "stages": faults,
+        "total": {k: sum(int(f.get(k, 0)) for f in faults.values()) for k in keys},
     }
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.config import JobConfig
-from ragbatch.errors import InputError
+from ragbatch.errors import InputError, OutputError
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
+from ragbatch.io.budget import check_error_budget
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
@@ -62,6 +63,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     ConservationError
         The written scores do not hold exactly one cell per (row, metric); the run is
         then not committed (no manifest is written).
+    RunError
+        More rows than ``run.error_budget`` allows ended with status ``error``; the run
+        is not committed (resuming it scores those rows again).
 
     Notes
     -----
@@ -84,17 +88,18 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
 
     t1 = time.perf_counter()
     ray_info = ensure_ray(address, import_paths)
-    n_rows, judge = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+    n_rows, judge, faults = execute(plan, layout, staging.scores_dir(), resume.done_rows)
     timings["execute_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     names = {m.id: m.name for m in plan.metrics}
     files = staging.score_files(resume)
     check = verify_run(layout, files, plan.metric_ids, names, n_rows)
+    check_error_budget(layout, files, n_rows, config.run.error_budget)
     timings["verify_s"] = time.perf_counter() - t2
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=judge, resume=resume)
+                              ray_info=ray_info, judge=judge, resume=resume, faults=faults)
     staging.publish(files, check.summary, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
@@ -162,11 +167,12 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
 
 
 def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
-            done_rows: set[str] | None = None) -> tuple[int, dict[str, Any]]:
+            done_rows: set[str] | None = None) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """Build the Ray Data pipeline and run it, writing score files into ``scores_dir``
     (a path on ``layout.fs``); rows whose id is in ``done_rows`` are read and counted but
-    not scored. Return the input row count and the judge stages' totals
-    (:meth:`udfs.judge.JudgeLedger.totals`).
+    not scored. Return the input row count, the judge stages' totals
+    (:meth:`udfs.judge.JudgeLedger.totals`) and the actor stages' fault counters
+    (:meth:`udfs.ledger.RunLedger.faults`).
 
     Raises
     ------
@@ -177,37 +183,104 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
     import ray.data
 
     from udfs.judge import JudgeLedger
-    from udfs.read import RowLedger
+    from udfs.ledger import describe_faults
 
     # Keep a UDF's own exception (instead of Ray Data's UserCodeException, which keeps
     # only its text), so that _own_error can find it.
     ray.data.DataContext.get_current().raise_original_map_exception = True
-    ledger = ray.remote(num_cpus=0)(RowLedger).remote()
+    _retry_storage_errors(ray.data.DataContext.get_current())
+    ledger = _run_ledger(plan, layout.run_id)
     judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
+    try:
+        n_rows = _run_pipeline(plan, layout, scores_dir, done_rows, ledger, judge_ledger)
+        judge = ray.get(judge_ledger.totals.remote())
+        faults = ray.get(ledger.faults.remote())
+    finally:
+        ray.kill(ledger)
+        ray.kill(judge_ledger)
+    if describe_faults(faults):
+        log.warning("faults survived:\n%s", describe_faults(faults))
+    if n_rows == 0:
+        raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
+    return n_rows, judge, faults
+
+
+def _run_pipeline(plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: set[str] | None,
+                  ledger: Any, judge_ledger: Any) -> int:
+    """Read, score and write; return the input row count."""
+    import ray
+
     ds, local_rows = _source(plan, ledger)
     if done_rows:
         from udfs.read import drop_rows
 
         ds = ds.map_batches(drop_rows, batch_format="pyarrow",
                             fn_kwargs={"row_ids": ray.put(sorted(done_rows))})
-    ds = _score(ds, plan, judge_ledger)
+    ds = _score(ds, plan, judge_ledger, ledger)
+    own = None
     try:
         _write(ds, layout, scores_dir)
     except Exception as exc:
         # A RagbatchError raised inside a Ray task (an input problem found while reading,
-        # a model that cannot load) arrives wrapped in Ray's task errors: re-raise our own
-        # error so that the message and the CLI's exit status are the ones it carries.
+        # a model that cannot load, the error budget) arrives wrapped in Ray's task errors:
+        # re-raise our own error so that the message and the CLI's exit status are the
+        # ones it carries.
         own = _own_error(exc)
         if own is None:
             raise
-        raise own from None
-    n_rows = local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
-    judge = ray.get(judge_ledger.totals.remote())
-    ray.kill(ledger)
-    ray.kill(judge_ledger)
-    if n_rows == 0:
-        raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
-    return n_rows, judge
+    if own is not None:
+        # Raised outside the handler and without the dataset: neither Ray's error nor a
+        # frame of this function may keep the failed execution (and its actors) alive.
+        del ds
+        own.__context__ = own.__cause__ = None
+        raise own
+    return local_rows if local_rows is not None else ray.get(ledger.totals.remote())[0]
+
+
+#: Substrings of storage errors that Ray Data's file writes retry with exponential backoff
+#: (up to 10 attempts, at most 32 s apart), added to its defaults (which match only
+#: pyarrow's own S3 client): a refused or dropped connection, a timeout, throttling and
+#: 5xx replies, as raised through s3fs/gcsfs and botocore. A missing bucket, a missing
+#: key or denied credentials are not among them: they fail at once.
+RETRIED_STORAGE_ERRORS = (
+    "Could not connect to the endpoint URL", "EndpointConnectionError", "Connection refused",
+    "Connection reset", "ServerDisconnectedError", "ClientConnectorError",
+    "ConnectTimeoutError", "ReadTimeoutError", "SlowDown", "Throttling", "RequestTimeout",
+    "ServiceUnavailable", "Service Unavailable", "InternalError", "Internal Server Error",
+    "Please reduce your request rate",
+)
+
+
+def _retry_storage_errors(ctx: Any) -> None:
+    ctx.retried_io_errors = list(dict.fromkeys([*ctx.retried_io_errors, *RETRIED_STORAGE_ERRORS]))
+
+
+def _run_ledger(plan: Plan, run_id: str) -> Any:
+    """The run's :class:`udfs.ledger.RunLedger` actor, named ``ragbatch-ledger:<run id>``
+    so that one cluster never runs two attempts of a run at once.
+
+    Raises
+    ------
+    OutputError
+        An attempt of the same run id is running on this Ray cluster now.
+    """
+    import ray
+
+    from udfs.ledger import RunLedger
+
+    name = f"{LEDGER_PREFIX}{run_id}"
+    try:
+        return ray.remote(num_cpus=0)(RunLedger).options(name=name).remote(
+            len(plan.read_tasks), plan.config.run.error_budget)
+    except ValueError as exc:
+        if "already" not in str(exc):
+            raise
+        raise OutputError(f"run {run_id!r} is already running on this Ray cluster (actor {name!r}); "
+                          "wait for it to finish, or pass a new --run-id") from None
+
+
+#: Name prefix of a run's ledger actor (followed by the run id).
+LEDGER_PREFIX = "ragbatch-ledger:"
 
 
 def _own_error(exc: BaseException) -> Exception | None:
@@ -245,6 +318,8 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
         from ragbatch.io.schema import normalize
 
         tables = [normalize(read_task(t, cfg), cfg, t, slices=plan.slices) for t in plan.read_tasks]
+        for i, table in enumerate(tables):
+            ledger.record.remote(i, table.num_rows)
         return ray.data.from_arrow(tables), sum(t.num_rows for t in tables)
     items = [{"task": i} for i in range(len(plan.read_tasks))]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -256,7 +331,7 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
     return ds, None
 
 
-def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
+def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) -> Any:
     """Chain the metric stages and the wide-to-long stage."""
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
@@ -266,9 +341,9 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
             ds = ds.map_batches(expression_stage, batch_format="pyarrow",
                                 fn_kwargs={"metrics": stage.metrics})
         elif stage.kind == "judge":
-            ds = _judge_stage(ds, plan, stage, judge_ledger)
+            ds = _judge_stage(ds, plan, stage, judge_ledger, ledger)
         elif stage.kind == "pii":
-            ds = _pii_stage(ds, stage)
+            ds = _pii_stage(ds, stage, ledger)
         else:
             from udfs.similarity import ModelStage, stage_options
 
@@ -280,6 +355,7 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
                     "metrics": [{"name": m.name, "id": m.id,
                                  "params": m.params.model_dump(mode="json")}
                                 for m in stage.metrics],
+                    "ledger": ledger,
                 },
                 **stage_options(spec),
             )
@@ -287,7 +363,7 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None) -> Any:
                           fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
 
 
-def _pii_stage(ds: Any, stage: Any) -> Any:
+def _pii_stage(ds: Any, stage: Any, ledger: Any) -> Any:
     from udfs.pii import PiiStage
     from udfs.similarity import stage_options
 
@@ -298,12 +374,13 @@ def _pii_stage(ds: Any, stage: Any) -> Any:
             "engine_name": stage.engine_name, "engine_spec": spec,
             "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
                         for m in stage.metrics],
+            "ledger": ledger,
         },
         **stage_options(spec),
     )
 
 
-def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any) -> Any:
+def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any, ledger: Any) -> Any:
     from udfs.judge import JudgeStage, judge_stage_options
 
     spec = stage.engine.model_dump(mode="json")
@@ -320,6 +397,7 @@ def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any) -> Any:
             "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
                         for m in stage.metrics],
             "embedders": embedders, "cache": cache, "ledger": judge_ledger,
+            "run_ledger": ledger,
         },
         **judge_stage_options(spec),
     )

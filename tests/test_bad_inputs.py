@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragbatch.config import JobConfig
-from ragbatch.errors import InputError
+from ragbatch.errors import InputError, RunError
 from ragbatch.runner import run_job
 
 pytestmark = pytest.mark.slow
@@ -228,8 +228,18 @@ def test_binary_callback_raising_on_some_rows(ray_local, tmp_path):
     src = _write(tmp_path / "in.csv", "a,ref\nok,x\nboom,x\n,x\nfine,x\nboom again,x\n")
     config = _config(src, tmp_path / "out", columns={"answer": "a", "reference": "ref"}, metrics=[
         {"name": "binary", "params": {"callback": "bad_input_callbacks:raises_on_boom", "mode": "row"}}])
-    cells = _cells(run_job(config, run_id="binary"), 5, ["binary"])
     where = str(Path(__file__).with_name("bad_input_callbacks.py"))
+    # 2 of 5 rows with an error are over the default error budget (1 %): not committed.
+    with pytest.raises(RunError) as info:
+        run_job(config, run_id="binary")
+    assert "2 of 5 rows (40.0%) have status error on some metric, over run.error_budget = 0.01" in str(info.value)
+    assert (f"2 x binary: callback raised RuntimeError: cannot score in.csv:1 at {where}:10 "
+            "(e.g. row in.csv:1)") not in str(info.value)  # reasons differ per row: listed apart
+    assert f"1 x binary: callback raised RuntimeError: cannot score in.csv:1 at {where}:10 (e.g. row in.csv:1)" in str(info.value)
+    assert not list((tmp_path / "out").glob("runs/**/manifest.json"))
+    # With the budget raised, the same run id resumes and commits the errors as cells.
+    config.run.error_budget = 0.4
+    cells = _cells(run_job(config, run_id="binary"), 5, ["binary"])
     got = {k: v for k, v in cells.items() if k[0] != "details"}
     assert got == {
         ("in.csv:0", "binary"): (1.0, "ok", None),

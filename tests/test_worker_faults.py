@@ -2,9 +2,8 @@
 the batch again, and the run commits exactly one cell per (row, metric), equal to what
 an undisturbed stage computes.
 
-The fault is real: the PII stage's actor process is found by its process title and
-killed with SIGKILL as soon as it has finished loading (its title no longer ends in
-``__init__``), which in this job is while it holds its first batches.
+The faults are real: a stage's actor process is found by its process title and killed
+with SIGKILL while it runs a batch.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import duckdb
 import psutil
@@ -21,29 +21,41 @@ import pyarrow as pa
 import pytest
 
 from ragbatch.config import JobConfig
-from ragbatch.runner import run_job
+from ragbatch.errors import RunError
+from ragbatch.runner import LEDGER_PREFIX, run_job
 from udfs.pii import PiiStage
+from udfs.similarity import ModelStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"
+TONIC = (Path(__file__).resolve().parent.parent / "examples" / "data" / "tonic_validate_paul_graham"
+         / "system=titan")
 
 
-def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300) -> None:
-    """SIGKILL the first process whose title names ``marker`` once it has loaded (its
-    title no longer ends in ``__init__``). Only this test session's Ray processes are
-    candidates: the local Ray instance is started by this process, so its workers
-    descend from it."""
+def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300, times: int = 1,
+                    started: Callable[[], int] | None = None) -> None:
+    """SIGKILL, ``times`` times, a process whose title names ``marker`` while it runs a
+    batch (Ray titles an actor process after the task it runs: ``....submit``), each time
+    a different one. Only this test
+    session's Ray processes are candidates: the local Ray instance is started by this
+    process, so its workers descend from it. With ``started`` (a count of batch starts),
+    a kill waits until a start has been recorded since the last kill: the actor is then
+    inside the batch, not still fetching it."""
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and len(killed) < times:
+        if started is not None and started() <= len(killed):
+            time.sleep(0.02)
+            continue
         for proc in me.children(recursive=True):
             try:
                 title = " ".join(proc.cmdline()).strip()
             except psutil.Error:
                 continue
-            if marker in title and title.startswith("ray::") and not title.endswith("__init__"):
+            if (marker in title and title.startswith("ray::") and title.endswith(".submit")
+                    and proc.pid not in killed):
                 os.kill(proc.pid, signal.SIGKILL)
                 killed.append(proc.pid)
-                return
+                break
         time.sleep(0.02)
 
 
@@ -81,3 +93,63 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     direct = stage(pa.table({"row_id": ids, "answer": [texts[i] for i in ids]}))
     want = dict(zip(ids, (c["score"] for c in direct.column("cell::m").to_pylist())))
     assert {r[0]: r[1] for r in scores} == want
+
+
+@pytest.mark.slow
+def test_batch_whose_actors_keep_dying_is_marked_error_then_resume_scores_it(ray_local, tmp_path):
+    """The model stage's actor is killed twice while it holds the only batch: the third
+    actor marks the batch's rows error instead of scoring it again, which is over the
+    default error budget, so the run stops uncommitted. Started again with the same run
+    id (no kills), it scores those rows and commits what an undisturbed stage computes."""
+    config = JobConfig.from_dict({
+        "input": {"uri": str(TONIC), "format": "csv",
+                  "columns": {"answer": "llm_answer", "reference": "reference_answer"}},
+        "output": {"uri": str(tmp_path / "out")},
+        "engines": {"minilm": {"type": "embedding", "batch_size": 64}},
+        "metrics": [{"name": "semantic_similarity", "engine": "minilm"}],
+    })
+    killed: list[int] = []
+
+    def started() -> int:  # batch starts the run's ledger has recorded so far
+        import ray
+
+        try:
+            ledger = ray.get_actor(f"{LEDGER_PREFIX}poison")
+        except ValueError:
+            return 0
+        return ray.get(ledger.faults.remote()).get("engine minilm", {}).get("batch_starts", 0)
+
+    killer = threading.Thread(target=kill_busy_actor, args=("ModelStage", killed),
+                              kwargs={"times": 2, "started": started}, daemon=True)
+    killer.start()
+    with pytest.raises(RunError) as info:
+        run_job(config, run_id="poison")
+    killer.join(timeout=1)
+    assert len(killed) == 2
+    assert ("55 of 55 rows (100.0%) are marked error by failed batches, over run.error_budget "
+            "= 0.01; first reason: engine minilm: the worker died 2 times while scoring this "
+            "batch of 55 rows") in str(info.value)
+    assert not list((tmp_path / "out").glob("runs/**/manifest.json"))
+
+    result = run_job(config, run_id="poison")
+    assert result.manifest["resume"]["resumed"] is True
+    assert result.manifest["faults"]["total"]["failed_rows"] == 0
+    scores = duckdb.sql(
+        f"SELECT row_id, score, status FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "
+        "hive_partitioning=true)").fetchall()
+    assert len(scores) == len({r[0] for r in scores}) == 55 and {r[2] for r in scores} == {"ok"}
+    import csv
+
+    files = sorted(TONIC.glob("*.csv"))
+    assert len(files) == 1
+    with files[0].open(encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    ids = [f"{files[0].name}:{i}" for i in range(len(rows))]
+    stage = ModelStage("minilm", {"type": "embedding"},
+                       [{"name": "semantic_similarity", "id": "m", "params": {}}])
+    direct = stage(pa.table({"row_id": ids, "answer": [r["llm_answer"] for r in rows],
+                             "reference": [r["reference_answer"] for r in rows]}))
+    want = dict(zip(ids, (c["score"] for c in direct.column("cell::m").to_pylist())))
+    got = {r[0]: r[1] for r in scores}
+    assert got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) < 1e-6 for k in want)

@@ -26,6 +26,7 @@ from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics._cells import CELL_DTYPE
 from ragbatch.registry import get_metric
+from udfs.guard import BatchGuard
 from udfs.similarity import parse_engine_spec, stage_options
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class JudgeStage:
         ``{"uri", "storage_options"}`` of the judgment cache; None disables it.
     ledger : ray actor handle, optional
         A :class:`JudgeLedger` receiving per-batch totals and engine counters.
+    run_ledger : ray actor handle, optional
+        The run's :class:`udfs.ledger.RunLedger` (see :class:`udfs.guard.BatchGuard`).
 
     Raises
     ------
@@ -64,7 +67,8 @@ class JudgeStage:
 
     def __init__(self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]],
                  embedders: dict[str, dict[str, Any]] | None = None,
-                 cache: dict[str, Any] | None = None, ledger: Any = None) -> None:
+                 cache: dict[str, Any] | None = None, ledger: Any = None,
+                 run_ledger: Any = None) -> None:
         from ragbatch.engines import load_judge_engine
 
         self.engine_name = engine_name
@@ -84,6 +88,9 @@ class JudgeStage:
         import uuid
 
         self.actor_key = uuid.uuid4().hex
+        columns = [(name, type_) for m in self.metrics
+                   for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))]
+        self.guard = BatchGuard(f"engine {engine_name}", columns, run_ledger)
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
@@ -115,6 +122,13 @@ class JudgeStage:
         """
         if not isinstance(batch, pa.Table):
             raise TypeError('JudgeStage expects pyarrow.Table batches; use batch_format="pyarrow"')
+        out = self.guard.run(batch, self._judge)
+        if self.cache is not None:
+            self.cache.flush()
+        self._report(batch)
+        return out
+
+    def _judge(self, batch: pa.Table) -> pa.Table:
         wanted = [c for c in ("row_id", "question", "contexts", "answer", "reference", ISSUES)
                   if c in batch.column_names]
         frame = pl.from_arrow(batch.select(wanted))
@@ -130,9 +144,6 @@ class JudgeStage:
                                     pl.Series(cells, dtype=CELL_DTYPE).to_arrow().cast(CELL_TYPE))
             out = out.append_column(judge_column(metric.id),
                                     pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE))
-        if self.cache is not None:
-            self.cache.flush()
-        self._report(batch)
         return out
 
     def _report(self, batch: pa.Table) -> None:

@@ -31,6 +31,7 @@ from ragbatch.engines.presidio import PiiDetector
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.metrics._pii import PiiMetric, PiiResults
 from ragbatch.registry import get_metric
+from udfs.guard import BatchGuard
 from udfs.similarity import parse_engine_spec
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class PiiStage:
         A ``presidio`` engine spec (see :class:`ragbatch.config.PresidioEngine`).
     metrics : list of dict
         ``{"name", "id", "params"}`` per metric; each a registered PII metric.
+    ledger : ray actor handle, optional
+        The run's :class:`udfs.ledger.RunLedger` (see :class:`udfs.guard.BatchGuard`).
 
     Raises
     ------
@@ -59,7 +62,7 @@ class PiiStage:
     """
 
     def __init__(self, engine_name: str, engine_spec: dict[str, Any],
-                 metrics: list[dict[str, Any]]) -> None:
+                 metrics: list[dict[str, Any]], ledger: Any = None) -> None:
         self.engine_name = engine_name
         spec = parse_engine_spec(engine_name, engine_spec)
         if not isinstance(spec, PresidioEngine):
@@ -78,6 +81,8 @@ class PiiStage:
         # metric's cells never depend on the other metrics of the stage.
         self.entities = list(self.detector.entities)
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
+        self.guard = BatchGuard(f"engine {engine_name}",
+                                [(cell_column(m.id), CELL_TYPE) for m in self.metrics], ledger)
 
     def _build_metric(self, index: int, entry: dict[str, Any]) -> PiiMetric:
         where = f"metrics[{index}]"
@@ -113,6 +118,10 @@ class PiiStage:
         if not isinstance(batch, pa.Table):
             raise TypeError(f"PiiStage expects pyarrow.Table batches, got {type(batch).__name__}; "
                             'call map_batches with batch_format="pyarrow"')
+        self._check_columns(batch)  # a pipeline bug, not a batch fault: raised as is
+        return self.guard.run(batch, self._score)
+
+    def _score(self, batch: pa.Table) -> pa.Table:
         frame = self._inputs(batch)
         texts = list(dict.fromkeys(t for m in self.metrics for t in m.texts(frame)))
         found = dict(zip(texts, self.detector.find(texts, self.entities)))
@@ -132,11 +141,13 @@ class PiiStage:
             out = out.append_column(name, cells.to_arrow().cast(CELL_TYPE))
         return out
 
-    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
+    def _check_columns(self, batch: pa.Table) -> None:
         missing = [c for c in self.input_columns if c not in batch.column_names]
         if missing:
             raise ValueError(f"engine {self.engine_name!r}: batch lacks input column(s) {missing}; "
                              f"present: {batch.column_names}")
+
+    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
         wanted = self.input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
         frame = pl.from_arrow(batch.select(wanted))
         assert isinstance(frame, pl.DataFrame)

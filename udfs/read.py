@@ -16,7 +16,7 @@ def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
     """Read and normalize the read tasks whose indices are in ``batch["task"]``.
 
     Returns canonical rows (``ragbatch.columns.CANONICAL_SCHEMA`` plus the planned
-    ``slices``, so every block has the same columns) in task order. When ``ledger`` (a :class:`RowLedger` actor handle) is given, the row
+    ``slices``, so every block has the same columns) in task order. When ``ledger`` (a :class:`udfs.ledger.RunLedger` actor handle) is given, the row
     count of each task is recorded there, keyed by task index, so the driver knows how
     many rows entered the run even though it never sees them.
     """
@@ -45,20 +45,3 @@ def drop_rows(batch: pa.Table, row_ids: Any) -> pa.Table:
         return batch
     keep = pc.invert(pc.is_in(batch.column("row_id"), value_set=pa.array(row_ids, pa.string())))
     return batch.filter(keep)
-
-
-class RowLedger:
-    """Counts input rows per read task (idempotent: a retried task overwrites its entry).
-
-    Wrapped with ``ray.remote(num_cpus=0)`` by the runner.
-    """
-
-    def __init__(self) -> None:
-        self._rows: dict[int, int] = {}
-
-    def record(self, task_index: int, n_rows: int) -> None:
-        self._rows[task_index] = n_rows
-
-    def totals(self) -> tuple[int, int]:
-        """(rows, tasks recorded)."""
-        return sum(self._rows.values()), len(self._rows)

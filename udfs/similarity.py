@@ -22,6 +22,7 @@ import pyarrow as pa
 from pydantic import TypeAdapter, ValidationError
 
 from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
+from udfs.guard import BatchGuard
 from ragbatch.config import (
     ENGINE_TYPES, CrossEncoderEngine, EmbeddingEngine, EngineSpec, normalize_engine,
 )
@@ -33,7 +34,7 @@ from ragbatch.registry import get_metric
 _ENGINE_SPEC = TypeAdapter(EngineSpec)
 
 #: How many times a batch is retried on a new actor after the actor running it died.
-ACTOR_TASK_RETRIES = 3
+ACTOR_TASK_RETRIES = 5
 
 
 def parse_engine_spec(
@@ -135,6 +136,9 @@ class ModelStage:
         ``{"name": str, "id": str, "params": dict}`` per metric; each name must be a
         registered :class:`~ragbatch.metrics.base.ModelMetric` that supports the
         engine's type.
+    ledger : ray actor handle, optional
+        The run's :class:`udfs.ledger.RunLedger`; batches run under a
+        :class:`udfs.guard.BatchGuard` (a batch that keeps failing gets ``error`` cells).
 
     Raises
     ------
@@ -152,7 +156,8 @@ class ModelStage:
     """
 
     def __init__(
-        self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]]
+        self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]],
+        ledger: Any = None,
     ) -> None:
         self.engine_name = engine_name
         self.spec = parse_engine_spec(engine_name, engine_spec)
@@ -162,6 +167,8 @@ class ModelStage:
         except EngineError as exc:
             raise EngineError(f"engines.{engine_name}: {exc}") from exc
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
+        self.guard = BatchGuard(f"engine {engine_name}",
+                                [(cell_column(m.id), CELL_TYPE) for m in self.metrics], ledger)
 
     def _build_metric(self, index: int, entry: dict[str, Any]) -> ModelMetric:
         where = f"metrics[{index}]"
@@ -210,6 +217,10 @@ class ModelStage:
                 f"ModelStage expects pyarrow.Table batches, got {type(batch).__name__}; "
                 'call map_batches with batch_format="pyarrow"'
             )
+        self._check_columns(batch)  # a pipeline bug, not a batch fault: raised as is
+        return self.guard.run(batch, self._score)
+
+    def _score(self, batch: pa.Table) -> pa.Table:
         frame = self._inputs(batch)
         out = batch
         for metric in self.metrics:
@@ -219,13 +230,15 @@ class ModelStage:
             out = out.append_column(name, self._cells(metric, frame, batch.num_rows))
         return out
 
-    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
+    def _check_columns(self, batch: pa.Table) -> None:
         missing = [c for c in self.input_columns if c not in batch.column_names]
         if missing:
             raise ValueError(
                 f"engine {self.engine_name!r}: batch lacks input column(s) {missing}; "
                 f"present: {batch.column_names}"
             )
+
+    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
         wanted = self.input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
         frame = pl.from_arrow(batch.select(wanted))
         assert isinstance(frame, pl.DataFrame)

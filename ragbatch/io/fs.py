@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import errno
-from typing import Any
+import logging
+import random
+import time
+from typing import Any, Callable, TypeVar
 
 import fsspec
 import pyarrow.fs as pafs
@@ -22,6 +25,9 @@ from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
 from ragbatch.errors import InputError
+
+log = logging.getLogger("ragbatch")
+T = TypeVar("T")
 
 #: Optional backend per protocol: (module that must import, pyproject extra).
 _BACKENDS: dict[str, tuple[str, str]] = {
@@ -277,3 +283,64 @@ def _errno(exc: BaseException) -> int | None:
 def _short(exc: BaseException, limit: int = 300) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: Exception class names and error codes of storage failures worth retrying: the service
+#: could not be reached or did not answer in time, or it asked the client to slow down.
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+              "TooManyRequestsException", "ServiceUnavailable", "InternalError",
+              "RequestTimeout", "503", "500"}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when ``exc`` is a storage failure a later attempt may not meet: the endpoint
+    unreachable or the connection dropped, a timeout, throttling or a 5xx reply. Not
+    found, access denied and anything else are permanent."""
+    names = _class_names(exc)
+    if names & _DENIED or names & _NOT_FOUND or isinstance(exc, (PermissionError, FileNotFoundError)):
+        return False
+    if names & (_TIMEOUT | _UNREACHABLE | _THROTTLED):
+        return True
+    return _errno(exc) in (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
+                           errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE)
+
+
+#: Attempts and the longest wait between them for :func:`with_storage_retries`: the
+#: waits grow 1, 2, 4, 8, 16, 16 ... s (with 20 % jitter), about 1.5 minutes in all.
+STORAGE_ATTEMPTS = 8
+STORAGE_MAX_BACKOFF_S = 16.0
+
+
+def with_storage_retries(fn: Callable[[], T], what: str, *, attempts: int = STORAGE_ATTEMPTS,
+                         max_backoff_s: float = STORAGE_MAX_BACKOFF_S) -> T:
+    """``fn()``, tried again with exponential backoff while it fails with a transient
+    storage error (:func:`is_transient`).
+
+    Parameters
+    ----------
+    fn : callable
+        The storage operation, without arguments.
+    what : str
+        What it does, for the log ("read s3://b/x.csv").
+    attempts : int
+        Calls in all (>= 1).
+    max_backoff_s : float
+        Longest wait between two calls, in seconds.
+
+    Raises
+    ------
+    Exception
+        Whatever ``fn`` raised: at once when it is not transient, else after the last
+        attempt.
+    """
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt + 1 >= attempts or not is_transient(exc):
+                raise
+            wait = min(2.0 ** attempt, max_backoff_s) * random.uniform(0.8, 1.2)
+            log.warning("%s failed (%s: %s); attempt %d of %d in %.1f s", what,
+                        type(exc).__name__, _short(exc, 200), attempt + 2, attempts, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")

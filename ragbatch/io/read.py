@@ -53,7 +53,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.config import InputSection
 from ragbatch.errors import InputError
-from ragbatch.io.fs import describe_storage_error, is_process_local, resolve
+from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 
 #: Data file extensions and the format each implies.
 FORMAT_BY_EXTENSION: dict[str, str] = {
@@ -457,14 +457,17 @@ def read_task(task: ReadTask, cfg: InputSection) -> pa.Table:
     Raises
     ------
     InputError
-        The file is missing or unreadable (message names the file and the likely cause),
+        The file is missing or unreadable (message names the file and the likely cause;
+        an unreachable endpoint, a timeout or throttling is first retried with backoff),
         is not valid Parquet, has a malformed CSV row, a bad JSON line (with its line
         number), or bytes that are invalid in ``input.encoding`` (with byte offset and
         line).
     """
     fs, _ = resolve(cfg.uri, cfg.storage_options)
     reader = _READERS[task.format]
-    table = reader(fs, task, cfg)
+    # The file was listed while planning, so an unreachable or throttling store now is
+    # transient: wait and read again (see ragbatch.io.fs.with_storage_retries).
+    table = with_storage_retries(lambda: reader(fs, task, cfg), f"read {task.path}")
     return _add_partitions(table, task.partition)
 
 

@@ -16,7 +16,7 @@ result, and a crashed run leaves only its staging prefix, whose name starts with
 Resume: a run started again with the same run id finds its staging prefix and reuses
 what earlier attempts wrote. Every complete Parquet file of an earlier attempt is read
 (a file cut short by the crash has no footer and is deleted); a row counts as done when
-its cells for every metric of the run are in those files, and files holding cells of a
+its cells for every metric of the run are in those files and none has status ``error``, and files holding cells of a
 row that is not done are set aside, until no such file is left. The done rows are not
 scored again; the accepted files are recorded in ``state.json`` so that a file an
 orphaned worker of an earlier attempt finishes writing later is never published.
@@ -36,8 +36,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ragbatch.errors import OutputError
-from ragbatch.io.fs import describe_storage_error
+from ragbatch.io.fs import describe_storage_error, with_storage_retries
 from ragbatch.io.write import OutputLayout
+from ragbatch.status import ERROR
 
 log = logging.getLogger("ragbatch")
 
@@ -74,12 +75,13 @@ class Resume:
 
 def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
     """sha256 of what decides a run's output: the config and the input fingerprint. A
-    resume must match it. Left out: the run id and date, the storage options (rotated
-    credentials must not block a resume) and the judgment cache settings (they change
-    cost, not scores)."""
+    resume must match it. Left out: the run id and date, the error budget (raising it is
+    how a stopped run is let through), the storage options (rotated credentials must not
+    block a resume) and the judgment cache settings (they change cost, not scores)."""
     config = json.loads(json.dumps(config, default=str))
     config.get("run", {}).pop("run_id", None)
     config.get("run", {}).pop("run_date", None)
+    config.get("run", {}).pop("error_budget", None)
     config.pop("cache", None)
     for section in ("input", "output"):
         config.get(section, {}).pop("storage_options", None)
@@ -188,15 +190,17 @@ class Staging:
         for path in files:
             try:
                 with self.fs.open(path, "rb") as fh:
-                    table = pq.read_table(fh, columns=["row_id", "metric"])
+                    table = pq.read_table(fh, columns=["row_id", "metric", "status"])
             except Exception as exc:  # noqa: BLE001 - a file cut short by the crash
                 log.info("resume: %s is incomplete (%s); its rows are scored again", path, exc)
                 broken.append(path)
                 continue
             per_row: dict[str, set[str]] = {}
-            for row_id, metric in zip(table.column("row_id").to_pylist(),
-                                      table.column("metric").to_pylist()):
-                per_row.setdefault(row_id, set()).add(metric)
+            for row_id, metric, status in zip(table.column("row_id").to_pylist(),
+                                              table.column("metric").to_pylist(),
+                                              table.column("status").to_pylist()):
+                # A cell with status error is not done: a resume scores its row again.
+                per_row.setdefault(row_id, set()).update(() if status == ERROR else (metric,))
             cells[path] = per_row
         wanted = set(metric_ids)
         accepted = set(cells)
@@ -231,13 +235,16 @@ class Staging:
 
     def publish(self, files: list[str], summary: Any, manifest: dict[str, Any]) -> None:
         """Move ``files`` into the run's scores partition, write the summary, write the
-        manifest (the commit), and remove the staging prefix."""
+        manifest (the commit), and remove the staging prefix. Each storage call is
+        retried with backoff while the store is unreachable or throttling."""
         target = self.layout.scores_path
-        self.fs.makedirs(target, exist_ok=True)
+        retry = with_storage_retries
+        retry(lambda: self.fs.makedirs(target, exist_ok=True), f"create {target}")
         for i, path in enumerate(files):
-            self.fs.mv(path, f"{target}/part-{i:05d}.parquet")
-        self.layout.write_table(self.layout.summary_path, summary)
-        self.layout.write_json(self.layout.manifest_path, manifest)
+            dest = f"{target}/part-{i:05d}.parquet"
+            retry(lambda: self.fs.mv(path, dest), f"move {path}")
+        retry(lambda: self.layout.write_table(self.layout.summary_path, summary), "write the summary")
+        retry(lambda: self.layout.write_json(self.layout.manifest_path, manifest), "write the manifest")
         try:
             self.fs.rm(self.root, recursive=True)
         except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless

@@ -1,0 +1,130 @@
+"""BatchGuard and RunLedger: a failing batch is retried, then its rows marked error;
+a batch whose actors keep dying is not scored again; the error budget stops the run.
+
+The guard runs here in the test process against a real ledger actor on local Ray. The
+scoring functions that raise stand in for a stage whose engine throws (a fault that
+cannot be caused on demand with a real model); the killed-actor case is caused for real
+in tests/test_worker_faults.py.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from ragbatch.columns import CELL_TYPE, JUDGE_TYPE
+from ragbatch.errors import EngineError, RunError
+from udfs.guard import BATCH_ATTEMPTS, MAX_LOST_STARTS, BatchGuard, batch_key
+from udfs.ledger import RunLedger
+
+COLUMNS = [("cell::m", CELL_TYPE), ("judge::m", JUDGE_TYPE)]
+
+
+def _batch(ids):
+    return pa.table({"row_id": ids, "answer": [f"a{i}" for i in range(len(ids))]})
+
+
+def _scored(batch):
+    cells = [{"score": 1.0, "status": "ok", "reason": None, "details": None, "model": "x"}] * batch.num_rows
+    return (batch.append_column("cell::m", pa.array(cells, CELL_TYPE))
+            .append_column("judge::m", pa.nulls(batch.num_rows, JUDGE_TYPE)))
+
+
+class FlakyScorer:
+    """Raises on its first ``failures`` calls (an engine error stand-in), then scores."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError(f"engine hiccup {self.calls}")
+        return _scored(batch)
+
+
+@pytest.fixture
+def ledger(ray_local):
+    handle = ray_local.remote(num_cpus=0)(RunLedger).remote(1, 0.5)
+    ray_local.get(handle.record.remote(0, 10))  # the input has 10 rows
+    yield handle
+    ray_local.kill(handle)
+
+
+def test_batch_key_depends_on_the_row_ids_only():
+    a = _batch(["r1", "r2", "中文", "👍"])
+    assert batch_key(a) == batch_key(a.append_column("x", pa.array([1, 2, 3, 4])))
+    assert batch_key(a) != batch_key(_batch(["r1", "r2", "中文"]))
+    assert batch_key(_batch(["ab", "c"])) != batch_key(_batch(["a", "bc"]))
+
+
+def test_a_batch_that_fails_once_is_retried_in_the_actor(ray_local, ledger):
+    scorer = FlakyScorer(1)
+    out = BatchGuard("engine e", COLUMNS, ledger).run(_batch(["r1", "r2"]), scorer)
+    assert scorer.calls == 2
+    assert [c["status"] for c in out.column("cell::m").to_pylist()] == ["ok", "ok"]
+    faults = ray_local.get(ledger.faults.remote())["engine e"]
+    assert faults == {"batches": 1, "batch_starts": 1, "batch_retries": 1, "actors_lost": 0,
+                      "failed_batches": 0, "failed_rows": 0}
+
+
+def test_a_batch_that_keeps_failing_gets_error_cells_and_the_run_goes_on(ray_local, ledger):
+    batch = _batch(["r1", "r2", "r3"])
+    scorer = FlakyScorer(99)
+    out = BatchGuard("engine e", COLUMNS, ledger).run(batch, scorer)
+    assert scorer.calls == BATCH_ATTEMPTS == 2
+    assert out.column_names == ["row_id", "answer", "cell::m", "judge::m"]
+    assert out.select(["row_id", "answer"]) == batch
+    reason = "engine e: batch failed 2 times: RuntimeError: engine hiccup 2"
+    assert out.column("cell::m").to_pylist() == [
+        {"score": None, "status": "error", "reason": reason, "details": None, "model": None}] * 3
+    assert out.column("judge::m").null_count == 3
+    faults = ray_local.get(ledger.faults.remote())["engine e"]
+    assert (faults["failed_batches"], faults["failed_rows"], faults["batch_retries"]) == (1, 3, 1)
+
+
+def test_a_batch_whose_actors_died_twice_is_not_scored_again(ray_local, ledger):
+    batch = _batch(["r1", "r2"])
+    key = batch_key(batch)
+    for dead_actor in ("actor-a", "actor-b"):  # started, never finished: the actor died
+        ray_local.get(ledger.batch_started.remote("engine e", key, dead_actor))
+    scorer = FlakyScorer(0)
+    out = BatchGuard("engine e", COLUMNS, ledger).run(batch, scorer)
+    assert scorer.calls == 0 and MAX_LOST_STARTS == 2
+    assert {c["reason"] for c in out.column("cell::m").to_pylist()} == {
+        "engine e: the worker died 2 times while scoring this batch of 2 rows; "
+        "its rows are not scored again"}
+    faults = ray_local.get(ledger.faults.remote())["engine e"]
+    assert (faults["batch_starts"], faults["actors_lost"], faults["failed_rows"]) == (3, 2, 2)
+
+
+def test_failed_rows_past_the_error_budget_stop_the_run(ray_local, ledger):
+    guard = BatchGuard("engine e", COLUMNS, ledger)  # budget 0.5 of 10 rows: 5 may fail
+    guard.run(_batch(["r1", "r2", "r3", "r4", "r5"]), FlakyScorer(99))
+    with pytest.raises(RunError, match=r"6 of 10 rows \(60.0%\) are marked error by failed "
+                                       r"batches, over run.error_budget = 0.5; first reason: "
+                                       r"engine e: batch failed 2 times"):
+        guard.run(_batch(["r6"]), FlakyScorer(99))
+
+
+def test_budget_waits_until_every_read_task_has_reported(ray_local):
+    ledger = ray_local.remote(num_cpus=0)(RunLedger).remote(2, 0.0)
+    ray_local.get(ledger.record.remote(0, 3))  # task 1 not read yet: the total is unknown
+    out = BatchGuard("engine e", COLUMNS, ledger).run(_batch(["r1"]), FlakyScorer(99))
+    assert out.column("cell::m")[0]["status"].as_py() == "error"
+    ray_local.get(ledger.record.remote(1, 4))
+    assert ray_local.get(ledger.over_budget.remote()).startswith("1 of 7 rows (14.3%)")
+    ray_local.kill(ledger)
+
+
+def test_config_and_engine_errors_are_not_batch_faults(ray_local, ledger):
+    def broken(batch):
+        raise EngineError("engines.e: model not found")
+
+    with pytest.raises(EngineError, match="model not found"):
+        BatchGuard("engine e", COLUMNS, ledger).run(_batch(["r1"]), broken)
+
+
+def test_without_a_ledger_the_guard_still_isolates(ray_local):
+    out = BatchGuard("engine e", COLUMNS).run(_batch(["r1"]), FlakyScorer(99))
+    assert out.column("cell::m")[0]["status"].as_py() == "error"

@@ -1,0 +1,161 @@
+"""Per-batch fault isolation for the actor stages (model, PII and judge stages).
+
+:class:`BatchGuard` wraps a stage's scoring of one batch:
+
+* A batch whose scoring raises is tried again in the same actor, :data:`BATCH_ATTEMPTS`
+  times in all; if every attempt raises, its rows get status ``error`` with the
+  exception as the reason, and the run goes on.
+* An actor that dies holding a batch (its process killed, out of memory, a crashed
+  engine) is replaced by Ray Data, which runs the batch again on the new actor. A batch
+  whose earlier starts ended with a dead actor :data:`MAX_LOST_STARTS` times is not
+  scored again: its rows get status ``error`` ("the worker died ... times while scoring
+  this batch"), so one poisonous batch cannot use up Ray's task retries and fail the run.
+* An exception that says the actor's engine is dead (vLLM's ``EngineDeadError``) ends the
+  actor process, so that Ray Data replaces it as above instead of every later batch
+  failing on the dead engine.
+* Every start and finish is reported to the run's :class:`udfs.ledger.RunLedger`, which
+  counts retries and lost actors for the manifest and stops the run (raising
+  :class:`ragbatch.errors.RunError`) once the rows marked ``error`` exceed
+  ``run.error_budget``.
+
+Configuration and engine-loading errors (:class:`ragbatch.errors.RagbatchError`) are not
+batch faults: they propagate and stop the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from ragbatch.columns import CELL_TYPE
+from ragbatch.errors import RagbatchError, RunError
+from ragbatch.status import ERROR
+
+log = logging.getLogger(__name__)
+
+#: Attempts at one batch inside one actor before its rows are marked ``error``.
+BATCH_ATTEMPTS = 2
+#: Earlier starts of a batch that ended with a dead actor, after which its rows are
+#: marked ``error`` instead of scoring it again. Below Ray's ``max_task_retries``
+#: (:data:`udfs.similarity.ACTOR_TASK_RETRIES`), so the run survives such a batch.
+MAX_LOST_STARTS = 2
+#: Exception class names that mean the engine inside the actor cannot recover.
+ENGINE_DEAD = ("EngineDeadError",)
+
+
+def batch_key(batch: pa.Table) -> str:
+    """sha1 of the batch's row ids: the same rows give the same key on every retry."""
+    digest = hashlib.sha1()
+    for value in batch.column("row_id").to_pylist():
+        digest.update(str(value).encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()
+
+
+def error_columns(batch: pa.Table, columns: list[tuple[str, pa.DataType]], reason: str) -> pa.Table:
+    """``batch`` with ``columns`` appended: cells (:data:`CELL_TYPE`) with status
+    ``error`` and ``reason`` in every row; columns of any other type all null."""
+    n = batch.num_rows
+    out = batch
+    for name, type_ in columns:
+        if type_ == CELL_TYPE:
+            cell = {"score": None, "status": ERROR, "reason": reason, "details": None, "model": None}
+            array = pa.array([cell] * n, type=CELL_TYPE)
+        else:
+            array = pa.nulls(n, type=type_)
+        out = out.append_column(name, array)
+    return out
+
+
+class BatchGuard:
+    """Runs one actor stage's batches with fault isolation (see the module docstring).
+
+    Parameters
+    ----------
+    stage : str
+        Name of the stage in reports and reasons, e.g. ``"model stage minilm"``.
+    columns : list of (str, pyarrow.DataType)
+        The columns the stage appends; a failed batch gets them filled by
+        :func:`error_columns`.
+    ledger : ray actor handle or None
+        The run's :class:`udfs.ledger.RunLedger`; None (a stage used outside a run)
+        skips reporting, lost-start counting and the budget.
+    """
+
+    def __init__(self, stage: str, columns: list[tuple[str, pa.DataType]], ledger: Any = None) -> None:
+        self.stage = stage
+        self.columns = columns
+        self.ledger = ledger
+        self.actor = uuid.uuid4().hex
+
+    def run(self, batch: pa.Table, score: Callable[[pa.Table], pa.Table]) -> pa.Table:
+        """``score(batch)``, or ``batch`` with its rows marked ``error`` when the batch
+        keeps failing.
+
+        Raises
+        ------
+        RagbatchError
+            Raised by ``score`` (a config or engine problem): not a batch fault.
+        RunError
+            The rows marked ``error`` in this run now exceed ``run.error_budget``.
+        """
+        key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
+        lost = self._call("batch_started", key, self.actor) or 0
+        if lost >= MAX_LOST_STARTS:
+            reason = (f"{self.stage}: the worker died {lost} times while scoring this batch "
+                      f"of {batch.num_rows} rows; its rows are not scored again")
+            return self._fail(batch, key, 0, reason)
+        last: Exception | None = None
+        for attempt in range(BATCH_ATTEMPTS):
+            try:
+                out = score(batch)
+            except RagbatchError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - isolated to this batch
+                last = exc
+                log.warning("%s: batch of %d rows failed (attempt %d of %d): %s: %s", self.stage,
+                            batch.num_rows, attempt + 1, BATCH_ATTEMPTS, type(exc).__name__, exc)
+                if _engine_dead(exc):
+                    log.error("%s: the engine is dead; ending this actor so that it is replaced",
+                              self.stage)
+                    os._exit(1)
+                continue
+            self._finish(key, attempt, 0, None)
+            return out
+        reason = (f"{self.stage}: batch failed {BATCH_ATTEMPTS} times: "
+                  f"{type(last).__name__}: {str(last)[:500]}")
+        return self._fail(batch, key, BATCH_ATTEMPTS - 1, reason)
+
+    def _fail(self, batch: pa.Table, key: str, retries: int, reason: str) -> pa.Table:
+        out = error_columns(batch, self.columns, reason)
+        self._finish(key, retries, batch.num_rows, reason)
+        return out
+
+    def _finish(self, key: str, retries: int, failed_rows: int, reason: str | None) -> None:
+        stop = self._call("batch_finished", key, self.actor, retries, failed_rows, reason)
+        if stop:
+            raise RunError(f"the run stopped: {stop}. Fix the cause, or raise run.error_budget "
+                           "to let the run commit with these rows marked error")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self.ledger is None:
+            return None
+        import ray
+
+        return ray.get(getattr(self.ledger, method).remote(self.stage, *args))
+
+
+def _engine_dead(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if any(type(current).__name__ == n or n in (c.__name__ for c in type(current).__mro__)
+               for n in ENGINE_DEAD):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
