@@ -14,7 +14,7 @@ from ragbatch.metrics.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
 from ragbatch.registry import all_metrics
 from test_semantic_similarity import write_tiny_bert
-from udfs.similarity import ModelStage, stage_options
+from udfs.similarity import ACTOR_TASK_RETRIES, ModelStage, stage_options
 
 CAT = "The cat sat on the mat."
 
