@@ -61,7 +61,8 @@ def score_distribution(scores: Sequence[float], *, title: str, boolean: bool,
             ax.set_yticks([])
         elif boolean:
             counts = [int((x == 0).sum()), int((x == 1).sum())]
-            bars = ax.bar(["0", "1"], counts, color=["#d0605e", "#4c9f70"], width=0.6)
+            bars = ax.bar([0, 1], counts, color=["#d0605e", "#4c9f70"], width=0.6)
+            ax.set_xticks([0, 1], ["0", "1"])
             ax.bar_label(bars, labels=[str(c) for c in counts], padding=2)
             ax.margins(y=0.15)
             ax.set_ylabel("cells")
@@ -128,7 +129,7 @@ def interval_dots(labels: Sequence[str], estimates: Sequence[float | None],
     lo = np.array([np.nan if v is None else v for v in lows], dtype=float)
     hi = np.array([np.nan if v is None else v for v in highs], dtype=float)
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(6, 0.3 * max(n, 2) + 0.9))
+        fig = Figure(figsize=(6, 0.3 * max(n, 2) + 0.9), layout="constrained")
         ax = fig.add_subplot()
         y = np.arange(n)
         ok = ~np.isnan(est)
@@ -150,7 +151,7 @@ def _clip(text: str, limit: int) -> str:
 
 def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | None]],
                 lows: dict[str, Sequence[float | None]], highs: dict[str, Sequence[float | None]],
-                *, title: str) -> str:
+                *, title: str, ranges: dict[str, tuple[float, float] | None] | None = None) -> str:
     """Small multiples: one panel per metric, one dot with its interval per slice value.
 
     Parameters
@@ -160,6 +161,8 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
     estimates, lows, highs : dict
         Metric id -> one value per label (None: no ``ok`` cell; drawn without a dot).
     title : str
+    ranges : dict, optional
+        Metric id -> the metric's score range, used as the panel's x limits (padded by 5 %).
 
     Returns
     -------
@@ -172,7 +175,8 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
     nrows = -(-n // ncols)
     rows = len(labels)
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(3.3 * ncols + 1.2, nrows * (0.25 * max(rows, 2) + 0.9)))
+        fig = Figure(figsize=(3.3 * ncols + 1.2, nrows * (0.25 * max(rows, 2) + 1.1)),
+                     layout="constrained")
         axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
         y = np.arange(rows)
         for index, ax in enumerate(axes.flat):
@@ -188,6 +192,10 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
             ax.errorbar(est[ok], y[ok], xerr=err[:, ok], fmt="o", color="#4c72b0",
                         ecolor="#7f7f7f", capsize=3, markersize=4)
             ax.set_title(_clip(mid, 30))
+            span = (ranges or {}).get(mid)
+            if span is not None:
+                pad = 0.05 * (span[1] - span[0])
+                ax.set_xlim(span[0] - pad, span[1] + pad)
             ax.set_yticks(y, [_clip(label, 30) for label in labels])
             ax.set_ylim(rows - 0.5, -0.5)
         fig.suptitle(title)

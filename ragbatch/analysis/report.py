@@ -129,7 +129,8 @@ def _slice_label(row: dict[str, Any]) -> str:
     return "(null)" if row["slice_value"] is None else str(row["slice_value"])
 
 
-def _slice_sections(summary: pl.DataFrame, metric_ids: list[str]) -> list[dict[str, Any]]:
+def _slice_sections(summary: pl.DataFrame, metric_ids: list[str],
+                    facts: dict[str, MetricFacts]) -> list[dict[str, Any]]:
     sliced = summary.filter(pl.col("slice_column").is_not_null())
     sections = []
     for (column,), group in sliced.group_by(["slice_column"], maintain_order=True):
@@ -151,7 +152,8 @@ def _slice_sections(summary: pl.DataFrame, metric_ids: list[str]) -> list[dict[s
                 return {mid: [(by_metric[mid].get(lab) or {}).get(key) for lab in labels]
                         for mid in metric_ids}
             chart = _data_uri(plots.slice_panel(labels, column_of("mean"), column_of("mean_ci_low"),
-                                                column_of("mean_ci_high"), title=f"mean by {column}"))
+                                                column_of("mean_ci_high"), title=f"mean by {column}",
+                                                ranges={m: f.score_range for m, f in facts.items()}))
         pooled = sum(1 for lab in labels if lab == "(other values)")
         sections.append({"column": column, "n_values": len(labels), "pooled": pooled,
                          "chart": chart, "rows": rows, "metric_ids": metric_ids,
@@ -309,12 +311,10 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     if baseline is not None:
         comparison = comparison or compare_runs(baseline, run, top=top)
         section = _comparison_section(comparison, baseline, run, facts)
-    settings = (run.manifest.get("summary") or {})
-    confidence = float(settings.get("confidence") or 0.95)
+    confidence = float((run.manifest.get("summary") or {}).get("confidence") or 0.95)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(TEMPLATE).render(
         version=__version__, run=run, facts=_facts(run, baseline), notes=notes + worst_notes,
         confidence_label=f"{confidence:.0%}",
-        interval_methods=str(settings.get("mean_interval") or "percentile bootstrap of the mean"),
-        metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids),
+        metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP)

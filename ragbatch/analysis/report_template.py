@@ -26,7 +26,7 @@ figure.chart { margin: 0; } figure.chart img { max-width: 100%; height: auto; }
 .muted { color: #777; } .note { background: #fff8e0; border-left: 4px solid #e0a030; padding: .4rem .6rem; }
 .worse { color: #b00020; font-weight: 600; } .better { color: #1b7a3a; font-weight: 600; }
 .hidden-pii { color: #777; font-style: italic; }
-nav a { margin-right: 1rem; }
+nav a { margin-right: 1rem; } .wide { overflow-x: auto; }
 </style>
 </head>
 <body>
@@ -42,8 +42,10 @@ nav a { margin-right: 1rem; }
 {% endfor %}
 
 <h2 id="metrics">Metrics</h2>
-<p>Means are over <code>ok</code> cells, with {{ confidence_label }} intervals from the run summary
-({{ interval_methods }}). Pass rates (boolean metrics) come with Wilson score intervals.</p>
+<p>Means are over <code>ok</code> cells, with the {{ confidence_label }} intervals of the run summary
+(percentile bootstrap of the mean; <code>mean_ci_method</code> in <code>summary.parquet</code> says
+when a large group used the normal approximation). Pass rates (boolean metrics) come with Wilson
+score intervals.</p>
 <table id="metric-table">
 <tr><th>metric</th><th>name</th><th>better</th><th>cells</th><th>ok</th><th>mean</th><th>{{ confidence_label }} interval</th><th>pass rate [interval]</th><th>other statuses</th></tr>
 {% for m in metrics %}<tr>
@@ -63,10 +65,10 @@ nav a { margin-right: 1rem; }
 <h3>{{ s.column }} <span class="muted">({{ s.n_values }} values{% if s.pooled %}, {{ s.pooled }} pooled as "other values"{% endif %})</span></h3>
 {% if s.chart %}<figure class="chart"><img alt="means by {{ s.column }}" src="{{ s.chart }}"></figure>{% endif %}
 <details{% if s.open %} open{% endif %}><summary>table: mean [{{ confidence_label }} interval] (ok cells) per value</summary>
-<table class="slice-table">
+<div class="wide"><table class="slice-table">
 <tr><th>{{ s.column }}</th>{% for mid in s.metric_ids %}<th><code>{{ mid }}</code></th>{% endfor %}</tr>
 {% for row in s.rows %}<tr><td>{{ row.label }}</td>{% for cell in row.cells %}<td class="num">{{ cell }}</td>{% endfor %}</tr>
-{% endfor %}</table></details>
+{% endfor %}</table></div></details>
 {% endfor %}
 
 <h2 id="statuses">Statuses</h2>
