@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  summary:  {layout.uri(layout.summary_path)}")
     print(f"  manifest: {layout.uri(layout.manifest_path)}")
     print()
-    print(_summary_text(result.check.summary.to_pylist()))
+    print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
     judge = result.manifest.get("judge") or {}
     if judge.get("metrics"):
         t = judge["total"]
@@ -172,16 +172,26 @@ def _write_run_report(config: JobConfig, run_id: str) -> None:
               f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
 
 
-def _summary_text(rows: list[dict]) -> str:
+def _summary_text(rows: list[dict], confidence: float) -> str:
+    """The overall summary rows (``slice_column`` null) as a text table: cells, ok cells,
+    mean over ok cells with its confidence interval, and the non-zero other statuses."""
+    from ragbatch.status import OK, STATUSES
+
     width = max([28, *(len(r["metric"]) for r in rows)])
-    header = f"{'metric':<{width}} {'n':>7} {'ok':>7} {'mean':>7}  other statuses"
+    ci = f"{confidence:.0%} CI"
+    header = f"{'metric':<{width}} {'n':>7} {'ok':>7} {'mean':>7}  {ci:<16}  other statuses"
     lines = [header, "-" * len(header)]
     for r in rows:
-        other = ", ".join(
-            f"{k[2:]}={v}" for k, v in r.items() if k.startswith("n_") and k not in ("n_total", "n_ok") and v
-        )
-        mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
-        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  {other}")
+        if r["slice_column"] is not None:
+            continue
+        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES if s != OK and r[f"n_{s}"])
+        if r["mean"] is None:
+            mean, interval = "-", "-"
+        else:
+            mean = f"{r['mean']:.3f}"
+            interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
+        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
+                     f"{interval:<16}  {other}".rstrip())
     return "\n".join(lines)
 
 

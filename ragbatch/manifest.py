@@ -40,7 +40,8 @@ def redact(options: dict[str, Any]) -> dict[str, Any]:
 
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
                    timings: dict[str, float], ray_info: dict[str, Any],
-                   judge: dict[str, Any] | None = None, resume: Any = None) -> dict[str, Any]:
+                   judge: dict[str, Any] | None = None, resume: Any = None,
+                   summary: Any = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
     Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
@@ -52,7 +53,10 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
     prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
-    files reused from earlier attempts, files set aside).
+    files reused from earlier attempts, files set aside), and ``summary`` (the settings
+    of ``summary.parquet``'s intervals and slicing, and per slice column its number of
+    distinct values and how many were pooled:
+    :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -102,6 +106,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "files_reused": len(resume.accepted) if resume else 0,
             "files_set_aside": len(resume.set_aside) if resume else 0,
         },
+        "summary": summary.manifest_info() if summary is not None else {},
     }
 
 

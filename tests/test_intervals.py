@@ -236,3 +236,58 @@ def test_wilson_coverage_in_seeded_simulation():
         covered += low <= 0.3 <= high
     assert 0.93 <= covered / counts.size <= 0.97
     assert math.isclose(wilson_interval(15, 50)[0], 0.3)
+
+
+# ---------------------------------------------------------------- mean_ci (summaries)
+
+def test_mean_ci_is_bootstrap_mean_ci_for_small_samples():
+    continuous = np.sort(np.random.default_rng(21).random(1200))  # > MAX_DISTINCT distinct
+    few = np.sort(np.random.default_rng(22).integers(0, 3, size=200) / 2)  # n <= MAX_DISTINCT
+    for x in (continuous, few, np.array([0.5])):
+        assert intervals.mean_ci(x) == (*bootstrap_mean_ci(x), intervals.BOOTSTRAP)
+    assert intervals.mean_ci([]) == (None, None, None, None)
+
+
+def test_mean_ci_multinomial_path_matches_scipy_percentile():
+    # 3000 scores on the 0-5 grid scaled to [0, 1]: 6 distinct values, so the bootstrap is
+    # drawn as multinomial counts; scipy resamples rows. Same distribution, other draws:
+    # agree within 10 % of the width.
+    x = np.sort(np.random.default_rng(23).integers(0, 6, size=3000) / 5)
+    mean, low, high, method = intervals.mean_ci(x)
+    ref_low, ref_high = _scipy_percentile((x,), np.mean, seed=99)
+    assert method == intervals.BOOTSTRAP
+    assert mean == pytest.approx(float(x.mean()), rel=1e-12)
+    width = ref_high - ref_low
+    assert abs(low - ref_low) < 0.1 * width and abs(high - ref_high) < 0.1 * width
+
+
+def test_mean_ci_normal_path_hand_formula_and_scipy():
+    # 6000 skewed continuous values: above BOOTSTRAP_MAX_N with more than MAX_DISTINCT
+    # distinct values -> mean ± 1.959964 * std(ddof=0) / sqrt(n).
+    x = np.random.default_rng(24).exponential(2.0, size=6000)
+    mean, low, high, method = intervals.mean_ci(x)
+    half = 1.959963984540054 * np.std(x) / math.sqrt(6000)
+    assert method == intervals.NORMAL
+    assert (low, high) == (pytest.approx(x.mean() - half, rel=1e-12),
+                           pytest.approx(x.mean() + half, rel=1e-12))
+    ref_low, ref_high = _scipy_percentile((x,), np.mean, seed=5)
+    width = ref_high - ref_low
+    assert abs(low - ref_low) < 0.1 * width and abs(high - ref_high) < 0.1 * width
+
+
+@pytest.mark.parametrize("kind", ["multinomial", "normal"])
+def test_mean_ci_large_sample_paths_cover_at_nominal_rate(kind):
+    # 300 seeded samples per path; accept 91 %..98 % (binomial standard error 1.3 points).
+    rng = np.random.default_rng(31)
+    covered = 0
+    for trial in range(300):
+        if kind == "multinomial":
+            x, truth = (rng.random(600) < 0.3).astype(float), 0.3
+            _, low, high, method = intervals.mean_ci(x, seed=trial, n_resamples=500)
+            assert method == intervals.BOOTSTRAP
+        else:
+            x, truth = rng.exponential(1.0, size=6000), 1.0
+            _, low, high, method = intervals.mean_ci(x)
+            assert method == intervals.NORMAL
+        covered += low <= truth <= high
+    assert 0.91 <= covered / 300 <= 0.98

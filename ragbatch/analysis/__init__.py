@@ -2,7 +2,8 @@
 
 ``ragbatch.analysis.intervals`` holds the interval estimators (percentile bootstrap of a
 mean, paired bootstrap of a mean difference, Wilson score interval of a proportion). They
-depend on numpy and the standard library only.
+depend on numpy and the standard library only. ``ragbatch.analysis.summary`` computes a
+run's ``summary.parquet`` with them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from ragbatch.analysis.intervals import (
     N_RESAMPLES,
     SEED,
     bootstrap_mean_ci,
+    mean_ci,
     paired_bootstrap_diff_ci,
     wilson_interval,
 )
@@ -21,6 +23,7 @@ __all__ = [
     "N_RESAMPLES",
     "SEED",
     "bootstrap_mean_ci",
+    "mean_ci",
     "paired_bootstrap_diff_ci",
     "wilson_interval",
 ]

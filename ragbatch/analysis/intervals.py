@@ -21,6 +21,10 @@ Conventions shared by all three:
   ``(x, x, x)``: every resample has the same mean. Zero width then says that the data
   cannot show any spread, not that the estimate is certain.
 
+:func:`mean_ci` is the estimator run summaries use: the percentile bootstrap, computed
+exactly but cheaply for large samples of few distinct values, and replaced by its normal
+approximation only for large samples of many distinct values (see its docstring).
+
 Only numpy and the standard library are used, so the module runs wherever ragbatch does.
 """
 
@@ -43,6 +47,17 @@ N_RESAMPLES: int = 2000
 
 #: Default seed of the bootstrap's random generator (``numpy.random.default_rng(SEED)``).
 SEED: int = 20240611
+
+#: :func:`mean_ci` resamples the counts of distinct values (multinomial) for samples of
+#: more values than this with at most this many distinct values.
+MAX_DISTINCT: int = 256
+
+#: :func:`mean_ci` resamples indices for other samples of at most this many values, and
+#: uses the normal approximation of the bootstrap distribution above it.
+BOOTSTRAP_MAX_N: int = 5_000
+
+#: Names of the methods :func:`mean_ci` reports.
+BOOTSTRAP, NORMAL = "bootstrap", "normal"
 
 #: Upper bound on the number of resample indices held in memory at once (int64 indices
 #: plus the gathered float64 values: about 16 bytes each, so about 64 MiB). Resamples are
@@ -105,6 +120,84 @@ def bootstrap_mean_ci(
         return (None, None, None)
     means = _bootstrap_means(x, n_resamples, np.random.default_rng(seed))
     return _percentile_interval(float(x.mean()), means, confidence)
+
+
+def mean_ci(
+    values: Sequence[float] | np.ndarray,
+    *,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    max_resample_n: int = BOOTSTRAP_MAX_N,
+    max_distinct: int = MAX_DISTINCT,
+) -> tuple[float | None, float | None, float | None, str | None]:
+    """Mean with a percentile bootstrap interval whose cost stays bounded for large samples.
+
+    Three cases, by the sample size ``n`` and the number ``k`` of distinct values, tried
+    in this order:
+
+    - ``k <= max_distinct < n``: the percentile bootstrap of :func:`bootstrap_mean_ci`,
+      drawn as multinomial counts of the distinct values. A resample of ``n`` rows takes
+      the rows Multinomial(n, 1/n, ..., 1/n) times each, so the ``f_j`` rows holding
+      distinct value ``j`` are taken Multinomial(n, f/n) times in all: the bootstrap
+      distribution of the mean is the same (the draws differ), at
+      ``O(n_resamples * k)`` cost instead of ``O(n_resamples * n)``. Boolean scores and
+      scores on a small grid (0-5 ratings, fractions with small denominators) take this
+      path whatever their number.
+    - ``n <= max_resample_n``: exactly :func:`bootstrap_mean_ci` (the same draws).
+    - otherwise (more than ``max_resample_n`` values, more than ``max_distinct`` of them
+      distinct): the normal approximation of the bootstrap distribution,
+      ``mean ± z * s / sqrt(n)`` with ``s`` the standard deviation with divisor ``n``
+      (the exact standard deviation of the bootstrap distribution of the mean) and ``z``
+      the ``(1 + confidence) / 2`` normal quantile. By the Cornish-Fisher expansion of
+      the bootstrap distribution (Hall 1992, "The Bootstrap and Edgeworth Expansion",
+      ch. 3) the percentile interval's ends differ from these by about
+      ``s * g * (z² - 1) / (6 n)``, ``g`` the sample skewness: at ``n`` = 5,000 and
+      ``z`` = 1.96 that is 0.007 ``g`` standard errors, while the Monte Carlo error of a
+      2.5 % quantile of 2000 resamples is about 0.06 standard errors.
+
+    Cost: at most ``n_resamples * max(max_resample_n, max_distinct)`` random draws per
+    call (about 0.15 s with the defaults), plus sorting ``values`` once.
+
+    Parameters
+    ----------
+    values
+        One-dimensional sequence of finite numbers. The bootstrap draws depend on their
+        order; sort them first for a result that does not depend on row order.
+    confidence, n_resamples, seed
+        As in :func:`bootstrap_mean_ci`.
+    max_resample_n, max_distinct
+        The thresholds above (positive integers).
+
+    Returns
+    -------
+    tuple
+        ``(mean, low, high, method)`` with ``method`` :data:`BOOTSTRAP` or
+        :data:`NORMAL`; ``(None, None, None, None)`` for an empty sample.
+
+    Raises
+    ------
+    ValueError
+        As :func:`bootstrap_mean_ci`.
+    """
+    _check_confidence(confidence)
+    _check_n_resamples(n_resamples)
+    x = _finite_vector(values, "values")
+    n = x.size
+    if n == 0:
+        return (None, None, None, None)
+    mean = float(x.mean())
+    distinct, counts = np.unique(x, return_counts=True)
+    if distinct.size <= max_distinct < n:
+        rng = np.random.default_rng(seed)
+        draws = rng.multinomial(n, counts / n, size=n_resamples)
+        return (*_percentile_interval(mean, draws @ distinct / n, confidence), BOOTSTRAP)
+    if n <= max_resample_n:
+        means = _bootstrap_means(x, n_resamples, np.random.default_rng(seed))
+        return (*_percentile_interval(mean, means, confidence), BOOTSTRAP)
+    z = NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    half = z * float(x.std()) / math.sqrt(n)
+    return (mean, mean - half, mean + half, NORMAL)
 
 
 def paired_bootstrap_diff_ci(
