@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,25 @@ _REPLACEMENTS = (
 def altered_answer(index: int) -> str:
     """The answer night 3 gives for data row ``index`` (one of :data:`ALTERED`)."""
     return _REPLACEMENTS[ALTERED.index(index) % len(_REPLACEMENTS)]
+
+
+_REFUSAL = re.compile(r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)")
+
+
+def expected_answer_cells(answer: str | None) -> dict[str, tuple[str, float | None]]:
+    """(status, score) of the answer metrics of jobs/ares.yaml for ``answer``, recomputed
+    in plain Python (``re`` and ``str``); an empty TSV cell is read as null."""
+    if not answer:
+        return {m: ("missing_input", None) for m in
+                ("response_length", "mentions_databricks", "cites_a_url", "mentions_spark")} | {
+            "not_a_refusal": ("not_applicable", None)}
+    return {
+        "response_length": ("ok", float(1 <= len(answer) <= 4000)),
+        "mentions_databricks": ("ok", float(bool(re.search(r"(?i)databricks", answer)))),
+        "cites_a_url": ("ok", float(bool(re.search(r"https?://\S+", answer)))),
+        "mentions_spark": ("ok", float("spark" in answer.lower())),
+        "not_a_refusal": ("ok", float(not _REFUSAL.search(answer))),
+    }
 
 
 def read_ares() -> tuple[list[str], list[list[str]]]:

@@ -24,6 +24,7 @@ from nightly_runs import (
     NIGHTS,
     RESHUFFLED_NAME,
     altered_answer,
+    expected_answer_cells,
     read_ares,
     row_id,
     run_cli,
@@ -176,36 +177,17 @@ def test_no_common_metric_and_bad_arguments():
 
 # ------------------------------------------------------------- real runs of jobs/ares.yaml
 
-_REFUSAL = re.compile(r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)")
-
-
-def _expected_cells(answer: str | None) -> dict[str, tuple[str, float | None]]:
-    """The answer metrics of jobs/ares.yaml recomputed in plain Python (an empty TSV
-    cell is read as null)."""
-    if not answer:
-        return {m: ("missing_input", None) for m in
-                ("response_length", "mentions_databricks", "cites_a_url", "mentions_spark")} | {
-            "not_a_refusal": ("not_applicable", None)}
-    return {
-        "response_length": ("ok", float(1 <= len(answer) <= 4000)),
-        "mentions_databricks": ("ok", float(bool(re.search(r"(?i)databricks", answer)))),
-        "cites_a_url": ("ok", float(bool(re.search(r"https?://\S+", answer)))),
-        "mentions_spark": ("ok", float("spark" in answer.lower())),
-        "not_a_refusal": ("ok", float(not _REFUSAL.search(answer))),
-    }
-
-
 @pytest.fixture(scope="module")
 def expected_changes():
     """Per metric: the paired differences over rows ok in both nights, the moved rows and
     the status changes, from the raw TSV and the replacement answers."""
     header, rows = read_ares()
     answer = header.index("Answer")
-    out = {m: {"diffs": [], "moved": set(), "status": {}} for m in _expected_cells("x")}
+    out = {m: {"diffs": [], "moved": set(), "status": {}} for m in expected_answer_cells("x")}
     out["context_length"] = {"diffs": None, "moved": set(), "status": {}}
     for i, row in enumerate(rows):
-        before = _expected_cells(row[answer])
-        after = _expected_cells(altered_answer(i) if i in ALTERED else row[answer])
+        before = expected_answer_cells(row[answer])
+        after = expected_answer_cells(altered_answer(i) if i in ALTERED else row[answer])
         for metric, (status, score) in before.items():
             new_status, new_score = after[metric]
             if status == new_status == "ok":

@@ -25,9 +25,11 @@ STATUS_COLOURS = dict(zip(STATUSES, ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e",
                                      "#665191", "#2f4b7c", "#8c2d04")))
 
 
-def _svg(fig: Figure) -> str:
+def _svg(fig: Figure, tight: bool = True) -> str:
+    """The figure as SVG text; ``tight`` crops to the drawn area (costs a second draw)."""
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    fig.savefig(buffer, format="svg", bbox_inches="tight" if tight else None,
+                metadata={"Date": None})
     return buffer.getvalue()
 
 
@@ -174,9 +176,15 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
     ncols = min(3, n)
     nrows = -(-n // ncols)
     rows = len(labels)
+    shown = [_clip(label, 30) for label in labels]
+    # Margins in inches, laid out by hand: one draw instead of a layout engine's several.
+    left_in = 0.3 + 0.065 * max([len(t) for t in shown] + [4])
+    panel_h = 0.25 * max(rows, 2) + 0.2
+    width, height = left_in + 3.0 * ncols + 0.3 * (ncols - 1) + 0.2, nrows * (panel_h + 0.75) + 0.4
     with matplotlib.rc_context(_RC):
-        fig = Figure(figsize=(3.3 * ncols + 1.2, nrows * (0.25 * max(rows, 2) + 1.1)),
-                     layout="constrained")
+        fig = Figure(figsize=(width, height))
+        fig.subplots_adjust(left=left_in / width, right=1 - 0.2 / width, top=1 - 0.75 / height,
+                            bottom=0.45 / height, wspace=0.3 / 3.0, hspace=0.75 / panel_h)
         axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
         y = np.arange(rows)
         for index, ax in enumerate(axes.flat):
@@ -196,7 +204,7 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
             if span is not None:
                 pad = 0.05 * (span[1] - span[0])
                 ax.set_xlim(span[0] - pad, span[1] + pad)
-            ax.set_yticks(y, [_clip(label, 30) for label in labels])
+            ax.set_yticks(y, shown)
             ax.set_ylim(rows - 0.5, -0.5)
         fig.suptitle(title)
-        return _svg(fig)
+        return _svg(fig, tight=False)

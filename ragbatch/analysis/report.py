@@ -129,8 +129,10 @@ def _slice_label(row: dict[str, Any]) -> str:
     return "(null)" if row["slice_value"] is None else str(row["slice_value"])
 
 
-def _slice_sections(summary: pl.DataFrame, metric_ids: list[str],
-                    facts: dict[str, MetricFacts]) -> list[dict[str, Any]]:
+def _slice_sections(summary: pl.DataFrame, metric_ids: list[str], facts: dict[str, MetricFacts],
+                    counts: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Per slice column: chart (few values), table, and how many values it has; ``counts``
+    is the manifest's ``summary.slice_columns`` (column -> values, pooled_values)."""
     sliced = summary.filter(pl.col("slice_column").is_not_null())
     sections = []
     for (column,), group in sliced.group_by(["slice_column"], maintain_order=True):
@@ -154,8 +156,10 @@ def _slice_sections(summary: pl.DataFrame, metric_ids: list[str],
             chart = _data_uri(plots.slice_panel(labels, column_of("mean"), column_of("mean_ci_low"),
                                                 column_of("mean_ci_high"), title=f"mean by {column}",
                                                 ranges={m: f.score_range for m, f in facts.items()}))
-        pooled = sum(1 for lab in labels if lab == "(other values)")
-        sections.append({"column": column, "n_values": len(labels), "pooled": pooled,
+        known = counts.get(column) or {}
+        n_values = int(known.get("values", len([lab for lab in labels if lab != "(other values)"])))
+        pooled = int(known.get("pooled_values", 0))
+        sections.append({"column": column, "n_values": n_values, "pooled": pooled,
                          "chart": chart, "rows": rows, "metric_ids": metric_ids,
                          "open": len(labels) <= MAX_CHART_VALUES})
     return sections
@@ -316,5 +320,6 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     return env.from_string(TEMPLATE).render(
         version=__version__, run=run, facts=_facts(run, baseline), notes=notes + worst_notes,
         confidence_label=f"{confidence:.0%}",
-        metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts),
+        metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
+                               (run.manifest.get("summary") or {}).get("slice_columns") or {}),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP)

@@ -62,7 +62,7 @@ score intervals.</p>
 <h2 id="slices">Slices</h2>
 {% if not slices %}<p class="muted">The run summary has no per-slice rows (the run has no slice columns, or its summary predates them).</p>{% endif %}
 {% for s in slices %}
-<h3>{{ s.column }} <span class="muted">({{ s.n_values }} values{% if s.pooled %}, {{ s.pooled }} pooled as "other values"{% endif %})</span></h3>
+<h3>{{ s.column }} <span class="muted">({{ s.n_values }} values{% if s.pooled %}; {{ s.pooled }} of them pooled as "other values"{% endif %})</span></h3>
 {% if s.chart %}<figure class="chart"><img alt="means by {{ s.column }}" src="{{ s.chart }}"></figure>{% endif %}
 <details{% if s.open %} open{% endif %}><summary>table: mean [{{ confidence_label }} interval] (ok cells) per value</summary>
 <div class="wide"><table class="slice-table">
