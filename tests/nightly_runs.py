@@ -3,15 +3,18 @@
 Built once per test session with the real command line (``ragbatch run ... --report``)
 on local Ray, deterministic metrics only (jobs/ares.yaml, 200 rows):
 
-- ``nightly`` root, three nights:
-  - 2026-11-26 and 2026-11-27: the shipped TSV unchanged (identical scores);
-  - 2026-11-28: a copy of the TSV under the same file name (so row ids are equal) whose
-    answers were replaced on the rows in :data:`ALTERED` by :func:`altered_answer`.
-- ``reshuffled`` root, one run (2026-11-28): the shipped rows under another file name (so
-  no row id matches), in a shuffled order, without the rows in :data:`DROPPED`, plus
-  :data:`N_NEW` rows whose question was changed (no content match).
+- 2026-11-26 (:data:`ORIGINAL`): the shipped TSV;
+- 2026-11-27 (:data:`REEXPORTED`): the shipped rows exported again under another file
+  name (so no row id matches the other nights), in a shuffled order, without the rows in
+  :data:`DROPPED`, plus :data:`N_NEW` copies of rows whose question was changed (no content
+  match); the answers are unchanged;
+- 2026-11-28 (:data:`ALTERED_NIGHT`): a copy of the TSV under the shipped file name (so
+  row ids equal the first night's) whose answers were replaced on the rows in
+  :data:`ALTERED` by :func:`altered_answer`.
 
-The notebooks, the compare and the report tests read these roots.
+All three are under one output root, each run with ``--report`` (so the second and third
+nights compare themselves with the night before). The notebooks, the compare and the
+report tests read them.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ARES_TSV = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
 NIGHTS = ("2026-11-26", "2026-11-27", "2026-11-28")
+ORIGINAL, REEXPORTED, ALTERED_NIGHT = NIGHTS
 
 #: Row indices (0-based, data rows) whose answer night 3 replaces.
 ALTERED = tuple(range(0, 200, 8))
-#: Row indices left out of the reshuffled input, and how many new rows it adds.
+#: Row indices left out of the re-exported input, and how many new rows it adds.
 DROPPED = (5, 17, 42, 99, 100, 101, 150, 151, 198, 199)
 N_NEW = 3
-RESHUFFLED_NAME = "ares_reexported.tsv"
+#: The shipped rows the new rows copy (with a changed question).
+NEW_SOURCES = (10, 11, 12)
+REEXPORTED_NAME = "ares_reexported.tsv"
 
 _REPLACEMENTS = (
     "I'm sorry, I don't know. 我不知道 🤷",
@@ -91,12 +97,9 @@ def row_id(index: int, name: str = ARES_TSV.name) -> str:
 
 @dataclass
 class AresNights:
-    nightly: Path                   # output root with three nights
+    nightly: Path                   # the output root
     run_ids: dict[str, str]         # night -> run id
-    reshuffled: Path                # output root with the reshuffled run
-    reshuffled_run_id: str
-    reshuffled_order: list[int]     # reshuffled data row i came from shipped row order[i] (-1: new)
-    altered_input: Path
+    reexported_order: list[int]     # re-exported data row i is shipped row order[i] (-1: new)
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -135,20 +138,17 @@ def ares_nights(ray_local, tmp_path_factory) -> AresNights:
     random.Random(6).shuffle(order)
     reshuffled = [list(rows[i]) for i in order]
     for k in range(N_NEW):
-        new = list(rows[k + 10])
+        new = list(rows[NEW_SOURCES[k]])
         new[question] = f"new question {k}: {new[question]}"
         reshuffled.insert(7 * k + 3, new)
         order.insert(7 * k + 3, -1)
-    reshuffled_input = write_tsv(base / "reshuffled_in" / RESHUFFLED_NAME, header, reshuffled)
+    reexported_input = write_tsv(base / "reexported" / REEXPORTED_NAME, header, reshuffled)
 
     nightly = base / "nightly"
     config = str(REPO / "jobs" / "ares.yaml")
-    inputs = {NIGHTS[0]: ARES_TSV, NIGHTS[1]: ARES_TSV, NIGHTS[2]: altered_input}
+    inputs = {ORIGINAL: ARES_TSV, REEXPORTED: reexported_input, ALTERED_NIGHT: altered_input}
     run_ids = {}
     for night in NIGHTS:
         run_ids[night] = _run(["run", config, "--input", str(inputs[night]), "--output", str(nightly),
                                "--run-date", night, "--report"])
-    reshuffled_root = base / "reshuffled"
-    reshuffled_id = _run(["run", config, "--input", str(reshuffled_input),
-                          "--output", str(reshuffled_root), "--run-date", NIGHTS[2]])
-    return AresNights(nightly, run_ids, reshuffled_root, reshuffled_id, order, altered_input)
+    return AresNights(nightly, run_ids, order)

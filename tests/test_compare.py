@@ -19,10 +19,13 @@ from scipy import stats
 
 from nightly_runs import (
     ALTERED,
+    ALTERED_NIGHT,
     DROPPED,
     N_NEW,
     NIGHTS,
-    RESHUFFLED_NAME,
+    ORIGINAL,
+    REEXPORTED,
+    REEXPORTED_NAME,
     altered_answer,
     expected_answer_cells,
     read_ares,
@@ -201,25 +204,54 @@ def expected_changes():
 
 
 @pytest.mark.slow
-def test_identical_nights_show_no_change_and_pass_the_gate(ares_nights, tmp_path):
+def test_reexported_night_pairs_by_content_and_lists_leftovers(ares_nights, tmp_path):
     ids = ares_nights.run_ids
-    out_json = tmp_path / "same.json"
-    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), ids[NIGHTS[0]],
-                              ids[NIGHTS[1]], "--fail-on-regression", "0", "--json", str(out_json)])
+    out_json = tmp_path / "reexported.json"
+    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL],
+                              ids[REEXPORTED], "--fail-on-regression", "0", "--json", str(out_json)])
     assert code == 0, err
     result = json.loads(out_json.read_text(encoding="utf-8"))
-    assert (result["pairing"]["row_id"], result["pairing"]["content"]) == (200, 0)
+    pairing = result["pairing"]
+    assert (pairing["row_id"], pairing["content"]) == (0, 200 - len(DROPPED))
+    assert pairing["only_baseline_row_ids"] == sorted(row_id(i) for i in DROPPED)
+    order = ares_nights.reexported_order
+    assert pairing["only_candidate_row_ids"] == sorted(
+        row_id(k, REEXPORTED_NAME) for k, source in enumerate(order) if source == -1)
+    assert len(pairing["only_candidate_row_ids"]) == N_NEW
+    # Same answers: nothing moved, nothing flagged, the gate passes at threshold 0.
     assert result["regressions"] == [] and result["moved"] == [] and result["status_changes"] == []
-    assert all(m["mean_diff"] == 0 and not m["significant"] and m["n_pairs"] == 200
+    assert all(m["mean_diff"] == 0 and not m["significant"] and m["n_pairs"] == 190
                for m in result["metrics"])
+    assert "190 paired (0 by row_id, 190 by content hash of question, contexts, reference)" in out
+    assert f"10 only in baseline, {N_NEW} only in candidate" in out
     assert "no metric regresses beyond 0" in out
+    # Each content pair joins a re-exported row with the shipped row it came from.
+    result = compare_runs(find_run(str(ares_nights.nightly), ids[ORIGINAL]),
+                          find_run(str(ares_nights.nightly), ids[REEXPORTED]))
+    for base_id, cand_id in result.pairing.pairs.select("baseline_row_id", "candidate_row_id").iter_rows():
+        assert cand_id.startswith(REEXPORTED_NAME + ":")
+        assert base_id == row_id(order[int(cand_id.rsplit(":", 1)[1])])
+
+
+@pytest.mark.slow
+def test_candidate_under_another_output_root(ares_nights, tmp_path):
+    ids = ares_nights.run_ids
+    other = tmp_path / "other_root"
+    for table in ("scores", "summary", "runs"):
+        part = f"{table}/run_date={REEXPORTED}/run_id={ids[REEXPORTED]}"
+        shutil.copytree(ares_nights.nightly / part, other / part)
+    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), "--candidate-output",
+                              str(other), ids[ORIGINAL], ids[REEXPORTED]])
+    assert code == 0, err
+    assert f"candidate: {ids[REEXPORTED]} ({REEXPORTED}, {other})" in out
+    assert "190 paired" in out
 
 
 @pytest.mark.slow
 def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, expected_changes, tmp_path):
     ids = ares_nights.run_ids
     out_json = tmp_path / "altered.json"
-    argv = ["compare", "--output", str(ares_nights.nightly), ids[NIGHTS[1]], ids[NIGHTS[2]],
+    argv = ["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL], ids[ALTERED_NIGHT],
             "--by", "Reaction", "--top", "50", "--json", str(out_json)]
     code, out, err = run_cli(argv + ["--fail-on-regression", "0.02"])
     assert code == 3, err
@@ -262,36 +294,9 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, 
 
 
 @pytest.mark.slow
-def test_rows_with_new_ids_pair_by_content_and_leftovers_are_listed(ares_nights):
-    baseline = find_run(str(ares_nights.nightly), ares_nights.run_ids[NIGHTS[0]])
-    candidate = find_run(str(ares_nights.reshuffled), ares_nights.reshuffled_run_id)
-    result = compare_runs(baseline, candidate)
-    counts = result.pairing.counts()
-    assert (counts["row_id"], counts["content"]) == (0, 200 - len(DROPPED))
-    order = ares_nights.reshuffled_order
-    for base_id, cand_id in result.pairing.pairs.select("baseline_row_id", "candidate_row_id").iter_rows():
-        new_index = int(cand_id.rsplit(":", 1)[1])
-        assert cand_id.startswith(RESHUFFLED_NAME + ":")
-        assert base_id == row_id(order[new_index])   # the same shipped row
-    assert result.pairing.only_baseline == sorted(row_id(i) for i in DROPPED)
-    assert result.pairing.only_candidate == sorted(
-        row_id(k, RESHUFFLED_NAME) for k, source in enumerate(order) if source == -1)
-    assert len(result.pairing.only_candidate) == N_NEW
-    assert result.metrics.filter(pl.col("significant")).height == 0
-    assert result.metrics["n_pairs"].to_list() == [190] * 6
-    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), "--candidate-output",
-                              str(ares_nights.reshuffled), baseline.run_id, candidate.run_id,
-                              "--fail-on-regression", "0"])
-    assert code == 0, err
-    assert "190 paired (0 by row_id, 190 by content hash of question, contexts, reference)" in out
-    assert f"10 only in baseline, {N_NEW} only in candidate" in out
-
-
-@pytest.mark.slow
 def test_match_on_a_slice_column_and_unknown_columns(ares_nights):
-    base_id = ares_nights.run_ids[NIGHTS[0]]
-    argv = ["compare", "--output", str(ares_nights.nightly), "--candidate-output",
-            str(ares_nights.reshuffled), base_id, ares_nights.reshuffled_run_id]
+    ids = ares_nights.run_ids
+    argv = ["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL], ids[REEXPORTED]]
     # Sources repeats across rows: those rows are ambiguous and stay unpaired.
     code, out, err = run_cli(argv + ["--match-on", "Sources"])
     assert code == 0, err
@@ -315,7 +320,7 @@ def test_unknown_and_uncommitted_runs_exit_2(ares_nights, tmp_path):
     code, _, err = run_cli(["compare", "--output", str(root), first, "crashed-fake"])
     assert code == 2 and "'crashed-fake'" in err and "not committed" in err
     code, _, err = run_cli(["compare", "--output", str(root), first, "no-such-run"])
-    assert code == 2 and "no committed run 'no-such-run'" in err and ares_nights.run_ids[NIGHTS[2]] in err
+    assert code == 2 and "no committed run 'no-such-run'" in err and ares_nights.run_ids[ALTERED_NIGHT] in err
     code, _, err = run_cli(["compare", "--output", str(tmp_path / "nothing"), first, first])
     assert code == 2 and "does not exist" in err
 
@@ -340,4 +345,7 @@ def test_nightly_report_and_comparison_with_the_previous_committed_run(ares_nigh
         text = (folder / "comparison.txt").read_text(encoding="utf-8")
         assert text.startswith(f"baseline:  {comparison['baseline']['run_id']}")
         worse = {m["metric"] for m in comparison["metrics"] if m["slice"] is None and m["change"] == "worse"}
-        assert (worse == set()) if night == NIGHTS[1] else ("not_a_refusal" in worse)
+        # the re-exported night pairs with the first by content (same answers: no change);
+        # the altered night pairs with the re-exported one by content too
+        assert comparison["pairing"]["content"] == 190 and comparison["pairing"]["row_id"] == 0
+        assert (worse == set()) if night == REEXPORTED else ("not_a_refusal" in worse)

@@ -11,7 +11,16 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from nightly_runs import ALTERED, NIGHTS, altered_answer, expected_answer_cells, read_ares
+from nightly_runs import (
+    ALTERED,
+    ALTERED_NIGHT,
+    NEW_SOURCES,
+    NIGHTS,
+    REEXPORTED,
+    altered_answer,
+    expected_answer_cells,
+    read_ares,
+)
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -27,15 +36,20 @@ def _execute(name: str, output: Path, monkeypatch) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def _night_means() -> dict[str, list[float]]:
+def _night_means(reexported_order: list[int]) -> dict[str, list[float]]:
     """Per answer metric, the mean over ok cells of each night, from the raw TSV."""
     header, rows = read_ares()
     answer = header.index("Answer")
+    answers = {
+        NIGHTS[0]: [r[answer] for r in rows],
+        REEXPORTED: [rows[i][answer] for i in reexported_order if i >= 0]
+                    + [rows[i][answer] for i in NEW_SOURCES],
+        ALTERED_NIGHT: [altered_answer(i) if i in ALTERED else r[answer] for i, r in enumerate(rows)],
+    }
     means: dict[str, list[float]] = {}
     for night in NIGHTS:
         cells: dict[str, list[float]] = {}
-        for i, row in enumerate(rows):
-            text = altered_answer(i) if night == NIGHTS[2] and i in ALTERED else row[answer]
+        for text in answers[night]:
             for metric, (status, score) in expected_answer_cells(text).items():
                 if status == "ok":
                     cells.setdefault(metric, []).append(score)
@@ -57,7 +71,7 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.mark.slow
 def test_single_night_notebook(ares_nights, monkeypatch):
     found = _execute("single_night", ares_nights.nightly, monkeypatch)
-    assert found["run_id"] == ares_nights.run_ids[NIGHTS[2]]   # the latest committed run
+    assert found["run_id"] == ares_nights.run_ids[ALTERED_NIGHT]   # the latest committed run
     empty = sum(1 for i in ALTERED if altered_answer(i) == "")
     assert found["cells"] == 200 * 6
     # 4 answer metrics are missing_input and the callback not_applicable on empty answers
@@ -71,7 +85,7 @@ def test_single_night_notebook(ares_nights, monkeypatch):
 def test_trend_notebook(ares_nights, monkeypatch):
     found = _execute("trend", ares_nights.nightly, monkeypatch)
     assert found["runs"] == [ares_nights.run_ids[n] for n in NIGHTS]
-    for metric, means in _night_means().items():
+    for metric, means in _night_means(ares_nights.reexported_order).items():
         assert found["means"][metric] == pytest.approx(means), metric
     assert found["means"]["context_length"][0] == found["means"]["context_length"][2]
     assert "not_a_refusal" in found["flagged"] and "context_length" not in found["flagged"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from headless_chromium import HeadlessChromium
-from nightly_runs import ALTERED, NIGHTS, altered_answer, read_ares, row_id, run_cli
+from nightly_runs import ALTERED, ALTERED_NIGHT, ORIGINAL, altered_answer, read_ares, row_id, run_cli
 from ragbatch.analysis.report import MAX_CHART_VALUES, TOP_ROWS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,10 +74,10 @@ def _chartable_slice_columns() -> list[str]:
 def report_html(ares_nights, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     ids = ares_nights.run_ids
-    code, stdout, err = run_cli(["report", "--output", str(ares_nights.nightly), ids[NIGHTS[2]],
-                                 "--baseline", ids[NIGHTS[1]], "-o", str(out)])
+    code, stdout, err = run_cli(["report", "--output", str(ares_nights.nightly), ids[ALTERED_NIGHT],
+                                 "--baseline", ids[ORIGINAL], "-o", str(out)])
     assert code == 0, err
-    assert f"compared with {ids[NIGHTS[1]]}" in stdout
+    assert f"compared with {ids[ORIGINAL]}" in stdout
     return out
 
 
@@ -98,7 +98,7 @@ def test_report_renders_in_chromium_without_errors(chromium, ares_nights, report
     assert sorted(alt for alt, _ in images) == sorted(expected)
     assert all(width > 0 for _, width in images), images
     # Answers holding markup and script were shown as text and never ran.
-    assert title == f"ragbatch report: ares-databricks {ares_nights.run_ids[NIGHTS[2]]}"
+    assert title == f"ragbatch report: ares-databricks {ares_nights.run_ids[ALTERED_NIGHT]}"
     assert n_scripts == 0
     assert "<script>document.title='injected'</script>" in moved_text
     assert result.screenshot.startswith(b"\x89PNG") and len(result.screenshot) > 50_000
@@ -128,7 +128,7 @@ def test_report_content_matches_the_runs(ares_nights, report_html):
     question = rows[first][header.index("Question")]
     assert question[:60] in html_lib.unescape(section)
     # The comparison section names the baseline and shows the answers of moved rows.
-    assert f"Comparison with baseline <code>{ares_nights.run_ids[NIGHTS[1]]}" in html
+    assert f"Comparison with baseline <code>{ares_nights.run_ids[ORIGINAL]}" in html
     moved = html_lib.unescape(html.split('id="moved-rows"', 1)[1].split("</table>", 1)[0])
     assert "I'm sorry, I don't know. 我不知道 🤷" in moved
 
@@ -136,7 +136,7 @@ def test_report_content_matches_the_runs(ares_nights, report_html):
 @pytest.mark.slow
 def test_report_without_baseline_and_of_an_unknown_run(ares_nights, tmp_path):
     out = tmp_path / "first.html"
-    first = ares_nights.run_ids[NIGHTS[0]]
+    first = ares_nights.run_ids[ORIGINAL]
     code, _, err = run_cli(["report", "--output", str(ares_nights.nightly), first, "-o", str(out)])
     assert code == 0, err
     html = out.read_text(encoding="utf-8")
