@@ -294,6 +294,26 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, 
 
 
 @pytest.mark.slow
+def test_changed_input_is_not_read_again_and_rows_stay_unpaired(ares_nights):
+    import os
+
+    ids = ares_nights.run_ids
+    candidate = find_run(str(ares_nights.nightly), ids[REEXPORTED])
+    path = candidate.manifest["input"]["uri"]
+    before = os.stat(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # input touched after the run
+    try:
+        result = compare_runs(find_run(str(ares_nights.nightly), ids[ORIGINAL]), candidate)
+    finally:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    counts = result.pairing.counts()
+    assert (counts["row_id"], counts["content"]) == (0, 0)
+    assert (counts["only_baseline"], counts["only_candidate"]) == (200, 190 + N_NEW)
+    assert "changed after run" in result.pairing.note and result.metrics["n_pairs"].to_list() == [0] * 6
+    assert "note: rows with different ids were not paired by content" in format_comparison(result)
+
+
+@pytest.mark.slow
 def test_match_on_a_slice_column_and_unknown_columns(ares_nights):
     ids = ares_nights.run_ids
     argv = ["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL], ids[REEXPORTED]]

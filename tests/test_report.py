@@ -143,3 +143,41 @@ def test_report_without_baseline_and_of_an_unknown_run(ares_nights, tmp_path):
     assert 'id="comparison"' not in html and 'id="worst"' in html
     code, _, err = run_cli(["report", "--output", str(ares_nights.nightly), "nope", "-o", str(out)])
     assert code == 2 and "no committed run 'nope'" in err
+
+
+@pytest.mark.slow
+def test_texts_never_shown_next_to_a_pii_metric(ares_nights, monkeypatch):
+    # No PII engine runs here (Presidio takes half a minute to start): the registry's
+    # answer for one metric is replaced by a PII kind, as answer_contains_pii declares.
+    import dataclasses
+
+    from ragbatch.analysis import report
+    from ragbatch.analysis.metric_facts import PII_KIND
+    from ragbatch.analysis.runs import find_run
+
+    real = report.metric_facts
+
+    def as_if_pii(*runs):
+        facts = real(*runs)
+        facts["not_a_refusal"] = dataclasses.replace(facts["not_a_refusal"], kind=PII_KIND)
+        return facts
+
+    monkeypatch.setattr(report, "metric_facts", as_if_pii)
+    root, ids = str(ares_nights.nightly), ares_nights.run_ids
+    html = report.build_report(find_run(root, ids[ALTERED_NIGHT]), find_run(root, ids[ORIGINAL]))
+    section = html.split("<h3><code>not_a_refusal</code>", 1)[1].split("<h3>", 1)[0]
+    listed = re.findall(r"<td><code>([^<]+)</code></td>", section)
+    assert len(listed) == TOP_ROWS and section.count("texts hidden: PII metric") == TOP_ROWS
+    header, rows = read_ares()
+    text = html_lib.unescape(section)
+    for rid in listed:
+        index = int(rid.rsplit(":", 1)[1])
+        assert rows[index][header.index("Question")][:40] not in text
+        assert altered_answer(index)[:20] not in text
+    # The same rows keep their texts under a metric that is not about PII ...
+    other = html_lib.unescape(html.split("<h3><code>mentions_databricks</code>", 1)[1].split("<h3>", 1)[0])
+    assert "I'm sorry, I don't know. 我不知道 🤷" in other
+    # ... and in the moved rows, every not_a_refusal line hides them.
+    moved = html.split('id="moved-rows"', 1)[1].split("</table>", 1)[0]
+    lines = [line for line in moved.split("<tr>") if "<code>not_a_refusal</code>" in line]
+    assert lines and all("texts hidden: PII metric" in line for line in lines)
