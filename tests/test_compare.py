@@ -40,7 +40,9 @@ from ragbatch.analysis.runs import find_run, list_runs, previous_run
 
 
 def _scipy_interval(diffs):
-    diffs = np.asarray(diffs, dtype=float)
+    """scipy's percentile bootstrap of the mean of the sorted differences (the comparison
+    sorts them so that row order does not matter), with the same seed."""
+    diffs = np.sort(np.asarray(diffs, dtype=float))
     if np.all(diffs == diffs[0]):  # every resample has the same mean
         return float(diffs[0]), float(diffs[0])
     res = stats.bootstrap((diffs,), np.mean, vectorized=True, method="percentile",
@@ -163,6 +165,39 @@ def test_regression_threshold_in_metric_units(small_comparison):
     assert small_comparison.regressions(0.8).height == 0   # "beyond": strictly larger
     text = format_comparison(small_comparison)
     assert "REGRESSION beyond 0.3" in text and "only in baseline: r6" in text
+
+
+def test_large_comparisons_stay_cheap_and_match_the_normal_approximation():
+    # 20,000 pairs: a continuous metric (many distinct differences) takes the normal
+    # approximation, a 0/1 metric the multinomial bootstrap; both in well under a second.
+    import time
+
+    rng = np.random.default_rng(11)
+    n = 20_000
+    ids = [f"r{i}" for i in range(n)]
+    base_sim, cand_sim = rng.random(n), rng.random(n)
+    base_flag, cand_flag = (rng.random(n) < 0.5).astype(float), (rng.random(n) < 0.45).astype(float)
+
+    def table(sim, flag):
+        return pl.DataFrame({"row_id": ids * 2, "metric": ["sim"] * n + ["flag"] * n,
+                             "score": np.concatenate([sim, flag]), "status": ["ok"] * (2 * n),
+                             "reason": [None] * (2 * n)})
+
+    pairs, _, _ = pair_by_row_id(ids, ids)
+    start = time.perf_counter()
+    result = compare_scores(table(base_sim, base_flag), table(cand_sim, cand_flag), Pairing(pairs), {})
+    assert time.perf_counter() - start < 10
+    sim = result.metrics.filter(pl.col("metric") == "sim").row(0, named=True)
+    d = cand_sim - base_sim
+    half = 1.959963984540054 * d.std() / np.sqrt(n)   # population sd: the bootstrap's
+    assert sim["ci_method"] == "normal" and sim["mean_diff"] == pytest.approx(d.mean())
+    assert (sim["ci_low"], sim["ci_high"]) == (pytest.approx(d.mean() - half), pytest.approx(d.mean() + half))
+    flag = result.metrics.filter(pl.col("metric") == "flag").row(0, named=True)
+    d = cand_flag - base_flag
+    half = 1.959963984540054 * d.std() / np.sqrt(n)
+    assert flag["ci_method"] == "bootstrap"
+    assert flag["ci_low"] == pytest.approx(d.mean() - half, abs=0.002)  # bootstrap ~ normal at this n
+    assert flag["significant"] and flag["change"] == "worse"
 
 
 def test_no_common_metric_and_bad_arguments():

@@ -2,9 +2,15 @@
 
 For every metric both runs computed, the rows of the two runs are paired
 (:mod:`ragbatch.analysis.pairing`) and, over the pairs whose cells are ``ok`` in both
-runs, the mean paired difference ``candidate - baseline`` gets a percentile paired
-bootstrap interval (:func:`ragbatch.analysis.intervals.paired_bootstrap_diff_ci`, Efron
-& Tibshirani 1993, ch. 16), overall and per value of each ``by`` slice column. A change
+runs, the mean paired difference ``candidate - baseline`` gets a paired bootstrap
+interval (Efron & Tibshirani 1993, ch. 16: the pairs are resampled together, i.e. the
+differences are bootstrapped), overall and per value of each ``by`` slice column. The
+differences are sorted and passed to :func:`ragbatch.analysis.intervals.mean_ci`, the
+estimator of the run summaries: the percentile bootstrap (the same as
+:func:`~ragbatch.analysis.intervals.paired_bootstrap_diff_ci` on sorted pairs), drawn as
+multinomial counts when the differences take few distinct values (0/1 metrics give
+-1, 0, 1) and its normal approximation for large samples of many distinct values, so the
+cost stays bounded for millions of rows; ``ci_method`` says which. A change
 is *significant* when its interval excludes zero; it is *better* or *worse* according to
 the metric's direction (``higher_is_better`` in the registry). Cells whose status
 differs between the runs (``ok`` -> ``timeout``, ...) are counted separately: they have
@@ -27,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from ragbatch import columns as C
-from ragbatch.analysis.intervals import CONFIDENCE, N_RESAMPLES, SEED, paired_bootstrap_diff_ci
+from ragbatch.analysis.intervals import CONFIDENCE, N_RESAMPLES, SEED, mean_ci
 from ragbatch.analysis.metric_facts import metric_facts
 from ragbatch.analysis.pairing import DEFAULT_MATCH_ON, Pairing, pair_runs
 from ragbatch.analysis.runs import CommittedRun, load_scores
@@ -45,7 +51,8 @@ METRIC_SCHEMA = {
     "metric": pl.String, "slice": pl.String, "slice_value": pl.String,
     "higher_is_better": pl.Boolean, "n_pairs": pl.Int64, "n_status_changed": pl.Int64,
     "baseline_mean": pl.Float64, "candidate_mean": pl.Float64, "mean_diff": pl.Float64,
-    "ci_low": pl.Float64, "ci_high": pl.Float64, "significant": pl.Boolean, "change": pl.String,
+    "ci_low": pl.Float64, "ci_high": pl.Float64, "ci_method": pl.String,
+    "significant": pl.Boolean, "change": pl.String,
 }
 
 
@@ -61,8 +68,8 @@ class Comparison:
         ``ok`` in both runs (the differences' sample size); ``n_status_changed``: pairs
         whose status differs; means are over the ``n_pairs`` pairs; ``mean_diff`` is
         ``candidate - baseline`` in the metric's units with its interval ``[ci_low,
-        ci_high]`` at ``confidence``; ``change`` is ``"better"``, ``"worse"`` or null
-        (not significant).
+        ci_high]`` at ``confidence`` (``ci_method``: ``bootstrap`` or ``normal``, see the
+        module notes); ``change`` is ``"better"``, ``"worse"`` or null (not significant).
     moved : polars.DataFrame
         Per metric, the ``top`` pairs with the largest ``|diff|`` (ties by baseline row
         id): ``metric``, ``baseline_row_id``, ``candidate_row_id``, ``baseline_score``,
@@ -170,8 +177,8 @@ def _stats(group: pl.DataFrame, *, confidence: float, n_resamples: int, seed: in
     both_ok = group.filter((pl.col("baseline_status") == OK) & (pl.col("candidate_status") == OK))
     b = both_ok["baseline_score"].to_numpy().astype(np.float64)
     c = both_ok["candidate_score"].to_numpy().astype(np.float64)
-    diff, low, high = paired_bootstrap_diff_ci(b, c, confidence=confidence,
-                                               n_resamples=n_resamples, seed=seed)
+    diff, low, high, method = mean_ci(np.sort(c - b), confidence=confidence,
+                                      n_resamples=n_resamples, seed=seed)
     significant = low is not None and (low > 0 or high < 0)
     change = None
     if significant:
@@ -181,7 +188,7 @@ def _stats(group: pl.DataFrame, *, confidence: float, n_resamples: int, seed: in
         "n_status_changed": int((group["baseline_status"] != group["candidate_status"]).sum()),
         "baseline_mean": float(b.mean()) if b.size else None,
         "candidate_mean": float(c.mean()) if c.size else None,
-        "mean_diff": diff, "ci_low": low, "ci_high": high,
+        "mean_diff": diff, "ci_low": low, "ci_high": high, "ci_method": method,
         "significant": bool(significant), "change": change,
     }
 
@@ -208,7 +215,7 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
     metrics : sequence of str, optional
         Metric ids in display order (default: the baseline's order of appearance).
     confidence, n_resamples, seed
-        Passed to :func:`~ragbatch.analysis.intervals.paired_bootstrap_diff_ci`.
+        Passed to :func:`~ragbatch.analysis.intervals.mean_ci`.
     top : int
         Rows listed per metric in ``moved`` and ``status_changed_rows``.
     threshold : float, optional
@@ -289,8 +296,17 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
         A run has no score files, a ``by`` or ``match_on`` column is unknown, or the
         threshold is negative.
     """
-    b_scores = load_scores(baseline)
-    c_scores = load_scores(candidate)
+    for s in by:
+        if s not in baseline.slice_columns and s not in candidate.slice_columns:
+            raise InputError(f"--by {s!r}: no such slice column in either run; slice columns: "
+                             f"{', '.join(baseline.slice_columns) or 'none'}")
+
+    def columns(run: CommittedRun) -> list[str]:
+        wanted = [c for c in dict.fromkeys([*by, *match_on]) if c in run.slice_columns]
+        return [*_CELL_COLUMNS, *wanted]
+
+    b_scores = load_scores(baseline, columns(baseline))
+    c_scores = load_scores(candidate, columns(candidate))
     pairing = pair_runs(baseline, candidate, b_scores, c_scores, match_on)
     result = compare_scores(
         b_scores, c_scores, pairing, metric_directions(baseline, candidate), by=by,

@@ -306,7 +306,7 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     InputError
         The run (or baseline) has no score or summary files.
     """
-    scores = load_scores(run)
+    scores = load_scores(run, [C.ROW_ID, "metric", "score", "status", "reason", "judge_reply"])
     summary, notes = _summary(run)
     facts = metric_facts(run, *([baseline] if baseline is not None else []))
     metric_ids = summary.filter(pl.col("slice_column").is_null())["metric"].to_list()
