@@ -1,7 +1,9 @@
 """The ``ragbatch`` command line.
 
-Commands: ``run``, ``validate``, ``metrics``. Exit status: 0 on success, 2 for a problem
-in the config or input found before running, 1 for a failure while running.
+Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``. Exit status: 0 on
+success, 2 for a problem in the config or input found before running (for ``compare`` and
+``report``: an unknown run, root or column), 1 for a failure while running, and 3 when
+``compare --fail-on-regression`` finds a metric that regresses beyond the threshold.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ragbatch import __version__
 from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ConfigError, InputError, RagbatchError
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,13 +36,69 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-date", type=dt.date.fromisoformat,
                      help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+    run.add_argument("--report", action="store_true",
+                     help="after the run commits, write its HTML report and the comparison with the "
+                          "previous committed run under <output>/reports/run_date=.../run_id=.../")
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
 
     metrics = sub.add_parser("metrics", help="list every metric with inputs, params, range and source")
     metrics.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_compare_parser(sub)
+    _add_report_parser(sub)
     return parser
+
+
+def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    from ragbatch.analysis.pairing import DEFAULT_MATCH_ON
+
+    p = sub.add_parser("compare", help="compare two committed runs row by row (paired bootstrap)")
+    p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
+                   help="output root of the baseline run (and of the candidate unless --candidate-output)")
+    p.add_argument("--candidate-output", metavar="URI", help="output root of the candidate run")
+    p.add_argument("baseline", metavar="BASELINE_RUN_ID")
+    p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
+    p.add_argument("--by", action="append", default=[], metavar="SLICE",
+                   help="also compare per value of this slice column (repeatable)")
+    p.add_argument("--match-on", type=_column_list, default=DEFAULT_MATCH_ON, metavar="COLS",
+                   help="comma-separated columns whose content pairs rows with different row ids "
+                        f"(default: {','.join(DEFAULT_MATCH_ON)})")
+    p.add_argument("--fail-on-regression", type=float, metavar="THRESHOLD",
+                   help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant, "
+                        "worse, and larger than THRESHOLD in the metric's units")
+    p.add_argument("--confidence", type=_confidence, default=0.95, help="interval level (default 0.95)")
+    p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
+    p.add_argument("--json", dest="json_path", metavar="FILE", help="also write the comparison as JSON")
+
+
+def _add_report_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report of a committed run")
+    p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
+                   help="output root the run was written to")
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--baseline", metavar="RUN_ID", help="compare with this committed run")
+    p.add_argument("--baseline-output", metavar="URI", help="output root of the baseline (default: --output)")
+    p.add_argument("-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML")
+    p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
+
+
+def _column_list(text: str) -> tuple[str, ...]:
+    return tuple(c.strip() for c in text.split(",") if c.strip())
+
+
+def _confidence(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -73,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  summary:  {layout.uri(layout.summary_path)}")
     print(f"  manifest: {layout.uri(layout.manifest_path)}")
     print()
-    print(_summary_text(result.check.summary.to_pylist()))
+    print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
     judge = result.manifest.get("judge") or {}
     if judge.get("metrics"):
         t = judge["total"]
@@ -87,19 +145,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("
           f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
           f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
+    if args.report:
+        _write_run_report(config, result.run_id)
     return EXIT_OK
 
 
-def _summary_text(rows: list[dict]) -> str:
+def _write_run_report(config: JobConfig, run_id: str) -> None:
+    """``run --report``: the report and the comparison with the previous committed run."""
+    from ragbatch.analysis.nightly import write_run_report
+
+    try:
+        written = write_run_report(config.output.uri, run_id, config.output.storage_options)
+    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
+        raise RagbatchError(f"run {run_id} committed, but its report could not be written: "
+                            f"{type(exc).__name__}: {exc}") from exc
+    print()
+    print(f"report:     {written.report}")
+    if written.comparison is None:
+        print("comparison: none (no earlier committed run under this output root)")
+        return
+    print(f"comparison: {written.comparison_text} (with {written.baseline.describe()})")
+    changed = written.comparison.metrics.filter(written.comparison.metrics["slice"].is_null()
+                                                & written.comparison.metrics["significant"])
+    for r in changed.iter_rows(named=True):
+        print(f"  {r['metric']}: {r['change']} by {r['mean_diff']:+.3f} "
+              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
+
+
+def _summary_text(rows: list[dict], confidence: float) -> str:
+    """The overall summary rows (``slice_column`` null) as a text table: cells, ok cells,
+    mean over ok cells with its confidence interval, and the non-zero other statuses."""
+    from ragbatch.status import OK, STATUSES
+
     width = max([28, *(len(r["metric"]) for r in rows)])
-    header = f"{'metric':<{width}} {'n':>7} {'ok':>7} {'mean':>7}  other statuses"
+    ci = f"{confidence:.0%} CI"
+    header = f"{'metric':<{width}} {'n':>7} {'ok':>7} {'mean':>7}  {ci:<16}  other statuses"
     lines = [header, "-" * len(header)]
     for r in rows:
-        other = ", ".join(
-            f"{k[2:]}={v}" for k, v in r.items() if k.startswith("n_") and k not in ("n_total", "n_ok") and v
-        )
-        mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
-        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  {other}")
+        if r["slice_column"] is not None:
+            continue
+        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES if s != OK and r[f"n_{s}"])
+        if r["mean"] is None:
+            mean, interval = "-", "-"
+        else:
+            mean = f"{r['mean']:.3f}"
+            interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
+        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
+                     f"{interval:<16}  {other}".rstrip())
     return "\n".join(lines)
 
 
@@ -175,12 +267,46 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ragbatch.analysis.compare import compare_runs
+    from ragbatch.analysis.compare_text import format_comparison
+    from ragbatch.analysis.runs import find_run
+
+    baseline = find_run(args.output_uri, args.baseline)
+    candidate = find_run(args.candidate_output or args.output_uri, args.candidate)
+    result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
+                          confidence=args.confidence, top=args.top,
+                          threshold=args.fail_on_regression)
+    print(format_comparison(result))
+    if args.json_path:
+        Path(args.json_path).write_text(result.to_json() + "\n", encoding="utf-8")
+    if args.fail_on_regression is not None and result.regressions().height:
+        return EXIT_REGRESSION
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ragbatch.analysis.report import build_report
+    from ragbatch.analysis.runs import find_run
+
+    run = find_run(args.output_uri, args.run_id)
+    baseline = None
+    if args.baseline:
+        baseline = find_run(args.baseline_output or args.output_uri, args.baseline)
+    html = build_report(run, baseline, top=args.top)
+    Path(args.report_path).write_text(html, encoding="utf-8")
+    print(f"report of run {run.run_id} written to {args.report_path}"
+          + (f" (compared with {baseline.run_id})" if baseline else ""))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics}
+    handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
+                "compare": cmd_compare, "report": cmd_report}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError) as exc:

@@ -41,7 +41,8 @@ def redact(options: dict[str, Any]) -> dict[str, Any]:
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
                    timings: dict[str, float], ray_info: dict[str, Any],
                    judge: dict[str, Any] | None = None, resume: Any = None,
-                   faults: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
+                   faults: dict[str, dict[str, int]] | None = None,
+                   summary: Any = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
     Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
@@ -53,10 +54,13 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
     prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
-    files reused from earlier attempts, files set aside) and ``faults`` (the error
+    files reused from earlier attempts, files set aside), ``faults`` (the error
     budget, and per actor stage and in total: batches, batch starts, in-process batch
     retries, actors lost mid-batch and replaced, batches and rows marked ``error``; see
-    :meth:`udfs.ledger.RunLedger.faults`).
+    :meth:`udfs.ledger.RunLedger.faults`), and ``summary`` (the settings
+    of ``summary.parquet``'s intervals and slicing, and per slice column its number of
+    distinct values and how many were pooled:
+    :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``).
     """
     from ragbatch.io.read import input_fingerprint
 
@@ -107,6 +111,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "files_set_aside": len(resume.set_aside) if resume else 0,
         },
         "faults": fault_summary(plan, faults or {}),
+        "summary": summary.manifest_info() if summary is not None else {},
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.config import JobConfig
+from ragbatch.analysis.summary import RunSummary, summarize_run
 from ragbatch.errors import InputError, OutputError
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
@@ -41,6 +42,7 @@ class RunResult:
     check: RunCheck
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    summary: RunSummary | None = None
 
 
 def new_run_id(now: dt.datetime | None = None) -> str:
@@ -92,18 +94,21 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings["execute_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    names = {m.id: m.name for m in plan.metrics}
     files = staging.score_files(resume)
-    check = verify_run(layout, files, plan.metric_ids, names, n_rows)
+    check = verify_run(layout, files, plan.metric_ids, n_rows)
     check_error_budget(layout, files, n_rows, config.run.error_budget)
     timings["verify_s"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+    timings["summary_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=judge, resume=resume, faults=faults)
-    staging.publish(files, check.summary, manifest)
+                              ray_info=ray_info, judge=judge, resume=resume, faults=faults,
+                              summary=summary)
+    staging.publish(files, summary.table, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
-    return RunResult(run_id, run_date, layout, check, manifest, timings)
+    return RunResult(run_id, run_date, layout, check, manifest, timings, summary)
 
 
 def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout, Staging, Resume]:

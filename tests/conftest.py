@@ -14,7 +14,7 @@ EXAMPLES = REPO / "examples" / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-pytest_plugins = ["s3_fixtures", "vllm_server"]
+pytest_plugins = ["s3_fixtures", "vllm_server", "nightly_runs"]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragbatch.columns import SCORES_COLUMNS
-from ragbatch.io.write import SUMMARY_SCHEMA
+from ragbatch.analysis.summary import SUMMARY_SCHEMA
 from ragbatch.registry import all_metrics
 from ragbatch.status import STATUSES
 

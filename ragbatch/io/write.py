@@ -1,4 +1,4 @@
-"""Output: where a run's tables go, the row-conservation check, summary and manifest.
+"""Output: where a run's tables go and the row-conservation check.
 
 Layout under the output root (hive-style partitions, readable with
 ``read_parquet('<root>/scores/**/*.parquet', hive_partitioning=true)`` in DuckDB)::
@@ -9,7 +9,8 @@ Layout under the output root (hive-style partitions, readable with
     _staging/run_id=<id>/...                              a run in progress (ragbatch.io.staging)
 
 ``run_date`` and ``run_id`` are partition keys (directory names), not columns inside the
-files.
+files. The summary's rows are computed by :mod:`ragbatch.analysis.summary`; every table
+and column is described in docs/output-schema.md.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _file_list(layout: OutputLayout, files: list[str]) -> str:
+def file_list(layout: OutputLayout, files: list[str]) -> str:
     """A DuckDB list literal of ``files`` as URIs DuckDB can open."""
     return "[" + ", ".join("'" + layout.uri(f).replace("'", "''") + "'" for f in files) + "]"
 
@@ -109,14 +110,13 @@ class RunCheck:
     n_rows: int
     n_cells: int
     counts: dict[str, dict[str, int]]  # metric id -> status -> count
-    summary: pa.Table
     models: dict[str, list[str]]
 
 
 def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
-               metric_names: dict[str, str], n_rows: int) -> RunCheck:
+               n_rows: int) -> RunCheck:
     """Check row conservation over the score files ``files`` (filesystem paths of
-    ``layout.fs``) and compute the per-metric summary.
+    ``layout.fs``) and count cells per metric and status.
 
     Conservation: every metric has exactly ``n_rows`` cells, no (row_id, metric) pair
     appears twice, every row id appears for every metric, statuses are from the
@@ -131,7 +131,7 @@ def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
     if files:
         con.execute(
             f"CREATE VIEW s AS SELECT row_id, metric, score, status, model FROM "
-            f"read_parquet({_file_list(layout, files)}, hive_partitioning=false)"
+            f"read_parquet({file_list(layout, files)}, hive_partitioning=false)"
         )
     else:
         con.execute("CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
@@ -143,9 +143,8 @@ def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
             f"{len(metric_ids)} metrics); the run is not committed:\n  - " + "\n  - ".join(problems)
         )
     counts = _status_counts(con)
-    summary = _summary(con, metric_ids, metric_names)
     models = {m: sorted(v) for m, v in _models(con).items()}
-    return RunCheck(n_rows, n_rows * len(metric_ids), counts, summary, models)
+    return RunCheck(n_rows, n_rows * len(metric_ids), counts, models)
 
 
 def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int) -> list[str]:
@@ -203,27 +202,3 @@ def _models(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
     ).fetchall():
         out.setdefault(metric, set()).add(model)
     return out
-
-
-def _summary(con: duckdb.DuckDBPyConnection, metric_ids: list[str], names: dict[str, str]) -> pa.Table:
-    status_cols = ", ".join(
-        f"count(*) FILTER (WHERE status = '{s}')::BIGINT AS n_{s}" for s in STATUSES
-    )
-    table = con.sql(
-        "SELECT metric, count(*)::BIGINT AS n_total, "
-        f"avg(score) FILTER (WHERE status = '{OK}') AS mean, {status_cols} "
-        "FROM s GROUP BY metric"
-    ).to_arrow_table()
-    order = {m: i for i, m in enumerate(metric_ids)}
-    rows = sorted(table.to_pylist(), key=lambda r: order.get(r["metric"], len(order)))
-    for r in rows:
-        r["metric_name"] = names.get(r["metric"], r["metric"])
-    return pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-
-
-#: Schema of ``summary.parquet``: one row per metric.
-SUMMARY_SCHEMA = pa.schema(
-    [("metric", pa.string()), ("metric_name", pa.string()), ("n_total", pa.int64()),
-     ("n_ok", pa.int64()), ("mean", pa.float64())]
-    + [(f"n_{s}", pa.int64()) for s in STATUSES if s != OK]
-)

@@ -1,0 +1,110 @@
+"""Plain-text rendering of a :class:`~ragbatch.analysis.compare.Comparison` for the CLI."""
+
+from __future__ import annotations
+
+from ragbatch.analysis.compare import Comparison
+
+_REASON_CHARS = 100
+
+
+def _num(value: float | None, width: int = 9) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.3f}"
+
+
+def _short(text: str | None, limit: int = _REASON_CHARS) -> str:
+    if text is None:
+        return "-"
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pairing_line(comparison: Comparison) -> str:
+    """``rows: N paired (a by row_id, b by content hash), x only in baseline, ...``."""
+    c = comparison.pairing.counts()
+    line = (f"rows: {c['row_id'] + c['content']} paired ({c['row_id']} by row_id, "
+            f"{c['content']} by content hash of {', '.join(comparison.pairing.match_on)}), "
+            f"{c['only_baseline']} only in baseline, {c['only_candidate']} only in candidate")
+    if c["ambiguous_baseline"] or c["ambiguous_candidate"]:
+        line += (f" (of these, {c['ambiguous_baseline']} + {c['ambiguous_candidate']} have "
+                 "a content hash that is not unique)")
+    return line
+
+
+def format_comparison(comparison: Comparison, *, max_ids: int = 10) -> str:
+    """The comparison as the text ``ragbatch compare`` prints: runs, pairing, one line per
+    metric and slice value (``*`` marks a change whose interval excludes zero), status
+    changes, the rows that moved most with their reasons, and the regressions when a
+    threshold was given."""
+    out: list[str] = []
+    if comparison.baseline is not None and comparison.candidate is not None:
+        out.append(f"baseline:  {comparison.baseline.describe()}")
+        out.append(f"candidate: {comparison.candidate.describe()}")
+    out.append(pairing_line(comparison))
+    pairing = comparison.pairing
+    for label, ids in (("only in baseline", pairing.only_baseline),
+                       ("only in candidate", pairing.only_candidate)):
+        if ids:
+            more = f" (+{len(ids) - max_ids} more)" if len(ids) > max_ids else ""
+            out.append(f"  {label}: {', '.join(ids[:max_ids])}{more}")
+    if pairing.note:
+        out.append(f"note: {pairing.note}")
+    if comparison.metrics_only_baseline:
+        out.append(f"metrics only in baseline (not compared): {', '.join(comparison.metrics_only_baseline)}")
+    if comparison.metrics_only_candidate:
+        out.append(f"metrics only in candidate (not compared): {', '.join(comparison.metrics_only_candidate)}")
+    out.append("")
+    out.extend(_metric_table(comparison))
+    if comparison.status_changes.height:
+        out += ["", "status changes (paired cells whose status differs):"]
+        for r in comparison.status_changes.iter_rows(named=True):
+            out.append(f"  {r['metric']}: {r['baseline_status']} -> {r['candidate_status']}: {r['n']}")
+        for r in comparison.status_changed_rows.iter_rows(named=True):
+            out.append(f"    {r['metric']}  {_row(r)}  {r['baseline_status']} -> "
+                       f"{r['candidate_status']}  reason: {_short(r['candidate_reason'])}")
+    if comparison.moved.height:
+        out += ["", "rows that moved most (paired cells ok in both runs):"]
+        for r in comparison.moved.iter_rows(named=True):
+            out.append(f"  {r['metric']}  {_row(r)}  {r['baseline_score']:.3f} -> "
+                       f"{r['candidate_score']:.3f} ({r['change']})")
+            out.append(f"      baseline reason: {_short(r['baseline_reason'])}")
+            out.append(f"      candidate reason: {_short(r['candidate_reason'])}")
+    if comparison.threshold is not None:
+        regressions = comparison.regressions()
+        out.append("")
+        if regressions.height:
+            names = ", ".join(f"{r['metric']} ({r['mean_diff']:+.3f})" for r in regressions.iter_rows(named=True))
+            out.append(f"REGRESSION beyond {comparison.threshold:g}: {names}")
+        else:
+            out.append(f"no metric regresses beyond {comparison.threshold:g}")
+    return "\n".join(out)
+
+
+def _row(r: dict) -> str:
+    if r["baseline_row_id"] == r["candidate_row_id"]:
+        return r["baseline_row_id"]
+    return f"{r['baseline_row_id']} / {r['candidate_row_id']}"
+
+
+def _metric_table(comparison: Comparison) -> list[str]:
+    table = comparison.metrics
+    if not table.height:
+        return ["no metric computed by both runs"]
+    labels = ["(all rows)" if r["slice"] is None else f"{r['slice']}={r['slice_value']}"
+              for r in table.iter_rows(named=True)]
+    mwidth = max(12, *(len(m) for m in table["metric"].to_list()))
+    swidth = min(40, max(12, *(len(s) for s in labels)))
+    level = f"{comparison.confidence:.0%} interval"
+    header = (f"{'metric':<{mwidth}}  {'slice':<{swidth}} {'pairs':>6} {'baseline':>9} "
+              f"{'candidate':>9} {'diff':>9}  {level:<20} change")
+    lines = [header, "-" * len(header)]
+    previous = None
+    for label, r in zip(labels, table.iter_rows(named=True)):
+        name = r["metric"] if r["metric"] != previous else ""
+        previous = r["metric"]
+        interval = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+        change = f"{r['change']} *" if r["change"] else ""
+        lines.append(f"{name:<{mwidth}}  {_short(label, swidth):<{swidth}} {r['n_pairs']:>6} "
+                     f"{_num(r['baseline_mean'])} {_num(r['candidate_mean'])} "
+                     f"{_num(r['mean_diff'])}  {interval:<20} {change}")
+    lines.append(f"* the change's {level} excludes zero (paired bootstrap over rows ok in both runs)")
+    return lines

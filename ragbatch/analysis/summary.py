@@ -1,0 +1,314 @@
+"""The run summary: counts, means and confidence intervals per metric and slice value.
+
+``summary.parquet`` holds, for every metric of a run (in config order), one *overall* row
+(``slice_column`` null) and then, for every slice column of the run (in scores-table
+order), one row per slice value. Each row counts the row's cells by status, and over its
+``ok`` cells gives the mean score with a confidence interval (:func:`ragbatch.analysis.
+intervals.mean_ci`) and, for boolean metrics (``Metric.boolean``), the pass rate (share
+of ``ok`` cells scoring 1) with a Wilson score interval.
+
+Slice values are grouped by their text (DuckDB's ``CAST(value AS VARCHAR)``: ``0.5``,
+``true``, ``2024-06-01``, ``[a, b]``); a null slice value is a group of its own, with
+``slice_value`` null. A slice column with more than ``max_slice_values`` distinct values
+(null counted as one) gets rows for its ``max_slice_values`` most frequent values (ties
+broken by the value's text in byte order, null last) and one row with ``slice_other``
+true that pools the remaining values. Every metric scores every row, so the values kept
+are the same for every metric.
+
+The intervals do not depend on the order of the score files: each group's ``ok`` scores
+are sorted before resampling, and every group uses the same seed, so a row's interval is
+``mean_ci(sorted(scores))`` with the run's settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from ragbatch.analysis.intervals import (
+    BOOTSTRAP_MAX_N,
+    CONFIDENCE,
+    MAX_DISTINCT,
+    N_RESAMPLES,
+    SEED,
+    mean_ci,
+    wilson_interval,
+)
+from ragbatch.errors import OutputError
+from ragbatch.io.write import OutputLayout, connect, file_list
+from ragbatch.status import OK, STATUSES
+
+#: Default cap on the slice values of one slice column that get their own summary rows.
+MAX_SLICE_VALUES: int = 50
+
+#: Schema of ``summary.parquet``, in column order.
+SUMMARY_SCHEMA = pa.schema(
+    [
+        ("metric", pa.string()),
+        ("metric_name", pa.string()),
+        ("slice_column", pa.string()),
+        ("slice_value", pa.string()),
+        ("slice_other", pa.bool_()),
+        ("n_total", pa.int64()),
+    ]
+    + [(f"n_{s}", pa.int64()) for s in STATUSES]
+    + [
+        ("mean", pa.float64()),
+        ("mean_ci_low", pa.float64()),
+        ("mean_ci_high", pa.float64()),
+        ("mean_ci_method", pa.string()),
+        ("pass_rate", pa.float64()),
+        ("pass_rate_ci_low", pa.float64()),
+        ("pass_rate_ci_high", pa.float64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What the summary needs to know of a metric: its id, registry name, and whether
+    its ``ok`` scores are 0/1 (``Metric.boolean``)."""
+
+    id: str
+    name: str
+    boolean: bool
+
+    @classmethod
+    def of(cls, metric: Any) -> "MetricInfo":
+        """From a :class:`ragbatch.metrics.base.Metric` instance."""
+        return cls(metric.id, metric.name, bool(metric.boolean))
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """The settings a summary was computed with (recorded in the manifest).
+
+    Attributes
+    ----------
+    confidence : float
+        Two-sided level of every interval, in (0, 1).
+    n_resamples : int
+        Bootstrap resamples per interval.
+    seed : int
+        Seed of every bootstrap (the same for every group).
+    max_slice_values : int
+        Slice values per slice column with their own rows; the rest are pooled.
+    max_resample_n, max_distinct : int
+        Thresholds of :func:`ragbatch.analysis.intervals.mean_ci`.
+    """
+
+    confidence: float = CONFIDENCE
+    n_resamples: int = N_RESAMPLES
+    seed: int = SEED
+    max_slice_values: int = MAX_SLICE_VALUES
+    max_resample_n: int = BOOTSTRAP_MAX_N
+    max_distinct: int = MAX_DISTINCT
+
+    def __post_init__(self) -> None:
+        if self.max_slice_values < 1:
+            raise ValueError(f"max_slice_values must be at least 1, got {self.max_slice_values}")
+
+
+@dataclass
+class RunSummary:
+    """A computed summary.
+
+    Attributes
+    ----------
+    table : pyarrow.Table
+        The rows of ``summary.parquet`` (schema :data:`SUMMARY_SCHEMA`).
+    settings : SummarySettings
+    slice_columns : dict
+        Slice column -> ``{"values": distinct values (null counted as one),
+        "pooled_values": values pooled into the ``slice_other`` row (0 if none)}``.
+    """
+
+    table: pa.Table
+    settings: SummarySettings
+    slice_columns: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def manifest_info(self) -> dict[str, Any]:
+        """The manifest's ``summary`` section: the settings, the interval methods and the
+        slice columns' value counts."""
+        return {
+            **asdict(self.settings),
+            "mean_interval": "percentile bootstrap of the mean (normal approximation for "
+                             "groups over max_resample_n values with over max_distinct "
+                             "distinct values; see mean_ci_method)",
+            "pass_rate_interval": "Wilson score interval",
+            "slice_columns": self.slice_columns,
+        }
+
+    def overall(self) -> list[dict[str, Any]]:
+        """The overall row of each metric, in metric order."""
+        return [r for r in self.table.to_pylist() if r["slice_column"] is None]
+
+
+def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
+                  slices: Sequence[str], settings: SummarySettings | None = None) -> RunSummary:
+    """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
+
+    Parameters
+    ----------
+    layout
+        The run's output layout (gives the filesystem).
+    files
+        Score Parquet files holding ``metric``, ``status``, ``score`` and the slice
+        columns.
+    metrics
+        :class:`MetricInfo` or ``Metric`` instances, in the order rows are written.
+    slices
+        Slice column names, in the order their rows are written.
+    settings
+        Interval and slicing settings (default :class:`SummarySettings`).
+
+    Raises
+    ------
+    OutputError
+        An ``ok`` score is NaN or infinite (no interval can be computed).
+    """
+    con = connect(layout)
+    columns = ", ".join(["metric", "status", "score", *(_quote(c) for c in slices)])
+    if files:
+        con.execute(f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
+                    f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+                    ).fetchall()
+    else:
+        empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
+                           *(f"NULL::VARCHAR {_quote(c)}" for c in slices)])
+        con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
+    return summarize_view(con, metrics, slices, settings)
+
+
+def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
+                   settings: SummarySettings | None = None) -> RunSummary:
+    """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
+    ``con`` (columns ``metric``, ``status``, ``score`` and ``slices``)."""
+    settings = settings or SummarySettings()
+    infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
+    kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
+    _code_cells(con, slices, kept, settings.max_slice_values)
+    counts = _counts(con, len(slices))
+    rows = []
+    for info in infos:
+        scores = _ok_scores(con, info.id, len(slices))
+        rows.append(_row(info, None, None, None, counts.get((info.id, None, None)),
+                         scores["score"], settings))
+        for i, column in enumerate(slices):
+            codes = scores[f"g{i}"]
+            order = np.lexsort((scores["score"], codes))
+            values, codes = scores["score"][order], codes[order]
+            groups = list(enumerate(kept[i]))
+            if slice_info[column]["pooled_values"]:
+                groups.append((settings.max_slice_values, None))
+            for code, value in groups:
+                lo, hi = np.searchsorted(codes, [code, code + 1])
+                other = code == settings.max_slice_values
+                rows.append(_row(info, column, value, other, counts.get((info.id, i, code)),
+                                 values[lo:hi], settings))
+    table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
+    return RunSummary(table, settings, slice_info)
+
+
+def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
+                  cap: int) -> tuple[list[list[str | None]], dict[str, dict[str, int]]]:
+    """Per slice column, the values that get their own rows (most frequent first) and
+    the counts for the manifest."""
+    kept: list[list[str | None]] = []
+    info: dict[str, dict[str, int]] = {}
+    for column in slices:
+        text = f"CAST({_quote(column)} AS VARCHAR)"
+        ranked = con.execute(
+            f"SELECT {text} AS v, count(*) AS c FROM s GROUP BY v "
+            f"ORDER BY c DESC, v ASC NULLS LAST LIMIT {cap + 1}"
+        ).fetchall()
+        distinct, = con.execute(
+            f"SELECT count(DISTINCT {text}) + (count(*) FILTER (WHERE {text} IS NULL) > 0)::INT "
+            "FROM s"
+        ).fetchall()[0]
+        values = [v for v, _ in ranked[:cap]]
+        kept.append(values)
+        info[column] = {"values": int(distinct), "pooled_values": int(distinct) - len(values)}
+    return kept, info
+
+
+def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
+                kept: list[list[str | None]], cap: int) -> None:
+    """Table ``coded``: metric, status, score, and per slice column ``g<i>``, the index of
+    the cell's slice value among the kept values (``cap`` for a pooled value)."""
+    joins, codes = [], []
+    for i, column in enumerate(slices):
+        con.register(f"kept{i}", pa.table({"v": pa.array(kept[i], pa.string()),
+                                           "code": pa.array(range(len(kept[i])), pa.int32())}))
+        joins.append(f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
+                     f"IS NOT DISTINCT FROM kept{i}.v")
+        codes.append(f"coalesce(kept{i}.code, {cap})::INTEGER AS g{i}")
+    select = ", ".join(["s.metric", "s.status", "s.score", *codes])
+    con.execute(f"CREATE TEMP TABLE coded AS SELECT {select} FROM s {' '.join(joins)}").fetchall()
+
+
+def _counts(con: duckdb.DuckDBPyConnection, n_slices: int) -> dict[tuple, dict[str, int]]:
+    """(metric, slice index or None, code or None) -> n_total, n_<status>, n_pass."""
+    aggregates = ", ".join(
+        ["count(*) AS n_total"]
+        + [f"count(*) FILTER (WHERE status = '{s}') AS n_{s}" for s in STATUSES]
+        + [f"count(*) FILTER (WHERE status = '{OK}' AND score = 1) AS n_pass"]
+    )
+    out: dict[tuple, dict[str, int]] = {}
+    groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(n_slices)]
+    for index, code in groupings:
+        cursor = con.execute(f"SELECT metric, {code} AS code, {aggregates} FROM coded GROUP BY ALL")
+        names = [d[0] for d in cursor.description]
+        for row in cursor.fetchall():
+            record = dict(zip(names, row))
+            out[(record.pop("metric"), index, record.pop("code"))] = record
+    return out
+
+
+def _ok_scores(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int) -> dict[str, np.ndarray]:
+    """The ``ok`` scores of one metric (float64) with their slice codes (int32)."""
+    columns = ", ".join(["score", *(f"g{i}" for i in range(n_slices))])
+    got = con.execute(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}'",
+                      [metric_id]).fetchnumpy()
+    out = {"score": np.asarray(got["score"], dtype=np.float64)}
+    for i in range(n_slices):
+        out[f"g{i}"] = np.asarray(got[f"g{i}"], dtype=np.int32)
+    return out
+
+
+def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,
+         counts: dict[str, int] | None, values: np.ndarray,
+         settings: SummarySettings) -> dict[str, Any]:
+    """One summary row; ``values`` are the group's ``ok`` scores."""
+    counts = counts or {"n_total": 0, "n_pass": 0, **{f"n_{s}": 0 for s in STATUSES}}
+    where = f"metric {info.id!r}" + (f", slice {column}={value!r}" if column else "")
+    if values.size and not np.isfinite(values).all():
+        raise OutputError(
+            f"{where}: {int((~np.isfinite(values)).sum())} cells with status ok hold NaN or an "
+            "infinite score, so the summary cannot be computed; the metric must give such rows "
+            "an error status")
+    mean, low, high, method = mean_ci(
+        np.sort(values), confidence=settings.confidence, n_resamples=settings.n_resamples,
+        seed=settings.seed, max_resample_n=settings.max_resample_n,
+        max_distinct=settings.max_distinct)
+    rate = rate_low = rate_high = None
+    if info.boolean:
+        rate, rate_low, rate_high = wilson_interval(int(counts["n_pass"]), int(counts[f"n_{OK}"]),
+                                                    settings.confidence)
+    return {
+        "metric": info.id, "metric_name": info.name, "slice_column": column,
+        "slice_value": value, "slice_other": other,
+        **{k: int(v) for k, v in counts.items() if k != "n_pass"},
+        "mean": mean, "mean_ci_low": low, "mean_ci_high": high, "mean_ci_method": method,
+        "pass_rate": rate, "pass_rate_ci_low": rate_low, "pass_rate_ci_high": rate_high,
+    }
+
+
+def _quote(name: str) -> str:
+    """``name`` as a DuckDB identifier."""
+    return '"' + name.replace('"', '""') + '"'
