@@ -132,6 +132,21 @@ def test_killed_run_resumes_without_rescoring(reference):
 
 
 @pytest.mark.slow
+def test_two_runs_into_one_root_at_the_same_time(reference):
+    """Two `ragbatch run` processes write to the same output root at once: both commit,
+    each with exactly the reference scores, and neither sees the other's files."""
+    root, config_path, out, want = reference
+    procs = {rid: start(config_path, rid) for rid in ("twin-a", "twin-b")}
+    assert wait_for_staged_file(out, "twin-a", procs["twin-a"]) or procs["twin-a"].poll() == 0
+    for rid, proc in procs.items():
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+    for rid in procs:
+        assert strip_run(committed_scores(out, rid)) == want
+        assert manifest(out, rid)["rows"]["scores"] == len(want)
+        assert not (out / "_staging" / f"run_id={rid}").exists()
+
+
+@pytest.mark.slow
 def test_resume_refuses_a_changed_config(reference, ray_local):
     root, config_path, out, _ = reference
     proc = start(config_path, "changed")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ragbatch.errors import RunError
-from ragbatch.io.write import OutputLayout, _file_list, connect
+from ragbatch.io.write import OutputLayout, connect, file_list
 from ragbatch.status import ERROR
 
 
@@ -30,7 +30,7 @@ def check_error_budget(layout: OutputLayout, files: list[str], n_rows: int, budg
     if not files or n_rows == 0:
         return
     con = connect(layout)
-    source = f"read_parquet({_file_list(layout, files)}, hive_partitioning=false)"
+    source = f"read_parquet({file_list(layout, files)}, hive_partitioning=false)"
     n_error = con.execute(
         f"SELECT count(DISTINCT row_id) FROM {source} WHERE status = '{ERROR}'").fetchone()[0]
     if n_error <= budget * n_rows:
