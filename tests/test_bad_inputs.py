@@ -117,6 +117,17 @@ def test_header_only_csv_stops_with_no_rows(ray_local, tmp_path):
     _not_started(out)
 
 
+def test_empty_file_stops_before_any_metric(ray_local, tmp_path):
+    src = _write(tmp_path / "in.csv", b"")
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as info:
+        run_job(_config(src, out), run_id="empty")
+    assert str(info.value) == (
+        f"input.uri: {src} has no columns at all (an empty file: 0 bytes, or no header line); "
+        "check that it is the file you meant and that it was written completely")
+    _not_started(out)
+
+
 def test_file_that_is_not_utf8_stops_naming_file_byte_and_line(ray_local, tmp_path):
     src = _write(tmp_path / "in.csv", b"q,ctx,a,ref,lat\nq1,ab,yes,yes,1\nq2,ab,caf\xe9,yes,1\n")
     out = tmp_path / "out"

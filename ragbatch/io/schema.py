@@ -116,6 +116,9 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
         on a string column).
     """
     names = [n for n in schema.names if n != NONSTRING_COLUMN]
+    if not names:
+        return [f"input.uri: {cfg.uri} has no columns at all (an empty file: 0 bytes, or no "
+                "header line); check that it is the file you meant and that it was written completely"]
     problems: list[str] = []
     for canonical in C.CANONICAL:
         column = getattr(cfg.columns, canonical)
