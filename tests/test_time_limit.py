@@ -51,3 +51,12 @@ def test_empty_input_and_bad_limit():
     assert map_with_time_limit(_work, [], 1.0) == []
     with pytest.raises(ValueError, match="limit_s must be > 0"):
         map_with_time_limit(_work, ["a"], 0)
+
+
+def test_many_fast_items_around_a_stuck_one_come_back_exactly():
+    items = [f"r{i}-é中👍" for i in range(3000)]
+    items[1700] = "hang"
+    got = map_with_time_limit(_work, items, 0.5)
+    want = [s.upper() for s in items]
+    want[1700] = TIMED_OUT
+    assert got == want
