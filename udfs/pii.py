@@ -22,17 +22,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
+from ragbatch.columns import CELL_TYPE, cell_column
 from ragbatch.config import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.metrics._pii import PiiMetric, PiiResults
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
-from udfs.similarity import parse_engine_spec
+from udfs.similarity import check_input_columns, input_frame, parse_engine_spec
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +117,12 @@ class PiiStage:
         if not isinstance(batch, pa.Table):
             raise TypeError(f"PiiStage expects pyarrow.Table batches, got {type(batch).__name__}; "
                             'call map_batches with batch_format="pyarrow"')
-        self._check_columns(batch)  # a pipeline bug, not a batch fault: raised as is
+        # A missing column is a pipeline bug, not a batch fault: raised as is.
+        check_input_columns(self.engine_name, self.input_columns, batch)
         return self.guard.run(batch, self._score)
 
     def _score(self, batch: pa.Table) -> pa.Table:
-        frame = self._inputs(batch)
+        frame = input_frame(self.input_columns, batch)
         texts = list(dict.fromkeys(t for m in self.metrics for t in m.texts(frame)))
         found = dict(zip(texts, self.detector.find(texts, self.entities)))
         for text, result in found.items():
@@ -140,15 +140,3 @@ class PiiStage:
                 raise RuntimeError(f"{metric.id}: {len(cells)} cells for {batch.num_rows} rows")
             out = out.append_column(name, cells.to_arrow().cast(CELL_TYPE))
         return out
-
-    def _check_columns(self, batch: pa.Table) -> None:
-        missing = [c for c in self.input_columns if c not in batch.column_names]
-        if missing:
-            raise ValueError(f"engine {self.engine_name!r}: batch lacks input column(s) {missing}; "
-                             f"present: {batch.column_names}")
-
-    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
-        wanted = self.input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
-        frame = pl.from_arrow(batch.select(wanted))
-        assert isinstance(frame, pl.DataFrame)
-        return frame

@@ -217,11 +217,12 @@ class ModelStage:
                 f"ModelStage expects pyarrow.Table batches, got {type(batch).__name__}; "
                 'call map_batches with batch_format="pyarrow"'
             )
-        self._check_columns(batch)  # a pipeline bug, not a batch fault: raised as is
+        # A missing column is a pipeline bug, not a batch fault: raised as is.
+        check_input_columns(self.engine_name, self.input_columns, batch)
         return self.guard.run(batch, self._score)
 
     def _score(self, batch: pa.Table) -> pa.Table:
-        frame = self._inputs(batch)
+        frame = input_frame(self.input_columns, batch)
         out = batch
         for metric in self.metrics:
             name = cell_column(metric.id)
@@ -230,20 +231,6 @@ class ModelStage:
             out = out.append_column(name, self._cells(metric, frame, batch.num_rows))
         return out
 
-    def _check_columns(self, batch: pa.Table) -> None:
-        missing = [c for c in self.input_columns if c not in batch.column_names]
-        if missing:
-            raise ValueError(
-                f"engine {self.engine_name!r}: batch lacks input column(s) {missing}; "
-                f"present: {batch.column_names}"
-            )
-
-    def _inputs(self, batch: pa.Table) -> pl.DataFrame:
-        wanted = self.input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
-        frame = pl.from_arrow(batch.select(wanted))
-        assert isinstance(frame, pl.DataFrame)
-        return frame
-
     def _cells(self, metric: ModelMetric, frame: pl.DataFrame, n_rows: int) -> pa.Array:
         cells = metric.compute(self.model, frame)
         if len(cells) != n_rows:
@@ -251,3 +238,19 @@ class ModelStage:
                 f"{metric.id}: compute returned {len(cells)} cells for {n_rows} rows"
             )
         return cells.to_arrow().cast(CELL_TYPE)
+
+
+def check_input_columns(engine_name: str, input_columns: list[str], batch: pa.Table) -> None:
+    """Raise ``ValueError`` naming the engine when ``batch`` lacks an input column."""
+    missing = [c for c in input_columns if c not in batch.column_names]
+    if missing:
+        raise ValueError(f"engine {engine_name!r}: batch lacks input column(s) {missing}; "
+                         f"present: {batch.column_names}")
+
+
+def input_frame(input_columns: list[str], batch: pa.Table) -> pl.DataFrame:
+    """The input columns of ``batch`` (and ``_issues`` when present) as Polars."""
+    wanted = input_columns + ([ISSUES] if ISSUES in batch.column_names else [])
+    frame = pl.from_arrow(batch.select(wanted))
+    assert isinstance(frame, pl.DataFrame)
+    return frame

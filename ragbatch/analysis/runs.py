@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
-from ragbatch.io.write import MANIFEST_FILE, SUMMARY_FILE
+from ragbatch.io.write import MANIFEST_FILE, OutputLayout
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
 
@@ -50,22 +50,24 @@ class CommittedRun:
     fs: Any = field(repr=False)
     base: str = field(repr=False)
 
-    def _part(self, table: str) -> str:
-        return f"{self.base}/{table}/run_date={self.run_date.isoformat()}/run_id={self.run_id}"
+    @property
+    def layout(self) -> OutputLayout:
+        """The run's paths, as the run that wrote them laid them out."""
+        return OutputLayout(self.root, self.fs, self.base, self.run_date, self.run_id)
 
     @property
     def scores_path(self) -> str:
         """Directory of the run's score files (a path of ``fs``)."""
-        return self._part("scores")
+        return self.layout.scores_path
 
     @property
     def summary_path(self) -> str:
-        return f"{self._part('summary')}/{SUMMARY_FILE}"
+        return self.layout.summary_path
 
     @property
     def reports_path(self) -> str:
         """Directory for the run's report and comparison (``reports/run_date=/run_id=``)."""
-        return self._part("reports")
+        return self.layout.reports_path
 
     @property
     def started_at(self) -> str:

@@ -64,6 +64,11 @@ class OutputLayout:
     def manifest_path(self) -> str:
         return f"{self._part('runs')}/{MANIFEST_FILE}"
 
+    @property
+    def reports_path(self) -> str:
+        """Directory of the run's report and comparison (``reports/run_date=/run_id=``)."""
+        return self._part("reports")
+
     def uri(self, path: str) -> str:
         """``path`` as a URI a user can paste (protocol kept for remote filesystems)."""
         return self.fs.unstrip_protocol(path) if _protocol(self.fs) not in ("file", "local") else path
