@@ -262,7 +262,8 @@ def _retry_storage_errors(ctx: Any) -> None:
 
 def _run_ledger(plan: Plan, run_id: str) -> Any:
     """The run's :class:`udfs.ledger.RunLedger` actor, named ``ragbatch-ledger:<run id>``
-    so that one cluster never runs two attempts of a run at once.
+    in the Ray namespace ``ragbatch``, so that one cluster never runs two attempts of a
+    run at once, whichever drivers start them.
 
     Raises
     ------
@@ -275,7 +276,9 @@ def _run_ledger(plan: Plan, run_id: str) -> Any:
 
     name = f"{LEDGER_PREFIX}{run_id}"
     try:
-        return ray.remote(num_cpus=0)(RunLedger).options(name=name).remote(
+        # A namespace of its own: each driver otherwise gets an anonymous one, and the
+        # name would not be seen by the driver of another attempt.
+        return ray.remote(num_cpus=0)(RunLedger).options(name=name, namespace=LEDGER_NAMESPACE).remote(
             len(plan.read_tasks), plan.config.run.error_budget)
     except ValueError as exc:
         if "already" not in str(exc):
@@ -284,8 +287,9 @@ def _run_ledger(plan: Plan, run_id: str) -> Any:
                           "wait for it to finish, or pass a new --run-id") from None
 
 
-#: Name prefix of a run's ledger actor (followed by the run id).
+#: Name prefix of a run's ledger actor (followed by the run id), and its Ray namespace.
 LEDGER_PREFIX = "ragbatch-ledger:"
+LEDGER_NAMESPACE = "ragbatch"
 
 
 def _own_error(exc: BaseException) -> Exception | None:

@@ -128,3 +128,34 @@ def test_config_and_engine_errors_are_not_batch_faults(ray_local, ledger):
 def test_without_a_ledger_the_guard_still_isolates(ray_local):
     out = BatchGuard("engine e", COLUMNS).run(_batch(["r1"]), FlakyScorer(99))
     assert out.column("cell::m")[0]["status"].as_py() == "error"
+
+
+def test_a_second_attempt_of_a_running_run_id_is_refused(ray_local, tmp_path):
+    # The ledger actor that a running attempt holds (made here directly: it stands for a
+    # run started by another driver on this cluster).
+    from ragbatch.config import JobConfig
+    from ragbatch.errors import OutputError
+    from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
+
+    src = tmp_path / "in.csv"
+    src.write_text("a,ref\nyes,yes\nno,yes\n", encoding="utf-8")
+    config = JobConfig.from_dict({"input": {"uri": str(src), "columns": {"answer": "a", "reference": "ref"}},
+                                  "output": {"uri": str(tmp_path / "out")},
+                                  "metrics": [{"name": "exact_match"}]})
+    holder = ray_local.remote(num_cpus=0)(RunLedger).options(
+        name=f"{LEDGER_PREFIX}busy", namespace=LEDGER_NAMESPACE).remote()
+    ray_local.get(holder.totals.remote())
+    with pytest.raises(OutputError, match=r"run 'busy' is already running on this Ray cluster "
+                                          r"\(actor 'ragbatch-ledger:busy'\)"):
+        run_job(config, run_id="busy")
+    ray_local.kill(holder)
+    import time
+
+    for _ in range(50):  # the name is freed once the kill has been processed
+        try:
+            ray_local.get_actor(f"{LEDGER_PREFIX}busy", namespace=LEDGER_NAMESPACE)
+        except ValueError:
+            break
+        time.sleep(0.1)
+    result = run_job(config, run_id="busy")
+    assert result.check.n_rows == 2 and result.manifest["faults"]["total"]["failed_rows"] == 0

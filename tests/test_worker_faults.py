@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from ragbatch.config import JobConfig
-from ragbatch.runner import LEDGER_PREFIX, run_job
+from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
 from udfs.pii import PiiStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"
@@ -114,7 +114,7 @@ def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
         import ray
 
         try:
-            ledger = ray.get_actor(f"{LEDGER_PREFIX}poison")
+            ledger = ray.get_actor(f"{LEDGER_PREFIX}poison", namespace=LEDGER_NAMESPACE)
         except ValueError:
             return 0
         return ray.get(ledger.faults.remote()).get("engine minilm", {}).get("batch_starts", 0)
