@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragbatch.config import JobConfig
 from ragbatch.analysis.summary import RunSummary, summarize_run
+from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError
+from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
-from ragbatch.io.budget import check_error_budget
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
