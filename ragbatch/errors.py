@@ -44,3 +44,13 @@ class EngineError(RagbatchError):
 
 class RunError(RagbatchError):
     """The run stopped while running: more rows failed than ``run.error_budget`` allows."""
+
+
+def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
+    """``exc`` and its causes (``__cause__``, else ``__context__``), at most ``limit``."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < limit:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from ragbatch.columns import CELL_TYPE
-from ragbatch.errors import RagbatchError, RunError
+from ragbatch.errors import RagbatchError, RunError, exception_chain
 from ragbatch.status import ERROR
 
 log = logging.getLogger(__name__)
@@ -150,12 +150,4 @@ class BatchGuard:
 
 
 def _engine_dead(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if any(type(current).__name__ == n or n in (c.__name__ for c in type(current).__mro__)
-               for n in ENGINE_DEAD):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(c.__name__ in ENGINE_DEAD for e in exception_chain(exc) for c in type(e).__mro__)

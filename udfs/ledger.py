@@ -41,6 +41,8 @@ class RunLedger:
         self._n_read_tasks = n_read_tasks
         self._budget = error_budget
         self._batches: dict[tuple[str, str], _Batch] = {}
+        self._failed_rows = 0  # sum of failed_rows over batches, kept as they finish
+        self._first_reason: str | None = None
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -71,6 +73,9 @@ class RunLedger:
         batch = self._batches.setdefault((stage, key), _Batch())
         batch.finished_by.add(actor)
         batch.retries += retries
+        self._failed_rows += failed_rows - batch.failed_rows  # a batch finished again replaces
+        if failed_rows and self._first_reason is None:
+            self._first_reason = reason
         batch.failed_rows, batch.reason = failed_rows, reason
         return self.over_budget()
 
@@ -81,13 +86,12 @@ class RunLedger:
         if len(self._rows) < self._n_read_tasks or self._n_read_tasks == 0:
             return None
         n_rows = sum(self._rows.values())
-        failed = [b for b in self._batches.values() if b.failed_rows]
-        n_failed = sum(b.failed_rows for b in failed)
-        if not failed or n_failed <= self._budget * n_rows:
+        n_failed = self._failed_rows
+        if not n_failed or n_failed <= self._budget * n_rows:
             return None
         return (f"{n_failed} of {n_rows} rows ({n_failed / n_rows:.1%}) are marked error by "
                 f"failed batches, over run.error_budget = {self._budget:g}; first reason: "
-                f"{failed[0].reason}")
+                f"{self._first_reason}")
 
     def faults(self) -> dict[str, dict[str, int]]:
         """Per stage: ``batches`` (distinct), ``batch_starts``, ``batch_retries``

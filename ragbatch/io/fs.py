@@ -24,7 +24,7 @@ import pyarrow.fs as pafs
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
-from ragbatch.errors import InputError
+from ragbatch.errors import InputError, exception_chain
 
 log = logging.getLogger("ragbatch")
 T = TypeVar("T")
@@ -247,18 +247,9 @@ def describe_storage_error(uri: str, exc: BaseException, section: str = "input")
     return InputError(f"{uri}: cannot read ({type(exc).__name__}: {detail})")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in seen and len(seen) < 10:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
-
-
 def _class_names(exc: BaseException) -> set[str]:
     names: set[str] = set()
-    for item in _chain(exc):
+    for item in exception_chain(exc):
         names.update(cls.__name__ for cls in type(item).__mro__)
         code = _error_code(item)
         if code:
@@ -274,7 +265,7 @@ def _error_code(exc: BaseException) -> str | None:
 
 
 def _errno(exc: BaseException) -> int | None:
-    for item in _chain(exc):
+    for item in exception_chain(exc):
         if isinstance(item, OSError) and item.errno:
             return item.errno
     return None
