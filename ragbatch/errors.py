@@ -42,6 +42,14 @@ class EngineError(RagbatchError):
     """A model engine (embedding, cross-encoder, judge) cannot be loaded or run."""
 
 
+class ClusterError(RagbatchError):
+    """A Ray cluster's job server cannot be reached or refused a request."""
+
+
+class JobNotFoundError(RagbatchError):
+    """The Ray cluster has no job with the given id."""
+
+
 class RunError(RagbatchError):
     """The run stopped while running: more rows failed than ``run.error_budget`` allows."""
 

@@ -1,0 +1,231 @@
+"""``ragbatch submit / status / logs`` and ``ray job submit`` on a real two-node Ray cluster.
+
+The module starts its own cluster (``tests/ray_cluster.py``): a head node and a second
+node with the custom resource ``stage_node``, both ``ray start --block`` processes on
+this machine, stopped at the end. It never connects a driver to it from this process (the
+session's ``ray_local`` lives here); everything goes through the job server's HTTP API.
+
+The demo job scores six Paul Graham rows (two systems x three questions; one answer
+replaced by its reference in upper case) with ``semantic_similarity`` on the packaged
+MiniLM, whose engine is pinned to ``stage_node``, plus ``exact_match`` and
+``response_length``. It is submitted twice at once: through ``ragbatch submit --wait`` and
+through ``ray job submit``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from ragbatch.cli import main
+from ray_cluster import STAGE_NODE_RESOURCE, cluster_env, start_two_node_cluster
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TONIC = REPO / "examples/data/tonic_validate_paul_graham"
+BIN = Path(sys.executable).parent
+ROWS_PER_SYSTEM = 3
+METRICS = ("semantic_similarity", "exact_match", "response_length")
+MAX_CHARS = 1500
+#: The one row whose answer is replaced by its reference in upper case.
+SAME_AS_REFERENCE = "system=openai/part.csv:1"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_two_node_cluster(second_cpus=2, stage_slots=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """What a job ships: the code (ragbatch/, udfs/, jobs/), six input rows and the config.
+    The output root is outside it (an absolute path both nodes of this machine write)."""
+    root = tmp_path_factory.mktemp("cluster_job")
+    work = root / "work"
+    for part in ("ragbatch", "udfs", "jobs"):
+        shutil.copytree(REPO / part, work / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for system in ("openai", "cohere"):
+        source = next((TONIC / f"system={system}").glob("*.csv"))
+        with source.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))[:ROWS_PER_SYSTEM]
+        if system == "openai":
+            rows[1]["llm_answer"] = rows[1]["reference_answer"].upper()
+        target = work / f"data/system={system}/part.csv"
+        target.parent.mkdir(parents=True)
+        with target.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    config = {
+        "run": {"name": "cluster-submit"},
+        "input": {"uri": "data/", "format": "csv", "contexts_format": "json",
+                  "columns": {"question": "reference_question", "contexts": "llm_context",
+                              "answer": "llm_answer", "reference": "reference_answer"}},
+        "output": {"uri": str(root / "out")},
+        "metrics": [{"name": "semantic_similarity", "engine": "minilm"},
+                    {"name": "exact_match", "params": {"case_sensitive": False}},
+                    {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}}],
+        "engines": {"minilm": {"type": "embedding", "num_cpus": 1, "concurrency": 1, "batch_size": 8,
+                               "resources": {STAGE_NODE_RESOURCE: 1}}},
+    }
+    (work / "job.yaml").write_text(yaml.safe_dump(config))
+    return work
+
+
+def _client_env() -> dict[str, str]:
+    """The cluster's environment, plus this checkout on PYTHONPATH for the ``ragbatch``
+    command itself (the job imports what the working dir ships)."""
+    return dict(cluster_env(), PYTHONPATH=str(REPO))
+
+
+def _expected(work: Path) -> dict[tuple[str, str], float]:
+    """exact_match and response_length per (row_id, metric), worked out from the CSVs."""
+    out = {}
+    for path in sorted((work / "data").glob("system=*/part.csv")):
+        with path.open(newline="", encoding="utf-8") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                rid = f"{path.parent.name}/part.csv:{i}"
+                answer, reference = row["llm_answer"], row["reference_answer"]
+                out[rid, "exact_match"] = float(answer.strip().lower() == reference.strip().lower())
+                out[rid, "response_length"] = float(1 <= len(answer) <= MAX_CHARS)
+    return out
+
+
+def _in_process(monkeypatch, cwd: Path) -> None:
+    """Run the CLI here: auth off, in ``cwd``; ``sys.path`` restored afterwards (a
+    submission puts the working dir on it, for metric callbacks)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def _check_run(output_root: Path, run_id: str, work: Path, second_node: str) -> None:
+    scores = pl.scan_parquet(f"{output_root}/scores/**/*.parquet", hive_partitioning=True) \
+        .filter(pl.col("run_id") == run_id).collect()
+    assert scores.height == 2 * ROWS_PER_SYSTEM * len(METRICS)
+    assert scores["status"].unique().to_list() == ["ok"]
+    by_cell = {(r["row_id"], r["metric"]): r["score"] for r in scores.iter_rows(named=True)}
+    for key, value in _expected(work).items():
+        assert by_cell[key] == value, key
+    similarity = {rid: s for (rid, m), s in by_cell.items() if m == "semantic_similarity"}
+    assert len(similarity) == 2 * ROWS_PER_SYSTEM
+    # The uncased MiniLM embeds an answer equal to its reference up to case identically.
+    assert similarity.pop(SAME_AS_REFERENCE) == pytest.approx(1.0, abs=1e-5)
+    assert all(0.0 <= s < 0.99 for s in similarity.values()), similarity
+
+    manifest = json.loads(next(output_root.glob(f"runs/run_date=*/run_id={run_id}/manifest.json")).read_text())
+    assert manifest["rows"]["input"] == 2 * ROWS_PER_SYSTEM
+    assert manifest["placement"]["model:minilm"]["node_ids"] == [second_node]
+
+
+def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, capsys, monkeypatch):
+    env = _client_env()
+    # Both at once: each polls its job to the end while the other's runs.
+    via_ragbatch = subprocess.Popen(
+        [str(BIN / "ragbatch"), "submit", "job.yaml", "--address", cluster.dashboard_url,
+         "--wait", "--run-id", "via-ragbatch", "--run-date", "2026-11-28"],
+        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    via_ray = subprocess.Popen(
+        [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard_url,
+         "--working-dir", str(workdir), "--submission-id", "rb-via-ray", "--",
+         "python", "jobs/run.py", "job.yaml", "--run-id", "via-ray"],
+        cwd=workdir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out_a, err_a = via_ragbatch.communicate(timeout=400)
+    out_b, err_b = via_ray.communicate(timeout=400)
+    assert via_ragbatch.returncode == 0, out_a[-3000:] + err_a[-3000:]
+    assert via_ray.returncode == 0, out_b[-3000:] + err_b[-3000:]
+
+    output_root = workdir.parent / "out"
+    job_line = next(line for line in out_a.splitlines() if line.startswith("submitted job "))
+    job_id = job_line.split()[2]
+    assert f"  manifest:  {output_root}/runs/run_date=2026-11-28/run_id=via-ragbatch/manifest.json" in out_a
+    assert f"  dashboard: {cluster.dashboard_url}/#/jobs/{job_id}" in out_a
+    assert out_a.rstrip().endswith(f"job {job_id} SUCCEEDED: Job finished successfully.")
+
+    second_node = cluster.node_id_with(STAGE_NODE_RESOURCE)
+    _check_run(output_root, "via-ragbatch", workdir, second_node)
+    _check_run(output_root, "via-ray", workdir, second_node)
+
+    _in_process(monkeypatch, workdir)
+    code = main(["status", job_id, "--address", cluster.dashboard_url])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"job {job_id}: SUCCEEDED" in out and "driver exit code: 0" in out
+    assert "run: via-ragbatch (run date 2026-11-28), config job.yaml" in out
+
+    assert main(["logs", "rb-via-ray", "--address", cluster.dashboard_url]) == 0
+    out = capsys.readouterr().out
+    assert "run via-ray committed (6 rows x 3 metrics = 18 cells)" in out
+
+
+def _jobs(cluster) -> int:
+    from ray.job_submission import JobSubmissionClient
+
+    return len(JobSubmissionClient(cluster.dashboard_url).list_jobs())
+
+
+def test_nothing_is_submitted_for_a_broken_config(cluster, workdir, capsys, monkeypatch):
+    _in_process(monkeypatch, workdir)
+    before = _jobs(cluster)
+    config = yaml.safe_load((workdir / "job.yaml").read_text())
+    config["metrics"][1]["name"] = "exact_macth"
+    (workdir / "broken.yaml").write_text(yaml.safe_dump(config))
+    assert main(["submit", "broken.yaml", "--address", cluster.dashboard_url]) == 2
+    assert "metrics[1].name" in capsys.readouterr().err
+
+    assert main(["submit", "job.yaml", "--output", "out/relative", "--address", cluster.dashboard_url]) == 2
+    assert "relative local path" in capsys.readouterr().err
+
+    outside = workdir.parent / "outside.yaml"
+    shutil.copy(workdir / "job.yaml", outside)
+    assert main(["submit", str(outside), "--address", cluster.dashboard_url]) == 2
+    assert "outside the working dir" in capsys.readouterr().err
+    assert _jobs(cluster) == before
+
+
+def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tmp_path):
+    """The job server takes packages up to 100 MiB: a working dir with 101 MiB of random
+    bytes (which do not compress) is refused, and nothing is submitted."""
+    before = _jobs(cluster)
+    work = tmp_path / "big"
+    (work / "jobs").mkdir(parents=True)
+    shutil.copy(workdir / "jobs/run.py", work / "jobs/run.py")
+    shutil.copy(workdir / "job.yaml", work / "job.yaml")
+    (work / "blob.bin").write_bytes(os.urandom(101 * 2**20))
+    proc = subprocess.run([str(BIN / "ragbatch"), "submit", "job.yaml", "--address", cluster.dashboard_url],
+                          cwd=work, env=_client_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert (f"working dir {work} is too large to ship: its zipped package exceeds the job "
+            "server's limit of 100 MiB") in proc.stderr
+    assert ".rayignore" in proc.stderr
+    assert _jobs(cluster) == before
+
+
+def test_unreachable_address_and_unknown_job(cluster, workdir, capsys, monkeypatch):
+    from s3_fixtures import _free_port
+
+    _in_process(monkeypatch, workdir)
+    nowhere = f"http://127.0.0.1:{_free_port()}"
+    assert main(["submit", "job.yaml", "--address", nowhere]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach a Ray job server at {nowhere}" in err and "ray start --head" in err
+    assert "8265" in err
+
+    monkeypatch.setenv("RAY_ADDRESS", cluster.dashboard_url)  # the address from the environment
+    assert main(["status", "raysubmit_nosuchjob"]) == 2
+    assert "no job 'raysubmit_nosuchjob'" in capsys.readouterr().err
+    assert main(["logs", "raysubmit_nosuchjob"]) == 2
