@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
+    validate.add_argument("--address", help="check placement against this Ray cluster (dashboard URL "
+                          "http://HEAD:8265 or HEAD:6379; default: $RAY_ADDRESS, else this machine)")
 
     metrics = sub.add_parser("metrics", help="list every metric with inputs, params, range and source")
     metrics.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -267,6 +270,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
             why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
             print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
     print(f"output {config.output.uri}: reachable")
+    return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
+
+
+def _print_placement(plan, address: str | None) -> int:
+    """The actor stages' resources and whether they fit the cluster (or this machine)."""
+    from ragbatch.placement import fit_problems, free_cpus_after, local_nodes, nodes_at
+
+    demands = plan.demands()
+    if not demands:
+        return EXIT_OK
+    nodes = nodes_at(address) if address else local_nodes()
+    where = f"the cluster at {address}" if address else "this machine (local Ray)"
+    for d in demands:
+        pool = f"{d.min_actors}" if d.min_actors == d.max_actors else f"{d.min_actors}..{d.max_actors}"
+        bundles = " + ".join("{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}"
+                             for b in d.bundles)
+        print(f"placement {d.stage}: {pool} actor(s), each {bundles}")
+    problems = fit_problems(demands, nodes)
+    if problems:
+        print(f"placement on {where} ({len(nodes)} node(s)): will not fit", file=sys.stderr)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+        return EXIT_INVALID
+    spare = free_cpus_after(demands, nodes)
+    print(f"placement on {where} ({len(nodes)} node(s)): fits; {spare:g} CPU(s) left for read "
+          "and expression tasks" + (" (none: read tasks could not run beside the actors)" if spare <= 0 else ""))
     return EXIT_OK
 
 

@@ -110,10 +110,40 @@ class MetricSpec(_Strict):
 
 
 class _StageResources(_Strict):
+    """Where and how wide an actor stage runs (see :mod:`ragbatch.placement`).
+
+    ``num_gpus``/``num_cpus`` are per actor; ``concurrency`` is a fixed pool size or
+    ``[min, max]`` for an autoscaling pool; ``batch_size`` is rows per call;
+    ``accelerator_type`` (a Ray accelerator type such as ``A10G``, ``L4``, ``A100``,
+    ``H100``) puts the actors on nodes with that GPU; ``resources`` are custom Ray
+    resources each actor needs (for example ``{gpu_node: 1}`` to pin the stage to nodes
+    started with ``--resources '{"gpu_node": 8}'``)."""
+
     num_gpus: float = Field(0, ge=0)
     num_cpus: float = Field(1, ge=0)
     concurrency: int | tuple[int, int] = 1
     batch_size: int = Field(64, ge=1)
+    accelerator_type: str | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory") or name.startswith(
+                    ("accelerator_type:", "node:")):
+                raise ValueError(f"{name!r} is one of Ray's built-in resources, not a custom one; "
+                                 "use num_cpus, num_gpus or accelerator_type instead")
+            if not amount > 0:
+                raise ValueError(f"resources.{name} must be > 0, got {amount}")
+        return value
+
+    @field_validator("accelerator_type")
+    @classmethod
+    def _accelerator_type_nonempty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("accelerator_type is empty; leave it out or name a type such as A100")
+        return value.strip() if value is not None else value
 
     @field_validator("concurrency")
     @classmethod
@@ -166,11 +196,22 @@ class VllmEngine(_JudgeSettings):
     ``engine_kwargs`` go to ``vllm.LLM`` unchanged (for example ``max_num_seqs``)."""
 
     type: Literal["vllm"]
+    #: GPUs one engine spans (one tensor-parallel worker per GPU, all on one node); above
+    #: 1 each actor reserves a placement group of that many GPU bundles.
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool = True
     dtype: str = "auto"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":
+        tp = self.tensor_parallel_size
+        if tp > 1 and self.num_gpus != tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} runs one worker per GPU, so each actor uses {tp} "
+                f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})")
+        return self
 
 
 class OpenAIEngine(_JudgeSettings):

@@ -42,6 +42,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
                    timings: dict[str, float], ray_info: dict[str, Any],
                    judge: dict[str, Any] | None = None, resume: Any = None,
                    faults: dict[str, dict[str, int]] | None = None,
+                   placement: dict[str, dict[str, Any]] | None = None,
                    summary: Any = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
@@ -57,7 +58,11 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     files reused from earlier attempts, files set aside), ``faults`` (the error
     budget, and per actor stage and in total: batches, batch starts, in-process batch
     retries, actors lost mid-batch and replaced, batches and rows marked ``error``; see
-    :meth:`udfs.ledger.RunLedger.faults`), and ``summary`` (the settings
+    :meth:`udfs.ledger.RunLedger.faults`), ``placement`` (per actor stage, by plan
+    stage name such as ``model:<engine>``: the Ray ``node_ids`` its actors ran on, how
+    many ``actors`` there were and how often they started (``actor_starts``: Ray restarts
+    a dead actor under its id), plus what one actor asked for: ``bundles`` and the pool size
+    ``min_actors``/``max_actors``), and ``summary`` (the settings
     of ``summary.parquet``'s intervals and slicing, and per slice column its number of
     distinct values and how many were pooled:
     :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``).
@@ -111,8 +116,23 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "files_set_aside": len(resume.set_aside) if resume else 0,
         },
         "faults": fault_summary(plan, faults or {}),
+        "placement": placement_summary(plan, placement or {}),
         "summary": summary.manifest_info() if summary is not None else {},
     }
+
+
+def placement_summary(plan: Plan, placement: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's ``placement`` section: per actor stage what one actor asked for and
+    where the actors ran (:meth:`udfs.ledger.RunLedger.placement`)."""
+    out: dict[str, Any] = {}
+    for demand in plan.demands():
+        ran = placement.get(demand.stage, {})
+        out[demand.stage] = {"bundles": [dict(b) for b in demand.bundles],
+                             "min_actors": demand.min_actors, "max_actors": demand.max_actors,
+                             "actors": ran.get("actors", 0),
+                             "actor_starts": ran.get("actor_starts", 0),
+                             "node_ids": ran.get("node_ids", [])}
+    return out
 
 
 def fault_summary(plan: Plan, faults: dict[str, dict[str, int]]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from ragbatch.config import EngineSpec, JobConfig
 from ragbatch.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
+from ragbatch.placement import StageDemand, accelerator_problems
 from ragbatch.registry import get_metric
 
 _ENGINE_ADAPTER: TypeAdapter = TypeAdapter(EngineSpec)
@@ -62,6 +63,12 @@ class Plan:
     @property
     def slice_names(self) -> list[str]:
         return [out for _, out in self.slices]
+
+    def demands(self) -> list["StageDemand"]:
+        """What each actor stage asks of the cluster (:mod:`ragbatch.placement`)."""
+        from ragbatch.placement import stage_demand
+
+        return [stage_demand(s.name, s.engine) for s in self.stages if s.engine is not None]
 
 
 def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list[str]]:
@@ -189,6 +196,7 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
     metrics, engines, problems = build_metrics(config)
     problems += _engine_problems(engines)
+    problems += accelerator_problems(engines)
     if not problems:
         problems += _pii_problems(metrics, engines)
     if problems:

@@ -90,7 +90,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
 
     t1 = time.perf_counter()
     ray_info = ensure_ray(address, import_paths)
-    n_rows, judge, faults = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+    check_fit(plan, started_locally=ray_info.get("started_locally", False))
+    done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+    n_rows = done.n_rows
     timings["execute_s"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
@@ -103,8 +105,8 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings["summary_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=judge, resume=resume, faults=faults,
-                              summary=summary)
+                              ray_info=ray_info, judge=done.judge, resume=resume,
+                              faults=done.faults, placement=done.placement, summary=summary)
     staging.publish(files, summary.table, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
@@ -150,6 +152,7 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
     about the cluster for the manifest. An already initialised Ray is reused."""
     import ray
 
+    started_locally = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
         existing = os.environ.get("PYTHONPATH", "")
@@ -164,20 +167,33 @@ def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
             # "local" always starts a new instance; a bare init() would join any Ray
             # cluster already running on this machine.
             ray.init(address="local", include_dashboard=False, **kwargs)
+            started_locally = True
     ctx = ray.get_runtime_context()
     return {
         "address": getattr(ctx, "gcs_address", None),
+        "started_locally": started_locally,
         "resources": {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")},
     }
 
 
+@dataclass
+class Executed:
+    """What :func:`execute` learned: the input row count, the judge stages' totals
+    (:meth:`udfs.judge.JudgeLedger.totals`), the actor stages' fault counters
+    (:meth:`udfs.ledger.RunLedger.faults`) and where their actors ran
+    (:meth:`udfs.ledger.RunLedger.placement`)."""
+
+    n_rows: int
+    judge: dict[str, Any]
+    faults: dict[str, Any]
+    placement: dict[str, Any]
+
+
 def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
-            done_rows: set[str] | None = None) -> tuple[int, dict[str, Any], dict[str, Any]]:
+            done_rows: set[str] | None = None) -> Executed:
     """Build the Ray Data pipeline and run it, writing score files into ``scores_dir``
     (a path on ``layout.fs``); rows whose id is in ``done_rows`` are read and counted but
-    not scored. Return the input row count, the judge stages' totals
-    (:meth:`udfs.judge.JudgeLedger.totals`) and the actor stages' fault counters
-    (:meth:`udfs.ledger.RunLedger.faults`).
+    not scored.
 
     Raises
     ------
@@ -200,6 +216,7 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
         n_rows = _run_pipeline(plan, layout, scores_dir, done_rows, ledger, judge_ledger)
         judge = ray.get(judge_ledger.totals.remote())
         faults = ray.get(ledger.faults.remote())
+        placement = ray.get(ledger.placement.remote())
     finally:
         ray.kill(ledger)
         ray.kill(judge_ledger)
@@ -207,7 +224,31 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
         log.warning("faults survived:\n%s", describe_faults(faults))
     if n_rows == 0:
         raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
-    return n_rows, judge, faults
+    return Executed(n_rows, judge, faults, placement)
+
+
+def check_fit(plan: Plan, *, started_locally: bool) -> None:
+    """Check that the connected Ray cluster can hold every actor stage's smallest pool
+    (:func:`ragbatch.placement.fit_problems`).
+
+    Raises
+    ------
+    ConfigError
+        It cannot, and Ray was started locally by this run (nothing will add resources:
+        Ray Data would wait forever). On a cluster the problems are logged as warnings
+        instead, since an autoscaler may add the nodes.
+    """
+    from ragbatch.errors import ConfigError
+    from ragbatch.placement import cluster_nodes, fit_problems
+
+    problems = fit_problems(plan.demands(), cluster_nodes())
+    if not problems:
+        return
+    if started_locally:
+        raise ConfigError([*problems, "this machine's local Ray cannot grow; lower the "
+                           "engines' resources, or run on a cluster with --address"])
+    for p in problems:
+        log.warning("placement: %s (waiting for the cluster to add resources)", p)
 
 
 def _run_pipeline(plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: set[str] | None,

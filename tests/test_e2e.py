@@ -122,6 +122,9 @@ def test_tonic_job_with_semantic_similarity(ray_local, tmp_path):
                   "WHERE metric = 'semantic_similarity'").fetchone()
     assert 0.0 <= sim[0] <= sim[1] <= 1.0 and sim[2] == 1
     manifest = json.loads(Path(result.layout.manifest_path).read_text())
+    assert manifest["placement"] == {"model:minilm": {
+        "bundles": [{"CPU": 1.0}], "min_actors": 1, "max_actors": 1, "actors": 1, "actor_starts": 1,
+        "node_ids": [ray_local.get_runtime_context().get_node_id()]}}
     regex_info = next(m for m in manifest["metrics"] if m["id"] == "one_sentence")
     assert regex_info["regex_engine"] == "python-re" and regex_info["regex_fallback_reason"]
     assert manifest["models"]["semantic_similarity"] == [

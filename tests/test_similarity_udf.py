@@ -196,7 +196,7 @@ def test_stage_options():
     assert (fixed["compute"].min_size, fixed["compute"].max_size) == (2, 2)
     assert (fixed["num_gpus"], fixed["num_cpus"], fixed["batch_size"]) == (1, 1, 32)
     assert "batch_format" not in fixed
-    assert fixed["max_task_retries"] == ACTOR_TASK_RETRIES == 5
+    assert fixed["ray_remote_args_fn"]() == {"max_task_retries": ACTOR_TASK_RETRIES} == {"max_task_retries": 5}
 
     scaling = stage_options(CrossEncoderEngine(type="cross_encoder", model="m", concurrency=(1, 4)))
     assert (scaling["compute"].min_size, scaling["compute"].max_size) == (1, 4)

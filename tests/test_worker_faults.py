@@ -73,6 +73,12 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     killer.join(timeout=1)
     assert killed, "the PII actor was never seen working on a batch"
     assert result.check.n_rows == 1600
+    # The killed actor and its replacement both ran on this session's one node.
+    placed = result.manifest["placement"]["pii:pii"]
+    assert placed["node_ids"] == [ray_local.get_runtime_context().get_node_id()]
+    assert placed["actors"] == 1  # Ray restarts a pool actor under the same id
+    assert placed["actor_starts"] == 1 + len(killed)
+    assert placed["bundles"] == [{"CPU": 1.0}] and placed["min_actors"] == placed["max_actors"] == 1
 
     scores = duckdb.sql(
         f"SELECT row_id, score, status FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "

@@ -27,6 +27,7 @@ from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics._cells import CELL_DTYPE
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
+from udfs.ledger import report_placement
 from udfs.similarity import parse_engine_spec, stage_options
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class JudgeStage:
         from ragbatch.engines import load_judge_engine
 
         self.engine_name = engine_name
+        report_placement(run_ledger, "judge:" + engine_name)
         self.spec = parse_engine_spec(engine_name, engine_spec)
         self.metrics = [_build_metric(i, m, engine_name) for i, m in enumerate(metrics)]
         self.cache = (JudgmentCache(cache["uri"], cache.get("storage_options") or {},

@@ -43,6 +43,7 @@ class RunLedger:
         self._batches: dict[tuple[str, str], _Batch] = {}
         self._failed_rows = 0  # sum of failed_rows over batches, kept as they finish
         self._first_reason: str | None = None
+        self._actors: dict[str, dict[str, list[str]]] = {}  # stage -> actor id -> node per start
 
     # -- rows ----------------------------------------------------------------------------------
 
@@ -53,6 +54,22 @@ class RunLedger:
     def totals(self) -> tuple[int, int]:
         """(rows, read tasks recorded)."""
         return sum(self._rows.values()), len(self._rows)
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def actor_placed(self, stage: str, actor_id: str, node_id: str) -> None:
+        """An actor of ``stage`` (re)started on node ``node_id`` (Ray's hex ids). Ray
+        restarts a dead pool actor under the same actor id."""
+        self._actors.setdefault(stage, {}).setdefault(actor_id, []).append(node_id)
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Per actor stage: ``actors`` (distinct actor ids), ``actor_starts`` (restarts
+        of a dead actor included) and ``node_ids`` (sorted, distinct) of the nodes they
+        ran on."""
+        return {stage: {"actors": len(actors),
+                        "actor_starts": sum(len(nodes) for nodes in actors.values()),
+                        "node_ids": sorted({n for nodes in actors.values() for n in nodes})}
+                for stage, actors in sorted(self._actors.items())}
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -121,3 +138,14 @@ def describe_faults(faults: dict[str, dict[str, Any]]) -> str:
                          f"{f['batch_retries']} in-process retries, {f['failed_batches']} "
                          f"batches ({f['failed_rows']} rows) marked error")
     return "\n".join(lines)
+
+
+def report_placement(ledger: Any, stage: str) -> None:
+    """Tell the run's ledger (if any) which node this actor of ``stage`` runs on; called
+    from an actor stage's constructor. Does not wait for the ledger."""
+    if ledger is None:
+        return
+    import ray
+
+    ctx = ray.get_runtime_context()
+    ledger.actor_placed.remote(stage, ctx.get_actor_id() or "driver", ctx.get_node_id())

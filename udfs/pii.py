@@ -31,6 +31,7 @@ from ragbatch.errors import ConfigError, EngineError
 from ragbatch.metrics._pii import PiiMetric, PiiResults
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
+from udfs.ledger import report_placement
 from udfs.similarity import check_input_columns, input_frame, parse_engine_spec
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class PiiStage:
     def __init__(self, engine_name: str, engine_spec: dict[str, Any],
                  metrics: list[dict[str, Any]], ledger: Any = None) -> None:
         self.engine_name = engine_name
+        report_placement(ledger, "pii:" + engine_name)
         spec = parse_engine_spec(engine_name, engine_spec)
         if not isinstance(spec, PresidioEngine):
             raise ConfigError(f"engines.{engine_name}: the PII stage needs a presidio engine, "

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
 from udfs.guard import BatchGuard
+from udfs.ledger import report_placement
 from ragbatch.config import (
     ENGINE_TYPES, CrossEncoderEngine, EmbeddingEngine, EngineSpec, normalize_engine,
 )
@@ -82,15 +83,18 @@ def stage_options(
     ----------
     engine_spec : dict or engine model
         Uses ``concurrency`` (an int ``n`` for a fixed pool of ``n`` actors, or
-        ``(min, max)`` for an autoscaling pool), ``num_gpus``, ``num_cpus`` and
-        ``batch_size`` (rows per call).
+        ``(min, max)`` for an autoscaling pool), ``num_gpus``, ``num_cpus``,
+        ``batch_size`` (rows per call), ``accelerator_type``, ``resources`` and, for
+        vLLM, ``tensor_parallel_size``.
 
     Returns
     -------
     dict
-        ``compute`` (a ``ray.data.ActorPoolStrategy``), ``num_gpus``, ``num_cpus``,
-        ``batch_size``, ``max_task_retries`` (:data:`ACTOR_TASK_RETRIES`: a batch whose
-        actor died runs again on a replacement at most that many times), and
+        :func:`ragbatch.placement.map_batches_options` (``compute``, ``num_gpus``,
+        ``num_cpus``, ``batch_size``, the placement options, and a
+        ``ray_remote_args_fn`` giving each actor ``max_task_retries``
+        (:data:`ACTOR_TASK_RETRIES`: a batch whose actor died runs again on a
+        replacement at most that many times)), and
         ``udf_modifying_row_count=False`` where the installed Ray
         Data accepts it (the stage returns its rows 1:1). ``batch_format`` is not
         included: pass ``batch_format="pyarrow"`` yourself.
@@ -102,24 +106,15 @@ def stage_options(
     """
     import ray.data
 
+    from ragbatch.placement import map_batches_options
+
     spec = parse_engine_spec("<engine>", engine_spec)
-    if isinstance(spec.concurrency, int):
-        compute = ray.data.ActorPoolStrategy(size=spec.concurrency)
-    else:
-        low, high = spec.concurrency
-        compute = ray.data.ActorPoolStrategy(min_size=low, max_size=high)
-    options: dict[str, Any] = {
-        "compute": compute,
-        "num_gpus": spec.num_gpus,
-        "num_cpus": spec.num_cpus,
-        "batch_size": spec.batch_size,
-    }
+    # A dead actor is replaced (Ray Data restarts pool actors without limit) and the batch
+    # it held runs again, but at most ACTOR_TASK_RETRIES times: a batch that kills every
+    # actor it reaches fails the run with Ray's error instead of looping forever.
+    options = map_batches_options(spec, max_task_retries=ACTOR_TASK_RETRIES)
     if "udf_modifying_row_count" in inspect.signature(ray.data.Dataset.map_batches).parameters:
         options["udf_modifying_row_count"] = False
-    # A dead actor is replaced (Ray Data restarts pool actors without limit) and the batch
-    # it held runs again, but at most this many times: a batch that kills every actor it
-    # reaches fails the run with Ray's error instead of looping forever.
-    options["max_task_retries"] = ACTOR_TASK_RETRIES
     return options
 
 
@@ -160,6 +155,7 @@ class ModelStage:
         ledger: Any = None,
     ) -> None:
         self.engine_name = engine_name
+        report_placement(ledger, "model:" + engine_name)
         self.spec = parse_engine_spec(engine_name, engine_spec)
         self.metrics = [self._build_metric(i, m) for i, m in enumerate(metrics)]
         try:

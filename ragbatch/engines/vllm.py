@@ -6,7 +6,8 @@ build on machines without a GPU, ``vllm`` on GPU nodes); the calls used are
 
 * ``vllm.LLM(model=..., tokenizer=..., max_model_len=..., tensor_parallel_size=...,
   gpu_memory_utilization=..., enable_prefix_caching=..., dtype=..., seed=...,
-  structured_outputs_config=..., disable_log_stats=False, **engine_kwargs)``;
+  structured_outputs_config=..., disable_log_stats=False, **engine_kwargs)``, with
+  ``distributed_executor_backend="ray"`` when ``tensor_parallel_size`` > 1;
 * ``LLM.get_tokenizer()`` (its ``apply_chat_template`` and ``encode``) to turn each
   request's chat into prompt token ids, so that prompts are counted and checked against
   the window before anything is generated;
@@ -444,6 +445,10 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         "disable_log_stats": False,
         "structured_outputs_config": dict(DEFAULT_STRUCTURED_OUTPUTS),
     }
+    if spec.tensor_parallel_size > 1:
+        # The workers go into the placement group the actor runs in
+        # (ragbatch.placement), one per GPU bundle.
+        kwargs["distributed_executor_backend"] = "ray"
     kwargs.update(spec.engine_kwargs)
     try:
         llm = vllm.LLM(**kwargs)
