@@ -112,13 +112,16 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     Raises
     ------
     ConfigError
-        The config is invalid (fields, metric names and params, engines), lies outside
+        The config is invalid (fields, metric names and params, engines and their
+        accelerator types; not local model directories, which may exist on the cluster
+        only, nor the fit of the stages, which an autoscaler may provide), lies outside
         the working directory, the working directory lacks ``jobs/run.py``, the run id
         is not path-safe, or the output is a relative local path or ``memory://`` (on
         the cluster it would land in the job's temporary directory, or in its driver's
         memory, and be lost).
     """
     from ragbatch.io.write import OutputLayout
+    from ragbatch.placement import accelerator_problems
     from ragbatch.plan import build_metrics
     from ragbatch.runner import new_run_id
 
@@ -139,7 +142,8 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     for path in (workdir, config_file.parent):  # metric callbacks are imported when checked
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    _, _, problems = build_metrics(config)
+    _, engines, problems = build_metrics(config)
+    problems += accelerator_problems(engines)
     if problems:
         raise ConfigError(problems)
 

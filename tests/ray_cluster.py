@@ -1,9 +1,9 @@
 """A real two-node Ray cluster on this machine, for the job submission tests.
 
-Both nodes are ``ray start --block`` processes in process groups of their own, on
-loopback and on ports that were free when the cluster started, with their own temp
-directory; :meth:`TwoNodeCluster.stop` ends those process groups and nothing else (never
-``ray stop``, which would end every Ray instance of the machine's user).
+Both nodes are ``ray start --block`` processes in process groups of their own, on ports
+that were free when the cluster started, each with a temp directory of its own;
+:meth:`TwoNodeCluster.stop` ends those process groups and nothing else (never ``ray
+stop``, which would end every Ray instance of the machine's user).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from pathlib import Path
 
 #: Custom resource that only the second node has.
 STAGE_NODE_RESOURCE = "stage_node"
+#: Tries to start each node (see :meth:`TwoNodeCluster._start_node`).
+START_ATTEMPTS = 3
 #: Worker ports per node (one per worker process; a job here starts about a dozen).
 WORKER_PORTS = 40
 
@@ -90,23 +92,45 @@ class TwoNodeCluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def _start(self, name: str, args: list[str]) -> None:
+    def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
         log = self.temp_dir / f"{name}.log"
-        self.logs.append(log)
         with log.open("wb") as fh:
-            self.procs.append(subprocess.Popen(
+            proc = subprocess.Popen(
                 [str(Path(sys.executable).with_name("ray")), "start", "--block", *args],
                 stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-            ))
+            )
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def _start_node(self, name: str, args, ready, timeout_s: float) -> None:
+        """Start a node (``args()`` gives fresh ports each time) and wait for ``ready``.
+
+        ``ray start`` gives up when its raylet has not registered within 30 s (fixed in
+        Ray), which a loaded 2-core machine can exceed: such a start is cleaned up and
+        tried again, up to :data:`START_ATTEMPTS` times in all.
+        """
+        for attempt in range(1, START_ATTEMPTS + 1):
+            proc = self._launch(f"{name}-{attempt}", args())
+            try:
+                self._wait_for(ready, timeout_s, f"the {name} node")
+                return
+            except RuntimeError:
+                if proc.poll() is None or attempt == START_ATTEMPTS:
+                    raise
+                _kill_group(proc)
+                index = self.procs.index(proc)
+                del self.procs[index], self.logs[index]
 
     def start(self, head_cpus: int = 2, second_cpus: int = 1, stage_slots: int = 1,
-              timeout_s: float = 90.0) -> None:
+              timeout_s: float = 120.0) -> None:
         """Start both nodes and wait until the dashboard lists two live nodes; the second
-        has ``second_cpus`` CPUs and ``stage_slots`` units of ``stage_node``."""
+        has ``second_cpus`` CPUs and ``stage_slots`` units of ``stage_node``.
+
+        Ray turns ``--node-ip-address 127.0.0.1`` into this machine's own address (on
+        this machine kind, 192.0.2.2); the dashboard listens on loopback.
+        """
         ports = _Ports()
-        gcs, dashboard = ports.one(), ports.one()
-        self.gcs_address = f"127.0.0.1:{gcs}"
-        self.dashboard_url = f"http://127.0.0.1:{dashboard}"
         common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats",
                   "--object-store-memory", str(200 * 1024 * 1024)]
 
@@ -120,21 +144,25 @@ class TwoNodeCluster:
                     "--min-worker-port", str(start := ports.block(WORKER_PORTS)),
                     "--max-worker-port", str(start + WORKER_PORTS - 1)]
 
-        self._start("head", ["--head", "--port", str(gcs), "--num-cpus", str(head_cpus),
-                             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                             "--dashboard-port", str(dashboard),
-                             "--ray-client-server-port", str(ports.one()),
-                             "--temp-dir", str(self.temp_dir), *common, *node_ports()])
-        self._wait_for(lambda nodes: len(nodes) >= 1, timeout_s, "the head node")
-        self._start("second", ["--address", self.gcs_address, "--num-cpus", str(second_cpus),
-                               "--resources", json.dumps({STAGE_NODE_RESOURCE: stage_slots}),
-                               # A temp dir of its own, as on a machine of its own: in a
-                               # shared one, the two nodes' runtime env agents would unpack
-                               # a job's working dir into the same directory, the second
-                               # replacing it under the running driver.
-                               "--temp-dir", str(self.temp_dir / "second"),
-                               *common, *node_ports()])
-        self._wait_for(lambda nodes: len(nodes) >= 2, timeout_s, "the second node")
+        def head_args() -> list[str]:
+            gcs, dashboard = ports.one(), ports.one()
+            self.gcs_address = f"127.0.0.1:{gcs}"
+            self.dashboard_url = f"http://127.0.0.1:{dashboard}"
+            return ["--head", "--port", str(gcs), "--num-cpus", str(head_cpus),
+                    "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                    "--dashboard-port", str(dashboard), "--ray-client-server-port", str(ports.one()),
+                    "--temp-dir", str(self.temp_dir), *common, *node_ports()]
+
+        def second_args() -> list[str]:
+            return ["--address", self.gcs_address, "--num-cpus", str(second_cpus),
+                    "--resources", json.dumps({STAGE_NODE_RESOURCE: stage_slots}),
+                    # A temp dir of its own, as on a machine of its own: in a shared one
+                    # the two nodes' runtime env agents would unpack a job's working dir
+                    # into the same directory, the second replacing it under the driver.
+                    "--temp-dir", str(self.temp_dir / "second"), *common, *node_ports()]
+
+        self._start_node("head", head_args, lambda nodes: len(nodes) >= 1, timeout_s)
+        self._start_node("second", second_args, lambda nodes: len(nodes) >= 2, timeout_s)
 
     def nodes(self) -> list[dict]:
         """Live nodes from the dashboard's state API (``/api/v0/nodes``)."""
@@ -167,25 +195,25 @@ class TwoNodeCluster:
         raise RuntimeError(f"{what} did not come up within {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        """Stop both nodes (second node first) and remove the temp dir.
+        """Kill both nodes' process groups and remove the temp dir.
 
-        SIGTERM to a ``ray start --block`` process drains its node and ends the processes
-        it started (a few seconds); whatever of its process group is left after 40 s is
-        killed.
+        SIGKILL, not SIGTERM: on SIGTERM each node first asks the GCS to drain it, which
+        waits up to 30 s when the head is going down at the same time. Nothing of the
+        cluster outlives it: its processes are all in the two groups, and its files are
+        in the temp dir.
         """
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
+            _kill_group(proc)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of the process group ``proc`` leads, and reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
 
 
 def start_two_node_cluster(**sizes: int) -> TwoNodeCluster:

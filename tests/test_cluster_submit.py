@@ -156,26 +156,34 @@ def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, c
     assert f"  dashboard: {cluster.dashboard_url}/#/jobs/{job_id}" in out_a
     assert out_a.rstrip().endswith(f"job {job_id} SUCCEEDED: Job finished successfully.")
 
+    _in_process(monkeypatch, workdir)
+    assert _client(cluster).get_job_status("rb-via-ray") == "SUCCEEDED"
+
     second_node = cluster.node_id_with(STAGE_NODE_RESOURCE)
     _check_run(output_root, "via-ragbatch", workdir, second_node)
     _check_run(output_root, "via-ray", workdir, second_node)
 
-    _in_process(monkeypatch, workdir)
     code = main(["status", job_id, "--address", cluster.dashboard_url])
     out = capsys.readouterr().out
     assert code == 0
     assert f"job {job_id}: SUCCEEDED" in out and "driver exit code: 0" in out
     assert "run: via-ragbatch (run date 2026-11-28), config job.yaml" in out
 
-    assert main(["logs", "rb-via-ray", "--address", cluster.dashboard_url]) == 0
-    out = capsys.readouterr().out
-    assert "run via-ray committed (6 rows x 3 metrics = 18 cells)" in out
+    assert main(["logs", job_id, "--address", cluster.dashboard_url]) == 0
+    assert "run via-ragbatch committed (6 rows x 3 metrics = 18 cells)" in capsys.readouterr().out
+    # --follow on a finished job streams what it printed, then returns.
+    assert main(["logs", "rb-via-ray", "--follow", "--address", cluster.dashboard_url]) == 0
+    assert "run via-ray committed (6 rows x 3 metrics = 18 cells)" in capsys.readouterr().out
+
+
+def _client(cluster):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(cluster.dashboard_url)
 
 
 def _jobs(cluster) -> int:
-    from ray.job_submission import JobSubmissionClient
-
-    return len(JobSubmissionClient(cluster.dashboard_url).list_jobs())
+    return len(_client(cluster).list_jobs())
 
 
 def test_nothing_is_submitted_for_a_broken_config(cluster, workdir, capsys, monkeypatch):
@@ -197,21 +205,22 @@ def test_nothing_is_submitted_for_a_broken_config(cluster, workdir, capsys, monk
     assert _jobs(cluster) == before
 
 
-def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tmp_path):
+def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tmp_path, capsys,
+                                                            monkeypatch):
     """The job server takes packages up to 100 MiB: a working dir with 101 MiB of random
     bytes (which do not compress) is refused, and nothing is submitted."""
-    before = _jobs(cluster)
     work = tmp_path / "big"
     (work / "jobs").mkdir(parents=True)
     shutil.copy(workdir / "jobs/run.py", work / "jobs/run.py")
     shutil.copy(workdir / "job.yaml", work / "job.yaml")
     (work / "blob.bin").write_bytes(os.urandom(101 * 2**20))
-    proc = subprocess.run([str(BIN / "ragbatch"), "submit", "job.yaml", "--address", cluster.dashboard_url],
-                          cwd=work, env=_client_env(), capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    _in_process(monkeypatch, work)
+    before = _jobs(cluster)
+    assert main(["submit", "job.yaml", "--address", cluster.dashboard_url]) == 2
+    err = capsys.readouterr().err
     assert (f"working dir {work} is too large to ship: its zipped package exceeds the job "
-            "server's limit of 100 MiB") in proc.stderr
-    assert ".rayignore" in proc.stderr
+            "server's limit of 100 MiB") in err
+    assert ".rayignore" in err
     assert _jobs(cluster) == before
 
 
@@ -219,13 +228,30 @@ def test_unreachable_address_and_unknown_job(cluster, workdir, capsys, monkeypat
     from s3_fixtures import _free_port
 
     _in_process(monkeypatch, workdir)
+    # RAY_ADDRESS names the live cluster, but --address wins.
+    monkeypatch.setenv("RAY_ADDRESS", cluster.dashboard_url)
     nowhere = f"http://127.0.0.1:{_free_port()}"
     assert main(["submit", "job.yaml", "--address", nowhere]) == 1
     err = capsys.readouterr().err
     assert f"cannot reach a Ray job server at {nowhere}" in err and "ray start --head" in err
     assert "8265" in err
 
-    monkeypatch.setenv("RAY_ADDRESS", cluster.dashboard_url)  # the address from the environment
-    assert main(["status", "raysubmit_nosuchjob"]) == 2
+    assert main(["status", "raysubmit_nosuchjob"]) == 2  # the address from RAY_ADDRESS
     assert "no job 'raysubmit_nosuchjob'" in capsys.readouterr().err
     assert main(["logs", "raysubmit_nosuchjob"]) == 2
+
+
+def test_wait_exits_with_the_jobs_own_status(cluster, workdir, capsys, monkeypatch):
+    """An input that exists nowhere passes the local check (which never reads the
+    input), and the job's driver exits with ragbatch's 2, which --wait passes on."""
+    _in_process(monkeypatch, workdir)
+    code = main(["submit", "job.yaml", "--input", "data/absent/", "--address", cluster.dashboard_url,
+                 "--wait", "--run-id", "absent-input"])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    job_id = next(line for line in out.splitlines() if line.startswith("submitted job ")).split()[2]
+    assert f"job {job_id}: FAILED" in out
+    assert main(["status", job_id, "--address", cluster.dashboard_url]) == 0
+    assert "driver exit code: 2" in capsys.readouterr().out
+    assert main(["logs", job_id, "--address", cluster.dashboard_url]) == 0
+    assert "data/absent" in capsys.readouterr().out
