@@ -1,11 +1,12 @@
 """The ``ragbatch`` command line.
 
-Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, and ``submit``,
-``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in the config
-or input found before running (for ``compare`` and ``report``: an unknown run, root or
-column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while running (or
-an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a metric that
-regresses beyond the threshold. ``submit --wait`` exits with the job's own status.
+Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, and
+``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
+the config or input found before running (for ``compare`` and ``report``: an unknown run,
+root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
+running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
+metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
+there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
+    validate.add_argument("--run-date", type=dt.date.fromisoformat,
+                          help="date for {run_date} in the URIs (default: run.run_date, else today UTC)")
     validate.add_argument("--address", help="check placement against this Ray cluster (dashboard URL "
                           "http://HEAD:8265 or HEAD:6379; default: $RAY_ADDRESS, else this machine)")
 
@@ -52,8 +55,24 @@ def _parser() -> argparse.ArgumentParser:
     metrics.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_compare_parser(sub)
     _add_report_parser(sub)
+    _add_nightly_parser(sub)
     _add_job_parsers(sub)
     return parser
+
+
+def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("nightly", help="run one night, publish its report and comparison, "
+                                       "exit with a code a scheduler can act on")
+    _add_config_args(p)
+    p.add_argument("--run-date", type=dt.date.fromisoformat,
+                   help="the night YYYY-MM-DD (default: run.run_date, else yesterday UTC)")
+    p.add_argument("--run-id", help="run id (default: nightly-<run date>)")
+    p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
+    p.add_argument("--fail-on-regression", type=_non_negative, metavar="THRESHOLD",
+                   help="exit 3 when a metric's all-rows change against the previous committed "
+                        "run is significant, worse, and larger than THRESHOLD in its units")
+    p.add_argument("--no-report", dest="report", action="store_false",
+                   help="do not write report.html and the comparison files")
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
@@ -65,9 +84,13 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--working-dir", metavar="DIR",
                    help="directory shipped to the cluster; must hold jobs/run.py and the config "
                         "(default: the current directory)")
-    p.add_argument("--run-id", help="run id (default: run.run_id, else generated now)")
+    p.add_argument("--run-id", help="run id (default: run.run_id, else generated now; "
+                                    "with --nightly: nightly-<run date>)")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
-                   help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
+                   help="partition date YYYY-MM-DD, also for {run_date} in the URIs (default: "
+                        "run.run_date, else today UTC; with --nightly: yesterday UTC)")
+    p.add_argument("--nightly", action="store_true",
+                   help="run it as the nightly job (jobs/nightly.py, as `ragbatch nightly`)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to end and exit with its status")
     p.add_argument("--follow-logs", action="store_true",
@@ -138,6 +161,13 @@ def _confidence(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (in the metric's units), got {text}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -190,8 +220,21 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
           f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
     if args.report:
-        _write_run_report(config, result.run_id)
+        _write_run_report(result.config or config, result.run_id)
     return EXIT_OK
+
+
+def cmd_nightly(args: argparse.Namespace) -> int:
+    from ragbatch.nightly_job import run_nightly
+    from ragbatch.nightly_summary import format_outcome
+
+    outcome = run_nightly(_load(args), config_dir=Path(args.config).parent, run_date=args.run_date,
+                          run_id=args.run_id, address=args.address,
+                          fail_on_regression=args.fail_on_regression, report=args.report)
+    print(format_outcome(outcome))
+    if outcome.exit_code in (EXIT_FAILED, EXIT_INVALID):
+        print(f"ragbatch: error: {outcome.message}", file=sys.stderr)
+    return outcome.exit_code
 
 
 def _write_run_report(config: JobConfig, run_id: str) -> None:
@@ -242,8 +285,14 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     from ragbatch.plan import build_plan, preflight_engines
     from ragbatch.runner import prepare_import_paths
+    from ragbatch.templating import render_config, uri_templates
 
     config = _load(args)
+    templates = uri_templates(config)
+    if templates:
+        run_date = config.run.run_date or dt.datetime.now(dt.timezone.utc).date()
+        config = render_config(config, run_date)
+        print(f"run date {run_date.isoformat()} fills in {', '.join(templates)}")
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
     preflight_engines(plan)
@@ -375,7 +424,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     request = jobs.prepare_job(args.config, working_dir=args.working_dir, input_uri=args.input_uri,
                                output_uri=args.output_uri, run_id=args.run_id,
-                               run_date=args.run_date, env=dict(args.env), pip=args.pip)
+                               run_date=args.run_date, nightly=args.nightly, env=dict(args.env),
+                               pip=args.pip)
     client = jobs.connect(args.address)
     job_id = jobs.submit(client, request, entrypoint_num_cpus=args.entrypoint_num_cpus)
     info = jobs.job_info(client, job_id)
@@ -446,8 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
-                "compare": cmd_compare, "report": cmd_report, "submit": cmd_submit,
-                "status": cmd_status, "logs": cmd_logs}
+                "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
+                "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError) as exc:

@@ -30,6 +30,12 @@ class InputError(RagbatchError):
     """The input cannot be found, read or decoded, or lacks a mapped column."""
 
 
+class InputNotFoundError(InputError):
+    """The input location holds no files: the path does not exist, the glob matches
+    nothing, or the directory holds no visible file. (For a nightly job whose input
+    folder is written by another job, it may not be there *yet*.)"""
+
+
 class OutputError(RagbatchError):
     """The output location cannot be written, or a run with the same id already exists."""
 

@@ -43,10 +43,13 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
                    judge: dict[str, Any] | None = None, resume: Any = None,
                    faults: dict[str, dict[str, int]] | None = None,
                    placement: dict[str, dict[str, Any]] | None = None,
-                   summary: Any = None) -> dict[str, Any]:
+                   summary: Any = None,
+                   uri_templates: dict[str, str] | None = None) -> dict[str, Any]:
     """Assemble the manifest dict written as ``manifest.json``.
 
-    Keys: ``run`` (id, name, date, times), ``config`` (as run, secrets redacted),
+    Keys: ``run`` (id, name, date, times, and ``uri_templates``: the URI fields written
+    with ``{run_date}`` placeholders, as written), ``config`` (as run: URIs rendered for
+    the run date, secrets redacted),
     ``input`` (uri, read tasks, row count, fingerprint), ``output`` (paths), ``stages``,
     ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
     metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
@@ -81,6 +84,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "status": "committed",
             "started_at": started.isoformat(),
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "uri_templates": dict(uri_templates or {}),
         },
         "config": config,
         "input": {

@@ -24,6 +24,7 @@ from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
+from ragbatch.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
 
@@ -43,6 +44,8 @@ class RunResult:
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
     summary: RunSummary | None = None
+    #: The config as run: its URIs rendered for the run date (:mod:`ragbatch.templating`).
+    config: JobConfig | None = None
 
 
 def new_run_id(now: dt.datetime | None = None) -> str:
@@ -58,7 +61,10 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     Raises
     ------
     ConfigError, InputError
-        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds.
+        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds, or a
+        URI template that is not valid (:mod:`ragbatch.templating`).
+    InputNotFoundError
+        (an InputError) The input location holds no files.
     OutputError
         The run id is already committed under the output root, it was started before
         with a different config or input, or the root is not writable.
@@ -71,6 +77,10 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
 
     Notes
     -----
+    ``{run_date}`` placeholders in ``input.uri``, ``output.uri`` and ``cache.uri`` are
+    filled in first (:func:`run_date_for`); the run reads, writes and records the
+    rendered URIs, and :attr:`RunResult.config` holds the config as run.
+
     Scores are staged (:mod:`ragbatch.io.staging`) and published when the run commits. A
     run started again with the id of an interrupted run resumes it: rows whose scores
     an earlier attempt wrote are not scored again.
@@ -79,9 +89,12 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     import_paths = prepare_import_paths(config_dir)
+    run_id = run_id or config.run.run_id or new_run_id(started)
+    templates = uri_templates(config)
+    if templates:
+        config = render_config(config, run_date_for(config, run_id, started))
     plan = build_plan(config)
     preflight_engines(plan)
-    run_id = run_id or config.run.run_id or new_run_id(started)
     layout, staging, resume = _begin(plan, run_id, started)
     run_date = layout.run_date
     timings["plan_s"] = time.perf_counter() - t0
@@ -106,11 +119,31 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings["total_s"] = time.perf_counter() - t0
     manifest = build_manifest(plan, layout, check, started=started, timings=timings,
                               ray_info=ray_info, judge=done.judge, resume=resume,
-                              faults=done.faults, placement=done.placement, summary=summary)
+                              faults=done.faults, placement=done.placement, summary=summary,
+                              uri_templates=templates)
     staging.publish(files, summary.table, manifest)
     log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
              len(plan.metrics), timings["total_s"])
-    return RunResult(run_id, run_date, layout, check, manifest, timings, summary)
+    return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.date:
+    """The date a run of ``config`` with id ``run_id`` takes: ``run.run_date`` (which
+    ``--run-date`` sets), else the date an earlier attempt of ``run_id`` recorded (a
+    resumed run keeps its date, and so its URIs), else the UTC date of ``started``.
+
+    Notes
+    -----
+    The earlier attempt is looked for under ``output.uri``; when that URI itself depends
+    on the run date it cannot be, so a run resumed on a later day needs ``--run-date``.
+    """
+    if config.run.run_date is not None:
+        return config.run.run_date
+    if not placeholders(config.output.uri, "output.uri"):
+        recorded = Staging(OutputLayout.for_run(config.output, started.date(), run_id)).run_date()
+        if recorded is not None:
+            return recorded
+    return started.date()
 
 
 def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout, Staging, Resume]:

@@ -35,8 +35,9 @@ from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
 ADDRESS_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-#: The job entry point, relative to the working directory.
+#: The job entry points, relative to the working directory: a run, and a nightly run.
 ENTRYPOINT_SCRIPT = "jobs/run.py"
+NIGHTLY_SCRIPT = "jobs/nightly.py"
 #: Never shipped, whatever the ignore files say. Ray leaves out what ``.gitignore`` and
 #: ``.rayignore`` files in the working directory list (``.venv/``, ``out/``, ``models/``,
 #: ``test-artifacts/``, benchmark data in this repository), but ``.git`` cannot list itself.
@@ -70,6 +71,8 @@ class JobRequest:
         output root.
     run_id, run_date, output : str, datetime.date, OutputPaths
         The run the job will write.
+    config : JobConfig
+        The config as checked: overrides applied, ``{run_date}`` rendered.
     """
 
     entrypoint: str
@@ -84,7 +87,8 @@ class JobRequest:
 def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = None,
                 input_uri: str | None = None, output_uri: str | None = None,
                 run_id: str | None = None, run_date: dt.date | None = None,
-                env: dict[str, str] | None = None, pip: list[str] | None = None) -> JobRequest:
+                nightly: bool = False, env: dict[str, str] | None = None,
+                pip: list[str] | None = None) -> JobRequest:
     """Check a config for submission and build the job request; contacts no cluster.
 
     Parameters
@@ -93,13 +97,18 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
         The job config (YAML); it must lie inside ``working_dir``.
     working_dir : str or Path, optional
         Directory shipped to the cluster (default: the current directory). It must hold
-        ``jobs/run.py``; files its ``.gitignore`` / ``.rayignore`` list are not shipped.
+        the entry point (``jobs/run.py``, or ``jobs/nightly.py`` with ``nightly``); files
+        its ``.gitignore`` / ``.rayignore`` list are not shipped.
     input_uri, output_uri : str, optional
         Overrides of ``input.uri`` and ``output.uri``, passed on to the job.
     run_id : str, optional
-        Default: ``run.run_id``, else a new id (``YYYYMMDDTHHMMSSZ-xxxxxx``).
+        Default: ``run.run_id``, else a new id (``YYYYMMDDTHHMMSSZ-xxxxxx``); with
+        ``nightly``, ``nightly-<run date>`` (and ``run.run_id`` is refused).
     run_date : datetime.date, optional
-        Default: ``run.run_date``, else today (UTC) at submission.
+        Default: ``run.run_date``, else today (UTC) at submission; with ``nightly``,
+        yesterday (UTC). It also fills ``{run_date}`` in the config's URIs.
+    nightly : bool
+        Run the config as the nightly job (``jobs/nightly.py``, as ``ragbatch nightly``).
     env : dict of str to str, optional
         Environment variables of the job's processes (``runtime_env.env_vars``).
     pip : list of str, optional
@@ -113,43 +122,24 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     ------
     ConfigError
         The config is invalid (fields, metric names and params, engines and their
-        accelerator types; not local model directories, which may exist on the cluster
-        only, nor the fit of the stages, which an autoscaler may provide), lies outside
-        the working directory, the working directory lacks ``jobs/run.py``, the run id
-        is not path-safe, or the output is a relative local path or ``memory://`` (on
-        the cluster it would land in the job's temporary directory, or in its driver's
-        memory, and be lost).
+        accelerator types, ``{run_date}`` placeholders; not local model directories,
+        which may exist on the cluster only, nor the fit of the stages, which an
+        autoscaler may provide), lies outside the working directory, the working
+        directory lacks the entry point, the run id is not path-safe, or the output is a
+        relative local path or ``memory://`` (on the cluster it would land in the job's
+        temporary directory, or in its driver's memory, and be lost).
     """
-    from ragbatch.io.write import OutputLayout
-    from ragbatch.placement import accelerator_problems
-    from ragbatch.plan import build_metrics
-    from ragbatch.runner import new_run_id
-
-    workdir = Path(working_dir if working_dir is not None else os.getcwd()).resolve()
-    if not (workdir / ENTRYPOINT_SCRIPT).is_file():
-        raise ConfigError(f"working dir {workdir} has no {ENTRYPOINT_SCRIPT}: pass --working-dir "
-                          "with the root of a ragbatch checkout (it is shipped to the cluster)")
-    config_file = Path(config_path).resolve()
-    if not config_file.is_relative_to(workdir):
-        raise ConfigError(f"config {config_path} is outside the working dir {workdir}, so it would "
-                          "not reach the cluster; move it inside, or pass a --working-dir that holds it")
+    script = NIGHTLY_SCRIPT if nightly else ENTRYPOINT_SCRIPT
+    workdir, config_file = _locate(config_path, working_dir, script)
     config = load_config(config_file)
     if input_uri:
         config.input.uri = input_uri
     if output_uri:
         config.output.uri = output_uri
-    _check_output(config.output.uri)
-    for path in (workdir, config_file.parent):  # metric callbacks are imported when checked
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-    _, engines, problems = build_metrics(config)
-    problems += accelerator_problems(engines)
-    if problems:
-        raise ConfigError(problems)
+    run_id, run_date = _run_naming(config, run_id, run_date, nightly)
+    rendered = _checked(config, run_date, (workdir, config_file.parent))
 
-    run_id = _checked_run_id(run_id or config.run.run_id or new_run_id())
-    run_date = run_date or config.run.run_date or dt.datetime.now(dt.timezone.utc).date()
-    args = ["python", ENTRYPOINT_SCRIPT, config_file.relative_to(workdir).as_posix(),
+    args = ["python", script, config_file.relative_to(workdir).as_posix(),
             "--run-id", run_id, "--run-date", run_date.isoformat()]
     if input_uri:
         args += ["--input", input_uri]
@@ -160,12 +150,69 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
         runtime_env["env_vars"] = dict(env)
     if pip:
         runtime_env["pip"] = list(pip)
-    # Paths only: the output's filesystem may be reachable from the cluster alone.
-    layout = OutputLayout(config.output.uri, None, config.output.uri.rstrip("/"), run_date, run_id)
-    output = OutputPaths(layout.scores_path + "/", layout.summary_path, layout.manifest_path)
+    root = rendered.output.uri
     metadata = {"ragbatch_config": args[2], "ragbatch_run_id": run_id,
-                "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": config.output.uri}
-    return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date, output, config)
+                "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": root}
+    return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date,
+                      _output_paths(root, run_date, run_id), rendered)
+
+
+def _locate(config_path: str | Path, working_dir: str | Path | None, script: str) -> tuple[Path, Path]:
+    """The working dir and the config file, both absolute; the config must be inside."""
+    workdir = Path(working_dir if working_dir is not None else os.getcwd()).resolve()
+    if not (workdir / script).is_file():
+        raise ConfigError(f"working dir {workdir} has no {script}: pass --working-dir with the "
+                          "root of a ragbatch checkout (it is shipped to the cluster)")
+    config_file = Path(config_path).resolve()
+    if not config_file.is_relative_to(workdir):
+        raise ConfigError(f"config {config_path} is outside the working dir {workdir}, so it would "
+                          "not reach the cluster; move it inside, or pass a --working-dir that holds it")
+    return workdir, config_file
+
+
+def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
+                nightly: bool) -> tuple[str, dt.date]:
+    """The run id and run date the job gets, as ``ragbatch run`` / ``nightly`` choose them."""
+    if nightly:
+        from ragbatch.nightly_job import nightly_run_id, yesterday_utc
+
+        if config.run.run_id and not run_id:
+            raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
+                              "would reuse it); remove it (default: nightly-<run date>) or pass --run-id")
+        night = run_date or config.run.run_date or yesterday_utc()
+        return _checked_run_id(run_id or nightly_run_id(night)), night
+    from ragbatch.runner import new_run_id
+
+    run_date = run_date or config.run.run_date or dt.datetime.now(dt.timezone.utc).date()
+    return _checked_run_id(run_id or config.run.run_id or new_run_id()), run_date
+
+
+def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...]) -> JobConfig:
+    """Everything that can be checked here without the cluster; the config rendered for
+    ``run_date``."""
+    from ragbatch.placement import accelerator_problems
+    from ragbatch.plan import build_metrics
+    from ragbatch.templating import render_config
+
+    rendered = render_config(config, run_date)
+    _check_output(rendered.output.uri)
+    for path in import_paths:  # metric callbacks are imported when checked
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    _, engines, problems = build_metrics(rendered)
+    problems += accelerator_problems(engines)
+    if problems:
+        raise ConfigError(problems)
+    return rendered
+
+
+def _output_paths(root: str, run_date: dt.date, run_id: str) -> OutputPaths:
+    """The run's tables under ``root``, without opening its filesystem (it may be
+    reachable from the cluster only)."""
+    from ragbatch.io.write import OutputLayout
+
+    layout = OutputLayout(root, None, root.rstrip("/"), run_date, run_id)
+    return OutputPaths(layout.scores_path + "/", layout.summary_path, layout.manifest_path)
 
 
 def _check_output(uri: str) -> None:

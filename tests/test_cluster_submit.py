@@ -15,6 +15,7 @@ through ``ray job submit``.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 from ragbatch.cli import main
+from ragbatch.errors import ConfigError
 from ray_cluster import STAGE_NODE_RESOURCE, cluster_env, start_two_node_cluster
 
 pytestmark = pytest.mark.slow
@@ -255,3 +257,26 @@ def test_wait_exits_with_the_jobs_own_status(cluster, workdir, capsys, monkeypat
     assert "driver exit code: 2" in capsys.readouterr().out
     assert main(["logs", job_id, "--address", cluster.dashboard_url]) == 0
     assert "data/absent" in capsys.readouterr().out
+
+
+def test_nightly_submission_runs_jobs_nightly_for_the_night(workdir, monkeypatch):
+    """``--nightly``: jobs/nightly.py, run id ``nightly-<night>``, ``{run_date}`` rendered
+    in the printed paths; a run id fixed in the config is refused. Nothing is submitted."""
+    from ragbatch.submit import prepare_job
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    config = yaml.safe_load((workdir / "job.yaml").read_text())
+    root = config["output"]["uri"]
+    config["output"]["uri"] = root + "/night={run_date:%Y%m%d}"
+    (workdir / "nightly.yaml").write_text(yaml.safe_dump(config))
+    request = prepare_job(workdir / "nightly.yaml", working_dir=workdir, nightly=True,
+                          run_date=dt.date(2026, 11, 28))
+    assert request.entrypoint == ("python jobs/nightly.py nightly.yaml --run-id nightly-2026-11-28 "
+                                  "--run-date 2026-11-28")
+    assert request.output.manifest == (f"{root}/night=20261128/runs/run_date=2026-11-28/"
+                                       "run_id=nightly-2026-11-28/manifest.json")
+
+    config["run"]["run_id"] = "fixed"
+    (workdir / "nightly.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="run.run_id: a nightly config cannot fix the run id"):
+        prepare_job(workdir / "nightly.yaml", working_dir=workdir, nightly=True)

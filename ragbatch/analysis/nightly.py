@@ -65,10 +65,43 @@ def _write_text(run: CommittedRun, path: str, text: str) -> None:
         fh.write(text)
 
 
-def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | None = None
-                     ) -> NightlyReport:
+def compare_with_previous(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
+                          threshold: float | None = None
+                          ) -> tuple[CommittedRun, CommittedRun | None, Comparison | None]:
+    """Committed run ``run_id`` under ``root``, the previous committed run and their
+    comparison (both None for the first run under ``root``); nothing is written.
+
+    Parameters
+    ----------
+    threshold : float, optional
+        Regression threshold recorded on the comparison (:meth:`Comparison.regressions`).
+
+    Raises
+    ------
+    InputError
+        ``run_id`` is not committed under ``root``, or ``threshold`` is negative.
+    """
+    run = find_run(root, run_id, storage_options)
+    baseline = previous_run(run, storage_options)
+    comparison = (compare_runs(baseline, run, threshold=threshold)
+                  if baseline is not None else None)
+    return run, baseline, comparison
+
+
+def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
+                     threshold: float | None = None) -> NightlyReport:
     """Write the report of committed run ``run_id`` under ``root`` and, when there is a
     previous committed run, the comparison with it (see the module notes for paths).
+
+    Parameters
+    ----------
+    root, run_id : str
+        Output root and committed run id.
+    storage_options : dict, optional
+        fsspec options for ``root``.
+    threshold : float, optional
+        Regression threshold recorded in ``comparison.json`` (``ragbatch nightly
+        --fail-on-regression``).
 
     Returns
     -------
@@ -81,9 +114,7 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
     OSError
         A file cannot be written.
     """
-    run = find_run(root, run_id, storage_options)
-    baseline = previous_run(run, storage_options)
-    comparison = compare_runs(baseline, run) if baseline is not None else None
+    run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold)
     html = build_report(run, baseline, comparison=comparison)
     out = NightlyReport(run, _uri(run, f"{run.reports_path}/{REPORT_FILE}"), baseline, comparison)
     _write_text(run, f"{run.reports_path}/{REPORT_FILE}", html)

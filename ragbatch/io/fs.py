@@ -296,6 +296,14 @@ def is_transient(exc: BaseException) -> bool:
                            errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE)
 
 
+def is_not_found(exc: BaseException | None) -> bool:
+    """True when ``exc`` says the path (or its bucket) does not exist: ``FileNotFoundError``
+    or a ``NoSuchKey``/``NoSuchBucket``/``NotFound`` error; False for None."""
+    if exc is None:
+        return False
+    return isinstance(exc, FileNotFoundError) or bool(_class_names(exc) & _NOT_FOUND)
+
+
 #: Attempts and the longest wait between them for :func:`with_storage_retries`: the
 #: waits grow 1, 2, 4, 8, 16, 16 ... s (with 20 % jitter), about 1.5 minutes in all.
 STORAGE_ATTEMPTS = 8

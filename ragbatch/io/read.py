@@ -52,8 +52,9 @@ from fsspec.core import has_magic
 from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.config import InputSection
-from ragbatch.errors import InputError
-from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
+from ragbatch.errors import InputError, InputNotFoundError
+from ragbatch.io.fs import (describe_storage_error, is_not_found, is_process_local, resolve,
+                            with_storage_retries)
 
 #: Data file extensions and the format each implies.
 FORMAT_BY_EXTENSION: dict[str, str] = {
@@ -230,9 +231,15 @@ def _discover(cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[_Input
     if has_magic(root):
         listing = _list_glob(fs, cfg.uri, root)
         if not listing:
-            raise InputError(f"{cfg.uri}: the glob matched no files; check the pattern in input.uri")
+            raise InputNotFoundError(f"{cfg.uri}: the glob matched no files; check the pattern "
+                                     "in input.uri")
         return fs, _select(cfg, listing, _glob_base(root), what="the glob matched")
-    info = _storage_call(cfg.uri, fs.info, root)
+    try:
+        info = _storage_call(cfg.uri, fs.info, root)
+    except InputError as exc:
+        if is_not_found(exc.__cause__):
+            raise InputNotFoundError(str(exc)) from exc.__cause__
+        raise
     if info.get("type") == "directory":
         listing = _list_tree(fs, cfg.uri, root)
         return fs, _select(cfg, listing, root, what="the directory holds")
@@ -271,7 +278,8 @@ def _select(cfg: InputSection, listing: dict[str, dict], base: str, what: str) -
     else:
         fmt, chosen = next(iter(by_format.items()), (None, []))
     if not chosen:
-        raise InputError(_no_files_message(cfg, listing, visible, unknown, base, what))
+        error = InputNotFoundError if not visible else InputError
+        raise error(_no_files_message(cfg, listing, visible, unknown, base, what))
     files = [
         _InputFile(p, _relative(p, base), fmt, _partition_of(_relative(p, base)), visible[p])
         for p in sorted(chosen)

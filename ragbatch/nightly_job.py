@@ -1,0 +1,252 @@
+"""One night of a job: run it, publish its report and its comparison with the previous
+committed run, and tell a scheduler how it went (``ragbatch nightly``,
+``python jobs/nightly.py``).
+
+The night is ``run_date`` (``--run-date``), else the config's ``run.run_date``, else
+yesterday in UTC (:func:`yesterday_utc`); ``{run_date}`` placeholders in the config's URIs
+are filled in with it (:mod:`ragbatch.templating`). The run id is ``--run-id``, else
+``nightly-<YYYY-MM-DD>`` (:func:`nightly_run_id`), one per night, so that running a night
+again is safe: an attempt that failed is resumed (rows already scored are kept), and a
+night already committed is not run again (its report is written again and the exit code
+says what it found).
+
+Exit codes (:data:`EXIT_CODES`):
+
+===  ==========================================================================
+0    the night is committed, and no metric regressed beyond the threshold
+1    the run failed while running, or its report could not be written; running
+     the night again may help (it resumes, or only writes the report)
+2    a problem in the config or the input that needs a fix (the message names it)
+3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
+4    this night's input is not there yet: nothing exists at the rendered
+     ``input.uri`` while the folder above the date-dependent part does; try later
+===  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ragbatch.config import JobConfig
+from ragbatch.errors import ConfigError, InputError, InputNotFoundError, RagbatchError
+from ragbatch.templating import fixed_prefix, render_config
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
+
+#: Exit code -> what it means for a scheduler.
+EXIT_CODES = {
+    EXIT_OK: "committed; no regression beyond the threshold",
+    EXIT_FAILED: "run failed (or its report could not be written); retrying may help",
+    EXIT_INVALID: "config or input problem; needs a fix",
+    EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
+    EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
+}
+
+RUN_ID_PREFIX = "nightly-"
+
+
+def yesterday_utc(now: dt.datetime | None = None) -> dt.date:
+    """The UTC calendar date before ``now`` (default: the current time)."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return now.astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
+
+
+def nightly_run_id(night: dt.date) -> str:
+    """The default run id of a night: ``nightly-YYYY-MM-DD``."""
+    return f"{RUN_ID_PREFIX}{night.isoformat()}"
+
+
+@dataclass
+class NightlyOutcome:
+    """What :func:`run_nightly` did.
+
+    Attributes
+    ----------
+    exit_code : int
+        One of :data:`EXIT_CODES`.
+    night : datetime.date
+        The run date.
+    run_id : str
+    message : str
+        One line saying why the exit code (empty for a plain success).
+    config : JobConfig or None
+        The config as run (URIs rendered); None when it could not be rendered.
+    result : RunResult or None
+        The run, when it ran and committed now.
+    already_committed : bool
+        The night was committed before; it was not run again.
+    run, baseline : CommittedRun or None
+        The committed night and the previous committed run under the same root.
+    comparison : Comparison or None
+    report : NightlyReport or None
+        What was written under ``<output>/reports/`` (None with ``report=False``).
+    regressions : polars.DataFrame or None
+        The all-rows comparison lines that regress beyond ``threshold`` (None without a
+        threshold or without a previous run).
+    threshold : float or None
+    compared : bool
+        False when no comparison was asked for (``report=False`` without a threshold).
+    """
+
+    exit_code: int
+    night: dt.date
+    run_id: str
+    message: str = ""
+    config: JobConfig | None = None
+    result: Any = None
+    already_committed: bool = False
+    run: Any = None
+    baseline: Any = None
+    comparison: Any = None
+    report: Any = None
+    regressions: Any = None
+    threshold: float | None = None
+    compared: bool = True
+
+
+def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
+                run_date: dt.date | None = None, run_id: str | None = None,
+                address: str | None = None, fail_on_regression: float | None = None,
+                report: bool = True) -> NightlyOutcome:
+    """Run one night of ``config`` and publish its report; never raises for the failures
+    :data:`EXIT_CODES` name (they become the outcome's exit code and message).
+
+    Parameters
+    ----------
+    config : JobConfig
+        As loaded, URIs not yet rendered (``--input``/``--output`` overrides applied).
+    config_dir : path, optional
+        Directory of the config file (for ``binary`` callbacks).
+    run_date : datetime.date, optional
+        The night; default ``config.run.run_date``, else :func:`yesterday_utc`.
+    run_id : str, optional
+        Default :func:`nightly_run_id`. A run id fixed in ``config.run.run_id`` is
+        refused (every night would reuse it).
+    address : str, optional
+        Ray address (default ``$RAY_ADDRESS``, else a local Ray).
+    fail_on_regression : float, optional
+        Threshold >= 0 in the metric's units: exit 3 when a metric's all-rows change
+        against the previous committed run is significant, worse and larger than it.
+    report : bool
+        Write ``report.html`` and the comparison under ``<output>/reports/``; without
+        it the comparison is still made (not written) when ``fail_on_regression`` is
+        given.
+
+    Returns
+    -------
+    NightlyOutcome
+    """
+    night = run_date or config.run.run_date or yesterday_utc()
+    outcome = NightlyOutcome(EXIT_OK, night, run_id or nightly_run_id(night),
+                             threshold=fail_on_regression)
+    try:
+        if config.run.run_id and not run_id:
+            raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
+                              "would reuse it); remove it (default: nightly-<run date>) or pass "
+                              "--run-id")
+        if fail_on_regression is not None and fail_on_regression < 0:
+            raise ConfigError(f"--fail-on-regression {fail_on_regression}: the threshold must "
+                              "be >= 0 (in the metric's units, e.g. 0.02)")
+        # run_job renders the config itself; this copy names the paths beforehand.
+        config = config.model_copy(deep=True)
+        config.run.run_date = night
+        outcome.config = render_config(config, night)
+        outcome.already_committed = _committed(outcome.config, night, outcome.run_id)
+        if not outcome.already_committed:
+            from ragbatch.runner import run_job
+
+            outcome.result = run_job(config, run_id=outcome.run_id, address=address,
+                                     config_dir=config_dir)
+            outcome.config = outcome.result.config
+    except InputNotFoundError as exc:
+        ready = outcome.config is not None and _input_root_exists(config.input.uri,
+                                                                   outcome.config.input)
+        code = EXIT_INPUT_NOT_READY if ready else EXIT_INVALID
+        return _failed(outcome, code, str(exc))
+    except (ConfigError, InputError) as exc:
+        return _failed(outcome, EXIT_INVALID, str(exc))
+    except RagbatchError as exc:
+        return _failed(outcome, EXIT_FAILED, str(exc))
+    return _publish(outcome, report)
+
+
+def _failed(outcome: NightlyOutcome, code: int, message: str) -> NightlyOutcome:
+    outcome.exit_code, outcome.message = code, message
+    return outcome
+
+
+def _committed(config: JobConfig, night: dt.date, run_id: str) -> bool:
+    """Whether ``run_id`` is committed for ``night`` under the output root."""
+    from ragbatch.io.fs import describe_storage_error
+    from ragbatch.io.write import OutputLayout
+
+    layout = OutputLayout.for_run(config.output, night, run_id)
+    try:
+        return bool(layout.fs.exists(layout.manifest_path))
+    except Exception as exc:  # noqa: BLE001 - storage errors get a message naming the root
+        raise describe_storage_error(config.output.uri, exc, section="output") from None
+
+
+def _input_root_exists(template: str, rendered: Any) -> bool:
+    """Whether the folder above the date-dependent part of the input URI ``template``
+    exists (without a placeholder: the folder holding the rendered ``input.uri``). An
+    empty path (the working directory) or a URI with no path counts as existing.
+
+    Parameters
+    ----------
+    template : str
+        ``input.uri`` as written.
+    rendered : InputSection
+        The input section as run (rendered URI, storage options).
+    """
+    from ragbatch.io.fs import resolve
+
+    prefix = fixed_prefix(template, "input.uri")
+    if prefix is None:
+        uri = rendered.uri.rstrip("/")
+        prefix = uri.rsplit("/", 1)[0] if "/" in uri else ""
+    if not prefix or prefix.endswith((":", ":/")):
+        return True
+    try:
+        fs, path = resolve(prefix, rendered.storage_options)
+        return bool(fs.exists(path))
+    except Exception:  # noqa: BLE001 - cannot tell: report the input problem as such
+        return False
+
+
+def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
+    """Report and compare the committed night; set the exit code from the comparison."""
+    from ragbatch.analysis.nightly import compare_with_previous, write_run_report
+    from ragbatch.analysis.runs import find_run
+
+    output = outcome.config.output
+    try:
+        if report:
+            written = write_run_report(output.uri, outcome.run_id, output.storage_options,
+                                       threshold=outcome.threshold)
+            outcome.report = written
+            outcome.run, outcome.baseline = written.run, written.baseline
+            outcome.comparison = written.comparison
+        elif outcome.threshold is not None:
+            outcome.run, outcome.baseline, outcome.comparison = compare_with_previous(
+                output.uri, outcome.run_id, output.storage_options, outcome.threshold)
+        else:
+            outcome.run = find_run(output.uri, outcome.run_id, output.storage_options)
+            outcome.compared = False
+    except Exception as exc:  # noqa: BLE001 - the night is committed; say so with the cause
+        what = "report" if report else "comparison with the previous run"
+        return _failed(outcome, EXIT_FAILED,
+                       f"run {outcome.run_id} is committed, but its {what} failed: "
+                       f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
+                       "scored again)")
+    if outcome.threshold is not None and outcome.comparison is not None:
+        outcome.regressions = outcome.comparison.regressions(outcome.threshold)
+        if outcome.regressions.height:
+            names = ", ".join(outcome.regressions["metric"].to_list())
+            return _failed(outcome, EXIT_REGRESSION,
+                           f"regressed beyond {outcome.threshold:g} against run "
+                           f"{outcome.baseline.run_id}: {names}")
+    return outcome
