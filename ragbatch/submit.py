@@ -3,7 +3,7 @@
 A submission ships a working directory (normally the repository root) to the cluster
 through Ray's Job Submission API (:class:`ray.job_submission.JobSubmissionClient`, which
 needs ``ray[default]``) and runs ``python jobs/run.py CONFIG --run-id ID --run-date D``
-there, with the cluster's ``python``. The config is checked here first, without touching
+there (``jobs/nightly.py`` for a nightly run), with the cluster's ``python``. The config is checked here first, without touching
 its input (which may be reachable from the cluster only), so that nothing is submitted
 for a broken config. The run id and run date are fixed at submission, so the printed
 output paths are the ones the job writes.
