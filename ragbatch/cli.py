@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--report", action="store_true",
                      help="after the run commits, write its HTML report and the comparison with the "
                           "previous committed run under <output>/reports/run_date=.../run_id=.../")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the plan (stages, actors, resources, input rows) and the judge "
+                          "calls and tokens estimated on a sample, without running anything "
+                          "(no Ray is started; --run-id, --run-date and --address are not used)")
+    run.add_argument("--sample-rows", type=_positive_int, default=None, metavar="N",
+                     help="with --dry-run: rows of the input the estimate is made on (default 200)")
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
@@ -195,6 +201,12 @@ def _load(args: argparse.Namespace) -> JobConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     from ragbatch.runner import run_job
 
+    if args.dry_run:
+        if args.report:
+            raise ConfigError("--report needs a committed run; leave out --dry-run or --report")
+        return cmd_dry_run(args)
+    if args.sample_rows is not None:
+        raise ConfigError("--sample-rows applies only with --dry-run; add --dry-run or leave it out")
     config = _load(args)
     result = run_job(config, run_id=args.run_id, address=args.address,
                      config_dir=Path(args.config).parent)
@@ -235,6 +247,23 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     if outcome.exit_code in (EXIT_FAILED, EXIT_INVALID):
         print(f"ragbatch: error: {outcome.message}", file=sys.stderr)
     return outcome.exit_code
+
+
+def cmd_dry_run(args: argparse.Namespace) -> int:
+    """``run --dry-run``: print the plan and the estimated judge cost; run nothing."""
+    from ragbatch.dry_run import DEFAULT_SAMPLE_ROWS, dry_run
+    from ragbatch.dry_run_text import format_dry_run
+    from ragbatch.runner import prepare_import_paths
+    from ragbatch.templating import render_config, uri_templates
+
+    config = _load(args)
+    templates = uri_templates(config)
+    if templates:
+        config = render_config(config, config.run.run_date or dt.datetime.now(dt.timezone.utc).date())
+    prepare_import_paths(Path(args.config).parent)
+    result = dry_run(config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS)
+    print(format_dry_run(result))
+    return EXIT_OK
 
 
 def _write_run_report(config: JobConfig, run_id: str) -> None:

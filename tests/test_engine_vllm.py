@@ -214,6 +214,10 @@ def test_model_id_and_sampling_key(engine, tiny_judge_model, tmp_path):
     assert key == {"engine": "vllm", "temperature": 1.0, "top_p": 1.0,
                    "structured_outputs_backend": "xgrammar", "disable_any_whitespace": True}
     json.dumps(engine.sampling_key())
+    # what a dry run works out without loading: one of its guesses is the loaded engine's
+    from ragbatch.engines.vllm import identities_without_loading
+
+    assert (engine.model_id, engine.sampling_key()) in identities_without_loading(engine.spec)
 
 
 def test_missing_model_directory_is_an_engine_error(tmp_path):

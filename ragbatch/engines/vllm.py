@@ -327,14 +327,7 @@ class VllmJudgeEngine(JudgeEngine):
             ``disable_any_whitespace`` (bool) and ``dtype`` (the dtype vLLM runs the
             model in, for example ``"bfloat16"``; it changes greedy replies).
         """
-        return {
-            "engine": "vllm",
-            "temperature": self.spec.temperature,
-            "top_p": self.spec.top_p,
-            "structured_outputs_backend": self._structured.get("backend", "auto"),
-            "disable_any_whitespace": bool(self._structured.get("disable_any_whitespace", False)),
-            "dtype": self._dtype,
-        }
+        return sampling_settings(self.spec, self._structured, self._dtype)
 
     def stats(self) -> dict[str, Any]:
         """Prefix-cache counters since the engine started.
@@ -377,6 +370,61 @@ class VllmJudgeEngine(JudgeEngine):
             logger.warning("vLLM engine shutdown failed: %s", _describe(exc))
         del llm, core
         _cleanup_vllm()
+
+
+def sampling_settings(spec: VllmEngine, structured: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """The dict :meth:`VllmJudgeEngine.sampling_key` returns, from the config, the
+    structured-output settings and the dtype the engine runs with."""
+    return {
+        "engine": "vllm",
+        "temperature": spec.temperature,
+        "top_p": spec.top_p,
+        "structured_outputs_backend": structured.get("backend", "auto"),
+        "disable_any_whitespace": bool(structured.get("disable_any_whitespace", False)),
+        "dtype": dtype,
+    }
+
+
+#: The dtypes vLLM runs a judge in; with ``dtype: auto`` it picks one when it loads the
+#: model (from the model config and the device), so identities computed without loading
+#: try each.
+RUN_DTYPES = ("bfloat16", "float16", "float32")
+#: ``dtype`` spellings vLLM accepts, and the dtype each one runs in.
+_DTYPE_ALIASES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16",
+                  "float32": "float32", "float": "float32"}
+
+
+def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(model_id, sampling_key)`` pairs a :class:`VllmJudgeEngine` loaded from
+    ``spec`` may have, worked out from the config and the model's files alone (no vLLM,
+    no weights): what a dry run needs to look judgments up in the judgment cache.
+
+    Parameters
+    ----------
+    spec : ragbatch.config.VllmEngine
+
+    Returns
+    -------
+    list of (str, dict)
+        One pair for a ``dtype`` vLLM runs as written (``bfloat16``, ``float16`` or
+        ``half``, ``float32`` or ``float``); one pair per :data:`RUN_DTYPES` entry for
+        ``auto`` (or any other spelling), since vLLM picks the dtype when it loads.
+
+    Notes
+    -----
+    The structured-output settings are those :func:`load_vllm_engine` starts vLLM
+    with (``engine_kwargs["structured_outputs_config"]`` or
+    :data:`DEFAULT_STRUCTURED_OUTPUTS`), assuming vLLM keeps them as given.
+    """
+    local = _local_path(spec.model)
+    model_dir = local or _cached_model_dir(spec.model)
+    tokenizer_path = spec.tokenizer or spec.model
+    tokenizer_dir = _local_path(tokenizer_path) or _cached_model_dir(tokenizer_path)
+    model_id = f"{spec.model.rstrip('/')}@{model_files_id(model_dir, tokenizer_dir)}"
+    structured = dict(spec.engine_kwargs.get("structured_outputs_config", DEFAULT_STRUCTURED_OUTPUTS))
+    dtype = _DTYPE_ALIASES.get(str(spec.dtype).lower())
+    dtypes = (dtype,) if dtype else RUN_DTYPES
+    return [(model_id, sampling_settings(spec, structured, d)) for d in dtypes]
 
 
 def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:

@@ -479,6 +479,63 @@ def read_task(task: ReadTask, cfg: InputSection) -> pa.Table:
     return _add_partitions(table, task.partition)
 
 
+def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table:
+    """The first ``max_rows`` rows of a task, as :func:`read_task` returns them.
+
+    Parameters
+    ----------
+    task : ReadTask
+    cfg : InputSection
+    max_rows : int
+        At least 0.
+
+    Returns
+    -------
+    pyarrow.Table
+        At most ``max_rows`` rows, with the columns :func:`read_task` gives.
+
+    Raises
+    ------
+    InputError
+        As :func:`read_task`.
+
+    Notes
+    -----
+    Parquet: decodes only the row groups that hold those rows. Text formats: the whole
+    file is read and parsed (quoted fields may span lines), then cut.
+    """
+    if task.format != "parquet":
+        return read_task(task, cfg).slice(0, max_rows)
+    fs, _ = resolve(cfg.uri, cfg.storage_options)
+    where = _display(fs, task.path)
+    _refuse_compressed_parquet(task.path)
+
+    def head() -> pa.Table:
+        with fs.open(task.path, "rb") as handle:
+            parquet = pq.ParquetFile(handle)
+            groups = (list(task.row_groups) if task.row_groups is not None
+                      else list(range(parquet.num_row_groups)))
+            parts, rows = [], 0
+            for group in groups:
+                if rows >= max_rows:
+                    break
+                parts.append(parquet.read_row_group(group))
+                rows += parts[-1].num_rows
+            if not parts:
+                return parquet.schema_arrow.empty_table()
+            return pa.concat_tables(parts).slice(0, max_rows)
+
+    try:
+        table = with_storage_retries(head, f"read {task.path}")
+    except pa.ArrowException as exc:
+        raise _bad_parquet(where, exc) from None
+    except InputError:
+        raise
+    except Exception as exc:
+        raise describe_storage_error(where, exc) from exc
+    return _add_partitions(table, task.partition)
+
+
 def peek_schema(cfg: InputSection) -> pa.Schema:
     """The raw column schema of the input, read cheaply from its first data file.
 

@@ -8,4 +8,9 @@
 * :mod:`ragbatch.judge.run` - runs the judge metrics of a batch against one engine
   (multi-step programs in lockstep, structured-output checks, parse retries, cache).
 * :mod:`ragbatch.judge.cache` - the judgment cache.
+* :mod:`ragbatch.judge.estimate` - judge calls and tokens of a stage estimated on a
+  sample without a judge (``run --dry-run``), with :mod:`~ragbatch.judge.tokens` (prompt
+  counts from the judge's tokenizer), :mod:`~ragbatch.judge.cache_probe` (cache lookups
+  without an engine) and :mod:`~ragbatch.judge.assumed` (what is assumed about replies
+  not yet given).
 """

@@ -3,7 +3,7 @@ the cell and judge columns assembled in row order."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -11,6 +11,7 @@ import pyarrow as pa
 from ragbatch.columns import (
     ANSWER, CONTEXTS, ISSUES, JUDGE_FIELDS, NULLABLE_INPUTS, QUESTION, REFERENCE, ROW_ID,
 )
+from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeCell, JudgeRunner
 from ragbatch.metrics._cells import guard_status
 
@@ -35,6 +36,38 @@ def with_issues(frame: pl.DataFrame) -> pl.DataFrame:
     return frame
 
 
+def guarded_rows(metrics: Sequence[JudgeMetric], frame: pl.DataFrame) -> tuple[
+        dict[str, tuple[list[str | None], list[str | None]]],
+        dict[str, list[tuple[int, dict[str, Any]]]]]:
+    """Split the rows of ``frame`` per metric into those a guard settles and those to judge.
+
+    Parameters
+    ----------
+    metrics : sequence of JudgeMetric
+    frame : polars.DataFrame
+        ``n`` canonical rows, as returned by :func:`with_issues`.
+
+    Returns
+    -------
+    settled : dict
+        Metric id -> ``(statuses, reasons)``, two lists of ``n`` (null where no guard
+        holds, so the row is judged).
+    todo : dict
+        Metric id -> ``[(row position, row dict), ...]`` of the rows to judge, the row
+        dict holding the canonical keys a program reads.
+    """
+    settled: dict[str, tuple[list[str | None], list[str | None]]] = {}
+    todo: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    rows = frame.select([c for c in _ROW_KEYS if c in frame.columns]).to_dicts()
+    for metric in metrics:
+        status, reason = guard_status(metric.guards())
+        guarded = frame.select(status.alias("s"), reason.alias("r"))
+        statuses, reasons = guarded["s"].to_list(), guarded["r"].to_list()
+        settled[metric.id] = (statuses, reasons)
+        todo[metric.id] = [(i, rows[i]) for i, s in enumerate(statuses) if s is None]
+    return settled, todo
+
+
 def judge_frame(runner: JudgeRunner, frame: pl.DataFrame) -> dict[str, tuple[list[dict], list[dict]]]:
     """Cells and judge records of every row of ``frame`` for each of the runner's metrics.
 
@@ -53,15 +86,7 @@ def judge_frame(runner: JudgeRunner, frame: pl.DataFrame) -> dict[str, tuple[lis
         settled by a guard have null judge fields (no request was made).
     """
     frame = with_issues(frame)
-    settled: dict[str, tuple[list[str | None], list[str | None]]] = {}
-    todo: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    rows = frame.select([c for c in _ROW_KEYS if c in frame.columns]).to_dicts()
-    for metric in runner.metrics:
-        status, reason = guard_status(metric.guards())
-        guarded = frame.select(status.alias("s"), reason.alias("r"))
-        statuses, reasons = guarded["s"].to_list(), guarded["r"].to_list()
-        settled[metric.id] = (statuses, reasons)
-        todo[metric.id] = [(i, rows[i]) for i, s in enumerate(statuses) if s is None]
+    settled, todo = guarded_rows(runner.metrics, frame)
     judged = runner.run(todo)
     out = {}
     for metric in runner.metrics:

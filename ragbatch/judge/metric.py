@@ -70,6 +70,11 @@ class JudgeMetric(Metric):
     version: ClassVar[int] = 1
     boolean: ClassVar[bool] = False
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = ()
+    #: Judge steps a row takes when every step succeeds (embedding steps not counted):
+    #: 1 for one call per row, 2 for extract-then-verify metrics. A metric with more than
+    #: one step implements :meth:`assumed_result` so that a dry run can build the asks
+    #: of its later steps.
+    judge_steps: ClassVar[int] = 1
 
     def guards(self) -> tuple[Guard, ...]:
         """Input guards checked (in Polars) before any judge call; the default is
@@ -86,6 +91,32 @@ class JudgeMetric(Metric):
         params (the metric id is left out, so renaming a metric keeps its cache)."""
         return {"metric": self.name, "version": self.version,
                 "params": self.params.model_dump(mode="json")}
+
+    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
+        """The parsed result a dry run assumes for ``ask``, a request of a step that
+        another judge step follows (the later prompt holds the judge's earlier reply, so
+        it cannot be known before the run).
+
+        Parameters
+        ----------
+        row : dict
+            The canonical values of the row, as given to :meth:`program`.
+        ask : Ask
+            The request whose reply is assumed.
+
+        Returns
+        -------
+        object
+            A value of the type the ask's ``parse`` returns.
+
+        Raises
+        ------
+        NotImplementedError
+            The metric makes no assumption (the default): a dry run then estimates only
+            its first step.
+        """
+        raise NotImplementedError(f"{self.name} makes no assumption about the reply to "
+                                  f"its {ask.step!r} step")
 
     @abstractmethod
     def program(self, row: dict[str, Any]) -> Program:

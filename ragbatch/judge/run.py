@@ -143,6 +143,15 @@ class _Slot:
         self.pending = []
 
 
+def capped(ask: Ask, max_tokens: int | None) -> Ask:
+    """``ask`` with its completion budget lowered to ``max_tokens`` (the engine's
+    ``max_tokens`` setting) when that is smaller; unchanged when ``max_tokens`` is None.
+    The capped ask is what the engine is sent and what the cache key is built from."""
+    if max_tokens is None or ask.output.max_tokens <= max_tokens:
+        return ask
+    return replace(ask, output=replace(ask.output, max_tokens=max_tokens))
+
+
 def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
     if not isinstance(cell, PyCell):
         return PyCell(None, ERROR, f"{metric.id}: program returned {type(cell).__name__}, not a cell")
@@ -300,9 +309,7 @@ class JudgeRunner:
         return failed
 
     def _capped(self, ask: Ask) -> Ask:
-        if self.max_tokens is None or ask.output.max_tokens <= self.max_tokens:
-            return ask
-        return replace(ask, output=replace(ask.output, max_tokens=self.max_tokens))
+        return capped(ask, self.max_tokens)
 
     def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
         try:

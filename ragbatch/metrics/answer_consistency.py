@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import (
     MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
@@ -73,6 +74,7 @@ class AnswerConsistency(JudgeMetric):
     summary: ClassVar[str] = ("Share of the answer's main points that can be derived from the "
                               "contexts")
     source: ClassVar[str] = "Tonic Validate AnswerConsistencyMetric (answer consistency)"
+    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts or answer is null", "missing_input"),
         ("question is null", "judged: the question is optional and shown as '(not given)'"),
@@ -133,6 +135,10 @@ class AnswerConsistency(JudgeMetric):
             empty_contexts(),
             every_context_blank(),
         )
+
+    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
+        """Dry runs assume the judge's statements are the answer's sentences."""
+        return assumed_statements(row[ANSWER])
 
     def program(self, row: dict[str, Any]) -> Program:
         [points] = yield [Ask(

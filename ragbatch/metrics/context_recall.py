@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import (
     MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
@@ -77,6 +78,7 @@ class ContextRecall(JudgeMetric):
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the reference answer's statements that the contexts support"
     source: ClassVar[str] = "Ragas context_recall (Es et al. 2023, RAGAS; Ragas docs)"
+    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or reference is null", "missing_input"),
         ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
@@ -133,6 +135,10 @@ class ContextRecall(JudgeMetric):
             empty_contexts(),
             every_context_blank(),
         )
+
+    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
+        """Dry runs assume the judge's statements are the reference answer's sentences."""
+        return assumed_statements(row[REFERENCE])
 
     def program(self, row: dict[str, Any]) -> Program:
         reference = row[REFERENCE]

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import (
     STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS, parse_statements, parse_verdicts,
@@ -59,6 +60,7 @@ class Faithfulness(JudgeMetric):
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
     summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
     source: ClassVar[str] = "Ragas faithfulness (Es et al. 2023, RAGAS, section 3)"
+    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or answer is null", "missing_input"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
@@ -111,6 +113,10 @@ class Faithfulness(JudgeMetric):
             empty_contexts(),
             every_context_blank(),
         )
+
+    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
+        """Dry runs assume the judge's statements are the answer's sentences."""
+        return assumed_statements(row[ANSWER])
 
     def program(self, row: dict[str, Any]) -> Program:
         [statements] = yield [Ask(

@@ -1,0 +1,221 @@
+"""``ragbatch run CONFIG --dry-run``: what a run would do and cost, without running it.
+
+A dry run validates the config and the input like ``ragbatch validate``, then reports
+the plan: the stages in order with their metrics; for each actor stage its pool
+(concurrency) and per-actor resources; the input's row count; and for each judge stage,
+per metric and in total, the judge calls, prompt tokens and a completion-token bound,
+estimated on a sample of the input (:mod:`ragbatch.judge.estimate`) and scaled to the
+whole input. It starts no Ray (no tasks, no actors), loads no model weights and writes
+nothing: it reads the input sample, the judges' tokenizers, and the judgment cache when
+one exists (an ``openai`` judge's server is asked for its model card only then, to build
+cache keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragbatch.config import JobConfig
+from ragbatch.io.sample import InputSize
+from ragbatch.judge.estimate import MetricEstimate
+
+#: Rows sampled by default.
+DEFAULT_SAMPLE_ROWS = 200
+
+
+@dataclass
+class StagePlan:
+    """One stage of the pipeline as a run would start it.
+
+    Attributes
+    ----------
+    name : str
+        ``read``, ``expressions``, ``<kind>:<engine>`` or ``write``.
+    kind : str
+        ``read``, ``expression``, ``model``, ``pii``, ``judge`` or ``write``.
+    metrics : list of str
+        Metric ids scored in the stage.
+    engine : str or None
+        Engine name and type, for actor stages.
+    actors : str or None
+        The actor pool: ``"2 (fixed)"`` or ``"1..4 (autoscaling)"``; None for stages
+        that run as Ray tasks.
+    resources : dict
+        Per actor: ``num_cpus``, ``num_gpus``, ``batch_size``, and when the engine spec
+        has them ``accelerator_type``, ``resources`` (custom resources) and
+        ``tensor_parallel_size``.
+    notes : list of str
+        Anything else worth knowing (read tasks, embedders loaded in each actor).
+    """
+
+    name: str
+    kind: str
+    metrics: list[str] = field(default_factory=list)
+    engine: str | None = None
+    actors: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class JudgeStageEstimate:
+    """The judge estimate of one judge engine.
+
+    Attributes
+    ----------
+    engine : str
+    token_counter : str
+        ``tokenizer`` (exact counts) or ``chars/4`` (approximate).
+    token_source : str
+        The tokenizer used, or why there is none.
+    window : int or None
+        The model's window in tokens; ``window_source`` says where it comes from.
+    cache_note : str
+        What the judgment-cache lookup did.
+    parse_retries : int
+        The engine's ``parse_retries`` (not included in the estimate).
+    metrics : list of MetricEstimate
+        Counts for the sample; multiply by :attr:`DryRun.scale` for the whole input.
+    """
+
+    engine: str
+    token_counter: str
+    token_source: str
+    window: int | None
+    window_source: str
+    cache_note: str
+    parse_retries: int
+    metrics: list[MetricEstimate]
+
+    def total(self, key: str) -> int:
+        """Sum of ``key`` over the metrics' steps, for the sample."""
+        return sum(m.total(key) for m in self.metrics)
+
+
+@dataclass
+class DryRun:
+    """Everything a dry run found.
+
+    Attributes
+    ----------
+    config : JobConfig
+    read_tasks : int
+    input_size : InputSize
+    sample_rows : int
+        Rows actually sampled (fewer than asked when the input is smaller).
+    stages : list of StagePlan
+        In the order the run chains them.
+    judges : list of JudgeStageEstimate
+        One per judge stage.
+    """
+
+    config: JobConfig
+    read_tasks: int
+    input_size: InputSize
+    sample_rows: int
+    stages: list[StagePlan]
+    judges: list[JudgeStageEstimate]
+
+    @property
+    def scale(self) -> float:
+        """Input rows per sampled row (1.0 when the sample is the whole input)."""
+        return self.input_size.rows / self.sample_rows if self.sample_rows else 0.0
+
+    def scaled(self, sample_value: int) -> int:
+        """``sample_value`` scaled to the whole input, rounded."""
+        return round(sample_value * self.scale)
+
+
+def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> DryRun:
+    """Plan a run and estimate its judge cost without running anything.
+
+    Parameters
+    ----------
+    config : JobConfig
+    sample_rows : int
+        Rows of the input (its first rows, in read order) the judge estimate is made on;
+        at least 1.
+
+    Returns
+    -------
+    DryRun
+
+    Raises
+    ------
+    ConfigError, InputError
+        As :func:`ragbatch.plan.build_plan` (the checks ``ragbatch validate`` makes).
+    ValueError
+        ``sample_rows`` is below 1.
+    """
+    import polars as pl
+
+    from ragbatch.io.sample import sample_input
+    from ragbatch.plan import build_plan
+
+    if sample_rows < 1:
+        raise ValueError(f"--sample-rows must be at least 1, got {sample_rows}")
+    plan = build_plan(config)
+    sample = sample_input(plan, sample_rows)
+    frame = pl.from_arrow(sample.table) if sample.table.num_rows else pl.DataFrame()
+    judges = [_judge_estimate(config, stage, frame) for stage in plan.stages
+              if stage.kind == "judge" and frame.height]
+    return DryRun(config, len(plan.read_tasks), sample.size, sample.table.num_rows,
+                  _stage_plans(plan), judges)
+
+
+def _judge_estimate(config: JobConfig, stage: Any, frame: Any) -> JudgeStageEstimate:
+    from ragbatch.judge.cache_probe import probe_cache
+    from ragbatch.judge.estimate import estimate_stage, judge_window
+    from ragbatch.judge.tokens import prompt_counter
+
+    spec = stage.engine
+    counter = prompt_counter(spec)
+    probe = probe_cache(config, stage.engine_name, spec, stage.metrics)
+    window, window_source = judge_window(spec)
+    metrics = estimate_stage(stage.metrics, spec, frame, counter, probe, window)
+    return JudgeStageEstimate(stage.engine_name, counter.method, counter.source, window,
+                              window_source, probe.note, spec.parse_retries, metrics)
+
+
+def _stage_plans(plan: Any) -> list[StagePlan]:
+    out = [StagePlan("read", "read", notes=[
+        f"{len(plan.read_tasks)} read task(s) as Ray tasks, normalized to the canonical columns"])]
+    for stage in plan.stages:
+        metrics = [m.id for m in stage.metrics]
+        if stage.engine is None:
+            out.append(StagePlan(stage.name, stage.kind, metrics,
+                                 notes=["Ray tasks, no actors (one Polars pass per batch)"]))
+            continue
+        spec = stage.engine
+        item = StagePlan(stage.name, stage.kind, metrics, f"{stage.engine_name} ({spec.type})",
+                         _actors(spec.concurrency), _resources(spec))
+        if stage.kind == "judge":
+            embedders = sorted({n for m in stage.metrics for n in m.embedders()})
+            if embedders:
+                item.notes.append(f"each actor also loads the embedding engine(s) "
+                                  f"{', '.join(embedders)}")
+        out.append(item)
+    out.append(StagePlan("write", "write", notes=[
+        f"long scores table, staged under {plan.config.output.uri.rstrip('/')}/_staging/ "
+        "and published on commit"]))
+    return out
+
+
+def _actors(concurrency: int | tuple[int, int]) -> str:
+    if isinstance(concurrency, int):
+        return f"{concurrency} (fixed)"
+    low, high = concurrency
+    return f"{low}..{high} (autoscaling)"
+
+
+def _resources(spec: Any) -> dict[str, Any]:
+    """Per-actor resources of an engine spec; fields a spec may lack are read with a
+    default of None and left out when unset."""
+    out: dict[str, Any] = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
+                           "batch_size": spec.batch_size}
+    for name in ("accelerator_type", "resources", "tensor_parallel_size"):
+        value = getattr(spec, name, None)
+        if value is not None and value != {}:
+            out[name] = value
+    return out

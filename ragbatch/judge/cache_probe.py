@@ -1,0 +1,124 @@
+"""Which judge requests the judgment cache already answers, asked without a judge engine.
+
+A cache key (:func:`ragbatch.judge.cache.cache_key`) holds the engine's model id and
+sampling settings. A dry run works them out without loading the judge:
+
+* ``vllm`` engines: from the config and the model's config and tokenizer files
+  (:func:`ragbatch.engines.vllm.identities_without_loading`). With ``dtype: auto`` vLLM
+  picks the dtype when it loads, so a request counts as cached when the cache holds it
+  under any dtype vLLM runs in.
+* ``openai`` engines: the server's model card names the model a served name stands for,
+  so the probe connects once, as ``ragbatch validate`` and ``ragbatch run`` do before they
+  start; when the server cannot be reached, nothing is counted as cached and the reason
+  is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.protocol import Ask
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """The two things a cache key takes from an engine."""
+
+    model_id: str
+    sampling: dict[str, Any] = field(hash=False)
+
+    def sampling_key(self) -> dict[str, Any]:
+        return self.sampling
+
+
+@dataclass
+class CacheProbe:
+    """Looks requests up in the judgment cache of one judge engine.
+
+    Attributes
+    ----------
+    note : str
+        What was checked, or why nothing could be (cache disabled, empty, engine
+        identity unknown).
+    enabled : bool
+        Whether the run will use the judgment cache (``cache.enabled``).
+    """
+
+    note: str
+    enabled: bool = True
+    cache: JudgmentCache | None = None
+    identities: list[_Identity] = field(default_factory=list)
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether lookups can find anything."""
+        return self.cache is not None and bool(self.identities) and len(self.cache) > 0
+
+    def cached(self, metric: JudgeMetric, ask: Ask) -> bool:
+        """Whether the first attempt of ``ask`` (already capped to the engine's
+        ``max_tokens``) is in the cache."""
+        if not self.active:
+            return False
+        identity = metric.cache_identity()
+        return any(self.cache.get(cache_key(engine, identity, ask, self.seed)) is not None
+                   for engine in self.identities)
+
+
+def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMetric]) -> CacheProbe:
+    """A :class:`CacheProbe` for the judge stage of ``engine_name``.
+
+    Parameters
+    ----------
+    config : ragbatch.config.JobConfig
+        ``cache`` and ``output`` locate the cache.
+    engine_name : str
+    spec : ragbatch.config.VllmEngine or ragbatch.config.OpenAIEngine
+    metrics : list of JudgeMetric
+        The stage's metrics (their segments are loaded).
+
+    Returns
+    -------
+    CacheProbe
+        Inactive, with a note saying why, when the cache is disabled or holds nothing
+        for these metrics, or the engine's identity cannot be worked out.
+
+    Raises
+    ------
+    OutputError
+        The cache exists but cannot be read (the message names the URI).
+    """
+    if not config.cache.enabled:
+        return CacheProbe("judgment cache disabled (cache.enabled: false)", enabled=False)
+    uri, options = config.cache_location()
+    cache = JudgmentCache(uri, options, [m.name for m in metrics])
+    if len(cache) == 0:
+        return CacheProbe(f"judgment cache {uri}: no entries for these metrics")
+    identities, why = _identities(engine_name, spec)
+    if not identities:
+        return CacheProbe(f"judgment cache {uri}: not checked ({why})")
+    return CacheProbe(f"judgment cache {uri}: {len(cache)} entries checked{why}",
+                      cache=cache, identities=identities, seed=spec.seed)
+
+
+def _identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:
+    if spec.type == "vllm":
+        from ragbatch.engines.vllm import identities_without_loading
+
+        pairs = identities_without_loading(spec)
+        note = "" if len(pairs) == 1 else " (dtype auto: a hit under any dtype vLLM runs in counts)"
+        return [_Identity(m, s) for m, s in pairs], note
+    from ragbatch.engines.openai import load_openai_engine
+    from ragbatch.errors import EngineError
+
+    try:
+        engine = load_openai_engine(spec)
+    except EngineError as exc:
+        return [], f"engines.{engine_name}: {exc}"
+    try:
+        return [_Identity(engine.model_id, engine.sampling_key())], ""
+    finally:
+        engine.close()

@@ -1,0 +1,234 @@
+"""Estimate the judge calls and tokens of a judge stage from a sample, without a judge.
+
+Each metric's own program runs on the sampled rows that pass its guards, exactly as the
+judge stage would run it, but no request is sent:
+
+* First step: the asks are the ones the run will send (capped to the engine's
+  ``max_tokens``), so their number and prompt tokens are exact for the sample (given
+  the judge's tokenizer; see :mod:`ragbatch.judge.tokens`).
+* Later steps of a multi-step metric: the prompt holds the judge's earlier reply, which
+  does not exist yet. The metric's :meth:`~ragbatch.judge.metric.JudgeMetric.assumed_result`
+  stands in for it (for the statement metrics: the text's sentences, see
+  :mod:`ragbatch.judge.assumed`), and the program builds the follow-up asks from that.
+  Every row is assumed to reach the later step (a refusal with no statements would not),
+  so the calls of later steps are an upper bound and their tokens an assumption.
+
+Counted like the run counts them (the manifest's ``judge`` section): identical requests
+of a metric are answered once (the rest are ``cache_hits``), and so are requests the
+judgment cache already holds; a row whose first step is answered that way is assumed to
+be answered that way in its later steps too (the cached reply gives the same follow-up
+prompt). A prompt whose tokens plus ``max_tokens`` exceed the model's window is a call
+that ends in ``context_too_long``: its prompt tokens count, no completion follows, and
+the row takes no later step. Not included: parse retries (each unparseable reply is
+asked again, up to ``parse_retries`` times, at the prompt's cost again) and embedding
+requests (``answer_relevancy``), which are not judge calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ragbatch.judge.batch import guarded_rows, with_issues
+from ragbatch.judge.cache_probe import CacheProbe
+from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.protocol import Ask
+from ragbatch.judge.run import capped
+from ragbatch.judge.tokens import PromptCounter
+
+
+@dataclass
+class StepEstimate:
+    """One judge step of one metric over the sample.
+
+    Attributes
+    ----------
+    number : int
+        1 for the first step.
+    name : str
+        The step's name (:attr:`~ragbatch.judge.protocol.Ask.step`).
+    assumed : bool
+        The prompts were built from an assumed earlier reply (not exact).
+    calls : int
+        Requests that would be sent to the engine (cache hits excluded).
+    cache_hits : int
+        Requests answered by an identical request of the sample or the judgment cache.
+    prompt_tokens : int
+        Prompt tokens of ``calls``.
+    completion_bound : int
+        Sum of the ``max_tokens`` of ``calls`` that fit the window: the most completion
+        tokens they can take.
+    over_window : int
+        Calls whose prompt plus ``max_tokens`` exceed the window (``context_too_long``).
+    """
+
+    number: int
+    name: str
+    assumed: bool
+    calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_bound: int = 0
+    over_window: int = 0
+
+
+@dataclass
+class MetricEstimate:
+    """The judge steps of one metric over the sample.
+
+    Attributes
+    ----------
+    metric_id, name : str
+    rows_judged : int
+        Sampled rows that pass the metric's guards (the others take no judge call).
+    steps : list of StepEstimate
+        In step order.
+    steps_declared : int
+        :attr:`~ragbatch.judge.metric.JudgeMetric.judge_steps`; more than
+        ``len(steps)`` when a later step could not be estimated.
+    """
+
+    metric_id: str
+    name: str
+    rows_judged: int
+    steps: list[StepEstimate] = field(default_factory=list)
+    steps_declared: int = 1
+
+    def total(self, key: str) -> int:
+        """Sum of ``key`` (``calls``, ``prompt_tokens``, ...) over the steps."""
+        return sum(getattr(s, key) for s in self.steps)
+
+
+@dataclass
+class _Row:
+    """A row's program while the estimate drives it."""
+
+    row: dict[str, Any]
+    program: Any
+    asks: list[Ask]
+    free: bool = False  # its first step was answered without a call
+
+
+def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
+                   counter: PromptCounter, probe: CacheProbe,
+                   window: int | None) -> list[MetricEstimate]:
+    """Estimate the judge steps of every metric of one judge stage on ``sample``.
+
+    Parameters
+    ----------
+    metrics : list of JudgeMetric
+        The stage's metrics.
+    spec : ragbatch.config.VllmEngine or ragbatch.config.OpenAIEngine
+        ``max_tokens`` caps each ask; ``batch_size`` bounds which identical requests
+        share a call when the cache is disabled.
+    sample : polars.DataFrame
+        Canonical rows (:func:`ragbatch.io.sample.sample_input`).
+    counter : PromptCounter
+    probe : CacheProbe
+    window : int or None
+        The model's window in tokens (prompt plus completion); None when unknown (no
+        request is then counted as too long).
+
+    Returns
+    -------
+    list of MetricEstimate
+        One per metric, in order; counts are for the sample (not scaled).
+    """
+    frame = with_issues(sample)
+    _, todo = guarded_rows(metrics, frame)
+    out = []
+    for metric in metrics:
+        rows = [_start(metric, row) for _, row in todo[metric.id]]
+        estimate = MetricEstimate(metric.id, metric.name, len(rows), steps_declared=metric.judge_steps)
+        live = [r for r in rows if r.asks]
+        number = 1
+        while live and number <= metric.judge_steps:
+            step = StepEstimate(number, live[0].asks[0].step, assumed=number > 1)
+            _count_step(metric, live, step, spec, counter, probe, window)
+            estimate.steps.append(step)
+            if number == metric.judge_steps:
+                break
+            live = [r for r in live if _advance(metric, r)]
+            number += 1
+        out.append(estimate)
+    return out
+
+
+def _start(metric: JudgeMetric, row: dict[str, Any]) -> _Row:
+    program = metric.program(row)
+    try:
+        requests = next(program)
+    except Exception:  # the run gives such a row status error, without a call
+        return _Row(row, program, [])
+    return _Row(row, program, [r for r in requests if isinstance(r, Ask)])
+
+
+def _advance(metric: JudgeMetric, state: _Row) -> bool:
+    """Feed the assumed results of ``state``'s asks; keep the next judge asks. False when
+    the row takes no further judge step (or the metric makes no assumption)."""
+    if not state.asks:
+        return False
+    try:
+        values = [metric.assumed_result(state.row, ask) for ask in state.asks]
+        requests = state.program.send(values)
+    except (StopIteration, NotImplementedError):
+        return False
+    except Exception:  # the metric's code fails on the assumed reply: no estimate
+        return False
+    state.asks = [r for r in requests if isinstance(r, Ask)]
+    return bool(state.asks)
+
+
+def _count_step(metric: JudgeMetric, live: list[_Row], step: StepEstimate, spec: Any,
+                counter: PromptCounter, probe: CacheProbe, window: int | None) -> None:
+    """Count the asks of ``live`` for one step into ``step``; drop asks of rows whose
+    prompt is too long (those rows stop)."""
+    asks = [(r, capped(a, spec.max_tokens)) for r in live for a in r.asks]
+    tokens = counter.count([a.messages for _, a in asks])
+    seen: set[tuple[int, str]] = set()
+    for position, ((state, ask), n_tokens) in enumerate(zip(asks, tokens)):
+        # With the cache on, a request made once is found again by later batches of the
+        # run; without it, identical requests share a call only within a batch.
+        scope = 0 if probe.enabled else position // spec.batch_size
+        key = (scope, json.dumps([ask.prompt_text(), ask.output.key()]))
+        duplicate = key in seen
+        seen.add(key)
+        if step.number == 1:
+            state.free = duplicate or probe.cached(metric, ask)
+        if duplicate or state.free:
+            step.cache_hits += 1
+            continue
+        step.calls += 1
+        step.prompt_tokens += n_tokens
+        if window is not None and n_tokens + ask.output.max_tokens > window:
+            step.over_window += 1
+            state.asks = []
+        else:
+            step.completion_bound += ask.output.max_tokens
+
+
+def judge_window(spec: Any) -> tuple[int | None, str]:
+    """The judge's window in tokens, and where it comes from.
+
+    Returns
+    -------
+    (int or None, str)
+        ``max_model_len`` from the config when set; for a ``vllm`` engine otherwise the
+        model's ``max_position_embeddings`` (its ``config.json``), which vLLM uses unless
+        told otherwise; else None with "unknown".
+    """
+    if spec.max_model_len is not None:
+        return spec.max_model_len, "max_model_len"
+    if spec.type == "vllm":
+        path = Path(spec.model).expanduser() / "config.json"
+        try:
+            value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+        except (OSError, ValueError):
+            value = None
+        if isinstance(value, int) and value > 0:
+            return value, "the model's config.json"
+    return None, "unknown (set max_model_len to check prompt lengths)"

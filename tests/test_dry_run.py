@@ -1,0 +1,240 @@
+"""``ragbatch run --dry-run``: the printed plan, that it does no work, and its judge
+estimate against the counts a real run reports in its manifest.
+
+The real run uses the session's ``vllm serve`` of the tiny random judge model
+(``vllm_base_url``) on the first ARES rows. A random model's replies decide whether a
+two-step metric reaches its second step, so only the first step of ``faithfulness`` is
+held to the counts; the single-step metrics are held to 10 %.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from ragbatch.config import JobConfig
+from ragbatch.judge.assumed import assumed_statements
+from ragbatch.judge.metric import Embed, JudgeMetric
+from ragbatch.judge.protocol import Ask
+from ragbatch.registry import all_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
+JUDGE_METRICS = [m for m in all_metrics() if issubclass(m, JudgeMetric)]
+
+
+def test_assumed_statements_are_the_sentences():
+    text = 'Delta tables keep history. Is it "time travel?" Yes!\nSee  VACUUM.'
+    assert assumed_statements(text) == ["Delta tables keep history.", 'Is it "time travel?"',
+                                        "Yes!", "See  VACUUM."]
+    assert assumed_statements(None) == [] and assumed_statements(" \n ") == []
+    assert len(assumed_statements("a. " * 30)) == 20  # the statements schema's maximum
+    assert assumed_statements("x" * 500) == ["x" * 400]  # STATEMENT_MAX_CHARS
+
+
+def _judge_steps(metric: JudgeMetric, example) -> int:
+    """Steps holding judge asks when the program runs on an example's replies."""
+    replies, embeddings = iter(example.replies), iter(example.embeddings)
+    program = metric.program(dict(example.inputs))
+    steps, values = 0, None
+    while True:
+        try:
+            requests = next(program) if values is None else program.send(values)
+        except StopIteration:
+            return steps
+        steps += any(isinstance(r, Ask) for r in requests)
+        values = [r.parse(next(replies)) if isinstance(r, Ask) else np.asarray(next(embeddings))
+                  for r in requests]
+
+
+@pytest.mark.parametrize("cls", JUDGE_METRICS, ids=[m.name for m in JUDGE_METRICS])
+def test_judge_steps_declared_and_assumption_builds_the_next_ask(cls):
+    ok = [ex for ex in cls.judge_examples if ex.status == "ok"]
+    assert ok, f"{cls.name} has no ok example"
+    for ex in ok:
+        assert _judge_steps(cls.from_params(ex.params), ex) == cls.judge_steps, ex.note
+    if cls.judge_steps == 1:
+        return
+    metric = cls.from_params(ok[0].params)
+    row = dict(ok[0].inputs)
+    program = metric.program(row)
+    [first] = next(program)
+    assumed = metric.assumed_result(row, first)
+    [second] = program.send([assumed])
+    assert isinstance(second, Ask) and not isinstance(second, Embed)
+    prompt = second.messages[-1].content
+    assert assumed and all(sentence in prompt for sentence in assumed)
+
+
+def _ares_rows(tmp_path: Path, n: int) -> Path:
+    lines = ARES.read_text(encoding="utf-8").splitlines(keepends=True)
+    out = tmp_path / "ares_head.tsv"
+    out.write_text("".join(lines[: n + 1]), encoding="utf-8")
+    return out
+
+
+def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
+    """Two shipped configs through the CLI in a fresh process: the plan is printed, no
+    output appears, and neither Ray nor torch (so no model weights) is even imported."""
+    judge_cfg = yaml.safe_load((REPO / "jobs/ares_judge.yaml").read_text())
+    judge_cfg["engines"]["judge"]["model"] = str(tiny_judge_model)
+    judge_cfg["engines"]["judge"]["concurrency"] = [1, 3]
+    judge_yaml = tmp_path / "ares_judge.yaml"
+    judge_yaml.write_text(yaml.safe_dump(judge_cfg))
+    out_a, out_b = tmp_path / "out_tonic", tmp_path / "out_judge"
+    script = (
+        "import sys\nfrom ragbatch.cli import main\n"
+        f"a = main(['run', 'jobs/tonic_paul_graham.yaml', '--dry-run', '--output', {str(out_a)!r}])\n"
+        f"b = main(['run', {str(judge_yaml)!r}, '--dry-run', '--sample-rows', '24',"
+        f" '--output', {str(out_b)!r}])\n"
+        "print('EXIT', a, b, 'IMPORTED', 'ray' in sys.modules, 'torch' in sys.modules,"
+        " 'vllm' in sys.modules)\n"
+    )
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert "EXIT 0 0 IMPORTED False False False" in text
+    assert not out_a.exists() and not out_b.exists()
+    print(f"two dry runs in one process: {elapsed:.1f} s")
+    flat = " ".join(text.split())  # whitespace and line wrapping aside
+
+    # tonic_paul_graham: 6 CSV files, 330 rows, counted; expression tasks and a MiniLM pool
+    assert ("input examples/data/tonic_validate_paul_graham/: 6 read task(s), 330 rows "
+            "(exact, counted)") in flat
+    assert ("1. read 6 read task(s) as Ray tasks, normalized to the canonical columns "
+            "2. expressions exact_match, response_length, context_length, mentions_paul_graham, "
+            "one_sentence, not_a_refusal Ray tasks, no actors (one Polars pass per batch) "
+            "3. model:minilm semantic_similarity engine minilm (embedding); actors: 1 (fixed) "
+            "per actor: num_cpus=1, num_gpus=0, batch_size=64 4. write long scores table, "
+            f"staged under {out_a}/_staging/ and published on commit") in flat
+
+    # ares_judge: one judge pool, autoscaling, with its embedder; 24 of 200 rows sampled
+    assert ("input examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv: "
+            "1 read task(s), 200 rows (exact, counted)") in flat
+    assert "sample the first 24 rows; judge figures are scaled to all 200 rows (x8.33)" in flat
+    assert ("2. judge:judge faithfulness, answer_relevancy, context_relevancy, answer_consistency, "
+            "answer_consistency_binary, augmentation_accuracy, augmentation_precision, "
+            "retrieval_precision, duplication, hate_speech engine judge (vllm); actors: 1..3 "
+            "(autoscaling) per actor: num_cpus=1, num_gpus=0, batch_size=64, "
+            "tensor_parallel_size=1 each actor also loads the embedding engine(s) embedder "
+            "3. write") in flat
+    assert "judge engine judge prompt tokens: counted with the tokenizer of" in flat
+    parts = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+    table = {p[0]: p[1:] for p in parts}  # label -> basis, then the figures
+    # every ARES row has a question, a document and an answer: all 200 are judged, once
+    # per single-step metric
+    for metric in ("duplication: duplication", "retrieval_precision: verdicts"):
+        assert table[metric][:3] == ["exact", "200", "200"], table[metric]
+    assert table["faithfulness"][:3] == ["exact+assumed", "200", "400"]
+    assert table["1 statements"][:2] == ["exact", "200"]
+    assert table["2 verdicts"][:2] == ["assumed", "200"]
+
+
+def _judge_config(tmp_path: Path, base_url: str, tokenizer: Path, rows: int) -> JobConfig:
+    data = yaml.safe_load((REPO / "jobs/ares_judge.yaml").read_text())
+    data["input"]["uri"] = str(_ares_rows(tmp_path, rows))
+    data["output"]["uri"] = str(tmp_path / "out")
+    data["engines"] = {"judge": {
+        "kind": "openai", "base_url": base_url, "model": "tiny", "tokenizer": str(tokenizer),
+        "max_model_len": 8192, "max_concurrency": 8, "concurrency": 1, "batch_size": rows,
+        "request_timeout_s": 300, "max_tokens": 16,
+        # first attempts only: the estimate leaves parse retries out
+        "parse_retries": 0}}
+    data["metrics"] = [{"name": n, "engine": "judge"} for n in (
+        "retrieval_precision", "duplication", "faithfulness")]
+    return JobConfig.from_dict(data)
+
+
+def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tiny_judge_model,
+                                                   tmp_path):
+    from ragbatch.dry_run import dry_run
+    from ragbatch.runner import run_job
+
+    rows = 12
+    config = _judge_config(tmp_path, vllm_base_url, tiny_judge_model, rows)
+    started = time.perf_counter()
+    before = dry_run(config, sample_rows=rows)
+    dry_s = time.perf_counter() - started
+    assert before.scale == 1.0 and before.input_size.exact
+    [judge] = before.judges
+    assert judge.token_counter == "tokenizer"
+    estimate = {m.metric_id: m for m in judge.metrics}
+
+    result = run_job(config, run_id="real")
+    real = result.manifest["judge"]["metrics"]
+    errors = {}
+    for mid in ("retrieval_precision", "duplication"):
+        est, got = estimate[mid], real[mid]
+        assert est.total("calls") == got["judge_calls"] == rows, mid
+        errors[mid] = est.total("prompt_tokens") / got["prompt_tokens"] - 1
+        assert abs(errors[mid]) <= 0.10, (mid, est.total("prompt_tokens"), got["prompt_tokens"])
+    # faithfulness: its first step is counted, its second assumed; the random judge decides
+    # which rows reach the second step, so only the first is held to the real counts.
+    faith, got = estimate["faithfulness"], real["faithfulness"]
+    first = faith.steps[0]
+    assert first.calls == rows <= got["judge_calls"]
+    assert got["prompt_tokens"] >= 0.9 * first.prompt_tokens
+    errors["faithfulness"] = faith.total("prompt_tokens") / got["prompt_tokens"] - 1
+    print("estimate error of prompt tokens per metric:", json.dumps(
+        {k: f"{v:+.1%}" for k, v in errors.items()}),
+        f"faithfulness calls: estimated {faith.total('calls')}, made {got['judge_calls']};",
+        f"dry run {dry_s:.1f} s")
+
+    # Run again as a dry run: the judgment cache now answers every first step (the cache
+    # keys are rebuilt from the server's model card), so nothing is left to pay for.
+    again = dry_run(config, sample_rows=rows).judges[0]
+    assert "entries checked" in again.cache_note
+    for m in again.metrics:
+        assert m.steps[0].calls == 0 and m.steps[0].cache_hits == rows, m.metric_id
+        assert m.total("prompt_tokens") == 0
+
+
+def _expression_config(uri: Path, fmt: str, tmp_path: Path) -> JobConfig:
+    return JobConfig.from_dict({
+        "input": {"uri": str(uri), "format": fmt, "columns": {"question": "q", "answer": "a"}},
+        "output": {"uri": str(tmp_path / "out")},
+        "metrics": [{"name": "response_length", "params": {"min_chars": 1, "max_chars": 10}}]})
+
+
+def test_input_rows_from_parquet_footers_and_estimated_from_bytes(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ragbatch.dry_run import dry_run
+    from ragbatch.io import sample
+
+    table = pa.table({"q": [f"q{i}" for i in range(30)], "a": [f"a{i}" for i in range(30)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=8)
+    result = dry_run(_expression_config(tmp_path / "t.parquet", "parquet", tmp_path), 5)
+    assert (result.input_size.rows, result.input_size.exact) == (30, True)
+    assert result.input_size.how == "Parquet footers" and result.sample_rows == 5
+
+    # three CSV files of 4, 10 and 20 rows: the first is read for a 3-row sample; with no
+    # byte budget for counting, the other two are estimated at the first one's bytes per row
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    sizes = {}
+    for name, n in (("a.csv", 4), ("b.csv", 10), ("c.csv", 20)):
+        text = "q,a\n" + "".join(f"question {i},answer {i}\n" for i in range(n))
+        (folder / name).write_text(text)
+        sizes[name] = len(text.encode())
+    monkeypatch.setattr(sample, "COUNT_BYTES_LIMIT", 0)
+    estimated = dry_run(_expression_config(folder, "csv", tmp_path), 3).input_size
+    per_row = sizes["a.csv"] / 4
+    assert not estimated.exact
+    assert estimated.rows == 4 + round((sizes["b.csv"] + sizes["c.csv"]) / per_row)
+    assert "2 of 3 text files estimated from their size" in estimated.how
+    monkeypatch.setattr(sample, "COUNT_BYTES_LIMIT", 1 << 20)
+    counted = dry_run(_expression_config(folder, "csv", tmp_path), 3).input_size
+    assert (counted.rows, counted.exact, counted.how) == (34, True, "counted")
