@@ -117,7 +117,13 @@ def map_batches_options(spec: Any, max_task_retries: int | None = None) -> dict[
     ``num_gpus`` 0 and a ``ray_remote_args_fn`` that reserves each actor's placement
     group. ``max_task_retries`` (how often a batch whose actor died is run again) goes
     to each actor through ``ray_remote_args_fn`` as well: Ray Data has no named
-    parameter for it, and its catch-all ``**ray_remote_args`` is deprecated.
+    parameter for it.
+
+    Notes
+    -----
+    Ray 2.60 marks both ``ray_remote_args_fn`` and the catch-all ``**ray_remote_args``
+    deprecated (removal announced for Ray 2.64) without a replacement for per-actor
+    placement groups or task retries; Ray Data logs one warning per stage for it.
     """
     import ray.data
 

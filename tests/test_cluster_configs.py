@@ -36,11 +36,6 @@ CRD_DIR = ROOT / "tests" / "data" / "kuberay"
 CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml",
              "RayCronJob": "ray.io_raycronjobs.yaml"}
 
-# Files and subcommands that other parts of the same issue add (the nightly entry point;
-# `ragbatch submit/status/logs`). Until they are merged the checks that need them are
-# expected to fail; once merged they pass and these sets should be emptied.
-PENDING_FILES: set[str] = set()
-PENDING_SUBCOMMANDS: set[str] = set()
 
 # Name limits the KubeRay v1.7.0 operator enforces (utils/constant.go): a RayJob's cluster
 # and a RayCronJob's RayJobs get suffixes, so their own names must be shorter.
@@ -508,13 +503,7 @@ def _named_paths() -> list[str]:
     return sorted({p for text in texts for p in _REPO_PATH.findall(text)})
 
 
-def _pending(names, pending: set[str]) -> list:
-    return [pytest.param(n, marks=pytest.mark.xfail(
-        reason=f"{n} comes with another part of this issue; passes once merged", strict=False))
-        if n in pending else n for n in names]
-
-
-@pytest.mark.parametrize("path", _pending(_named_paths(), PENDING_FILES))
+@pytest.mark.parametrize("path", _named_paths())
 def test_named_files_exist(path):
     assert (ROOT / path).exists(), f"{path} is named in cluster/ but is not in the repository"
 
@@ -523,7 +512,7 @@ def _readme_subcommands() -> list[str]:
     return sorted(set(re.findall(r"^\s*ragbatch (\w+)", _readme_code(), re.M)))
 
 
-@pytest.mark.parametrize("subcommand", _pending(_readme_subcommands(), PENDING_SUBCOMMANDS))
+@pytest.mark.parametrize("subcommand", _readme_subcommands())
 def test_readme_ragbatch_subcommands_exist(subcommand):
     import argparse
 
