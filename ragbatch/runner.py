@@ -244,15 +244,21 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
     ray.data.DataContext.get_current().raise_original_map_exception = True
     _retry_storage_errors(ray.data.DataContext.get_current())
     ledger = _run_ledger(plan, layout.run_id)
-    judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
+    # Each actor is a worker process of its own (seconds to start on a small machine):
+    # the judge ledger only when a judge stage reports to it.
+    judge_ledger = None
+    if any(stage.kind == "judge" for stage in plan.stages):
+        judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     try:
         n_rows = _run_pipeline(plan, layout, scores_dir, done_rows, ledger, judge_ledger)
-        judge = ray.get(judge_ledger.totals.remote())
+        judge = (ray.get(judge_ledger.totals.remote()) if judge_ledger is not None
+                 else JudgeLedger().totals())
         faults = ray.get(ledger.faults.remote())
         placement = ray.get(ledger.placement.remote())
     finally:
         ray.kill(ledger)
-        ray.kill(judge_ledger)
+        if judge_ledger is not None:
+            ray.kill(judge_ledger)
     if describe_faults(faults):
         log.warning("faults survived:\n%s", describe_faults(faults))
     if n_rows == 0:

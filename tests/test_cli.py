@@ -120,26 +120,22 @@ def test_run_as_a_user_would(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_on_an_existing_cluster_via_address(tmp_path):
-    """`--address` connects to a running Ray cluster instead of starting one."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    try:
-        env = dict(os.environ, HF_HUB_OFFLINE="1")
-        env.pop("RAY_ADDRESS", None)
-        proc = subprocess.run(
-            [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
-             "--output", str(tmp_path / "out"), "--run-id", "on-cluster", "--address", cluster.address],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "Connecting to existing Ray cluster" in proc.stderr
-        manifest = next((tmp_path / "out/runs").glob("run_date=*/run_id=on-cluster/manifest.json"))
-        recorded = json.loads(manifest.read_text())["ray"]["address"]
-        assert recorded.split(":")[-1] == cluster.address.split(":")[-1]
-    finally:
-        cluster.shutdown()
+def test_run_on_an_existing_cluster_via_address(ray_local, tmp_path):
+    """`--address` connects to a running Ray cluster instead of starting one: here the
+    test session's own Ray instance, which a `ragbatch run` in a fresh process joins."""
+    address = ray_local.get_runtime_context().gcs_address
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
+         "--output", str(tmp_path / "out"), "--run-id", "on-cluster", "--address", address],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Connecting to existing Ray cluster" in proc.stderr
+    manifest = next((tmp_path / "out/runs").glob("run_date=*/run_id=on-cluster/manifest.json"))
+    recorded = json.loads(manifest.read_text())["ray"]["address"]
+    assert recorded.split(":")[-1] == address.split(":")[-1]
 
 
 def test_unreachable_judge_server_fails_before_any_actor_starts(capsys, tmp_path):

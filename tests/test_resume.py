@@ -116,7 +116,12 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_without_rescoring(reference):
+def test_killed_run_resumes_without_rescoring(reference, ray_local):
+    """A run killed after it staged scores: nothing of it is committed; its staging refuses
+    a resume with another config, and refuses to run an already committed run id again;
+    the same config resumes it, reusing the staged rows, and commits the reference's
+    scores. (One killed run serves the refusals and the resume: each killed run costs a
+    process and a Ray start.)"""
     root, config_path, out, want = reference
     proc = start(config_path, "killed")
     assert wait_for_staged_file(out, "killed", proc), "no score file was staged before the run ended"
@@ -124,6 +129,14 @@ def test_killed_run_resumes_without_rescoring(reference):
     proc.wait()
     assert committed_scores(out, "killed") == []
     assert not list(out.glob("scores/*/run_id=killed")) or not list(out.glob("scores/*/run_id=killed/*"))
+
+    # Refused before any scoring (so in this process, on the session's Ray).
+    changed = config_dict(root / "in", out)
+    changed["metrics"] = METRICS[:2]
+    with pytest.raises(OutputError, match="different config or input"):
+        run_job(JobConfig.from_dict(changed), run_id="killed")
+    with pytest.raises(OutputError, match="already committed"):
+        run_job(JobConfig.from_dict(config_dict(root / "in", out)), run_id="reference")
 
     again = start(config_path, "killed")
     assert again.wait(timeout=600) == 0, again.stderr.read()[-3000:]
@@ -146,21 +159,6 @@ def test_two_runs_into_one_root_at_the_same_time(reference):
     started = sorted((manifest(out, r)["run"]["started_at"], manifest(out, r)["run"]["finished_at"])
                      for r in ("reference", "twin"))
     assert started[1][0] < started[0][1], "the two runs did not overlap in time"
-
-
-@pytest.mark.slow
-def test_resume_refuses_a_changed_config(reference, ray_local):
-    root, config_path, out, _ = reference
-    proc = start(config_path, "changed")
-    assert wait_for_staged_file(out, "changed", proc)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    changed = config_dict(Path(root / "in"), out)
-    changed["metrics"] = METRICS[:2]
-    with pytest.raises(OutputError, match="different config or input"):
-        run_job(JobConfig.from_dict(changed), run_id="changed")
-    with pytest.raises(OutputError, match="already committed"):
-        run_job(JobConfig.from_dict(config_dict(Path(root / "in"), out)), run_id="reference")
 
 
 @pytest.mark.slow

@@ -25,8 +25,26 @@ from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
 from udfs.pii import PiiStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"
+#: The 100 sentences of the smaller Presidio file, 8 to a batch: 13 batches keep the PII
+#: actor busy long enough to be killed inside one.
+PII_INPUT = DATA / "tests__data__generated_small.json"
+PII_ROWS = 100
 TONIC = (Path(__file__).resolve().parent.parent / "examples" / "data" / "tonic_validate_paul_graham"
          / "system=titan")
+
+
+def _title(proc: psutil.Process) -> str | None:
+    """The process title (Ray sets it as the command line), or None once it is gone."""
+    try:
+        return " ".join(proc.cmdline()).strip()
+    except psutil.Error:
+        return None
+
+
+#: Seconds between looks through all of this session's processes for new actors named by
+#: the marker (a look costs about 10 ms of CPU, which the run under test needs); known
+#: actors are checked every :data:`POLL_S`.
+SCAN_S, POLL_S = 0.2, 0.02
 
 
 def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300, times: int = 1,
@@ -37,33 +55,42 @@ def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300, times:
     session's Ray processes are candidates: the local Ray instance is started by this
     process, so its workers descend from it. With ``started`` (a count of batch starts),
     a kill waits until a start has been recorded since the last kill: the actor is then
-    inside the batch, not still fetching it."""
+    inside the batch, not still fetching it.
+
+    Actor processes are found by a look through all descendants every :data:`SCAN_S`
+    seconds (an actor loads its model for seconds before its first batch, so it is known
+    by then); the known ones are watched every :data:`POLL_S` seconds."""
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + limit_s
+    known: dict[int, psutil.Process] = {}
+    next_scan = 0.0
     while time.monotonic() < deadline and len(killed) < times:
         if started is not None and started() <= len(killed):
-            time.sleep(0.02)
+            time.sleep(POLL_S)
             continue
-        for proc in me.children(recursive=True):
-            try:
-                title = " ".join(proc.cmdline()).strip()
-            except psutil.Error:
-                continue
-            if (marker in title and title.startswith("ray::") and title.endswith(".submit")
-                    and proc.pid not in killed):
-                os.kill(proc.pid, signal.SIGKILL)
-                killed.append(proc.pid)
+        if time.monotonic() >= next_scan:
+            for proc in me.children(recursive=True):
+                if proc.pid not in known and marker in (_title(proc) or ""):
+                    known[proc.pid] = proc
+            next_scan = time.monotonic() + SCAN_S
+        for pid, proc in list(known.items()):
+            title = _title(proc)
+            if title is None or pid in killed:
+                del known[pid]
+            elif title.startswith("ray::") and title.endswith(".submit"):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
                 break
-        time.sleep(0.02)
+        time.sleep(POLL_S)
 
 
 @pytest.mark.slow
 def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     config = JobConfig.from_dict({
-        "input": {"uri": str(DATA / "*.json"), "format": "json",
+        "input": {"uri": str(PII_INPUT), "format": "json",
                   "columns": {"answer": "full_text"}, "slice_columns": ["template_id"]},
         "output": {"uri": str(tmp_path / "out")},
-        "engines": {"pii": {"type": "presidio", "batch_size": 32}},
+        "engines": {"pii": {"type": "presidio", "batch_size": 8}},
         "metrics": [{"name": "answer_contains_pii"}],
     })
     killed: list[int] = []
@@ -72,7 +99,7 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     result = run_job(config, run_id="worker-fault")
     killer.join(timeout=1)
     assert killed, "the PII actor was never seen working on a batch"
-    assert result.check.n_rows == 1600
+    assert result.check.n_rows == PII_ROWS
     # The killed actor and its replacement both ran on this session's one node.
     placed = result.manifest["placement"]["pii:pii"]
     assert placed["node_ids"] == [ray_local.get_runtime_context().get_node_id()]
@@ -83,15 +110,13 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     scores = duckdb.sql(
         f"SELECT row_id, score, status FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "
         "hive_partitioning=true)").fetchall()
-    assert len(scores) == len({r[0] for r in scores}) == 1600
+    assert len(scores) == len({r[0] for r in scores}) == PII_ROWS
     assert {r[2] for r in scores} == {"ok"}
     # The same scores as the stage computes undisturbed, row by row.
     import json
 
-    texts = {}
-    for name in sorted(DATA.glob("*.json")):
-        for i, row in enumerate(json.loads(name.read_text(encoding="utf-8"))):
-            texts[f"{name.name}:{i}"] = row["full_text"]
+    texts = {f"{PII_INPUT.name}:{i}": row["full_text"]
+             for i, row in enumerate(json.loads(PII_INPUT.read_text(encoding="utf-8")))}
     ids = sorted(texts)
     stage = PiiStage("pii", {"type": "presidio"}, [{"name": "answer_contains_pii", "id": "m", "params": {}}])
     direct = stage(pa.table({"row_id": ids, "answer": [texts[i] for i in ids]}))
@@ -116,14 +141,17 @@ def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
     })
     killed: list[int] = []
 
+    ledgers: list = []
+
     def started() -> int:  # batch starts the run's ledger has recorded so far
         import ray
 
-        try:
-            ledger = ray.get_actor(f"{LEDGER_PREFIX}poison", namespace=LEDGER_NAMESPACE)
-        except ValueError:
-            return 0
-        return ray.get(ledger.faults.remote()).get("engine minilm", {}).get("batch_starts", 0)
+        if not ledgers:
+            try:
+                ledgers.append(ray.get_actor(f"{LEDGER_PREFIX}poison", namespace=LEDGER_NAMESPACE))
+            except ValueError:
+                return 0
+        return ray.get(ledgers[0].faults.remote()).get("engine minilm", {}).get("batch_starts", 0)
 
     killer = threading.Thread(target=kill_busy_actor, args=("ModelStage", killed),
                               kwargs={"times": 2, "started": started}, daemon=True)
