@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                           "(no Ray is started; --run-id, --run-date and --address are not used)")
     run.add_argument("--sample-rows", type=_positive_int, default=None, metavar="N",
                      help="with --dry-run: rows of the input the estimate is made on (default 200)")
+    run.add_argument("--pilot-rows", type=_positive_int, default=None, metavar="N",
+                     help="with --dry-run: send the earlier steps of multi-step judge metrics "
+                          "for N sampled rows to the judge, and build their later prompts from "
+                          "the real replies (costs those calls; default: none, assumed)")
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
@@ -205,8 +209,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.report:
             raise ConfigError("--report needs a committed run; leave out --dry-run or --report")
         return cmd_dry_run(args)
-    if args.sample_rows is not None:
-        raise ConfigError("--sample-rows applies only with --dry-run; add --dry-run or leave it out")
+    for flag, value in (("--sample-rows", args.sample_rows), ("--pilot-rows", args.pilot_rows)):
+        if value is not None:
+            raise ConfigError(f"{flag} applies only with --dry-run; add --dry-run or leave it out")
     config = _load(args)
     result = run_job(config, run_id=args.run_id, address=args.address,
                      config_dir=Path(args.config).parent)
@@ -261,7 +266,8 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     if templates:
         config = render_config(config, config.run.run_date or dt.datetime.now(dt.timezone.utc).date())
     prepare_import_paths(Path(args.config).parent)
-    result = dry_run(config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS)
+    result = dry_run(config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS,
+                     pilot_rows=args.pilot_rows or 0)
     print(format_dry_run(result))
     return EXIT_OK
 

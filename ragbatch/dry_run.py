@@ -58,6 +58,24 @@ class StagePlan:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class PilotSpend:
+    """The real judge calls a pilot made (``ragbatch run --dry-run --pilot-rows N``).
+
+    Attributes
+    ----------
+    rows : int
+        Rows piloted per multi-step metric (at most this many).
+    calls, prompt_tokens, completion_tokens : int
+        Requests sent and their tokens as the engine reported them.
+    """
+
+    rows: int
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
 @dataclass
 class JudgeStageEstimate:
     """The judge estimate of one judge engine.
@@ -77,6 +95,9 @@ class JudgeStageEstimate:
         The engine's ``parse_retries`` (not included in the estimate).
     metrics : list of MetricEstimate
         Counts for the sample; multiply by :attr:`DryRun.scale` for the whole input.
+    pilot : PilotSpend or None
+        What the pilot sent to this judge (``--pilot-rows``); None without a pilot or
+        when no metric of the stage has more than one step.
     """
 
     engine: str
@@ -87,6 +108,7 @@ class JudgeStageEstimate:
     cache_note: str
     parse_retries: int
     metrics: list[MetricEstimate]
+    pilot: "PilotSpend | None" = None
 
     def total(self, key: str) -> int:
         """Sum of ``key`` over the metrics' steps, for the sample."""
@@ -127,7 +149,8 @@ class DryRun:
         return round(sample_value * self.scale)
 
 
-def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> DryRun:
+def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
+            pilot_rows: int = 0) -> DryRun:
     """Plan a run and estimate its judge cost without running anything.
 
     Parameters
@@ -136,6 +159,11 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> DryRun
     sample_rows : int
         Rows of the input (its first rows, in read order) the judge estimate is made on;
         at least 1.
+    pilot_rows : int
+        0 (the default) sends nothing to any judge. Above 0, the first ``pilot_rows``
+        sampled rows of each multi-step judge metric get real replies for their earlier
+        steps (:mod:`ragbatch.judge.pilot`): the judge engine is loaded in this process
+        (a ``vllm`` engine loads its model here) and those calls are paid for.
 
     Returns
     -------
@@ -145,8 +173,10 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> DryRun
     ------
     ConfigError, InputError
         As :func:`ragbatch.plan.build_plan` (the checks ``ragbatch validate`` makes).
+    EngineError
+        With a pilot: the judge engine cannot be loaded.
     ValueError
-        ``sample_rows`` is below 1.
+        ``sample_rows`` is below 1 or ``pilot_rows`` below 0.
     """
     import polars as pl
 
@@ -155,16 +185,18 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> DryRun
 
     if sample_rows < 1:
         raise ValueError(f"--sample-rows must be at least 1, got {sample_rows}")
+    if pilot_rows < 0:
+        raise ValueError(f"--pilot-rows must be 0 or more, got {pilot_rows}")
     plan = build_plan(config)
     sample = sample_input(plan, sample_rows)
     frame = pl.from_arrow(sample.table) if sample.table.num_rows else pl.DataFrame()
-    judges = [_judge_estimate(config, stage, frame) for stage in plan.stages
+    judges = [_judge_estimate(config, stage, frame, pilot_rows) for stage in plan.stages
               if stage.kind == "judge" and frame.height]
     return DryRun(config, len(plan.read_tasks), sample.size, sample.table.num_rows,
                   _stage_plans(plan), judges)
 
 
-def _judge_estimate(config: JobConfig, stage: Any, frame: Any) -> JudgeStageEstimate:
+def _judge_estimate(config: JobConfig, stage: Any, frame: Any, pilot_rows: int) -> JudgeStageEstimate:
     from ragbatch.judge.cache_probe import probe_cache
     from ragbatch.judge.estimate import estimate_stage, judge_window
     from ragbatch.judge.tokens import prompt_counter
@@ -173,9 +205,32 @@ def _judge_estimate(config: JobConfig, stage: Any, frame: Any) -> JudgeStageEsti
     counter = prompt_counter(spec)
     probe = probe_cache(config, stage.engine_name, spec, stage.metrics)
     window, window_source = judge_window(spec)
-    metrics = estimate_stage(stage.metrics, spec, frame, counter, probe, window)
+    pilot = _pilot(stage, pilot_rows)
+    try:
+        metrics = estimate_stage(stage.metrics, spec, frame, counter, probe, window, pilot)
+    finally:
+        if pilot is not None:
+            pilot.engine.close()
+    spend = (PilotSpend(pilot.rows, pilot.calls, pilot.prompt_tokens, pilot.completion_tokens)
+             if pilot is not None else None)
     return JudgeStageEstimate(stage.engine_name, counter.method, counter.source, window,
-                              window_source, probe.note, spec.parse_retries, metrics)
+                              window_source, probe.note, spec.parse_retries, metrics, spend)
+
+
+def _pilot(stage: Any, pilot_rows: int) -> Any:
+    """A pilot on the stage's judge engine, or None when not asked for or not needed."""
+    if pilot_rows == 0 or all(m.judge_steps == 1 for m in stage.metrics):
+        return None
+    from ragbatch.engines import load_judge_engine
+    from ragbatch.errors import EngineError
+    from ragbatch.judge.pilot import Pilot
+
+    spec = stage.engine
+    try:
+        engine = load_judge_engine(spec)
+    except EngineError as exc:
+        raise EngineError(f"engines.{stage.engine_name}: --pilot-rows needs the judge: {exc}") from exc
+    return Pilot(engine, pilot_rows, seed=spec.seed, max_tokens=spec.max_tokens)
 
 
 def _stage_plans(plan: Any) -> list[StagePlan]:

@@ -29,8 +29,10 @@ def format_dry_run(result: DryRun) -> str:
     """
     size = result.input_size
     exactness = "exact" if size.exact else "estimate"
+    piloted = any(j.pilot is not None and j.pilot.calls for j in result.judges)
     lines = [
-        "dry run: nothing is run and nothing is written",
+        "dry run: nothing is run and nothing is written" if not piloted else
+        "dry run: no metric is run and nothing is written; a pilot sent judge calls (below)",
         f"input   {result.config.input.uri}: {result.read_tasks} read task(s), "
         f"{size.rows:,} rows ({exactness}, {size.how})",
     ]
@@ -103,7 +105,7 @@ def _metric_rows(result: DryRun, metric: MetricEstimate) -> list[tuple]:
 
 
 def _basis(step: StepEstimate) -> str:
-    return "assumed" if step.assumed else "exact"
+    return step.basis
 
 
 def _figures(result: DryRun, step: StepEstimate) -> list[int]:
@@ -112,9 +114,20 @@ def _figures(result: DryRun, step: StepEstimate) -> list[int]:
 
 def _notes(judge: JudgeStageEstimate) -> list[str]:
     notes = ["exact: the requests a run sends for the sampled rows, counted, then scaled."]
-    if any(s.assumed for m in judge.metrics for s in m.steps):
+    bases = {s.basis for m in judge.metrics for s in m.steps}
+    if "assumed" in bases:
         notes.append("assumed: the prompt holds the judge's earlier reply, taken to be the "
-                     "sentences of the text it splits; every row is assumed to reach the step.")
+                     "sentences of the text it splits; every row is assumed to reach the step "
+                     "(--pilot-rows N sends the earlier steps of N rows to the judge instead).")
+    if judge.pilot is not None:
+        p = judge.pilot
+        notes.append(f"pilot: the earlier steps of up to {p.rows:,} rows per multi-step metric "
+                     f"were sent to the judge ({p.calls:,} calls, {p.prompt_tokens:,} prompt and "
+                     f"{p.completion_tokens:,} completion tokens, not in the table); their real "
+                     "replies built the later prompts, counted for those rows.")
+    if "pilot-scaled" in bases:
+        notes.append("pilot-scaled: the assumed figure for all rows, times real / assumed on "
+                     "the piloted rows.")
     retries = (f"parse retries (parse_retries={judge.parse_retries}: an unparseable reply is "
                "asked again, at the same prompt cost) and " if judge.parse_retries else "")
     notes.append(f"not included: {retries}embedding requests.")

@@ -3,8 +3,9 @@ estimate against the counts a real run reports in its manifest.
 
 The real run uses the session's ``vllm serve`` of the tiny random judge model
 (``vllm_base_url``) on the first ARES rows. A random model's replies decide whether a
-two-step metric reaches its second step, so only the first step of ``faithfulness`` is
-held to the counts; the single-step metrics are held to 10 %.
+two-step metric reaches its second step: without a pilot only the first step of
+``faithfulness`` is held to the counts; with ``pilot_rows`` covering the sample the whole
+metric is held to 10 %, like the single-step metrics.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def test_assumed_statements_are_the_sentences():
     text = 'Delta tables keep history. Is it "time travel?" Yes!\nSee  VACUUM.'
     assert assumed_statements(text) == ["Delta tables keep history.", 'Is it "time travel?"',
                                         "Yes!", "See  VACUUM."]
+    assert assumed_statements("東京は大きい。人が多い！本当？ 🗼 Yes") == [
+        "東京は大きい。", "人が多い！", "本当？", "🗼 Yes"]
     assert assumed_statements(None) == [] and assumed_statements(" \n ") == []
     assert len(assumed_statements("a. " * 30)) == 20  # the statements schema's maximum
     assert assumed_statements("x" * 500) == ["x" * 400]  # STATEMENT_MAX_CHARS
@@ -170,6 +173,7 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
     [judge] = before.judges
     assert judge.token_counter == "tokenizer"
     estimate = {m.metric_id: m for m in judge.metrics}
+    piloted = dry_run(config, sample_rows=rows, pilot_rows=rows).judges[0]
 
     result = run_job(config, run_id="real")
     real = result.manifest["judge"]["metrics"]
@@ -191,6 +195,18 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
         f"faithfulness calls: estimated {faith.total('calls')}, made {got['judge_calls']};",
         f"dry run {dry_s:.1f} s")
 
+    # With a pilot on every sampled row (made before the run filled the judgment cache),
+    # the second step is built from the judge's real first replies: the whole of
+    # faithfulness is held to 10 % too.
+    assert piloted.pilot is not None and piloted.pilot.calls >= rows
+    faith = {m.metric_id: m for m in piloted.metrics}["faithfulness"]
+    assert [s.basis for s in faith.steps][1:] in ([], ["pilot"])
+    error = faith.total("prompt_tokens") / got["prompt_tokens"] - 1
+    assert abs(error) <= 0.10, (faith.total("prompt_tokens"), got["prompt_tokens"])
+    assert faith.total("calls") == got["judge_calls"]
+    print(f"faithfulness with a pilot of {rows} rows: {error:+.1%}; pilot spent "
+          f"{piloted.pilot.calls} calls")
+
     # Run again as a dry run: the judgment cache now answers every first step (the cache
     # keys are rebuilt from the server's model card), so nothing is left to pay for.
     again = dry_run(config, sample_rows=rows).judges[0]
@@ -198,6 +214,70 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
     for m in again.metrics:
         assert m.steps[0].calls == 0 and m.steps[0].cache_hits == rows, m.metric_id
         assert m.total("prompt_tokens") == 0
+
+
+def _faithfulness_sample():
+    import polars as pl
+
+    return pl.DataFrame({
+        "row_id": ["a", "b", "c", "d"], "question": ["Where is Paris?"] * 2 + ["q3", "q4"],
+        "contexts": [["Paris is in France."], ["Paris is big."], ["x"], ["東京は大きい 🗼"]],
+        "answer": ["Paris is in France. It is big.", "Paris is in Japan.", "No idea.",
+                   "東京は日本にある。 Tokyo is big!"]})
+
+
+def _verdict_prompt_tokens(metric, row, statements, counter) -> int:
+    """Prompt tokens of the verdicts request ``metric`` builds after ``statements``."""
+    program = metric.program(row)
+    next(program)
+    [ask] = program.send([statements])
+    return counter.count([ask.messages])[0]
+
+
+def test_pilot_replies_build_the_later_prompts():
+    """The tiny random judge never completes a statements reply, so the replies that let
+    a row reach the second step come from recorded replies (``RecordedReplies``, the
+    project's named stand-in engine). Row a gets one statement, b none (no second call),
+    c a reply cut at max_tokens (parse failure: no second call), d two statements."""
+    from types import SimpleNamespace
+
+    from ragbatch.judge.cache_probe import CacheProbe
+    from ragbatch.judge.estimate import estimate_stage
+    from ragbatch.judge.pilot import Pilot
+    from ragbatch.judge.recorded import RecordedReplies
+    from ragbatch.judge.tokens import PromptCounter
+    from ragbatch.metrics.faithfulness import Faithfulness
+
+    metric = Faithfulness.from_params({})
+    sample = _faithfulness_sample()
+    rows = sample.to_dicts()
+    counter, probe = PromptCounter("chars/4", "test"), CacheProbe("off")
+    spec = SimpleNamespace(max_tokens=None, batch_size=64)
+    replies = [json.dumps({"statements": ["Paris is in France."]}), json.dumps({"statements": []}),
+               ("length", '{"statements": ["No'),
+               json.dumps({"statements": ["東京は日本にある。", "Tokyo is big."]})]
+
+    pilot = Pilot(RecordedReplies(list(replies)), rows=4)
+    [full] = estimate_stage([metric], spec, sample, counter, probe, None, pilot)
+    first, second = full.steps
+    assert (first.basis, first.calls, second.basis, second.calls) == ("exact", 4, "pilot", 2)
+    real_a = _verdict_prompt_tokens(metric, rows[0], ["Paris is in France."], counter)
+    real_d = _verdict_prompt_tokens(metric, rows[3], ["東京は日本にある。", "Tokyo is big."], counter)
+    assert second.prompt_tokens == real_a + real_d
+    assert pilot.calls == 4  # the last step is never sent
+
+    # A pilot on the first 2 of 4 rows: the assumed second step (every row, its
+    # sentences) times real / assumed on rows a and b.
+    pilot = Pilot(RecordedReplies(list(replies)), rows=2)
+    [scaled] = estimate_stage([metric], spec, sample, counter, probe, None, pilot)
+    assumed = [_verdict_prompt_tokens(metric, r, s, counter) for r, s in zip(rows, (
+        ["Paris is in France.", "It is big."], ["Paris is in Japan."], ["No idea."],
+        ["東京は日本にある。", "Tokyo is big!"]))]
+    step = scaled.steps[1]
+    assert step.basis == "pilot-scaled"
+    assert step.calls == round(4 * 1 / 2)
+    assert step.prompt_tokens == round(sum(assumed) * real_a / (assumed[0] + assumed[1]))
+    assert scaled.steps[0] == first
 
 
 def _expression_config(uri: Path, fmt: str, tmp_path: Path) -> JobConfig:

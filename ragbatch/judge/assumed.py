@@ -20,8 +20,9 @@ import re
 from ragbatch.judge.parse import MAX_STATEMENTS, STATEMENT_MAX_CHARS
 
 #: End of a sentence: ``.``, ``!`` or ``?`` (and closing quotes or brackets) followed by
-#: whitespace, or a line break.
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\s*\n\s*")
+#: whitespace, a CJK full stop, exclamation or question mark (``。！？``, which need no
+#: space after them), or a line break.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|(?<=[。！？])\s*|\s*\n\s*")
 
 
 def assumed_statements(text: str | None) -> list[str]:
@@ -36,7 +37,7 @@ def assumed_statements(text: str | None) -> list[str]:
     -------
     list of str
         The non-blank sentences of ``text`` in order (split after ``.``, ``!`` or ``?``
-        followed by whitespace, and at line breaks), at most
+        followed by whitespace, after ``。``, ``！`` or ``？``, and at line breaks), at most
         :data:`~ragbatch.judge.parse.MAX_STATEMENTS` of them, each cut to
         :data:`~ragbatch.judge.parse.STATEMENT_MAX_CHARS` characters, as the statements
         schema allows. Empty for a null or blank text.
@@ -45,6 +46,8 @@ def assumed_statements(text: str | None) -> list[str]:
     --------
     >>> assumed_statements("Paris is in France. It is the capital!\\nSee the map.")
     ['Paris is in France.', 'It is the capital!', 'See the map.']
+    >>> assumed_statements("東京は大きい。人が多い！ Yes.")
+    ['東京は大きい。', '人が多い！', 'Yes.']
     >>> assumed_statements("   ")
     []
     """

@@ -12,6 +12,14 @@ judge stage would run it, but no request is sent:
   :mod:`ragbatch.judge.assumed`), and the program builds the follow-up asks from that.
   Every row is assumed to reach the later step (a refusal with no statements would not),
   so the calls of later steps are an upper bound and their tokens an assumption.
+* With a :class:`~ragbatch.judge.pilot.Pilot`, the first rows of each multi-step metric
+  get real replies for their earlier steps instead, so their later prompts (and whether
+  they reach them) are what a run sees. When the pilot covers every sampled row of the
+  metric the later steps are counted (basis ``pilot``). Otherwise each figure of a later
+  step is the assumption over all rows times the ratio, on the piloted rows, of the
+  figure with real replies to the figure with assumed ones (basis ``pilot-scaled``;
+  where the assumption gives 0 on the piloted rows, the piloted figure is scaled by
+  rows instead).
 
 Counted like the run counts them (the manifest's ``judge`` section): identical requests
 of a metric are answered once (the rest are ``cache_hits``), and so are requests the
@@ -36,6 +44,7 @@ import polars as pl
 from ragbatch.judge.batch import guarded_rows, with_issues
 from ragbatch.judge.cache_probe import CacheProbe
 from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.pilot import Pilot
 from ragbatch.judge.protocol import Ask
 from ragbatch.judge.run import capped
 from ragbatch.judge.tokens import PromptCounter
@@ -51,8 +60,10 @@ class StepEstimate:
         1 for the first step.
     name : str
         The step's name (:attr:`~ragbatch.judge.protocol.Ask.step`).
-    assumed : bool
-        The prompts were built from an assumed earlier reply (not exact).
+    basis : str
+        ``exact`` (counted: a first step), ``assumed`` (prompts built from an assumed
+        earlier reply), ``pilot`` (built from real replies for every row) or
+        ``pilot-scaled`` (the assumption corrected by a pilot on some rows).
     calls : int
         Requests that would be sent to the engine (cache hits excluded).
     cache_hits : int
@@ -68,12 +79,22 @@ class StepEstimate:
 
     number: int
     name: str
-    assumed: bool
+    basis: str
     calls: int = 0
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_bound: int = 0
     over_window: int = 0
+
+    @property
+    def assumed(self) -> bool:
+        """Whether the figures rest on assumed judge replies (any basis but ``exact``
+        and ``pilot``)."""
+        return self.basis not in ("exact", "pilot")
+
+
+#: The figures of a step, in the order of :class:`StepEstimate`'s fields.
+STEP_FIGURES = ("calls", "cache_hits", "prompt_tokens", "completion_bound", "over_window")
 
 
 @dataclass
@@ -115,7 +136,7 @@ class _Row:
 
 def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
                    counter: PromptCounter, probe: CacheProbe,
-                   window: int | None) -> list[MetricEstimate]:
+                   window: int | None, pilot: Pilot | None = None) -> list[MetricEstimate]:
     """Estimate the judge steps of every metric of one judge stage on ``sample``.
 
     Parameters
@@ -132,6 +153,9 @@ def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
     window : int or None
         The model's window in tokens (prompt plus completion); None when unknown (no
         request is then counted as too long).
+    pilot : Pilot, optional
+        Real replies for the earlier steps of the first ``pilot.rows`` rows of each
+        multi-step metric (see the module notes); None assumes every reply.
 
     Returns
     -------
@@ -142,20 +166,104 @@ def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
     _, todo = guarded_rows(metrics, frame)
     out = []
     for metric in metrics:
-        rows = [_start(metric, row) for _, row in todo[metric.id]]
-        estimate = MetricEstimate(metric.id, metric.name, len(rows), steps_declared=metric.judge_steps)
-        live = [r for r in rows if r.asks]
-        number = 1
-        while live and number <= metric.judge_steps:
-            step = StepEstimate(number, live[0].asks[0].step, assumed=number > 1)
-            _count_step(metric, live, step, spec, counter, probe, window)
-            estimate.steps.append(step)
-            if number == metric.judge_steps:
-                break
-            live = [r for r in live if _advance(metric, r)]
-            number += 1
-        out.append(estimate)
+        rows = [row for _, row in todo[metric.id]]
+        assumed = _drive(metric, rows, spec, counter, probe, window, None)
+        if pilot is None or metric.judge_steps == 1 or not rows:
+            out.append(assumed)
+            continue
+        head = rows[:pilot.rows]
+        real = _drive(metric, head, spec, counter, probe, window, pilot)
+        if len(head) == len(rows):
+            out.append(_relabel(real, "pilot"))
+            continue
+        head_assumed = _drive(metric, head, spec, counter, probe, window, None)
+        out.append(combine_pilot(assumed, head_assumed, real, len(rows), len(head)))
     return out
+
+
+def _drive(metric: JudgeMetric, rows: list[dict[str, Any]], spec: Any, counter: PromptCounter,
+           probe: CacheProbe, window: int | None, pilot: Pilot | None) -> MetricEstimate:
+    """Count ``metric``'s steps on ``rows``, feeding later steps assumed replies, or the
+    pilot's real ones when ``pilot`` is given."""
+    states = [_start(metric, row) for row in rows]
+    estimate = MetricEstimate(metric.id, metric.name, len(states), steps_declared=metric.judge_steps)
+    live = [r for r in states if r.asks]
+    number = 1
+    while live and number <= metric.judge_steps:
+        basis = "exact" if number == 1 else ("pilot" if pilot else "assumed")
+        step = StepEstimate(number, live[0].asks[0].step, basis)
+        _count_step(metric, live, step, spec, counter, probe, window)
+        estimate.steps.append(step)
+        if number == metric.judge_steps:
+            break
+        live = _next_step(metric, live, pilot)
+        number += 1
+    return estimate
+
+
+def _next_step(metric: JudgeMetric, live: list[_Row], pilot: Pilot | None) -> list[_Row]:
+    """The rows that take a further judge step, their asks advanced. Rows answered from
+    the cache (``free``) are advanced on the assumption: they cost nothing either way."""
+    sent = [r for r in live if r.asks and not r.free] if pilot is not None else []
+    replies = pilot.replies([r.asks for r in sent]) if sent else []
+    real = {id(r): values for r, values in zip(sent, replies)}
+    kept = []
+    for state in live:
+        if id(state) in real:
+            going = real[id(state)] is not None and _send(state, real[id(state)])
+        else:
+            going = _advance(metric, state)
+        if going:
+            kept.append(state)
+    return kept
+
+
+def combine_pilot(assumed: MetricEstimate, head_assumed: MetricEstimate, real: MetricEstimate,
+                  rows: int, head_rows: int) -> MetricEstimate:
+    """Correct the assumed later steps by a pilot on the first rows.
+
+    Parameters
+    ----------
+    assumed : MetricEstimate
+        Every row, with assumed replies.
+    head_assumed, real : MetricEstimate
+        The piloted rows, with assumed replies and with the pilot's real ones.
+    rows, head_rows : int
+        Rows in ``assumed`` and in the pilot (``0 < head_rows < rows``).
+
+    Returns
+    -------
+    MetricEstimate
+        Step 1 as ``assumed`` (counted); each later step ``k`` with every figure
+        ``round(A * R / H)``, where ``A``, ``H`` and ``R`` are that figure of step ``k``
+        in ``assumed``, ``head_assumed`` and ``real`` (0 for a step a pilot row never
+        reached), or ``round(R * rows / head_rows)`` where ``H`` is 0. Basis
+        ``pilot-scaled``.
+    """
+    out = MetricEstimate(assumed.metric_id, assumed.name, assumed.rows_judged,
+                         steps_declared=assumed.steps_declared)
+    for k, step in enumerate(assumed.steps):
+        if k == 0:
+            out.steps.append(step)
+            continue
+        h = _step_or_zero(head_assumed, k, step)
+        r = _step_or_zero(real, k, step)
+        scaled = StepEstimate(step.number, step.name, "pilot-scaled")
+        for key in STEP_FIGURES:
+            a, hv, rv = getattr(step, key), getattr(h, key), getattr(r, key)
+            setattr(scaled, key, round(a * rv / hv) if hv else round(rv * rows / head_rows))
+        out.steps.append(scaled)
+    return out
+
+
+def _step_or_zero(estimate: MetricEstimate, k: int, like: StepEstimate) -> StepEstimate:
+    return estimate.steps[k] if k < len(estimate.steps) else StepEstimate(like.number, like.name, "pilot")
+
+
+def _relabel(estimate: MetricEstimate, basis: str) -> MetricEstimate:
+    for step in estimate.steps[1:]:
+        step.basis = basis
+    return estimate
 
 
 def _start(metric: JudgeMetric, row: dict[str, Any]) -> _Row:
@@ -174,10 +282,18 @@ def _advance(metric: JudgeMetric, state: _Row) -> bool:
         return False
     try:
         values = [metric.assumed_result(state.row, ask) for ask in state.asks]
-        requests = state.program.send(values)
-    except (StopIteration, NotImplementedError):
+    except Exception:  # NotImplementedError (no assumption), or the metric's code fails
         return False
-    except Exception:  # the metric's code fails on the assumed reply: no estimate
+    return _send(state, values)
+
+
+def _send(state: _Row, values: list[Any]) -> bool:
+    """Send ``values`` (one per ask) to the row's program; keep its next judge asks."""
+    try:
+        requests = state.program.send(values)
+    except StopIteration:
+        return False
+    except Exception:  # the metric's code fails on the reply: no further step
         return False
     state.asks = [r for r in requests if isinstance(r, Ask)]
     return bool(state.asks)
