@@ -161,3 +161,30 @@ def test_output_schema_doc_lists_every_calibration_column():
         assert [(r[0].strip("`"), r[1]) for r in rows] == [
             (f.name, {"string": "string", "int64": "int64", "double": "double"}[str(f.type)])
             for f in SCHEMAS[name]], name
+
+
+@pytest.mark.parametrize("name", ["ares", "halueval", "hatecheck", "trec_dl"])
+def test_shipped_calibration_configs_read_their_data_and_labels(name, monkeypatch):
+    """Every shipped config loads, reads its data (first rows) and turns every label into
+    numbers; the job each judge runs validates."""
+    from pathlib import Path
+
+    from ragbatch.calibrate.command import judge_job
+    from ragbatch.calibrate.config import load_calibration
+    from ragbatch.calibrate.prepare import read_labelled
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    cal = load_calibration(repo / "jobs" / f"calibrate_{name}.yaml")
+    cal.limit = 40
+    labelled = read_labelled(cal)
+    assert labelled.frame.height == (80 if cal.pairs else 40)
+    frame = labelled.frame
+    for mid, spec in cal.labels.items():
+        values = label_values(frame[spec.column], spec, frame[labelled.row_id])
+        assert values.null_count() == 0, mid
+        allowed = {0.0, 1.0} if spec.type == "binary" else {0.0, 1 / 3, 2 / 3, 1.0}
+        assert all(min(abs(v - a) for a in allowed) < 1e-9 for v in values), mid
+    for judge in cal.judges:
+        job = judge_job(cal, judge, "labelled.parquet", labelled.row_id, labelled.answer)
+        assert [m.engine for m in job.metrics] == [judge] * len(cal.metrics)
