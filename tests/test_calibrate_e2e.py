@@ -9,6 +9,8 @@ that every number the calibration writes is recomputed exactly, here and indepen
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from pathlib import Path
 
@@ -74,9 +76,6 @@ def calibrations(ray_local, vllm_base_url, tmp_path_factory):
                                          ("halueval", ["a"], PAIRS, ["augmentation_accuracy"])):
         path = _config_copy(tmp, name, vllm_base_url, judges, limit, metrics)
         capture = tmp / f"{name}.txt"
-        import contextlib
-        import io
-
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             code = main(["calibrate", str(path), "--run-id", f"cal-{name}"])
