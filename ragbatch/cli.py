@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="with --dry-run: send the earlier steps of multi-step judge metrics "
                           "for N sampled rows to the judge, and build their later prompts from "
                           "the real replies (costs those calls; default: none, assumed)")
+    run.add_argument("--allow-uncalibrated", action="store_true",
+                     help="run judge metrics whose agreement with human labels is missing or below "
+                          "calibration.min_agreement (warn instead of refusing)")
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
@@ -67,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_report_parser(sub)
     _add_nightly_parser(sub)
     _add_job_parsers(sub)
+    from ragbatch.calibrate.cli import add_calibrate_parser
+
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -214,7 +220,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} applies only with --dry-run; add --dry-run or leave it out")
     config = _load(args)
     result = run_job(config, run_id=args.run_id, address=args.address,
-                     config_dir=Path(args.config).parent)
+                     config_dir=Path(args.config).parent,
+                     allow_uncalibrated=args.allow_uncalibrated)
     layout = result.layout
     print(f"run {result.run_id} committed ({result.check.n_rows} rows x "
           f"{len(config.metrics)} metrics = {result.check.n_cells} cells)")
@@ -525,6 +532,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from ragbatch.calibrate.cli import cmd_calibrate
+
+    return cmd_calibrate(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -532,7 +545,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
                 "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
-                "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs}
+                "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
+                "calibrate": _cmd_calibrate}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError) as exc:

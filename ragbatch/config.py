@@ -334,6 +334,24 @@ class CacheSection(_Strict):
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
 
+class CalibrationGuardSection(_Strict):
+    """``calibration``: the judge metrics a run may use only with recorded agreement.
+
+    ``uri`` is the output root of ``ragbatch calibrate``; ``run_id`` picks one committed
+    calibration there (default: the latest). ``min_agreement`` maps a metric id of this
+    config to ``{measure: minimum}`` (measures: accuracy, precision, recall, f1, kappa,
+    roc_auc, spearman, kendall, pairwise_agreement). ``ragbatch run`` refuses to start when
+    such a metric has no recorded value for its judge model and prompt version, or one
+    below the minimum, unless ``proceed`` is true (or ``--allow-uncalibrated`` is given):
+    then it warns and runs."""
+
+    uri: str
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = None
+    min_agreement: dict[str, dict[str, float]] = Field(min_length=1)
+    proceed: bool = False
+
+
 class JobConfig(_Strict):
     """A whole job config. Build it with :func:`load_config` or :meth:`from_dict`."""
 
@@ -343,6 +361,7 @@ class JobConfig(_Strict):
     metrics: list[MetricSpec] = Field(min_length=1)
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     cache: CacheSection = Field(default_factory=CacheSection)
+    calibration: CalibrationGuardSection | None = None
 
     @field_validator("engines", mode="before")
     @classmethod

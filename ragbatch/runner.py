@@ -55,14 +55,17 @@ def new_run_id(now: dt.datetime | None = None) -> str:
 
 
 def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None = None,
-            config_dir: str | Path | None = None) -> RunResult:
+            config_dir: str | Path | None = None, allow_uncalibrated: bool = False) -> RunResult:
     """Execute a job end to end and return where its outputs are.
 
     Raises
     ------
     ConfigError, InputError
-        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds, or a
-        URI template that is not valid (:mod:`ragbatch.templating`).
+        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds, a
+        URI template that is not valid (:mod:`ragbatch.templating`), or a judge metric
+        whose recorded agreement with human labels is missing or below the config's
+        ``calibration.min_agreement`` (:func:`ragbatch.calibrate.guard.check_calibration`;
+        ``allow_uncalibrated`` turns that into warnings).
     InputNotFoundError
         (an InputError) The input location holds no files.
     OutputError
@@ -94,6 +97,10 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
     plan = build_plan(config)
+    if config.calibration is not None:
+        from ragbatch.calibrate.guard import check_calibration
+
+        check_calibration(plan, allow=allow_uncalibrated)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
     run_date = layout.run_date

@@ -316,10 +316,13 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
         comparison = comparison or compare_runs(baseline, run, top=top)
         section = _comparison_section(comparison, baseline, run, facts)
     confidence = float((run.manifest.get("summary") or {}).get("confidence") or 0.95)
+    from ragbatch.calibrate.report import calibration_section
+
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(TEMPLATE).render(
         version=__version__, run=run, facts=_facts(run, baseline), notes=notes + worst_notes,
         confidence_label=f"{confidence:.0%}",
         metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),
-        **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP)
+        **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
+        calibration=calibration_section(run))

@@ -33,7 +33,7 @@ nav a { margin-right: 1rem; } .wide { overflow-x: auto; }
 <h1>ragbatch report: {{ run.name or "run" }} <code>{{ run.run_id }}</code></h1>
 <nav>
 <a href="#metrics">Metrics</a><a href="#slices">Slices</a><a href="#statuses">Statuses</a>
-{% if comparison %}<a href="#comparison">Comparison</a>{% endif %}<a href="#worst">Worst rows</a>
+{% if calibration %}<a href="#calibration">Agreement with humans</a>{% endif %}{% if comparison %}<a href="#comparison">Comparison</a>{% endif %}<a href="#worst">Worst rows</a>
 </nav>
 <table id="run-facts">
 {% for key, value in facts %}<tr><th>{{ key }}</th><td>{{ value }}</td></tr>
@@ -78,6 +78,19 @@ score intervals.</p>
 <tr><th>metric</th>{% for s in statuses %}<th>{{ s }}</th>{% endfor %}</tr>
 {% for row in status_rows %}<tr><td><code>{{ row.metric }}</code></td>{% for n in row.counts %}<td class="num">{{ n }}</td>{% endfor %}</tr>
 {% endfor %}</table>
+
+{% if calibration %}
+<h2 id="calibration">Agreement with human labels</h2>
+<p>Judge metrics against human labels, from calibration <code>{{ calibration.run_id }}</code> under
+{{ calibration.root }} (matched by judge model and prompt version; <code>ragbatch calibrate</code>).
+Intervals are percentile bootstraps; a value below the run's minimum is marked.</p>
+<table id="calibration-table">
+<tr><th>metric</th><th>judge</th><th>model</th><th>measure</th><th>n</th><th>value</th><th>interval</th><th>minimum</th><th>note</th></tr>
+{% for r in calibration.rows %}<tr><td><code>{{ r.metric }}</code></td><td>{{ r.judge }}</td><td><code>{{ r.model }}</code></td>
+<td>{{ r.measure }}</td><td class="num">{{ r.n }}</td><td class="num{% if r.below %} worse{% endif %}">{{ r.value }}</td>
+<td class="num">{{ r.interval }}</td><td class="num">{{ r.minimum }}</td><td>{{ r.note }}</td></tr>
+{% endfor %}</table>
+{% endif %}
 
 {% if comparison %}
 <h2 id="comparison">Comparison with baseline <code>{{ comparison.baseline }}</code></h2>

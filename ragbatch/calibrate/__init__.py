@@ -1,0 +1,9 @@
+"""``ragbatch calibrate``: how far each judge metric agrees with human labels.
+
+Modules: :mod:`.config` (the calibration config), :mod:`.labels` (labels to numbers),
+:mod:`.prepare` (the labelled input: row limit, answer pairs), :mod:`.measures`
+(agreement measures and their bootstrap intervals), :mod:`.agreement` (measures per
+judge and metric from a run's scores), :mod:`.output` (tables, commit, lookup),
+:mod:`.text` (console table), :mod:`.guard` (the run's minimum-agreement check) and
+:mod:`.command` (the whole command).
+"""

@@ -1,0 +1,152 @@
+"""``ragbatch calibrate``: run each judge over the labelled data, then measure agreement."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ragbatch import __version__
+from ragbatch.calibrate.agreement import metric_agreement
+from ragbatch.calibrate.config import CalibrationConfig
+from ragbatch.calibrate.measures import Bootstrap
+from ragbatch.calibrate.output import write_calibration
+from ragbatch.calibrate.prepare import PAIR_ID, PAIR_MEMBER, LabelledInput, read_labelled
+from ragbatch.config import ColumnMapping, InputSection, JobConfig
+from ragbatch.io.fs import resolve
+
+log = logging.getLogger("ragbatch")
+
+
+@dataclass
+class CalibrationResult:
+    """A committed calibration: where it is and what it holds (plain-dict rows)."""
+
+    run_id: str
+    run_date: dt.date
+    path: str
+    scores_run_ids: dict[str, str]
+    tables: dict[str, list[dict[str, Any]]]
+    manifest: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def judge_job(cal: CalibrationConfig, judge: str, input_uri: str, row_id: str,
+              answer: str | None) -> JobConfig:
+    """The job config one judge runs: the labelled Parquet as input (every column kept as
+    a slice column), the calibration's metrics on engine ``judge``, its engines, output
+    root and judgment cache."""
+    columns = cal.input.columns.model_dump()
+    columns.update(row_id=row_id, answer=answer)
+    slices = cal.input.slice_columns
+    if slices is not None:
+        # the labels (and the pair columns) must reach the scores table
+        extra = [spec.column for spec in cal.labels.values()]
+        if cal.pairs is not None:
+            extra += [PAIR_ID, PAIR_MEMBER]
+        slices = list(dict.fromkeys([*slices, *extra]))
+    data = {
+        "run": {"name": f"{cal.name}:{judge}", "error_budget": 1.0},
+        "input": InputSection(uri=input_uri, format="parquet", columns=ColumnMapping(**columns),
+                              contexts_format=cal.input.contexts_format,
+                              contexts_field=cal.input.contexts_field, slice_columns=slices,
+                              latency_unit=cal.input.latency_unit,
+                              storage_options=cal.output.storage_options).model_dump(),
+        "output": cal.output.model_dump(),
+        "metrics": [{**m.model_dump(), "engine": judge} for m in cal.metrics],
+        "engines": {k: v.model_dump() for k, v in cal.engines.items()},
+        "cache": cal.cache.model_dump(),
+    }
+    return JobConfig.from_dict(data, source=f"calibration job of judge {judge}")
+
+
+def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
+                    run_date: dt.date | None = None, address: str | None = None,
+                    config_dir: str | Path | None = None) -> CalibrationResult:
+    """Run every judge of ``cal`` over its labelled rows and commit the agreement tables.
+
+    Each judge's scores are an ordinary run (``ragbatch run``'s pipeline, UDFs, judgment
+    cache, staging and commit) with run id ``<run_id>-<judge>`` under ``output.uri``; a
+    calibration started again with the same ``run_id`` reuses the judge runs that
+    committed and resumes the others.
+
+    Raises
+    ------
+    ConfigError, InputError
+        A problem in the config, the labelled input or its labels.
+    OutputError
+        The calibration id is already committed.
+    """
+    from ragbatch.analysis.runs import find_run, load_scores
+    from ragbatch.errors import InputError
+    from ragbatch.io.write import OutputLayout
+    from ragbatch.plan import build_metrics
+    from ragbatch.runner import new_run_id, run_job
+
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.perf_counter()
+    run_id = run_id or new_run_id(started)
+    run_date = run_date or started.date()
+    labelled = read_labelled(cal)
+    fs, base = resolve(cal.output.uri, cal.output.storage_options)
+    input_path = f"{base.rstrip('/')}/calibration_inputs/run_id={run_id}/labelled.parquet"
+    layout = OutputLayout.for_run(cal.output, run_date, run_id)
+    if not fs.exists(input_path):
+        layout.write_table(input_path, labelled.frame.to_arrow())
+    input_uri = layout.uri(input_path)
+    boot = Bootstrap(cal.bootstrap.resamples, cal.bootstrap.seed, cal.bootstrap.confidence)
+    tables: dict[str, list[dict[str, Any]]] = {"agreement": [], "confusion": [], "disagreements": []}
+    scores_ids: dict[str, str] = {}
+    timings: dict[str, float] = {}
+    texts = _texts(labelled)
+    for judge in cal.judges:
+        job = judge_job(cal, judge, input_uri, labelled.row_id, labelled.answer)
+        job.run.run_date = run_date
+        judge_run_id = f"{run_id}-{judge}"
+        t1 = time.perf_counter()
+        try:
+            committed = find_run(cal.output.uri, judge_run_id, cal.output.storage_options)
+            log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, judge_run_id)
+        except InputError:
+            run_job(job, run_id=judge_run_id, address=address, config_dir=config_dir)
+            committed = find_run(cal.output.uri, judge_run_id, cal.output.storage_options)
+        timings[f"judge_{judge}_s"] = time.perf_counter() - t1
+        scores_ids[judge] = judge_run_id
+        scores = load_scores(committed)
+        metrics, _, _ = build_metrics(job)
+        for metric in metrics:
+            found = metric_agreement(scores, metric, cal.labels[metric.id], judge=judge,
+                                     scores_run_id=judge_run_id, boot=boot,
+                                     top=cal.top_disagreements, texts=texts,
+                                     pairs=cal.pairs is not None and PAIR_ID in scores.columns)
+            tables["agreement"] += found.measures
+            tables["confusion"] += found.confusion
+            tables["disagreements"] += found.disagreements
+    timings["total_s"] = time.perf_counter() - t0
+    manifest = {
+        "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,
+        "started_at": started.isoformat(), "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "ragbatch_version": __version__, "config": cal.model_dump(mode="json"),
+        "labelled_input": {"uri": input_uri, "rows": labelled.frame.height},
+        "scores_runs": scores_ids, "bootstrap": cal.bootstrap.model_dump(), "timings": timings,
+    }
+    path = write_calibration(cal.output.uri, cal.output.storage_options, run_date, run_id,
+                             tables, manifest)
+    return CalibrationResult(run_id, run_date, layout.uri(path), scores_ids, tables, manifest, timings)
+
+
+def _texts(labelled: LabelledInput) -> pl.DataFrame:
+    """``row_id``, ``question``, ``answer`` (text) of the labelled rows."""
+    frame = labelled.frame
+    cols = [pl.col(labelled.row_id).cast(pl.String).alias("row_id")]
+    for name, source in (("question", labelled.question), ("answer", labelled.answer)):
+        if source is not None and source in frame.columns:
+            cols.append(pl.col(source).cast(pl.String).alias(name))
+        else:
+            cols.append(pl.lit(None, dtype=pl.String).alias(name))
+    return frame.select(cols)

@@ -1,0 +1,290 @@
+"""Agreement measures between a judge's scores and human labels, with bootstrap intervals.
+
+Every measure takes two float64 vectors of equal length (``judge``, ``human``) and
+returns a :class:`Measure`: the value, a percentile-bootstrap interval over resampled
+rows (or pairs), and, when the value is undefined, ``None`` with a reason (never NaN).
+
+- binary labels (0/1) against the judge's verdict ``judge >= threshold``: accuracy,
+  precision, recall, F1 and Cohen's kappa (Cohen 1960), with the positive class 1;
+- binary labels against the judge's continuous score: ROC AUC (the Mann-Whitney
+  statistic: the chance that a random positive outscores a random negative, ties half);
+- graded labels: Spearman's rho and Kendall's tau-b (``scipy.stats``);
+- pairs (a label-1 and a label-0 answer to one question): the share of pairs whose
+  label-1 member the judge scores higher, ties counted half (:func:`pairwise_agreement`).
+
+Intervals: rows are resampled with replacement ``resamples`` times from
+``numpy.random.default_rng(seed)``; the interval is the ``(1 - confidence) / 2`` and
+``(1 + confidence) / 2`` quantiles of the resampled values for which the measure is
+defined (a resample with one class has no kappa). When fewer than half of the resamples
+give a defined value the interval is null, with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy import stats
+
+from ragbatch.analysis.intervals import _check_confidence, _check_n_resamples
+
+#: Measures for binary labels, in the order tables list them.
+BINARY_MEASURES = ("accuracy", "precision", "recall", "f1", "kappa", "roc_auc")
+#: Measures for graded labels.
+GRADED_MEASURES = ("spearman", "kendall")
+#: Rows drawn per bootstrap chunk (bounds memory: chunk rows x n indices).
+CHUNK_ELEMENTS = 4_000_000
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One agreement measure.
+
+    Attributes
+    ----------
+    name : str
+        ``accuracy``, ``precision``, ``recall``, ``f1``, ``kappa``, ``roc_auc``,
+        ``spearman``, ``kendall`` or ``pairwise_agreement``.
+    n : int
+        Rows (or pairs) the value is computed on.
+    value, ci_low, ci_high : float or None
+        The estimate and its bootstrap interval; ``None`` when undefined.
+    reason : str or None
+        Why ``value`` (or the interval) is ``None``; else ``None``.
+    """
+
+    name: str
+    n: int
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Resampling settings: ``resamples`` >= 1, ``seed``, ``confidence`` in (0, 1)."""
+
+    resamples: int = 1000
+    seed: int = 0
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        _check_n_resamples(self.resamples)
+        _check_confidence(self.confidence)
+
+
+# ------------------------------------------------------------------ point values
+# Each returns (value or None, reason or None) for one sample.
+
+
+def _counts(verdict: np.ndarray, human: np.ndarray) -> tuple[int, int, int, int]:
+    """``(tn, fp, fn, tp)`` of 0/1 vectors."""
+    tp = int(np.sum((verdict == 1) & (human == 1)))
+    fp = int(np.sum((verdict == 1) & (human == 0)))
+    fn = int(np.sum((verdict == 0) & (human == 1)))
+    tn = int(np.sum((verdict == 0) & (human == 0)))
+    return tn, fp, fn, tp
+
+
+def _ratio(num: float, den: float, why: str) -> tuple[float | None, str | None]:
+    return (num / den, None) if den > 0 else (None, why)
+
+
+def accuracy(verdict: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Share of rows where the 0/1 ``verdict`` equals the 0/1 ``human`` label."""
+    return _ratio(float(np.sum(verdict == human)), human.size, "no rows")
+
+
+def precision(verdict: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """tp / (tp + fp): undefined when the judge never says 1."""
+    tn, fp, fn, tp = _counts(verdict, human)
+    return _ratio(tp, tp + fp, "the judge never said 1 (no predicted positives)")
+
+
+def recall(verdict: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """tp / (tp + fn): undefined when no human label is 1."""
+    tn, fp, fn, tp = _counts(verdict, human)
+    return _ratio(tp, tp + fn, "no human label is 1 (no positives)")
+
+
+def f1(verdict: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """2 tp / (2 tp + fp + fn): undefined when neither judge nor humans say 1."""
+    tn, fp, fn, tp = _counts(verdict, human)
+    return _ratio(2 * tp, 2 * tp + fp + fn, "neither the judge nor the humans said 1")
+
+
+def kappa(verdict: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Cohen's kappa ``(p_o - p_e) / (1 - p_e)``; undefined when ``p_e`` is 1 (judge and
+    humans each gave one and the same class to every row)."""
+    n = human.size
+    if n == 0:
+        return None, "no rows"
+    tn, fp, fn, tp = _counts(verdict, human)
+    p_o = (tp + tn) / n
+    p_e = ((tp + fp) * (tp + fn) + (tn + fn) * (tn + fp)) / (n * n)
+    if p_e >= 1.0:
+        return None, "judge and humans each used one class only (chance agreement is 1)"
+    return (p_o - p_e) / (1.0 - p_e), None
+
+
+def roc_auc(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Area under the ROC curve of the continuous ``score`` for the 0/1 ``human`` label
+    (ties count half); undefined when the labels hold one class only."""
+    pos = int(np.sum(human == 1))
+    neg = human.size - pos
+    if pos == 0 or neg == 0:
+        return None, "the human labels hold one class only"
+    ranks = stats.rankdata(score)
+    u = float(np.sum(ranks[human == 1])) - pos * (pos + 1) / 2.0
+    return u / (pos * neg), None
+
+
+def _constant(x: np.ndarray) -> bool:
+    return x.size == 0 or bool(np.all(x == x[0]))
+
+
+def spearman(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Spearman's rank correlation; undefined for fewer than 2 rows or a constant side."""
+    if score.size < 2:
+        return None, "fewer than 2 rows"
+    if _constant(score):
+        return None, "the judge gave every row the same score"
+    if _constant(human):
+        return None, "every human label is the same"
+    return float(stats.spearmanr(score, human).statistic), None
+
+
+def kendall(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Kendall's tau-b; undefined for fewer than 2 rows or a constant side."""
+    if score.size < 2:
+        return None, "fewer than 2 rows"
+    if _constant(score):
+        return None, "the judge gave every row the same score"
+    if _constant(human):
+        return None, "every human label is the same"
+    return float(stats.kendalltau(score, human, variant="b").statistic), None
+
+
+def pairwise_value(better: np.ndarray, worse: np.ndarray) -> tuple[float | None, str | None]:
+    """Share of pairs with ``better > worse`` (ties count half)."""
+    if better.size == 0:
+        return None, "no pair has both answers scored ok"
+    wins = np.sum(better > worse) + 0.5 * np.sum(better == worse)
+    return float(wins / better.size), None
+
+
+# ------------------------------------------------------------------ with intervals
+
+
+def _with_interval(name: str, fn: Callable[[np.ndarray, np.ndarray], tuple[float | None, str | None]],
+                   a: np.ndarray, b: np.ndarray, boot: Bootstrap) -> Measure:
+    """``fn(a, b)`` with its percentile-bootstrap interval over resampled positions."""
+    n = a.size
+    value, reason = fn(a, b) if n else (None, "no rows with both an ok score and a label")
+    if value is None:
+        return Measure(name, n, None, None, None, reason)
+    rng = np.random.default_rng(boot.seed)
+    draws = []
+    rows = max(1, CHUNK_ELEMENTS // n)
+    for start in range(0, boot.resamples, rows):
+        index = rng.integers(0, n, size=(min(rows, boot.resamples - start), n))
+        for idx in index:
+            v, _ = fn(a[idx], b[idx])
+            if v is not None:
+                draws.append(v)
+    if len(draws) * 2 < boot.resamples:
+        return Measure(name, n, float(value), None, None,
+                       f"undefined in {boot.resamples - len(draws)} of {boot.resamples} resamples")
+    tail = (1.0 - boot.confidence) / 2.0
+    low, high = np.quantile(np.asarray(draws), [tail, 1.0 - tail])
+    return Measure(name, n, float(value), float(low), float(high))
+
+
+def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
+                    boot: Bootstrap) -> list[Measure]:
+    """Every binary-label measure with its interval.
+
+    Parameters
+    ----------
+    score : numpy.ndarray of float64, shape (n,)
+        The judge's scores (finite), in the metric's units.
+    human : numpy.ndarray of float64, shape (n,)
+        Human labels, each 0.0 or 1.0.
+    threshold : float
+        The judge's verdict is 1 when ``score >= threshold``.
+    boot : Bootstrap
+
+    Returns
+    -------
+    list of Measure
+        In the order of :data:`BINARY_MEASURES`.
+
+    Raises
+    ------
+    ValueError
+        The vectors differ in length, or a label is not 0 or 1.
+    """
+    score, human = _pair_vectors(score, human)
+    if not np.isin(human, (0.0, 1.0)).all():
+        raise ValueError("binary measures need human labels of 0 or 1; map them with `values` "
+                         "or `threshold` in the calibration config")
+    verdict = (score >= threshold).astype(np.float64)
+    out = [_with_interval(name, fn, verdict, human, boot)
+           for name, fn in (("accuracy", accuracy), ("precision", precision), ("recall", recall),
+                            ("f1", f1), ("kappa", kappa))]
+    out.append(_with_interval("roc_auc", roc_auc, score, human, boot))
+    return out
+
+
+def graded_measures(score: np.ndarray, human: np.ndarray, boot: Bootstrap) -> list[Measure]:
+    """Spearman and Kendall (tau-b) correlations with their intervals.
+
+    Parameters
+    ----------
+    score, human : numpy.ndarray of float64, shape (n,)
+        The judge's scores and the graded human labels (any ordered numbers).
+    boot : Bootstrap
+
+    Returns
+    -------
+    list of Measure
+        In the order of :data:`GRADED_MEASURES`.
+    """
+    score, human = _pair_vectors(score, human)
+    return [_with_interval("spearman", spearman, score, human, boot),
+            _with_interval("kendall", kendall, score, human, boot)]
+
+
+def pairwise_agreement(better: np.ndarray, worse: np.ndarray, boot: Bootstrap) -> Measure:
+    """Pairwise agreement (Es et al. 2023, RAGAS, section 5): the share of pairs in which
+    the judge scores the answer humans prefer higher than the other; ties count half.
+
+    Parameters
+    ----------
+    better, worse : numpy.ndarray of float64, shape (n_pairs,)
+        The judge's score of the preferred (label 1) and the other (label 0) answer of
+        each pair; pairs resample together.
+    boot : Bootstrap
+    """
+    better, worse = _pair_vectors(better, worse)
+    return _with_interval("pairwise_agreement", pairwise_value, better, worse, boot)
+
+
+def confusion(score: np.ndarray, human: np.ndarray, threshold: float) -> dict[str, int]:
+    """``{"tn", "fp", "fn", "tp"}`` counts of the verdict ``score >= threshold`` against
+    0/1 human labels."""
+    score, human = _pair_vectors(score, human)
+    tn, fp, fn, tp = _counts((score >= threshold).astype(np.float64), human)
+    return {"tn": tn, "fp": fp, "fn": fn, "tp": tp}
+
+
+def _pair_vectors(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"score and label vectors must be 1-D of equal length, got {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("scores and labels must be finite; drop rows that are not ok or unlabelled")
+    return a, b

@@ -1,0 +1,84 @@
+"""The calibration section of a run's HTML report: how far its judge metrics agree with
+human labels, as recorded by the calibration that applies to the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from ragbatch.calibrate.agreement import prompt_version
+from ragbatch.calibrate.output import find_calibration
+from ragbatch.errors import ConfigError, InputError
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def calibration_section(run: Any) -> dict[str, Any] | None:
+    """The agreement rows that apply to ``run``'s judge metrics, or None.
+
+    Parameters
+    ----------
+    run : ragbatch.analysis.runs.CommittedRun
+
+    Returns
+    -------
+    dict or None
+        ``run_id`` and ``root`` of the calibration and ``rows`` (per metric and measure:
+        ``metric``, ``judge``, ``model``, ``measure``, ``n``, ``value``, ``interval``,
+        ``minimum``, ``note``, as text). The calibration is the one the run's
+        ``calibration`` section names (else the latest under the run's own output root).
+        When the run is a judge run of that calibration its rows are its own; otherwise
+        the rows whose model id and prompt version match the run's metrics. None when
+        there is no calibration or no row applies.
+    """
+    config = run.manifest.get("config") or {}
+    guard = config.get("calibration") or {}
+    root = guard.get("uri") or run.root
+    try:
+        cal = find_calibration(root, guard.get("run_id"), guard.get("storage_options") or {})
+        table = cal.table("agreement")
+    except (InputError, OSError):
+        return None
+    minimums = guard.get("min_agreement") or {}
+    models = run.manifest.get("models") or {}
+    own = run.run_id in (cal.manifest.get("scores_runs") or {}).values()
+    rows = []
+    for m in run.manifest.get("metrics") or []:
+        if m.get("kind") != "judge":
+            continue
+        if own:
+            found = table.filter((pl.col("scores_run_id") == run.run_id) & (pl.col("metric") == m["id"]))
+        else:
+            version = _prompt_version(m)
+            if version is None:
+                continue
+            found = table.filter((pl.col("prompt_version") == version)
+                                 & pl.col("model").is_in(list(models.get(m["id"]) or [])))
+        for r in found.iter_rows(named=True):
+            minimum = (minimums.get(m["id"]) or {}).get(r["measure"])
+            below = minimum is not None and (r["value"] is None or r["value"] < minimum)
+            rows.append({"metric": m["id"], "judge": r["judge"], "model": r["model"],
+                         "measure": r["measure"], "n": r["n"], "value": _num(r["value"]),
+                         "interval": (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
+                                      if r["ci_low"] is not None else ""),
+                         "minimum": "" if minimum is None else f"{minimum:g}", "below": below,
+                         "note": r["reason"] or ""})
+    if not rows:
+        return None
+    return {"run_id": cal.run_id, "root": root, "rows": rows}
+
+
+def _prompt_version(entry: dict[str, Any]) -> str | None:
+    """The prompt version of a manifest's metric entry (None when it no longer builds)."""
+    from ragbatch.registry import get_metric
+
+    try:
+        cls = get_metric(entry["name"])
+        metric = cls.from_params(entry.get("params") or {}, metric_id=entry["id"],
+                                 engine=entry.get("engine"), where="metric")
+    except (ConfigError, KeyError):
+        return None
+    return prompt_version(metric)
