@@ -199,6 +199,7 @@ def test_fingerprint_ignores_credentials_and_cache_but_not_metrics():
             "output": {"uri": "s3://t/out", "storage_options": {"secret": "old"}},
             "metrics": [{"name": "latency"}], "cache": {"enabled": True}}
     rotated = {**base, "run": {"run_id": "b"}, "cache": {"enabled": False},
+               "calibration": {"uri": "out/cal", "min_agreement": {"faithfulness": 0.5}},
                "input": {"uri": "s3://t/in", "storage_options": {"key": "new"}},
                "output": {"uri": "s3://t/out", "storage_options": {}}}
     assert run_fingerprint(base, "f1") == run_fingerprint(rotated, "f1")

@@ -77,12 +77,14 @@ def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
     """sha256 of what decides a run's output: the config and the input fingerprint. A
     resume must match it. Left out: the run id and date, the error budget (raising it is
     how a stopped run is let through), the storage options (rotated credentials must not
-    block a resume) and the judgment cache settings (they change cost, not scores)."""
+    block a resume), the judgment cache settings (they change cost, not scores) and the
+    calibration guard (it decides whether a run starts, not what it writes)."""
     config = json.loads(json.dumps(config, default=str))
     config.get("run", {}).pop("run_id", None)
     config.get("run", {}).pop("run_date", None)
     config.get("run", {}).pop("error_budget", None)
     config.pop("cache", None)
+    config.pop("calibration", None)
     for section in ("input", "output"):
         config.get(section, {}).pop("storage_options", None)
     blob = json.dumps({"config": config, "input": input_fingerprint}, sort_keys=True)
