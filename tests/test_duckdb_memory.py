@@ -1,5 +1,5 @@
-"""The driver's DuckDB (row-conservation check and summary) runs under a memory cap and
-spills to a private temporary folder instead of growing with the run."""
+"""With RAGBATCH_DUCKDB_MEMORY_LIMIT set, the driver's DuckDB (row-conservation check
+and summary) runs under that memory cap and spills to a private temporary folder."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from ragbatch.config import OutputSection
 from ragbatch.errors import ConservationError
-from ragbatch.io.write import DUCKDB_MEMORY_LIMIT, OutputLayout, connect, verify_run
+from ragbatch.io.write import OutputLayout, connect, verify_run
 
 
 def _setting(con, name: str) -> str:
@@ -34,10 +34,10 @@ def layout(tmp_path):
     return OutputLayout.for_run(OutputSection(uri=str(tmp_path / "out")), dt.date(2026, 1, 2), "r1")
 
 
-def test_cap_and_override(layout, monkeypatch):
+def test_default_and_cap(layout, monkeypatch):
     monkeypatch.delenv("RAGBATCH_DUCKDB_MEMORY_LIMIT", raising=False)
     con = connect(layout)
-    assert _setting(con, "memory_limit") == _as_duckdb_prints(DUCKDB_MEMORY_LIMIT)
+    assert _setting(con, "memory_limit") == _setting(duckdb.connect(), "memory_limit")
     monkeypatch.setenv("RAGBATCH_DUCKDB_MEMORY_LIMIT", "3GB")
     assert _setting(connect(layout), "memory_limit") == _as_duckdb_prints("3GB")
 

@@ -97,29 +97,29 @@ def _protocol(fs: Any) -> str:
     return proto[0] if isinstance(proto, (tuple, list)) else proto
 
 
-#: DuckDB's memory cap in the driver's row-conservation check and summary (see
-#: :func:`connect`); the environment variable ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` overrides it.
-DUCKDB_MEMORY_LIMIT = "512MB"
-
-
 def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection that can read the layout's filesystem.
 
-    Its memory is capped at :data:`DUCKDB_MEMORY_LIMIT` (or
-    ``$RAGBATCH_DUCKDB_MEMORY_LIMIT``, any DuckDB size such as ``"2GB"``), and what does
-    not fit spills to a folder of its own under the system temporary directory, removed
-    when the connection closes. Without the cap DuckDB may use 80 % of the machine's
-    memory, and the check's ``GROUP BY row_id, metric`` holds every cell of the run:
-    the driver then grew by about 1 GiB per 8 million cells.
+    With the environment variable ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` set (any DuckDB size,
+    e.g. ``"2GB"``), DuckDB's memory is capped there and what does not fit spills to a
+    folder of its own under the system temporary directory, removed when the connection
+    closes. Unset, DuckDB's default applies (up to 80 % of the machine's memory). The
+    row-conservation check's ``GROUP BY row_id, metric`` holds every cell of the run: in
+    ``benchmarks/scale.py`` the driver grew by about 1 GiB per 8 million cells without a
+    cap; with a 2 GB cap 80 million cells passed, with 512 MB DuckDB ran out of memory.
 
     Raises
     ------
     duckdb.Error
         ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` is not a size DuckDB understands.
     """
-    limit = os.environ.get("RAGBATCH_DUCKDB_MEMORY_LIMIT") or DUCKDB_MEMORY_LIMIT
-    spill = os.path.join(tempfile.gettempdir(), f"ragbatch-duckdb-{os.getpid()}-{id(layout):x}")
-    con = duckdb.connect(config={"memory_limit": limit, "temp_directory": spill})
+    limit = os.environ.get("RAGBATCH_DUCKDB_MEMORY_LIMIT")
+    if limit:
+        spill = os.path.join(tempfile.gettempdir(),
+                             f"ragbatch-duckdb-{os.getpid()}-{id(layout):x}")
+        con = duckdb.connect(config={"memory_limit": limit, "temp_directory": spill})
+    else:
+        con = duckdb.connect()
     if _protocol(layout.fs) not in ("file", "local"):
         con.register_filesystem(layout.fs)
     return con
