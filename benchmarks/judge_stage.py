@@ -181,10 +181,19 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.reports: list[dict[str, dict[str, int]]] = []
-        self.record = self  # the stage calls ledger.record.remote(...)
+        self.record = self  # the stage calls ray.get(ledger.record.remote(...))
+        self._ready = None
 
-    def remote(self, engine, key, tallies, stats, actor_key) -> None:
+    def remote(self, engine, key, tallies, stats, actor_key):
+        """Keep the tallies; return a ready object ref (the stage ``ray.get``s it)."""
+        import ray
+
         self.reports.append(tallies)
+        if self._ready is None:
+            if not ray.is_initialized():  # a private local Ray, never a shared cluster
+                ray.init(address="local", include_dashboard=False, num_cpus=1)
+            self._ready = ray.put(None)
+        return self._ready
 
     def take(self) -> dict[str, int]:
         total: dict[str, int] = {}
