@@ -16,11 +16,13 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
-# release. Re-running is cheap: satisfied requirements are skipped.
+# release; --no-compile leaves byte-compiling to the first import (torch, vLLM and
+# transformers hold tens of thousands of modules that are never imported here).
+# Re-running is cheap: satisfied requirements are skipped.
 $(BIN)/ragbatch: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet --prefer-binary $(TORCH) -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet --no-compile --prefer-binary $(TORCH) -e '.[$(EXTRAS)]'
 	$(PIP) uninstall --quiet --yes $(UNWANTED)
 	touch $@
 

@@ -89,6 +89,9 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
                         "run is significant, worse, and larger than THRESHOLD in its units")
     p.add_argument("--no-report", dest="report", action="store_false",
                    help="do not write report.html and the comparison files")
+    p.add_argument("--allow-uncalibrated", action="store_true",
+                   help="run judge metrics whose agreement with human labels is missing or below "
+                        "calibration.min_agreement (warn instead of exiting 2)")
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
@@ -254,7 +257,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
 
     outcome = run_nightly(_load(args), config_dir=Path(args.config).parent, run_date=args.run_date,
                           run_id=args.run_id, address=args.address,
-                          fail_on_regression=args.fail_on_regression, report=args.report)
+                          fail_on_regression=args.fail_on_regression, report=args.report,
+                          allow_uncalibrated=args.allow_uncalibrated)
     print(format_outcome(outcome))
     if outcome.exit_code in (EXIT_FAILED, EXIT_INVALID):
         print(f"ragbatch: error: {outcome.message}", file=sys.stderr)

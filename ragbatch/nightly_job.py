@@ -110,7 +110,7 @@ class NightlyOutcome:
 def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                 run_date: dt.date | None = None, run_id: str | None = None,
                 address: str | None = None, fail_on_regression: float | None = None,
-                report: bool = True) -> NightlyOutcome:
+                report: bool = True, allow_uncalibrated: bool = False) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
     :data:`EXIT_CODES` name (they become the outcome's exit code and message).
 
@@ -134,6 +134,10 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         Write ``report.html`` and the comparison under ``<output>/reports/``; without
         it the comparison is still made (not written) when ``fail_on_regression`` is
         given.
+    allow_uncalibrated : bool
+        Run judge metrics that the config's ``calibration`` guard would refuse, with a
+        warning (as ``ragbatch run --allow-uncalibrated``); without it such a night
+        exits 2 before anything starts.
 
     Returns
     -------
@@ -159,7 +163,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
             from ragbatch.runner import run_job
 
             outcome.result = run_job(config, run_id=outcome.run_id, address=address,
-                                     config_dir=config_dir)
+                                     config_dir=config_dir, allow_uncalibrated=allow_uncalibrated)
             outcome.config = outcome.result.config
     except InputNotFoundError as exc:
         ready = outcome.config is not None and _input_root_exists(config.input.uri,

@@ -10,6 +10,7 @@ that every number the calibration writes is recomputed exactly, here and indepen
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import io
 import math
 from pathlib import Path
@@ -27,6 +28,7 @@ from ragbatch.cli import main
 from ragbatch.config import JobConfig
 from ragbatch.errors import ConfigError
 from ragbatch.plan import build_plan
+from ragbatch.nightly_job import run_nightly
 from ragbatch.runner import run_job
 
 pytest.importorskip("openai", reason="the calibration tests need the judge stack (ragbatch[judge-cpu])")
@@ -36,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESAMPLES = 200
 #: Rows of the shipped configs the tests judge (one verdict each, seconds per call on two
 #: cores); the metrics are single-verdict ones the random model answers in shape.
-ARES_ROWS = 8
-PAIRS = 6
+ARES_ROWS = 6
+PAIRS = 4
 MAX_TOKENS = 160
 
 
@@ -256,6 +258,10 @@ def test_guard_refuses_without_or_below_and_proceeds_when_allowed(calibrations, 
     # `ragbatch run` checks before anything starts (no Ray, nothing written) ...
     with pytest.raises(ConfigError, match="--allow-uncalibrated"):
         run_job(below, run_id="refused")
+    assert not Path(below.output.uri).exists()
+    # a night under the guard exits 2 (invalid), before anything starts
+    night = run_nightly(below, run_date=dt.date(2026, 11, 29))
+    assert night.exit_code == 2 and "--allow-uncalibrated" in night.message, night.message
     assert not Path(below.output.uri).exists()
     # ... and proceeds, warning, when told to (--allow-uncalibrated, or calibration.proceed)
     plan = build_plan(below, inspect_input=False)

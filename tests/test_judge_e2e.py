@@ -34,7 +34,7 @@ MAX_TOKENS = 160
 #: ARES rows the vLLM test judges: their documents run to thousands of tokens, and each
 #: row costs about 13 judge calls (seconds each on two CPU cores); the checks hold for any
 #: rows.
-ARES_ROWS = 3
+ARES_ROWS = 2
 
 
 def _ares_rows(tmp_path: Path, n: int) -> Path:
