@@ -16,13 +16,13 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
-# release; --no-compile leaves byte-compiling to the first import (torch, vLLM and
-# transformers hold tens of thousands of modules that are never imported here).
-# Re-running is cheap: satisfied requirements are skipped.
+# release. Re-running is cheap: satisfied requirements are skipped. (--no-compile makes the
+# install minutes faster but the suite slower: vLLM's worker processes run with -B and would
+# compile torch and vLLM from source at every start.)
 $(BIN)/ragbatch: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet --no-compile --prefer-binary $(TORCH) -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet --prefer-binary $(TORCH) -e '.[$(EXTRAS)]'
 	$(PIP) uninstall --quiet --yes $(UNWANTED)
 	touch $@
 
