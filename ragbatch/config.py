@@ -419,13 +419,23 @@ def load_config(path: str | Path) -> JobConfig:
         separately by :func:`ragbatch.plan.build_plan`.
     """
     path = Path(path)
+    return JobConfig.from_dict(read_yaml(path, "config file"), source=str(path))
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """The parsed YAML of ``path``.
+
+    Raises
+    ------
+    ConfigError
+        ``path`` is not a file (the message calls it ``what``), or is not valid YAML.
+    """
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return JobConfig.from_dict(data, source=str(path))
 
 
 def _describe(err: dict[str, Any]) -> str:

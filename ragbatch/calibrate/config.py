@@ -21,11 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.config import (CacheSection, EngineSpec, InputSection, MetricSpec, OutputSection,
-                             _describe, normalize_engine)
+                             _describe, normalize_engine, read_yaml)
 from ragbatch.errors import ConfigError
 
 
@@ -137,13 +136,7 @@ def load_calibration(path: str | Path) -> CalibrationConfig:
         ``<field path>: <what is wrong>``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"calibration config {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return calibration_from_dict(data, str(path))
+    return calibration_from_dict(read_yaml(path, "calibration config"), str(path))
 
 
 def calibration_from_dict(data: Any, source: str = "calibration config") -> CalibrationConfig:

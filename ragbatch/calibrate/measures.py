@@ -145,25 +145,30 @@ def _constant(x: np.ndarray) -> bool:
     return x.size == 0 or bool(np.all(x == x[0]))
 
 
+def _rank_problem(score: np.ndarray, human: np.ndarray) -> str | None:
+    """Why a rank correlation of ``score`` and ``human`` is undefined, or None."""
+    if score.size < 2:
+        return "fewer than 2 rows"
+    if _constant(score):
+        return "the judge gave every row the same score"
+    if _constant(human):
+        return "every human label is the same"
+    return None
+
+
 def spearman(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
     """Spearman's rank correlation; undefined for fewer than 2 rows or a constant side."""
-    if score.size < 2:
-        return None, "fewer than 2 rows"
-    if _constant(score):
-        return None, "the judge gave every row the same score"
-    if _constant(human):
-        return None, "every human label is the same"
+    problem = _rank_problem(score, human)
+    if problem:
+        return None, problem
     return float(stats.spearmanr(score, human).statistic), None
 
 
 def kendall(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
     """Kendall's tau-b; undefined for fewer than 2 rows or a constant side."""
-    if score.size < 2:
-        return None, "fewer than 2 rows"
-    if _constant(score):
-        return None, "the judge gave every row the same score"
-    if _constant(human):
-        return None, "every human label is the same"
+    problem = _rank_problem(score, human)
+    if problem:
+        return None, problem
     return float(stats.kendalltau(score, human, variant="b").statistic), None
 
 
