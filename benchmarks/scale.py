@@ -54,7 +54,7 @@ from expression_stage import METRICS, _corpus, _load, machine, versions  # noqa:
 
 DEFAULT_WORKDIR = ROOT / "benchmarks" / "_data"
 SEED = 20241130
-ROWS_PER_FILE = 100_000
+ROWS_PER_FILE = 20_000
 #: Inputs larger than this (and a multiple of it) are copies of this size's files.
 REPLICATE_ABOVE = 1_000_000
 APPS = ("support-bot", "docs-search", "sales-assist", "hr-helpdesk", "dev-copilot")
@@ -148,8 +148,9 @@ def _chunk(src: _TextSource, stage: str, start: int, n: int, seed: int):
 def ensure_input(stage: str, rows: int, workdir: Path, seed: int = SEED) -> dict:
     """Generate (or reuse) the hive-partitioned input of ``rows`` rows; describe it.
 
-    Files hold ``min(100,000, ceil(rows / 5))`` rows each, in one row group, and go
-    round-robin into the five ``app=<name>`` folders. A ``_meta.json`` beside them marks
+    Files hold ``min(ROWS_PER_FILE, ceil(rows / 5))`` rows each, in one row group (so
+    every size reads in tasks of the same 20,000 rows), and go round-robin into the five
+    ``app=<name>`` folders. A ``_meta.json`` beside them marks
     a complete input; without it the folder is rebuilt.
     """
     import numpy as np

@@ -1,5 +1,6 @@
-"""With RAGBATCH_DUCKDB_MEMORY_LIMIT set, the driver's DuckDB (row-conservation check
-and summary) runs under that memory cap and spills to a private temporary folder."""
+"""The driver's DuckDB (row-conservation check and summary) runs under a memory cap
+(RAGBATCH_DUCKDB_MEMORY_LIMIT, or a default) and spills to a private temporary folder;
+above CELLS_PER_BUCKET cells the row-id checks run per hash bucket of row ids."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from ragbatch.config import OutputSection
 from ragbatch.errors import ConservationError
+from ragbatch.io import write
 from ragbatch.io.write import OutputLayout, connect, verify_run
 
 
@@ -36,10 +38,48 @@ def layout(tmp_path):
 
 def test_default_and_cap(layout, monkeypatch):
     monkeypatch.delenv("RAGBATCH_DUCKDB_MEMORY_LIMIT", raising=False)
-    con = connect(layout)
-    assert _setting(con, "memory_limit") == _setting(duckdb.connect(), "memory_limit")
+    threads = int(_setting(duckdb.connect(), "threads"))
+    expected = f"{max(512, 128 * threads)}MiB"
+    assert _setting(connect(layout), "memory_limit") == _as_duckdb_prints(expected)
     monkeypatch.setenv("RAGBATCH_DUCKDB_MEMORY_LIMIT", "3GB")
     assert _setting(connect(layout), "memory_limit") == _as_duckdb_prints("3GB")
+    monkeypatch.setenv("RAGBATCH_DUCKDB_MEMORY_LIMIT", "none")
+    assert _setting(connect(layout), "memory_limit") == _setting(duckdb.connect(), "memory_limit")
+
+
+def _cells(path, row_ids, metrics):
+    n = len(row_ids)
+    pq.write_table(pa.table({
+        "row_id": pa.array(row_ids, pa.string()), "metric": pa.array(metrics, pa.string()),
+        "score": pa.array(np.ones(n)), "status": pa.array(["ok"] * n),
+        "model": pa.nulls(n, pa.string()),
+    }), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("per_bucket", [10**9, 7, 1])
+def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
+    # 40 rows x 2 metrics, in two files. File b repeats row 'r3' for m1 twice more and
+    # 'r7' for m2 once more, and lacks nothing: 4 extra cells, 2 duplicated pairs.
+    # The same verdicts and examples whether checked in one grouping (10**9 cells per
+    # bucket) or over 12 or 84 hash buckets.
+    monkeypatch.setattr(write, "CELLS_PER_BUCKET", per_bucket)
+    ids = [f"r{i}" for i in range(40)]
+    a = _cells(tmp_path / "a.parquet", ids, ["m1"] * 40)
+    b = _cells(tmp_path / "b.parquet", ids + ["r3", "r3", "r7"], ["m2"] * 40 + ["m1", "m1", "m2"])
+    with pytest.raises(ConservationError) as err:
+        verify_run(layout, [a, b], ["m1", "m2"], 40)
+    message = str(err.value)
+    assert "metric 'm1': 42 cells, expected 40" in message
+    assert "metric 'm2': 41 cells, expected 40" in message
+    assert "2 (row_id, metric) pairs appear more than once, e.g. ('r3', 'm1') x3, ('r7', 'm2') x2" in message
+    # Unique cells, but m2 scores a row id that m1 does not: 41 distinct row ids.
+    c = _cells(tmp_path / "c.parquet", ids[:39] + ["extra"], ["m2"] * 40)
+    with pytest.raises(ConservationError, match="41 distinct row ids in the scores, expected 40"):
+        verify_run(layout, [a, c], ["m1", "m2"], 40)
+    # Unicode and empty row ids count like any other.
+    d = _cells(tmp_path / "d.parquet", ["", "日本", "e\u0301", "🙂"] * 2, ["m1"] * 4 + ["m2"] * 4)
+    assert verify_run(layout, [d], ["m1", "m2"], 4).counts == {"m1": {"ok": 4}, "m2": {"ok": 4}}
 
 
 def test_check_spills_and_still_counts(layout, tmp_path, monkeypatch):

@@ -251,3 +251,46 @@ def test_empty_scores_give_zero_counts(tmp_path):
     row, = summary.table.to_pylist()
     assert row["n_total"] == 0 and row["mean"] is None and row["pass_rate"] is None
     assert summary.slice_columns == {"app": {"values": 0, "pooled_values": 0}}
+
+
+@pytest.mark.parametrize("chunk_rows", [1 << 20, 7])
+def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatch, chunk_rows):
+    # 600 cells of one metric over two slice columns, small thresholds so that all three
+    # interval paths occur: 'x' (300 scores on 3 values: multinomial), 'y' (30 scores:
+    # index bootstrap), 'z' (270 scores, many values: normal). Streamed in batches of 7
+    # scores, each group's interval must still be mean_ci of its sorted scores (exactly
+    # for the bootstrap paths, to rounding for the normal one).
+    import ragbatch.analysis.summary as summary_module
+    from ragbatch.analysis.intervals import mean_ci
+
+    monkeypatch.setattr(summary_module, "CHUNK_ROWS", chunk_rows)
+    rng = np.random.default_rng(11)
+    app = np.array(["x"] * 300 + ["y"] * 30 + ["z"] * 270)
+    score = np.concatenate([rng.choice([0.0, 0.5, 1.0], 300), rng.random(30), rng.random(270)])
+    rng.shuffle(order := np.arange(600))
+    app, score = app[order], score[order]
+    region = np.where(np.arange(600) % 3 == 0, "北", "südlich")
+    table = pa.table({"metric": ["sim"] * 600, "status": ["ok"] * 600, "score": score,
+                      "app": app, "region": region})
+    settings = SummarySettings(max_resample_n=50, max_distinct=4, n_resamples=300)
+    rows = summarize_view(_view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)],
+                          ["app", "region"], settings).table.to_pylist()
+    groups = {(None, None): score}
+    groups.update({("app", v): score[app == v] for v in ("x", "y", "z")})
+    groups.update({("region", v): score[region == v] for v in ("北", "südlich")})
+    assert len(rows) == len(groups)
+    methods = set()
+    for row in rows:
+        values = np.sort(groups[(row["slice_column"], row["slice_value"])])
+        mean, low, high, method = mean_ci(values, confidence=settings.confidence,
+                                          n_resamples=300, seed=settings.seed,
+                                          max_resample_n=50, max_distinct=4)
+        methods.add((row["slice_value"], method))
+        assert row["mean_ci_method"] == method
+        assert row["n_ok"] == values.size
+        if method == "bootstrap":
+            assert (row["mean_ci_low"], row["mean_ci_high"]) == (pytest.approx(low, abs=1e-12),
+                                                                 pytest.approx(high, abs=1e-12))
+        else:
+            assert (row["mean"], row["mean_ci_low"]) == (pytest.approx(mean), pytest.approx(low))
+    assert {("x", "bootstrap"), ("y", "bootstrap"), ("z", "normal")} <= methods

@@ -182,22 +182,85 @@ def mean_ci(
     """
     _check_confidence(confidence)
     _check_n_resamples(n_resamples)
-    x = _finite_vector(values, "values")
-    n = x.size
-    if n == 0:
-        return (None, None, None, None)
-    mean = float(x.mean())
-    distinct, counts = np.unique(x, return_counts=True)
-    if distinct.size <= max_distinct < n:
-        rng = np.random.default_rng(seed)
-        draws = rng.multinomial(n, counts / n, size=n_resamples)
-        return (*_percentile_interval(mean, draws @ distinct / n, confidence), BOOTSTRAP)
-    if n <= max_resample_n:
-        means = _bootstrap_means(x, n_resamples, np.random.default_rng(seed))
-        return (*_percentile_interval(mean, means, confidence), BOOTSTRAP)
-    z = NormalDist().inv_cdf((1.0 + confidence) / 2.0)
-    half = z * float(x.std()) / math.sqrt(n)
-    return (mean, mean - half, mean + half, NORMAL)
+    stream = MeanCIStream(max_resample_n=max_resample_n, max_distinct=max_distinct)
+    stream.add(_finite_vector(values, "values"))
+    return stream.result(confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+class MeanCIStream:
+    """:func:`mean_ci` over values that arrive in chunks, in memory bounded by the
+    thresholds instead of the sample size.
+
+    Keeps the count, the mean and the sum of squared deviations (combined across chunks
+    as in Chan, Golub & LeVeque 1979, "Updating formulae and a pairwise algorithm for
+    computing sample variances"), the distinct values with their counts while there are
+    at most ``max_distinct`` of them, and the values themselves while there are at most
+    ``max_resample_n``. For one chunk, :meth:`result` equals ``mean_ci`` of that chunk;
+    for several, it equals ``mean_ci`` of their concatenation up to rounding in the mean
+    and standard deviation (the bootstrap draws are the same).
+
+    Parameters
+    ----------
+    max_resample_n, max_distinct
+        As in :func:`mean_ci`.
+    """
+
+    def __init__(self, *, max_resample_n: int = BOOTSTRAP_MAX_N,
+                 max_distinct: int = MAX_DISTINCT) -> None:
+        self.max_resample_n = max_resample_n
+        self.max_distinct = max_distinct
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self._counts: dict[float, int] | None = {}
+        self._values: list[np.ndarray] | None = []
+
+    def add(self, chunk: np.ndarray) -> None:
+        """Add a one-dimensional float64 array of finite values (the caller checks
+        finiteness; :func:`mean_ci` does)."""
+        k = int(chunk.size)
+        if k == 0:
+            return
+        chunk_mean = float(chunk.mean())
+        chunk_m2 = float(((chunk - chunk_mean) ** 2).sum())
+        total = self.n + k
+        if self.n == 0:
+            self.mean, self.m2 = chunk_mean, chunk_m2
+        else:
+            delta = chunk_mean - self.mean
+            self.mean += delta * k / total
+            self.m2 += chunk_m2 + delta * delta * self.n * k / total
+        self.n = total
+        if self._counts is not None:
+            values, counts = np.unique(chunk, return_counts=True)
+            if values.size > self.max_distinct:
+                self._counts = None
+            else:
+                for value, count in zip(values.tolist(), counts.tolist()):
+                    self._counts[value] = self._counts.get(value, 0) + count
+                if len(self._counts) > self.max_distinct:
+                    self._counts = None
+        if self._values is not None:
+            self._values = self._values + [chunk] if total <= self.max_resample_n else None
+
+    def result(self, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
+               seed: int = SEED) -> tuple[float | None, float | None, float | None, str | None]:
+        """``(mean, low, high, method)`` as :func:`mean_ci` returns them."""
+        n, mean = self.n, self.mean
+        if n == 0:
+            return (None, None, None, None)
+        if self._counts is not None and len(self._counts) <= self.max_distinct < n:
+            distinct = np.array(sorted(self._counts), dtype=np.float64)
+            counts = np.array([self._counts[v] for v in distinct], dtype=np.float64)
+            draws = np.random.default_rng(seed).multinomial(n, counts / n, size=n_resamples)
+            return (*_percentile_interval(mean, draws @ distinct / n, confidence), BOOTSTRAP)
+        if n <= self.max_resample_n:
+            x = np.concatenate(self._values)
+            means = _bootstrap_means(x, n_resamples, np.random.default_rng(seed))
+            return (*_percentile_interval(mean, means, confidence), BOOTSTRAP)
+        z = NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+        half = z * math.sqrt(self.m2 / n) / math.sqrt(n)
+        return (mean, mean - half, mean + half, NORMAL)
 
 
 def paired_bootstrap_diff_ci(

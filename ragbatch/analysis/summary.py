@@ -18,6 +18,13 @@ are the same for every metric.
 The intervals do not depend on the order of the score files: each group's ``ok`` scores
 are sorted before resampling, and every group uses the same seed, so a row's interval is
 ``mean_ci(sorted(scores))`` with the run's settings.
+
+Memory does not grow with the run: counts are DuckDB aggregates, and each metric's ``ok``
+scores are read once, sorted by DuckDB (which spills to disk under the memory cap of
+:func:`ragbatch.io.write.connect`), in batches of :data:`CHUNK_ROWS` that feed one
+:class:`~ragbatch.analysis.intervals.MeanCIStream` per group. For a group of more than
+:data:`CHUNK_ROWS` scores the mean and standard deviation are combined across batches, so
+they can differ from numpy's over the whole group in the last digits.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from ragbatch.analysis.intervals import (
     MAX_DISTINCT,
     N_RESAMPLES,
     SEED,
-    mean_ci,
+    MeanCIStream,
     wilson_interval,
 )
 from ragbatch.errors import OutputError
@@ -196,21 +203,17 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
     counts = _counts(con, len(slices))
     rows = []
     for info in infos:
-        scores = _ok_scores(con, info.id, len(slices))
+        streams = _ok_streams(con, info.id, len(slices), settings)
         rows.append(_row(info, None, None, None, counts.get((info.id, None, None)),
-                         scores["score"], settings))
+                         streams.get((None, None)), settings))
         for i, column in enumerate(slices):
-            codes = scores[f"g{i}"]
-            order = np.lexsort((scores["score"], codes))
-            values, codes = scores["score"][order], codes[order]
             groups = list(enumerate(kept[i]))
             if slice_info[column]["pooled_values"]:
                 groups.append((settings.max_slice_values, None))
             for code, value in groups:
-                lo, hi = np.searchsorted(codes, [code, code + 1])
                 other = code == settings.max_slice_values
                 rows.append(_row(info, column, value, other, counts.get((info.id, i, code)),
-                                 values[lo:hi], settings))
+                                 streams.get((i, code)), settings))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
     return RunSummary(table, settings, slice_info)
 
@@ -270,32 +273,65 @@ def _counts(con: duckdb.DuckDBPyConnection, n_slices: int) -> dict[tuple, dict[s
     return out
 
 
-def _ok_scores(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int) -> dict[str, np.ndarray]:
-    """The ``ok`` scores of one metric (float64) with their slice codes (int32)."""
+#: Rows per Arrow batch fetched from DuckDB while streaming a metric's ``ok`` scores.
+CHUNK_ROWS: int = 1 << 20
+
+
+def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
+                settings: SummarySettings) -> dict[tuple, MeanCIStream]:
+    """One :class:`MeanCIStream` per group of a metric's ``ok`` scores: key
+    ``(None, None)`` for all of them, ``(i, code)`` per slice column ``i`` and value code.
+
+    The scores arrive in ascending order in batches of :data:`CHUNK_ROWS` (DuckDB sorts,
+    spilling to disk when it must), so each group also receives its scores in ascending
+    order, and memory does not depend on the number of rows.
+
+    Raises
+    ------
+    OutputError
+        An ``ok`` score is NaN or infinite.
+    """
     columns = ", ".join(["score", *(f"g{i}" for i in range(n_slices))])
-    got = con.execute(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}'",
-                      [metric_id]).fetchnumpy()
-    out = {"score": np.asarray(got["score"], dtype=np.float64)}
-    for i in range(n_slices):
-        out[f"g{i}"] = np.asarray(got[f"g{i}"], dtype=np.int32)
-    return out
+    reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
+                     "ORDER BY score", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
+    streams: dict[tuple, MeanCIStream] = {}
+
+    def add(key: tuple, scores: np.ndarray) -> None:
+        if key not in streams:
+            streams[key] = MeanCIStream(max_resample_n=settings.max_resample_n,
+                                        max_distinct=settings.max_distinct)
+        streams[key].add(scores)
+
+    bad = 0
+    for batch in reader:
+        scores = np.asarray(batch.column(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+        finite = np.isfinite(scores)
+        if not finite.all():
+            bad += int((~finite).sum())
+            continue
+        add((None, None), scores)
+        for i in range(n_slices):
+            codes = np.asarray(batch.column(i + 1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            order = np.argsort(codes, kind="stable")
+            codes, grouped = codes[order], scores[order]
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(codes)) + 1, [codes.size]])
+            for lo, hi in zip(starts[:-1], starts[1:]):
+                add((i, int(codes[lo])), grouped[lo:hi])
+    if bad:
+        raise OutputError(
+            f"metric {metric_id!r}: {bad} cells with status ok hold NaN or an infinite score, "
+            "so the summary cannot be computed; the metric must give such rows an error status")
+    return streams
 
 
 def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,
-         counts: dict[str, int] | None, values: np.ndarray,
+         counts: dict[str, int] | None, stream: MeanCIStream | None,
          settings: SummarySettings) -> dict[str, Any]:
-    """One summary row; ``values`` are the group's ``ok`` scores."""
+    """One summary row; ``stream`` holds the group's ``ok`` scores (None: there are none)."""
     counts = counts or {"n_total": 0, "n_pass": 0, **{f"n_{s}": 0 for s in STATUSES}}
-    where = f"metric {info.id!r}" + (f", slice {column}={value!r}" if column else "")
-    if values.size and not np.isfinite(values).all():
-        raise OutputError(
-            f"{where}: {int((~np.isfinite(values)).sum())} cells with status ok hold NaN or an "
-            "infinite score, so the summary cannot be computed; the metric must give such rows "
-            "an error status")
-    mean, low, high, method = mean_ci(
-        np.sort(values), confidence=settings.confidence, n_resamples=settings.n_resamples,
-        seed=settings.seed, max_resample_n=settings.max_resample_n,
-        max_distinct=settings.max_distinct)
+    stream = stream or MeanCIStream()
+    mean, low, high, method = stream.result(confidence=settings.confidence,
+                                            n_resamples=settings.n_resamples, seed=settings.seed)
     rate = rate_low = rate_high = None
     if info.boolean:
         rate, rate_low, rate_high = wilson_interval(int(counts["n_pass"]), int(counts[f"n_{OK}"]),

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -97,29 +99,42 @@ def _protocol(fs: Any) -> str:
     return proto[0] if isinstance(proto, (tuple, list)) else proto
 
 
-def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection that can read the layout's filesystem.
+#: DuckDB memory per thread of the driver's queries when ``RAGBATCH_DUCKDB_MEMORY_LIMIT``
+#: is unset; the cap is this times DuckDB's thread count, and at least :data:`MIN_MEMORY`.
+MEMORY_PER_THREAD = 128 * 2**20
+MIN_MEMORY = 512 * 2**20
 
-    With the environment variable ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` set (any DuckDB size,
-    e.g. ``"2GB"``), DuckDB's memory is capped there and what does not fit spills to a
-    folder of its own under the system temporary directory, removed when the connection
-    closes. Unset, DuckDB's default applies (up to 80 % of the machine's memory). The
-    row-conservation check's ``GROUP BY row_id, metric`` holds every cell of the run: in
-    ``benchmarks/scale.py`` the driver grew by about 1 GiB per 8 million cells without a
-    cap; with a 2 GB cap 80 million cells passed, with 512 MB DuckDB ran out of memory.
+
+def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection that can read the layout's filesystem, with capped memory.
+
+    The run's driver checks and summarizes every cell of a run with DuckDB (row
+    conservation, error budget, summary). So that its memory does not grow with the
+    corpus, DuckDB's memory is capped and what does not fit spills to a folder of its own
+    under the system temporary directory, removed when the connection closes. The cap is
+    the environment variable ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` (any DuckDB size, e.g.
+    ``"2GB"``; ``"none"`` leaves DuckDB's own default of 80 % of the machine's memory),
+    else ``max(512 MiB, 128 MiB x threads)``. The queries are written so that this
+    suffices for any number of cells (:func:`verify_run`'s bucketed row-id checks, the
+    summary's sorted stream); over 80 million cells the whole check and summary peaked at
+    about 0.8 GiB of resident memory (BENCHMARKS.md, "Scale").
 
     Raises
     ------
     duckdb.Error
         ``RAGBATCH_DUCKDB_MEMORY_LIMIT`` is not a size DuckDB understands.
     """
-    limit = os.environ.get("RAGBATCH_DUCKDB_MEMORY_LIMIT")
-    if limit:
+    limit = os.environ.get("RAGBATCH_DUCKDB_MEMORY_LIMIT", "").strip()
+    if limit.lower() == "none":
+        con = duckdb.connect()
+    else:
         spill = os.path.join(tempfile.gettempdir(),
                              f"ragbatch-duckdb-{os.getpid()}-{id(layout):x}")
-        con = duckdb.connect(config={"memory_limit": limit, "temp_directory": spill})
-    else:
-        con = duckdb.connect()
+        con = duckdb.connect(config={"temp_directory": spill})
+        if not limit:
+            threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+            limit = f"{max(MIN_MEMORY, MEMORY_PER_THREAD * int(threads)) // 2**20}MiB"
+        con.execute("SET memory_limit = ?", [limit])
     if _protocol(layout.fs) not in ("file", "local"):
         con.register_filesystem(layout.fs)
     return con
@@ -177,26 +192,20 @@ def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
 def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int) -> list[str]:
     problems = []
     per_metric = dict(con.execute("SELECT metric, count(*) FROM s GROUP BY metric").fetchall())
+    n_cells = sum(per_metric.values())
     for mid in metric_ids:
         got = per_metric.pop(mid, 0)
         if got != n_rows:
             problems.append(f"metric {mid!r}: {got} cells, expected {n_rows}")
     for extra, got in per_metric.items():
         problems.append(f"metric {extra!r} is not in the config but has {got} cells")
-    dups = con.execute(
-        "SELECT row_id, metric, count(*) c FROM s GROUP BY row_id, metric HAVING c > 1 "
-        "ORDER BY c DESC, row_id LIMIT 5"
-    ).fetchall()
+    dups, n_distinct = _key_checks(con, n_cells)
     if dups:
-        n_dup = con.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM s GROUP BY row_id, metric HAVING count(*) > 1)"
-        ).fetchone()[0]
-        examples = ", ".join(f"({r!r}, {m!r}) x{c}" for r, m, c in dups)
+        n_dup, examples = dups
         problems.append(
             f"{n_dup} (row_id, metric) pairs appear more than once, e.g. {examples}; if "
             "input.columns maps row_id, that input column has duplicate values"
         )
-    n_distinct = con.execute("SELECT count(DISTINCT row_id) FROM s").fetchone()[0]
     if n_distinct != n_rows and not dups:
         problems.append(f"{n_distinct} distinct row ids in the scores, expected {n_rows}")
     vocab = ", ".join(f"'{s}'" for s in STATUSES)
@@ -211,6 +220,67 @@ def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str]
     if mismatch:
         problems.append(f"{mismatch} cells have a score without status ok, or ok without a score")
     return problems
+
+
+#: Cells per hash bucket of the row-id checks: about 0.14 GiB of DuckDB memory per
+#: million cells (measured over 80 million cells with 40-character row ids).
+CELLS_PER_BUCKET = 2_000_000
+
+
+def _key_checks(con: duckdb.DuckDBPyConnection,
+                n_cells: int) -> tuple[tuple[int, str] | None, int]:
+    """Duplicate (row_id, metric) pairs (their number and up to five examples, or None)
+    and the number of distinct row ids, in memory that does not grow with the run.
+
+    Up to :data:`CELLS_PER_BUCKET` cells this is one grouping over view ``s``. Above,
+    the cells' ``row_id`` and ``metric`` are first written once, partitioned by a hash
+    of the row id into ``ceil(n_cells / CELLS_PER_BUCKET)`` buckets, to a temporary
+    folder (removed afterwards), and each bucket is checked alone: a row id's cells all
+    land in one bucket, so duplicates and distinct row ids add up across buckets. (One
+    grouping of all cells needs about 1 GiB per 8 million cells, and DuckDB did not
+    reliably spill it under a memory limit.)
+    """
+    buckets = max(1, math.ceil(n_cells / CELLS_PER_BUCKET))
+    if buckets == 1:
+        return _bucket_keys(con, "s")
+    folder = tempfile.mkdtemp(prefix="ragbatch-check-")
+    try:
+        con.execute(
+            f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric FROM s) "
+            f"TO '{folder}' (FORMAT parquet, PARTITION_BY (b))")
+        n_dup, examples, n_distinct = 0, [], 0
+        for part in sorted(os.listdir(folder)):
+            found, distinct = _bucket_keys(
+                con, f"read_parquet('{os.path.join(folder, part)}/*.parquet')", raw=True)
+            n_distinct += distinct
+            if found:
+                n_dup += found[0]
+                examples.extend(found[1])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if not n_dup:
+        return None, n_distinct
+    examples.sort(key=lambda e: (-e[2], e[0]))
+    return (n_dup, _examples(examples[:5])), n_distinct
+
+
+def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str, raw: bool = False):
+    """Duplicate pairs and distinct row ids of the cells in ``source`` (a view or a
+    ``read_parquet`` call with ``row_id`` and ``metric`` columns)."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
+                f"FROM {source} GROUP BY row_id, metric")
+    n_distinct = con.execute(
+        "SELECT count(*) FROM (SELECT row_id FROM pairs GROUP BY row_id)").fetchone()[0]
+    n_dup = con.execute("SELECT count(*) FROM pairs WHERE c > 1").fetchone()[0]
+    examples = con.execute("SELECT row_id, metric, c FROM pairs WHERE c > 1 "
+                           "ORDER BY c DESC, row_id LIMIT 5").fetchall() if n_dup else []
+    con.execute("DROP TABLE pairs")
+    found = (n_dup, examples if raw else _examples(examples)) if n_dup else None
+    return found, n_distinct
+
+
+def _examples(rows: list[tuple[str, str, int]]) -> str:
+    return ", ".join(f"({r!r}, {m!r}) x{c}" for r, m, c in rows)
 
 
 def _status_counts(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
