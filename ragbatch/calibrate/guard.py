@@ -28,9 +28,9 @@ MEASURES = ("accuracy", "precision", "recall", "f1", "kappa", "roc_auc", "spearm
 def engine_model_ids(engine_name: str, spec: Any) -> tuple[set[str], str]:
     """The model ids a judge engine will report, worked out without loading it
     (:mod:`ragbatch.judge.cache_probe`); and why none could be, when the set is empty."""
-    from ragbatch.judge.cache_probe import _identities
+    from ragbatch.judge.cache_probe import engine_identities
 
-    identities, why = _identities(engine_name, spec)
+    identities, why = engine_identities(engine_name, spec)
     return {i.model_id for i in identities}, why
 
 

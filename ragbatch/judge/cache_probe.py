@@ -97,14 +97,25 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     cache = JudgmentCache(uri, options, [m.name for m in metrics])
     if len(cache) == 0:
         return CacheProbe(f"judgment cache {uri}: no entries for these metrics")
-    identities, why = _identities(engine_name, spec)
+    identities, why = engine_identities(engine_name, spec)
     if not identities:
         return CacheProbe(f"judgment cache {uri}: not checked ({why})")
     return CacheProbe(f"judgment cache {uri}: {len(cache)} entries checked{why}",
                       cache=cache, identities=identities, seed=spec.seed)
 
 
-def _identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:
+def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:
+    """The (model id, sampling key) pairs a judge engine will record, worked out without
+    loading a model: from the model directory's config for a vllm engine (two pairs when
+    ``dtype`` is ``auto``), from the server's model list for an openai engine.
+
+    Returns
+    -------
+    tuple
+        ``(identities, note)``: ``note`` is text to append to a message (``""`` when
+        there is nothing to add), or, when ``identities`` is empty, why none could be
+        worked out (the openai engine could not be reached or configured).
+    """
     if spec.type == "vllm":
         from ragbatch.engines.vllm import identities_without_loading
 
