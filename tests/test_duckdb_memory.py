@@ -60,9 +60,9 @@ def _cells(path, row_ids, metrics):
 @pytest.mark.parametrize("per_bucket", [10**9, 7, 1])
 def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     # 40 rows x 2 metrics, in two files. File b repeats row 'r3' for m1 twice more and
-    # 'r7' for m2 once more, and lacks nothing: 4 extra cells, 2 duplicated pairs.
+    # 'r7' for m2 once more, and lacks nothing: 3 extra cells, 2 duplicated pairs.
     # The same verdicts and examples whether checked in one grouping (10**9 cells per
-    # bucket) or over 12 or 84 hash buckets.
+    # bucket) or over 12 or 83 hash buckets.
     monkeypatch.setattr(write, "CELLS_PER_BUCKET", per_bucket)
     ids = [f"r{i}" for i in range(40)]
     a = _cells(tmp_path / "a.parquet", ids, ["m1"] * 40)
@@ -77,6 +77,12 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     c = _cells(tmp_path / "c.parquet", ids[:39] + ["extra"], ["m2"] * 40)
     with pytest.raises(ConservationError, match="41 distinct row ids in the scores, expected 40"):
         verify_run(layout, [a, c], ["m1", "m2"], 40)
+    # A null row id repeated: listed after a non-null one repeated as often, as DuckDB
+    # orders them in one grouping.
+    e = _cells(tmp_path / "e.parquet", [None, "z", None, "z"], ["m1"] * 4)
+    with pytest.raises(ConservationError,
+                       match=r"e\.g\. \('z', 'm1'\) x2, \(None, 'm1'\) x2"):
+        verify_run(layout, [e], ["m1"], 4)
     # Unicode and empty row ids count like any other.
     d = _cells(tmp_path / "d.parquet", ["", "日本", "e\u0301", "🙂"] * 2, ["m1"] * 4 + ["m2"] * 4)
     assert verify_run(layout, [d], ["m1", "m2"], 4).counts == {"m1": {"ok": 4}, "m2": {"ok": 4}}

@@ -247,11 +247,11 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
     try:
         con.execute(
             f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric FROM s) "
-            f"TO '{folder}' (FORMAT parquet, PARTITION_BY (b))")
+            f"TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))")
         n_dup, examples, n_distinct = 0, [], 0
         for part in sorted(os.listdir(folder)):
-            found, distinct = _bucket_keys(
-                con, f"read_parquet('{os.path.join(folder, part)}/*.parquet')", raw=True)
+            pattern = _literal(os.path.join(folder, part, "*.parquet"))
+            found, distinct = _bucket_keys(con, f"read_parquet({pattern})", raw=True)
             n_distinct += distinct
             if found:
                 n_dup += found[0]
@@ -260,13 +260,18 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
         shutil.rmtree(folder, ignore_errors=True)
     if not n_dup:
         return None, n_distinct
-    examples.sort(key=lambda e: (-e[2], e[0]))
+    # As DuckDB orders them in one grouping: most repeated first, then by row id, nulls last.
+    examples.sort(key=lambda e: (-e[2], e[0] is None, e[0] or ""))
     return (n_dup, _examples(examples[:5])), n_distinct
 
 
-def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str, raw: bool = False):
+def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str,
+                 raw: bool = False) -> tuple[tuple[int, Any] | None, int]:
     """Duplicate pairs and distinct row ids of the cells in ``source`` (a view or a
-    ``read_parquet`` call with ``row_id`` and ``metric`` columns)."""
+    ``read_parquet`` call with ``row_id`` and ``metric`` columns): ``((number of
+    duplicated pairs, up to five examples), distinct row ids)``, the first None when no
+    pair repeats; the examples as ``(row_id, metric, count)`` tuples when ``raw``, else
+    as text."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
                 f"FROM {source} GROUP BY row_id, metric")
     n_distinct = con.execute(
@@ -281,6 +286,11 @@ def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str, raw: bool = False)
 
 def _examples(rows: list[tuple[str, str, int]]) -> str:
     return ", ".join(f"({r!r}, {m!r}) x{c}" for r, m, c in rows)
+
+
+def _literal(text: str) -> str:
+    """``text`` as a DuckDB string literal."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _status_counts(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
