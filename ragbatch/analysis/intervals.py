@@ -24,6 +24,8 @@ Conventions shared by all three:
 :func:`mean_ci` is the estimator run summaries use: the percentile bootstrap, computed
 exactly but cheaply for large samples of few distinct values, and replaced by its normal
 approximation only for large samples of many distinct values (see its docstring).
+:class:`MeanCIStream` computes the same over values that arrive in chunks, in bounded
+memory (the run summary feeds it each group's sorted scores batch by batch).
 
 Only numpy and the standard library are used, so the module runs wherever ragbatch does.
 """
