@@ -142,7 +142,7 @@ def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
 
 def file_list(layout: OutputLayout, files: list[str]) -> str:
     """A DuckDB list literal of ``files`` as URIs DuckDB can open."""
-    return "[" + ", ".join("'" + layout.uri(f).replace("'", "''") + "'" for f in files) + "]"
+    return "[" + ", ".join(_literal(layout.uri(f)) for f in files) + "]"
 
 
 @dataclass
@@ -241,23 +241,23 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
     reliably spill it under a memory limit.)
     """
     buckets = max(1, math.ceil(n_cells / CELLS_PER_BUCKET))
-    if buckets == 1:
-        return _bucket_keys(con, "s")
-    folder = tempfile.mkdtemp(prefix="ragbatch-check-")
+    n_dup, examples, n_distinct = 0, [], 0
+    folder = tempfile.mkdtemp(prefix="ragbatch-check-") if buckets > 1 else None
     try:
-        con.execute(
-            f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric FROM s) "
-            f"TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))")
-        n_dup, examples, n_distinct = 0, [], 0
-        for part in sorted(os.listdir(folder)):
-            pattern = _literal(os.path.join(folder, part, "*.parquet"))
-            found, distinct = _bucket_keys(con, f"read_parquet({pattern})", raw=True)
-            n_distinct += distinct
-            if found:
-                n_dup += found[0]
-                examples.extend(found[1])
+        sources = ["s"]
+        if folder is not None:
+            con.execute(
+                f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric "
+                f"FROM s) TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))")
+            sources = [f"read_parquet({_literal(os.path.join(folder, part, '*.parquet'))})"
+                       for part in sorted(os.listdir(folder))]
+        for source in sources:
+            found, some, distinct = _bucket_keys(con, source)
+            n_dup, n_distinct = n_dup + found, n_distinct + distinct
+            examples.extend(some)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     if not n_dup:
         return None, n_distinct
     # As DuckDB orders them in one grouping: most repeated first, then by row id, nulls last.
@@ -265,13 +265,12 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
     return (n_dup, _examples(examples[:5])), n_distinct
 
 
-def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str,
-                 raw: bool = False) -> tuple[tuple[int, Any] | None, int]:
-    """Duplicate pairs and distinct row ids of the cells in ``source`` (a view or a
-    ``read_parquet`` call with ``row_id`` and ``metric`` columns): ``((number of
-    duplicated pairs, up to five examples), distinct row ids)``, the first None when no
-    pair repeats; the examples as ``(row_id, metric, count)`` tuples when ``raw``, else
-    as text."""
+def _bucket_keys(con: duckdb.DuckDBPyConnection,
+                 source: str) -> tuple[int, list[tuple[str, str, int]], int]:
+    """Of the cells in ``source`` (a view or a ``read_parquet`` call with ``row_id`` and
+    ``metric`` columns): the number of (row_id, metric) pairs that repeat, up to five of
+    them as ``(row_id, metric, count)`` (most repeated first), and the number of
+    distinct row ids."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
                 f"FROM {source} GROUP BY row_id, metric")
     n_distinct = con.execute(
@@ -280,8 +279,7 @@ def _bucket_keys(con: duckdb.DuckDBPyConnection, source: str,
     examples = con.execute("SELECT row_id, metric, c FROM pairs WHERE c > 1 "
                            "ORDER BY c DESC, row_id LIMIT 5").fetchall() if n_dup else []
     con.execute("DROP TABLE pairs")
-    found = (n_dup, examples if raw else _examples(examples)) if n_dup else None
-    return found, n_distinct
+    return n_dup, examples, n_distinct
 
 
 def _examples(rows: list[tuple[str, str, int]]) -> str:
