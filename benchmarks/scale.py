@@ -225,8 +225,10 @@ def _replicate(stage: str, rows: int, workdir: Path, seed: int) -> dict:
 # --------------------------------------------------------------------------- job
 
 
-def job_config(stage: str, input_path: str, output: str, batch_size: int) -> dict:
-    """The ``ragbatch run`` config of one stage."""
+def job_config(stage: str, input_path: str, output: str, batch_size: int,
+               concurrency: int = 1, num_cpus: float = 1.0) -> dict:
+    """The ``ragbatch run`` config of one stage (``concurrency`` similarity model actors of
+    ``num_cpus`` each)."""
     config = {"run": {"name": f"scale-{stage}"},
               "input": {"uri": input_path, "columns": COLUMNS, "slice_columns": SLICES},
               "output": {"uri": output}}
@@ -234,7 +236,8 @@ def job_config(stage: str, input_path: str, output: str, batch_size: int) -> dic
         config["metrics"] = METRICS
     else:
         config["metrics"] = [{"name": "semantic_similarity", "engine": "minilm"}]
-        config["engines"] = {"minilm": {"type": "embedding", "num_gpus": 0, "concurrency": 1,
+        config["engines"] = {"minilm": {"type": "embedding", "num_gpus": 0,
+                                        "num_cpus": num_cpus, "concurrency": concurrency,
                                         "batch_size": batch_size}}
     return config
 
@@ -363,7 +366,8 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
     rows = meta["rows"]
     output = workdir / "scale_out" / f"{stage}_{rows}"
     shutil.rmtree(output, ignore_errors=True)
-    config = job_config(stage, meta["path"], str(output), args.batch_size)
+    config = job_config(stage, meta["path"], str(output), args.batch_size,
+                        args.concurrency, args.num_cpus)
     config_path = workdir / "scale" / f"job_{stage}_{rows}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     ragbatch = Path(sys.executable).with_name("ragbatch")
@@ -508,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.5, help="memory sampling period, s")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="similarity engine batch_size (rows per model call)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="similarity engine concurrency (model actors)")
+    parser.add_argument("--num-cpus", type=float, default=1.0,
+                        help="similarity engine num_cpus per actor (two 1-CPU actors on a "
+                             "2-CPU machine leave none for the read tasks: use 0.5)")
     parser.add_argument("--profile", action="store_true",
                         help="run the driver under cProfile (<workdir>/scale/driver_*.prof)")
     parser.add_argument("--generate-only", action="store_true")

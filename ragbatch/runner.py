@@ -275,7 +275,7 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
 
 def check_fit(plan: Plan, *, started_locally: bool) -> None:
     """Check that the connected Ray cluster can hold every actor stage's smallest pool
-    (:func:`ragbatch.placement.fit_problems`).
+    (:func:`ragbatch.placement.fit_problems`) and still has a CPU for the read tasks.
 
     Raises
     ------
@@ -285,9 +285,17 @@ def check_fit(plan: Plan, *, started_locally: bool) -> None:
         instead, since an autoscaler may add the nodes.
     """
     from ragbatch.errors import ConfigError
-    from ragbatch.placement import cluster_nodes, fit_problems
+    from ragbatch.placement import cluster_nodes, fit_problems, free_cpus_after
 
-    problems = fit_problems(plan.demands(), cluster_nodes())
+    demands, nodes = plan.demands(), cluster_nodes()
+    problems = fit_problems(demands, nodes)
+    spare = free_cpus_after(demands, nodes)
+    if not problems and demands and spare < 1:
+        total = sum(n.resources.get("CPU", 0.0) for n in nodes)
+        problems = [f"the actor stages' smallest pools hold {total - spare:g} of the {total:g} "
+                    f"CPUs, leaving {max(spare, 0):g}: the read, expression and write tasks need "
+                    "1 CPU each and would wait for the actors forever. Lower an engine's "
+                    "concurrency or its num_cpus (fractions such as 0.5 are allowed)"]
     if not problems:
         return
     if started_locally:
@@ -436,7 +444,9 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) ->
         if stage.kind == "expression":
             ds = ds.map_batches(expression_stage, batch_format="pyarrow",
                                 fn_kwargs={"metrics": stage.metrics})
-        elif stage.kind == "judge":
+            continue
+        ds = _actor_sized_blocks(ds, stage.engine.batch_size)
+        if stage.kind == "judge":
             ds = _judge_stage(ds, plan, stage, judge_ledger, ledger)
         elif stage.kind == "pii":
             ds = _pii_stage(ds, stage, ledger)
@@ -457,6 +467,24 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) ->
             )
     return ds.map_batches(to_long, batch_format="pyarrow",
                           fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
+
+
+#: An actor stage receives blocks of at most this many of its batches. A read task's block
+#: (up to 100,000 rows) would otherwise go whole to one actor: on a slow model that is
+#: one call of hours, the other actors of the pool idle beside it and the progress bar
+#: still.
+ACTOR_BLOCK_BATCHES = 16
+
+
+def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
+    """``ds`` cut into blocks of at most ``ACTOR_BLOCK_BATCHES * batch_size`` rows (Ray
+    Data's streaming repartition; smaller blocks pass as they are, or are joined up to
+    that size). Ray Data versions without it return ``ds`` unchanged."""
+    import inspect
+
+    if "target_num_rows_per_block" not in inspect.signature(ds.repartition).parameters:
+        return ds
+    return ds.repartition(target_num_rows_per_block=ACTOR_BLOCK_BATCHES * batch_size)
 
 
 def _pii_stage(ds: Any, stage: Any, ledger: Any) -> Any:

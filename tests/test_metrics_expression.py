@@ -81,6 +81,25 @@ def test_contains_text_case_sensitive_and_cjk():
         (0.0, OK), (0.0, OK)]
 
 
+def test_contains_text_case_mappings_beyond_one_to_one():
+    # Worked by hand from the Unicode case mappings: the Kelvin sign lowercases to "k";
+    # "İ" lowercases to "i" + U+0307 (so "is" is not in "İstanbul"'s lowercase, "i" is);
+    # a capital sigma lowercases to final "ς" at the end of a word, else to "σ".
+    rows = [{"answer": "20 \u212a"}, {"answer": "İstanbul"}, {"answer": "ΟΔΟΣ"},
+            {"answer": "ΟΔΟΣ Α"}, {"answer": "ΣΟ"}, {"answer": "İ ΟΔΟΣ 20 K"}]
+    def run(text):
+        return [s for s, _ in scores(run_metric(metric("contains_text", text=text), rows))]
+    assert run("k") == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert run("K") == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert run("is") == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert run("i") == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert run("ος") == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert run("οσ") == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert run("σο") == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    # the needle is lowercased the same way: "ΟΔΟΣ" -> "οδος", with a final sigma
+    assert run("ΟΔΟΣ") == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+
+
 @pytest.mark.parametrize("params, expected", [
     ({"min_chars": 1, "max_chars": 4}, [(1.0, OK), (0.0, OK), (0.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
     ({"min_chars": 0, "max_chars": 0}, [(0.0, OK), (0.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),

@@ -184,3 +184,26 @@ def test_validate_reports_what_will_not_fit_on_this_machine(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "placement model:e: 2 actor(s), each {CPU: 1, GPU: 1}" in out
     assert "will not fit" in err and "stage model:e: one actor needs {CPU: 1, GPU: 1}" in err
+
+
+@pytest.mark.parametrize("num_cpus, concurrency, fails", [(1, 2, True), (1.5, 1, True),
+                                                           (0.5, 2, False), (1, 1, False)])
+def test_run_refuses_actor_pools_that_leave_no_cpu_for_read_tasks(
+        ray_local, tmp_path, num_cpus, concurrency, fails):
+    # The session's local Ray has 2 CPUs; a read task needs 1 (so 2 x 1 and 1 x 1.5 leave
+    # none: Ray Data would queue the read behind the actors forever).
+    from ragbatch.runner import check_fit
+
+    config = JobConfig.from_dict(_config({"type": "embedding", "num_cpus": num_cpus,
+                                          "concurrency": concurrency}))
+    config.input.uri = str(tmp_path / "x.csv")
+    plan = build_plan(config, inspect_input=False)
+    if not fails:
+        check_fit(plan, started_locally=True)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_fit(plan, started_locally=True)
+    assert f"hold {num_cpus * concurrency:g} of the 2 CPUs, leaving {2 - num_cpus * concurrency:g}" \
+        in str(err.value)
+    assert "Lower an engine's concurrency or its num_cpus" in str(err.value)
+    check_fit(plan, started_locally=False)  # on a cluster: a warning, the autoscaler may add nodes

@@ -201,3 +201,38 @@ def test_stage_options():
     scaling = stage_options(CrossEncoderEngine(type="cross_encoder", model="m", concurrency=(1, 4)))
     assert (scaling["compute"].min_size, scaling["compute"].max_size) == (1, 4)
     assert scaling["batch_size"] == 64
+
+
+def test_actor_stage_blocks_are_cut_to_batches(ray_local):
+    # One 1,000-row block (as one read task gives) reaches an actor stage of batch_size 4
+    # as blocks of at most ACTOR_BLOCK_BATCHES * 4 rows, every row once.
+    import ray.data
+
+    from ragbatch.runner import ACTOR_BLOCK_BATCHES, _actor_sized_blocks
+
+    table = pa.table({"row_id": [f"r{i}" for i in range(1000)], "answer": ["猫 🍕"] * 1000})
+    ds = _actor_sized_blocks(ray.data.from_arrow(table), 4).materialize()
+    sizes = [ray_local.get(ref).num_rows for ref in ds.get_internal_block_refs()]
+    assert max(sizes) <= ACTOR_BLOCK_BATCHES * 4 and sum(sizes) == 1000
+    assert len(sizes) >= 1000 // (ACTOR_BLOCK_BATCHES * 4)
+    assert sorted(r["row_id"] for r in ds.iter_rows()) == sorted(table["row_id"].to_pylist())
+
+
+@pytest.mark.parametrize("num_cpus, threads", [(0.5, 1), (1, 1), (2, 2)])
+def test_cpu_actor_runs_torch_on_its_cpus(ray_local, num_cpus, threads):
+    # The actor itself holds no CPU here, so that the 2-CPU session Ray can place it; the
+    # thread count follows the engine spec's num_cpus.
+    from udfs.similarity import _match_torch_threads
+
+    @ray_local.remote(num_cpus=0)
+    class Probe:
+        def threads(self, spec):
+            import torch
+
+            _match_torch_threads(spec)
+            return torch.get_num_threads()
+
+    probe = Probe.remote()
+    spec = EmbeddingEngine(type="embedding", num_cpus=num_cpus, device="cpu")
+    assert ray_local.get(probe.threads.remote(spec)) == threads
+    ray_local.kill(probe)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import polars as pl
 from pydantic import Field, field_validator
 
@@ -38,7 +40,8 @@ class ContainsText(ExpressionMetric):
     Follows Tonic Validate's ``ContainsTextMetric`` (Python ``needle in answer``;
     case-insensitive by default with both sides lowercased). The reason of a 0.0 lists
     the strings that are missing. Cost: one substring or case-pattern search per string;
-    case-insensitive, answers holding a non-ASCII character are also lowercased once.
+    case-insensitive, the rare answers holding a character whose lowercase is longer or
+    context-dependent (``İ``, ``Σ``) are also lowercased once.
     """
 
     name = "contains_text"
@@ -88,34 +91,87 @@ class ContainsText(ExpressionMetric):
 def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Series]:
     """Per needle, whether ``lowercase(needle)`` occurs in ``lowercase(answer)``.
 
-    Lowercasing is the costly part (Unicode case mapping, character by character), so
-    it is done once per batch and only for answers holding a non-ASCII character. An
-    ASCII answer lowercases to ASCII, so it can hold the lowercased needle only when that
-    is ASCII too, and then exactly where a pattern matching each letter in either case
-    (``[dD][aA]...``) matches: the same answer, without building its lowercase.
+    Lowercasing every answer is the costly part (Unicode case mapping, character by
+    character), so it is avoided: outside a few characters (``_CaseTable.special``), an
+    answer's lowercase is the concatenation of its characters' one-character lowercases,
+    so the lowered needle ``l1 l2 ...`` occurs in it exactly where the answer matches the
+    pattern ``[all x with lower(x) == l1][all x with lower(x) == l2]...``. Only the
+    answers holding a special character (a character with a longer lowercase, or a
+    capital sigma, whose lowercase depends on its neighbours) are lowercased and searched
+    as before. Both paths use Polars' own case mapping, so they agree on every answer.
     """
-    ascii_text = answer.str.len_bytes() == answer.str.len_chars()
-    lowered = pl.select(
-        pl.when(pl.lit(ascii_text)).then(pl.lit("")).otherwise(pl.lit(answer)).str.to_lowercase()
-    ).to_series()
+    table = _case_table()
+    special = answer.str.contains(table.special_pattern)
+    lowered = None
+    if special.any():
+        lowered = pl.select(
+            pl.when(pl.lit(special)).then(pl.lit(answer)).otherwise(pl.lit("")).str.to_lowercase()
+        ).to_series()
     found = []
     for needle in needles:
         low = _lower(needle)
-        in_lowered = lowered.str.contains(low, literal=True)
-        if low.isascii():
-            in_ascii = answer.str.contains("".join(_either_case(c) for c in low))
-        else:
-            in_ascii = pl.repeat(False, answer.len(), eager=True)
-        found.append(pl.select(
-            pl.when(pl.lit(ascii_text)).then(pl.lit(in_ascii)).otherwise(pl.lit(in_lowered))
-        ).to_series())
+        hits = answer.str.contains(table.pattern(low))
+        if lowered is not None:
+            hits = pl.select(
+                pl.when(pl.lit(special))
+                .then(pl.lit(lowered.str.contains(low, literal=True)))
+                .otherwise(pl.lit(hits))
+            ).to_series()
+        found.append(hits)
     return found
 
 
-def _either_case(c: str) -> str:
-    """A Rust regex atom matching the ASCII character ``c`` in either case."""
-    if c.isalpha():
-        return f"[{c.lower()}{c.upper()}]"
+#: Case mappings are looked up in Unicode planes 0 and 1, where every cased script is;
+#: the planes above hold CJK ideographs, tags and private use, none of them cased.
+_CASED_PLANES_END = 0x20000
+
+
+class _CaseTable:
+    """The inverse of Polars' lowercase mapping, built once per process (about 0.05 s).
+
+    ``preimages[y]``: every character whose lowercase is the single character ``y``
+    (other than ``y`` itself); ``special_pattern``: a regex matching any character whose
+    lowercase is not one character or depends on its context (final sigma).
+    """
+
+    def __init__(self) -> None:
+        chars = pl.Series(
+            [chr(i) for i in range(_CASED_PLANES_END) if not 0xD800 <= i <= 0xDFFF]
+        )
+        pairs = pl.DataFrame({"x": chars, "y": chars.str.to_lowercase()}).filter(
+            pl.col("x") != pl.col("y")
+        )
+        self.preimages: dict[str, list[str]] = {}
+        special = [_atom("\u03a3")]  # capital sigma: its lowercase depends on its neighbours
+        for x, y in pairs.iter_rows():
+            if len(y) == 1:
+                self.preimages.setdefault(y, []).append(x)
+            else:
+                special.append(_atom(x))
+        self.changed = set(pairs.get_column("x").to_list())
+        self.special_pattern = "[" + "".join(special) + "]"
+
+    def pattern(self, lowered: str) -> str:
+        """A Rust regex matching, in an answer without special characters, exactly where
+        ``lowered`` (an already lowercased needle) occurs in the answer's lowercase."""
+        atoms = []
+        for y in lowered:
+            members = [] if y in self.changed else [y]
+            members += self.preimages.get(y, [])
+            if len(members) == 1:
+                atoms.append(_atom(members[0]))
+            else:
+                atoms.append("[" + "".join(_atom(m) for m in members) + "]")
+        return "".join(atoms)
+
+
+@lru_cache(maxsize=1)
+def _case_table() -> _CaseTable:
+    return _CaseTable()
+
+
+def _atom(c: str) -> str:
+    """A Rust regex atom matching exactly the character ``c``."""
     return f"\\x{{{ord(c):X}}}"
 
 

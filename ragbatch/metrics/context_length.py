@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ragbatch.metrics._bounds import LengthBounds
-from ragbatch.metrics._cells import Guard, cell, details_json, missing
+from ragbatch.metrics._cells import Guard, details_json, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
@@ -41,7 +41,6 @@ class ContextLength(ExpressionMetric):
 
     def expression(self) -> pl.Expr:
         contexts = pl.col("contexts")
-        lengths = contexts.list.eval(pl.element().str.len_chars())
         first_null = contexts.list.eval(pl.element().is_null()).list.arg_max()
         guards = [
             missing("contexts"),
@@ -52,13 +51,43 @@ class ContextLength(ExpressionMetric):
                 pl.format("contexts[{}] is null", first_null),
             ),
         ]
-        passed = lengths.list.eval(self.params.admits(pl.element())).list.all()
-        offenders = lengths.list.eval(
-            pl.when(~self.params.admits(pl.element())).then(
-                pl.format("#{} ({} chars)", pl.int_range(pl.len()), pl.element())
-            )
-        ).list.drop_nulls().list.join(", ")
-        reason = pl.when(~passed).then(
-            pl.format("{} outside {}", offenders, pl.lit(self.params.label()))
+        return frame_cells(guards, ["contexts"], self._score)
+
+    def _score(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Score, reason and details of a batch, from one count of every context's length."""
+        lengths = frame.select(pl.col("contexts").list.eval(pl.element().str.len_chars()))
+        lengths = lengths.to_series().alias("lengths")
+        passed = pl.select(
+            pl.lit(lengths).list.eval(self.params.admits(pl.element())).list.all()
+        ).to_series()
+        offenders = _offenders(lengths, self.params)
+        return pl.DataFrame({"lengths": lengths, "passed": passed, "offenders": offenders}).select(
+            score=pl.col("passed"),
+            reason=pl.format("{} outside {}", pl.col("offenders"), pl.lit(self.params.label())),
+            details=details_json(lengths=pl.col("lengths")),
         )
-        return cell(guards, passed, reason=reason, details=details_json(lengths=lengths))
+
+
+def _offenders(lengths: pl.Series, bounds: LengthBounds) -> pl.Series:
+    """Per row, the contexts outside ``bounds`` as ``"#index (n chars), ..."``; null where
+    every context passes (or there are none).
+
+    Built on the flattened lengths with the row and index of each context: formatting
+    inside ``list.eval`` runs list by list, about four times slower on 100,000 rows.
+    """
+    counts = lengths.list.len().fill_null(0)
+    flat = pl.DataFrame({
+        "row": pl.int_range(0, lengths.len(), dtype=pl.UInt32, eager=True)
+        .repeat_by(counts)
+        .explode(empty_as_null=False, keep_nulls=False),
+        "index": pl.int_ranges(0, counts, eager=True).explode(empty_as_null=False, keep_nulls=False),
+        "length": lengths.explode(empty_as_null=False, keep_nulls=False),
+    })
+    bad = (
+        flat.filter(~bounds.admits(pl.col("length")))
+        .group_by("row", maintain_order=True)
+        .agg(pl.format("#{} ({} chars)", "index", "length").str.join(", "))
+    )
+    return pl.repeat(None, lengths.len(), dtype=pl.String, eager=True).scatter(
+        bad.get_column("row"), bad.get_column("index")
+    )
