@@ -134,6 +134,22 @@ def test_context_length_cases():
     assert cells[0]["details"] == '{"lengths":[3,3]}'
 
 
+def test_context_length_reason_lists_every_offender_in_order():
+    # Rows with several offenders beside rows with one, a passing row between them, and
+    # a duplicate row: each reason worked out by hand (e\u0301 is two code points).
+    several = {"contexts": ["a", "abcdef", "ok", "🚀🚀🚀🚀🚀", "e\u0301"]}  # 1, 6, 2, 5, 2
+    rows = [several, {"contexts": ["abc"]}, {"contexts": ["数据库数据库"]}, several,
+            {"contexts": ["xx", "", "yy"]}]
+    cells = run_metric(metric("context_length", min_chars=2, max_chars=4), rows)
+    assert scores(cells) == [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (0.0, OK)]
+    assert [c["reason"] for c in cells] == [
+        "#0 (1 chars), #1 (6 chars), #3 (5 chars) outside [2, 4]", None,
+        "#0 (6 chars) outside [2, 4]",
+        "#0 (1 chars), #1 (6 chars), #3 (5 chars) outside [2, 4]",
+        "#1 (0 chars) outside [2, 4]"]
+    assert cells[0]["details"] == '{"lengths":[1,6,2,5,2]}'
+
+
 def test_latency():
     rows = [{"latency_s": 1.5}, {"latency_s": 2.0}, {"latency_s": 2.0000001}, {"latency_s": None},
             {"latency_s": float("nan")}, {"latency_s": -0.1}, {"latency_s": float("inf")}]
