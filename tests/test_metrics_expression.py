@@ -7,6 +7,7 @@ DESIGN.md / the metric docstrings.
 
 from __future__ import annotations
 
+import polars as pl
 import pytest
 
 from metric_frames import run_metric
@@ -98,6 +99,19 @@ def test_contains_text_case_mappings_beyond_one_to_one():
     assert run("σο") == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     # the needle is lowercased the same way: "ΟΔΟΣ" -> "οδος", with a final sigma
     assert run("ΟΔΟΣ") == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+
+
+def test_contains_text_case_classes():
+    from ragbatch.metrics.contains_text import _case_table
+
+    table = _case_table()
+    # each class: the character and every character whose lowercase is that one alone
+    assert table.pattern("k") == "[\\x{6B}\\x{4B}\\x{212A}]"
+    assert table.pattern("数") == "\\x{6570}"
+    # a character that is not its own lowercase cannot be in a lowercased text outside
+    # the special answers: the pattern matches nothing
+    assert pl.Series(["K", "k", "Kk"]).str.contains(table.pattern("K")).to_list() == [
+        False, False, False]
 
 
 @pytest.mark.parametrize("params, expected", [

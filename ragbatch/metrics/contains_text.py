@@ -158,11 +158,18 @@ class _CaseTable:
         for y in lowered:
             members = [] if y in self.changed else [y]
             members += self.preimages.get(y, [])
+            if not members:
+                # no character lowercases to y alone: only special answers can hold it
+                return _NEVER
             if len(members) == 1:
                 atoms.append(_atom(members[0]))
             else:
                 atoms.append("[" + "".join(_atom(m) for m in members) + "]")
         return "".join(atoms)
+
+
+#: A Rust regex that matches nothing (the complement of every code point).
+_NEVER = "[^\\x{0}-\\x{10FFFF}]"
 
 
 @lru_cache(maxsize=1)
