@@ -370,7 +370,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _print_placement(plan, address: str | None) -> int:
     """The actor stages' resources and whether they fit the cluster (or this machine)."""
-    from ragbatch.placement import fit_problems, free_cpus_after, local_nodes, nodes_at
+    from ragbatch.placement import (
+        fit_problems, free_cpus_after, local_nodes, nodes_at, read_task_problem,
+    )
 
     demands = plan.demands()
     if not demands:
@@ -388,9 +390,16 @@ def _print_placement(plan, address: str | None) -> int:
         for p in problems:
             print(f"  {p}", file=sys.stderr)
         return EXIT_INVALID
+    starved = read_task_problem(demands, nodes)
+    if starved:
+        # a local Ray cannot grow (`ragbatch run` stops too); a cluster's autoscaler may
+        verdict = "will not run" if not address else "would wait for more nodes"
+        print(f"placement on {where} ({len(nodes)} node(s)): {verdict}", file=sys.stderr)
+        print(f"  {starved}", file=sys.stderr)
+        return EXIT_OK if address else EXIT_INVALID
     spare = free_cpus_after(demands, nodes)
     print(f"placement on {where} ({len(nodes)} node(s)): fits; {spare:g} CPU(s) left for read "
-          "and expression tasks" + (" (none: read tasks could not run beside the actors)" if spare <= 0 else ""))
+          "and expression tasks")
     return EXIT_OK
 
 

@@ -323,6 +323,20 @@ def fit_problems(demands: Iterable[StageDemand], nodes: list[Node]) -> list[str]
                             f"of {_describe(need)}, but the nodes hold {capacity} at most")
     if problems:
         return problems
+    free, left_out = _pack(demands, nodes)
+    if left_out is not None:
+        total = _sum(x.per_actor for x in demands for _ in range(x.min_actors))
+        return [f"the actor stages together need {_describe(total)} for their smallest "
+                f"pools ({', '.join(f'{x.stage} x{x.min_actors}' for x in demands)}), "
+                f"but the nodes cannot hold them all at once; stage {left_out.stage} is left "
+                "without room. Lower concurrency or num_cpus/num_gpus, or add nodes"]
+    return problems
+
+
+def _pack(demands: list[StageDemand],
+          nodes: list[Node]) -> tuple[dict[str, dict[str, float]], StageDemand | None]:
+    """Place every stage's smallest pool first-fit, largest GPU need first: the resources
+    left on each node, and the first stage that found no room (None when all fit)."""
     free = {n.node_id: dict(n.resources) for n in nodes}
     order = sorted(demands, key=lambda d: -d.per_actor.get("GPU", 0.0))
     for d in order:
@@ -330,14 +344,10 @@ def fit_problems(demands: Iterable[StageDemand], nodes: list[Node]) -> list[str]
         for _ in range(d.min_actors):
             host = next((nid for nid, have in free.items() if _fits(need, have)), None)
             if host is None:
-                total = _sum(x.per_actor for x in demands for _ in range(x.min_actors))
-                return [f"the actor stages together need {_describe(total)} for their smallest "
-                        f"pools ({', '.join(f'{x.stage} x{x.min_actors}' for x in demands)}), "
-                        f"but the nodes cannot hold them all at once; stage {d.stage} is left "
-                        "without room. Lower concurrency or num_cpus/num_gpus, or add nodes"]
+                return free, d
             for k, v in need.items():
                 free[host][k] = free[host].get(k, 0.0) - v
-    return problems
+    return free, None
 
 
 def _sum(bundles: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -354,8 +364,38 @@ def _largest(need: dict[str, float], nodes: list[Node]) -> str:
 
 
 def free_cpus_after(demands: Iterable[StageDemand], nodes: list[Node]) -> float:
-    """CPUs left for read, expression and write tasks once every stage's smallest pool
-    holds its CPUs."""
+    """CPUs left in all for read, expression and write tasks once every stage's smallest
+    pool holds its CPUs (rounded to Ray's resource precision, 1/10,000)."""
     total = sum(n.resources.get("CPU", 0.0) for n in nodes)
     used = sum(d.per_actor.get("CPU", 0.0) * d.min_actors for d in demands)
-    return total - used
+    return round(total - used, _PRECISION)
+
+
+#: Ray counts resources in units of 1/10,000.
+_PRECISION = 4
+
+
+def read_task_problem(demands: Iterable[StageDemand], nodes: list[Node]) -> str | None:
+    """Why the read, expression and write tasks could never run beside the actor pools,
+    or None when some node keeps a whole CPU for them.
+
+    Each of those tasks needs one CPU on one node. The smallest pools are placed as
+    :func:`fit_problems` places them (first fit); if no node then has a CPU left, Ray Data
+    queues the read behind actors that wait for its rows: the run would never finish
+    (for example two ``num_cpus: 1`` actors on a 2-CPU machine). Only meaningful once
+    :func:`fit_problems` found nothing.
+    """
+    demands = [d for d in demands]
+    if not demands:
+        return None
+    free, left_out = _pack(demands, nodes)
+    most = max((have.get("CPU", 0.0) for have in free.values()), default=0.0)
+    if left_out is None and round(most, _PRECISION) >= 1:
+        return None
+    total = sum(n.resources.get("CPU", 0.0) for n in nodes)
+    spare = free_cpus_after(demands, nodes)
+    return (f"the actor stages' smallest pools hold {round(total - spare, _PRECISION):g} of the "
+            f"{total:g} CPUs and leave no node a whole CPU ({max(spare, 0):g} left in all): "
+            "the read, expression and write tasks need 1 CPU each on one node and would wait "
+            "for the actors forever. Lower an engine's concurrency or its num_cpus (fractions "
+            "such as 0.5 are allowed)")

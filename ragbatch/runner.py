@@ -275,7 +275,8 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
 
 def check_fit(plan: Plan, *, started_locally: bool) -> None:
     """Check that the connected Ray cluster can hold every actor stage's smallest pool
-    (:func:`ragbatch.placement.fit_problems`) and still has a CPU for the read tasks.
+    (:func:`ragbatch.placement.fit_problems`) and still leaves one node a whole CPU for
+    the read, expression and write tasks (:func:`ragbatch.placement.read_task_problem`).
 
     Raises
     ------
@@ -285,17 +286,13 @@ def check_fit(plan: Plan, *, started_locally: bool) -> None:
         instead, since an autoscaler may add the nodes.
     """
     from ragbatch.errors import ConfigError
-    from ragbatch.placement import cluster_nodes, fit_problems, free_cpus_after
+    from ragbatch.placement import cluster_nodes, fit_problems, read_task_problem
 
     demands, nodes = plan.demands(), cluster_nodes()
     problems = fit_problems(demands, nodes)
-    spare = free_cpus_after(demands, nodes)
-    if not problems and demands and spare < 1:
-        total = sum(n.resources.get("CPU", 0.0) for n in nodes)
-        problems = [f"the actor stages' smallest pools hold {total - spare:g} of the {total:g} "
-                    f"CPUs, leaving {max(spare, 0):g}: the read, expression and write tasks need "
-                    "1 CPU each and would wait for the actors forever. Lower an engine's "
-                    "concurrency or its num_cpus (fractions such as 0.5 are allowed)"]
+    if not problems:
+        starved = read_task_problem(demands, nodes)
+        problems = [starved] if starved else []
     if not problems:
         return
     if started_locally:

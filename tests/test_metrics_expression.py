@@ -114,6 +114,24 @@ def test_contains_text_case_classes():
         False, False, False]
 
 
+def test_case_table_covers_every_cased_character():
+    # The table reads planes 0 and 1 only: no code point above them changes when lowercased.
+    from ragbatch.metrics.contains_text import _CASED_PLANES_END
+
+    above = pl.Series([chr(i) for i in range(_CASED_PLANES_END, 0x110000)])
+    assert (above.str.to_lowercase() == above).all()
+
+
+@pytest.mark.parametrize("n", [1000, 1001, 5000])
+def test_contains_text_long_needles(n):
+    # Up to MAX_PATTERN_CHARS (1,000) characters a needle becomes a case-class pattern;
+    # longer ones are searched in the lowercased answers (a pattern of some 50,000
+    # classes would exceed the regex size limit).
+    rows = [{"answer": "x" + "Θ" * n + "K"}, {"answer": "θ" * (n - 1)}, {"answer": "k" * n}]
+    cells = run_metric(metric("contains_text", text="θ" * n + "\u212a"), rows)
+    assert [s for s, _ in scores(cells)] == [1.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize("params, expected", [
     ({"min_chars": 1, "max_chars": 4}, [(1.0, OK), (0.0, OK), (0.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
     ({"min_chars": 0, "max_chars": 0}, [(0.0, OK), (0.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),

@@ -12,8 +12,8 @@ from ragbatch.cli import main
 from ragbatch.config import JobConfig
 from ragbatch.errors import ConfigError
 from ragbatch.placement import (
-    Node, StageDemand, actor_bundles, fit_problems, free_cpus_after, map_batches_options,
-    stage_demand,
+    Node, StageDemand, actor_bundles, fit_problems, free_cpus_after, local_nodes,
+    map_batches_options, read_task_problem, stage_demand,
 )
 from ragbatch.plan import build_plan
 
@@ -203,7 +203,40 @@ def test_run_refuses_actor_pools_that_leave_no_cpu_for_read_tasks(
         return
     with pytest.raises(ConfigError) as err:
         check_fit(plan, started_locally=True)
-    assert f"hold {num_cpus * concurrency:g} of the 2 CPUs, leaving {2 - num_cpus * concurrency:g}" \
-        in str(err.value)
+    assert (f"hold {num_cpus * concurrency:g} of the 2 CPUs and leave no node a whole CPU "
+            f"({2 - num_cpus * concurrency:g} left in all)") in str(err.value)
     assert "Lower an engine's concurrency or its num_cpus" in str(err.value)
     check_fit(plan, started_locally=False)  # on a cluster: a warning, the autoscaler may add nodes
+
+
+def test_read_tasks_need_a_whole_cpu_on_one_node():
+    # 0.2 x 3 + 0.8 x 3 = 3 of 4 CPUs: one is left, exactly (no float rounding refusal)
+    exact = [StageDemand("model:a", ({"CPU": 0.2},), 3, 3), StageDemand("model:b", ({"CPU": 0.8},), 3, 3)]
+    assert read_task_problem(exact, [Node("n", {"CPU": 4.0})]) is None
+    # two 2-CPU nodes, one 1.5-CPU actor on each: 1 CPU left in all, but 0.5 per node
+    split = [StageDemand("model:a", ({"CPU": 1.5},), 2, 2)]
+    nodes = [Node("n1", {"CPU": 2.0}), Node("n2", {"CPU": 2.0})]
+    assert fit_problems(split, nodes) == []
+    assert read_task_problem(split, nodes) == (
+        "the actor stages' smallest pools hold 3 of the 4 CPUs and leave no node a whole CPU "
+        "(1 left in all): the read, expression and write tasks need 1 CPU each on one node and "
+        "would wait for the actors forever. Lower an engine's concurrency or its num_cpus "
+        "(fractions such as 0.5 are allowed)")
+    # GPU-only actors (num_cpus: 0) hold no CPU
+    gpu_only = [StageDemand("judge:j", ({"GPU": 1.0},), 2, 2)]
+    assert read_task_problem(gpu_only, [Node("g", {"CPU": 1.0, "GPU": 2.0})]) is None
+    assert read_task_problem([], nodes) is None
+
+
+def test_validate_refuses_pools_that_leave_no_cpu_for_read_tasks(tmp_path, capsys):
+    cpus = sum(n.resources.get("CPU", 0.0) for n in local_nodes())
+    (tmp_path / "in.csv").write_text("a,r\nx,y\n", encoding="utf-8")
+    (tmp_path / "job.yaml").write_text(
+        f"input: {{uri: {tmp_path / 'in.csv'}, columns: {{answer: a, reference: r}}}}\n"
+        f"output: {{uri: {tmp_path / 'out'}}}\n"
+        f"engines: {{e: {{type: embedding, num_cpus: {cpus / 2:g}, concurrency: 2}}}}\n"
+        "metrics: [{name: semantic_similarity, engine: e}]\n", encoding="utf-8")
+    assert main(["validate", str(tmp_path / "job.yaml")]) == 2
+    out, err = capsys.readouterr()
+    assert "placement on this machine (local Ray) (1 node(s)): will not run" in err
+    assert f"hold {cpus:g} of the {cpus:g} CPUs and leave no node a whole CPU" in err

@@ -217,22 +217,3 @@ def test_actor_stage_blocks_are_cut_to_batches(ray_local):
     assert len(sizes) >= 1000 // (ACTOR_BLOCK_BATCHES * 4)
     assert sorted(r["row_id"] for r in ds.iter_rows()) == sorted(table["row_id"].to_pylist())
 
-
-@pytest.mark.parametrize("num_cpus, threads", [(0.5, 1), (1, 1), (2, 2)])
-def test_cpu_actor_runs_torch_on_its_cpus(ray_local, num_cpus, threads):
-    # The actor itself holds no CPU here, so that the 2-CPU session Ray can place it; the
-    # thread count follows the engine spec's num_cpus.
-    from udfs.similarity import _match_torch_threads
-
-    @ray_local.remote(num_cpus=0)
-    class Probe:
-        def threads(self, spec):
-            import torch
-
-            _match_torch_threads(spec)
-            return torch.get_num_threads()
-
-    probe = Probe.remote()
-    spec = EmbeddingEngine(type="embedding", num_cpus=num_cpus, device="cpu")
-    assert ray_local.get(probe.threads.remote(spec)) == threads
-    ray_local.kill(probe)

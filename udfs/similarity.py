@@ -27,7 +27,7 @@ from udfs.ledger import report_placement
 from ragbatch.config import (
     ENGINE_TYPES, CrossEncoderEngine, EmbeddingEngine, EngineSpec, normalize_engine,
 )
-from ragbatch.engines.sentence_transformers import choose_device, load_model
+from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.metrics.base import ModelMetric
 from ragbatch.registry import get_metric
@@ -118,22 +118,6 @@ def stage_options(
     return options
 
 
-def _match_torch_threads(spec: EmbeddingEngine | CrossEncoderEngine) -> None:
-    """Inside a Ray actor on CPU, run torch on as many threads as the actor holds CPUs
-    (at least one). Ray leaves the thread count unset for a fractional ``num_cpus``, and
-    torch then starts one thread per core: two ``num_cpus: 0.5`` actors on a 2-core
-    machine would run four busy threads on two cores."""
-    import ray
-
-    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
-        return
-    if choose_device(spec) != "cpu":
-        return
-    import torch
-
-    torch.set_num_threads(max(1, int(spec.num_cpus)))
-
-
 class ModelStage:
     """Ray Data callable class scoring the model metrics of one engine.
 
@@ -174,7 +158,6 @@ class ModelStage:
         report_placement(ledger, "model:" + engine_name)
         self.spec = parse_engine_spec(engine_name, engine_spec)
         self.metrics = [self._build_metric(i, m) for i, m in enumerate(metrics)]
-        _match_torch_threads(self.spec)
         try:
             self.model = load_model(self.spec)
         except EngineError as exc:

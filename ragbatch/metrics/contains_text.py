@@ -92,7 +92,7 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
     """Per needle, whether ``lowercase(needle)`` occurs in ``lowercase(answer)``.
 
     Lowercasing every answer is the costly part (Unicode case mapping, character by
-    character), so it is avoided: outside a few characters (``_CaseTable.special``), an
+    character), so it is avoided: outside a few characters (``_CaseTable.special_pattern``), an
     answer's lowercase is the concatenation of its characters' one-character lowercases,
     so the lowered needle ``l1 l2 ...`` occurs in it exactly where the answer matches the
     pattern ``[all x with lower(x) == l1][all x with lower(x) == l2]...``. Only the
@@ -110,6 +110,10 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
     found = []
     for needle in needles:
         low = _lower(needle)
+        if len(low) > MAX_PATTERN_CHARS:
+            # a class per character: Rust's regex size limit is reached near 50,000
+            found.append(answer.str.to_lowercase().str.contains(low, literal=True))
+            continue
         hits = answer.str.contains(table.pattern(low))
         if lowered is not None:
             hits = pl.select(
@@ -120,6 +124,9 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
         found.append(hits)
     return found
 
+
+#: Needles longer than this (after lowercasing) are searched in lowercased answers.
+MAX_PATTERN_CHARS = 1_000
 
 #: Case mappings are looked up in Unicode planes 0 and 1, where every cased script is;
 #: the planes above hold CJK ideographs, tags and private use, none of them cased.
