@@ -385,7 +385,7 @@ def read_task_problem(demands: Iterable[StageDemand], nodes: list[Node]) -> str 
     (for example two ``num_cpus: 1`` actors on a 2-CPU machine). Only meaningful once
     :func:`fit_problems` found nothing.
     """
-    demands = [d for d in demands]
+    demands = list(demands)
     if not demands:
         return None
     free, left_out = _pack(demands, nodes)

@@ -92,8 +92,9 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
     """Per needle, whether ``lowercase(needle)`` occurs in ``lowercase(answer)``.
 
     Lowercasing every answer is the costly part (Unicode case mapping, character by
-    character), so it is avoided: outside a few characters (``_CaseTable.special_pattern``), an
-    answer's lowercase is the concatenation of its characters' one-character lowercases,
+    character), so it is avoided: outside a few characters
+    (``_CaseTable.special_pattern``), an answer's lowercase is the concatenation of its
+    characters' one-character lowercases,
     so the lowered needle ``l1 l2 ...`` occurs in it exactly where the answer matches the
     pattern ``[all x with lower(x) == l1][all x with lower(x) == l2]...``. Only the
     answers holding a special character (a character with a longer lowercase, or a
