@@ -2,18 +2,20 @@
 
 Runs ``udfs.similarity.ModelStage`` (packaged all-MiniLM-L6-v2, one torch thread) on
 64-row batches of the scale script's similarity input and prints the process's RSS and
-USS (GiB) every 640 rows, as JSON lines. ``--trim`` calls glibc's ``malloc_trim(0)``
-after every batch, to tell memory the stage holds from freed memory the allocator keeps.
+USS (GiB) every 640 rows, as JSON lines. ``--trim-every N`` sets how often the stage
+calls glibc's ``malloc_trim(0)`` (``ragbatch.heap``): every N batches, 0 for never; the
+default is the stage's own (``TRIM_EVERY_BATCHES``). Comparing 0 with 1 tells memory the
+stage holds from freed memory the allocator keeps.
 
     python benchmarks/scale.py --stage similarity --sizes 100000 --generate-only
+    python benchmarks/model_stage_memory.py --rows 6400 --trim-every 0
+    python benchmarks/model_stage_memory.py --rows 6400 --trim-every 1
     python benchmarks/model_stage_memory.py --rows 6400
-    python benchmarks/model_stage_memory.py --rows 6400 --trim
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import time
@@ -27,7 +29,8 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--rows", type=int, default=6400)
     parser.add_argument("--offset", type=int, default=20_000, help="first input row used")
-    parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after each batch")
+    parser.add_argument("--trim-every", type=int, default=None,
+                        help="batches between malloc_trim(0) calls; 0 = never (default: the stage's)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,6 +38,7 @@ def main() -> None:
     import pyarrow.dataset as ds
     import torch
 
+    from ragbatch.heap import HeapTrimmer
     from udfs.similarity import ModelStage
 
     torch.set_num_threads(1)
@@ -42,18 +46,18 @@ def main() -> None:
     table = table.slice(args.offset, args.rows)
     stage = ModelStage("minilm", {"type": "embedding", "num_gpus": 0, "batch_size": 64},
                        [{"name": "semantic_similarity", "id": "semantic_similarity", "params": {}}])
-    libc = ctypes.CDLL("libc.so.6") if args.trim else None
+    if args.trim_every is not None:
+        stage.heap = HeapTrimmer(args.trim_every)
     proc = psutil.Process()
     start = time.perf_counter()
     for i in range(0, table.num_rows, 64):
         stage(table.slice(i, 64))
-        if libc is not None:
-            libc.malloc_trim(0)
         if (i // 64) % 10 == 9:
             mem = proc.memory_full_info()
             print(json.dumps({"rows": i + 64, "rss_gib": round(mem.rss / 2**30, 3),
                               "uss_gib": round(mem.uss / 2**30, 3),
-                              "s": round(time.perf_counter() - start, 1)}), flush=True)
+                              "s": round(time.perf_counter() - start, 1),
+                              "trims": stage.heap.trims}), flush=True)
 
 
 if __name__ == "__main__":

@@ -247,16 +247,20 @@ class MemorySampler(threading.Thread):
 
     Attributes after :meth:`stop`: ``peak`` (bytes; ``driver_rss``, ``workers_rss``,
     ``total_rss``, ``driver_pss``, ``workers_pss``, ``total_pss``, each the largest
-    value seen in any one sample), ``samples`` (int), ``max_processes`` (int) and
-    ``load`` (list of 1-minute load averages, one per second or so).
+    value seen in any one sample), ``samples`` (int), ``max_processes`` (int),
+    ``load`` (list of 1-minute load averages, one per second or so) and ``timeline``
+    (every ``timeline_s`` seconds: ``{"t_s", "processes": [{"pid", "title", "rss_mib",
+    "pss_mib"}]}`` for each process over 100 MiB RSS, to see one actor's memory over time).
     """
 
-    def __init__(self, pid: int, interval: float = 0.5) -> None:
+    def __init__(self, pid: int, interval: float = 0.5, timeline_s: float = 60.0) -> None:
         super().__init__(daemon=True)
         import psutil
 
         self.root = psutil.Process(pid)
         self.interval = interval
+        self.timeline_s = timeline_s
+        self.timeline: list[dict] = []
         self.halt = threading.Event()
         self.peak = {k: 0 for k in ("driver_rss", "workers_rss", "total_rss",
                                     "driver_pss", "workers_pss", "total_pss")}
@@ -283,6 +287,7 @@ class MemorySampler(threading.Thread):
         import psutil
 
         last_load = 0.0
+        start = last_mark = time.monotonic()
         while not self.halt.is_set():
             try:
                 children = self.root.children(recursive=True)
@@ -290,6 +295,9 @@ class MemorySampler(threading.Thread):
                 break
             d_rss, d_pss = self._memory(self.root)
             w = [self._memory(p) for p in children]
+            if time.monotonic() - last_mark >= self.timeline_s:
+                last_mark = time.monotonic()
+                self._mark(last_mark - start, [self.root, *children], [(d_rss, d_pss), *w])
             w_rss, w_pss = sum(r for r, _ in w), sum(p for _, p in w)
             now = {"driver_rss": d_rss, "workers_rss": w_rss, "total_rss": d_rss + w_rss,
                    "driver_pss": d_pss, "workers_pss": w_pss, "total_pss": d_pss + w_pss}
@@ -301,6 +309,22 @@ class MemorySampler(threading.Thread):
                 self.load.append(os.getloadavg()[0])
                 last_load = time.monotonic()
             self.halt.wait(self.interval)
+
+    def _mark(self, t_s: float, procs: list, memory: list[tuple[int, int]]) -> None:
+        import psutil
+
+        mib = 2**20
+        row = []
+        for proc, (rss, pss) in zip(procs, memory):
+            if rss < 100 * mib:
+                continue
+            try:
+                title = " ".join(proc.cmdline())[:80]
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+            row.append({"pid": proc.pid, "title": title, "rss_mib": round(rss / mib),
+                        "pss_mib": round(pss / mib)})
+        self.timeline.append({"t_s": round(t_s), "processes": row})
 
     def stop(self) -> None:
         self.halt.set()
@@ -406,6 +430,7 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
         "pss_available": sampler.pss_available,
         "samples": sampler.samples,
         "max_processes": sampler.max_processes,
+        "timeline": sampler.timeline,
         "load_start": load_start,
         "load_mean": statistics.fmean(sampler.load) if sampler.load else load_start,
         "load_max": max(sampler.load, default=load_start),

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from ragbatch.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
 from ragbatch.errors import ConfigError, EngineError
+from ragbatch.heap import HeapTrimmer
 from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
@@ -64,6 +65,11 @@ class JudgeStage:
         A spec or params are invalid, or a metric is not a judge metric.
     EngineError
         The judge or an embedding model cannot be loaded (message names the engine).
+
+    Notes
+    -----
+    Every :data:`ragbatch.heap.TRIM_EVERY_BATCHES` batches the actor returns freed heap
+    memory to the system (:class:`ragbatch.heap.HeapTrimmer`).
     """
 
     def __init__(self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]],
@@ -93,6 +99,7 @@ class JudgeStage:
         columns = [(name, type_) for m in self.metrics
                    for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))]
         self.guard = BatchGuard(f"engine {engine_name}", columns, run_ledger)
+        self.heap = HeapTrimmer()
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
@@ -128,6 +135,7 @@ class JudgeStage:
         if self.cache is not None:
             self.cache.flush()
         self._report(batch)
+        self.heap.batch_done()
         return out
 
     def _judge(self, batch: pa.Table) -> pa.Table:

@@ -29,6 +29,7 @@ from ragbatch.config import (
 )
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.errors import ConfigError, EngineError
+from ragbatch.heap import HeapTrimmer
 from ragbatch.metrics.base import ModelMetric
 from ragbatch.registry import get_metric
 
@@ -147,7 +148,9 @@ class ModelStage:
     -----
     The model is loaded once per actor, in ``__init__``. Each call converts only the
     metrics' input columns (and ``_issues``) to Polars; every input column passes
-    through to the output untouched.
+    through to the output untouched. Every :data:`ragbatch.heap.TRIM_EVERY_BATCHES`
+    batches the actor returns freed heap memory to the system
+    (:class:`ragbatch.heap.HeapTrimmer`), so that its memory stays flat over a long run.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class ModelStage:
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
         self.guard = BatchGuard(f"engine {engine_name}",
                                 [(cell_column(m.id), CELL_TYPE) for m in self.metrics], ledger)
+        self.heap = HeapTrimmer()
 
     def _build_metric(self, index: int, entry: dict[str, Any]) -> ModelMetric:
         where = f"metrics[{index}]"
@@ -215,7 +219,9 @@ class ModelStage:
             )
         # A missing column is a pipeline bug, not a batch fault: raised as is.
         check_input_columns(self.engine_name, self.input_columns, batch)
-        return self.guard.run(batch, self._score)
+        out = self.guard.run(batch, self._score)
+        self.heap.batch_done()
+        return out
 
     def _score(self, batch: pa.Table) -> pa.Table:
         frame = input_frame(self.input_columns, batch)
