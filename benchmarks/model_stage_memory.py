@@ -2,14 +2,15 @@
 
 Runs ``udfs.similarity.ModelStage`` (packaged all-MiniLM-L6-v2, one torch thread) on
 64-row batches of the scale script's similarity input and prints the process's RSS and
-USS (GiB) every 640 rows, as JSON lines. ``--trim-every N`` sets how often the stage
-calls glibc's ``malloc_trim(0)`` (``ragbatch.heap``): every N batches, 0 for never; the
-default is the stage's own (``TRIM_EVERY_BATCHES``). Comparing 0 with 1 tells memory the
-stage holds from freed memory the allocator keeps.
+USS (GiB) every 640 rows, as JSON lines. ``--trim-interval S`` sets how often the stage
+calls glibc's ``malloc_trim(0)`` (``ragbatch.heap``): after a batch once S seconds have
+passed since the last trim (0: every batch), ``never`` for not at all; the default is the
+stage's own (``TRIM_INTERVAL_S``). Comparing ``never`` with ``0`` tells memory the stage
+holds from freed memory the allocator keeps.
 
     python benchmarks/scale.py --stage similarity --sizes 100000 --generate-only
-    python benchmarks/model_stage_memory.py --rows 6400 --trim-every 0
-    python benchmarks/model_stage_memory.py --rows 6400 --trim-every 1
+    python benchmarks/model_stage_memory.py --rows 6400 --trim-interval never
+    python benchmarks/model_stage_memory.py --rows 6400 --trim-interval 0
     python benchmarks/model_stage_memory.py --rows 6400
 """
 
@@ -29,8 +30,9 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--rows", type=int, default=6400)
     parser.add_argument("--offset", type=int, default=20_000, help="first input row used")
-    parser.add_argument("--trim-every", type=int, default=None,
-                        help="batches between malloc_trim(0) calls; 0 = never (default: the stage's)")
+    parser.add_argument("--trim-interval", default=None,
+                        help="least seconds between malloc_trim(0) calls, 0 = every batch, "
+                             "'never'; default: the stage's")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -46,8 +48,9 @@ def main() -> None:
     table = table.slice(args.offset, args.rows)
     stage = ModelStage("minilm", {"type": "embedding", "num_gpus": 0, "batch_size": 64},
                        [{"name": "semantic_similarity", "id": "semantic_similarity", "params": {}}])
-    if args.trim_every is not None:
-        stage.heap = HeapTrimmer(args.trim_every)
+    if args.trim_interval is not None:
+        interval = None if args.trim_interval == "never" else float(args.trim_interval)
+        stage.heap = HeapTrimmer(interval)
     proc = psutil.Process()
     start = time.perf_counter()
     for i in range(0, table.num_rows, 64):

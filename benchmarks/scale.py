@@ -250,7 +250,8 @@ class MemorySampler(threading.Thread):
     value seen in any one sample), ``samples`` (int), ``max_processes`` (int),
     ``load`` (list of 1-minute load averages, one per second or so) and ``timeline``
     (every ``timeline_s`` seconds: ``{"t_s", "processes": [{"pid", "title", "rss_mib",
-    "pss_mib"}]}`` for each process over 100 MiB RSS, to see one actor's memory over time).
+    "pss_mib", "uss_mib"}]}`` for each process over 100 MiB RSS, to follow one actor's
+    memory over a run).
     """
 
     def __init__(self, pid: int, interval: float = 0.5, timeline_s: float = 60.0) -> None:
@@ -269,19 +270,19 @@ class MemorySampler(threading.Thread):
         self.load: list[float] = []
         self.pss_available = True
 
-    def _memory(self, proc) -> tuple[int, int]:
+    def _memory(self, proc) -> tuple[int, int, int]:
         import psutil
 
         try:
             if self.pss_available:
                 try:
                     full = proc.memory_full_info()
-                    return full.rss, full.pss
+                    return full.rss, full.pss, full.uss
                 except (AttributeError, psutil.AccessDenied):
                     self.pss_available = False
-            return proc.memory_info().rss, 0
+            return proc.memory_info().rss, 0, 0
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return 0, 0
+            return 0, 0, 0
 
     def run(self) -> None:
         import psutil
@@ -293,12 +294,12 @@ class MemorySampler(threading.Thread):
                 children = self.root.children(recursive=True)
             except psutil.NoSuchProcess:
                 break
-            d_rss, d_pss = self._memory(self.root)
+            d_rss, d_pss, d_uss = self._memory(self.root)
             w = [self._memory(p) for p in children]
             if time.monotonic() - last_mark >= self.timeline_s:
                 last_mark = time.monotonic()
-                self._mark(last_mark - start, [self.root, *children], [(d_rss, d_pss), *w])
-            w_rss, w_pss = sum(r for r, _ in w), sum(p for _, p in w)
+                self._mark(last_mark - start, [self.root, *children], [(d_rss, d_pss, d_uss), *w])
+            w_rss, w_pss = sum(m[0] for m in w), sum(m[1] for m in w)
             now = {"driver_rss": d_rss, "workers_rss": w_rss, "total_rss": d_rss + w_rss,
                    "driver_pss": d_pss, "workers_pss": w_pss, "total_pss": d_pss + w_pss}
             for key, value in now.items():
@@ -310,12 +311,12 @@ class MemorySampler(threading.Thread):
                 last_load = time.monotonic()
             self.halt.wait(self.interval)
 
-    def _mark(self, t_s: float, procs: list, memory: list[tuple[int, int]]) -> None:
+    def _mark(self, t_s: float, procs: list, memory: list[tuple[int, int, int]]) -> None:
         import psutil
 
         mib = 2**20
         row = []
-        for proc, (rss, pss) in zip(procs, memory):
+        for proc, (rss, pss, uss) in zip(procs, memory):
             if rss < 100 * mib:
                 continue
             try:
@@ -323,7 +324,7 @@ class MemorySampler(threading.Thread):
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
             row.append({"pid": proc.pid, "title": title, "rss_mib": round(rss / mib),
-                        "pss_mib": round(pss / mib)})
+                        "pss_mib": round(pss / mib), "uss_mib": round(uss / mib)})
         self.timeline.append({"t_s": round(t_s), "processes": row})
 
     def stop(self) -> None:

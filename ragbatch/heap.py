@@ -17,7 +17,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 
 @functools.cache
@@ -59,20 +60,23 @@ def release_free_heap() -> bool:
     return True
 
 
-#: Batches between two trims in a model actor: one per block of
-#: ``runner.ACTOR_BLOCK_BATCHES`` batches, which keeps the trim's cost (page faults when
-#: the memory is used again) near 1 % of the batches' time on CPU.
-TRIM_EVERY_BATCHES = 16
+#: Least seconds between two trims in a model or judge actor. Where a batch takes longer
+#: (a small model on CPU: seconds per batch) the actor trims after every batch; where
+#: batches take milliseconds (a GPU) it trims about once a second, so the trim's cost
+#: (walking the arenas, and page faults when the memory is used again) stays small.
+TRIM_INTERVAL_S = 1.0
 
 
 class HeapTrimmer:
-    """Counts an actor's batches and calls :func:`release_free_heap` every ``every``.
+    """Calls :func:`release_free_heap` after a batch when enough time has passed.
 
     Parameters
     ----------
-    every : int, default :data:`TRIM_EVERY_BATCHES`
-        Batches between trims; ``0`` turns trimming off. Negative values raise
-        ``ValueError``.
+    interval_s : float or None, default :data:`TRIM_INTERVAL_S`
+        Least seconds between trims; ``0`` trims after every batch, ``None`` never.
+        Negative values raise ``ValueError``.
+    clock : callable, default :func:`time.monotonic`
+        Seconds, for the interval.
 
     Attributes
     ----------
@@ -82,21 +86,26 @@ class HeapTrimmer:
         Trims made so far (stays 0 where the C library has no ``malloc_trim``).
     """
 
-    def __init__(self, every: int = TRIM_EVERY_BATCHES) -> None:
-        if every < 0:
-            raise ValueError(f"every must be >= 0 (0 turns trimming off), got {every}")
-        self.every = every
+    def __init__(self, interval_s: float | None = TRIM_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if interval_s is not None and interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0 or None (never), got {interval_s}")
+        self.interval_s = interval_s
+        self.clock = clock
         self.batches = 0
         self.trims = 0
+        self._last = clock()
 
     def batch_done(self) -> bool:
-        """Count one batch; trim when the count reaches a multiple of ``every``.
-
-        Returns ``True`` when this call trimmed the heap.
-        """
+        """Count one batch; trim when ``interval_s`` has passed since the last trim (or
+        since the trimmer was made). Returns ``True`` when this call trimmed the heap."""
         self.batches += 1
-        if not self.every or self.batches % self.every:
+        if self.interval_s is None:
             return False
+        now = self.clock()
+        if now - self._last < self.interval_s:
+            return False
+        self._last = now
         if release_free_heap():
             self.trims += 1
             return True

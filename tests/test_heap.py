@@ -63,18 +63,37 @@ def test_available_on_glibc():
     assert release_free_heap() is True
 
 
-def test_trimmer_counts_batches():
-    trimmer = HeapTrimmer(every=3)
-    done = [trimmer.batch_done() for _ in range(7)]
+class FakeClock:
+    """A settable clock: the interval logic is about elapsed time, which a test cannot
+    wait for honestly in milliseconds."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_trimmer_trims_once_the_interval_has_passed():
+    clock = FakeClock()
+    trimmer = HeapTrimmer(interval_s=1.0, clock=clock)
     expected = heap_trim_available()
-    assert done == [False, False, expected, False, False, expected, False]
-    assert trimmer.batches == 7
-    assert trimmer.trims == (2 if expected else 0)
+    done = []
+    for step in (0.4, 0.5, 0.2, 0.3, 0.3, 0.5, 2.5, 0.0):  # seconds before each batch ends
+        clock.now += step
+        done.append(trimmer.batch_done())
+    # elapsed since the last trim at each batch: 0.4, 0.9, 1.1 (trim), 0.3, 0.6, 1.1
+    # (trim), 2.5 (trim), 0.0
+    assert done == [False, False, expected, False, False, expected, expected, False]
+    assert trimmer.batches == 8
+    assert trimmer.trims == (3 if expected else 0)
 
 
-def test_trimmer_off_and_bad_interval():
-    off = HeapTrimmer(every=0)
+def test_trimmer_every_batch_never_and_bad_interval():
+    every = HeapTrimmer(interval_s=0, clock=FakeClock())
+    assert [every.batch_done() for _ in range(3)] == [heap_trim_available()] * 3
+    off = HeapTrimmer(interval_s=None)
     assert not any(off.batch_done() for _ in range(40))
     assert off.trims == 0 and off.batches == 40
-    with pytest.raises(ValueError, match="every must be >= 0"):
-        HeapTrimmer(every=-1)
+    with pytest.raises(ValueError, match="interval_s must be >= 0"):
+        HeapTrimmer(interval_s=-1)

@@ -10,7 +10,7 @@ from ragbatch.columns import CELL_TYPE, ISSUES_TYPE, cell_column
 from ragbatch.config import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.errors import ConfigError, EngineError
-from ragbatch.heap import TRIM_EVERY_BATCHES, heap_trim_available
+from ragbatch.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
 from ragbatch.metrics.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
 from ragbatch.registry import all_metrics
@@ -149,14 +149,16 @@ def test_call_in_process_keeps_columns_and_rows(tiny_cross_encoder_dir):
     assert empty.schema.field(cell_column("sim")).type == CELL_TYPE
 
 
-def test_actor_trims_heap_once_per_block_of_batches(tiny_cross_encoder_dir):
+def test_actor_trims_heap_after_batches(tiny_cross_encoder_dir):
     stage = ModelStage("tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)},
                        METRICS[:1])
+    assert stage.heap.interval_s == TRIM_INTERVAL_S
+    stage.heap = HeapTrimmer(interval_s=0)  # every batch, so the count is known
     table = canonical_table()
-    for _ in range(2 * TRIM_EVERY_BATCHES + 1):
-        stage(table)
-    assert stage.heap.batches == 2 * TRIM_EVERY_BATCHES + 1
-    assert stage.heap.trims == (2 if heap_trim_available() else 0)
+    for _ in range(3):
+        assert stage(table).num_rows == table.num_rows
+    assert stage.heap.batches == 3
+    assert stage.heap.trims == (3 if heap_trim_available() else 0)
 
 
 def test_batch_without_issues_column(tiny_cross_encoder_dir):

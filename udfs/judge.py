@@ -68,8 +68,8 @@ class JudgeStage:
 
     Notes
     -----
-    Every :data:`ragbatch.heap.TRIM_EVERY_BATCHES` batches the actor returns freed heap
-    memory to the system (:class:`ragbatch.heap.HeapTrimmer`).
+    After a batch, at most once per :data:`ragbatch.heap.TRIM_INTERVAL_S` seconds, the
+    actor returns freed heap memory to the system (:class:`ragbatch.heap.HeapTrimmer`).
     """
 
     def __init__(self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]],

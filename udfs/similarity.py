@@ -148,9 +148,10 @@ class ModelStage:
     -----
     The model is loaded once per actor, in ``__init__``. Each call converts only the
     metrics' input columns (and ``_issues``) to Polars; every input column passes
-    through to the output untouched. Every :data:`ragbatch.heap.TRIM_EVERY_BATCHES`
-    batches the actor returns freed heap memory to the system
-    (:class:`ragbatch.heap.HeapTrimmer`), so that its memory stays flat over a long run.
+    through to the output untouched. After a batch, at most once per
+    :data:`ragbatch.heap.TRIM_INTERVAL_S` seconds, the actor returns freed heap memory to
+    the system (:class:`ragbatch.heap.HeapTrimmer`), so that its memory stays flat over a
+    long run.
     """
 
     def __init__(

@@ -109,11 +109,14 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
             pl.when(pl.lit(special)).then(pl.lit(answer)).otherwise(pl.lit("")).str.to_lowercase()
         ).to_series()
     found = []
+    all_lowered = None  # every answer lowercased, made once for the long needles
     for needle in needles:
         low = _lower(needle)
         if len(low) > MAX_PATTERN_CHARS:
             # a class per character: Rust's regex size limit is reached near 50,000
-            found.append(answer.str.to_lowercase().str.contains(low, literal=True))
+            if all_lowered is None:
+                all_lowered = answer.str.to_lowercase()
+            found.append(all_lowered.str.contains(low, literal=True))
             continue
         hits = answer.str.contains(table.pattern(low))
         if lowered is not None:
