@@ -25,12 +25,25 @@ from pathlib import Path
 DEFAULT_INPUT = Path(__file__).parent / "_data" / "scale" / "similarity_100000"
 
 
+def _interval(text: str) -> float | str:
+    """``--trim-interval``: ``never`` or seconds >= 0."""
+    if text == "never":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'never', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'never', got {text!r}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--rows", type=int, default=6400)
     parser.add_argument("--offset", type=int, default=20_000, help="first input row used")
-    parser.add_argument("--trim-interval", default=None,
+    parser.add_argument("--trim-interval", default=None, type=_interval,
                         help="least seconds between malloc_trim(0) calls, 0 = every batch, "
                              "'never'; default: the stage's")
     args = parser.parse_args()
@@ -49,8 +62,7 @@ def main() -> None:
     stage = ModelStage("minilm", {"type": "embedding", "num_gpus": 0, "batch_size": 64},
                        [{"name": "semantic_similarity", "id": "semantic_similarity", "params": {}}])
     if args.trim_interval is not None:
-        interval = None if args.trim_interval == "never" else float(args.trim_interval)
-        stage.heap = HeapTrimmer(interval)
+        stage.heap = HeapTrimmer(None if args.trim_interval == "never" else args.trim_interval)
     proc = psutil.Process()
     start = time.perf_counter()
     for i in range(0, table.num_rows, 64):

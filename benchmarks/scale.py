@@ -288,7 +288,8 @@ class MemorySampler(threading.Thread):
         import psutil
 
         last_load = 0.0
-        start = last_mark = time.monotonic()
+        start = time.monotonic()
+        last_mark = start - self.timeline_s  # a first entry at once, for short runs too
         while not self.halt.is_set():
             try:
                 children = self.root.children(recursive=True)
@@ -323,8 +324,10 @@ class MemorySampler(threading.Thread):
                 title = " ".join(proc.cmdline())[:80]
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
+            known = self.pss_available  # without PSS/USS (no smaps access) say so: None
             row.append({"pid": proc.pid, "title": title, "rss_mib": round(rss / mib),
-                        "pss_mib": round(pss / mib), "uss_mib": round(uss / mib)})
+                        "pss_mib": round(pss / mib) if known else None,
+                        "uss_mib": round(uss / mib) if known else None})
         self.timeline.append({"t_s": round(t_s), "processes": row})
 
     def stop(self) -> None:

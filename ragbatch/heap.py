@@ -60,7 +60,7 @@ def release_free_heap() -> bool:
     return True
 
 
-#: Least seconds between two trims in a model or judge actor. Where a batch takes longer
+#: Least seconds between two trims in a model, PII or judge actor. Where a batch takes longer
 #: (a small model on CPU: seconds per batch) the actor trims after every batch; where
 #: batches take milliseconds (a GPU) it trims about once a second, so the trim's cost
 #: (walking the arenas, and page faults when the memory is used again) stays small.

@@ -19,6 +19,7 @@ import pytest
 from ragbatch.columns import CELL_PREFIX, CONTEXTS
 from ragbatch.config import JobConfig
 from ragbatch.errors import ConfigError
+from ragbatch.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
 from ragbatch.plan import build_plan
 from ragbatch.registry import get_metric
 from udfs.pii import PiiStage
@@ -325,3 +326,13 @@ def test_garbage_ner_model_is_a_clear_error(tmp_path):
     message = plan_problems([{"name": "answer_contains_pii", "engine": "pii"}],
                             {"pii": {"type": "presidio", "ner_model": str(tmp_path)}})
     assert f"engines.pii: ner_model '{tmp_path}': cannot read the labels from meta.json" in message
+
+
+def test_stage_trims_heap_after_batches():
+    pii = stage([{"name": "answer_contains_pii", "id": "m", "params": {}}])
+    assert pii.heap.interval_s == TRIM_INTERVAL_S
+    pii.heap = HeapTrimmer(interval_s=0)  # every batch, so the count is known
+    for _ in range(2):
+        assert pii(answers_table(["call 212-555-0100", None])).num_rows == 2
+    assert pii.heap.batches == 2
+    assert pii.heap.trims == (2 if heap_trim_available() else 0)

@@ -28,6 +28,7 @@ from ragbatch.columns import CELL_TYPE, cell_column
 from ragbatch.config import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector
 from ragbatch.errors import ConfigError, EngineError
+from ragbatch.heap import HeapTrimmer
 from ragbatch.metrics._pii import PiiMetric, PiiResults
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
@@ -84,6 +85,7 @@ class PiiStage:
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
         self.guard = BatchGuard(f"engine {engine_name}",
                                 [(cell_column(m.id), CELL_TYPE) for m in self.metrics], ledger)
+        self.heap = HeapTrimmer()  # see ragbatch.heap: keeps the actor's memory level
 
     def _build_metric(self, index: int, entry: dict[str, Any]) -> PiiMetric:
         where = f"metrics[{index}]"
@@ -121,7 +123,9 @@ class PiiStage:
                             'call map_batches with batch_format="pyarrow"')
         # A missing column is a pipeline bug, not a batch fault: raised as is.
         check_input_columns(self.engine_name, self.input_columns, batch)
-        return self.guard.run(batch, self._score)
+        out = self.guard.run(batch, self._score)
+        self.heap.batch_done()
+        return out
 
     def _score(self, batch: pa.Table) -> pa.Table:
         frame = input_frame(self.input_columns, batch)

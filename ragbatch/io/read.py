@@ -4,8 +4,8 @@ The reading side of the job has three steps, all driven by :class:`~ragbatch.con
 
 1. :func:`plan_read` lists the files behind ``input.uri`` (one file, a directory searched
    recursively, or a glob; :mod:`ragbatch.io.listing`), decides each file's format, and
-   cuts them into picklable
-   :class:`ReadTask` units: one per text file, one per group of Parquet row groups.
+   cuts them into picklable :class:`ReadTask` units: one per text file, one per group of
+   Parquet row groups.
 2. :func:`read_task` reads one task into a :class:`pyarrow.Table` holding the file's own
    columns plus the hive ``key=value`` directory parts as string columns (Parquet here,
    the text formats in :mod:`ragbatch.io.text_formats`).

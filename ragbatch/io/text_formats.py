@@ -282,7 +282,8 @@ def _records_to_table(records: list[dict], lines: list[int], where: str) -> pa.T
 
 
 def _json_column(values: list[Any]) -> tuple[pa.Array | None, list[int]]:
-    """Arrow array for one JSON column and the rows stored as JSON text (see module notes)."""
+    """Arrow array for one JSON column and the rows stored as JSON text (see the module notes of
+    :mod:`ragbatch.io.read`)."""
     kinds = {_json_kind(v) for v in values if v is not None}
     if len(kinds) <= 1:
         try:
