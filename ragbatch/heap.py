@@ -5,7 +5,9 @@ activations, Arrow and Polars buffers). glibc's allocator keeps much of what is 
 its arenas instead of returning it, so a long-lived actor's resident memory creeps up
 batch after batch although the stage holds no state: measured in one process on the
 similarity stage, USS went from 0.72 to 1.15 GiB over 6,400 rows, and stayed at 0.54 GiB
-when ``malloc_trim(0)`` ran after each batch (``benchmarks/model_stage_memory.py``).
+when ``malloc_trim(0)`` ran after each batch (``benchmarks/model_stage_memory.py``); in a
+100,000-row Ray run with trimming, each model actor stayed at about 0.75 GiB PSS
+throughout (BENCHMARKS.md, "Scale").
 
 :func:`release_free_heap` calls glibc's ``malloc_trim(0)`` (``man 3 malloc_trim``),
 which returns the free pages of every arena, not only the top of the main heap. Other C
@@ -60,10 +62,11 @@ def release_free_heap() -> bool:
     return True
 
 
-#: Least seconds between two trims in a model, PII or judge actor. Where a batch takes longer
-#: (a small model on CPU: seconds per batch) the actor trims after every batch; where
-#: batches take milliseconds (a GPU) it trims about once a second, so the trim's cost
-#: (walking the arenas, and page faults when the memory is used again) stays small.
+#: Least seconds between two trims in a model, PII or judge actor. Where a batch takes
+#: longer (a small model on CPU: seconds per batch) the actor trims after every batch
+#: (+3 % time measured); where batches take milliseconds (a GPU) it trims about once a
+#: second, so the trim's cost (walking the arenas, and page faults when the memory is used
+#: again) stays small.
 TRIM_INTERVAL_S = 1.0
 
 
