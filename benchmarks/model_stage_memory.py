@@ -32,8 +32,8 @@ def _interval(text: str) -> float | str:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'never', got {text!r}") from None
-    if value < 0:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'never', got {text!r}")
     return value
 
