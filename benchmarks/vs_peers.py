@@ -15,7 +15,9 @@ The tools:
   ``kind: vllm`` (its own engine in the judge actor, same model directory, window and
   reply cap). Both score six judge metrics (faithfulness, answer_relevancy,
   context_recall, answer_similarity, retrieval_precision, augmentation_accuracy) and four
-  expression metrics (response_length, context_length, contains_text, regex) in one job.
+  expression metrics (response_length, context_length, contains_text, regex) in one job;
+  ``--ragbatch-metrics ragas`` or ``tonic`` keeps only the three judge metrics that peer
+  scores.
 * ``ragas``: ``ragas.evaluate`` with Faithfulness, ResponseRelevancy and
   LLMContextRecall, an ``llm_factory`` client pointed at the server and the packaged
   all-MiniLM-L6-v2 for embeddings.
@@ -102,6 +104,9 @@ DETERMINISTIC = [
 ]
 JUDGE_METRICS = ["faithfulness", "answer_relevancy", "context_recall", "answer_similarity",
                  "retrieval_precision", "augmentation_accuracy"]
+#: ``--ragbatch-metrics`` names: every judge metric, or only those one peer scores, so
+#: that ragbatch can also be timed on exactly the judge work of that peer.
+METRIC_SETS = {"all": JUDGE_METRICS, "ragas": JUDGE_METRICS[:3], "tonic": JUDGE_METRICS[3:]}
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -251,7 +256,8 @@ def server_counters(base_url: str) -> dict[str, float]:
 
 def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namespace,
                     base_url: str, model_dir: Path | None) -> dict[str, Any]:
-    """The job: six judge metrics and four expression metrics; no judgment cache."""
+    """The job: the judge metrics of ``--ragbatch-metrics`` (default all six) and four
+    expression metrics; no judgment cache."""
     common = {"max_tokens": args.max_tokens, "temperature": 0.0, "parse_retries": 0,
               "concurrency": 1, "batch_size": args.batch_size}
     if kind == "openai":
@@ -263,15 +269,19 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
                  "num_gpus": args.num_gpus,
                  "engine_kwargs": {"enforce_eager": args.num_gpus == 0,
                                    "max_num_seqs": args.max_num_seqs}, **common}
-    metrics = [{"name": m, "engine": "judge"} for m in JUDGE_METRICS]
-    metrics[1]["params"] = {"embedder": "embedder"}
+    metrics = [{"name": m, "engine": "judge"} for m in METRIC_SETS[args.ragbatch_metrics]]
+    engines: dict[str, Any] = {"judge": judge}
+    for metric in metrics:
+        if metric["name"] == "answer_relevancy":
+            metric["params"] = {"embedder": "embedder"}
+            engines["embedder"] = {"kind": "sentence_transformers"}
     return {
         "run": {"name": f"vs-peers-{kind}"},
         "input": {"uri": str(rows_path), "columns": {"row_id": "row_id", "question": "question",
                                                        "contexts": "contexts", "answer": "answer",
                                                        "reference": "reference"}},
         "output": {"uri": str(out)},
-        "engines": {"judge": judge, "embedder": {"kind": "sentence_transformers"}},
+        "engines": engines,
         "metrics": metrics + DETERMINISTIC,
         "cache": {"enabled": False},
     }
@@ -281,9 +291,10 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
                  model_dir: Path | None, tag: str) -> dict[str, Any]:
     import yaml
 
-    out = WORK / "out" / f"{kind}_{n}"
+    name = f"{kind}_{n}" + ("" if args.ragbatch_metrics == "all" else f"_{args.ragbatch_metrics}")
+    out = WORK / "out" / name
     shutil.rmtree(out, ignore_errors=True)
-    config_path = WORK / f"job_{kind}_{n}.yaml"
+    config_path = WORK / f"job_{name}.yaml"
     config_path.write_text(yaml.safe_dump(ragbatch_config(kind, rows_path, out, args, base_url,
                                                           model_dir), sort_keys=False))
     command = [str(Path(sys.executable).with_name("ragbatch")), "run", str(config_path),
@@ -298,7 +309,7 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
-    (WORK / f"ragbatch_{kind}_{n}_{tag}.log").write_text(done.stdout + done.stderr)
+    (WORK / f"ragbatch_{name}_{tag}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"ragbatch run ({kind}) failed ({done.returncode})")
@@ -447,6 +458,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cut the ARES sample's documents to this many characters (0: whole; "
                         "default 1000)")
     p.add_argument("--batch-size", type=int, default=64, help="ragbatch rows per stage call")
+    p.add_argument("--ragbatch-metrics", choices=sorted(METRIC_SETS), default="all",
+                   help="ragbatch's judge metrics: all six (default), or only Ragas's "
+                        "(faithfulness, answer_relevancy, context_recall) or Tonic "
+                        "Validate's (answer_similarity, retrieval_precision, "
+                        "augmentation_accuracy); the four expression metrics always run")
     p.add_argument("--ragbatch-concurrency", type=int, default=32,
                    help="ragbatch-openai requests in flight (default 32)")
     p.add_argument("--ragas-workers", default="16,48",

@@ -5,16 +5,19 @@ One engine serves the whole module (starting one takes tens of seconds). It runs
 model compilation, which would take longer than all the tests). The random model's
 replies are nonsense; structured outputs still force them into the requested shape.
 
-vLLM runs as it does in production, its engine and worker in processes of their own. Its
-in-process mode (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) would start faster, but on CPU it
-scans every imported module for kernels to replace, and the Flask proxies that the S3
-test server (moto) leaves in this process make that scan raise ("Working outside of
+Here vLLM runs its engine and worker in processes of their own
+(``VLLM_ENABLE_V1_MULTIPROCESSING=1``), as it does on a GPU. The adapter's default on a
+machine without a GPU, the engine inside the calling process, runs in the Ray actors of
+``test_judge_e2e.py``; in this pytest process it would fail, because on CPU it scans
+every imported module for kernels to replace, and the Flask proxies that the S3 test
+server (moto) leaves in this process make that scan raise ("Working outside of
 application context").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -25,7 +28,7 @@ from ragbatch.config import VllmEngine
 from ragbatch.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
 
-from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id
+from ragbatch.engines.vllm import CPU_INSTALL, _cuda_available, load_vllm_engine, model_files_id
 
 WINDOW = 512
 
@@ -62,6 +65,7 @@ def _json(max_tokens: int = 200) -> OutputSpec:
 def engine(tiny_judge_model):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_NO_USAGE_STATS", "1")
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # see the module docstring
         loaded = load_vllm_engine(_spec(tiny_judge_model))
         try:
             yield loaded
@@ -239,3 +243,22 @@ def test_missing_vllm_names_the_pip_command(tiny_judge_model, monkeypatch):
         load_vllm_engine(_spec(tiny_judge_model))
     assert CPU_INSTALL in str(info.value)
     assert "pip install 'ragbatch[judge-cpu]'" == CPU_INSTALL
+
+
+@pytest.mark.skipif(_cuda_available(), reason="the in-process default applies without a GPU")
+@pytest.mark.parametrize("preset, tensor_parallel, expected", [
+    (None, 1, "0"),   # unset: the engine runs in this process
+    ("1", 1, "1"),    # the user's setting wins
+    (None, 2, None),  # several workers: vLLM's own default
+])
+def test_cpu_engine_runs_in_process_unless_set(tiny_judge_model, monkeypatch, preset,
+                                               tensor_parallel, expected):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # stop right after the defaults are set
+    if preset is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
+    with pytest.raises(EngineError, match="not installed"):
+        load_vllm_engine(_spec(tiny_judge_model, tensor_parallel_size=tensor_parallel,
+                               num_gpus=tensor_parallel if tensor_parallel > 1 else 0))
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected

@@ -42,6 +42,19 @@ that variable nor ``engine_kwargs["kv_cache_memory_bytes"]`` is set,
 (1 GiB, plenty for a judge of a few billion parameters at a few thousand tokens of
 context); set it yourself for more.
 
+On such a machine :func:`load_vllm_engine` also runs the engine in the calling process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless that variable is set or
+``tensor_parallel_size`` > 1). vLLM's default puts the engine core and its worker in
+processes of their own that hand each step over shared memory; on a CPU those processes
+compete with the caller for the same few cores. On the 2-core machine of
+``BENCHMARKS.md`` (tiny model, 1,024 JSON-schema requests of 630 prompt tokens) the
+in-process engine answered 179-189 requests/s against 101-109 with the separate
+processes. With a GPU the separate engine process stays (it overlaps the CPU-side work
+with the GPU's). Set ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate
+processes on a CPU, for example in a process where vLLM's in-process start fails (its
+CPU build inspects every imported module, which raises on some proxy objects such as
+Flask's request globals).
+
 vLLM starts worker processes with the ``spawn`` method: a script that loads this engine
 must guard its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and
 the ``ragbatch`` command already do).
@@ -70,6 +83,10 @@ GPU_INSTALL = "pip install 'ragbatch[gpu]'"
 
 #: KV-cache size (GiB) set on machines without a GPU when none is configured.
 DEFAULT_CPU_KVCACHE_GIB = "1"
+
+#: ``VLLM_ENABLE_V1_MULTIPROCESSING`` set on machines without a GPU when unset: the engine
+#: runs in the calling process (see the module docstring).
+DEFAULT_CPU_MULTIPROCESSING = "0"
 
 #: Structured-output settings the engine starts with unless ``engine_kwargs`` names its own.
 DEFAULT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -459,7 +476,9 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     Takes tens of seconds (vLLM starts its engine process, loads the weights and, unless
     ``engine_kwargs`` sets ``enforce_eager: true``, compiles the model). On a machine
     without a GPU this sets ``VLLM_CPU_KVCACHE_SPACE=1`` in ``os.environ`` unless it or
-    ``engine_kwargs["kv_cache_memory_bytes"]`` is set (see the module docstring).
+    ``engine_kwargs["kv_cache_memory_bytes"]`` is set, and
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine in this process) unless that is set
+    or ``tensor_parallel_size`` > 1 (see the module docstring).
     """
     local = _local_path(spec.model)
     if local is not None and not local.is_dir():
@@ -468,6 +487,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     cuda = _cuda_available()
     if not cuda and "kv_cache_memory_bytes" not in spec.engine_kwargs:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+    if not cuda and spec.tensor_parallel_size == 1:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", DEFAULT_CPU_MULTIPROCESSING)
     install = GPU_INSTALL if cuda else CPU_INSTALL
     try:
         import vllm
