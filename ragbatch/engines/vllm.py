@@ -45,15 +45,16 @@ context); set it yourself for more.
 On such a machine :func:`load_vllm_engine` also runs the engine in the calling process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless that variable is set or
 ``tensor_parallel_size`` > 1). vLLM's default puts the engine core and its worker in
-processes of their own that hand each step over shared memory; on a CPU those processes
-compete with the caller for the same few cores. On the 2-core machine of
-``BENCHMARKS.md`` (tiny model, 1,024 JSON-schema requests of 630 prompt tokens) the
-in-process engine answered 179-189 requests/s against 101-109 with the separate
-processes. With a GPU the separate engine process stays (it overlaps the CPU-side work
-with the GPU's). Set ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate
-processes on a CPU, for example in a process where vLLM's in-process start fails (its
-CPU build inspects every imported module, which raises on some proxy objects such as
-Flask's request globals).
+processes of their own, each importing torch and vLLM again and handing every step over
+shared memory; on a CPU they compete with the caller for the same few cores. Measured on
+a 2-core machine with the tiny test model (``BENCHMARKS.md``, "The vLLM engine inside
+the judge actor"): the engine starts in about half the time, and with torch on both
+cores it answers 1.66 times as many requests per second (with one torch thread, as a
+``num_cpus: 1`` Ray actor has, about the same number). With a GPU the separate engine
+process stays (it overlaps the CPU-side work with the GPU's). Set
+``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate processes on a CPU, for
+example in a process where vLLM's in-process start fails (its CPU build inspects every
+imported module, which raises on some proxy objects such as Flask's request globals).
 
 vLLM starts worker processes with the ``spawn`` method: a script that loads this engine
 must guard its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and
