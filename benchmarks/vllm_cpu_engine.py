@@ -16,7 +16,9 @@ printed and written to ``--out`` as JSON.
     python benchmarks/vllm_cpu_engine.py --pairs 5 --threads 1
 
 ``--threads`` sets ``OMP_NUM_THREADS`` of the children (default: unset, torch's own
-choice, every core); a Ray actor with ``num_cpus: 1`` gets 1.
+choice, every core); a Ray actor with ``num_cpus: 1`` gets 1. ``--bind`` sets
+``VLLM_CPU_OMP_THREADS_BIND`` (default ``nobind``; vLLM's own default ``auto`` applies
+only to separate processes, where it pins the worker's threads).
 """
 
 from __future__ import annotations
@@ -44,11 +46,18 @@ SCHEMA = {"type": "object",
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=3, help="mirrored pairs of passes (default 3)")
-    p.add_argument("--requests", type=int, default=1024)
+    p.add_argument("--requests", type=int, default=1024,
+                   help="requests timed per pass (default 1024)")
     p.add_argument("--prompt-tokens", type=int, default=630,
-                   help="prompt length (default 630, the judge prompts of vs_peers.py)")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--max-num-seqs", type=int, default=32)
+                   help="prompt length in tokens (default 630, about the judge prompts of "
+                        "vs_peers.py)")
+    p.add_argument("--max-tokens", type=int, default=32,
+                   help="reply cap, in tokens (default 32)")
+    p.add_argument("--max-num-seqs", type=int, default=32,
+                   help="requests the engine runs at once (default 32)")
+    p.add_argument("--bind", default="nobind",
+                   help="VLLM_CPU_OMP_THREADS_BIND of the children (default nobind; vLLM's "
+                        "own default is auto, which pins the worker's threads to cores)")
     p.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the children")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--child", choices=sorted(MODES), help=argparse.SUPPRESS)
@@ -90,12 +99,14 @@ def child(args: argparse.Namespace) -> None:
         "mode": args.child, "start_s": start_s, "seconds": seconds, "requests": len(outputs),
         "requests_per_s": len(outputs) / seconds,
         "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        # of this (the calling) process; with separate processes the model runs in the
+        # worker, which inherits OMP_NUM_THREADS
         "torch_threads": torch.get_num_threads()}), flush=True)
 
 
 def run_pass(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING=MODES[mode],
-               VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=args.bind,
                VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -136,14 +147,20 @@ def main(argv: list[str] | None = None) -> dict:
     starts = {mode: statistics.median(p["start_s"] for p in passes if p["mode"] == mode)
               for mode in MODES}
     ratio = medians["in-process"] / medians["separate"]
+    # each mirrored pair's own ratio, which cancels drift of the machine between pairs
+    pair_ratios = []
+    for i in range(0, len(passes) - 1, 2):
+        rate = {p["mode"]: p["requests_per_s"] for p in passes[i:i + 2]}
+        pair_ratios.append(rate["in-process"] / rate["separate"])
     print(f"median requests/s: in-process {medians['in-process']:.1f}, separate "
-          f"{medians['separate']:.1f}; in-process / separate {ratio:.2f}; median engine "
+          f"{medians['separate']:.1f}; in-process / separate {ratio:.2f} (median of the "
+          f"pairs' ratios {statistics.median(pair_ratios):.2f}); median engine "
           f"start: in-process {starts['in-process']:.1f} s, separate "
           f"{starts['separate']:.1f} s", flush=True)
     results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                         if v is not None},
                "machine": machine(), "passes": passes, "median_requests_per_s": medians,
-               "median_start_s": starts,
+               "median_start_s": starts, "pair_ratios": pair_ratios,
                "in_process_over_separate": ratio}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -28,7 +28,7 @@ from ragbatch.config import VllmEngine
 from ragbatch.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
 
-from ragbatch.engines.vllm import CPU_INSTALL, _cuda_available, load_vllm_engine, model_files_id
+from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id
 
 WINDOW = 512
 
@@ -237,7 +237,8 @@ def test_directory_without_a_model_is_an_engine_error(engine, tmp_path):
         load_vllm_engine(_spec(tmp_path))
 
 
-def test_missing_vllm_names_the_pip_command(tiny_judge_model, monkeypatch):
+def test_missing_vllm_names_the_pip_command(tiny_judge_model, vllm_env):
+    monkeypatch = vllm_env
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
     with pytest.raises(EngineError) as info:
         load_vllm_engine(_spec(tiny_judge_model))
@@ -245,19 +246,31 @@ def test_missing_vllm_names_the_pip_command(tiny_judge_model, monkeypatch):
     assert "pip install 'ragbatch[judge-cpu]'" == CPU_INSTALL
 
 
-@pytest.mark.skipif(_cuda_available(), reason="the in-process default applies without a GPU")
-@pytest.mark.parametrize("preset, tensor_parallel, expected", [
-    (None, 1, "0"),   # unset: the engine runs in this process
-    ("1", 1, "1"),    # the user's setting wins
-    (None, 2, None),  # several workers: vLLM's own default
+@pytest.fixture
+def vllm_env(monkeypatch):
+    """``VLLM_ENABLE_V1_MULTIPROCESSING`` and ``VLLM_CPU_KVCACHE_SPACE`` as they were, after
+    the test, even where ``load_vllm_engine`` sets them (``monkeypatch.delenv`` records
+    nothing for a variable that is unset, hence the set first)."""
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("cuda, preset, tensor_parallel, expected", [
+    (False, None, 1, "0"),   # no GPU, unset: the engine runs in this process
+    (False, "1", 1, "1"),    # the user's setting wins
+    (False, None, 2, None),  # several workers: vLLM's own default
+    (True, None, 1, None),   # a GPU: vLLM's own default (engine processes of its own)
 ])
-def test_cpu_engine_runs_in_process_unless_set(tiny_judge_model, monkeypatch, preset,
-                                               tensor_parallel, expected):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # stop right after the defaults are set
-    if preset is None:
-        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
+def test_engine_runs_in_process_only_without_a_gpu(tiny_judge_model, vllm_env, cuda, preset,
+                                                   tensor_parallel, expected):
+    import ragbatch.engines.vllm as adapter
+
+    vllm_env.setattr(adapter, "_cuda_available", lambda: cuda)
+    vllm_env.setitem(sys.modules, "vllm", None)  # stop right after the defaults are set
+    if preset is not None:
+        vllm_env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
     with pytest.raises(EngineError, match="not installed"):
         load_vllm_engine(_spec(tiny_judge_model, tensor_parallel_size=tensor_parallel,
                                num_gpus=tensor_parallel if tensor_parallel > 1 else 0))

@@ -47,18 +47,27 @@ On such a machine :func:`load_vllm_engine` also runs the engine in the calling p
 ``tensor_parallel_size`` > 1). vLLM's default puts the engine core and its worker in
 processes of their own, each importing torch and vLLM again and handing every step over
 shared memory; on a CPU they compete with the caller for the same few cores. Measured on
-a 2-core machine with the tiny test model (``BENCHMARKS.md``, "The vLLM engine inside
-the judge actor"): the engine starts in about half the time, and with torch on both
-cores it answers 1.66 times as many requests per second (with one torch thread, as a
-``num_cpus: 1`` Ray actor has, about the same number). With a GPU the separate engine
-process stays (it overlaps the CPU-side work with the GPU's). Set
-``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate processes on a CPU, for
-example in a process where vLLM's in-process start fails (its CPU build inspects every
-imported module, which raises on some proxy objects such as Flask's request globals).
+a 2-core machine with the tiny test model and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
+(``BENCHMARKS.md``, "The vLLM engine inside the judge actor"): building the engine took
+3.1 s against 16.9 s; with torch on both cores it answered 1.66 to 1.78 times as many
+requests per second (1.34 times against vLLM's default thread binding, ``auto``), with
+one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many. With a GPU the separate engine process stays (it overlaps the CPU-side work
+with the GPU's). Set ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate
+processes on a CPU, for example in a process where vLLM's in-process start fails (its
+CPU build inspects every imported module, which raises on some proxy objects such as
+Flask's request globals).
 
-vLLM starts worker processes with the ``spawn`` method: a script that loads this engine
-must guard its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and
-the ``ragbatch`` command already do).
+In the calling process vLLM also changes that process: it reads its ``VLLM_*`` settings
+once (later changes to them in the process are ignored), and its CPU worker turns
+``torch.set_num_threads`` into a no-op that logs a warning, so the thread count the
+process started with (``OMP_NUM_THREADS``; Ray sets it from an actor's ``num_cpus``)
+stays. A dry run (``ragbatch run --dry-run``) on such a machine loads the engine in the
+driver's own process the same way.
+
+With separate processes (on a GPU, or with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) vLLM
+starts them with the ``spawn`` method: a script that loads this engine must then guard
+its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and the
+``ragbatch`` command already do).
 """
 
 from __future__ import annotations
@@ -474,7 +483,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
 
     Notes
     -----
-    Takes tens of seconds (vLLM starts its engine process, loads the weights and, unless
+    Takes seconds to minutes (vLLM starts its engine, in processes of its own on a GPU,
+    loads the weights and, unless
     ``engine_kwargs`` sets ``enforce_eager: true``, compiles the model). On a machine
     without a GPU this sets ``VLLM_CPU_KVCACHE_SPACE=1`` in ``os.environ`` unless it or
     ``engine_kwargs["kv_cache_memory_bytes"]`` is set, and
