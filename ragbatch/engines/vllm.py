@@ -51,11 +51,11 @@ a 2-core machine with the tiny test model and ``VLLM_CPU_OMP_THREADS_BIND=nobind
 (``BENCHMARKS.md``, "The vLLM engine inside the judge actor"): building the engine took
 3.1 s against 16.9 s; with torch on both cores it answered 1.66 to 1.78 times as many
 requests per second (1.34 times against vLLM's default thread binding, ``auto``), with
-one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many. With a GPU the separate engine process stays (it overlaps the CPU-side work
-with the GPU's). Set ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate
-processes on a CPU, for example in a process where vLLM's in-process start fails (its
-CPU build inspects every imported module, which raises on some proxy objects such as
-Flask's request globals).
+one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many. With a GPU the
+separate engine process stays (it overlaps the CPU-side work with the GPU's). Set
+``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate processes on a CPU, for
+example in a process where vLLM's in-process start fails (its CPU build inspects every
+imported module, which raises on some proxy objects such as Flask's request globals).
 
 In the calling process vLLM also changes that process: it reads its ``VLLM_*`` settings
 once (later changes to them in the process are ignored), and its CPU worker turns
