@@ -396,7 +396,10 @@ def _median(values: list[float]) -> float:
 
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+                            "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                            # settings that change how vLLM runs (e.g. in-process or not)
+                            "vllm_env": {k: v for k, v in sorted(os.environ.items())
+                                         if k.startswith("VLLM_") or k == "OMP_NUM_THREADS"}}
     try:
         model = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
         info["cpu"] = model.group(1) if model else None
