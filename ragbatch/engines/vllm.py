@@ -484,8 +484,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     Notes
     -----
     Takes seconds to minutes (vLLM starts its engine, in processes of its own on a GPU,
-    loads the weights and, unless
-    ``engine_kwargs`` sets ``enforce_eager: true``, compiles the model). On a machine
+    loads the weights and, unless ``engine_kwargs`` sets ``enforce_eager: true``,
+    compiles the model). On a machine
     without a GPU this sets ``VLLM_CPU_KVCACHE_SPACE=1`` in ``os.environ`` unless it or
     ``engine_kwargs["kv_cache_memory_bytes"]`` is set, and
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine in this process) unless that is set
