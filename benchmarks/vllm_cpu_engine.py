@@ -123,6 +123,9 @@ def run_pass(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    for name in ("pairs", "requests", "prompt_tokens", "max_tokens", "max_num_seqs"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
     if args.child:
         child(args)
         return {}
