@@ -72,6 +72,34 @@ def test_response_length_equals_python_len(answers, low, width):
     assert got == [float(low <= len(a) <= low + width) for a in answers]
 
 
+
+def _context_length_reference(contexts, low, high):
+    """(score, status, reason) of ``context_length`` from its definition, in plain Python."""
+    if contexts is None:
+        return None, "missing_input", "contexts is null"
+    if not contexts:
+        return None, "not_applicable", "contexts is an empty list"
+    if None in contexts:
+        return None, "missing_input", f"contexts[{contexts.index(None)}] is null"
+    bad = [f"#{i} ({len(c)} chars)" for i, c in enumerate(contexts) if not low <= len(c) <= high]
+    if not bad:
+        return 1.0, "ok", None
+    return 0.0, "ok", f"{', '.join(bad)} outside [{low}, {high}]"
+
+
+@SETTINGS
+@given(rows=st.lists(st.one_of(st.none(), st.lists(st.one_of(st.none(), _TEXT, _TEXT, _TEXT),
+                                                    max_size=5)),
+                     min_size=1, max_size=8),
+       low=st.integers(0, 6), width=st.integers(0, 6))
+def test_context_length_equals_python_len(rows, low, width):
+    # Repeat the rows so that every batch also holds exact duplicates.
+    rows = rows + rows[:2]
+    m = get_metric("context_length").from_params({"min_chars": low, "max_chars": low + width})
+    cells = run_metric(m, [{"contexts": c} for c in rows])
+    got = [(c["score"], c["status"], c["reason"]) for c in cells]
+    assert got == [_context_length_reference(c, low, low + width) for c in rows]
+
 # Patterns are assembled from pieces so that every construct the translator handles, and
 # several it must refuse, show up often.
 _ATOMS = st.sampled_from([

@@ -155,11 +155,14 @@ def frame_cells(
     batch's ``columns`` as a frame and materialises each intermediate once; it returns a
     frame of the same height with ``score`` (numeric or boolean), ``reason`` and
     ``details`` (String or null). Guards behave as in :func:`cell`: the values of rows
-    they settle are not used.
+    they settle are not used. Guard reasons must be row-wise expressions: they are
+    evaluated only on the rows a guard settles (usually none), so a costly reason (the
+    index of the first null item of a list) costs nothing on clean batches.
     """
     g_status, g_reason = guard_status(guards)
+    reason_inputs = [c for c in dict.fromkeys(g_reason.meta.root_names()) if c not in columns]
     packed = pl.struct(
-        g_status.alias("__status"), g_reason.alias("__reason"), *[pl.col(c) for c in columns]
+        g_status.alias("__status"), *[pl.col(c) for c in [*columns, *reason_inputs]]
     )
 
     def run(series: pl.Series) -> pl.Series:
@@ -167,11 +170,12 @@ def frame_cells(
         scored = score_frame(frame.select(columns))
         if scored.height != frame.height:
             raise RuntimeError(f"scoring returned {scored.height} cells for {frame.height} rows")
-        blocked = frame.get_column("__status").is_not_null()
+        status = frame.get_column("__status").cast(pl.String)
+        blocked = status.is_not_null()
         cells = pl.DataFrame({
             "blocked": blocked,
-            "g_status": frame.get_column("__status").cast(pl.String),
-            "g_reason": frame.get_column("__reason").cast(pl.String),
+            "g_status": status,
+            "g_reason": _settled_reasons(frame, blocked, g_reason),
             "s": scored.get_column("score"),
             "r": scored.get_column("reason").cast(pl.String),
             "d": scored.get_column("details").cast(pl.String),
@@ -185,6 +189,18 @@ def frame_cells(
         return cells.to_struct("cell").cast(CELL_DTYPE)
 
     return packed.map_batches(run, return_dtype=CELL_DTYPE)
+
+
+def _settled_reasons(frame: pl.DataFrame, blocked: pl.Series, reason: pl.Expr) -> pl.Series:
+    """``reason`` evaluated on the rows of ``frame`` where ``blocked`` holds, null on the
+    others (String, ``frame.height`` long)."""
+    out = pl.repeat(None, frame.height, dtype=pl.String, eager=True)
+    if not blocked.any():
+        return out
+    at = blocked.arg_true()
+    # with_columns, not select: a reason that is a literal still gets one value per row
+    values = frame.filter(blocked).with_columns(reason.cast(pl.String).alias("__reason"))
+    return out.scatter(at, values.get_column("__reason"))
 
 
 def python_cells(
