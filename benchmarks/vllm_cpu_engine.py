@@ -105,9 +105,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_pass(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING=MODES[mode],
-               VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=args.bind,
-               VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    from vs_peers import vllm_env
+
+    env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING=MODES[mode], VLLM_CPU_OMP_THREADS_BIND=args.bind)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     command = [sys.executable, __file__, "--child", mode, "--model-dir", str(model_dir),

@@ -49,7 +49,10 @@ a 512-prompt reply cache; repeats would be free for it and not for the others). 
 sample has no reference answer: the row's answer is used as the reference (for
 context_recall and answer_similarity; the figures are about time, not scores).
 
-It prints a table and writes ``--out`` (default ``benchmarks/_data/vs_peers.json``).
+It prints a table and writes ``--out`` (default ``benchmarks/_data/vs_peers.json``). The
+job configs, outputs and logs of each tool go to ``benchmarks/_data/vs_peers/``, named
+after ``--out``'s file name, the tool and the row count, so runs with different ``--out``
+keep theirs apart.
 """
 
 from __future__ import annotations
@@ -176,6 +179,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def vllm_env(**overrides: str) -> dict[str, str]:
+    """This process's environment plus the settings every vLLM process of the benchmark
+    runs with on a CPU: a 2 GiB KV cache, torch threads left unbound (``nobind``), no
+    usage report and no model hub. ``overrides`` set or replace variables."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(overrides)
+    return env
+
+
+def artifact(args: argparse.Namespace, name: str) -> Path:
+    """Where a tool's job config, output folder or log of this invocation goes:
+    ``WORK/<--out file stem>_<name>``."""
+    return WORK / f"{Path(args.out).stem}_{name}"
+
+
 def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     """Serve ``model_dir`` as :data:`SERVED_NAME` on a free loopback port; return the
     process (leader of its own process group) and the ``.../v1`` base URL."""
@@ -189,9 +208,7 @@ def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
                "--override-generation-config", json.dumps({"max_new_tokens": args.max_tokens})]
     if args.num_gpus == 0:
         command += ["--enforce-eager", "--distributed-executor-backend", "uni"]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
     WORK.mkdir(parents=True, exist_ok=True)
     log = open(WORK / "server.log", "wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -292,24 +309,22 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
     import yaml
 
     name = f"{kind}_{n}" + ("" if args.ragbatch_metrics == "all" else f"_{args.ragbatch_metrics}")
-    out = WORK / "out" / name
+    out = artifact(args, f"out_{name}")
     shutil.rmtree(out, ignore_errors=True)
-    config_path = WORK / f"job_{name}.yaml"
+    config_path = artifact(args, f"job_{name}.yaml")
     config_path.write_text(yaml.safe_dump(ragbatch_config(kind, rows_path, out, args, base_url,
                                                           model_dir), sort_keys=False))
     command = [str(Path(sys.executable).with_name("ragbatch")), "run", str(config_path),
                "--run-id", tag]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               JUDGE_API_KEY="unused",
-               # a local Ray node on a busy machine can take longer than the default 60 s
-               RAY_raylet_start_wait_time_s=os.environ.get("RAY_raylet_start_wait_time_s",
-                                                          "300"))
+    env = vllm_env(JUDGE_API_KEY="unused",
+                   # a local Ray node on a busy machine can take longer than the default 60 s
+                   RAY_raylet_start_wait_time_s=os.environ.get("RAY_raylet_start_wait_time_s",
+                                                              "300"))
     before = server_counters(base_url) if kind == "openai" else None
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
-    (WORK / f"ragbatch_{name}_{tag}.log").write_text(done.stdout + done.stderr)
+    artifact(args, f"ragbatch_{name}_{tag}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"ragbatch run ({kind}) failed ({done.returncode})")
@@ -363,7 +378,7 @@ def minilm_dir() -> str:
 def run_peer(tool: str, rows_path: Path, n: int, args: argparse.Namespace, base_url: str,
              workers: int) -> dict[str, Any]:
     python = ensure_peer_venv(tool)
-    result_path = WORK / f"{tool}_{n}_{workers}.json"
+    result_path = artifact(args, f"{tool}_{n}_{workers}.json")
     command = [str(python), str(Path(__file__).resolve()), "--peer-worker", tool,
                "--input", str(rows_path), "--base-url", base_url, "--model", args.model,
                "--workers", str(workers), "--max-tokens", str(args.max_tokens),
@@ -375,7 +390,7 @@ def run_peer(tool: str, rows_path: Path, n: int, args: argparse.Namespace, base_
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
-    (WORK / f"{tool}_{n}_{workers}.log").write_text(done.stdout + done.stderr)
+    artifact(args, f"{tool}_{n}_{workers}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"{tool} worker failed ({done.returncode})")
