@@ -99,6 +99,13 @@ def test_contains_text_case_mappings_beyond_one_to_one():
     assert run("σο") == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     # the needle is lowercased the same way: "ΟΔΟΣ" -> "οδος", with a final sigma
     assert run("ΟΔΟΣ") == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    # needles without i, U+0307, σ or ς, next to the special characters: "i̇stanbul"
+    # holds "stanbul", "οδος" holds "δο", "i̇ οδος 20 k" holds "ς 20 k" only with ς
+    assert run("STANBUL") == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert run("δο") == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert run(" 20 k") == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert run(["stanbul", "i"]) == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert run(["δο", "ς 20"]) == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def test_contains_text_case_classes():

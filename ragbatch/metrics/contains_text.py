@@ -100,11 +100,19 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
     answers holding a special character (a character with a longer lowercase, or a
     capital sigma, whose lowercase depends on its neighbours) are lowercased and searched
     as before. Both paths use Polars' own case mapping, so they agree on every answer.
+
+    A needle none of whose characters can come out of lowercasing a special character
+    (``_CaseTable.special_output``: ``i`` and the combining dot above from ``İ``, ``σ``
+    and ``ς`` from ``Σ``) cannot overlap what a special character turns into, so the
+    patterns alone are exact for it; when every needle is such, the answers are not
+    even scanned for special characters.
     """
     table = _case_table()
-    special = answer.str.contains(table.special_pattern)
     lowered = None
-    if special.any():
+    special = None
+    if any(table.touches_special(_lower(needle)) for needle in needles):
+        special = answer.str.contains(table.special_pattern)
+    if special is not None and special.any():
         lowered = pl.select(
             pl.when(pl.lit(special)).then(pl.lit(answer)).otherwise(pl.lit("")).str.to_lowercase()
         ).to_series()
@@ -119,7 +127,7 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
             found.append(all_lowered.str.contains(low, literal=True))
             continue
         hits = answer.str.contains(table.pattern(low))
-        if lowered is not None:
+        if lowered is not None and table.touches_special(low):
             hits = pl.select(
                 pl.when(pl.lit(special))
                 .then(pl.lit(lowered.str.contains(low, literal=True)))
@@ -142,7 +150,8 @@ class _CaseTable:
 
     ``preimages[y]``: every character whose lowercase is the single character ``y``
     (other than ``y`` itself); ``special_pattern``: a regex matching any character whose
-    lowercase is not one character or depends on its context (final sigma).
+    lowercase is not one character or depends on its context (final sigma);
+    ``special_output``: every character those lowercases can hold.
     """
 
     def __init__(self) -> None:
@@ -161,6 +170,17 @@ class _CaseTable:
                 special.append(_atom(x))
         self.changed = set(pairs.get_column("x").to_list())
         self.special_pattern = "[" + "".join(special) + "]"
+        # every character a special character's lowercase can hold (Σ gives σ or ς)
+        self.special_output = {"\u03c3", "\u03c2"}
+        for x, y in pairs.iter_rows():
+            if len(y) != 1:
+                self.special_output.update(y)
+
+    def touches_special(self, lowered: str) -> bool:
+        """Whether ``lowered`` (a lowercased needle) holds a character that lowercasing a
+        special character can produce; only such needles need the special answers
+        lowercased."""
+        return not self.special_output.isdisjoint(lowered)
 
     def pattern(self, lowered: str) -> str:
         """A Rust regex matching, in an answer without special characters, exactly where
