@@ -721,16 +721,18 @@ def _fastest_stage(stages: list[tuple[dict, dict]]) -> tuple[dict, dict]:
 
 def _medians(stages: list[tuple[dict, dict]], tonics: list[tuple[dict, dict]], rows: int) -> dict:
     """Median wall seconds over the repetitions (stage with 6 and 8 metrics, Tonic's full
-    path) and the ratio of the medians, beside the best-of figures."""
+    path) and the ratio of the medians, beside the best-of figures. Tonic's seconds are
+    scaled to the stage's ``rows`` (they differ when ``--peer-rows`` is smaller)."""
     stage6 = statistics.median(f["stage"]["tonic6"]["wall_s"] for f, _ in stages)
     stage8 = statistics.median(f["stage"]["all8"]["wall_s"] for f, _ in stages)
-    tonic = statistics.median(t["total_s"] / t["rows"] for t, _ in tonics) * rows
+    tonic_all = [t["total_s"] / t["rows"] * rows for t, _ in tonics]
+    tonic = statistics.median(tonic_all)
     return {
         "repetitions": len(stages),
         "stage_tonic6_wall_s": stage6,
         "stage_all8_wall_s": stage8,
         "tonic_total_s": tonic,
-        "tonic_total_s_all": [t["total_s"] for t, _ in tonics],
+        "tonic_total_s_all": tonic_all,
         "stage_vs_tonic": tonic / stage6,
     }
 

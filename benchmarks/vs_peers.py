@@ -50,9 +50,9 @@ sample has no reference answer: the row's answer is used as the reference (for
 context_recall and answer_similarity; the figures are about time, not scores).
 
 It prints a table and writes ``--out`` (default ``benchmarks/_data/vs_peers.json``). The
-job configs, outputs and logs of each tool go to ``benchmarks/_data/vs_peers/``, named
-after ``--out``'s file name, the tool and the row count, so runs with different ``--out``
-keep theirs apart.
+job configs, outputs and logs of each tool, and the server's log, go to
+``benchmarks/_data/vs_peers/``, named after ``--out``'s file name (and the tool and the
+row count), so runs with different ``--out`` keep theirs apart.
 """
 
 from __future__ import annotations
@@ -210,14 +210,15 @@ def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
         command += ["--enforce-eager", "--distributed-executor-backend", "uni"]
     env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
     WORK.mkdir(parents=True, exist_ok=True)
-    log = open(WORK / "server.log", "wb")
+    log_path = artifact(args, "server.log")
+    log = open(log_path, "wb")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the vLLM server exited ({proc.returncode}); see {WORK / 'server.log'}")
+            raise SystemExit(f"the vLLM server exited ({proc.returncode}); see {log_path}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as reply:
                 if reply.status == 200:

@@ -72,7 +72,6 @@ def test_response_length_equals_python_len(answers, low, width):
     assert got == [float(low <= len(a) <= low + width) for a in answers]
 
 
-
 def _context_length_reference(contexts, low, high):
     """(score, status, reason) of ``context_length`` from its definition, in plain Python."""
     if contexts is None:
@@ -99,6 +98,7 @@ def test_context_length_equals_python_len(rows, low, width):
     cells = run_metric(m, [{"contexts": c} for c in rows])
     got = [(c["score"], c["status"], c["reason"]) for c in cells]
     assert got == [_context_length_reference(c, low, low + width) for c in rows]
+
 
 # Patterns are assembled from pieces so that every construct the translator handles, and
 # several it must refuse, show up often.

@@ -40,8 +40,9 @@ class ContainsText(ExpressionMetric):
     Follows Tonic Validate's ``ContainsTextMetric`` (Python ``needle in answer``;
     case-insensitive by default with both sides lowercased). The reason of a 0.0 lists
     the strings that are missing. Cost: one substring or case-pattern search per string;
-    case-insensitive, the rare answers holding a character whose lowercase is longer or
-    context-dependent (``İ``, ``Σ``) are also lowercased once.
+    case-insensitive, when a string holds ``i``, U+0307, ``σ`` or ``ς``, the rare answers
+    holding a character whose lowercase is longer or context-dependent (``İ``, ``Σ``) are
+    also lowercased once.
     """
 
     name = "contains_text"
@@ -108,9 +109,11 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
     even scanned for special characters.
     """
     table = _case_table()
+    lows = [_lower(needle) for needle in needles]
     lowered = None
     special = None
-    if any(table.touches_special(_lower(needle)) for needle in needles):
+    # long needles search every answer lowercased (below) and never need this
+    if any(table.touches_special(low) for low in lows if len(low) <= MAX_PATTERN_CHARS):
         special = answer.str.contains(table.special_pattern)
     if special is not None and special.any():
         lowered = pl.select(
@@ -118,8 +121,7 @@ def _found_ignoring_case(answer: pl.Series, needles: list[str]) -> list[pl.Serie
         ).to_series()
     found = []
     all_lowered = None  # every answer lowercased, made once for the long needles
-    for needle in needles:
-        low = _lower(needle)
+    for low in lows:
         if len(low) > MAX_PATTERN_CHARS:
             # a class per character: Rust's regex size limit is reached near 50,000
             if all_lowered is None:
