@@ -96,6 +96,26 @@ def test_json_reply_parses_and_follows_the_schema(engine):
         jsonschema.validate(json.loads(completion.text), VERDICT_SCHEMA)
 
 
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_bare_verdicts_fit_their_budget(engine, n):
+    """``reasons: false`` requests: under the grammar even a random model, spelling the
+    keys out byte by byte, ends a reply of exactly ``n`` verdicts within the budget."""
+    from ragbatch.judge.verdicts import verdicts_ask
+    from ragbatch.metrics.retrieval_precision import TASK
+
+    row = {"question": "Which contexts matter?", "answer": "Some.",
+           "contexts": [f"c{i} 文🚀" for i in range(n)]}
+    ask = verdicts_ask(row, TASK, n, reasons=False, max_tokens_per_verdict=128)
+    completions = engine.complete([EngineRequest(ask.messages, ask.output, seed=s)
+                                   for s in range(3)])
+    for completion in completions:
+        assert completion.status == "ok", completion.error
+        assert completion.finish_reason == "stop", completion.text
+        assert completion.completion_tokens <= ask.output.max_tokens
+        verdicts = ask.parse(completion.text)
+        assert len(verdicts) == n and set(verdicts) <= {0, 1}
+
+
 def test_prompt_tokens_are_those_of_the_chat_template(engine, tiny_judge_model):
     from transformers import AutoTokenizer
 

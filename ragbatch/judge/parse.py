@@ -89,26 +89,25 @@ def statements_schema() -> dict[str, Any]:
     }
 
 
-def verdicts_schema(n: int) -> dict[str, Any]:
-    """``{"verdicts": [{"reason": str, "verdict": 0 | 1}, ...]}`` with exactly ``n`` items."""
+def verdicts_schema(n: int, reasons: bool = True) -> dict[str, Any]:
+    """``{"verdicts": [{"reason": str, "verdict": 0 | 1}, ...]}`` with exactly ``n`` items,
+    or, with ``reasons=False``, ``{"verdicts": [0 | 1, ...]}`` (bare verdicts)."""
+    if reasons:
+        item: dict[str, Any] = {
+            "type": "object",
+            "properties": {
+                "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
+                "verdict": {"type": "integer", "enum": [0, 1]},
+            },
+            "required": ["reason", "verdict"],
+            "additionalProperties": False,
+        }
+    else:
+        item = {"type": "integer", "enum": [0, 1]}
     return {
         "type": "object",
-        "properties": {
-            "verdicts": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "reason": {"type": "string", "maxLength": REASON_MAX_CHARS},
-                        "verdict": {"type": "integer", "enum": [0, 1]},
-                    },
-                    "required": ["reason", "verdict"],
-                    "additionalProperties": False,
-                },
-                "minItems": n,
-                "maxItems": n,
-            }
-        },
+        "properties": {"verdicts": {"type": "array", "items": item, "minItems": n,
+                                    "maxItems": n}},
         "required": ["verdicts"],
         "additionalProperties": False,
     }
@@ -126,14 +125,15 @@ def parse_statements(text: str) -> list[str]:
     return [s.strip() for s in value["statements"] if s.strip()]
 
 
-def parse_verdicts(text: str, n: int) -> list[int]:
-    """The 0/1 verdicts of a :func:`verdicts_schema` reply, checked to be exactly ``n``.
+def parse_verdicts(text: str, n: int, reasons: bool = True) -> list[int]:
+    """The 0/1 verdicts of a :func:`verdicts_schema` reply (objects with a reason, or
+    bare 0/1 items with ``reasons=False``), checked to be exactly ``n``.
 
     Raises
     ------
     ParseError
-        Not JSON, a verdict other than 0 or 1, or a number of verdicts other than ``n``
-        (the message says "expected n verdicts, got m").
+        Not JSON, a verdict other than 0 or 1, items of the other shape, or a number of
+        verdicts other than ``n`` (the message says "expected n verdicts, got m").
     """
     try:
         value = json.loads(text, strict=False)
@@ -142,5 +142,5 @@ def parse_verdicts(text: str, n: int) -> list[int]:
     items = value.get("verdicts") if isinstance(value, dict) else None
     if isinstance(items, list) and len(items) != n:
         raise ParseError(f"expected {n} verdict{'s' if n != 1 else ''}, got {len(items)}")
-    value = parse_json(text, verdicts_schema(n))
-    return [int(item["verdict"]) for item in value["verdicts"]]
+    value = parse_json(text, verdicts_schema(n, reasons))
+    return [int(item["verdict"] if reasons else item) for item in value["verdicts"]]

@@ -7,13 +7,13 @@ from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
-    statements_schema, verdicts_schema,
+    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
@@ -51,7 +51,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 
 @register
-class AnswerConsistency(JudgeMetric):
+class AnswerConsistency(VerdictMetric):
     """Consistency of the answer with the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge lists the answer's main points, then gives a 0/1
@@ -127,6 +127,14 @@ class AnswerConsistency(JudgeMetric):
             score=None, status="parse_failure",
             note="two verdicts for one point, then a reply cut at max_tokens",
         ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                    ANSWER: "Apollo 11 landed on the Moon on 20 July 1969."},
+            replies=('{"statements": ["Apollo 11 landed on the Moon.", "It landed on 20 July 1969."]}',
+                     '{"verdicts": [1, 1]}'),
+            score=1.0, params={"reasons": False}, note="reasons: false, bare verdicts",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -149,12 +157,9 @@ class AnswerConsistency(JudgeMetric):
         if not points:
             return PyCell(None, NOT_APPLICABLE, "the answer has no main points")
         n = len(points)
-        task = DERIVABLE_TASK.format(points=numbered(points), n=n)
-        [verdicts] = yield [Ask(
-            build_messages(row, task),
-            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
-            lambda text: parse_verdicts(text, n), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(
+            row, DERIVABLE_TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS,
+            points=numbered(points))]
         derivable = sum(verdicts)
         reason = None
         if derivable < n:

@@ -6,10 +6,9 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
-from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
-from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.metric import JudgeExample, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
@@ -31,7 +30,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 
 @register
-class AugmentationAccuracy(JudgeMetric):
+class AugmentationAccuracy(VerdictMetric):
     """Share of the retrieved contexts whose information appears in the answer, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 verdict per context (referred to by
@@ -97,6 +96,13 @@ class AugmentationAccuracy(JudgeMetric):
             score=None, status="parse_failure",
             note="one verdict, then three, for two contexts",
         ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed on 20 July 1969.", "The Saturn V was a rocket."],
+                    ANSWER: "It landed on 20 July 1969."},
+            replies=('{"verdicts": [1, 0]}',), score=0.5, params={"reasons": False},
+            note="reasons: false, bare verdicts",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -108,11 +114,7 @@ class AugmentationAccuracy(JudgeMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [verdicts] = yield [Ask(
-            build_messages(row, TASK.format(n=n)),
-            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
-            lambda text: parse_verdicts(text, n), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS)]
         used = sum(verdicts)
         reason = None
         if used < n:

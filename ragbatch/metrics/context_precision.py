@@ -6,10 +6,9 @@ from typing import Any, ClassVar, Sequence
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
-from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
-from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.metric import JudgeExample, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
@@ -57,7 +56,7 @@ def average_precision(verdicts: Sequence[int]) -> float:
 
 
 @register
-class ContextPrecision(JudgeMetric):
+class ContextPrecision(VerdictMetric):
     """Rank-aware precision of the retrieved contexts, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 verdict per context (in retrieval
@@ -128,6 +127,13 @@ class ContextPrecision(JudgeMetric):
             score=None, status="parse_failure",
             note="no verdict, then two, for one context",
         ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["The Saturn V was a rocket.", "Apollo 11 landed on 20 July 1969."],
+                    ANSWER: "In 1969.", REFERENCE: "On 20 July 1969."},
+            replies=('{"verdicts": [0, 1]}',), score=0.5, params={"reasons": False},
+            note="reasons: false, bare verdicts; the useful context second: precision@2 = 1/2",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -139,12 +145,8 @@ class ContextPrecision(JudgeMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        task = TASK.format(reference=row[REFERENCE], n=n)
-        [verdicts] = yield [Ask(
-            build_messages(row, task),
-            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
-            lambda text: parse_verdicts(text, n), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(
+            row, TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS, reference=row[REFERENCE])]
         useful = sum(verdicts)
         reason = None
         if useful == 0:

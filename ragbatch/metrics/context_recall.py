@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 
-from ragbatch.columns import CONTEXTS, QUESTION, REFERENCE
+from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, parse_verdicts,
-    statements_schema, verdicts_schema,
+    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
@@ -55,7 +55,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 
 @register
-class ContextRecall(JudgeMetric):
+class ContextRecall(VerdictMetric):
     """Recall of the reference answer by the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge splits the reference answer into statements, then
@@ -127,6 +127,14 @@ class ContextRecall(JudgeMetric):
             score=None, status="parse_failure",
             note="prose, then two verdicts for one statement",
         ),
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?",
+                    CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
+                    ANSWER: "Shakespeare.", REFERENCE: "William Shakespeare wrote Hamlet."},
+            replies=('{"statements": ["William Shakespeare wrote Hamlet."]}',
+                     '{"verdicts": [1]}'),
+            score=1.0, params={"reasons": False}, note="reasons: false, bare verdicts",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -150,12 +158,9 @@ class ContextRecall(JudgeMetric):
         if not statements:
             return PyCell(None, NOT_APPLICABLE, "the reference makes no statements")
         n = len(statements)
-        task = ATTRIBUTION_TASK.format(reference=reference, statements=numbered(statements), n=n)
-        [verdicts] = yield [Ask(
-            build_messages(row, task),
-            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
-            lambda text: parse_verdicts(text, n), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(
+            row, ATTRIBUTION_TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS,
+            reference=reference, statements=numbered(statements))]
         attributable = sum(verdicts)
         reason = None
         if attributable < n:

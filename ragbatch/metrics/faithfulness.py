@@ -7,13 +7,13 @@ from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS, parse_statements, parse_verdicts,
-    statements_schema, verdicts_schema,
+    STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS, parse_statements, statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
@@ -41,7 +41,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 
 @register
-class Faithfulness(JudgeMetric):
+class Faithfulness(VerdictMetric):
     """Faithfulness of the answer to the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge splits the answer into standalone statements,
@@ -105,6 +105,15 @@ class Faithfulness(JudgeMetric):
             score=None, status="parse_failure",
             note="one verdict for two statements, twice (first try and the one retry)",
         ),
+        JudgeExample(
+            inputs={QUESTION: "Who wrote Hamlet?",
+                    CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
+                    ANSWER: "Shakespeare wrote Hamlet in 1600."},
+            replies=('{"statements": ["Shakespeare wrote Hamlet.", "Hamlet was written in 1600."]}',
+                     '{"verdicts": [1, 0]}'),
+            score=0.5, params={"reasons": False},
+            note="reasons: false, bare verdicts; the year is not in the context",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -126,13 +135,9 @@ class Faithfulness(JudgeMetric):
         )]
         if not statements:
             return PyCell(None, NOT_APPLICABLE, "the answer makes no statements")
-        task = VERDICTS_TASK.format(statements=numbered(statements), n=len(statements))
-        [verdicts] = yield [Ask(
-            build_messages(row, task),
-            OutputSpec.of_schema(verdicts_schema(len(statements)),
-                                 max_tokens=16 + VERDICT_MAX_TOKENS * len(statements)),
-            lambda text: parse_verdicts(text, len(statements)), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(
+            row, VERDICTS_TASK, len(statements), max_tokens_per_verdict=VERDICT_MAX_TOKENS,
+            statements=numbered(statements))]
         supported = sum(verdicts)
         reason = None
         if supported < len(statements):

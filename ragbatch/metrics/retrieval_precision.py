@@ -6,10 +6,9 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
-from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
-from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.metric import JudgeExample, Program
+from ragbatch.judge.parse import REASON_MAX_CHARS
+from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
@@ -31,7 +30,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 
 @register
-class RetrievalPrecision(JudgeMetric):
+class RetrievalPrecision(VerdictMetric):
     """Share of the retrieved contexts that are relevant to the question, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 relevance verdict per context (by its
@@ -99,6 +98,22 @@ class RetrievalPrecision(JudgeMetric):
             score=None, status="parse_failure",
             note="one verdict for two contexts, then a reply cut at max_tokens",
         ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed on 20 July 1969.", "Home | About | Contact",
+                               "The Saturn V was a rocket."],
+                    ANSWER: "On 20 July 1969."},
+            replies=('{"verdicts": [1, 0, 0]}',), score=1 / 3, params={"reasons": False},
+            note="reasons: false, bare verdicts",
+        ),
+        JudgeExample(
+            inputs={QUESTION: "When did Apollo 11 land?",
+                    CONTEXTS: ["Apollo 11 landed on 20 July 1969."], ANSWER: "In 1969."},
+            replies=('{"verdicts": [{"reason": "Gives the date.", "verdict": 1}]}',
+                     '{"verdicts": ["1"]}'),
+            score=None, status="parse_failure", params={"reasons": False},
+            note="reasons: false: a verdict with a reason, then a string, are the wrong shape",
+        ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
@@ -110,11 +125,7 @@ class RetrievalPrecision(JudgeMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [verdicts] = yield [Ask(
-            build_messages(row, TASK.format(n=n)),
-            OutputSpec.of_schema(verdicts_schema(n), max_tokens=VERDICT_MAX_TOKENS * n + 16),
-            lambda text: parse_verdicts(text, n), step="verdicts",
-        )]
+        [verdicts] = yield [self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS)]
         relevant = sum(verdicts)
         reason = None
         if relevant < n:

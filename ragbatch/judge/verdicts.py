@@ -1,0 +1,138 @@
+"""The verdict step shared by the judge metrics that give one 0/1 verdict per item
+(statement, context or point), with or without a reason per verdict.
+
+By default every verdict carries a one-sentence reason written before it, as Ragas asks
+for (the reason is the judge's reasoning; only the verdicts are scored and kept in
+``details``, the raw reply keeps the reasons). ``reasons: false`` in a metric's params
+asks for the bare verdicts, ``{"verdicts": [1, 0, ...]}``, as Tonic Validate asks for a
+bare true/false: a reply of a few tokens per item instead of a sentence, so a large run
+decodes several times fewer tokens. Whether the judge agrees with people as well
+without the reasons depends on the judge; ``ragbatch calibrate`` measures it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from pydantic import Field
+
+from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.parse import parse_verdicts, verdicts_schema
+from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.metrics.base import StrictParams
+
+#: ``max_tokens`` per bare verdict: the digit, a comma and a space are a token or two
+#: each in common tokenizers; the rest is slack.
+BARE_VERDICT_MAX_TOKENS = 4
+#: ``max_tokens`` for the reply's keys and brackets.
+REPLY_OVERHEAD_TOKENS = 16
+
+#: The two parts of a verdict task template that ask for reasons, and what replaces them
+#: (templates are ``str.format`` strings, so the JSON's braces are doubled).
+_REASON_SENTENCE = re.compile(r",\s+each\s+with\s+a\s+one-sentence\s+reason\.")
+_REASON_FORMAT = '{{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}}'
+_BARE_FORMAT = '{{"verdicts": [0 or 1, ...]}}'
+
+
+class VerdictParams(StrictParams):
+    """Params of the metrics that judge item by item with 0/1 verdicts."""
+
+    reasons: bool = Field(True, description=(
+        "ask for a one-sentence reason before each verdict (true, the default), or for "
+        "the bare 0/1 verdicts (false: far fewer reply tokens; check the judge's "
+        "agreement with `ragbatch calibrate`)"))
+
+
+class VerdictMetric(JudgeMetric):
+    """A judge metric whose (last) step asks for one 0/1 verdict per item; takes
+    :class:`VerdictParams` and builds that step with :meth:`verdicts_ask`."""
+
+    Params = VerdictParams
+
+    @property
+    def reasons(self) -> bool:
+        """The ``reasons`` param."""
+        return bool(getattr(self.params, "reasons", True))
+
+    def cache_identity(self) -> dict[str, Any]:
+        """As :meth:`JudgeMetric.cache_identity`, leaving ``reasons`` out while it is
+        the default, so that judgments cached before the param existed (made with the
+        same prompts) still match."""
+        identity = super().cache_identity()
+        if self.reasons:
+            identity["params"] = {k: v for k, v in identity["params"].items()
+                                  if k != "reasons"}
+        return identity
+
+    def verdicts_ask(self, row: dict[str, Any], template: str, n: int, *,
+                     max_tokens_per_verdict: int, step: str = "verdicts",
+                     **fields: str) -> Ask:
+        """:func:`verdicts_ask` with this metric's ``reasons``."""
+        return verdicts_ask(row, template, n, reasons=self.reasons,
+                            max_tokens_per_verdict=max_tokens_per_verdict, step=step,
+                            **fields)
+
+
+@functools.lru_cache(maxsize=64)
+def bare_verdicts_template(template: str) -> str:
+    """A verdict task template of this package rewritten to ask for bare verdicts: its
+    ``, each with a one-sentence reason.`` clause becomes ``.`` and its reply format
+    ``{"verdicts": [0 or 1, ...]}``. The template is rewritten before any row's text is
+    put in, so nothing a row holds can be taken for these parts.
+
+    Raises
+    ------
+    ValueError
+        ``template`` does not hold each of the two parts exactly once (a task whose
+        wording changed must be updated here too).
+    """
+    text, sentences = _REASON_SENTENCE.subn(".", template)
+    formats = text.count(_REASON_FORMAT)
+    if sentences != 1 or formats != 1:
+        raise ValueError(f"a verdict task must ask for reasons once in words and once in "
+                         f"its reply format; found {sentences} and {formats}")
+    return text.replace(_REASON_FORMAT, _BARE_FORMAT)
+
+
+def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
+                 max_tokens_per_verdict: int, step: str = "verdicts", **fields: str) -> Ask:
+    """The judge request for ``n`` verdicts on ``row``.
+
+    Parameters
+    ----------
+    row : dict
+        The canonical values of the row (for the shared prompt block).
+    template : str
+        The metric's verdict task, a ``str.format`` template written with reasons;
+        rewritten by :func:`bare_verdicts_template` when ``reasons`` is false, then
+        filled with ``n`` and ``fields``.
+    n : int
+        Verdicts asked for (1 or more).
+    reasons : bool
+        Reasons before the verdicts (the metric's ``reasons`` param).
+    max_tokens_per_verdict : int
+        The metric's reply budget per verdict with a reason; bare verdicts get
+        :data:`BARE_VERDICT_MAX_TOKENS` each.
+    step : str
+        The step's name (in the judge bookkeeping).
+    **fields : str
+        The template's other fields (``statements``, ``reference``...).
+
+    Returns
+    -------
+    Ask
+        Structured output :func:`~ragbatch.judge.parse.verdicts_schema` ``(n, reasons)``,
+        ``max_tokens`` :data:`REPLY_OVERHEAD_TOKENS` plus ``n`` times the per-verdict
+        budget; the parsed result is the list of ``n`` verdicts (int 0 or 1).
+    """
+    task = (template if reasons else bare_verdicts_template(template)).format(n=n, **fields)
+    per_item = max_tokens_per_verdict if reasons else BARE_VERDICT_MAX_TOKENS
+    return Ask(
+        build_messages(row, task),
+        OutputSpec.of_schema(verdicts_schema(n, reasons),
+                             max_tokens=REPLY_OVERHEAD_TOKENS + per_item * n),
+        lambda text: parse_verdicts(text, n, reasons), step=step,
+    )

@@ -1,0 +1,157 @@
+"""The verdict step with and without reasons (``ragbatch.judge.verdicts``): the prompt
+rewrite, the reply schema and parser, the params, and the cache identity. The worked
+examples with ``reasons: false`` of each metric run in ``test_judge_metrics.py``; a real
+vLLM answers bare-verdict requests in ``test_engine_vllm.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragbatch.errors import ConfigError
+from ragbatch.judge.parse import parse_verdicts, verdicts_schema
+from ragbatch.judge.protocol import ParseError
+from ragbatch.judge.verdicts import (
+    BARE_VERDICT_MAX_TOKENS, REPLY_OVERHEAD_TOKENS, VerdictMetric, bare_verdicts_template,
+    verdicts_ask,
+)
+from ragbatch.metrics import retrieval_precision
+from ragbatch.registry import all_metrics
+
+VERDICT_METRICS = sorted((cls for cls in all_metrics() if issubclass(cls, VerdictMetric)),
+                         key=lambda cls: cls.name)
+ROW = {"row_id": "r1", "question": "When did Apollo 11 land?",
+       "contexts": ["Apollo 11 landed on 20 July 1969.", "月面着陸 🚀", "Cafe\u0301"],
+       "answer": "On 20 July 1969.", "reference": "20 July 1969."}
+
+
+def test_the_verdict_metrics():
+    assert [cls.name for cls in VERDICT_METRICS] == [
+        "answer_consistency", "augmentation_accuracy", "context_precision", "context_recall",
+        "faithfulness", "retrieval_precision"]
+
+
+def test_bare_template_of_retrieval_precision_word_for_word():
+    # Written out by hand from retrieval_precision.TASK: the reason clause and the
+    # reply format change, nothing else.
+    expected = """\
+For each retrieved context above, from [1] to [{n}], decide whether it is relevant to the
+question. Verdict 1: the context holds information that helps answer the question.
+Verdict 0: it does not (another subject, navigation or markup, text only loosely
+related). Judge the contexts against the question only; ignore the answer. Give one
+verdict per context, in the order of their numbers.
+
+Reply with JSON: {{"verdicts": [0 or 1, ...]}} with exactly
+{n} items, the first for context [1]."""
+    assert bare_verdicts_template(retrieval_precision.TASK) == expected
+
+
+@pytest.mark.parametrize("cls", VERDICT_METRICS, ids=lambda cls: cls.name)
+def test_every_bare_task_asks_for_bare_verdicts_only(cls):
+    """Run the metric's worked examples with reasons off: every verdict prompt asks for
+    ``[0 or 1, ...]`` and never for a reason; the other steps are the same as with
+    reasons on."""
+    from ragbatch.judge.recorded import run_example
+
+    examples = [ex for ex in cls.judge_examples if ex.params == {"reasons": False}]
+    assert examples, f"{cls.name}: no worked example with reasons: false"
+    for example in examples:
+        _, _, engine = run_example(cls, example)
+        verdict_prompts = [r.messages[-1].content for r in engine.requests
+                           if '"verdicts"' in r.messages[-1].content]
+        assert verdict_prompts
+        for prompt in verdict_prompts:
+            task = prompt.split("## Task\n", 1)[1]
+            assert '{"verdicts": [0 or 1, ...]}' in task
+            assert "reason" not in task
+
+
+def test_row_text_that_looks_like_the_template_is_left_alone():
+    # A statement holding the very words that are rewritten: only the template's own
+    # occurrences change, so the statement reaches the judge as it is.
+    from ragbatch.metrics.faithfulness import VERDICTS_TASK
+
+    odd = ('Give one verdict, each with a one-sentence reason. Reply with JSON: '
+           '{"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}')
+    ask = verdicts_ask(ROW, VERDICTS_TASK, 1, reasons=False, max_tokens_per_verdict=100,
+                       statements=f"[1] {odd}")
+    task = ask.messages[-1].content.split("## Task\n", 1)[1]
+    assert f"[1] {odd}" in task
+    assert task.count('{"verdicts": [0 or 1, ...]}') == 1
+
+
+def test_a_template_without_the_parts_is_refused():
+    with pytest.raises(ValueError, match="found 0 and 0"):
+        bare_verdicts_template("Give a verdict.\n\nReply with JSON: {{\"verdict\": 0}}")
+    twice = retrieval_precision.TASK + "\n" + retrieval_precision.TASK
+    with pytest.raises(ValueError, match="found 2 and 2"):
+        bare_verdicts_template(twice)
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_reply_budget(n):
+    bare = verdicts_ask(ROW, retrieval_precision.TASK, n, reasons=False,
+                        max_tokens_per_verdict=128)
+    reasoned = verdicts_ask(ROW, retrieval_precision.TASK, n, reasons=True,
+                            max_tokens_per_verdict=128)
+    assert bare.output.max_tokens == 16 + 4 * n == REPLY_OVERHEAD_TOKENS + BARE_VERDICT_MAX_TOKENS * n
+    assert reasoned.output.max_tokens == 16 + 128 * n
+    assert bare.output.schema == verdicts_schema(n, reasons=False)
+    assert reasoned.output.schema == verdicts_schema(n)
+
+
+@pytest.mark.parametrize(("text", "n", "expected"), [
+    ('{"verdicts": [1, 0, 1]}', 3, [1, 0, 1]),
+    ('{"verdicts":[0]}', 1, [0]),
+    ('{"verdicts": [1, 1]}', 2, [1, 1]),
+])
+def test_parse_bare_verdicts(text, n, expected):
+    assert parse_verdicts(text, n, reasons=False) == expected
+
+
+@pytest.mark.parametrize(("text", "n", "message"), [
+    ('{"verdicts": [1, 0]}', 3, "expected 3 verdicts, got 2"),
+    ('{"verdicts": [2]}', 1, "is not one of"),
+    ('{"verdicts": ["1"]}', 1, "not of type 'integer'"),
+    ('{"verdicts": [true]}', 1, "not of type 'integer'"),
+    ('{"verdicts": [{"reason": "x", "verdict": 1}]}', 1, "not of type 'integer'"),
+    ('{"verdicts": [1], "reason": "x"}', 1, "Additional properties"),
+    ('{"verdicts": [1', 1, "not JSON"),
+])
+def test_bad_bare_replies_are_parse_errors(text, n, message):
+    with pytest.raises(ParseError, match=message):
+        parse_verdicts(text, n, reasons=False)
+
+
+def test_reasoned_replies_still_parse_and_bare_ones_do_not():
+    assert parse_verdicts('{"verdicts": [{"reason": "só 🚀", "verdict": 1}]}', 1) == [1]
+    with pytest.raises(ParseError):
+        parse_verdicts('{"verdicts": [1]}', 1)
+
+
+@pytest.mark.parametrize("cls", VERDICT_METRICS, ids=lambda cls: cls.name)
+def test_params_and_cache_identity(cls):
+    default = cls.from_params({})
+    assert default.reasons is True
+    assert default.cache_identity()["params"] == {}  # as before the param existed
+    assert default.manifest_info()["params"] == {"reasons": True}
+    bare = cls.from_params({"reasons": False})
+    assert bare.reasons is False
+    assert bare.cache_identity()["params"] == {"reasons": False}
+    assert bare.cache_identity() != default.cache_identity()
+    assert cls.describe()["params"]["reasons"]["default"] is True
+
+
+def test_bad_reasons_param_names_the_param():
+    with pytest.raises(ConfigError, match=r"metrics\[2\]\.params\.reasons"):
+        retrieval_precision.RetrievalPrecision.from_params(
+            {"reasons": "sometimes"}, where="metrics[2].params")
+    with pytest.raises(ConfigError, match="known: reasons"):
+        retrieval_precision.RetrievalPrecision.from_params({"reason": False})
+
+
+def test_bare_schema_is_compact_json():
+    schema = verdicts_schema(2, reasons=False)
+    assert schema["properties"]["verdicts"]["items"] == {"type": "integer", "enum": [0, 1]}
+    assert json.loads(json.dumps(schema)) == schema
