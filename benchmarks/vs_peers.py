@@ -17,7 +17,8 @@ The tools:
   context_recall, answer_similarity, retrieval_precision, augmentation_accuracy) and four
   expression metrics (response_length, context_length, contains_text, regex) in one job;
   ``--ragbatch-metrics ragas`` or ``tonic`` keeps only the three judge metrics that peer
-  scores.
+  scores; ``--ragbatch-reasons off`` sets ``reasons: false`` on the verdict metrics
+  (bare 0/1 verdicts, no reason per verdict).
 * ``ragas``: ``ragas.evaluate`` with Faithfulness, ResponseRelevancy and
   LLMContextRecall, an ``llm_factory`` client pointed at the server and the packaged
   all-MiniLM-L6-v2 for embeddings.
@@ -48,6 +49,8 @@ prefixed with ``[row i]`` so that no two rows send the same prompt (Tonic Valida
 a 512-prompt reply cache; repeats would be free for it and not for the others). The ARES
 sample has no reference answer: the row's answer is used as the reference (for
 context_recall and answer_similarity; the figures are about time, not scores).
+``--contexts-per-row K`` gives each row K contexts: its own, then K-1 distractors (the
+next sample rows' documents, or windows of randomly drawn documents).
 
 It prints a table and writes ``--out`` (default ``benchmarks/_data/vs_peers.json``). The
 job configs, outputs and logs of each tool, and the server's log, go to
@@ -110,6 +113,9 @@ JUDGE_METRICS = ["faithfulness", "answer_relevancy", "context_recall", "answer_s
 #: ``--ragbatch-metrics`` names: every judge metric, or only those one peer scores, so
 #: that ragbatch can also be timed on exactly the judge work of that peer.
 METRIC_SETS = {"all": JUDGE_METRICS, "ragas": JUDGE_METRICS[:3], "tonic": JUDGE_METRICS[3:]}
+#: The judge metrics above that take the ``reasons`` param (verdicts with a reason each).
+VERDICT_METRICS = {"faithfulness", "context_recall", "retrieval_precision",
+                   "augmentation_accuracy"}
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -122,39 +128,57 @@ def _ares() -> list[dict[str, str]]:
     return frame.select(question="Question", document="Document", answer="Answer").to_dicts()
 
 
-def build_rows(n: int, context_chars: int, sample_context_chars: int, seed: int = SEED):
-    """``n`` rows (pyarrow table: row_id, question, contexts (list of one string), answer,
-    reference). ``n <= 200``: the first ``n`` ARES rows, documents cut to
-    ``sample_context_chars`` (0: whole). Above 200: synthetic rows as described in the
-    module docstring, deterministic for a given ``seed``."""
+def build_rows(n: int, context_chars: int, sample_context_chars: int, seed: int = SEED,
+               contexts_per_row: int = 1):
+    """``n`` rows (pyarrow table: row_id, question, contexts (list of ``contexts_per_row``
+    strings), answer, reference). ``n <= 200``: the first ``n`` ARES rows, documents cut
+    to ``sample_context_chars`` (0: whole). Above 200: synthetic rows as described in the
+    module docstring, deterministic for a given ``seed``. With ``contexts_per_row`` K
+    above 1 the row's own context comes first and K-1 others follow: the documents of
+    the next K-1 sample rows (cut the same way), or, for synthetic rows, windows of
+    randomly drawn documents (distractors, as a retriever's lower hits)."""
     import pyarrow as pa
 
     base = _ares()
     rows = []
     if n <= len(base):
+        def cut(doc: str) -> str:
+            return doc[:sample_context_chars] if sample_context_chars else doc
+
         for i, r in enumerate(base[:n]):
-            doc = r["document"][:sample_context_chars] if sample_context_chars else r["document"]
-            rows.append({"row_id": f"ares-{i}", "question": r["question"], "contexts": [doc],
+            others = [cut(base[(i + k) % len(base)]["document"])
+                      for k in range(1, contexts_per_row)]
+            rows.append({"row_id": f"ares-{i}", "question": r["question"],
+                         "contexts": [cut(r["document"]), *others],
                          "answer": r["answer"], "reference": r["answer"]})
     else:
         rng = random.Random(seed)
+
+        def window(doc: str) -> str:
+            start = rng.randrange(max(1, len(doc) - context_chars))
+            return doc[start:start + context_chars]
+
         for i in range(n):
             r = base[rng.randrange(len(base))]
-            doc = r["document"]
-            start = rng.randrange(max(1, len(doc) - context_chars))
+            contexts = [window(r["document"])]
+            # drawn after the row's own window, so K=1 gives the rows it always gave
+            contexts += [window(base[rng.randrange(len(base))]["document"])
+                         for _ in range(1, contexts_per_row)]
             rows.append({"row_id": f"syn-{i}", "question": f"[row {i}] {r['question']}",
-                         "contexts": [doc[start:start + context_chars]],
-                         "answer": r["answer"], "reference": r["answer"]})
+                         "contexts": contexts, "answer": r["answer"], "reference": r["answer"]})
     return pa.Table.from_pylist(rows)
 
 
 def write_rows(n: int, args: argparse.Namespace) -> Path:
     import pyarrow.parquet as pq
 
-    path = WORK / f"rows_{n}_{args.context_chars}_{args.sample_context_chars}.parquet"
+    k = args.contexts_per_row
+    path = WORK / (f"rows_{n}_{args.context_chars}_{args.sample_context_chars}"
+                   + (f"_k{k}" if k > 1 else "") + ".parquet")
     if not path.is_file():
         WORK.mkdir(parents=True, exist_ok=True)
-        pq.write_table(build_rows(n, args.context_chars, args.sample_context_chars), path)
+        pq.write_table(build_rows(n, args.context_chars, args.sample_context_chars,
+                                  contexts_per_row=k), path)
     return path
 
 
@@ -202,10 +226,11 @@ def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", SERVED_NAME, "--max-model-len", str(args.max_model_len),
-               "--max-num-seqs", str(args.max_num_seqs),
                "--structured-outputs-config",
                json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
                "--override-generation-config", json.dumps({"max_new_tokens": args.max_tokens})]
+    if args.max_num_seqs is not None:
+        command += ["--max-num-seqs", str(args.max_num_seqs)]
     if args.num_gpus == 0:
         command += ["--enforce-eager", "--distributed-executor-backend", "uni"]
     env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
@@ -285,9 +310,14 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
     else:
         judge = {"kind": "vllm", "model": str(model_dir), "max_model_len": args.max_model_len,
                  "num_gpus": args.num_gpus,
-                 "engine_kwargs": {"enforce_eager": args.num_gpus == 0,
-                                   "max_num_seqs": args.max_num_seqs}, **common}
+                 "engine_kwargs": {"enforce_eager": args.num_gpus == 0}, **common}
+        if args.max_num_seqs is not None:
+            judge["engine_kwargs"]["max_num_seqs"] = args.max_num_seqs
     metrics = [{"name": m, "engine": "judge"} for m in METRIC_SETS[args.ragbatch_metrics]]
+    if args.ragbatch_reasons == "off":
+        for metric in metrics:
+            if metric["name"] in VERDICT_METRICS:
+                metric["params"] = {"reasons": False}
     engines: dict[str, Any] = {"judge": judge}
     for metric in metrics:
         if metric["name"] == "answer_relevancy":
@@ -309,7 +339,8 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
                  model_dir: Path | None, tag: str) -> dict[str, Any]:
     import yaml
 
-    name = f"{kind}_{n}" + ("" if args.ragbatch_metrics == "all" else f"_{args.ragbatch_metrics}")
+    name = (f"{kind}_{n}" + ("" if args.ragbatch_metrics == "all" else f"_{args.ragbatch_metrics}")
+            + ("_bare" if args.ragbatch_reasons == "off" else ""))
     out = artifact(args, f"out_{name}")
     shutil.rmtree(out, ignore_errors=True)
     config_path = artifact(args, f"job_{name}.yaml")
@@ -469,27 +500,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32,
                    help="reply cap for every tool (the server's and ragbatch's; default 32)")
     p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--max-num-seqs", type=int, default=32,
-                   help="sequences per engine step, server and ragbatch-vllm (default 32)")
+    p.add_argument("--max-num-seqs", type=int,
+                   help="sequences per engine step, server and ragbatch-vllm (default: 32 "
+                        "without GPUs; with --num-gpus, vLLM's own default for the GPU)")
     p.add_argument("--context-chars", type=int, default=300,
                    help="context length of the synthetic rows (default 300)")
     p.add_argument("--sample-context-chars", type=int, default=1000,
                    help="cut the ARES sample's documents to this many characters (0: whole; "
                         "default 1000)")
-    p.add_argument("--batch-size", type=int, default=64, help="ragbatch rows per stage call")
+    p.add_argument("--contexts-per-row", type=int, default=1,
+                   help="retrieved contexts per row (default 1): the row's own, then K-1 "
+                        "from other documents; Tonic Validate's retrieval_precision and "
+                        "augmentation_accuracy ask once per context, ragbatch's once per row")
+    p.add_argument("--batch-size", type=int,
+                   help="ragbatch rows per stage call (default 64; 256 with --num-gpus)")
     p.add_argument("--ragbatch-metrics", choices=sorted(METRIC_SETS), default="all",
                    help="ragbatch's judge metrics: all six (default), or only Ragas's "
                         "(faithfulness, answer_relevancy, context_recall) or Tonic "
                         "Validate's (answer_similarity, retrieval_precision, "
                         "augmentation_accuracy); the four expression metrics always run")
-    p.add_argument("--ragbatch-concurrency", type=int, default=32,
-                   help="ragbatch-openai requests in flight (default 32)")
-    p.add_argument("--ragas-workers", default="16,48",
+    p.add_argument("--ragbatch-reasons", choices=("on", "off"), default="on",
+                   help="on (default): ragbatch's verdict metrics write a reason per verdict; "
+                        "off: bare verdicts (their reasons: false param)")
+    p.add_argument("--ragbatch-concurrency", type=int,
+                   help="ragbatch-openai requests in flight (default 32; 256 with --num-gpus)")
+    p.add_argument("--ragas-workers",
                    help="Ragas RunConfig.max_workers; a comma list is tried on --tune-rows "
-                        "rows and the fastest kept (default 16,48)")
-    p.add_argument("--tonic-workers", default="16,64",
+                        "rows and the fastest kept (default 16,48; 16,64,256 with --num-gpus)")
+    p.add_argument("--tonic-workers",
                    help="Tonic Validate scoring parallelism; a comma list as for Ragas "
-                        "(default 16,64)")
+                        "(default 16,64; 16,64,256 with --num-gpus)")
     p.add_argument("--tune-rows", type=int, default=10,
                    help="rows (the ARES sample's first) for tuning the peers (default 10)")
     p.add_argument("--peer-rows", type=int, default=0,
@@ -501,7 +541,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--embedder-dir", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.contexts_per_row < 1:
+        p.error("--contexts-per-row must be 1 or more")
+    return with_device_defaults(args)
+
+
+#: Defaults that depend on the device, CPU (``--num-gpus 0``) / GPU: the CPU values
+#: keep the two cores' server and engine at the batch they run best at; on a GPU vLLM's
+#: own ``max_num_seqs`` default (256 to 1,024 by the GPU's memory) is left in place for
+#: the server and ragbatch's engine alike, and every client may keep more requests in
+#: flight (the peers' values are still tuned).
+DEVICE_DEFAULTS = {
+    "max_num_seqs": (32, None),
+    "batch_size": (64, 256),
+    "ragbatch_concurrency": (32, 256),
+    "ragas_workers": ("16,48", "16,64,256"),
+    "tonic_workers": ("16,64", "16,64,256"),
+}
+
+
+def with_device_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the options left unset with the :data:`DEVICE_DEFAULTS` values for ``--num-gpus``."""
+    gpu = args.num_gpus > 0
+    for name, (cpu_value, gpu_value) in DEVICE_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, gpu_value if gpu else cpu_value)
+    return args
 
 
 def tune(tool: str, choices: list[int], args, base_url: str, log: dict) -> int:

@@ -9,9 +9,12 @@ Two comparisons, one table:
 
 * **Judge stage vs raw vLLM**: ``benchmarks/judge_stage.py`` is run as a child process
   (its own ``vllm.LLM``, freed with the process before the similarity part starts) with
-  ``--model``, ``--num-gpus``, ``--rows``, ``--max-tokens`` and ``--repeats`` passed on;
-  its JSON (``<out dir>/gpu_judge.json``) gives the median wall time of the stage's
-  ``__call__`` and of raw ``LLM.generate`` on the same token prompts.
+  ``--model``, ``--num-gpus``, ``--rows``, ``--max-tokens`` and ``--repeats`` passed on,
+  once per value of ``--judge-batch-rows`` (rows per stage call, the engine's
+  ``batch_size``); its JSON (``<out dir>/gpu_judge_b<rows>.json``) gives the median wall
+  time of the stage's ``__call__`` and of raw ``LLM.generate`` on the same token prompts
+  in the same groups, and of one raw ``LLM.generate`` over all of them (what cutting the
+  rows into batches costs the engine).
 * **Similarity stage vs raw sentence-transformers**: synthetic (answer, reference) pairs
   from ``benchmarks/scale.py``'s generator (same seed, same text lengths as its
   similarity stage). The stage is ``udfs.similarity.ModelStage`` with
@@ -69,20 +72,23 @@ def _gpu_name() -> str | None:
         return None
 
 
-def judge_part(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    """Run ``benchmarks/judge_stage.py`` in a child process; its summary."""
-    out = out_dir / "gpu_judge.json"
+def judge_part(args: argparse.Namespace, out_dir: Path, batch_rows: int) -> dict[str, Any]:
+    """Run ``benchmarks/judge_stage.py`` in a child process with ``batch_rows`` rows per
+    stage call; its summary."""
+    out = out_dir / f"gpu_judge_b{batch_rows}.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "judge_stage.py"),
                "--num-gpus", str(args.num_gpus), "--rows", str(args.judge_rows),
                "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-               "--layout-rows", "0", "--out", str(out)]
+               "--batch-size", str(batch_rows), "--layout-rows", "0", "--out", str(out)]
     if args.judge_model:
         command += ["--model", args.judge_model]
     print("judge: " + " ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
     result = json.loads(out.read_text())
     summary = result["summary"]
-    return {"rows": result["rows"], "metrics": result["metrics"],
+    one_call = summary.get("raw_one_call") or {}
+    return {"rows": result["rows"], "metrics": result["metrics"], "batch_rows": batch_rows,
+            "raw_one_call_s": one_call.get("wall_s"),
             "model": result["engine_spec"]["model"],
             "stage_s": summary["stage"]["wall_s"], "raw_s": summary["raw"]["wall_s"],
             "stage_runs_s": [r["wall_s"] for r in result["stage_runs"]],
@@ -163,18 +169,23 @@ def similarity_part(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{'comparison':38s} {'rows':>7s} {'ragbatch s':>10s} {'raw s':>8s} "
+    lines = [f"{'comparison':42s} {'rows':>7s} {'ragbatch s':>10s} {'raw s':>8s} "
              f"{'ragbatch rows/s':>15s} {'raw rows/s':>10s} {'raw/ragbatch':>12s}"]
-    for key, label in (("judge", "judge stage vs raw vLLM"),
-                       ("similarity", "similarity stage vs sentence-transformers")):
-        part = results.get(key)
-        if not part:
-            continue
-        n = part["rows"]
-        lines.append(f"{label:38s} {n:7d} {part['stage_s']:10.2f} {part['raw_s']:8.2f} "
-                     f"{n / part['stage_s']:15.1f} {n / part['raw_s']:10.1f} "
-                     f"{part['ratio']:12.3f}")
+    def line(label: str, n: int, stage_s: float, raw_s: float) -> str:
+        return (f"{label:42s} {n:7d} {stage_s:10.2f} {raw_s:8.2f} {n / stage_s:15.1f} "
+                f"{n / raw_s:10.1f} {raw_s / stage_s:12.3f}")
+
+    for part in results.get("judge", []):
+        b, n = part["batch_rows"], part["rows"]
+        lines.append(line(f"judge stage ({b} rows/call) vs raw vLLM", n, part["stage_s"],
+                          part["raw_s"]))
+        if part.get("raw_one_call_s"):
+            lines.append(line("  same, vs one raw generate of all", n, part["stage_s"],
+                              part["raw_one_call_s"]))
     sim = results.get("similarity")
+    if sim:
+        lines.append(line("similarity stage vs sentence-transformers", sim["rows"],
+                          sim["stage_s"], sim["raw_s"]))
     if sim:
         lines.append(f"similarity scores, largest |ragbatch - raw|: {sim['max_abs_score_diff']:.2e}")
     return "\n".join(lines)
@@ -190,6 +201,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="GPUs for both stages (default: 1 if torch sees a GPU, else 0)")
     p.add_argument("--judge-rows", type=int, default=None,
                    help="ARES rows judged (default 2000 on a GPU, 24 on the CPU)")
+    p.add_argument("--judge-batch-rows", default=None,
+                   help="comma list of rows per judge stage call, one judge run each "
+                        "(default 64,256 on a GPU: the engines' default batch_size and a "
+                        "larger one; 64 on the CPU)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="judge max_tokens (default 512 on a GPU, 32 on the CPU)")
     p.add_argument("--sim-rows", type=int, default=None,
@@ -206,7 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.num_gpus is None:
         args.num_gpus = 1 if _gpu_count() else 0
     gpu = args.num_gpus > 0
-    defaults = {"judge_rows": (2000, 24), "max_tokens": (512, 32), "sim_rows": (100_000, 512),
+    defaults = {"judge_rows": (2000, 24), "judge_batch_rows": ("64,256", "64"),
+                "max_tokens": (512, 32), "sim_rows": (100_000, 512),
                 "sim_batch_rows": (1024, 64), "sim_batch_size": (256, 64)}
     for name, (on_gpu, on_cpu) in defaults.items():
         if getattr(args, name) is None:
@@ -223,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_at_start": os.getloadavg()[0],
     }
     if not args.skip_judge:
-        results["judge"] = judge_part(args, args.out_dir)
+        results["judge"] = [judge_part(args, args.out_dir, int(b))
+                            for b in str(args.judge_batch_rows).split(",") if b.strip()]
     if not args.skip_similarity:
         print("similarity: ModelStage vs SentenceTransformer.encode", flush=True)
         results["similarity"] = similarity_part(args)
