@@ -153,16 +153,18 @@ def build_rows(n: int, context_chars: int, sample_context_chars: int, seed: int 
                          "answer": r["answer"], "reference": r["answer"]})
     else:
         rng = random.Random(seed)
+        # distractors come from a generator of their own, so every K gives the same
+        # questions, answers and own contexts (and K=1 the rows it always gave)
+        other = random.Random(f"{seed}-distractors")
 
-        def window(doc: str) -> str:
-            start = rng.randrange(max(1, len(doc) - context_chars))
+        def window(doc: str, gen: random.Random) -> str:
+            start = gen.randrange(max(1, len(doc) - context_chars))
             return doc[start:start + context_chars]
 
         for i in range(n):
             r = base[rng.randrange(len(base))]
-            contexts = [window(r["document"])]
-            # drawn after the row's own window, so K=1 gives the rows it always gave
-            contexts += [window(base[rng.randrange(len(base))]["document"])
+            contexts = [window(r["document"], rng)]
+            contexts += [window(base[other.randrange(len(base))]["document"], other)
                          for _ in range(1, contexts_per_row)]
             rows.append({"row_id": f"syn-{i}", "question": f"[row {i}] {r['question']}",
                          "contexts": contexts, "answer": r["answer"], "reference": r["answer"]})
@@ -496,7 +498,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", type=Path,
                    help="model directory for the ragbatch-vllm engine (and the server when "
                         "no --base-url; default: the tiny test model)")
-    p.add_argument("--num-gpus", type=int, default=0)
+    p.add_argument("--num-gpus", type=int, default=0,
+                   help="GPUs for ragbatch's vLLM engine (default 0); above 0 also selects "
+                        "the GPU defaults of the options below, so pass it with --base-url "
+                        "of a GPU server too")
     p.add_argument("--max-tokens", type=int, default=32,
                    help="reply cap for every tool (the server's and ragbatch's; default 32)")
     p.add_argument("--max-model-len", type=int, default=8192)
@@ -610,6 +615,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"serving {model_dir} at {base_url}", flush=True)
     results: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v)
                                         for k, v in vars(args).items() if v is not None},
+                               "defaults_for": "gpu" if args.num_gpus > 0 else "cpu",
                                "machine": machine(), "base_url": base_url, "tuning": {},
                                "by_rows": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -110,8 +110,7 @@ def test_bare_verdicts_fit_their_budget(engine, n):
                                    for s in range(3)])
     for completion in completions:
         assert completion.status == "ok", completion.error
-        assert completion.finish_reason == "stop", completion.text
-        assert completion.completion_tokens <= ask.output.max_tokens
+        assert completion.finish_reason == "stop", completion.text  # not cut at the budget
         verdicts = ask.parse(completion.text)
         assert len(verdicts) == n and set(verdicts) <= {0, 1}
 

@@ -5,6 +5,7 @@ vLLM answers bare-verdict requests in ``test_engine_vllm.py``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from ragbatch.errors import ConfigError
 from ragbatch.judge.parse import parse_verdicts, verdicts_schema
 from ragbatch.judge.protocol import ParseError
+from ragbatch.judge.recorded import run_example
 from ragbatch.judge.verdicts import (
     BARE_VERDICT_MAX_TOKENS, REPLY_OVERHEAD_TOKENS, VerdictMetric, bare_verdicts_template,
     verdicts_ask,
@@ -24,6 +26,29 @@ VERDICT_METRICS = sorted((cls for cls in all_metrics() if issubclass(cls, Verdic
 ROW = {"row_id": "r1", "question": "When did Apollo 11 land?",
        "contexts": ["Apollo 11 landed on 20 July 1969.", "月面着陸 🚀", "Cafe\u0301"],
        "answer": "On 20 July 1969.", "reference": "20 July 1969."}
+#: Hand-written: the two reply schemas for two verdicts.
+REASONED_2 = {"type": "object", "required": ["verdicts"], "additionalProperties": False,
+              "properties": {"verdicts": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+                  "type": "object", "required": ["reason", "verdict"],
+                  "additionalProperties": False,
+                  "properties": {"reason": {"type": "string", "maxLength": 300},
+                                 "verdict": {"type": "integer", "enum": [0, 1]}}}}}}
+BARE_2 = {"type": "object", "required": ["verdicts"], "additionalProperties": False,
+          "properties": {"verdicts": {"type": "array", "minItems": 2, "maxItems": 2,
+                                      "items": {"type": "integer", "enum": [0, 1]}}}}
+#: Digest of every request the default-params worked examples of each metric send
+#: (messages and output spec) and of its cache identity, taken before the ``reasons``
+#: param existed (commit b3aa7f4) and equal after it: with the default nothing a judge
+#: sees or a cache key holds has changed. When a prompt changes on purpose, bump the
+#: metric's ``version`` and update the digest here.
+DEFAULT_DIGESTS = {
+    "answer_consistency": "fed97de74ff718f4",
+    "augmentation_accuracy": "d5b6ff4d2cf31941",
+    "context_precision": "9ccaee3c2cee0e20",
+    "context_recall": "04889f001cb91a88",
+    "faithfulness": "df4fd0e9eb3407ce",
+    "retrieval_precision": "95400292c9fe4005",
+}
 
 
 def test_the_verdict_metrics():
@@ -52,8 +77,6 @@ def test_every_bare_task_asks_for_bare_verdicts_only(cls):
     """Run the metric's worked examples with reasons off: every verdict prompt asks for
     ``[0 or 1, ...]`` and never for a reason; the other steps are the same as with
     reasons on."""
-    from ragbatch.judge.recorded import run_example
-
     examples = [ex for ex in cls.judge_examples if ex.params == {"reasons": False}]
     assert examples, f"{cls.name}: no worked example with reasons: false"
     for example in examples:
@@ -97,8 +120,52 @@ def test_reply_budget(n):
                             max_tokens_per_verdict=128)
     assert bare.output.max_tokens == 16 + 4 * n == REPLY_OVERHEAD_TOKENS + BARE_VERDICT_MAX_TOKENS * n
     assert reasoned.output.max_tokens == 16 + 128 * n
-    assert bare.output.schema == verdicts_schema(n, reasons=False)
-    assert reasoned.output.schema == verdicts_schema(n)
+
+
+def test_reply_schemas():
+    assert verdicts_schema(2) == REASONED_2
+    assert verdicts_schema(2, reasons=False) == BARE_2
+    ask = verdicts_ask(ROW, retrieval_precision.TASK, 2, reasons=False, max_tokens_per_verdict=9)
+    assert ask.output.schema == BARE_2
+
+
+def _digest(cls) -> str:
+    digest = hashlib.sha256()
+    for example in cls.judge_examples:
+        if example.params:
+            continue
+        _, _, engine = run_example(cls, example)
+        for request in engine.requests:
+            digest.update(json.dumps([[m.role, m.content] for m in request.messages]).encode())
+            digest.update(json.dumps(request.output.key(), sort_keys=True).encode())
+    digest.update(json.dumps(cls.from_params({}).cache_identity(), sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("cls", VERDICT_METRICS, ids=lambda cls: cls.name)
+def test_default_requests_are_those_from_before_the_param(cls):
+    assert _digest(cls) == DEFAULT_DIGESTS[cls.name]
+
+
+@pytest.mark.parametrize("cls", [c for c in VERDICT_METRICS if c.judge_steps == 2],
+                         ids=lambda cls: cls.name)
+def test_reasons_change_only_the_verdict_step(cls):
+    """Two-step metrics: with reasons on and off the first step's request is the same;
+    the verdict step differs in its task and schema only after the shared block."""
+    example = next(ex for ex in cls.judge_examples if ex.params == {"reasons": False})
+    _, _, bare = run_example(cls, example)
+    on = type(example)(inputs=example.inputs, replies=example.replies[:1], score=None,
+                       status="parse_failure")
+    _, _, reasoned = run_example(cls, on, parse_retries=0)
+    assert bare.requests[0] == reasoned.requests[0]
+    assert len(bare.requests) == 2
+
+
+def test_a_verdict_metric_with_a_template_that_cannot_be_rewritten_fails_at_definition():
+    with pytest.raises(ValueError, match="found 1 and 0"):
+        type("Broken", (VerdictMetric,), {
+            "verdict_templates": ("Judge each item, each with a one-sentence reason.",),
+            "program": lambda self, row: iter(())})
 
 
 @pytest.mark.parametrize(("text", "n", "expected"), [
@@ -149,9 +216,3 @@ def test_bad_reasons_param_names_the_param():
             {"reasons": "sometimes"}, where="metrics[2].params")
     with pytest.raises(ConfigError, match="known: reasons"):
         retrieval_precision.RetrievalPrecision.from_params({"reason": False})
-
-
-def test_bare_schema_is_compact_json():
-    schema = verdicts_schema(2, reasons=False)
-    assert schema["properties"]["verdicts"]["items"] == {"type": "integer", "enum": [0, 1]}
-    assert json.loads(json.dumps(schema)) == schema

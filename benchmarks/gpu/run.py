@@ -180,13 +180,12 @@ def table(results: dict[str, Any]) -> str:
         lines.append(line(f"judge stage ({b} rows/call) vs raw vLLM", n, part["stage_s"],
                           part["raw_s"]))
         if part.get("raw_one_call_s"):
-            lines.append(line("  same, vs one raw generate of all", n, part["stage_s"],
+            lines.append(line("  same, vs one raw generate of all (1 pass)", n, part["stage_s"],
                               part["raw_one_call_s"]))
     sim = results.get("similarity")
     if sim:
         lines.append(line("similarity stage vs sentence-transformers", sim["rows"],
                           sim["stage_s"], sim["raw_s"]))
-    if sim:
         lines.append(f"similarity scores, largest |ragbatch - raw|: {sim['max_abs_score_diff']:.2e}")
     return "\n".join(lines)
 

@@ -5,16 +5,17 @@ By default every verdict carries a one-sentence reason written before it, as Rag
 for (the reason is the judge's reasoning; only the verdicts are scored and kept in
 ``details``, the raw reply keeps the reasons). ``reasons: false`` in a metric's params
 asks for the bare verdicts, ``{"verdicts": [1, 0, ...]}``, as Tonic Validate asks for a
-bare true/false: a reply of a few tokens per item instead of a sentence, so a large run
-decodes several times fewer tokens. Whether the judge agrees with people as well
-without the reasons depends on the judge; ``ragbatch calibrate`` measures it.
+bare true/false: the verdict step's reply shrinks from a sentence per item to a few
+tokens (the statement steps of the two-step metrics are unchanged). Whether the judge
+agrees with people as well without the reasons depends on the judge; ``ragbatch
+calibrate`` measures it.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -24,8 +25,10 @@ from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.metrics.base import StrictParams
 
-#: ``max_tokens`` per bare verdict: the digit, a comma and a space are a token or two
-#: each in common tokenizers; the rest is slack.
+#: ``max_tokens`` per bare verdict. In compact JSON a verdict is a digit and a comma, a
+#: token each in common tokenizers; the rest is room for a tokenizer that spells them
+#: out byte by byte. Compact JSON is what vLLM engines produce by default
+#: (``disable_any_whitespace``); a server that allows whitespace runs may need more.
 BARE_VERDICT_MAX_TOKENS = 4
 #: ``max_tokens`` for the reply's keys and brackets.
 REPLY_OVERHEAD_TOKENS = 16
@@ -48,14 +51,25 @@ class VerdictParams(StrictParams):
 
 class VerdictMetric(JudgeMetric):
     """A judge metric whose (last) step asks for one 0/1 verdict per item; takes
-    :class:`VerdictParams` and builds that step with :meth:`verdicts_ask`."""
+    :class:`VerdictParams` and builds that step with :meth:`verdicts_ask`.
+
+    A subclass lists its verdict task templates in :attr:`verdict_templates`; each is
+    checked when the class is defined, so a template that cannot be rewritten for bare
+    verdicts fails at import (ValueError), not row by row in a run.
+    """
 
     Params = VerdictParams
+    verdict_templates: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for template in cls.verdict_templates:
+            bare_verdicts_template(template)
 
     @property
     def reasons(self) -> bool:
         """The ``reasons`` param."""
-        return bool(getattr(self.params, "reasons", True))
+        return bool(self.params.reasons)  # type: ignore[attr-defined]
 
     def cache_identity(self) -> dict[str, Any]:
         """As :meth:`JudgeMetric.cache_identity`, leaving ``reasons`` out while it is
@@ -120,6 +134,12 @@ def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
         The step's name (in the judge bookkeeping).
     **fields : str
         The template's other fields (``statements``, ``reference``...).
+
+    Raises
+    ------
+    ValueError
+        ``reasons`` is false and ``template`` cannot be rewritten
+        (:func:`bare_verdicts_template`).
 
     Returns
     -------

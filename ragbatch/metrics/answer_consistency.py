@@ -69,6 +69,7 @@ class AnswerConsistency(VerdictMetric):
 
     name: ClassVar[str] = "answer_consistency"
     version: ClassVar[int] = 1
+    verdict_templates: ClassVar[tuple[str, ...]] = (DERIVABLE_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = ("Share of the answer's main points that can be derived from the "

@@ -47,6 +47,7 @@ class AugmentationAccuracy(VerdictMetric):
 
     name: ClassVar[str] = "augmentation_accuracy"
     version: ClassVar[int] = 1
+    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = ("Share of the retrieved contexts whose information appears in the "

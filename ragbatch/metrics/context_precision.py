@@ -74,6 +74,7 @@ class ContextPrecision(VerdictMetric):
 
     name: ClassVar[str] = "context_precision"
     version: ClassVar[int] = 1
+    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = ("Average precision of the contexts useful for arriving at the "

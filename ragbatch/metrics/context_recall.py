@@ -74,6 +74,7 @@ class ContextRecall(VerdictMetric):
 
     name: ClassVar[str] = "context_recall"
     version: ClassVar[int] = 1
+    verdict_templates: ClassVar[tuple[str, ...]] = (ATTRIBUTION_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the reference answer's statements that the contexts support"

@@ -57,6 +57,7 @@ class Faithfulness(VerdictMetric):
     """
 
     name: ClassVar[str] = "faithfulness"
+    verdict_templates: ClassVar[tuple[str, ...]] = (VERDICTS_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
     summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
     source: ClassVar[str] = "Ragas faithfulness (Es et al. 2023, RAGAS, section 3)"

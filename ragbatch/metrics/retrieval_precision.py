@@ -47,6 +47,7 @@ class RetrievalPrecision(VerdictMetric):
 
     name: ClassVar[str] = "retrieval_precision"
     version: ClassVar[int] = 1
+    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the retrieved contexts that are relevant to the question"
