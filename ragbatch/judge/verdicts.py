@@ -20,11 +20,15 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from ragbatch.judge.metric import JudgeMetric
-from ragbatch.judge.parse import parse_verdicts, verdicts_schema
+from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.metrics.base import StrictParams
 
+#: ``max_tokens`` per verdict with its reason: a reason of ``REASON_MAX_CHARS`` (about 3
+#: characters a token) plus the item's keys. (Faithfulness keeps its own, slightly
+#: smaller budget, :data:`ragbatch.judge.parse.VERDICT_MAX_TOKENS`.)
+REASONED_VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
 #: ``max_tokens`` per bare verdict. In compact JSON a verdict is a digit and a comma, a
 #: token each in common tokenizers; the rest is room for a tokenizer that spells them
 #: out byte by byte. Compact JSON is what vLLM engines produce by default

@@ -7,15 +7,10 @@ from typing import Any, ClassVar, Sequence
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.parse import REASON_MAX_CHARS
-from ragbatch.judge.verdicts import VerdictMetric
+from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
-
-#: Completion budget per verdict: a reason of REASON_MAX_CHARS (about 3 characters a
-#: token) plus the item's keys.
-VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
 
 TASK = """\
 Reference answer to the question:
@@ -147,7 +142,8 @@ class ContextPrecision(VerdictMetric):
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
         [verdicts] = yield [self.verdicts_ask(
-            row, TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS, reference=row[REFERENCE])]
+            row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
+            reference=row[REFERENCE])]
         useful = sum(verdicts)
         reason = None
         if useful == 0:

@@ -9,11 +9,11 @@ from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    MAX_STATEMENTS, REASON_MAX_CHARS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
+    MAX_STATEMENTS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.judge.verdicts import VerdictMetric
+from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
@@ -22,9 +22,6 @@ from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
 #: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus
 #: quotes, commas and the surrounding object.
 STATEMENTS_MAX_TOKENS = MAX_STATEMENTS * (STATEMENT_MAX_CHARS // 3 + 8) + 16
-#: Completion budget per verdict: a reason of REASON_MAX_CHARS plus the item's keys.
-VERDICT_MAX_TOKENS = REASON_MAX_CHARS // 3 + 28
-
 STATEMENTS_TASK = """\
 Reference answer to the question:
 {reference}
@@ -160,7 +157,7 @@ class ContextRecall(VerdictMetric):
             return PyCell(None, NOT_APPLICABLE, "the reference makes no statements")
         n = len(statements)
         [verdicts] = yield [self.verdicts_ask(
-            row, ATTRIBUTION_TASK, n, max_tokens_per_verdict=VERDICT_MAX_TOKENS,
+            row, ATTRIBUTION_TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
             reference=reference, statements=numbered(statements))]
         attributable = sum(verdicts)
         reason = None
