@@ -40,6 +40,12 @@ the same for every client, whether or not it sends ``max_tokens``. Judge calls, 
 and completion tokens of the HTTP clients are the deltas of the server's own counters
 (``/metrics``: ``vllm:request_success_total``, ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total``); for ``ragbatch-vllm`` they come from the run manifest.
+Before every timed run of an HTTP client (and every tuning run) the server's prefix
+cache is emptied (``POST /reset_prefix_cache``; the server is started with
+``VLLM_SERVER_DEV_MODE=1`` for it), so that a repeated run does not find the last run's
+prompts cached: ragbatch's own engine starts cold in every run. Without GPUs the server
+and ragbatch's engine take 32-token KV-cache blocks (``--block-size``), ragbatch's own
+CPU default.
 
 Rows: ``200`` (or fewer) is the shipped ARES sample (examples/data/ares), its contexts
 cut to ``--sample-context-chars``; above 200 the rows are synthetic, built from the
@@ -233,9 +239,12 @@ def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
                "--override-generation-config", json.dumps({"max_new_tokens": args.max_tokens})]
     if args.max_num_seqs is not None:
         command += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.block_size is not None:
+        command += ["--block-size", str(args.block_size)]
     if args.num_gpus == 0:
         command += ["--enforce-eager", "--distributed-executor-backend", "uni"]
-    env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    # dev mode adds POST /reset_prefix_cache, which empties the cache between runs
+    env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_SERVER_DEV_MODE="1")
     WORK.mkdir(parents=True, exist_ok=True)
     log_path = artifact(args, "server.log")
     log = open(log_path, "wb")
@@ -281,6 +290,22 @@ _COUNTERS = {"requests": "vllm:request_success_total", "prompt_tokens": "vllm:pr
              "e2e_s": "vllm:e2e_request_latency_seconds_sum"}
 
 
+def reset_prefix_cache(base_url: str) -> bool:
+    """Empty the server's prefix cache (``POST /reset_prefix_cache``), so that a run does
+    not find the prompts of the run before it cached: a repeated run of the same rows
+    would otherwise be served partly from the last one's cache, which ragbatch's own
+    engine, started afresh for every run, never is. The servers this script starts
+    expose it (``VLLM_SERVER_DEV_MODE=1``); returns False where a server does not (one
+    given with ``--base-url`` and started without dev mode)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(root + "/reset_prefix_cache", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
 def server_counters(base_url: str) -> dict[str, float]:
     """The server's request and token counters (summed over their labels)."""
     root = base_url.rstrip("/").removesuffix("/v1")
@@ -315,6 +340,8 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
                  "engine_kwargs": {"enforce_eager": args.num_gpus == 0}, **common}
         if args.max_num_seqs is not None:
             judge["engine_kwargs"]["max_num_seqs"] = args.max_num_seqs
+        if args.block_size is not None:
+            judge["engine_kwargs"]["block_size"] = args.block_size
     metrics = [{"name": m, "engine": "judge"} for m in METRIC_SETS[args.ragbatch_metrics]]
     if args.ragbatch_reasons == "off":
         for metric in metrics:
@@ -508,6 +535,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int,
                    help="sequences per engine step, server and ragbatch-vllm (default: 32 "
                         "without GPUs; with --num-gpus, vLLM's own default for the GPU)")
+    p.add_argument("--block-size", type=int,
+                   help="KV-cache block size in tokens, server and ragbatch-vllm alike "
+                        "(default: 32 without GPUs, ragbatch's own CPU default; with "
+                        "--num-gpus, vLLM's own default)")
     p.add_argument("--context-chars", type=int, default=300,
                    help="context length of the synthetic rows (default 300)")
     p.add_argument("--sample-context-chars", type=int, default=1000,
@@ -556,9 +587,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 #: keep the two cores' server and engine at the batch they run best at; on a GPU vLLM's
 #: own ``max_num_seqs`` default (256 to 1,024 by the GPU's memory) is left in place for
 #: the server and ragbatch's engine alike, and every client may keep more requests in
-#: flight (the peers' values are still tuned).
+#: flight (the peers' values are still tuned). The block size is the one ragbatch's vLLM
+#: engine takes on a CPU (``ragbatch.engines.vllm.DEFAULT_CPU_BLOCK_SIZE``), given to
+#: the server as well, so both engines reuse cached prefixes at the same granularity.
 DEVICE_DEFAULTS = {
     "max_num_seqs": (32, None),
+    "block_size": (32, None),
     "batch_size": (64, 256),
     "ragbatch_concurrency": (32, 256),
     "ragas_workers": ("16,48", "16,64,256"),
@@ -583,6 +617,7 @@ def tune(tool: str, choices: list[int], args, base_url: str, log: dict) -> int:
     rows_path = write_rows(args.tune_rows, args)
     timings = {}
     for workers in choices:
+        reset_prefix_cache(base_url)
         timings[workers] = run_peer(tool, rows_path, args.tune_rows, args, base_url,
                                     workers)["eval_s"]
         print(f"  tune {tool} workers={workers}: {timings[workers]:.1f} s evaluating",
@@ -619,6 +654,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "machine": machine(), "base_url": base_url, "tuning": {},
                                "by_rows": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    warned = False
     try:
         workers = {}
         for tool, spec in (("ragas", args.ragas_workers), ("tonic", args.tonic_workers)):
@@ -639,6 +675,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         rep < 3 and max(r["wall_s"] for r in per_tool[tool]) < 60):
                     tag = f"r{rep}"
                     rep += 1
+                    cold = reset_prefix_cache(base_url) if tool != "ragbatch-vllm" else True
+                    if not cold and not warned:
+                        warned = True
+                        print("the server has no POST /reset_prefix_cache (start it with "
+                              "VLLM_SERVER_DEV_MODE=1): a repeated run of an HTTP client may "
+                              "find the last run's prompts cached", flush=True)
                     try:
                         if tool.startswith("ragbatch"):
                             kind = tool.split("-")[1]
@@ -653,6 +695,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         print(f"{n:>6} rows  {tool:16s} failed: {exc}", flush=True)
                         failures.setdefault(tool, []).append(str(exc))
                         break
+                    run["prefix_cache_emptied_before"] = cold
                     run["load_average_1m"] = os.getloadavg()[0]
                     run["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                     per_tool.setdefault(tool, []).append(run)

@@ -77,8 +77,13 @@ def test_device_defaults_follow_num_gpus(vs_peers):
     cpu = vs_peers.parse_args([])
     assert (cpu.max_num_seqs, cpu.batch_size, cpu.ragbatch_concurrency) == (32, 64, 32)
     assert (cpu.ragas_workers, cpu.tonic_workers) == ("16,48", "16,64")
+    # the server gets the block size ragbatch's engine takes on a CPU
+    from ragbatch.engines.vllm import DEFAULT_CPU_BLOCK_SIZE
+
+    assert cpu.block_size == DEFAULT_CPU_BLOCK_SIZE == 32
     gpu = vs_peers.parse_args(["--num-gpus", "1"])
     assert (gpu.max_num_seqs, gpu.batch_size, gpu.ragbatch_concurrency) == (None, 256, 256)
+    assert gpu.block_size is None
     assert (gpu.ragas_workers, gpu.tonic_workers) == ("16,64,256", "16,64,256")
     # what is given on the command line stays
     given = vs_peers.parse_args(["--num-gpus", "1", "--batch-size", "8", "--max-num-seqs", "4"])
@@ -89,3 +94,45 @@ def test_contexts_per_row_below_one_is_refused(vs_peers, capsys):
     with pytest.raises(SystemExit):
         vs_peers.parse_args(["--contexts-per-row", "0"])
     assert "--contexts-per-row must be 1 or more" in capsys.readouterr().err
+
+
+def test_engine_settings_reach_ragbatch_vllm_job(vs_peers, tmp_path):
+    cpu = vs_peers.parse_args([])
+    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", cpu,
+                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    assert job["engines"]["judge"]["engine_kwargs"] == {
+        "enforce_eager": True, "max_num_seqs": 32, "block_size": 32}
+    gpu = vs_peers.parse_args(["--num-gpus", "1"])
+    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", gpu,
+                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    assert job["engines"]["judge"]["engine_kwargs"] == {"enforce_eager": False}
+
+
+def test_server_prefix_cache_is_emptied_between_runs(vs_peers, tiny_judge_model, tmp_path):
+    """The script's server takes ragbatch's CPU block size and empties its prefix cache on
+    request, so a repeated run of an HTTP client starts as cold as ragbatch's own engine."""
+    import urllib.request
+
+    args = vs_peers.parse_args(["--out", str(tmp_path / "out.json"), "--max-model-len", "1024"])
+    proc, url = vs_peers.start_server(tiny_judge_model, args)
+    try:
+        def ask() -> dict[str, float]:
+            body = json.dumps({"model": vs_peers.SERVED_NAME, "max_tokens": 2, "messages": [
+                {"role": "user", "content": "the same question, asked again " * 12}]})
+            request = urllib.request.Request(url + "/chat/completions", data=body.encode(),
+                                             headers={"Content-Type": "application/json"})
+            before = vs_peers.server_counters(url)
+            urllib.request.urlopen(request, timeout=120).read()
+            after = vs_peers.server_counters(url)
+            return {k: after[k] - before[k] for k in ("prompt_tokens", "prefix_cache_hits")}
+
+        first, second = ask(), ask()
+        prompt = first["prompt_tokens"]
+        assert prompt > 64 and second["prompt_tokens"] == prompt
+        # the second ask reuses every full 32-token block but the one holding its last token
+        assert second["prefix_cache_hits"] == (prompt - 1) // 32 * 32
+        assert vs_peers.reset_prefix_cache(url) is True
+        assert ask()["prefix_cache_hits"] == 0
+    finally:
+        vs_peers.stop_server(proc)
+    assert vs_peers.reset_prefix_cache(url) is False  # no server: reported, not raised

@@ -294,3 +294,49 @@ def test_engine_runs_in_process_only_without_a_gpu(tiny_judge_model, vllm_env, c
         load_vllm_engine(_spec(tiny_judge_model, tensor_parallel_size=tensor_parallel,
                                num_gpus=tensor_parallel if tensor_parallel > 1 else 0))
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected
+
+
+def _block_size(loaded) -> int:
+    return loaded._llm.llm_engine.vllm_config.cache_config.block_size
+
+
+def _prefix_hit_case(loaded, topic: str) -> tuple[int, int, int]:
+    """Cached prompt tokens of a chat after another sharing its start was answered, the
+    two chats' common token prefix and the second chat's length."""
+    context = " ".join(f"{topic} note {i} is filed under shelf {i % 5}." for i in range(12))
+    choice = OutputSpec.of_choice(["yes", "no"])
+    first = _request(f"Notes: {context}\nIs note 3 on shelf 3?", choice)
+    second = _request(f"Notes: {context}\nIs note 17 on shelf 2?", choice)
+    a, b = loaded.prompt_token_ids(first), loaded.prompt_token_ids(second)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    loaded.complete([first])
+    [reply] = loaded.complete([second])
+    assert reply.status == "ok"
+    return reply.cached_prompt_tokens, common, len(b)
+
+
+def test_prefix_cache_reuses_whole_blocks_of_32_tokens_on_a_cpu(engine):
+    """Without a GPU the engine takes DEFAULT_CPU_BLOCK_SIZE-token KV blocks (vLLM's CPU
+    default is 128), so a shared prefix is reused up to its last full 32-token block."""
+    from ragbatch.engines.vllm import DEFAULT_CPU_BLOCK_SIZE
+
+    assert _block_size(engine) == DEFAULT_CPU_BLOCK_SIZE == 32
+    cached, common, length = _prefix_hit_case(engine, "cpu-default")
+    assert common < length - 1 and common % 32 and common > 128  # the case discriminates
+    assert cached == common // 32 * 32
+    assert cached != common // 128 * 128
+
+
+def test_block_size_in_engine_kwargs_wins(tiny_judge_model):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_NO_USAGE_STATS", "1")
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        loaded = load_vllm_engine(_spec(tiny_judge_model,
+                                        engine_kwargs={"enforce_eager": True, "block_size": 128}))
+        try:
+            assert _block_size(loaded) == 128
+            cached, common, _ = _prefix_hit_case(loaded, "given-128")
+            assert common > 128 and common % 128 >= 32  # 32-token blocks would reuse more
+            assert cached == common // 128 * 128
+        finally:
+            loaded.close()

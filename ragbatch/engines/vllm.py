@@ -64,6 +64,14 @@ process started with (``OMP_NUM_THREADS``; Ray sets it from an actor's ``num_cpu
 stays. A dry run (``ragbatch run --dry-run``) on such a machine loads the engine in the
 driver's own process the same way.
 
+On such a machine the engine's KV-cache blocks hold 32 tokens
+(:data:`DEFAULT_CPU_BLOCK_SIZE`, unless ``engine_kwargs`` sets ``block_size``). The
+prefix cache reuses whole blocks only, so a row's shared prompt block (see
+:mod:`ragbatch.judge.prompt`) is reused up to its last full block. vLLM's CPU build
+defaults to 128-token blocks, which lose 64 tokens of every reused prefix on average;
+its GPU default is 16. BENCHMARKS.md, "KV-cache blocks of 32 tokens on a CPU", has what
+it saves.
+
 With separate processes (on a GPU, or with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) vLLM
 starts them with the ``spawn`` method: a script that loads this engine must then guard
 its entry point with ``if __name__ == "__main__":`` (pytest, Ray actors and the
@@ -97,6 +105,10 @@ DEFAULT_CPU_KVCACHE_GIB = "1"
 #: ``VLLM_ENABLE_V1_MULTIPROCESSING`` set on machines without a GPU when unset: the engine
 #: runs in the calling process (see the module docstring).
 DEFAULT_CPU_MULTIPROCESSING = "0"
+
+#: KV-cache block size (tokens) on machines without a GPU unless ``engine_kwargs`` sets
+#: ``block_size``: the granularity of prefix-cache hits (see the module docstring).
+DEFAULT_CPU_BLOCK_SIZE = 32
 
 #: Structured-output settings the engine starts with unless ``engine_kwargs`` names its own.
 DEFAULT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -489,7 +501,9 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     without a GPU this sets ``VLLM_CPU_KVCACHE_SPACE=1`` in ``os.environ`` unless it or
     ``engine_kwargs["kv_cache_memory_bytes"]`` is set, and
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine in this process) unless that is set
-    or ``tensor_parallel_size`` > 1 (see the module docstring).
+    or ``tensor_parallel_size`` > 1, and passes ``block_size=32``
+    (:data:`DEFAULT_CPU_BLOCK_SIZE`) unless ``engine_kwargs`` sets it (see the module
+    docstring).
     """
     local = _local_path(spec.model)
     if local is not None and not local.is_dir():
@@ -525,6 +539,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         "disable_log_stats": False,
         "structured_outputs_config": dict(DEFAULT_STRUCTURED_OUTPUTS),
     }
+    if not cuda:
+        kwargs["block_size"] = DEFAULT_CPU_BLOCK_SIZE
     if spec.tensor_parallel_size > 1:
         # The workers go into the placement group the actor runs in
         # (ragbatch.placement), one per GPU bundle.
