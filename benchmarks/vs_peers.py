@@ -329,7 +329,8 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
     """The job: the judge metrics of ``--ragbatch-metrics`` (default all six) and four
     expression metrics; no judgment cache."""
     common = {"max_tokens": args.max_tokens, "temperature": 0.0, "parse_retries": 0,
-              "concurrency": 1, "batch_size": args.batch_size}
+              "concurrency": args.ragbatch_actors, "num_cpus": args.ragbatch_actor_cpus,
+              "batch_size": args.batch_size}
     if kind == "openai":
         judge = {"kind": "openai", "base_url": base_url, "model": args.model,
                  "max_concurrency": args.ragbatch_concurrency, "max_retries": 0,
@@ -558,6 +559,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ragbatch-reasons", choices=("on", "off"), default="on",
                    help="on (default): ragbatch's verdict metrics write a reason per verdict; "
                         "off: bare verdicts (their reasons: false param)")
+    p.add_argument("--ragbatch-actors", type=int, default=1,
+                   help="ragbatch's judge actors (the engine's concurrency; default 1)")
+    p.add_argument("--ragbatch-actor-cpus", type=float, default=1.0,
+                   help="CPUs each judge actor reserves (num_cpus; default 1)")
     p.add_argument("--ragbatch-concurrency", type=int,
                    help="ragbatch-openai requests in flight (default 32; 256 with --num-gpus)")
     p.add_argument("--ragas-workers",

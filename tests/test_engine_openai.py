@@ -62,6 +62,9 @@ class FaultInjector:
         Answer every chat request with HTTP 500.
     hide_tokenize : bool
         Answer ``/tokenize`` with 404, as servers other than vLLM do.
+    chat_reply : tuple of (str, bytes), optional
+        Answer every chat request with HTTP 200, this content type and body (a reply
+        of the wrong shape, which no working server sends).
 
     Everything else is forwarded unchanged. ``chat_calls`` counts chat requests that
     arrived, ``chat_bodies`` holds their JSON bodies, and ``peak_in_flight`` is the most
@@ -69,12 +72,14 @@ class FaultInjector:
     """
 
     def __init__(self, upstream: str, *, rate_limit_first: int = 0, stall_s: float = 0.0,
-                 always_500: bool = False, hide_tokenize: bool = False):
+                 always_500: bool = False, hide_tokenize: bool = False,
+                 chat_reply: tuple[str, bytes] | None = None):
         self.upstream = upstream.rstrip("/")
         self.rate_limit_first = rate_limit_first
         self.stall_s = stall_s
         self.always_500 = always_500
         self.hide_tokenize = hide_tokenize
+        self.chat_reply = chat_reply
         self.chat_calls = 0
         self.chat_bodies: list[dict] = []
         self.in_flight = 0
@@ -133,7 +138,10 @@ class FaultInjector:
         self._forward(h, body)
 
     def _chat(self, h: BaseHTTPRequestHandler, body: bytes | None, n: int) -> None:
-        if self.always_500:
+        if self.chat_reply is not None:
+            ctype, data = self.chat_reply
+            self._send(h, 200, data, ctype)
+        elif self.always_500:
             self._reply(h, 500, {"error": {"message": "injected server failure",
                                            "type": "server_error", "code": 500}})
         elif n <= self.rate_limit_first:
@@ -398,6 +406,53 @@ def test_server_errors_exhaust_retries_into_judge_error(vllm_base_url):
     assert "3 attempts" in c.error
     assert proxy.chat_calls == 3
     assert stats["attempts"] == 3 and stats["retries"] == 2 and stats["judge_errors"] == 1
+
+
+def _reply_body(**fields) -> tuple[str, bytes]:
+    return "application/json", json.dumps(fields).encode()
+
+
+_MESSAGE = {"role": "assistant", "content": "yes"}
+
+
+@pytest.mark.parametrize("reply, status, text, counts, error", [
+    # a well-formed reply, with the cached-token count vLLM adds
+    (_reply_body(choices=[{"message": _MESSAGE, "finish_reason": "stop"}],
+                 usage={"prompt_tokens": 12, "completion_tokens": 1,
+                        "prompt_tokens_details": {"cached_tokens": 8}}),
+     "ok", "yes", (12, 1, 8), None),
+    # counts of the wrong type or sign read as absent; the reply itself is used
+    (_reply_body(choices=[{"message": _MESSAGE, "finish_reason": "length"}],
+                 usage={"prompt_tokens": "12", "completion_tokens": -1,
+                        "prompt_tokens_details": {"cached_tokens": True}}),
+     "ok", "yes", (0, 0, None), None),
+    (_reply_body(choices=[{"message": _MESSAGE}], usage="none"), "ok", "yes", (0, 0, None), None),
+    (_reply_body(choices=[]), "judge_error", None, (0, 0, None), "no choices"),
+    (_reply_body(choices=["yes"]), "judge_error", None, (0, 0, None), "no content"),
+    (_reply_body(choices=[{"message": {"content": None, "refusal": "I cannot judge this"},
+                           "finish_reason": "stop"}]),
+     "judge_error", None, (0, 0, None), "refusal: 'I cannot judge this'"),
+    (_reply_body(choices=[{"message": {"content": 7}}]), "judge_error", None, (0, 0, None),
+     "no content"),
+    (("application/json", b"[1, 2]"), "judge_error", None, (0, 0, None), "not a JSON object"),
+    (("text/plain", "ок ✓ 好".encode()), "judge_error", None, (0, 0, None), "not a JSON object"),
+], ids=["well-formed", "bad-counts", "usage-not-object", "no-choices", "choice-not-object",
+        "refusal", "content-not-text", "json-array", "plain-text"])
+def test_malformed_replies_become_judge_errors(vllm_base_url, reply, status, text, counts, error):
+    with FaultInjector(_upstream(vllm_base_url), chat_reply=reply) as proxy:
+        eng = load_openai_engine(_spec(proxy.base_url, max_retries=2))
+        try:
+            (c,) = eng.complete([_ask("Is the sky blue?")])
+        finally:
+            eng.close()
+    assert c.status == status
+    assert c.text == text
+    assert (c.prompt_tokens, c.completion_tokens, c.cached_prompt_tokens) == counts
+    if error is None:
+        assert c.error is None
+    else:
+        assert error in c.error
+    assert proxy.chat_calls == 1  # a reply of the wrong shape is not retried
 
 
 def test_client_errors_are_not_retried(engine):

@@ -4,10 +4,15 @@ Every call ragbatch makes through the ``openai`` client lives in this file; call
 only :func:`load_openai_engine` and :class:`OpenAIJudgeEngine`. Written against
 ``openai`` 3.57 and the OpenAI-compatible server of vLLM 0.32 (``vllm serve``). The
 client calls used (``AsyncOpenAI(base_url=, api_key=, max_retries=0, timeout=)``,
-``openai.Timeout``, ``models.list``, ``chat.completions.create``, the generic ``post``
-and the ``APIStatusError`` / ``APIConnectionError`` / ``APITimeoutError`` classes) are
-the same since 1.40, and nothing here touches the HTTP library underneath (``httpx``
-before 3.0, ``httpx2`` since). Any server that implements ``GET /v1/models`` and
+``openai.Timeout``, ``models.list``, the generic ``post`` and the ``APIStatusError`` /
+``APIConnectionError`` / ``APITimeoutError`` classes) are the same since 1.40, and
+nothing here touches the HTTP library underneath (``httpx`` before 3.0, ``httpx2``
+since). Chat completions go through ``post("/chat/completions", body=...,
+cast_to=object)`` rather than ``chat.completions.create``: the same request, errors and
+retries, without the client's typed transform of every request's parameters and the
+reply model built from its JSON, which took about a third of the client's time per
+request against a server that answers at once (BENCHMARKS.md, "A judge that answers at
+once"). Any server that implements ``GET /v1/models`` and
 ``POST /v1/chat/completions`` works, with ``structured_outputs: response_format`` for
 servers other than vLLM.
 
@@ -489,8 +494,8 @@ class OpenAIJudgeEngine(JudgeEngine):
                     error=(f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
                            f"that exceeds max_model_len={self.max_model_len}"),
                 )
-            kwargs = self._request_kwargs(request, messages)
-            return await self._send_with_retries(kwargs, request, prompt_tokens or 0, deadline)
+            body = self._request_body(request, messages)
+            return await self._send_with_retries(body, request, prompt_tokens or 0, deadline)
 
     async def _count_prompt(self, messages: list[dict[str, str]]) -> int | None:
         if self.token_counter == "tokenizer":
@@ -521,10 +526,11 @@ class OpenAIJudgeEngine(JudgeEngine):
             count = len(tokens)
         return count
 
-    def _request_kwargs(self, request: EngineRequest,
-                        messages: list[dict[str, str]]) -> dict[str, Any]:
+    def _request_body(self, request: EngineRequest,
+                      messages: list[dict[str, str]]) -> dict[str, Any]:
+        """The JSON body of the chat-completions request."""
         output = request.output
-        kwargs: dict[str, Any] = {
+        body: dict[str, Any] = {
             "model": self.spec.model, "messages": messages,
             "max_tokens": self._max_tokens(output),
             "temperature": self.spec.temperature, "top_p": self.spec.top_p,
@@ -535,16 +541,16 @@ class OpenAIJudgeEngine(JudgeEngine):
                 constraint: dict[str, Any] = {"choice": list(output.choice)}
             else:
                 constraint = {"json": output.schema}
-            kwargs["extra_body"] = {"structured_outputs": constraint}
+            body["structured_outputs"] = constraint
         else:
             schema = _choice_schema(output.choice) if output.choice is not None else output.schema
-            kwargs["response_format"] = {
+            body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True},
             }
-        return kwargs
+        return body
 
-    async def _send_with_retries(self, kwargs: dict[str, Any], request: EngineRequest,
+    async def _send_with_retries(self, body: dict[str, Any], request: EngineRequest,
                                  prompt_tokens: int, deadline: float | None) -> Completion:
         loop = asyncio.get_running_loop()
         attempts = self.spec.max_retries + 1
@@ -554,7 +560,7 @@ class OpenAIJudgeEngine(JudgeEngine):
                 self._counters.retries += 1
             self._counters.attempts += 1
             try:
-                reply = await self._client.chat.completions.create(**kwargs)
+                reply = await self._client.post("/chat/completions", body=body, cast_to=object)
             except Exception as exc:  # classified below; never raised to the caller
                 failure = self._classify(exc)
             else:
@@ -600,31 +606,48 @@ class OpenAIJudgeEngine(JudgeEngine):
                         retryable=False)
 
     def _to_completion(self, reply: Any, request: EngineRequest) -> Completion:
-        usage = getattr(reply, "usage", None)
-        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-        details = getattr(usage, "prompt_tokens_details", None)
-        cached = getattr(details, "cached_tokens", None)
-        cached = int(cached) if isinstance(cached, int) else None
-        choices = getattr(reply, "choices", None) or []
-        if not choices:
+        """The completion of a chat-completions reply body (parsed JSON)."""
+        if not isinstance(reply, dict):
+            return Completion(status=JUDGE_ERROR,
+                              error=f"bad reply from the server: not a JSON object: {reply!r:.200}")
+        usage = _mapping(reply.get("usage"))
+        prompt_tokens = _count(usage.get("prompt_tokens"))
+        completion_tokens = _count(usage.get("completion_tokens"))
+        cached = _mapping(usage.get("prompt_tokens_details")).get("cached_tokens")
+        cached = cached if isinstance(cached, int) and not isinstance(cached, bool) else None
+        choices = reply.get("choices")
+        first = _mapping(choices[0]) if isinstance(choices, list) and choices else None
+        if first is None:
             return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
                               completion_tokens=completion_tokens, cached_prompt_tokens=cached,
                               error="bad reply from the server: no choices")
-        first = choices[0]
-        text = getattr(first.message, "content", None)
-        if text is None:
-            refusal = getattr(first.message, "refusal", None)
+        message = _mapping(first.get("message"))
+        text = message.get("content")
+        finish = first.get("finish_reason")
+        finish = finish if isinstance(finish, str) else None
+        if not isinstance(text, str):
+            refusal = message.get("refusal")
             return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
                               completion_tokens=completion_tokens, cached_prompt_tokens=cached,
-                              finish_reason=first.finish_reason,
+                              finish_reason=finish,
                               error=f"the reply has no content (refusal: {refusal!r})")
         if (self.spec.structured_outputs == "response_format" and request.output.choice
-                is not None and first.finish_reason == "stop"):
+                is not None and finish == "stop"):
             text = _unwrap_choice(text)
-        return Completion(status=OK, text=text, finish_reason=first.finish_reason,
+        return Completion(status=OK, text=text, finish_reason=finish,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           cached_prompt_tokens=cached)
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (a reply field of the wrong
+    shape reads as absent)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value: Any) -> int:
+    """A token count from a reply: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _unwrap_choice(text: str) -> str:
