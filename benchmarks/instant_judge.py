@@ -26,8 +26,9 @@ Replies:
 Ragas's prompts are not answered in its formats; it is not measured this way.
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST
-/reset_prefix_cache`` (nothing to reset; answers 200 as vLLM's does), and ``GET
-/metrics`` with vLLM's counter names (``vllm:request_success_total``,
+/tokenize`` (``{"count": ...}``, as vLLM's; 404 with ``--no-tokenize``, as servers
+other than vLLM), ``POST /reset_prefix_cache`` (nothing to reset; answers 200 as
+vLLM's does), and ``GET /metrics`` with vLLM's counter names (``vllm:request_success_total``,
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``). Token counts are not
 tokenizer counts: a prompt counts one token per 4 characters of its messages, a reply
 one per 4 characters (at least 1).
@@ -91,15 +92,22 @@ class Counters:
         self.requests = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.tokenize_requests = 0
 
     def prometheus(self) -> str:
         return "".join(f"{name} {value}\n" for name, value in (
             ("vllm:request_success_total", self.requests),
             ("vllm:prompt_tokens_total", self.prompt_tokens),
-            ("vllm:generation_tokens_total", self.completion_tokens)))
+            ("vllm:generation_tokens_total", self.completion_tokens),
+            ("instant:tokenize_requests_total", self.tokenize_requests)))
 
 
-def make_app(model: str):
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """The stand-in's token count of a chat: one per 4 characters of its messages."""
+    return sum(len(str(m.get("content", ""))) for m in messages) // 4
+
+
+def make_app(model: str, tokenize: bool = True):
     """The aiohttp application serving the endpoints of the module docstring."""
     from aiohttp import web
 
@@ -108,7 +116,7 @@ def make_app(model: str):
     async def completions(request: web.Request) -> web.Response:
         body = await request.json()
         text = reply_text(body)
-        prompt = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4
+        prompt = prompt_tokens(body.get("messages", []))
         done = max(1, len(text) // 4)
         counters.requests += 1
         counters.prompt_tokens += prompt
@@ -122,6 +130,14 @@ def make_app(model: str):
                       "total_tokens": prompt + done},
         })
 
+    async def count(request: web.Request) -> web.Response:
+        if not tokenize:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        body = await request.json()
+        counters.tokenize_requests += 1
+        return web.json_response({"count": prompt_tokens(body.get("messages", [])),
+                                  "max_model_len": 1 << 20})
+
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
             {"id": model, "object": "model", "owned_by": "instant", "max_model_len": 1 << 20}]})
@@ -134,6 +150,7 @@ def make_app(model: str):
 
     app = web.Application(client_max_size=64 << 20)
     app.add_routes([web.post("/v1/chat/completions", completions), web.get("/v1/models", models),
+                    web.post("/tokenize", count),
                     web.get("/health", ok), web.post("/reset_prefix_cache", ok),
                     web.get("/metrics", metrics)])
     return app
@@ -144,10 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--model", default=MODEL, help=f"served model name (default {MODEL})")
+    p.add_argument("--no-tokenize", action="store_true",
+                   help="answer POST /tokenize with 404, as servers other than vLLM do")
     args = p.parse_args(argv)
     from aiohttp import web
 
-    web.run_app(make_app(args.model), host=args.host, port=args.port, access_log=None,
+    web.run_app(make_app(args.model, tokenize=not args.no_tokenize), host=args.host,
+                port=args.port, access_log=None,
                 print=lambda *_: print(f"instant judge at http://{args.host}:{args.port}/v1",
                                        flush=True))
 

@@ -18,8 +18,9 @@ For each row the script builds the chats each tool sends:
   contexts (answer similarity once, retrieval precision and augmentation accuracy once
   per context): the calls it makes when every reply parses.
 
-It renders them with the tokenizer's chat template and counts the prompt tokens, and the
-tokens that an unbounded prefix cache with ``--block-size`` blocks could not serve (a
+It renders them with the tokenizer's chat template and counts the prompt tokens, for
+ragbatch those after the row's shared block (each metric's task), and the tokens that
+an unbounded prefix cache with ``--block-size`` blocks could not serve (a
 request reuses the longest run of whole blocks that an earlier request began with, never
 its last token). Requests are taken in the order the judge stage sends them, each metric
 for a batch of 64 rows in turn. The cache is ideal (nothing evicted, every earlier
@@ -96,10 +97,28 @@ class PrefixCache:
         return k * g
 
 
+#: Where a ragbatch judge prompt's task begins (``ragbatch.judge.prompt.build_messages``).
+TASK_HEADING = "\n\n## Task\n"
+
+
+def task_tokens(chat: list[dict[str, str]], encode) -> int:
+    """Tokens of a ragbatch chat after its shared block (the metric's task: instructions,
+    row-specific fields such as the reference answer, reply format); 0 for other chats."""
+    user = chat[-1]["content"]
+    cut = user.find(TASK_HEADING)
+    if cut < 0:
+        return 0
+    ids = encode(chat)
+    head = encode(chat[:-1] + [{"role": "user", "content": user[:cut]}])
+    common = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), len(head))
+    return len(ids) - common
+
+
 def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[str, float]:
-    """Calls, prompt tokens and tokens not served from the cache, per row."""
+    """Calls, prompt tokens, tokens not served from the cache, and tokens after a ragbatch
+    prompt's shared block, per row."""
     cache = PrefixCache(block)
-    calls = total = computed = 0
+    calls = total = computed = after = 0
     for start in range(0, len(rows), BATCH_ROWS):
         batch = [chats_of(r) for r in rows[start:start + BATCH_ROWS]]
         for m in range(max(len(c) for c in batch)):
@@ -109,9 +128,10 @@ def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[st
                     calls += 1
                     total += len(ids)
                     computed += len(ids) - cache.served(ids)
+                    after += task_tokens(chats[m], encode)
     n = len(rows)
     return {"calls_per_row": calls / n, "prompt_tokens_per_row": total / n,
-            "computed_tokens_per_row": computed / n}
+            "computed_tokens_per_row": computed / n, "task_tokens_per_row": after / n}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -158,7 +178,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for tool, f in tools.items():
             print(f"K={k}  {tool:9s} calls/row {f['calls_per_row']:5.2f}  prompt tokens/row "
                   f"{f['prompt_tokens_per_row']:8.1f}  computed (not from the cache) "
-                  f"{f['computed_tokens_per_row']:8.1f}", flush=True)
+                  f"{f['computed_tokens_per_row']:8.1f}"
+                  + (f"  after the shared block {f['task_tokens_per_row']:7.1f}"
+                     if f["task_tokens_per_row"] else ""), flush=True)
         ratio = tools["tonic"]["computed_tokens_per_row"] / tools["ragbatch"]["computed_tokens_per_row"]
         print(f"K={k}  Tonic Validate computes {ratio:.2f}x ragbatch's prompt tokens per row",
               flush=True)

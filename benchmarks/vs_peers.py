@@ -47,6 +47,11 @@ prompts cached: ragbatch's own engine starts cold in every run. Without GPUs the
 and ragbatch's engine take 32-token KV-cache blocks (``--block-size``), ragbatch's own
 CPU default.
 
+``--base-url`` may also point at ``benchmarks/instant_judge.py``, a stand-in that
+answers every request at once with a reply that parses: then the run measures each
+client's own cost per row (Tonic Validate and ``ragbatch-openai``; see that module).
+``--ragbatch-actors`` and ``--ragbatch-actor-cpus`` set ragbatch's judge actors.
+
 Rows: ``200`` (or fewer) is the shipped ARES sample (examples/data/ares), its contexts
 cut to ``--sample-context-chars``; above 200 the rows are synthetic, built from the
 sample with a fixed seed: each row takes a sample row's question and answer and a

@@ -81,3 +81,14 @@ def test_tonic_chats_are_one_plus_two_per_context(accounting):
     assert users[1:4] == [f"REL\nQUESTION: q?\nCONTEXT: {c}\n" for c in row["contexts"]]
     assert users[4:] == [f"CON\nANSWER: a\nCONTEXT: {c}\n" for c in row["contexts"]]
     assert all(c[0] == {"role": "system", "content": accounting.TONIC_SYSTEM} for c in chats)
+
+
+def test_task_tokens_count_what_follows_the_shared_block(accounting):
+    def encode(chat):  # one token per character of the messages, in order
+        return [ord(ch) for m in chat for ch in m["content"]]
+
+    chat = [{"role": "system", "content": "sys"},
+            {"role": "user", "content": "## Question\n问题 é\n\n## Task\nRate it 👍"}]
+    assert accounting.task_tokens(chat, encode) == len("\n\n## Task\nRate it 👍")
+    tonic = [{"role": "user", "content": "REL\nQUESTION: q\n"}]
+    assert accounting.task_tokens(tonic, encode) == 0

@@ -23,7 +23,7 @@ pytest.importorskip("openai", reason="the openai engine needs the openai package
 pytest.importorskip("vllm", reason="these tests serve a model with vllm (ragbatch[judge-cpu])")
 
 from ragbatch.config import OpenAIEngine  # noqa: E402
-from ragbatch.engines.openai import load_openai_engine  # noqa: E402
+from ragbatch.engines.openai import BYTE_BOUND_MARGIN, load_openai_engine  # noqa: E402
 from ragbatch.errors import EngineError  # noqa: E402
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
 
@@ -66,8 +66,8 @@ class FaultInjector:
         Answer every chat request with HTTP 200, this content type and body (a reply
         of the wrong shape, which no working server sends).
 
-    Everything else is forwarded unchanged. ``chat_calls`` counts chat requests that
-    arrived, ``chat_bodies`` holds their JSON bodies, and ``peak_in_flight`` is the most
+    Everything else is forwarded unchanged. ``chat_calls`` and ``tokenize_calls`` count
+    chat and ``/tokenize`` requests that arrived, ``chat_bodies`` holds their JSON bodies, and ``peak_in_flight`` is the most
     that were open at once.
     """
 
@@ -81,6 +81,7 @@ class FaultInjector:
         self.hide_tokenize = hide_tokenize
         self.chat_reply = chat_reply
         self.chat_calls = 0
+        self.tokenize_calls = 0
         self.chat_bodies: list[dict] = []
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -132,6 +133,9 @@ class FaultInjector:
                 with self._lock:
                     self.in_flight -= 1
             return
+        if h.path.rstrip("/").endswith("/tokenize"):
+            with self._lock:
+                self.tokenize_calls += 1
         if self.hide_tokenize and h.path.rstrip("/").endswith("/tokenize"):
             self._reply(h, 404, {"detail": "Not Found"})
             return
@@ -272,6 +276,45 @@ def test_too_long_prompt_is_caught_before_sending(engine, vllm_base_url, tiny_ju
         local.close()
     assert d.status == "context_too_long" and d.prompt_tokens == c.prompt_tokens
     assert local.stats()["attempts"] == 1 and ok.status == "ok"
+
+
+#: Texts of every kind the byte bound must hold for: ASCII, CJK, emoji (with a skin tone
+#: and a joiner), combining marks, Arabic, digits.
+BOUND_TEXTS = ["The Eiffel Tower is 330 m tall.", "东京塔高333米。答案正确吗？",
+               "👍🏽 👨‍👩‍👧 🎉" * 3, "e\u0301te\u0301 cafe\u0301 n\u0303", "برج إيفل في باريس",
+               "0123456789 " * 10, ""]
+
+
+@pytest.mark.parametrize("text", BOUND_TEXTS, ids=range(len(BOUND_TEXTS)))
+def test_byte_bound_is_never_below_the_servers_count(engine, text):
+    messages = [{"role": "system", "content": "Judge."}, {"role": "user", "content": text}]
+    counted = engine._loop.run(engine._server_count(messages))
+    size = sum(len(m["content"].encode()) for m in messages)
+    assert engine._chat_overhead > 0
+    assert counted <= size + 2 * engine._chat_overhead + BYTE_BOUND_MARGIN
+    # the gate says "fits" exactly when the bound leaves room for max_tokens
+    room = MAX_MODEL_LEN - (size + 2 * engine._chat_overhead + BYTE_BOUND_MARGIN)
+    assert engine._fits_by_bytes(messages, room) and not engine._fits_by_bytes(messages, room + 1)
+
+
+def test_tokenize_is_asked_only_when_a_prompt_might_not_fit(vllm_base_url):
+    with FaultInjector(_upstream(vllm_base_url)) as proxy:
+        eng = load_openai_engine(_spec(proxy.base_url))
+        try:
+            probes = proxy.tokenize_calls
+            assert probes == 2 and eng.token_counter == "server"
+            (short,) = eng.complete([_ask("Is the sky blue?")])
+            assert proxy.tokenize_calls == probes  # its bytes show it fits: not counted
+            assert short.status == "ok" and short.prompt_tokens > 0  # from the reply's usage
+            # multi-byte text whose bytes, not its tokens, come near the window is counted
+            text = "东京塔" * (MAX_MODEL_LEN // 9 + 1)
+            (near,) = eng.complete([_ask(text)])
+            assert proxy.tokenize_calls == probes + 1
+            assert near.status in ("ok", "context_too_long")
+            stats = eng.stats()
+        finally:
+            eng.close()
+    assert stats["length_checks_by_bytes"] == 1
 
 
 def test_prompt_plus_max_tokens_over_window_is_too_long(engine):

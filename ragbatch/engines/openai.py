@@ -53,7 +53,15 @@ tokens with the first of these that is available:
 1. the tokenizer in the local directory ``tokenizer`` of the config (transformers'
    ``AutoTokenizer.apply_chat_template`` with the generation prompt added);
 2. the server's ``POST /tokenize`` endpoint (vLLM has one, at the server root, not under
-   ``/v1``), probed once when the engine loads;
+   ``/v1``), probed once when the engine loads. A request is counted this way only when
+   it might not fit: one whose UTF-8 bytes, plus the chat template's tokens per message
+   (from the server's counts of two tiny chats at load) and 32, plus ``max_tokens``, are
+   within the window is sent without asking. A byte-level BPE token (the tokenizers of
+   GPT, Llama 3, Qwen, Mistral's Tekken) covers at least one byte, so such a request fits;
+   for a SentencePiece tokenizer whose normalization lengthens rare characters the
+   bound could in principle be passed, and the request then meets the server's own
+   check as in 3. Asking ``/tokenize`` for every request made the client's cost per
+   judge call 1.4 times as high (BENCHMARKS.md, "A judge that answers at once");
 3. none: the request is sent, and the server's HTTP 400 "maximum context length" reply is
    mapped to ``context_too_long``. vLLM refuses only a prompt that alone exceeds the
    window; one that fits but leaves less than ``max_tokens`` gets a shortened
@@ -107,6 +115,10 @@ CONNECT_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 30.0
 #: Longest wait a ``Retry-After`` header can impose, in seconds.
 MAX_RETRY_AFTER_S = 120.0
+#: Tokens added to the byte bound of a chat's length (:meth:`OpenAIJudgeEngine._fits_by_bytes`)
+#: for what the probe chats do not show of the template.
+BYTE_BOUND_MARGIN = 32
+
 #: Name of the schema sent with ``structured_outputs: response_format``.
 SCHEMA_NAME = "verdict"
 #: Property that carries the chosen option when a choice is sent as a JSON schema.
@@ -136,6 +148,7 @@ class _Counters:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
     tokenize_failures: int = 0
+    length_checks_by_bytes: int = 0
 
 
 class _Failure(Exception):
@@ -277,6 +290,7 @@ class OpenAIJudgeEngine(JudgeEngine):
         self._counters = _Counters()
         self._tokenizer: Any = None
         self.token_counter = "none"
+        self._chat_overhead = 0
         self._closed = False
         self._loop = _LoopThread()
         try:
@@ -355,13 +369,32 @@ class OpenAIJudgeEngine(JudgeEngine):
         return model_id, int(window)
 
     async def _probe_tokenize(self) -> bool:
+        """Whether the server's ``/tokenize`` counts chats; also sets the chat template's
+        overhead per message (:meth:`_fits_by_bytes`) from its counts of two tiny chats."""
         try:
             count = await self._server_count([{"role": "user", "content": "ping"}])
         except Exception as exc:
             logger.info("no usable /tokenize endpoint at %s (%s); prompt lengths are checked "
                         "by the server", _server_root(self.base_url), _describe_exception(exc))
             return False
+        try:  # some chat templates refuse a system message
+            pair = await self._server_count([{"role": "system", "content": "ping"},
+                                             {"role": "user", "content": "ping"}])
+        except Exception:
+            pair = 0
+        self._chat_overhead = max(count, pair)
         return count > 0
+
+    def _fits_by_bytes(self, messages: list[dict[str, str]], max_tokens: int) -> bool:
+        """Whether the chat surely fits the window with ``max_tokens`` to spare, judged
+        without counting: a byte-level BPE token covers at least one byte, so a chat has
+        at most the UTF-8 bytes of its messages plus the template's own tokens
+        (:data:`_chat_overhead`, taken per message, plus :data:`BYTE_BOUND_MARGIN`)."""
+        if not self._chat_overhead:
+            return False
+        size = sum(len(str(m.get("content", "")).encode()) for m in messages)
+        bound = size + self._chat_overhead * len(messages) + BYTE_BOUND_MARGIN
+        return bound + max_tokens <= self.max_model_len
 
     # ------------------------------------------------------------- the protocol
 
@@ -408,7 +441,9 @@ class OpenAIJudgeEngine(JudgeEngine):
             ``judge_errors``, ``context_too_long`` (completions by status),
             ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` (summed
             over the replies' usage), ``tokenize_failures`` (prompt counts the server's
-            ``/tokenize`` could not give) and ``token_counter``.
+            ``/tokenize`` could not give), ``length_checks_by_bytes`` (requests sent
+            without asking ``/tokenize``, their bytes showing that they fit; see the
+            module notes) and ``token_counter``.
         """
         out: dict[str, Any] = dict(vars(self._counters))
         out["token_counter"] = self.token_counter
@@ -487,7 +522,7 @@ class OpenAIJudgeEngine(JudgeEngine):
         messages = [m.as_dict() for m in request.messages]
         max_tokens = self._max_tokens(request.output)
         async with semaphore:
-            prompt_tokens = await self._count_prompt(messages)
+            prompt_tokens = await self._count_prompt(messages, max_tokens)
             if prompt_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
                 return Completion(
                     status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens,
@@ -497,10 +532,13 @@ class OpenAIJudgeEngine(JudgeEngine):
             body = self._request_body(request, messages)
             return await self._send_with_retries(body, request, prompt_tokens or 0, deadline)
 
-    async def _count_prompt(self, messages: list[dict[str, str]]) -> int | None:
+    async def _count_prompt(self, messages: list[dict[str, str]], max_tokens: int) -> int | None:
         if self.token_counter == "tokenizer":
             return _count_with_tokenizer(self._tokenizer, messages)
         if self.token_counter == "server":
+            if self._fits_by_bytes(messages, max_tokens):
+                self._counters.length_checks_by_bytes += 1
+                return None
             try:
                 return await self._server_count(messages)
             except Exception as exc:
