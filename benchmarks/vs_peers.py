@@ -542,9 +542,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sequences per engine step, server and ragbatch-vllm (default: 32 "
                         "without GPUs; with --num-gpus, vLLM's own default for the GPU)")
     p.add_argument("--block-size", type=int,
-                   help="KV-cache block size in tokens, server and ragbatch-vllm alike "
-                        "(default: 32 without GPUs, ragbatch's own CPU default; with "
-                        "--num-gpus, vLLM's own default)")
+                   help="KV-cache block size in tokens, the script's own server and "
+                        "ragbatch-vllm alike (default: 32 without GPUs, ragbatch's own CPU "
+                        "default; with --num-gpus, vLLM's own default); a server given with "
+                        "--base-url keeps its own")
     p.add_argument("--context-chars", type=int, default=300,
                    help="context length of the synthetic rows (default 300)")
     p.add_argument("--sample-context-chars", type=int, default=1000,
