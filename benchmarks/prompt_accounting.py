@@ -101,14 +101,16 @@ class PrefixCache:
 TASK_HEADING = "\n\n## Task\n"
 
 
-def task_tokens(chat: list[dict[str, str]], encode) -> int:
+def task_tokens(chat: list[dict[str, str]], encode, ids: list[int] | None = None) -> int:
     """Tokens of a ragbatch chat after its shared block (the metric's task: instructions,
-    row-specific fields such as the reference answer, reply format); 0 for other chats."""
+    row-specific fields such as the reference answer, reply format); 0 for other chats.
+    ``ids``: the chat's tokens when the caller has them already."""
     user = chat[-1]["content"]
     cut = user.find(TASK_HEADING)
     if cut < 0:
         return 0
-    ids = encode(chat)
+    if ids is None:
+        ids = encode(chat)
     head = encode(chat[:-1] + [{"role": "user", "content": user[:cut]}])
     common = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), len(head))
     return len(ids) - common
@@ -128,7 +130,7 @@ def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[st
                     calls += 1
                     total += len(ids)
                     computed += len(ids) - cache.served(ids)
-                    after += task_tokens(chats[m], encode)
+                    after += task_tokens(chats[m], encode, ids)
     n = len(rows)
     return {"calls_per_row": calls / n, "prompt_tokens_per_row": total / n,
             "computed_tokens_per_row": computed / n, "task_tokens_per_row": after / n}
