@@ -101,15 +101,16 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     _add_config_args(p)
     p.add_argument("--address", help=address_help)
     p.add_argument("--working-dir", metavar="DIR",
-                   help="directory shipped to the cluster; must hold jobs/run.py and the config "
-                        "(default: the current directory)")
+                   help="a ragbatch checkout to ship and run (its jobs/run.py); it must hold the "
+                        "config (default: ship only the config and the callback modules next to "
+                        "it, and run the cluster's installed ragbatch with python -m ragbatch)")
     p.add_argument("--run-id", help="run id (default: run.run_id, else generated now; "
                                     "with --nightly: nightly-<run date>)")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD, also for {run_date} in the URIs (default: "
                         "run.run_date, else today UTC; with --nightly: yesterday UTC)")
     p.add_argument("--nightly", action="store_true",
-                   help="run it as the nightly job (jobs/nightly.py, as `ragbatch nightly`)")
+                   help="run it as the nightly job (as `ragbatch nightly`)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to end and exit with its status")
     p.add_argument("--follow-logs", action="store_true",
@@ -117,7 +118,8 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env", action="append", type=_env_pair, default=[], metavar="KEY=VALUE",
                    help="environment variable of the job's processes (repeatable)")
     p.add_argument("--pip", action="append", default=[], metavar="PKG",
-                   help="package Ray installs into the job's environment (repeatable)")
+                   help="package Ray installs into the job's environment (repeatable; for "
+                        "example 'ragbatch[s3]==VERSION' where the cluster's image lacks ragbatch)")
     p.add_argument("--entrypoint-num-cpus", type=float, metavar="N",
                    help="CPUs reserved for the job's driver (default: Ray's, 0)")
     status = sub.add_parser("status", help="status of a submitted job")

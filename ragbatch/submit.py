@@ -1,12 +1,22 @@
 """Submit a job config to a Ray cluster as a Ray job, and follow it.
 
-A submission ships a working directory (normally the repository root) to the cluster
-through Ray's Job Submission API (:class:`ray.job_submission.JobSubmissionClient`, which
-needs ``ray[default]``) and runs ``python jobs/run.py CONFIG --run-id ID --run-date D``
-there (``jobs/nightly.py`` for a nightly run), with the cluster's ``python``. The config is checked here first, without touching
-its input (which may be reachable from the cluster only), so that nothing is submitted
-for a broken config. The run id and run date are fixed at submission, so the printed
-output paths are the ones the job writes.
+A submission sends a working directory to the cluster through Ray's Job Submission API
+(:class:`ray.job_submission.JobSubmissionClient`, which needs ``ray[default]``) and runs
+the job there with the cluster's ``python``, in one of two ways:
+
+* from the installed package (the default): the working directory is the config and the
+  user code its metrics import (:mod:`ragbatch.shipping`), put together in a temporary
+  folder, and the job runs ``python -m ragbatch run CONFIG --run-id ID --run-date D``
+  (``nightly`` for a nightly run). The cluster must have ragbatch installed, in its image
+  or through ``--pip``.
+* from a checkout (``working_dir``): the checkout is shipped as it is and the job runs its
+  ``jobs/run.py`` (``jobs/nightly.py``) with the same arguments.
+
+The config is checked here first, without touching its input (which may be reachable
+from the cluster only), so that nothing is submitted for a broken config. The run id and
+run date are fixed at submission, so the printed output paths are the ones the job writes.
+The entry point is one shell command (Ray runs it through a shell): every argument in it
+is quoted.
 
 The address is ``--address``, else ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS`` (the
 variables Ray's own ``ray job`` commands read): the URL of the head node's job server,
@@ -22,22 +32,26 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
 from ragbatch.config import JobConfig, RunSection, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.metrics.base import Metric
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
 ADDRESS_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-#: The job entry points, relative to the working directory: a run, and a nightly run.
-ENTRYPOINT_SCRIPT = "jobs/run.py"
-NIGHTLY_SCRIPT = "jobs/nightly.py"
+#: How a job starts from the installed package: ``python -m ragbatch <command>``.
+PACKAGE_ENTRY = ("python", "-m", "ragbatch")
+#: How a job starts in a shipped checkout: its entry script for ``run`` or ``nightly``.
+CHECKOUT_SCRIPT = "jobs/{command}.py"
 #: Never shipped, whatever the ignore files say. Ray leaves out what ``.gitignore`` and
 #: ``.rayignore`` files in the working directory list (``.venv/``, ``out/``, ``models/``,
 #: ``test-artifacts/``, benchmark data in this repository), but ``.git`` cannot list itself.
@@ -49,7 +63,7 @@ POLL_S = 2.0
 @dataclass(frozen=True)
 class OutputPaths:
     """Where a submitted run's tables will be, as URIs (or local paths) under the
-    output root; nothing is opened to compute them."""
+    output root, without credentials; nothing is opened to compute them."""
 
     scores: str
     summary: str
@@ -65,10 +79,15 @@ class JobRequest:
     entrypoint : str
         Shell command the cluster runs in the shipped working directory.
     runtime_env : dict
-        ``working_dir`` (absolute path), ``excludes``, and ``env_vars`` / ``pip`` when given.
+        ``excludes``, ``working_dir`` (absolute path) when a checkout is shipped, and
+        ``env_vars`` / ``pip`` when given.
+    files : dict of str to Path
+        Without a checkout: the working directory to assemble at submission (name at its
+        top -> local file or package folder; see :func:`ragbatch.shipping.job_files`).
+        Empty when a checkout is shipped.
     metadata : dict of str to str
         Stored with the job (``ragbatch status`` prints it): config, run id, run date,
-        output root.
+        output root (without credentials).
     run_id, run_date, output : str, datetime.date, OutputPaths
         The run the job will write.
     config : JobConfig
@@ -82,6 +101,7 @@ class JobRequest:
     run_date: dt.date
     output: OutputPaths
     config: JobConfig = field(repr=False)
+    files: dict[str, Path] = field(default_factory=dict)
 
 
 def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = None,
@@ -94,11 +114,14 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     Parameters
     ----------
     config_path : str or Path
-        The job config (YAML); it must lie inside ``working_dir``.
+        The job config (YAML). Without ``working_dir`` it may be anywhere.
     working_dir : str or Path, optional
-        Directory shipped to the cluster (default: the current directory). It must hold
-        the entry point (``jobs/run.py``, or ``jobs/nightly.py`` with ``nightly``); files
-        its ``.gitignore`` / ``.rayignore`` list are not shipped.
+        A ragbatch checkout to ship as it is (files its ``.gitignore`` / ``.rayignore``
+        list are not shipped); it must hold the entry point (``jobs/run.py``, or
+        ``jobs/nightly.py`` with ``nightly``) and the config, and relative local paths
+        in the config name files inside it. Default: no checkout; the config and the user
+        code it imports from the config's folder or the current folder are shipped, and
+        the job runs the cluster's installed ragbatch.
     input_uri, output_uri : str, optional
         Overrides of ``input.uri`` and ``output.uri``, passed on to the job.
     run_id : str, optional
@@ -108,11 +131,13 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
         Default: ``run.run_date``, else today (UTC) at submission; with ``nightly``,
         yesterday (UTC). It also fills ``{run_date}`` in the config's URIs.
     nightly : bool
-        Run the config as the nightly job (``jobs/nightly.py``, as ``ragbatch nightly``).
+        Run the config as the nightly job (as ``ragbatch nightly``).
     env : dict of str to str, optional
-        Environment variables of the job's processes (``runtime_env.env_vars``).
+        Environment variables of the job's processes (``runtime_env.env_vars``; Ray
+        stores them with the job and shows them on its dashboard).
     pip : list of str, optional
-        Packages Ray installs into the job's environment (``runtime_env.pip``).
+        Packages Ray installs into the job's environment (``runtime_env.pip``), for
+        example ``ragbatch[s3]==0.1.0`` on a cluster whose image lacks it.
 
     Returns
     -------
@@ -124,50 +149,80 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
         The config is invalid (fields, metric names and params, engines and their
         accelerator types, ``{run_date}`` placeholders; not local model directories,
         which may exist on the cluster only, nor the fit of the stages, which an
-        autoscaler may provide), lies outside the working directory, the working
-        directory lacks the entry point, the run id is not path-safe, or the output is a
-        relative local path or ``memory://`` (on the cluster it would land in the job's
-        temporary directory, or in its driver's memory, and be lost).
+        autoscaler may provide); a ``working_dir`` lacks the entry point or the config;
+        the run id is not path-safe; ``--input`` / ``--output`` carry a password (it
+        would be stored with the job); the output or cache is a relative local path or
+        ``memory://`` (on the cluster it would land in the job's temporary directory, or
+        in its driver's memory, and be lost); without a checkout, the input or the
+        calibration root is a relative local path (nothing local is shipped but the
+        config and its user code); two shipped modules would take one name.
     """
-    script = NIGHTLY_SCRIPT if nightly else ENTRYPOINT_SCRIPT
-    workdir, config_file = _locate(config_path, working_dir, script)
+    command = "nightly" if nightly else "run"
+    config_file = Path(config_path).resolve()
+    checkout = None if working_dir is None else _checkout(working_dir, command)
+    if checkout is not None:
+        config_ref = _inside(config_file, checkout, config_path)
+        start = ["python", CHECKOUT_SCRIPT.format(command=command)]
+        search_dirs = (checkout, config_file.parent)
+    else:
+        config_ref = config_file.name
+        start = [*PACKAGE_ENTRY, command]
+        search_dirs = (Path.cwd().resolve(), config_file.parent)
+    for flag, uri in (("--input", input_uri), ("--output", output_uri)):
+        _refuse_password(flag, uri)
     config = load_config(config_file)
     if input_uri:
         config.input.uri = input_uri
     if output_uri:
         config.output.uri = output_uri
     run_id, run_date = _run_naming(config, run_id, run_date, nightly)
-    rendered = _checked(config, run_date, (workdir, config_file.parent))
+    rendered, metrics = _checked(config, run_date, search_dirs, ships_local_files=checkout is not None)
 
-    args = ["python", script, config_file.relative_to(workdir).as_posix(),
-            "--run-id", run_id, "--run-date", run_date.isoformat()]
+    args = [*start, config_ref, "--run-id", run_id, "--run-date", run_date.isoformat()]
     if input_uri:
         args += ["--input", input_uri]
     if output_uri:
         args += ["--output", output_uri]
-    runtime_env: dict[str, Any] = {"working_dir": str(workdir), "excludes": list(ALWAYS_EXCLUDED)}
+    runtime_env: dict[str, Any] = {"excludes": list(ALWAYS_EXCLUDED)}
+    if checkout is not None:
+        runtime_env["working_dir"] = str(checkout)
     if env:
         runtime_env["env_vars"] = dict(env)
     if pip:
         runtime_env["pip"] = list(pip)
-    root = rendered.output.uri
-    metadata = {"ragbatch_config": args[2], "ragbatch_run_id": run_id,
+    files = {} if checkout is not None else _job_files(config_file, metrics, search_dirs)
+    root = without_userinfo(rendered.output.uri)
+    metadata = {"ragbatch_config": config_ref, "ragbatch_run_id": run_id,
                 "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": root}
     return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date,
-                      _output_paths(root, run_date, run_id), rendered)
+                      _output_paths(root, run_date, run_id), rendered, files)
 
 
-def _locate(config_path: str | Path, working_dir: str | Path | None, script: str) -> tuple[Path, Path]:
-    """The working dir and the config file, both absolute; the config must be inside."""
-    workdir = Path(working_dir if working_dir is not None else os.getcwd()).resolve()
+def _checkout(working_dir: str | Path, command: str) -> Path:
+    """``working_dir``, absolute; it must hold the entry script of ``command``."""
+    workdir = Path(working_dir).resolve()
+    script = CHECKOUT_SCRIPT.format(command=command)
     if not (workdir / script).is_file():
-        raise ConfigError(f"working dir {workdir} has no {script}: pass --working-dir with the "
-                          "root of a ragbatch checkout (it is shipped to the cluster)")
-    config_file = Path(config_path).resolve()
+        raise ConfigError(
+            f"--working-dir {workdir} has no {script}, so it is not a ragbatch checkout: pass "
+            "the root of one, or leave --working-dir out to ship only the config and the "
+            "callback modules it names (the cluster then runs its installed ragbatch)")
+    return workdir
+
+
+def _inside(config_file: Path, workdir: Path, config_path: str | Path) -> str:
+    """The config's path relative to the shipped checkout, ``/``-separated."""
     if not config_file.is_relative_to(workdir):
         raise ConfigError(f"config {config_path} is outside the working dir {workdir}, so it would "
-                          "not reach the cluster; move it inside, or pass a --working-dir that holds it")
-    return workdir, config_file
+                          "not reach the cluster; move it inside, pass a --working-dir that holds "
+                          "it, or leave --working-dir out (the config is then shipped by itself)")
+    return config_file.relative_to(workdir).as_posix()
+
+
+def _job_files(config_file: Path, metrics: list[Metric], search_dirs: tuple[Path, ...]) -> dict[str, Path]:
+    from ragbatch.shipping import job_files
+
+    return job_files(config_file, metrics, search_dirs)
 
 
 def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
@@ -187,23 +242,24 @@ def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
     return _checked_run_id(run_id or config.run.run_id or new_run_id()), run_date
 
 
-def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...]) -> JobConfig:
+def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...],
+             ships_local_files: bool) -> tuple[JobConfig, list[Metric]]:
     """Everything that can be checked here without the cluster; the config rendered for
-    ``run_date``."""
+    ``run_date``, and its metrics."""
     from ragbatch.placement import accelerator_problems
     from ragbatch.plan import build_metrics
     from ragbatch.templating import render_config
 
     rendered = render_config(config, run_date)
-    _check_output(rendered.output.uri)
+    _check_local_uris(rendered, ships_local_files)
     for path in import_paths:  # metric callbacks are imported when checked
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    _, engines, problems = build_metrics(rendered)
+    metrics, engines, problems = build_metrics(rendered)
     problems += accelerator_problems(engines)
     if problems:
         raise ConfigError(problems)
-    return rendered
+    return rendered, metrics
 
 
 def _output_paths(root: str, run_date: dt.date, run_id: str) -> OutputPaths:
@@ -215,18 +271,76 @@ def _output_paths(root: str, run_date: dt.date, run_id: str) -> OutputPaths:
     return OutputPaths(layout.scores_path + "/", layout.summary_path, layout.manifest_path)
 
 
-def _check_output(uri: str) -> None:
+def _check_local_uris(config: JobConfig, ships_local_files: bool) -> None:
+    """Refuse locations the job could not use on the cluster: ``memory://`` and relative
+    local paths where it writes (output, cache), and, when nothing local is shipped,
+    relative local paths where it reads (input, calibration root)."""
+    written = [("output.uri", config.output.uri)]
+    if config.cache.enabled and config.cache.uri:
+        written.append(("cache.uri", config.cache.uri))
+    for where, uri in written:
+        if _protocol(uri) == "memory":
+            raise ConfigError(f"{where} {uri!r}: memory:// lives in the job's driver process and is "
+                              "lost when the job ends; give object storage (s3://, gs://)")
+        if _is_relative_local(uri):
+            raise ConfigError(
+                f"{where} {uri!r} is a relative local path: on the cluster it would land in the "
+                "job's temporary working directory; give object storage (s3://..., gs://...) or an "
+                "absolute path every node shares (for output.uri: with --output or in the config)")
+    if ships_local_files:
+        return
+    read = [("input.uri", config.input.uri)]
+    if config.calibration is not None:
+        read.append(("calibration.uri", config.calibration.uri))
+    for where, uri in read:
+        if _is_relative_local(uri):
+            raise ConfigError(
+                f"{where} {uri!r} is a relative local path: only the config and its callback "
+                "modules are shipped, so on the cluster it would name the job's temporary working "
+                "directory; give object storage (s3://..., gs://...) or an absolute path every node "
+                "reads (for input.uri: with --input or in the config), or ship a ragbatch checkout "
+                "that holds it with --working-dir")
+
+
+def _protocol(uri: str) -> str | None:
+    from fsspec.core import split_protocol
+
+    return split_protocol(uri)[0]
+
+
+def _is_relative_local(uri: str) -> bool:
     from fsspec.core import split_protocol
 
     protocol, path = split_protocol(uri)
-    if protocol == "memory":
-        raise ConfigError(f"output.uri {uri!r}: memory:// lives in the job's driver process and is "
-                          "lost when the job ends; give object storage (s3://, gs://) with --output")
-    if protocol in (None, "file", "local") and not os.path.isabs(path):
+    return protocol in (None, "file", "local") and not os.path.isabs(path)
+
+
+def _refuse_password(flag: str, uri: str | None) -> None:
+    """A URI given on the command line goes into the job's entry point, which Ray stores
+    and shows: refuse one that carries a password."""
+    if uri and urlsplit(uri).password is not None:
         raise ConfigError(
-            f"output.uri {uri!r} is a relative local path: on the cluster it would land in the "
-            "job's temporary working directory; give object storage (s3://..., gs://...) or an "
-            "absolute path every node shares, with --output or in the config")
+            f"{flag}: the URI carries a password (user:password@...); it would be stored with "
+            "the job and shown on the cluster's dashboard. Put credentials in the config's "
+            "storage_options or the cluster's environment, and pass the URI without them")
+
+
+def without_userinfo(uri: str) -> str:
+    """``uri`` without ``user:password@`` (what is printed and stored with a job).
+
+    Parameters
+    ----------
+    uri : str
+        A URI or a local path; a path is returned as it is.
+
+    Returns
+    -------
+    str
+    """
+    netloc = urlsplit(uri).netloc
+    if "@" not in netloc:
+        return uri
+    return uri.replace(netloc, netloc.rpartition("@")[2], 1)
 
 
 def _checked_run_id(run_id: str) -> str:
@@ -292,7 +406,9 @@ def connect(address: str | None) -> Any:
 
 
 def submit(client: Any, request: JobRequest, *, entrypoint_num_cpus: float | None = None) -> str:
-    """Ship the working directory and start the job; return its submission id.
+    """Ship the working directory and start the job; return its submission id. Without
+    a checkout, the working directory is assembled from ``request.files`` in a
+    temporary folder, removed once Ray has uploaded it.
 
     Raises
     ------
@@ -303,8 +419,10 @@ def submit(client: Any, request: JobRequest, *, entrypoint_num_cpus: float | Non
         The job server refused the submission for another reason.
     """
     try:
-        return client.submit_job(entrypoint=request.entrypoint, runtime_env=request.runtime_env,
-                                 metadata=request.metadata, entrypoint_num_cpus=entrypoint_num_cpus)
+        with _runtime_env(request) as runtime_env:
+            return client.submit_job(entrypoint=request.entrypoint, runtime_env=runtime_env,
+                                     metadata=request.metadata,
+                                     entrypoint_num_cpus=entrypoint_num_cpus)
     except (RuntimeError, ValueError) as exc:
         text = str(exc)
         # The job server answers 413 past its request size limit; Ray's own GCS store
@@ -313,13 +431,37 @@ def submit(client: Any, request: JobRequest, *, entrypoint_num_cpus: float | Non
             limit = re.search(r"Maximum request body size (\d+)", text)
             why = (f"its zipped package exceeds the job server's limit of "
                    f"{int(limit.group(1)) / 2**20:.0f} MiB" if limit else text.split(". ")[0])
-            raise ConfigError(
-                f"working dir {request.runtime_env['working_dir']} is too large to ship: {why}. "
-                "List large files in its .gitignore or .rayignore (Ray leaves those out), or pass "
-                "a smaller --working-dir") from None
+            raise ConfigError(f"{_shipped(request)} too large to ship: {why}. {_smaller(request)}") from None
         if isinstance(exc, ValueError):
             raise
         raise ClusterError(f"the job server at {client.get_address()} refused the job: {exc}") from None
+
+
+@contextlib.contextmanager
+def _runtime_env(request: JobRequest) -> Iterator[dict[str, Any]]:
+    """The runtime env to submit, with the working directory to ship in it."""
+    if not request.files:
+        yield request.runtime_env
+        return
+    from ragbatch.shipping import assemble
+
+    with tempfile.TemporaryDirectory(prefix="ragbatch-job-") as folder:
+        assemble(request.files, Path(folder))
+        yield {**request.runtime_env, "working_dir": folder}
+
+
+def _shipped(request: JobRequest) -> str:
+    if not request.files:
+        return f"working dir {request.runtime_env['working_dir']} is"
+    return f"the config and the code it ships ({', '.join(map(str, request.files.values()))}) are"
+
+
+def _smaller(request: JobRequest) -> str:
+    if not request.files:
+        return ("List large files in its .gitignore or .rayignore (Ray leaves those out), or pass "
+                "a smaller --working-dir")
+    return ("Install large callback packages on the cluster instead (image or --pip); "
+            "code imported from outside the config's folder and the current folder is not shipped")
 
 
 def job_info(client: Any, job_id: str) -> Any:

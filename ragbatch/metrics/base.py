@@ -136,6 +136,11 @@ class Metric(ABC):
             "engine": self.engine,
         }
 
+    def user_modules(self) -> tuple[str, ...]:
+        """Modules of user code this metric imports (dotted names); ``ragbatch submit``
+        ships those that lie next to the config. None by default."""
+        return ()
+
     def check_input(self, available: set[str]) -> list[str]:
         """Problems with the mapped input columns (missing mappings), for ``validate``."""
         return [

@@ -88,6 +88,10 @@ class Binary(ExpressionMetric):
         ("null inputs", "passed to the callback unchanged"),
     )
 
+    def user_modules(self) -> tuple[str, ...]:
+        """The callback's module."""
+        return (self.params.callback.partition(":")[0],)
+
     def expression(self) -> pl.Expr:
         fn = load_callback(self.params.callback)
         run = _batch_runner(fn) if self.params.mode == "batch" else _row_runner(fn)
