@@ -251,12 +251,12 @@ def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...
     from ragbatch.templating import render_config
 
     rendered = render_config(config, run_date)
-    _check_local_uris(rendered, ships_local_files)
+    location_problems = _local_uri_problems(rendered, ships_local_files)
     for path in import_paths:  # metric callbacks are imported when checked
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
     metrics, engines, problems = build_metrics(rendered)
-    problems += accelerator_problems(engines)
+    problems = location_problems + problems + accelerator_problems(engines)
     if problems:
         raise ConfigError(problems)
     return rendered, metrics
@@ -271,35 +271,37 @@ def _output_paths(root: str, run_date: dt.date, run_id: str) -> OutputPaths:
     return OutputPaths(layout.scores_path + "/", layout.summary_path, layout.manifest_path)
 
 
-def _check_local_uris(config: JobConfig, ships_local_files: bool) -> None:
-    """Refuse locations the job could not use on the cluster: ``memory://`` and relative
-    local paths where it writes (output, cache), and, when nothing local is shipped,
-    relative local paths where it reads (input, calibration root)."""
+def _local_uri_problems(config: JobConfig, ships_local_files: bool) -> list[str]:
+    """Locations the job could not use on the cluster: ``memory://`` and relative local
+    paths where it writes (output, cache), and, when nothing local is shipped, relative
+    local paths where it reads (input, calibration root)."""
+    problems = []
     written = [("output.uri", config.output.uri)]
     if config.cache.enabled and config.cache.uri:
         written.append(("cache.uri", config.cache.uri))
     for where, uri in written:
         if _protocol(uri) == "memory":
-            raise ConfigError(f"{where} {uri!r}: memory:// lives in the job's driver process and is "
-                              "lost when the job ends; give object storage (s3://, gs://)")
-        if _is_relative_local(uri):
-            raise ConfigError(
+            problems.append(f"{where} {uri!r}: memory:// lives in the job's driver process and is "
+                            "lost when the job ends; give object storage (s3://, gs://)")
+        elif _is_relative_local(uri):
+            problems.append(
                 f"{where} {uri!r} is a relative local path: on the cluster it would land in the "
                 "job's temporary working directory; give object storage (s3://..., gs://...) or an "
                 "absolute path every node shares (for output.uri: with --output or in the config)")
     if ships_local_files:
-        return
+        return problems
     read = [("input.uri", config.input.uri)]
     if config.calibration is not None:
         read.append(("calibration.uri", config.calibration.uri))
     for where, uri in read:
         if _is_relative_local(uri):
-            raise ConfigError(
+            problems.append(
                 f"{where} {uri!r} is a relative local path: only the config and its callback "
                 "modules are shipped, so on the cluster it would name the job's temporary working "
                 "directory; give object storage (s3://..., gs://...) or an absolute path every node "
                 "reads (for input.uri: with --input or in the config), or ship a ragbatch checkout "
                 "that holds it with --working-dir")
+    return problems
 
 
 def _protocol(uri: str) -> str | None:

@@ -216,11 +216,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(timeout=10)
 
 
-def start_two_node_cluster(**sizes: int) -> TwoNodeCluster:
+def start_two_node_cluster(python_path: str | None = None, **sizes: int) -> TwoNodeCluster:
     """Start a :class:`TwoNodeCluster` (``sizes`` as for :meth:`TwoNodeCluster.start`) in
     a fresh temp directory under /tmp (a short path: Ray's Unix socket paths inside it
-    must stay under about 100 characters)."""
+    must stay under about 100 characters). ``python_path`` is the nodes' PYTHONPATH
+    (default: none), for example a checkout that stands for the package installed in a
+    cluster's image."""
     cluster = TwoNodeCluster(Path(tempfile.mkdtemp(prefix="rbc", dir="/tmp")))
+    if python_path is not None:
+        cluster.env["PYTHONPATH"] = python_path
     try:
         cluster.start(**sizes)
     except BaseException:

@@ -2,14 +2,18 @@
 
 The module starts its own cluster (``tests/ray_cluster.py``): a head node and a second
 node with the custom resource ``stage_node``, both ``ray start --block`` processes on
-this machine, stopped at the end. It never connects a driver to it from this process (the
-session's ``ray_local`` lives here); everything goes through the job server's HTTP API.
+this machine, stopped at the end, with this checkout on their PYTHONPATH (ragbatch
+installed in the cluster's Python, as an image would have it). It never connects a
+driver to it from this process (the session's ``ray_local`` lives here); everything goes
+through the job server's HTTP API.
 
 The demo job scores six Paul Graham rows (two systems x three questions; one answer
 replaced by its reference in upper case) with ``semantic_similarity`` on the packaged
 MiniLM, whose engine is pinned to ``stage_node``, plus ``exact_match`` and
 ``response_length``. It is submitted twice at once: through ``ragbatch submit --wait`` and
-through ``ray job submit``.
+through ``ray job submit``, both shipping a checkout. A second job is submitted from a
+folder that is not a checkout: only its config and the ``binary`` callback module next to
+it are shipped, and the cluster runs its installed ragbatch.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ SAME_AS_REFERENCE = "system=openai/part.csv:1"
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = start_two_node_cluster(second_cpus=2, stage_slots=2)
+    c = start_two_node_cluster(python_path=str(REPO), second_cpus=2, stage_slots=2)
     try:
         yield c
     finally:
@@ -139,7 +143,7 @@ def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, c
     # Both at once: each polls its job to the end while the other's runs.
     via_ragbatch = subprocess.Popen(
         [str(BIN / "ragbatch"), "submit", "job.yaml", "--address", cluster.dashboard_url,
-         "--wait", "--run-id", "via-ragbatch", "--run-date", "2026-11-28"],
+         "--working-dir", ".", "--wait", "--run-id", "via-ragbatch", "--run-date", "2026-11-28"],
         cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     via_ray = subprocess.Popen(
         [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard_url,
@@ -202,7 +206,7 @@ def test_nothing_is_submitted_for_a_broken_config(cluster, workdir, capsys, monk
 
     outside = workdir.parent / "outside.yaml"
     shutil.copy(workdir / "job.yaml", outside)
-    assert main(["submit", str(outside), "--address", cluster.dashboard_url]) == 2
+    assert main(["submit", str(outside), "--working-dir", ".", "--address", cluster.dashboard_url]) == 2
     assert "outside the working dir" in capsys.readouterr().err
     assert _jobs(cluster) == before
 
@@ -218,7 +222,7 @@ def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tm
     (work / "blob.bin").write_bytes(os.urandom(101 * 2**20))
     _in_process(monkeypatch, work)
     before = _jobs(cluster)
-    assert main(["submit", "job.yaml", "--address", cluster.dashboard_url]) == 2
+    assert main(["submit", "job.yaml", "--working-dir", ".", "--address", cluster.dashboard_url]) == 2
     err = capsys.readouterr().err
     assert (f"working dir {work} is too large to ship: its zipped package exceeds the job "
             "server's limit of 100 MiB") in err
@@ -233,7 +237,7 @@ def test_unreachable_address_and_unknown_job(cluster, workdir, capsys, monkeypat
     # RAY_ADDRESS names the live cluster, but --address wins.
     monkeypatch.setenv("RAY_ADDRESS", cluster.dashboard_url)
     nowhere = f"http://127.0.0.1:{_free_port()}"
-    assert main(["submit", "job.yaml", "--address", nowhere]) == 1
+    assert main(["submit", "job.yaml", "--working-dir", ".", "--address", nowhere]) == 1
     err = capsys.readouterr().err
     assert f"cannot reach a Ray job server at {nowhere}" in err and "ray start --head" in err
     assert "8265" in err
@@ -243,14 +247,22 @@ def test_unreachable_address_and_unknown_job(cluster, workdir, capsys, monkeypat
     assert main(["logs", "raysubmit_nosuchjob"]) == 2
 
 
-def test_wait_exits_with_the_jobs_own_status(cluster, workdir, capsys, monkeypatch):
+def test_wait_exits_with_the_jobs_own_status(cluster, workdir, tmp_path, capsys, monkeypatch):
     """An input that exists nowhere passes the local check (which never reads the
-    input), and the job's driver exits with ragbatch's 2, which --wait passes on."""
+    input), and the job's driver exits with ragbatch's 2, which --wait passes on. The
+    input is full of shell syntax that would create files if the entry point (which Ray
+    runs through a shell) did not quote it; a run id of that kind is refused here."""
     _in_process(monkeypatch, workdir)
-    code = main(["submit", "job.yaml", "--input", "data/absent/", "--address", cluster.dashboard_url,
-                 "--wait", "--run-id", "absent-input"])
+    markers = [tmp_path / f"injected-{i}" for i in range(4)]
+    absent = f"data/absent/$(touch {markers[0]});touch {markers[1]}&&touch {markers[2]} #"
+    code = main(["submit", "job.yaml", "--working-dir", ".", "--input", absent,
+                 "--address", cluster.dashboard_url, "--wait", "--run-id", "absent-input"])
     out = capsys.readouterr().out
     assert code == 2, out
+    assert main(["submit", "job.yaml", "--working-dir", ".", "--run-id", f"x;touch {markers[3]}",
+                 "--address", cluster.dashboard_url]) == 2
+    assert "--run-id" in capsys.readouterr().err
+    assert [m for m in markers if m.exists()] == []
     job_id = next(line for line in out.splitlines() if line.startswith("submitted job ")).split()[2]
     assert f"job {job_id}: FAILED" in out
     assert main(["status", job_id, "--address", cluster.dashboard_url]) == 0
@@ -280,3 +292,53 @@ def test_nightly_submission_runs_jobs_nightly_for_the_night(workdir, monkeypatch
     (workdir / "nightly.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match="run.run_id: a nightly config cannot fix the run id"):
         prepare_job(workdir / "nightly.yaml", working_dir=workdir, nightly=True)
+
+
+#: The callback of the job submitted without a checkout: an answer shorter than this passes.
+SHORT_ANSWER = 1200
+
+
+def test_submit_from_a_folder_that_is_not_a_checkout(cluster, workdir, tmp_path, capsys, monkeypatch):
+    """What a user who installed ragbatch with pip has: a config and a ``binary`` callback
+    module in a folder of their own, submitted from another folder. The input and output
+    are absolute paths every node reaches (this machine's). The cluster finds the callback
+    only in what is shipped (its PYTHONPATH is the checkout), and runs ``python -m ragbatch``."""
+    own = tmp_path / "my-evals"
+    own.mkdir()
+    (own / "answer_checks.py").write_text(
+        "def short(batch):\n"
+        f"    return batch['answer'].str.len_chars() < {SHORT_ANSWER}\n")
+    config = yaml.safe_load((workdir / "job.yaml").read_text())
+    config["input"]["uri"] = str(workdir / "data")
+    config["output"]["uri"] = str(tmp_path / "out")
+    config["metrics"] = [{"name": "exact_match", "params": {"case_sensitive": False}},
+                         {"name": "binary", "id": "short_answer",
+                          "params": {"callback": "answer_checks:short"}}]
+    config.pop("engines")
+    (own / "job.yaml").write_text(yaml.safe_dump(config))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _in_process(monkeypatch, elsewhere)
+
+    code = main(["submit", str(own / "job.yaml"), "--address", cluster.dashboard_url, "--wait",
+                 "--run-id", "from-package", "--run-date", "2026-11-28"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    job_id = next(line for line in out.splitlines() if line.startswith("submitted job ")).split()[2]
+    info = _client(cluster).get_job_info(job_id)
+    assert info.entrypoint == "python -m ragbatch run job.yaml --run-id from-package --run-date 2026-11-28"
+    assert info.metadata["ragbatch_config"] == "job.yaml"
+
+    scores = pl.scan_parquet(f"{tmp_path}/out/scores/**/*.parquet", hive_partitioning=True).collect()
+    assert scores["status"].unique().to_list() == ["ok"]
+    got = {(r["row_id"], r["metric"]): r["score"] for r in scores.iter_rows(named=True)}
+    expected = {key: value for key, value in _expected(workdir).items() if key[1] == "exact_match"}
+    for path in sorted((workdir / "data").glob("system=*/part.csv")):
+        with path.open(newline="", encoding="utf-8") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                expected[f"{path.parent.name}/part.csv:{i}", "short_answer"] = \
+                    float(len(row["llm_answer"]) < SHORT_ANSWER)
+    assert got == expected
+    assert sorted(set(expected.values())) == [0.0, 1.0]
+    manifest = tmp_path / "out/runs/run_date=2026-11-28/run_id=from-package/manifest.json"
+    assert json.loads(manifest.read_text())["rows"]["input"] == 2 * ROWS_PER_SYSTEM
