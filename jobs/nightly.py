@@ -4,7 +4,8 @@ Equivalent to ``ragbatch nightly CONFIG ...``: runs one night (default: yesterda
 publishes its report and its comparison with the previous committed run, and exits 0
 (committed), 1 (failed; retrying may help), 2 (config or input needs a fix), 3 (committed
 but regressed beyond --fail-on-regression) or 4 (the night's input is not there yet).
-For ``ray job submit`` and schedulers that start a script.
+For ``ray job submit``, ``ragbatch submit --nightly --working-dir CHECKOUT`` and schedulers
+that start a script; ``python -m ragbatch nightly`` is the same with the installed package.
 """
 
 from __future__ import annotations

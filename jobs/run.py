@@ -1,7 +1,8 @@
 """Job entry point for ``ray job submit``: ``python jobs/run.py CONFIG [ragbatch run options]``.
 
-Equivalent to ``ragbatch run CONFIG ...``; exists so a cluster job needs only the
-working directory and an interpreter with ragbatch's dependencies.
+Equivalent to ``ragbatch run CONFIG ...`` (and ``python -m ragbatch run CONFIG ...``) with
+this checkout's code: ``ragbatch submit --working-dir CHECKOUT`` starts jobs this way, so a
+cluster job needs only the shipped checkout and an interpreter with ragbatch's dependencies.
 """
 
 from __future__ import annotations
