@@ -23,10 +23,10 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.errors import ConfigError
+from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
@@ -428,14 +428,16 @@ def read_yaml(path: Path, what: str) -> Any:
     Raises
     ------
     ConfigError
-        ``path`` is not a file (the message calls it ``what``), or is not valid YAML.
+        ``path`` is not a file (the message calls it ``what``), is not valid YAML, or is
+        over a size or alias budget (:func:`ragbatch.safe_yaml.load_yaml`).
     """
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:  # refuse before reading it
+        raise ConfigError(f"{path}: {size:,} bytes is over the {MAX_YAML_BYTES:,}-byte limit "
+                          f"for a {what}")
+    return load_yaml(path.read_bytes(), str(path))
 
 
 def _describe(err: dict[str, Any]) -> str:
