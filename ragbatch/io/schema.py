@@ -427,20 +427,22 @@ def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> p
 
 # ----- latency_s
 
-_DURATION_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+#: Units per second. Values are divided by these (7100 ms / 1000 is 7.1 exactly as a
+#: float; 7100 * 0.001 is 7.1000000000000005, which fails a 7.1 s target).
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
 def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues) -> pa.Array:
     n = len(source)
     t = source.type
-    scale = 0.001 if cfg.latency_unit == "ms" else 1.0
+    per_second = _PER_SECOND[cfg.latency_unit]
     if pa.types.is_null(t):
         return pa.nulls(n, pa.float64())
     if _is_number(t):
         seconds = pc.cast(source, pa.float64())
     elif pa.types.is_duration(t):
         seconds = pc.cast(pc.cast(source, pa.int64()), pa.float64())
-        scale = _DURATION_SECONDS[t.unit]
+        per_second = _PER_SECOND[t.unit]
     elif _is_text(t):
         seconds = _parse_numbers(pc.cast(source, pa.string()), marked, issues)
     else:
@@ -449,8 +451,8 @@ def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Iss
                 issues.add(C.LATENCY_S, row,
                            f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
         return pa.nulls(n, pa.float64())
-    if scale != 1.0:
-        seconds = pc.multiply(seconds, scale)
+    if per_second != 1:
+        seconds = pc.divide(seconds, float(per_second))
     return _drop_impossible(seconds, issues)
 
 

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from ragbatch.columns import CELL_FIELDS, ISSUES
+from ragbatch.reasons import NUMBER_DIGITS
 from ragbatch.status import MISSING_INPUT, OK
 
 #: Polars dtype of a cell, derived from :data:`ragbatch.columns.CELL_FIELDS`.
@@ -52,6 +53,14 @@ class PyCell:
     status: str = OK
     reason: str | None = None
     details: dict[str, Any] | None = None
+
+
+def number_text(expr: pl.Expr) -> pl.Expr:
+    """A Float64 expression as reason text, as :func:`ragbatch.reasons.number_text` writes
+    it: rounded to :data:`~ragbatch.reasons.NUMBER_DIGITS` significant digits (float noise
+    such as ``7.1000000000000005`` becomes ``7.1``) and without a trailing ``.0``."""
+    rounded = expr.cast(pl.Float64).round_sig_figs(NUMBER_DIGITS).cast(pl.String)
+    return rounded.str.replace(r"\.0$", "")
 
 
 def missing(column: str) -> Guard:
