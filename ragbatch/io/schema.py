@@ -37,6 +37,7 @@ import pyarrow.json as pajson
 from ragbatch import columns as C
 from ragbatch.config import InputSection
 from ragbatch.errors import InputError
+from ragbatch.io.names import unusable_names
 from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
 
 #: Object keys tried, in order, for a context's text when ``input.contexts_field`` is unset.
@@ -113,7 +114,8 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
         do, with a near-miss suggestion), or a mapped column whose type can never give a
         value (text mapped to numbers, contexts to numbers or to objects without a text
         field, latency to booleans, row ids to nested values, ``contexts_format: list``
-        on a string column).
+        on a string column), or a used column whose name is empty, only whitespace or
+        given twice (:func:`ragbatch.io.names.unusable_names`).
     """
     names = [n for n in schema.names if n != NONSTRING_COLUMN]
     if not names:
@@ -133,7 +135,9 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
     for column in cfg.slice_columns or []:
         if column not in names:
             problems.append(f"input.slice_columns: {_missing(column, names)}")
-    return problems
+    mapped = [getattr(cfg.columns, c) for c in C.CANONICAL if getattr(cfg.columns, c) is not None]
+    used = mapped + [source for source, _ in slice_columns(cfg, schema)]
+    return problems + unusable_names(names, used)
 
 
 def _missing(column: str, names: list[str]) -> str:
@@ -201,7 +205,7 @@ def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]
     list of (str, str)
         ``(input name, output name)`` in schema order: ``cfg.slice_columns`` when set
         (in its order), else every column not used by ``cfg.columns``. A name in
-        :data:`ragbatch.columns.RESERVED` or starting with ``cell::`` gets
+        :data:`ragbatch.columns.RESERVED` gets
         :data:`ragbatch.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
         nothing), e.g. ``metric`` -> ``input_metric``.
     """
@@ -222,7 +226,7 @@ def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]
 
 
 def _reserved(name: str) -> bool:
-    return name in C.RESERVED or name.startswith(C.CELL_PREFIX)
+    return name in C.RESERVED
 
 
 # --------------------------------------------------------------------------- normalize
