@@ -129,6 +129,8 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
         if column not in names:
             problems.append(f"input.columns.{canonical}: {_missing(column, names)}")
             continue
+        if names.count(column) > 1:
+            continue  # ambiguous: unusable_names says so below
         why = _type_problem(canonical, schema.field(column).type, cfg)
         if why:
             problems.append(f"input.columns.{canonical}: column {column!r} {why}")
