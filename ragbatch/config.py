@@ -3,7 +3,8 @@
 Shape (see README "Config reference" for every field)::
 
     run:     {name, run_date, run_id}
-    input:   {uri, format, columns, contexts_format, contexts_field, slice_columns,
+    input:   {uri, format, columns, contexts_format, contexts_field, contexts_delimiter,
+            slice_columns,
               storage_options, encoding, latency_unit}
     output:  {uri, storage_options}
     metrics: [{name, id, params, engine}, ...]
@@ -80,12 +81,25 @@ class InputSection(_Strict):
     uri: str
     format: Literal["parquet", "jsonl", "json", "csv", "tsv"] | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
-    contexts_format: Literal["auto", "list", "json", "text"] = "auto"
+    contexts_format: Literal["auto", "list", "json", "text", "delimited"] = "auto"
     contexts_field: str | None = None
+    #: With ``contexts_format: delimited``, the text between two contexts (e.g. ``"|"``).
+    contexts_delimiter: str | None = None
     slice_columns: list[str] | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict)
     encoding: str = "utf-8"
     latency_unit: Literal["s", "ms"] = "s"
+
+    @model_validator(mode="after")
+    def _delimiter_goes_with_delimited(self) -> "InputSection":
+        delimited = self.contexts_format == "delimited"
+        if delimited and not self.contexts_delimiter:
+            raise ValueError("contexts_format 'delimited' needs contexts_delimiter: the non-empty "
+                             "text between two contexts, e.g. contexts_delimiter: '|'")
+        if not delimited and self.contexts_delimiter is not None:
+            raise ValueError(f"contexts_delimiter is only used with contexts_format: delimited "
+                             f"(contexts_format is {self.contexts_format!r}); set both or remove it")
+        return self
 
 
 class OutputSection(_Strict):

@@ -12,6 +12,9 @@ Contexts formats (``input.contexts_format``)
 ``json``   each value is a JSON-encoded list; string items are kept, object items give
            their text field; a JSON string gives a one-element list
 ``text``   the whole value is one context: ``[value]``
+``delimited``  the value split on ``input.contexts_delimiter`` (kept as written, not
+           stripped); empty pieces (an empty value, a leading, trailing or doubled
+           delimiter) are dropped, so ``""`` gives ``[]``
 ``auto``   a list column is ``list``; a string whose stripped text starts with ``[`` and
            parses as a JSON list is ``json``; any other string is ``text``
 =========  ==============================================================================
@@ -30,6 +33,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -551,7 +555,7 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
         parse = valid
     elif fmt == "auto":
         parse = pc.and_(valid, pc.starts_with(pc.utf8_ltrim_whitespace(strings), "["))
-    else:  # "text" wraps every value, "list" rejects every plain string
+    else:  # "text" wraps, "delimited" splits, "list" rejects every plain string
         parse = pa.array([False] * n)
     parse = pc.and_(parse, pc.invert(_mask(n, marked))) if marked else parse
     parse_rows = pc.indices_nonzero(parse).to_pylist()
@@ -563,7 +567,19 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
     if special:
         rows = [_special_context(strings[r].as_py(), r in marked, cfg) for r in special]
         parts.append((special, _to_arrow(rows, issues, special)))
-    return _overlay(_wrap(strings), parts)
+    base = _split(strings, cfg.contexts_delimiter) if fmt == "delimited" else _wrap(strings)
+    return _overlay(base, parts)
+
+
+def _split(strings: pa.Array, delimiter: str) -> pa.Array:
+    """Each value split on ``delimiter`` without its empty pieces; null for null."""
+    pieces = pc.split_pattern(strings, pattern=delimiter)
+    flat = pc.list_flatten(pieces)
+    keep = pc.not_equal(pc.binary_length(flat), 0)
+    parents = pc.list_parent_indices(pieces).filter(keep).to_numpy()
+    counts = np.bincount(parents, minlength=len(strings))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
+    return pa.ListArray.from_arrays(offsets, flat.filter(keep), mask=strings.is_null())
 
 
 def _wrap(strings: pa.Array) -> pa.Array:
