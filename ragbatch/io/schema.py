@@ -41,6 +41,7 @@ import pyarrow.json as pajson
 from ragbatch import columns as C
 from ragbatch.config import InputSection
 from ragbatch.errors import InputError
+from ragbatch.reasons import quote
 from ragbatch.io.names import unusable_names
 from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
 
@@ -50,7 +51,6 @@ CONTEXT_TEXT_FIELDS: tuple[str, ...] = ("text", "content", "page_content", "exce
 _TEXT_COLUMNS = (C.QUESTION, C.ANSWER, C.REFERENCE)
 _LIST_OF_STRINGS = pa.list_(pa.string())
 _NUMBER = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
-_PREVIEW_CHARS = 60
 
 
 # --------------------------------------------------------------------------- type helpers
@@ -84,11 +84,7 @@ def _kind(value: Any) -> str:
 
 
 def _preview(value: Any) -> str:
-    if isinstance(value, str):
-        text = repr(value)
-    else:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+    return quote(value)
 
 
 def _text_fields(names: list[str], configured: str | None) -> list[str]:
