@@ -16,13 +16,17 @@ from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 
 def _laughs(levels: int = 9, width: int = 10) -> str:
-    """Nested anchors: level k is a list of ``width`` aliases of level k-1, so the
-    document expands to about width**levels strings (10**9 here)."""
+    """A valid job config whose json_valid schema holds nested anchors: level k is a list
+    of ``width`` aliases of level k-1, so it expands to about width**levels strings
+    (10**9 here). Before the budget, validate walked it for minutes until memory ran out."""
     lines = ['a0: &a0 "lol"']
     for k in range(1, levels + 1):
         lines.append(f"a{k}: &a{k} [{', '.join(f'*a{k - 1}' for _ in range(width))}]")
-    lines.append(f"run: {{name: *a{levels}}}")
-    return "\n".join(lines) + "\n"
+    bomb = "\n".join(("          - " if k == 0 else "            ") + line
+                     for k, line in enumerate(lines))
+    return ("run: {name: bomb}\ninput: {uri: in.jsonl, columns: {answer: a}}\n"
+            "output: {uri: out}\nmetrics:\n  - name: json_valid\n    params:\n"
+            f"      schema:\n        type: object\n        examples:\n{bomb}\n")
 
 
 def test_alias_bomb_config_is_refused(tmp_path):
