@@ -16,13 +16,31 @@ column          Arrow type          meaning
 
 Every other input column passes through unchanged as a *slice* column.
 
-Inside the pipeline each metric adds one struct column named ``cell::<metric id>`` whose
-fields are :data:`CELL_FIELDS`; the final stage turns these into the long scores table.
+Inside the pipeline each metric adds one struct column named ``__ragbatch_cell::<metric
+id>`` whose fields are :data:`CELL_FIELDS`; the final stage turns these into the long
+scores table. Every column the pipeline adds for itself is named with
+:data:`INTERNAL_PREFIX` (:func:`internal`); an input column whose name starts with it is
+refused when the input is read (:mod:`ragbatch.io.names`), so no input column can collide
+with one.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+
+#: Start of every column name the pipeline adds for itself; no input column may use it.
+INTERNAL_PREFIX = "__ragbatch_"
+
+
+def internal(name: str) -> str:
+    """The pipeline-internal column name for ``name`` (``INTERNAL_PREFIX + name``)."""
+    return INTERNAL_PREFIX + name
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` lies in the pipeline's own namespace (:data:`INTERNAL_PREFIX`)."""
+    return name.startswith(INTERNAL_PREFIX)
+
 
 ROW_ID = "row_id"
 QUESTION = "question"
@@ -75,9 +93,9 @@ JUDGE_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("cache_hits", pa.int32()),
 )
 JUDGE_TYPE = pa.struct(list(JUDGE_FIELDS))
-JUDGE_PREFIX = "judge::"
+JUDGE_PREFIX = internal("judge::")
 
-CELL_PREFIX = "cell::"
+CELL_PREFIX = internal("cell::")
 
 #: Columns of the long scores table written to Parquet (partition keys ``run_date`` and
 #: ``run_id`` are hive directories, not file columns), before the slice columns.

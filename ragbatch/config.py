@@ -3,7 +3,8 @@
 Shape (see README "Config reference" for every field)::
 
     run:     {name, run_date, run_id}
-    input:   {uri, format, columns, contexts_format, contexts_field, slice_columns,
+    input:   {uri, format, columns, contexts_format, contexts_field, contexts_delimiter,
+            slice_columns,
               storage_options, encoding, latency_unit}
     output:  {uri, storage_options}
     metrics: [{name, id, params, engine}, ...]
@@ -23,10 +24,10 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.errors import ConfigError
+from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
@@ -80,12 +81,25 @@ class InputSection(_Strict):
     uri: str
     format: Literal["parquet", "jsonl", "json", "csv", "tsv"] | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
-    contexts_format: Literal["auto", "list", "json", "text"] = "auto"
+    contexts_format: Literal["auto", "list", "json", "text", "delimited"] = "auto"
     contexts_field: str | None = None
+    #: With ``contexts_format: delimited``, the text between two contexts (e.g. ``"|"``).
+    contexts_delimiter: str | None = None
     slice_columns: list[str] | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict)
     encoding: str = "utf-8"
     latency_unit: Literal["s", "ms"] = "s"
+
+    @model_validator(mode="after")
+    def _delimiter_goes_with_delimited(self) -> "InputSection":
+        delimited = self.contexts_format == "delimited"
+        if delimited and not self.contexts_delimiter:
+            raise ValueError("contexts_format 'delimited' needs contexts_delimiter: the non-empty "
+                             "text between two contexts, e.g. contexts_delimiter: '|'")
+        if not delimited and self.contexts_delimiter is not None:
+            raise ValueError(f"contexts_delimiter is only used with contexts_format: delimited "
+                             f"(contexts_format is {self.contexts_format!r}); set both or remove it")
+        return self
 
 
 class OutputSection(_Strict):
@@ -428,14 +442,16 @@ def read_yaml(path: Path, what: str) -> Any:
     Raises
     ------
     ConfigError
-        ``path`` is not a file (the message calls it ``what``), or is not valid YAML.
+        ``path`` is not a file (the message calls it ``what``), is not valid YAML, or is
+        over a size or alias budget (:func:`ragbatch.safe_yaml.load_yaml`).
     """
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:  # refuse before reading it
+        raise ConfigError(f"{path}: {size:,} bytes is over the {MAX_YAML_BYTES:,}-byte limit "
+                          f"for a {what}")
+    return load_yaml(path.read_bytes(), str(path))
 
 
 def _describe(err: dict[str, Any]) -> str:

@@ -201,7 +201,7 @@ def test_csv_with_byte_order_mark_and_crlf(ray_local, tmp_path):
         ("in.csv:0", "exact_match"): (1.0, "ok", None),  # no '\r' left on 'yes'
         ("in.csv:1", "response_length"): (1.0, "ok", None),
         ("in.csv:1", "context_length"): (0.0, "ok", "#0 (4 chars) outside [0, 3]"),
-        ("in.csv:1", "latency"): (0.0, "ok", "3.0 s > target 2.0 s"),
+        ("in.csv:1", "latency"): (0.0, "ok", "3 s > target 2 s"),
         ("in.csv:1", "exact_match"): (0.0, "ok", "answer differs from reference"),
     }
     assert cells["details", "in.csv:0", "response_length"]["length"] == 3

@@ -12,12 +12,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import CELL_TYPE, JUDGE_TYPE
+from ragbatch.columns import CELL_TYPE, JUDGE_TYPE, cell_column, judge_column
 from ragbatch.errors import EngineError, RunError
 from udfs.guard import BATCH_ATTEMPTS, MAX_LOST_STARTS, BatchGuard, batch_key
 from udfs.ledger import RunLedger
 
-COLUMNS = [("cell::m", CELL_TYPE), ("judge::m", JUDGE_TYPE)]
+COLUMNS = [(cell_column("m"), CELL_TYPE), (judge_column("m"), JUDGE_TYPE)]
 
 
 def _batch(ids):
@@ -26,8 +26,8 @@ def _batch(ids):
 
 def _scored(batch):
     cells = [{"score": 1.0, "status": "ok", "reason": None, "details": None, "model": "x"}] * batch.num_rows
-    return (batch.append_column("cell::m", pa.array(cells, CELL_TYPE))
-            .append_column("judge::m", pa.nulls(batch.num_rows, JUDGE_TYPE)))
+    return (batch.append_column(cell_column("m"), pa.array(cells, CELL_TYPE))
+            .append_column(judge_column("m"), pa.nulls(batch.num_rows, JUDGE_TYPE)))
 
 
 class FlakyScorer:
@@ -62,7 +62,7 @@ def test_a_batch_that_fails_once_is_retried_in_the_actor(ray_local, ledger):
     scorer = FlakyScorer(1)
     out = BatchGuard("engine e", COLUMNS, ledger).run(_batch(["r1", "r2"]), scorer)
     assert scorer.calls == 2
-    assert [c["status"] for c in out.column("cell::m").to_pylist()] == ["ok", "ok"]
+    assert [c["status"] for c in out.column(cell_column("m")).to_pylist()] == ["ok", "ok"]
     faults = ray_local.get(ledger.faults.remote())["engine e"]
     assert faults == {"batches": 1, "batch_starts": 1, "batch_retries": 1, "actors_lost": 0,
                       "failed_batches": 0, "failed_rows": 0}
@@ -73,12 +73,12 @@ def test_a_batch_that_keeps_failing_gets_error_cells_and_the_run_goes_on(ray_loc
     scorer = FlakyScorer(99)
     out = BatchGuard("engine e", COLUMNS, ledger).run(batch, scorer)
     assert scorer.calls == BATCH_ATTEMPTS == 2
-    assert out.column_names == ["row_id", "answer", "cell::m", "judge::m"]
+    assert out.column_names == ["row_id", "answer", cell_column("m"), judge_column("m")]
     assert out.select(["row_id", "answer"]) == batch
     reason = "engine e: batch failed 2 times: RuntimeError: engine hiccup 2"
-    assert out.column("cell::m").to_pylist() == [
+    assert out.column(cell_column("m")).to_pylist() == [
         {"score": None, "status": "error", "reason": reason, "details": None, "model": None}] * 3
-    assert out.column("judge::m").null_count == 3
+    assert out.column(judge_column("m")).null_count == 3
     faults = ray_local.get(ledger.faults.remote())["engine e"]
     assert (faults["failed_batches"], faults["failed_rows"], faults["batch_retries"]) == (1, 3, 1)
 
@@ -91,7 +91,7 @@ def test_a_batch_whose_actors_died_twice_is_not_scored_again(ray_local, ledger):
     scorer = FlakyScorer(0)
     out = BatchGuard("engine e", COLUMNS, ledger).run(batch, scorer)
     assert scorer.calls == 0 and MAX_LOST_STARTS == 2
-    assert {c["reason"] for c in out.column("cell::m").to_pylist()} == {
+    assert {c["reason"] for c in out.column(cell_column("m")).to_pylist()} == {
         "engine e: the worker died 2 times while scoring this batch of 2 rows; "
         "its rows are not scored again"}
     faults = ray_local.get(ledger.faults.remote())["engine e"]
@@ -111,7 +111,7 @@ def test_budget_waits_until_every_read_task_has_reported(ray_local):
     ledger = ray_local.remote(num_cpus=0)(RunLedger).remote(2, 0.0)
     ray_local.get(ledger.record.remote(0, 3))  # task 1 not read yet: the total is unknown
     out = BatchGuard("engine e", COLUMNS, ledger).run(_batch(["r1"]), FlakyScorer(99))
-    assert out.column("cell::m")[0]["status"].as_py() == "error"
+    assert out.column(cell_column("m"))[0]["status"].as_py() == "error"
     ray_local.get(ledger.record.remote(1, 4))
     assert ray_local.get(ledger.over_budget.remote()).startswith("1 of 7 rows (14.3%)")
     ray_local.kill(ledger)
@@ -127,7 +127,7 @@ def test_config_and_engine_errors_are_not_batch_faults(ray_local, ledger):
 
 def test_without_a_ledger_the_guard_still_isolates(ray_local):
     out = BatchGuard("engine e", COLUMNS).run(_batch(["r1"]), FlakyScorer(99))
-    assert out.column("cell::m")[0]["status"].as_py() == "error"
+    assert out.column(cell_column("m"))[0]["status"].as_py() == "error"
 
 
 def test_a_second_attempt_of_a_running_run_id_is_refused(ray_local, tmp_path):

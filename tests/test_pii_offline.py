@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from offline import offline_env, read_blocked
+from ragbatch.columns import cell_column
 from udfs.pii import PiiStage
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +73,6 @@ def test_pii_job_runs_without_network(tmp_path):
     direct = stage(table)
     expected = {(r["id"], metric): cell["score"]
                 for metric, column in (("answer_contains_pii", "a"), ("context_contains_pii", "c"))
-                for r, cell in zip(records, direct.column(f"cell::{column}").to_pylist())}
+                for r, cell in zip(records, direct.column(cell_column(column)).to_pylist())}
     assert {(s[0], s[1]): s[3] for s in scores} == expected
     assert 0 < sum(v for (_, m), v in expected.items() if m == "answer_contains_pii") < 40

@@ -20,6 +20,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from ragbatch.columns import cell_column
 from ragbatch.config import JobConfig
 from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
 from udfs.pii import PiiStage
@@ -120,7 +121,7 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     ids = sorted(texts)
     stage = PiiStage("pii", {"type": "presidio"}, [{"name": "answer_contains_pii", "id": "m", "params": {}}])
     direct = stage(pa.table({"row_id": ids, "answer": [texts[i] for i in ids]}))
-    want = dict(zip(ids, (c["score"] for c in direct.column("cell::m").to_pylist())))
+    want = dict(zip(ids, (c["score"] for c in direct.column(cell_column("m")).to_pylist())))
     assert {r[0]: r[1] for r in scores} == want
 
 

@@ -15,7 +15,7 @@ from ragbatch.metrics.base import ExpressionMetric
 
 
 def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Table:
-    """Append one ``cell::<id>`` struct column per metric to a batch of canonical rows.
+    """Append one ``__ragbatch_cell::<id>`` struct column per metric to a batch of canonical rows.
 
     A Ray Data batch function (run as tasks): rows come back 1:1 in the same order.
     The batch is converted to Polars once; every metric's expression is then evaluated

@@ -3,7 +3,7 @@
 Each actor loads its judge engine (``vllm.LLM``, or a client of an OpenAI-compatible
 server), the embedding models its metrics need, and the judgment cache once, in
 ``__init__``, then judges batches of canonical rows, appending per metric a
-``cell::<metric id>`` column (the cell) and a ``judge::<metric id>`` column (reply,
+``__ragbatch_cell::<metric id>`` column (the cell) and a ``__ragbatch_judge::<metric id>`` column (reply,
 prompt hash, token counts, calls, cache hits). Run it with::
 
     ds.map_batches(JudgeStage, batch_format="pyarrow",
@@ -126,8 +126,8 @@ class JudgeStage:
         Returns
         -------
         pyarrow.Table
-            ``batch`` unchanged, then per metric ``cell::<id>`` (:data:`CELL_TYPE`) and
-            ``judge::<id>`` (:data:`JUDGE_TYPE`), ``n`` rows in the same order.
+            ``batch`` unchanged, then per metric ``__ragbatch_cell::<id>`` (:data:`CELL_TYPE`) and
+            ``__ragbatch_judge::<id>`` (:data:`JUDGE_TYPE`), ``n`` rows in the same order.
         """
         if not isinstance(batch, pa.Table):
             raise TypeError('JudgeStage expects pyarrow.Table batches; use batch_format="pyarrow"')

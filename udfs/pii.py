@@ -109,7 +109,7 @@ class PiiStage:
         -------
         pyarrow.Table
             ``batch`` unchanged (same ``n`` rows, same order) followed by one
-            ``cell::<metric id>`` column (:data:`ragbatch.columns.CELL_TYPE`) per metric.
+            ``__ragbatch_cell::<metric id>`` column (:data:`ragbatch.columns.CELL_TYPE`) per metric.
 
         Raises
         ------

@@ -11,7 +11,7 @@ from udfs.expressions import polars_frame
 
 
 def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Table:
-    """Turn a batch of rows with ``cell::<id>`` columns into scores-table rows.
+    """Turn a batch of rows with ``__ragbatch_cell::<id>`` columns into scores-table rows.
 
     Parameters
     ----------
@@ -69,7 +69,7 @@ _JUDGE_DTYPES = dict(pl.from_arrow(pa.schema(list(JUDGE_FIELDS)).empty_table()).
 
 
 def _judge_fields(frame: pl.DataFrame, metric_id: str) -> list[pl.Expr]:
-    """The judge fields of ``metric_id``: from its ``judge::`` column, else nulls."""
+    """The judge fields of ``metric_id``: from its ``__ragbatch_judge::`` column, else nulls."""
     if judge_column(metric_id) in frame.columns:
         record = pl.col(judge_column(metric_id))
         return [record.struct.field(n).cast(t).alias(n) for n, t in _JUDGE_DTYPES.items()]

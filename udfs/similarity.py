@@ -1,7 +1,7 @@
 """Model stage: the model metrics of one embedding or cross-encoder engine.
 
 One actor pool per engine. Each actor loads its model once, in ``__init__``, and then
-scores batches of canonical rows, appending one ``cell::<metric id>`` column per metric.
+scores batches of canonical rows, appending one ``__ragbatch_cell::<metric id>`` column per metric.
 Run it with::
 
     ds.map_batches(
@@ -201,7 +201,7 @@ class ModelStage:
         -------
         pyarrow.Table
             All of ``batch``'s columns, unchanged and in the same ``n`` rows and order,
-            followed by one column ``cell::<metric id>`` of type
+            followed by one column ``__ragbatch_cell::<metric id>`` of type
             :data:`ragbatch.columns.CELL_TYPE` per metric, in the order given.
 
         Raises

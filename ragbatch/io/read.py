@@ -46,6 +46,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ragbatch.config import InputSection
 from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
+from ragbatch.io.names import refuse_internal_names
 from ragbatch.io.listing import (COMPRESSION_BY_EXTENSION, FORMAT_BY_EXTENSION, InputFile,
                                  discover, display_path, split_extension, storage_call)
 from ragbatch.io.text_formats import (DELIMITERS, NONSTRING_COLUMN, PEEK_BYTES, peek_text,
@@ -289,6 +290,7 @@ def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table
     def head() -> pa.Table:
         with fs.open(task.path, "rb") as handle:
             parquet = pq.ParquetFile(handle)
+            refuse_internal_names(parquet.schema_arrow.names, where)
             groups = (list(task.row_groups) if task.row_groups is not None
                       else list(range(parquet.num_row_groups)))
             parts, rows = [], 0
@@ -336,6 +338,7 @@ def peek_schema(cfg: InputSection) -> pa.Schema:
     if item.format == "parquet":
         schema = _parquet_metadata(fs, item.path).schema.to_arrow_schema()
         schema = pa.schema(list(schema))
+        refuse_internal_names(schema.names, display_path(fs, item.path))
     else:
         table = peek_text(fs, item.path, item.format, cfg.encoding)
         schema = table.schema
@@ -390,6 +393,7 @@ def _read_parquet(fs: fsspec.AbstractFileSystem, task: ReadTask, cfg: InputSecti
 
 
 def _read_row_groups(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table:
+    refuse_internal_names(parquet.schema_arrow.names, task.file_key)
     if task.row_groups is None:
         return parquet.read()
     return parquet.read_row_groups(list(task.row_groups))

@@ -12,6 +12,9 @@ Contexts formats (``input.contexts_format``)
 ``json``   each value is a JSON-encoded list; string items are kept, object items give
            their text field; a JSON string gives a one-element list
 ``text``   the whole value is one context: ``[value]``
+``delimited``  the value split on ``input.contexts_delimiter`` (kept as written, not
+           stripped); empty pieces (an empty value, a leading, trailing or doubled
+           delimiter) are dropped, so ``""`` gives ``[]``
 ``auto``   a list column is ``list``; a string whose stripped text starts with ``[`` and
            parses as a JSON list is ``json``; any other string is ``text``
 =========  ==============================================================================
@@ -30,6 +33,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
@@ -37,6 +41,8 @@ import pyarrow.json as pajson
 from ragbatch import columns as C
 from ragbatch.config import InputSection
 from ragbatch.errors import InputError
+from ragbatch.reasons import quote
+from ragbatch.io.names import unusable_names
 from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
 
 #: Object keys tried, in order, for a context's text when ``input.contexts_field`` is unset.
@@ -45,7 +51,6 @@ CONTEXT_TEXT_FIELDS: tuple[str, ...] = ("text", "content", "page_content", "exce
 _TEXT_COLUMNS = (C.QUESTION, C.ANSWER, C.REFERENCE)
 _LIST_OF_STRINGS = pa.list_(pa.string())
 _NUMBER = r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$"
-_PREVIEW_CHARS = 60
 
 
 # --------------------------------------------------------------------------- type helpers
@@ -79,11 +84,7 @@ def _kind(value: Any) -> str:
 
 
 def _preview(value: Any) -> str:
-    if isinstance(value, str):
-        text = repr(value)
-    else:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 3] + "..."
+    return quote(value)
 
 
 def _text_fields(names: list[str], configured: str | None) -> list[str]:
@@ -113,7 +114,8 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
         do, with a near-miss suggestion), or a mapped column whose type can never give a
         value (text mapped to numbers, contexts to numbers or to objects without a text
         field, latency to booleans, row ids to nested values, ``contexts_format: list``
-        on a string column).
+        on a string column), or a used column whose name is empty, only whitespace or
+        given twice (:func:`ragbatch.io.names.unusable_names`).
     """
     names = [n for n in schema.names if n != NONSTRING_COLUMN]
     if not names:
@@ -127,13 +129,17 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
         if column not in names:
             problems.append(f"input.columns.{canonical}: {_missing(column, names)}")
             continue
+        if names.count(column) > 1:
+            continue  # ambiguous: unusable_names says so below
         why = _type_problem(canonical, schema.field(column).type, cfg)
         if why:
             problems.append(f"input.columns.{canonical}: column {column!r} {why}")
     for column in cfg.slice_columns or []:
         if column not in names:
             problems.append(f"input.slice_columns: {_missing(column, names)}")
-    return problems
+    mapped = [getattr(cfg.columns, c) for c in C.CANONICAL if getattr(cfg.columns, c) is not None]
+    used = mapped + [source for source, _ in slice_columns(cfg, schema)]
+    return problems + unusable_names(names, used)
 
 
 def _missing(column: str, names: list[str]) -> str:
@@ -201,7 +207,7 @@ def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]
     list of (str, str)
         ``(input name, output name)`` in schema order: ``cfg.slice_columns`` when set
         (in its order), else every column not used by ``cfg.columns``. A name in
-        :data:`ragbatch.columns.RESERVED` or starting with ``cell::`` gets
+        :data:`ragbatch.columns.RESERVED` gets
         :data:`ragbatch.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
         nothing), e.g. ``metric`` -> ``input_metric``.
     """
@@ -222,7 +228,7 @@ def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]
 
 
 def _reserved(name: str) -> bool:
-    return name in C.RESERVED or name.startswith(C.CELL_PREFIX)
+    return name in C.RESERVED
 
 
 # --------------------------------------------------------------------------- normalize
@@ -427,20 +433,22 @@ def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> p
 
 # ----- latency_s
 
-_DURATION_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+#: Units per second. Values are divided by these (7100 ms / 1000 is 7.1 exactly as a
+#: float; 7100 * 0.001 is 7.1000000000000005, which fails a 7.1 s target).
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
 def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues) -> pa.Array:
     n = len(source)
     t = source.type
-    scale = 0.001 if cfg.latency_unit == "ms" else 1.0
+    per_second = _PER_SECOND[cfg.latency_unit]
     if pa.types.is_null(t):
         return pa.nulls(n, pa.float64())
     if _is_number(t):
         seconds = pc.cast(source, pa.float64())
     elif pa.types.is_duration(t):
         seconds = pc.cast(pc.cast(source, pa.int64()), pa.float64())
-        scale = _DURATION_SECONDS[t.unit]
+        per_second = _PER_SECOND[t.unit]
     elif _is_text(t):
         seconds = _parse_numbers(pc.cast(source, pa.string()), marked, issues)
     else:
@@ -449,8 +457,8 @@ def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Iss
                 issues.add(C.LATENCY_S, row,
                            f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
         return pa.nulls(n, pa.float64())
-    if scale != 1.0:
-        seconds = pc.multiply(seconds, scale)
+    if per_second != 1:
+        seconds = pc.divide(seconds, float(per_second))
     return _drop_impossible(seconds, issues)
 
 
@@ -543,7 +551,7 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
         parse = valid
     elif fmt == "auto":
         parse = pc.and_(valid, pc.starts_with(pc.utf8_ltrim_whitespace(strings), "["))
-    else:  # "text" wraps every value, "list" rejects every plain string
+    else:  # "text" wraps, "delimited" splits, "list" rejects every plain string
         parse = pa.array([False] * n)
     parse = pc.and_(parse, pc.invert(_mask(n, marked))) if marked else parse
     parse_rows = pc.indices_nonzero(parse).to_pylist()
@@ -555,7 +563,19 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
     if special:
         rows = [_special_context(strings[r].as_py(), r in marked, cfg) for r in special]
         parts.append((special, _to_arrow(rows, issues, special)))
-    return _overlay(_wrap(strings), parts)
+    base = _split(strings, cfg.contexts_delimiter) if fmt == "delimited" else _wrap(strings)
+    return _overlay(base, parts)
+
+
+def _split(strings: pa.Array, delimiter: str) -> pa.Array:
+    """Each value split on ``delimiter`` without its empty pieces; null for null."""
+    pieces = pc.split_pattern(strings, pattern=delimiter)
+    flat = pc.list_flatten(pieces)
+    keep = pc.not_equal(pc.binary_length(flat), 0)
+    parents = pc.list_parent_indices(pieces).filter(keep).to_numpy()
+    counts = np.bincount(parents, minlength=len(strings))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]), pa.int32())
+    return pa.ListArray.from_arrays(offsets, flat.filter(keep), mask=strings.is_null())
 
 
 def _wrap(strings: pa.Array) -> pa.Array:

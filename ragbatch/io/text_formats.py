@@ -12,6 +12,7 @@ import csv
 import gzip
 import io
 import json
+import logging
 import lzma
 import zlib
 from typing import Any, Iterator
@@ -20,14 +21,18 @@ import fsspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ragbatch.columns import internal
 from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error
 from ragbatch.io.listing import display_path, split_extension
+from ragbatch.io.names import refuse_internal_names
+
+log = logging.getLogger(__name__)
 
 #: Extra raw column (JSON input only) listing, per row, the columns whose value was not a
 #: JSON string but is stored as JSON text in a string column. See the module notes of
 #: :mod:`ragbatch.io.read`.
-NONSTRING_COLUMN = "__ragbatch_nonstring__"
+NONSTRING_COLUMN = internal("nonstring__")
 
 #: How much of a JSON lines or delimited file :func:`peek_text` reads, in bytes.
 PEEK_BYTES = 1 << 20
@@ -47,7 +52,10 @@ def peek_text(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str)
         data = _read_bytes(fs, path, limit=PEEK_BYTES)
         text = _decode(data, encoding, where)
         names = _csv_header(text, DELIMITERS[fmt], where)
-        return pa.table({n: pa.array([], pa.string()) for n in names})
+        if _has_index_column(names):
+            log.warning("%s: the first column has no name: a pandas index (DataFrame.to_csv() "
+                        "without index=False); it is not read", where)
+        return pa.table({n: pa.array([], pa.string()) for n in _named(names)})
     # A JSON array can only be parsed whole; JSON lines are cut after whole lines.
     data = _read_bytes(fs, path, limit=None if fmt == "json" else PEEK_BYTES)
     text = _decode(data, encoding, where)
@@ -152,19 +160,34 @@ def _csv_header(text: str, delimiter: str, where: str) -> list[str]:
             f"{where}: the header repeats column name(s) {duplicates}; give every column a "
             "distinct name"
         )
+    refuse_internal_names(names, where)
     return names
+
+
+def _has_index_column(names: list[str]) -> bool:
+    """Whether the header starts with an empty name: what ``pandas.DataFrame.to_csv()``
+    writes above its index. That column is skipped."""
+    return bool(names) and names[0] == ""
+
+
+def _named(names: list[str]) -> list[str]:
+    """The header without a leading pandas index column."""
+    return names[1:] if _has_index_column(names) else names
 
 
 def read_delimited(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str) -> pa.Table:
     """A CSV (``fmt="csv"``) or TSV (``"tsv"``) file: every column ``string``, ``""`` null.
 
-    Raises ``InputError`` for bytes invalid in ``encoding``, a repeated header name, or a
+    A first column whose header cell is empty (the index ``pandas.DataFrame.to_csv()``
+    writes) is skipped. Raises ``InputError`` for bytes invalid in ``encoding``, a repeated
+    header name, a name starting with :data:`ragbatch.columns.INTERNAL_PREFIX`, or a
     malformed row.
     """
     where = display_path(fs, path)
     data = _read_bytes(fs, path)
     text = _decode(data, encoding, where)
-    names = _csv_header(text, DELIMITERS[fmt], where)
+    header = _csv_header(text, DELIMITERS[fmt], where)
+    names = _named(header)
     if not names:
         return pa.table({})
     try:
@@ -175,6 +198,7 @@ def read_delimited(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding:
                 newlines_in_values=True,
             ),
             convert_options=pacsv.ConvertOptions(
+                include_columns=names,
                 column_types={n: pa.string() for n in names},
                 null_values=[""],
                 strings_can_be_null=True,
@@ -262,6 +286,7 @@ def _records_to_table(records: list[dict], lines: list[int], where: str) -> pa.T
     for record in records:
         for key in record:
             names.setdefault(key, None)
+    refuse_internal_names(names, where)
     columns: dict[str, pa.Array] = {}
     flagged: list[list[str] | None] = [None] * len(records)
     for name in names:

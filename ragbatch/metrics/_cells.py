@@ -16,8 +16,12 @@ from typing import Any, Callable, Sequence
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import CELL_FIELDS, ISSUES
+from ragbatch.columns import CELL_FIELDS, ISSUES, internal
+from ragbatch.reasons import NUMBER_DIGITS
 from ragbatch.status import MISSING_INPUT, OK
+
+#: Scratch column / struct field names, in the pipeline's own namespace.
+_STATUS, _REASON = internal("status"), internal("reason")
 
 #: Polars dtype of a cell, derived from :data:`ragbatch.columns.CELL_FIELDS`.
 CELL_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(CELL_FIELDS)).empty_table()).schema))
@@ -52,6 +56,14 @@ class PyCell:
     status: str = OK
     reason: str | None = None
     details: dict[str, Any] | None = None
+
+
+def number_text(expr: pl.Expr) -> pl.Expr:
+    """A Float64 expression as reason text, as :func:`ragbatch.reasons.number_text` writes
+    it: rounded to :data:`~ragbatch.reasons.NUMBER_DIGITS` significant digits (float noise
+    such as ``7.1000000000000005`` becomes ``7.1``) and without a trailing ``.0``."""
+    rounded = expr.cast(pl.Float64).round_sig_figs(NUMBER_DIGITS).cast(pl.String)
+    return rounded.str.replace(r"\.0$", "")
 
 
 def missing(column: str) -> Guard:
@@ -162,7 +174,7 @@ def frame_cells(
     g_status, g_reason = guard_status(guards)
     reason_inputs = [c for c in dict.fromkeys(g_reason.meta.root_names()) if c not in columns]
     packed = pl.struct(
-        g_status.alias("__status"), *[pl.col(c) for c in [*columns, *reason_inputs]]
+        g_status.alias(_STATUS), *[pl.col(c) for c in [*columns, *reason_inputs]]
     )
 
     def run(series: pl.Series) -> pl.Series:
@@ -170,7 +182,7 @@ def frame_cells(
         scored = score_frame(frame.select(columns))
         if scored.height != frame.height:
             raise RuntimeError(f"scoring returned {scored.height} cells for {frame.height} rows")
-        status = frame.get_column("__status").cast(pl.String)
+        status = frame.get_column(_STATUS).cast(pl.String)
         blocked = status.is_not_null()
         cells = pl.DataFrame({
             "blocked": blocked,
@@ -199,8 +211,8 @@ def _settled_reasons(frame: pl.DataFrame, blocked: pl.Series, reason: pl.Expr) -
         return out
     at = blocked.arg_true()
     # with_columns, not select: a reason that is a literal still gets one value per row
-    values = frame.filter(blocked).with_columns(reason.cast(pl.String).alias("__reason"))
-    return out.scatter(at, values.get_column("__reason"))
+    values = frame.filter(blocked).with_columns(reason.cast(pl.String).alias(_REASON))
+    return out.scatter(at, values.get_column(_REASON))
 
 
 def python_cells(
@@ -217,12 +229,12 @@ def python_cells(
     """
     g_status, g_reason = guard_status(guards)
     packed = pl.struct(
-        g_status.alias("__status"), g_reason.alias("__reason"), *[pl.col(c) for c in columns]
+        g_status.alias(_STATUS), g_reason.alias(_REASON), *[pl.col(c) for c in columns]
     )
 
     def run(series: pl.Series) -> pl.Series:
-        status = series.struct.field("__status")
-        reason = series.struct.field("__reason")
+        status = series.struct.field(_STATUS)
+        reason = series.struct.field(_REASON)
         todo = status.is_null()
         rows: list[dict[str, Any]] = []
         if todo.any():

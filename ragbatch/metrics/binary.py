@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
 from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
 from ragbatch.metrics.base import ExpressionMetric, StrictParams
+from ragbatch.reasons import cut
 from ragbatch.registry import register
 from ragbatch.status import ERROR, NOT_APPLICABLE
 
@@ -134,14 +135,14 @@ def _judge(value: Any) -> PyCell:
         return PyCell(None, NOT_APPLICABLE, "callback returned null")
     if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy.bool_
         return PyCell(float(bool(value)))
-    return PyCell(None, ERROR, f"callback returned {value!r} ({type(value).__name__}); "
+    return PyCell(None, ERROR, f"callback returned {cut(repr(value))} ({type(value).__name__}); "
                                "expected True, False or None")
 
 
 def _describe(exc: BaseException) -> str:
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     where = f" at {frame.filename}:{frame.lineno}" if frame else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{type(exc).__name__}: {cut(str(exc))}{where}"
 
 
 def _all_error(n: int, reason: str) -> pl.Series:

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 
 from ragbatch.metrics._cells import PyCell, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.reasons import cut
 from ragbatch.registry import register
 from ragbatch.status import OK
 
@@ -46,7 +47,8 @@ def _reject_constant(name: str) -> Any:
 class JsonValid(ExpressionMetric):
     """1.0 when the whole answer is one JSON value (RFC 8259; Python ``json.loads`` with
     ``NaN``/``Infinity`` rejected) and, when ``schema`` is given, the value validates
-    against it; else 0.0 with the parser's or validator's message as the reason.
+    against it; else 0.0 with the parser's message, or the JSON path and schema keyword
+    that failed (never the value itself), as the reason.
 
     Follows Vellum's "JSON Validity" and "JSON Schema Match" evaluators. Surrounding
     whitespace is allowed; Markdown code fences are not. Cost: a regex check of each
@@ -180,8 +182,16 @@ def _check(text: str, validator: Any) -> PyCell:
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return PyCell(1.0)
-    path = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return PyCell(0.0, reason=f"JSON does not match schema at {path}: {error.message}")
+    return PyCell(0.0, reason=_schema_reason(error))
+
+
+def _schema_reason(error: Any) -> str:
+    """Where and which schema keyword failed, e.g. ``JSON does not match schema at
+    $.email: fails 'format' ("email")``. The validator's own message is not used: it
+    quotes the failing value in full (any size, and possibly personal data); the schema's
+    side is cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`."""
+    expected = cut(json.dumps(error.validator_value, ensure_ascii=False, default=str))
+    return f"JSON does not match schema at {error.json_path}: fails {error.validator!r} ({expected})"
 
 
 #: The vectorized "Expecting value" path is used only where it was checked to match.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from ragbatch.metrics._cells import Guard, cell, missing
+from ragbatch.metrics._cells import Guard, cell, missing, number_text
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.reasons import number_text as number_text_of
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
 
@@ -49,9 +50,10 @@ class Latency(ExpressionMetric):
             missing("latency_s"),
             Guard(latency.is_nan(), MISSING_INPUT, pl.lit("latency_s is NaN")),
             Guard(latency < 0, MISSING_INPUT,
-                  pl.format("latency_s is negative ({})", pl.when(latency < 0).then(latency))),
+                  pl.format("latency_s is negative ({})", number_text(pl.when(latency < 0).then(latency)))),
         ]
         passed = latency <= target
         # Latencies are formatted only where they are reported (null elsewhere).
-        reason = pl.format("{} s > target {} s", pl.when(~passed).then(latency), pl.lit(target))
+        reason = pl.format("{} s > target {} s", number_text(pl.when(~passed).then(latency)),
+                           pl.lit(number_text_of(target)))
         return cell(guards, passed, reason=reason)
