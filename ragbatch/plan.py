@@ -57,6 +57,12 @@ class Plan:
     slices: list[tuple[str, str]] = field(default_factory=list)
 
     @property
+    def quote_values(self) -> bool:
+        """Whether reasons and normalizer notes may quote input values
+        (:func:`quotes_allowed`)."""
+        return quotes_allowed(self.metrics)
+
+    @property
     def metric_ids(self) -> list[str]:
         return [m.id for m in self.metrics]
 
@@ -71,8 +77,22 @@ class Plan:
         return [stage_demand(s.name, s.engine) for s in self.stages if s.engine is not None]
 
 
+def quotes_allowed(metrics: list[Metric]) -> bool:
+    """Whether a run of ``metrics`` may quote input values in reasons and notes.
+
+    False when any metric looks for PII (kind ``"pii"``): then no reason of any metric
+    and no normalizer note shows input text, as docs/pii.md says. This is the one place
+    that decides it; :func:`build_metrics` sets each metric's ``quote_values`` from it and
+    the runner passes :attr:`Plan.quote_values` to :func:`ragbatch.io.schema.normalize`.
+    """
+    return not any(m.kind == "pii" for m in metrics)
+
+
 def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list[str]]:
-    """Instantiate every metric; resolve engines. Returns (metrics, engines, problems)."""
+    """Instantiate every metric; resolve engines. Returns (metrics, engines, problems).
+
+    Every metric's ``quote_values`` is set from :func:`quotes_allowed` over all of them.
+    """
     metrics: list[Metric] = []
     engines: dict[str, Any] = dict(config.engines)
     problems: list[str] = []
@@ -88,6 +108,9 @@ def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list
             metrics.append(metric)
         except ConfigError as exc:
             problems.extend(exc.problems)
+    allowed = quotes_allowed(metrics)
+    for metric in metrics:
+        metric.quote_values = allowed
     return metrics, engines, problems
 
 

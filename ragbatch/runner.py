@@ -418,7 +418,8 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
         from ragbatch.io.read import read_task
         from ragbatch.io.schema import normalize
 
-        tables = [normalize(read_task(t, cfg), cfg, t, slices=plan.slices) for t in plan.read_tasks]
+        tables = [normalize(read_task(t, cfg), cfg, t, slices=plan.slices,
+                            quote_values=plan.quote_values) for t in plan.read_tasks]
         for i, table in enumerate(tables):
             ledger.record.remote(i, table.num_rows)
         return ray.data.from_arrow(tables), sum(t.num_rows for t in tables)
@@ -427,7 +428,7 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
     ds = ds.map_batches(
         read_stage, batch_size=1, batch_format="pyarrow",
         fn_kwargs={"tasks": plan.read_tasks, "input_cfg": cfg, "slices": plan.slices,
-                   "ledger": ledger},
+                   "ledger": ledger, "quote_values": plan.quote_values},
     )
     return ds, None
 

@@ -15,6 +15,7 @@ from ragbatch.config import InputSection
 from ragbatch.errors import InputError
 from ragbatch.io import ReadTask, check_columns, normalize, plan_read, read_task, slice_columns
 from ragbatch.io.schema import _parse_one, _strict_json_lists
+from ragbatch.reasons import quote
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 
@@ -257,12 +258,12 @@ def test_contexts_json_list_of_objects():
         None,
         None,
         "contexts: item 0 is an object with none of the fields text, content, page_content, "
-        "excerpt, chunk, document (its keys: 'id'); set input.contexts_field",
+        "excerpt, chunk, document (its keys: [\"id\"]); set input.contexts_field",
     ]
     got, notes = contexts_of(values, contexts_field="excerpt")
     assert got == [["first", "second"], None, ["e"], None]
     assert notes[1] == ("contexts: item 0 is an object without the field 'excerpt' "
-                        "(input.contexts_field); its keys: 'page_content', 'metadata'")
+                        "(input.contexts_field); its keys: [\"page_content\", \"metadata\"]")
 
 
 def test_contexts_json_format_problems():
@@ -346,7 +347,7 @@ def test_batch_json_decoding_matches_python(lists, ascii_only):
     encoded = [json.dumps(x, ensure_ascii=ascii_only) for x in lists]
     fast = _strict_json_lists(pa.array(encoded))
     assert fast is not None
-    assert fast.to_pylist() == [_parse_one(e, cfg(contexts_format="json"))[0] for e in encoded] == lists
+    assert fast.to_pylist() == [_parse_one(e, cfg(contexts_format="json"), quote)[0] for e in encoded] == lists
 
 
 @settings(max_examples=100, deadline=None)

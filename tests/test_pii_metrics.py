@@ -281,22 +281,23 @@ def test_hidden_characters_do_not_hide_pii():
 
 
 def test_unreadable_inputs_are_not_quoted():
-    # The normalizer's notes quote the value they could not read; PII cells drop the quote.
+    # In a run with PII metrics the normalizer's notes say what was wrong without the value.
     from ragbatch.config import InputSection
     from ragbatch.io.read import ReadTask
     from ragbatch.io.schema import normalize
+    from ragbatch.reasons import NOT_QUOTED
 
     raw = pa.table({"a": pa.array([{"text": "Contact bob.leak@example.org"}, {"text": "fine"}]),
                     "c": ['["card 4111 1111 1111 1111", broken', '["x@example.org"]']})
     cfg = InputSection(uri="unused.jsonl", columns={"answer": "a", "contexts": "c"},
                        contexts_format="json")
-    table = normalize(raw, cfg, ReadTask("/d/f.jsonl", "f.jsonl", "jsonl"))
+    table = normalize(raw, cfg, ReadTask("/d/f.jsonl", "f.jsonl", "jsonl"), quote_values=False)
     out = stage([{"name": "answer_contains_pii", "id": "a", "params": {}},
                  {"name": "context_contains_pii", "id": "c", "params": {}}])(table)
     for cell in [cells(out, "a")[0], cells(out, "a")[1], cells(out, "c")[0]]:
         assert cell["status"] == "missing_input", cell
         assert "leak" not in cell["reason"] and "4111" not in cell["reason"], cell
-        assert cell["reason"].endswith("(the value is not quoted in PII cells)"), cell
+        assert NOT_QUOTED in cell["reason"], cell
     assert cells(out, "c")[1]["reason"] == "EMAIL_ADDRESS x1 in context 0"
 
 

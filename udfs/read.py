@@ -12,18 +12,21 @@ from ragbatch.io.schema import normalize
 
 
 def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
-               slices: list[tuple[str, str]], ledger: Any = None) -> pa.Table:
+               slices: list[tuple[str, str]], ledger: Any = None,
+               quote_values: bool = True) -> pa.Table:
     """Read and normalize the read tasks whose indices are in ``batch["task"]``.
 
     Returns canonical rows (``ragbatch.columns.CANONICAL_SCHEMA`` plus the planned
     ``slices``, so every block has the same columns) in task order. When ``ledger`` (a :class:`udfs.ledger.RunLedger` actor handle) is given, the row
     count of each task is recorded there, keyed by task index, so the driver knows how
-    many rows entered the run even though it never sees them.
+    many rows entered the run even though it never sees them. ``quote_values`` is passed
+    to :func:`ragbatch.io.schema.normalize` (false in runs with PII metrics).
     """
     tables = []
     for index in batch.column("task").to_pylist():
         task = tasks[index]
-        table = normalize(read_task(task, input_cfg), input_cfg, task, slices=slices)
+        table = normalize(read_task(task, input_cfg), input_cfg, task, slices=slices,
+                          quote_values=quote_values)
         if ledger is not None:
             import ray
 

@@ -101,7 +101,7 @@ def sample_input(plan: "Plan", max_rows: int) -> InputSample:
             counted[task.path] = raw.num_rows
             raw = raw.slice(0, max_rows - taken)
         if raw.num_rows:
-            parts.append(normalize(raw, cfg, task, plan.slices))
+            parts.append(normalize(raw, cfg, task, plan.slices, quote_values=plan.quote_values))
             taken += raw.num_rows
     table = (pa.concat_tables(parts, promote_options="permissive") if parts
              else pa.table({}))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -81,10 +81,6 @@ def _kind(value: Any) -> str:
         return "bool"
     names = {int: "int", float: "float", str: "string", list: "list", dict: "object"}
     return names.get(type(value), type(value).__name__)
-
-
-def _preview(value: Any) -> str:
-    return quote(value)
 
 
 def _text_fields(names: list[str], configured: str | None) -> list[str]:
@@ -235,11 +231,20 @@ def _reserved(name: str) -> bool:
 
 
 class _Issues:
-    """Per-row issue notes for the nullable canonical columns, built lazily."""
+    """Per-row issue notes for the nullable canonical columns, built lazily.
 
-    def __init__(self, n: int):
+    ``quote_values`` false (runs with PII metrics): a note never shows the value it is
+    about (:func:`ragbatch.reasons.quote`).
+    """
+
+    def __init__(self, n: int, quote_values: bool = True):
         self.n = n
+        self.quote_values = quote_values
         self.notes: dict[str, list[str | None]] = {}
+
+    def preview(self, value: Any) -> str:
+        """``value`` as a note may show it (see the class docstring)."""
+        return quote(value, self.quote_values)
 
     def add(self, column: str, row: int, message: str) -> None:
         self.notes.setdefault(column, [None] * self.n)[row] = message
@@ -257,6 +262,8 @@ def normalize(
     cfg: InputSection,
     task: ReadTask,
     slices: list[tuple[str, str]] | None = None,
+    *,
+    quote_values: bool = True,
 ) -> pa.Table:
     """Canonical columns plus slice columns for one raw task table.
 
@@ -274,6 +281,11 @@ def normalize(
         ``raw.schema``. Pass the list computed once from :func:`peek_schema` so every
         task yields the same columns; one missing from ``raw`` becomes an all-null column
         of Arrow type ``null``.
+    quote_values : bool
+        Whether a note in ``_issues`` may quote the value it is about (cut to
+        :data:`ragbatch.reasons.QUOTE_MAX_CHARS`). False in runs with PII metrics
+        (:attr:`ragbatch.plan.Plan.quote_values`): the note says what was wrong and
+        shows :data:`ragbatch.reasons.NOT_QUOTED` instead of the value.
 
     Returns
     -------
@@ -298,7 +310,7 @@ def normalize(
     cells flagged by :data:`ragbatch.io.read.NONSTRING_COLUMN`.
     """
     n = raw.num_rows
-    issues = _Issues(n)
+    issues = _Issues(n, quote_values)
     marks = _nonstring_rows(raw)
     out: dict[str, pa.Array] = {C.ROW_ID: _row_ids(raw, cfg, task)}
     for canonical in _TEXT_COLUMNS:
@@ -423,11 +435,11 @@ def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> p
         strings = pc.cast(source, pa.string())
         for row in sorted(marked):
             value = json.loads(strings[row].as_py())
-            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({_preview(value)})")
+            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})")
         return _blank_rows(strings, marked)
     for row, value in enumerate(source.to_pylist()):
         if value is not None:
-            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({_preview(value)})")
+            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})")
     return pa.nulls(n, pa.string())
 
 
@@ -455,7 +467,7 @@ def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Iss
         for row, value in enumerate(source.to_pylist()):
             if value is not None:
                 issues.add(C.LATENCY_S, row,
-                           f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
+                           f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})")
         return pa.nulls(n, pa.float64())
     if per_second != 1:
         seconds = pc.divide(seconds, float(per_second))
@@ -468,14 +480,14 @@ def _parse_numbers(strings: pa.Array, marked: set[int], issues: _Issues) -> pa.A
         value = json.loads(strings[row].as_py())
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             issues.add(C.LATENCY_S, row,
-                       f"latency_s: expected a number, got {_kind(value)} ({_preview(value)})")
+                       f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})")
             rejected.add(row)
     strings = _blank_rows(strings, rejected)
     trimmed = pc.utf8_trim_whitespace(strings)
     numeric = pc.match_substring_regex(trimmed, _NUMBER)
     bad = pc.fill_null(pc.invert(numeric), False)
     for row in pc.indices_nonzero(bad).to_pylist():
-        issues.add(C.LATENCY_S, row, f"latency_s: {_preview(strings[row].as_py())} is not a number")
+        issues.add(C.LATENCY_S, row, f"latency_s: {issues.preview(strings[row].as_py())} is not a number")
     return pc.cast(pc.if_else(bad, pa.scalar(None, pa.string()), trimmed), pa.float64())
 
 
@@ -506,7 +518,7 @@ def _contexts(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Is
     for row, value in enumerate(source.to_pylist()):
         if value is not None:
             issues.add(C.CONTEXTS, row, f"contexts: expected a list or a string, got "
-                                        f"{_kind(value)} ({_preview(value)})")
+                                        f"{_kind(value)} ({issues.preview(value)})")
     return pa.nulls(n, _LIST_OF_STRINGS)
 
 
@@ -521,7 +533,7 @@ def _contexts_from_lists(source: pa.Array, cfg: InputSection, issues: _Issues) -
         fast = _struct_items(source, cfg)
         if fast is not None:
             return fast
-    rows = [None if v is None else _items(v, cfg) for v in source.to_pylist()]
+    rows = [None if v is None else _items(v, cfg, issues.preview) for v in source.to_pylist()]
     return _to_arrow(rows, issues)
 
 
@@ -561,7 +573,8 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
     special = sorted(marked) + (pc.indices_nonzero(valid).to_pylist() if fmt == "list" else [])
     special = sorted(set(special))
     if special:
-        rows = [_special_context(strings[r].as_py(), r in marked, cfg) for r in special]
+        rows = [_special_context(strings[r].as_py(), r in marked, cfg, issues.preview)
+                for r in special]
         parts.append((special, _to_arrow(rows, issues, special)))
     base = _split(strings, cfg.contexts_delimiter) if fmt == "delimited" else _wrap(strings)
     return _overlay(base, parts)
@@ -607,7 +620,7 @@ def _parse_json_contexts(strings: pa.Array, rows: list[int], cfg: InputSection,
     fast = _strict_json_lists(subset)
     if fast is not None:
         return fast
-    parsed = [_parse_one(value, cfg) for value in subset.to_pylist()]
+    parsed = [_parse_one(value, cfg, issues.preview) for value in subset.to_pylist()]
     return _to_arrow(parsed, issues, rows)
 
 
@@ -651,58 +664,61 @@ def _concatenated(strings: pa.StringArray) -> pa.Buffer:
 
 
 Row = tuple[list | None, str | None]
+#: How a note shows an input value: :meth:`_Issues.preview` of the batch.
+Preview = Callable[[Any], str]
 
 
-def _parse_one(text: str, cfg: InputSection) -> Row:
+def _parse_one(text: str, cfg: InputSection, preview: Preview) -> Row:
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         if cfg.contexts_format == "auto":
             return [text], None
         reason = getattr(exc, "msg", "too deeply nested")
-        return None, f"contexts: not valid JSON ({reason}): {_preview(text)}"
+        return None, f"contexts: not valid JSON ({reason}): {preview(text)}"
     if isinstance(value, list):
-        return _items(value, cfg)
+        return _items(value, cfg, preview)
     if cfg.contexts_format == "auto":
         return [text], None
     if value is None:
         return None, None
     if isinstance(value, str):
         return [value], None
-    return None, f"contexts: expected a JSON list of strings, got {_kind(value)} ({_preview(value)})"
+    return None, f"contexts: expected a JSON list of strings, got {_kind(value)} ({preview(value)})"
 
 
-def _special_context(text: str, nonstring: bool, cfg: InputSection) -> Row:
+def _special_context(text: str, nonstring: bool, cfg: InputSection, preview: Preview) -> Row:
     if nonstring:  # JSON input: ``text`` is the JSON text of a list, number, object, ...
         value = json.loads(text)
         if isinstance(value, list):
-            return _items(value, cfg)
-        return None, f"contexts: expected a list or a string, got {_kind(value)} ({_preview(value)})"
+            return _items(value, cfg, preview)
+        return None, f"contexts: expected a list or a string, got {_kind(value)} ({preview(value)})"
     return None, (f"contexts: expected a list (input.contexts_format is 'list'), got a string "
-                  f"({_preview(text)})")
+                  f"({preview(text)})")
 
 
-def _items(values: list, cfg: InputSection) -> Row:
+def _items(values: list, cfg: InputSection, preview: Preview) -> Row:
     texts: list[str | None] = []
     for index, item in enumerate(values):
         if item is None or isinstance(item, str):
             texts.append(item)
         elif isinstance(item, dict):
-            text, problem = _object_text(item, index, cfg.contexts_field)
+            text, problem = _object_text(item, index, cfg.contexts_field, preview)
             if problem:
                 return None, problem
             texts.append(text)
         else:
-            return None, (f"contexts: item {index} is {_kind(item)} ({_preview(item)}); expected "
+            return None, (f"contexts: item {index} is {_kind(item)} ({preview(item)}); expected "
                           "a string or an object with a text field")
     return texts, None
 
 
-def _object_text(item: dict, index: int, configured: str | None) -> tuple[str | None, str | None]:
+def _object_text(item: dict, index: int, configured: str | None,
+                 preview: Preview) -> tuple[str | None, str | None]:
     """An object item's text: the first candidate key with a non-null value."""
     fields = _text_fields(list(item), configured)
     if not fields:
-        keys = ", ".join(repr(k) for k in item) or "none"
+        keys = preview(list(item))
         if configured is not None:
             return None, (f"contexts: item {index} is an object without the field {configured!r} "
                           f"(input.contexts_field); its keys: {keys}")
@@ -713,7 +729,7 @@ def _object_text(item: dict, index: int, configured: str | None) -> tuple[str | 
     value = item[field]
     if value is None or isinstance(value, str):
         return value, None
-    return None, (f"contexts: item {index} field {field!r} is {_kind(value)} ({_preview(value)}), "
+    return None, (f"contexts: item {index} field {field!r} is {_kind(value)} ({preview(value)}), "
                   "expected a string")
 
 

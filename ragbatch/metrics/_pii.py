@@ -15,9 +15,7 @@ import polars as pl
 from pydantic import Field, field_validator
 
 from ragbatch.columns import ISSUES
-from ragbatch.metrics._cells import Guard
 from ragbatch.metrics.base import ModelMetric, StrictParams
-from ragbatch.status import MISSING_INPUT
 
 
 class PiiParams(StrictParams):
@@ -87,10 +85,12 @@ class PiiMetric(ModelMetric):
         polars.Series
             ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
             after the metric id; ``score`` 1.0/0.0 when ``ok``. Null inputs get
-            :func:`missing_quietly`; every other row gets the subclass's ``_cell``.
+            :func:`~ragbatch.metrics._cells.missing` (the normalizer's note, which in a
+            run with PII metrics never quotes the value); every other row gets the
+            subclass's ``_cell``.
         """
         from ragbatch.columns import NULLABLE_INPUTS
-        from ragbatch.metrics._cells import CELL_DTYPE, python_cells
+        from ragbatch.metrics._cells import CELL_DTYPE, missing, python_cells
 
         column = self.inputs[0]
         wanted = self.params.pii_types
@@ -101,7 +101,7 @@ class PiiMetric(ModelMetric):
         def score(rows: list[dict[str, Any]]) -> list:
             return [self._cell(model, row[column], wanted) for row in rows]
 
-        expr = python_cells([missing_quietly(column)], [column], score, model=model.model_id)
+        expr = python_cells([missing(column)], [column], score, model=model.model_id)
         return frame.select(expr.alias(self.id)).to_series().cast(CELL_DTYPE)
 
     def types(self, supported: Sequence[str]) -> list[str]:
@@ -113,20 +113,6 @@ def count_types(findings: Sequence[Any], types: Sequence[str] | None) -> Counter
     """Entity type -> number of findings whose type is in ``types`` (every finding when
     ``types`` is None)."""
     return Counter(f.entity_type for f in findings if types is None or f.entity_type in types)
-
-
-def missing_quietly(column: str) -> Guard:
-    """``missing_input`` when ``column`` is null, with a reason that never quotes input.
-
-    The normalizer's note on why a value is null can quote the value (``answer:
-    expected a string, got object ({"text": ...})``); PII cells keep the note up to the
-    quote and drop the rest.
-    """
-    issue = pl.col(ISSUES).struct.field(column)
-    note = issue.str.replace(r"(?s)\s*[(:]\s*['\"(\[{].*$", "").str.replace(r"(?s)\s*\(.*$", "")
-    reason = pl.when(issue.is_null()).then(pl.lit(f"{column} is null")).otherwise(
-        pl.format("{} (the value is not quoted in PII cells)", note))
-    return Guard(pl.col(column).is_null(), MISSING_INPUT, reason)
 
 
 def describe_counts(counts: Counter) -> str:

@@ -79,6 +79,10 @@ class Metric(ABC):
     policy : tuple of (case, outcome)
         The degenerate-input policy, as printed in the README.
     examples : tuple of :class:`Example`
+
+    Instance attribute ``quote_values`` (bool, default True): whether the metric's reasons
+    may quote input values (cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`). The plan
+    sets it false in runs with PII metrics (:func:`ragbatch.plan.quotes_allowed`).
     """
 
     name: ClassVar[str]
@@ -97,6 +101,7 @@ class Metric(ABC):
         self.id = metric_id
         self.params = params
         self.engine = engine
+        self.quote_values = True
 
     @classmethod
     def from_params(

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
 from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
 from ragbatch.metrics.base import ExpressionMetric, StrictParams
-from ragbatch.reasons import cut
+from ragbatch.reasons import NOT_QUOTED, cut, quote
 from ragbatch.registry import register
 from ragbatch.status import ERROR, NOT_APPLICABLE
 
@@ -75,7 +75,10 @@ class Binary(ExpressionMetric):
 
     A null result gives ``not_applicable``; an exception, a wrong length or a non-boolean
     value gives ``error`` with the reason (for a batch-mode exception, on every row of
-    that batch). Nulls in the inputs are passed to the callback as they are.
+    that batch). Nulls in the inputs are passed to the callback as they are. The reason
+    quotes the exception's message or the returned value cut to
+    :data:`ragbatch.reasons.QUOTE_MAX_CHARS`, and not at all in runs with PII metrics
+    (``quote_values`` false): either can hold input text.
     """
 
     name = "binary"
@@ -95,54 +98,64 @@ class Binary(ExpressionMetric):
 
     def expression(self) -> pl.Expr:
         fn = load_callback(self.params.callback)
-        run = _batch_runner(fn) if self.params.mode == "batch" else _row_runner(fn)
+        runner = _batch_runner if self.params.mode == "batch" else _row_runner
+        run = runner(fn, self.quote_values)
         packed = pl.struct([pl.col(c) for c in CALLBACK_COLUMNS])
         return packed.map_batches(run, return_dtype=CELL_DTYPE)
 
 
-def _batch_runner(fn: Callable[[pl.DataFrame], Any]) -> Callable[[pl.Series], pl.Series]:
+def _batch_runner(fn: Callable[[pl.DataFrame], Any],
+                  quote_values: bool = True) -> Callable[[pl.Series], pl.Series]:
     def run(series: pl.Series) -> pl.Series:
         frame = series.struct.unnest()
         try:
             result = fn(frame)
         except Exception as exc:
-            return _all_error(len(frame), f"callback raised {_describe(exc)}")
+            return _all_error(len(frame), f"callback raised {_describe(exc, quote_values)}")
         values = result.to_list() if hasattr(result, "to_list") else list(result)
         if len(values) != len(frame):
             return _all_error(
                 len(frame), f"callback returned {len(values)} values for {len(frame)} rows"
             )
-        return _cells([_judge(v) for v in values])
+        return _cells([_judge(v, quote_values) for v in values])
 
     return run
 
 
-def _row_runner(fn: Callable[[dict[str, Any]], Any]) -> Callable[[pl.Series], pl.Series]:
+def _row_runner(fn: Callable[[dict[str, Any]], Any],
+                quote_values: bool = True) -> Callable[[pl.Series], pl.Series]:
     def run(series: pl.Series) -> pl.Series:
         out = []
         for row in series.to_list():
             try:
-                out.append(_judge(fn(row)))
+                out.append(_judge(fn(row), quote_values))
             except Exception as exc:
-                out.append(PyCell(None, ERROR, f"callback raised {_describe(exc)}"))
+                out.append(PyCell(None, ERROR, f"callback raised {_describe(exc, quote_values)}"))
         return _cells(out)
 
     return run
 
 
-def _judge(value: Any) -> PyCell:
+def _judge(value: Any, quote_values: bool = True) -> PyCell:
+    """The cell of one returned value; a value that is not a bool or None is quoted
+    (:func:`ragbatch.reasons.quote`) only when ``quote_values``."""
     if value is None:
         return PyCell(None, NOT_APPLICABLE, "callback returned null")
     if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy.bool_
         return PyCell(float(bool(value)))
-    return PyCell(None, ERROR, f"callback returned {cut(repr(value))} ({type(value).__name__}); "
+    kind = type(value).__name__
+    shown = f"{quote(value)} ({kind})" if quote_values else f"a {kind} ({NOT_QUOTED})"
+    return PyCell(None, ERROR, f"callback returned {shown}; "
                                "expected True, False or None")
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, quote_values: bool = True) -> str:
+    """``"<type>: <message> at <file>:<line>"``; the message (which can quote the input
+    the callback got) is cut, or left out when not ``quote_values``."""
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     where = f" at {frame.filename}:{frame.lineno}" if frame else ""
-    return f"{type(exc).__name__}: {cut(str(exc))}{where}"
+    message = cut(str(exc)) if quote_values else f"({NOT_QUOTED})"
+    return f"{type(exc).__name__}: {message}{where}"
 
 
 def _all_error(n: int, reason: str) -> pl.Series:

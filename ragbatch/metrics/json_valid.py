@@ -48,7 +48,9 @@ class JsonValid(ExpressionMetric):
     """1.0 when the whole answer is one JSON value (RFC 8259; Python ``json.loads`` with
     ``NaN``/``Infinity`` rejected) and, when ``schema`` is given, the value validates
     against it; else 0.0 with the parser's message, or the JSON path and schema keyword
-    that failed (never the value itself), as the reason.
+    that failed (never the value itself), as the reason. In runs with PII metrics
+    (``quote_values`` false) the place is the schema's (``#/properties/email``), not the
+    value's JSON path, whose object keys come from the answer.
 
     Follows Vellum's "JSON Validity" and "JSON Schema Match" evaluators. Surrounding
     whitespace is allowed; Markdown code fences are not. Cost: a regex check of each
@@ -81,8 +83,10 @@ class JsonValid(ExpressionMetric):
 
             validator = jsonschema.validators.validator_for(self.params.schema_)(self.params.schema_)
 
+        quote_values = self.quote_values
+
         def score_frame(frame: pl.DataFrame) -> pl.DataFrame:
-            return _score(frame.get_column("answer"), validator)
+            return _score(frame.get_column("answer"), validator, quote_values)
 
         return frame_cells([missing("answer")], ["answer"], score_frame)
 
@@ -97,7 +101,7 @@ _JSON_SPACE = " \t\n\r"
 _AT_START = "not JSON: Expecting value: line 1 column 1 (char 0)"
 
 
-def _score(answer: pl.Series, validator: Any) -> pl.DataFrame:
+def _score(answer: pl.Series, validator: Any, quote_values: bool = True) -> pl.DataFrame:
     """Score and reason of every answer (null answers are settled by the guard).
 
     An answer whose first character after JSON whitespace cannot begin a JSON value (an
@@ -115,7 +119,7 @@ def _score(answer: pl.Series, validator: Any) -> pl.DataFrame:
         reason = reason.scatter(at, _expecting_value(answer.gather(at)))
     rest = (answer.is_not_null() & ~prose).arg_true()
     if rest.len():
-        cells = [_check(text, validator) for text in answer.gather(rest).to_list()]
+        cells = [_check(text, validator, quote_values) for text in answer.gather(rest).to_list()]
         score = score.scatter(rest, pl.Series([
             float(c.score) if c.status == OK and c.score is not None else None for c in cells
         ], dtype=pl.Float64))
@@ -172,7 +176,7 @@ def _loads(text: str) -> Any:
     return _DECODER.decode(text)
 
 
-def _check(text: str, validator: Any) -> PyCell:
+def _check(text: str, validator: Any, quote_values: bool = True) -> PyCell:
     try:
         value = _loads(text)
     except ValueError as exc:
@@ -182,16 +186,26 @@ def _check(text: str, validator: Any) -> PyCell:
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return PyCell(1.0)
-    return PyCell(0.0, reason=_schema_reason(error))
+    return PyCell(0.0, reason=_schema_reason(error, quote_values))
 
 
-def _schema_reason(error: Any) -> str:
+def _schema_reason(error: Any, quote_values: bool = True) -> str:
     """Where and which schema keyword failed, e.g. ``JSON does not match schema at
     $.email: fails 'format' ("email")``. The validator's own message is not used: it
     quotes the failing value in full (any size, and possibly personal data); the schema's
-    side is cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`."""
+    side is cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`. Without ``quote_values`` the
+    place is the keyword's location in the schema (``schema #/properties/email``): the
+    JSON path can hold object keys of the answer (``$['jane@example.org']``)."""
     expected = cut(json.dumps(error.validator_value, ensure_ascii=False, default=str))
-    return f"JSON does not match schema at {error.json_path}: fails {error.validator!r} ({expected})"
+    where = cut(error.json_path) if quote_values else f"schema {_schema_pointer(error)}"
+    return f"JSON does not match schema at {where}: fails {error.validator!r} ({expected})"
+
+
+def _schema_pointer(error: Any) -> str:
+    """JSON pointer (RFC 6901) of the schema object holding the failed keyword, e.g.
+    ``#/properties/email``; made of the schema's keys and indices only."""
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in list(error.schema_path)[:-1]]
+    return "#" + "".join(f"/{p}" for p in parts)
 
 
 #: The vectorized "Expecting value" path is used only where it was checked to match.
