@@ -188,3 +188,15 @@ def test_shipped_calibration_configs_read_their_data_and_labels(name, monkeypatc
     for judge in cal.judges:
         job = judge_job(cal, judge, "labelled.parquet", labelled.row_id, labelled.answer)
         assert [m.engine for m in job.metrics] == [judge] * len(cal.metrics)
+
+
+def test_input_columns_named_like_scratch_columns_pass_through():
+    # split_pairs sorted on scratch columns "__pair_pos"/"__member_pos" and dropped them,
+    # overwriting and then dropping an input column of that name.
+    frame = pl.DataFrame({"q": ["q1", "q2"], "__pair_pos": ["u1", "u2"], "__member_pos": [7, 8],
+                          "__label": ["x", "y"], "good": ["g1", "g2"], "bad": ["b1", "b2"]})
+    cal = _cal(pairs={"answers": {"good": 1, "bad": 0}, "label_column": "ok"})
+    out = split_pairs(frame, cal)
+    assert out.select("q", "__pair_pos", "__member_pos", "__label", "answer", "ok").rows() == [
+        ("q1", "u1", 7, "x", "g1", 1.0), ("q1", "u1", 7, "x", "b1", 0.0),
+        ("q2", "u2", 8, "y", "g2", 1.0), ("q2", "u2", 8, "y", "b2", 0.0)]

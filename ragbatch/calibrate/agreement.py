@@ -15,11 +15,14 @@ from ragbatch.calibrate.labels import label_values
 from ragbatch.calibrate.measures import (Bootstrap, Measure, binary_measures, confusion,
                                          graded_measures, pairwise_agreement)
 from ragbatch.calibrate.prepare import PAIR_ID
+from ragbatch.columns import internal
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.status import OK
 
 #: Characters of question, answer and judge reply kept in the disagreement list.
 TEXT_LIMIT = 2000
+#: Scratch columns, in the pipeline's namespace: the scores table holds user columns.
+_LABEL, _DISTANCE = internal("label"), internal("distance")
 
 
 def prompt_version(metric: JudgeMetric) -> str:
@@ -82,9 +85,9 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     """
     cells = scores.filter(pl.col("metric") == metric.id)
     label_col = label_column_in(cells, spec.column)
-    cells = cells.with_columns(label_values(cells[label_col], spec, cells["row_id"]).alias("__label"))
+    cells = cells.with_columns(label_values(cells[label_col], spec, cells["row_id"]).alias(_LABEL))
     # in row-id order, so that the resamples do not depend on the order of score files
-    usable = cells.filter((pl.col("status") == OK) & pl.col("__label").is_not_null()
+    usable = cells.filter((pl.col("status") == OK) & pl.col(_LABEL).is_not_null()
                           & pl.col("score").is_not_null()).sort("row_id")
     models = cells["model"].drop_nulls()
     base = {
@@ -93,10 +96,10 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
         "prompt_version": prompt_version(metric), "label_column": spec.column,
         "label_type": spec.type, "scores_run_id": scores_run_id,
         "n_cells": cells.height, "n_ok": int((cells["status"] == OK).sum()),
-        "n_labelled": int(cells["__label"].is_not_null().sum()),
+        "n_labelled": int(cells[_LABEL].is_not_null().sum()),
     }
     score = usable["score"].to_numpy().astype(np.float64)
-    human = usable["__label"].to_numpy().astype(np.float64)
+    human = usable[_LABEL].to_numpy().astype(np.float64)
     out = MetricAgreement()
     if spec.type == "binary":
         found = binary_measures(score, human, spec.judge_threshold, boot)
@@ -125,8 +128,8 @@ def _measure_row(m: Measure) -> dict[str, Any]:
 
 def _pairwise(usable: pl.DataFrame, cells: pl.DataFrame, boot: Bootstrap) -> Measure:
     """Every two ok members of one pair with different labels, higher label first."""
-    ok = usable.select(PAIR_ID, "row_id", "score", "__label")
-    joined = ok.join(ok, on=PAIR_ID, suffix="_r").filter(pl.col("__label") > pl.col("__label_r"))
+    ok = usable.select(PAIR_ID, "row_id", "score", _LABEL)
+    joined = ok.join(ok, on=PAIR_ID, suffix="_r").filter(pl.col(_LABEL) > pl.col(f"{_LABEL}_r"))
     joined = joined.sort(PAIR_ID, "row_id", "row_id_r")
     return pairwise_agreement(joined["score"].to_numpy(), joined["score_r"].to_numpy(), boot)
 
@@ -140,19 +143,19 @@ def _disagreements(usable: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     low, high = metric.score_range
     scaled = (pl.col("score") - low) / (high - low)
     if spec.type == "binary":
-        target = pl.col("__label")
+        target = pl.col(_LABEL)
     else:
-        lmin, lmax = usable["__label"].min(), usable["__label"].max()
-        target = ((pl.col("__label") - lmin) / (lmax - lmin)) if lmax > lmin else pl.lit(0.5)
-    ranked = (usable.with_columns((scaled - target).abs().alias("distance"))
-              .sort(["distance", "row_id"], descending=[True, False]).head(top))
+        lmin, lmax = usable[_LABEL].min(), usable[_LABEL].max()
+        target = ((pl.col(_LABEL) - lmin) / (lmax - lmin)) if lmax > lmin else pl.lit(0.5)
+    ranked = (usable.with_columns((scaled - target).abs().alias(_DISTANCE))
+              .sort([_DISTANCE, "row_id"], descending=[True, False]).head(top))
     if texts is not None:
         ranked = ranked.join(texts, on="row_id", how="left")
     rows = []
     for rank, r in enumerate(ranked.iter_rows(named=True), start=1):
         rows.append({**_ident(base), "rank": rank, "row_id": r["row_id"],
-                     "pair_id": r.get(PAIR_ID), "label": r["__label"], "score": r["score"],
-                     "distance": r["distance"], "reason": r.get("reason"),
+                     "pair_id": r.get(PAIR_ID), "label": r[_LABEL], "score": r["score"],
+                     "distance": r[_DISTANCE], "reason": r.get("reason"),
                      "judge_reply": _cut(r.get("judge_reply")), "question": _cut(r.get("question")),
                      "answer": _cut(r.get("answer"))})
     return rows

@@ -10,6 +10,7 @@ import polars as pl
 import pyarrow as pa
 
 from ragbatch.calibrate.config import CalibrationConfig
+from ragbatch.columns import internal
 from ragbatch.errors import ConfigError, InputError
 
 #: Column of the generated row id (when ``input.columns.row_id`` is not mapped).
@@ -18,6 +19,9 @@ ROW_ID = "calibration_row_id"
 PAIR_ID = "pair_id"
 #: Column naming the input column an answer of a pair came from.
 PAIR_MEMBER = "pair_member"
+#: Scratch columns of :func:`split_pairs`, in the pipeline's namespace (no input column
+#: can use it), so an input column of any other name passes through.
+_PAIR_POS, _MEMBER_POS = internal("pair_pos"), internal("member_pos")
 
 
 @dataclass
@@ -120,7 +124,7 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
         pair_id = pl.col(pairs.id_column).cast(pl.String)
     else:
         pair_id = pl.int_range(pl.len()).cast(pl.String)
-    base = frame.with_columns(pair_id.alias(PAIR_ID), pl.int_range(pl.len()).alias("__pair_pos"))
+    base = frame.with_columns(pair_id.alias(PAIR_ID), pl.int_range(pl.len()).alias(_PAIR_POS))
     keep = [c for c in base.columns if c not in pairs.answers]
     parts = []
     for order, (column, label) in enumerate(pairs.answers.items()):
@@ -129,9 +133,9 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
             pl.col(column).cast(pl.String).alias(pairs.answer_column),
             pl.lit(float(label), dtype=pl.Float64).alias(pairs.label_column),
             pl.lit(column).alias(PAIR_MEMBER),
-            pl.lit(order).alias("__member_pos")))
-    out = pl.concat(parts).sort("__pair_pos", "__member_pos")
-    return out.drop("__pair_pos", "__member_pos")
+            pl.lit(order).alias(_MEMBER_POS)))
+    out = pl.concat(parts).sort(_PAIR_POS, _MEMBER_POS)
+    return out.drop(_PAIR_POS, _MEMBER_POS)
 
 
 def _check_labels(frame: pl.DataFrame, cal: CalibrationConfig) -> None:
