@@ -43,7 +43,7 @@ class ContextContainsPii(PiiMetric):
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts is null or unparseable",
-         "missing_input; reason is the normalizer's note without the value it quotes"),
+         "missing_input; reason is the normalizer's note, which quotes no value in a run with PII metrics"),
         ("contexts is an empty list", "score 0.0 (nothing retrieved, nothing to leak); reason says so"),
         ("a context is null, empty or only whitespace",
          "skipped; details.skipped lists its index; the others decide the score"),
