@@ -24,6 +24,7 @@ from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
+from ragbatch.ray_paths import start_local_ray, worker_pythonpath
 from ragbatch.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
@@ -91,7 +92,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     started = dt.datetime.now(dt.timezone.utc)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    import_paths = prepare_import_paths(config_dir)
+    prepare_import_paths(config_dir)
     run_id = run_id or config.run.run_id or new_run_id(started)
     templates = uri_templates(config)
     if templates:
@@ -109,7 +110,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
              len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
 
     t1 = time.perf_counter()
-    ray_info = ensure_ray(address, import_paths)
+    ray_info = ensure_ray(address)
     check_fit(plan, started_locally=ray_info.get("started_locally", False))
     done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
     n_rows = done.n_rows
@@ -172,41 +173,46 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     return layout, staging, resume
 
 
-def prepare_import_paths(config_dir: str | Path | None) -> list[str]:
-    """Put the directories user callbacks may live in (the working directory and the
-    config file's directory) on ``sys.path``; return them for the Ray workers."""
-    import sys
+def prepare_import_paths(config_dir: str | Path | None) -> tuple[str, ...]:
+    """Record the folders a ``binary`` metric's callback module is looked for in: the
+    working folder, then the config file's folder (:mod:`ragbatch.metrics.callback_import`).
 
-    paths = [os.getcwd()]
-    if config_dir is not None:
-        paths.append(str(Path(config_dir).resolve()))
-    paths = list(dict.fromkeys(paths))
-    for p in reversed(paths):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    return paths
+    ``sys.path`` is left as it is, and nothing is added to the Ray workers' ``PYTHONPATH``:
+    a callback module found in these folders is imported from its file under a private
+    name, so a file next to the config (``secrets.py``, ``jinja2.py``) never stands in for
+    a module of the same name.
+
+    Returns
+    -------
+    tuple of str
+        The folders, absolute.
+    """
+    from ragbatch.metrics.callback_import import set_callback_dirs
+
+    return set_callback_dirs([os.getcwd(), *([config_dir] if config_dir is not None else [])])
 
 
-def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
-    """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally; return facts
-    about the cluster for the manifest. An already initialised Ray is reused."""
+def ensure_ray(address: str | None) -> dict[str, Any]:
+    """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally
+    (:func:`ragbatch.ray_paths.start_local_ray`: no user folder on the workers' module
+    path); return facts about the cluster for the manifest. An already initialised Ray
+    is reused."""
     import ray
 
     started_locally = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
-        existing = os.environ.get("PYTHONPATH", "")
-        env = {"PYTHONPATH": os.pathsep.join([*import_paths, existing] if existing else import_paths)}
+        env = {"PYTHONPATH": worker_pythonpath()}
         for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
             if var in os.environ:
                 env[var] = os.environ[var]
-        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
+        runtime_env = {"env_vars": env}
         if address:
-            ray.init(address=address, **kwargs)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         else:
             # "local" always starts a new instance; a bare init() would join any Ray
             # cluster already running on this machine.
-            ray.init(address="local", include_dashboard=False, **kwargs)
+            start_local_ray(runtime_env, include_dashboard=False, log_to_driver=True)
             started_locally = True
     ctx = ray.get_runtime_context()
     return {

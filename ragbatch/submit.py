@@ -21,7 +21,6 @@ import datetime as dt
 import os
 import re
 import shlex
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,9 +195,9 @@ def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...
 
     rendered = render_config(config, run_date)
     _check_output(rendered.output.uri)
-    for path in import_paths:  # metric callbacks are imported when checked
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+    from ragbatch.metrics.callback_import import set_callback_dirs
+
+    set_callback_dirs(list(import_paths))  # metric callbacks are imported when checked
     _, engines, problems = build_metrics(rendered)
     problems += accelerator_problems(engines)
     if problems:
