@@ -19,7 +19,6 @@ import yaml
 
 from cli_process import run_ragbatch, start_ragbatch
 from ragbatch.metrics.binary import load_callback
-from ragbatch.metrics.callback_import import find_module_file
 from ragbatch.runner import prepare_import_paths
 
 SHADOW = "SHADOW = True\n"
@@ -45,16 +44,17 @@ def real_modules(batch):
 '''
 
 
-def _job(folder: Path) -> Path:
-    (folder / "secrets.py").write_text(CALLBACK, encoding="utf-8")
-    (folder / "jinja2.py").write_text(SHADOW, encoding="utf-8")
+def _job(folder: Path, callback_module: str = "checks") -> Path:
+    for name in ("secrets", "jinja2"):
+        (folder / f"{name}.py").write_text(SHADOW, encoding="utf-8")
+    (folder / f"{callback_module}.py").write_text(CALLBACK, encoding="utf-8")
     (folder / "in.csv").write_text("q,a\nwhat?,one\nwhy?,two\nhow?,three\n", encoding="utf-8")
     config = {
         "run": {"name": "shadowing"},
         "input": {"uri": str(folder / "in.csv"), "columns": {"question": "q", "answer": "a"}},
         "output": {"uri": str(folder / "out")},
         "metrics": [{"name": "binary", "id": "real_modules",
-                     "params": {"callback": "secrets:real_modules"}}],
+                     "params": {"callback": f"{callback_module}:real_modules"}}],
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -87,7 +87,9 @@ def test_callback_module_named_like_a_standard_module_is_its_own_file(tmp_path, 
     ``secrets`` stays the standard library's, and ``sys.path`` gains nothing in front."""
     import secrets
 
-    config = _job(tmp_path)
+    from ragbatch.metrics.callback_import import find_module_file
+
+    config = _job(tmp_path, callback_module="secrets")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     before = list(sys.path)
