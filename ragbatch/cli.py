@@ -433,12 +433,22 @@ def cmd_metrics(args: argparse.Namespace) -> int:
               f"{' boolean' if d['boolean'] else ''}, "
               f"{'higher' if d['higher_is_better'] else 'lower'} is better")
         print(f"    {d['summary']}")
+        print(f"    engine: {_engine_text(d)}")
         print(f"    inputs: {', '.join(d['inputs']) or '(all canonical columns)'}")
         for pname, p in d["params"].items():
             req = "required" if p["required"] else f"default {p['default']!r}"
             print(f"    param {pname} ({req}): {p['description']}")
         print(f"    source: {d['source']}")
     return EXIT_OK
+
+
+def _engine_text(described: dict) -> str:
+    """The engine types a metric runs on, for ``ragbatch metrics``: "vllm or openai",
+    "vllm or openai, and embedding", or "none"."""
+    text = " or ".join(described["engine"]) or "none"
+    if described["second_engine"]:
+        text += f", and {' or '.join(described['second_engine'])}"
+    return text
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
