@@ -137,6 +137,7 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    from ragbatch.analysis.compare import MIN_SLICE_PAIRS
     from ragbatch.analysis.pairing import DEFAULT_MATCH_ON
 
     p = sub.add_parser("compare", help="compare two committed runs row by row (paired bootstrap)")
@@ -147,6 +148,9 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
     p.add_argument("--by", action="append", default=[], metavar="SLICE",
                    help="also compare per value of this slice column (repeatable)")
+    p.add_argument("--min-pairs", type=_positive_int, default=MIN_SLICE_PAIRS, metavar="N",
+                   help="fewest pairs a --by slice needs for its change to be flagged; fewer "
+                        "pairs give too narrow an interval (default %(default)s)")
     p.add_argument("--match-on", type=_column_list, default=DEFAULT_MATCH_ON, metavar="COLS",
                    help="comma-separated columns whose content pairs rows with different row ids "
                         f"(default: {','.join(DEFAULT_MATCH_ON)})")
@@ -460,7 +464,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     candidate = find_run(args.candidate_output or args.output_uri, args.candidate)
     result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
                           confidence=args.confidence, top=args.top,
-                          threshold=args.fail_on_regression)
+                          threshold=args.fail_on_regression, min_pairs=args.min_pairs)
     print(format_comparison(result))
     if args.json_path:
         Path(args.json_path).write_text(result.to_json() + "\n", encoding="utf-8")
