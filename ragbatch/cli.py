@@ -216,6 +216,7 @@ def _load(args: argparse.Namespace) -> JobConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ragbatch.query_hint import query_hint
     from ragbatch.runner import run_job
 
     if args.dry_run:
@@ -245,11 +246,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, stats in (judge.get("engines") or {}).items():
             if stats.get("prefix_cache_hit_rate") is not None:
                 print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
-    print()
-    print("query it with DuckDB:")
-    print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("
-          f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
-          f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
+    hint = query_hint(layout, (result.config or config).output.storage_options)
+    if hint:
+        print()
+        print("\n".join(hint))
     if args.report:
         _write_run_report(result.config or config, result.run_id)
     return EXIT_OK
