@@ -7,6 +7,7 @@ root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure
 running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
 metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
 there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
+Ctrl-C exits 130; a run it stops says where its staged scores are kept and how to resume.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ConfigError, InputError, JobNotFoundError, RagbatchError
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
+#: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -582,6 +585,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RagbatchError as exc:
         print(f"ragbatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt as exc:
+        print(_interrupted_text(args, exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: for a run that began staging, its id, where its scores are kept,
+    and the command that resumes it."""
+    from ragbatch.errors import RunInterrupted
+
+    if not isinstance(exc, RunInterrupted):
+        return "ragbatch: interrupted"
+    if args.command == "nightly":
+        again = f"ragbatch nightly {args.config} --run-date {exc.run_date}"
+        again += f" --run-id {exc.run_id}" if args.run_id else ""
+    else:
+        again = f"ragbatch run {args.config} --run-id {exc.run_id}"
+        again += f" --run-date {exc.run_date}" if args.run_date else ""
+    extra = "".join(f" {flag} {value}" for flag, value in (
+        ("--input", getattr(args, "input_uri", None)), ("--output", getattr(args, "output_uri", None)))
+        if value)
+    return (f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
+            f"  scores staged so far are kept under {exc.staging_uri}/\n"
+            f"  resume it (rows already scored are not scored again): {again}{extra}")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,15 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragbatch.analysis.summary import RunSummary, summarize_run
 from ragbatch.config import JobConfig
-from ragbatch.errors import InputError, OutputError
+from ragbatch.errors import InputError, OutputError, RunInterrupted
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
@@ -78,6 +80,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     RunError
         More rows than ``run.error_budget`` allows ended with status ``error``; the run
         is not committed (resuming it scores those rows again).
+    RunInterrupted
+        (a KeyboardInterrupt) Ctrl-C once the run's staging exists: not committed; the
+        scores staged so far are kept, and the same run id resumes it.
 
     Notes
     -----
@@ -104,35 +109,46 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_calibration(plan, allow=allow_uncalibrated)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
-    run_date = layout.run_date
-    timings["plan_s"] = time.perf_counter() - t0
-    log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
-             len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
+    with _kept_when_interrupted(run_id, layout, staging):
+        run_date = layout.run_date
+        timings["plan_s"] = time.perf_counter() - t0
+        log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
+                 len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
 
-    t1 = time.perf_counter()
-    ray_info = ensure_ray(address)
-    check_fit(plan, started_locally=ray_info.get("started_locally", False))
-    done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
-    n_rows = done.n_rows
-    timings["execute_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        ray_info = ensure_ray(address)
+        check_fit(plan, started_locally=ray_info.get("started_locally", False))
+        done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+        n_rows = done.n_rows
+        timings["execute_s"] = time.perf_counter() - t1
 
-    t2 = time.perf_counter()
-    files = staging.score_files(resume)
-    check = verify_run(layout, files, plan.metric_ids, n_rows)
-    check_error_budget(layout, files, n_rows, config.run.error_budget)
-    timings["verify_s"] = time.perf_counter() - t2
-    t3 = time.perf_counter()
-    summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
-    timings["summary_s"] = time.perf_counter() - t3
-    timings["total_s"] = time.perf_counter() - t0
-    manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=done.judge, resume=resume,
-                              faults=done.faults, placement=done.placement, summary=summary,
-                              uri_templates=templates)
-    staging.publish(files, summary.table, manifest)
-    log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
-             len(plan.metrics), timings["total_s"])
-    return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+        t2 = time.perf_counter()
+        files = staging.score_files(resume)
+        check = verify_run(layout, files, plan.metric_ids, n_rows)
+        check_error_budget(layout, files, n_rows, config.run.error_budget)
+        timings["verify_s"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+        timings["summary_s"] = time.perf_counter() - t3
+        timings["total_s"] = time.perf_counter() - t0
+        manifest = build_manifest(plan, layout, check, started=started, timings=timings,
+                                  ray_info=ray_info, judge=done.judge, resume=resume,
+                                  faults=done.faults, placement=done.placement, summary=summary,
+                                  uri_templates=templates)
+        staging.publish(files, summary.table, manifest)
+        log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
+                 len(plan.metrics), timings["total_s"])
+        return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+@contextmanager
+def _kept_when_interrupted(run_id: str, layout: OutputLayout, staging: Staging) -> Iterator[None]:
+    """Turn a KeyboardInterrupt (Ctrl-C) into :class:`RunInterrupted`, which says where
+    the scores staged so far are kept."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_id, layout.run_date.isoformat(), layout.uri(staging.root)) from None
 
 
 def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.date:
