@@ -87,8 +87,10 @@ def test_callback_module_named_like_a_standard_module_is_its_own_file(tmp_path, 
     ``secrets`` stays the standard library's, and ``sys.path`` gains nothing in front."""
     import secrets
 
+    from ragbatch.metrics import callback_import
     from ragbatch.metrics.callback_import import find_module_file
 
+    monkeypatch.setattr(callback_import, "_DIRS", ())  # restored after the test
     config = _job(tmp_path, callback_module="secrets")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -103,7 +105,10 @@ def test_callback_module_named_like_a_standard_module_is_its_own_file(tmp_path, 
     assert sys.path[: len(before)] == before  # the callback's folder, if added, comes last
 
 
-def test_callback_not_in_the_folders_is_imported_by_name_with_a_clear_error(tmp_path):
+def test_callback_not_in_the_folders_is_imported_by_name_with_a_clear_error(tmp_path, monkeypatch):
+    from ragbatch.metrics import callback_import
+
+    monkeypatch.setattr(callback_import, "_DIRS", ())  # restored after the test
     prepare_import_paths(tmp_path)
     with pytest.raises(ValueError, match=r"module 'secrets' \(imported from .*secrets.py\) "
                                          r"has no attribute 'no_such_function'"):
