@@ -7,6 +7,7 @@ root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure
 running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
 metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
 there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
+Ctrl-C exits 130; a run it stops says where its staged scores are kept and how to resume.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ConfigError, InputError, JobNotFoundError, RagbatchError
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
+#: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,6 +142,7 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    from ragbatch.analysis.compare import MIN_SLICE_PAIRS
     from ragbatch.analysis.pairing import DEFAULT_MATCH_ON
 
     p = sub.add_parser("compare", help="compare two committed runs row by row (paired bootstrap)")
@@ -149,6 +153,9 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
     p.add_argument("--by", action="append", default=[], metavar="SLICE",
                    help="also compare per value of this slice column (repeatable)")
+    p.add_argument("--min-pairs", type=_positive_int, default=MIN_SLICE_PAIRS, metavar="N",
+                   help="fewest pairs a --by slice needs for its change to be flagged; fewer "
+                        "pairs give too narrow an interval (default %(default)s)")
     p.add_argument("--match-on", type=_column_list, default=DEFAULT_MATCH_ON, metavar="COLS",
                    help="comma-separated columns whose content pairs rows with different row ids "
                         f"(default: {','.join(DEFAULT_MATCH_ON)})")
@@ -214,6 +221,7 @@ def _load(args: argparse.Namespace) -> JobConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ragbatch.query_hint import query_hint
     from ragbatch.runner import run_job
 
     if args.dry_run:
@@ -243,11 +251,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, stats in (judge.get("engines") or {}).items():
             if stats.get("prefix_cache_hit_rate") is not None:
                 print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
-    print()
-    print("query it with DuckDB:")
-    print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("
-          f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
-          f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
+    hint = query_hint(layout, (result.config or config).output.storage_options)
+    if hint:
+        print()
+        print("\n".join(hint))
     if args.report:
         _write_run_report(result.config or config, result.run_id)
     return EXIT_OK
@@ -435,12 +442,22 @@ def cmd_metrics(args: argparse.Namespace) -> int:
               f"{' boolean' if d['boolean'] else ''}, "
               f"{'higher' if d['higher_is_better'] else 'lower'} is better")
         print(f"    {d['summary']}")
+        print(f"    engine: {_engine_text(d)}")
         print(f"    inputs: {', '.join(d['inputs']) or '(all canonical columns)'}")
         for pname, p in d["params"].items():
             req = "required" if p["required"] else f"default {p['default']!r}"
             print(f"    param {pname} ({req}): {p['description']}")
         print(f"    source: {d['source']}")
     return EXIT_OK
+
+
+def _engine_text(described: dict) -> str:
+    """The engine types a metric runs on, for ``ragbatch metrics``: "vllm or openai",
+    "vllm or openai, and embedding", or "none"."""
+    text = " or ".join(described["engine"]) or "none"
+    if described["second_engine"]:
+        text += f", and {' or '.join(described['second_engine'])}"
+    return text
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -452,7 +469,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     candidate = find_run(args.candidate_output or args.output_uri, args.candidate)
     result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
                           confidence=args.confidence, top=args.top,
-                          threshold=args.fail_on_regression)
+                          threshold=args.fail_on_regression, min_pairs=args.min_pairs)
     print(format_comparison(result))
     if args.json_path:
         Path(args.json_path).write_text(result.to_json() + "\n", encoding="utf-8")
@@ -570,6 +587,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RagbatchError as exc:
         print(f"ragbatch: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt as exc:
+        print(_interrupted_text(args, exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: for a run that began staging, its id, where its scores are kept,
+    and the command that resumes it."""
+    from ragbatch.errors import RunInterrupted
+
+    if not isinstance(exc, RunInterrupted):
+        return "ragbatch: interrupted"
+    if args.command == "nightly":
+        again = f"ragbatch nightly {args.config} --run-date {exc.run_date}"
+        again += f" --run-id {exc.run_id}" if args.run_id else ""
+    else:
+        again = f"ragbatch run {args.config} --run-id {exc.run_id}"
+        again += f" --run-date {exc.run_date}" if args.run_date else ""
+    extra = "".join(f" {flag} {value}" for flag, value in (
+        ("--input", getattr(args, "input_uri", None)), ("--output", getattr(args, "output_uri", None)))
+        if value)
+    return (f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
+            f"  scores staged so far are kept under {exc.staging_uri}/\n"
+            f"  resume it (rows already scored are not scored again): {again}{extra}")
 
 
 if __name__ == "__main__":

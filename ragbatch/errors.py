@@ -68,3 +68,24 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
         seen.append(current)
         current = current.__cause__ or current.__context__
     return seen
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT) after it began staging scores: it is not
+    committed, what it staged is kept, and starting it again with the same run id
+    resumes it. A KeyboardInterrupt, so that it stops everything as one does.
+
+    Attributes
+    ----------
+    run_id : str
+    run_date : str
+        The run's date, ``YYYY-MM-DD``.
+    staging_uri : str
+        Where the run's staged scores and state are kept.
+    """
+
+    def __init__(self, run_id: str, run_date: str, staging_uri: str):
+        self.run_id = run_id
+        self.run_date = run_date
+        self.staging_uri = staging_uri
+        super().__init__(f"run {run_id} interrupted; not committed")

@@ -31,7 +31,6 @@ import datetime as dt
 import os
 import re
 import shlex
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -252,9 +251,9 @@ def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...
 
     rendered = render_config(config, run_date)
     location_problems = _local_uri_problems(rendered, ships_local_files)
-    for path in import_paths:  # metric callbacks are imported when checked
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+    from ragbatch.metrics.callback_import import set_callback_dirs
+
+    set_callback_dirs(list(import_paths))  # metric callbacks are imported when checked
     metrics, engines, problems = build_metrics(rendered)
     problems = location_problems + problems + accelerator_problems(engines)
     if problems:
