@@ -342,7 +342,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
     preflight_engines(plan)
-    _check_output_reachable(config)
+    _check_output_writable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")
     print(f"input  {config.input.uri}: {len(plan.read_tasks)} read task(s); "
@@ -364,7 +364,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if "regex_engine" in info:
             why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
             print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
-    print(f"output {config.output.uri}: reachable")
+    print(f"output {config.output.uri}: writable (a probe object was written and deleted)")
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 
 
@@ -403,22 +403,11 @@ def _print_placement(plan, address: str | None) -> int:
     return EXIT_OK
 
 
-def _check_output_reachable(config: JobConfig) -> None:
-    from ragbatch.io.fs import describe_storage_error, resolve
+def _check_output_writable(config: JobConfig) -> None:
+    """Write and delete a probe object under the output root (:mod:`ragbatch.io.probe`)."""
+    from ragbatch.io.probe import probe_output
 
-    fs, base = resolve(config.output.uri, config.output.storage_options)
-    try:
-        probe = base.rstrip("/") or "/"
-        while probe and not fs.exists(probe):
-            parent = probe.rsplit("/", 1)[0] if "/" in probe.strip("/") else ""
-            if parent in ("", probe):
-                break
-            probe = parent
-    except Exception as exc:
-        raise describe_storage_error(config.output.uri, exc, section="output") from None
-    from ragbatch.io.staging import check_output_bucket
-
-    check_output_bucket(fs, base, config.output.uri)
+    probe_output(config.output.uri, config.output.storage_options)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
