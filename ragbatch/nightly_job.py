@@ -231,6 +231,16 @@ def _input_root_exists(template: str, rendered: Any) -> bool:
         return False
 
 
+def calibration_options(config: JobConfig) -> dict[str, Any] | None:
+    """The fsspec options of the calibration root a job's report looks in: the config's
+    ``calibration.storage_options`` when its ``calibration.uri`` is another root, else
+    None (the output root's own options apply)."""
+    guard = config.calibration
+    if guard is None or not guard.uri or guard.uri == config.output.uri:
+        return None
+    return guard.storage_options
+
+
 def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     """Report and compare the committed night; set the exit code from the comparison."""
     from ragbatch.analysis.nightly import compare_with_previous, write_run_report
@@ -240,7 +250,8 @@ def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     try:
         if report:
             written = write_run_report(output.uri, outcome.run_id, output.storage_options,
-                                       threshold=outcome.threshold)
+                                       threshold=outcome.threshold,
+                                       calibration_options=calibration_options(outcome.config))
             outcome.report = written
             outcome.run, outcome.baseline = written.run, written.baseline
             outcome.comparison = written.comparison
