@@ -20,8 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nightly_runs import run_cli
-from ragbatch.errors import OutputError, OutputNotWritableError
-from ragbatch.io.probe import PROBE_PREFIX, probe_output
+from ragbatch.errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +95,8 @@ def test_validate_refuses_a_read_only_directory(tmp_path):
 
 
 def test_probe_deletes_only_its_object_and_the_directories_it_made(tmp_path):
+    from ragbatch.io.probe import PROBE_PREFIX, probe_output
+
     root = tmp_path / "new" / "out"
     path = probe_output(str(root))
     assert Path(path).parent == root / "_staging" and Path(path).name.startswith(PROBE_PREFIX)
@@ -127,6 +128,8 @@ def test_validate_probes_a_bucket_and_leaves_it_empty(s3_storage_options, s3_buc
 
 
 def test_an_unreachable_endpoint_stays_retryable(tmp_path):
+    from ragbatch.errors import OutputNotWritableError
+    from ragbatch.io.probe import probe_output
     from s3_fixtures import _free_port
 
     options = {"endpoint_url": f"http://127.0.0.1:{_free_port()}", "key": "k", "secret": "s",
