@@ -149,6 +149,7 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
                    help="output root of the baseline run (and of the candidate unless --candidate-output)")
     p.add_argument("--candidate-output", metavar="URI", help="output root of the candidate run")
+    _add_storage_option_args(p, "--output", "--candidate-output")
     p.add_argument("baseline", metavar="BASELINE_RUN_ID")
     p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
     p.add_argument("--by", action="append", default=[], metavar="SLICE",
@@ -174,8 +175,64 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--baseline", metavar="RUN_ID", help="compare with this committed run")
     p.add_argument("--baseline-output", metavar="URI", help="output root of the baseline (default: --output)")
+    _add_storage_option_args(p, "--output", "--baseline-output")
     p.add_argument("-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML")
     p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
+
+
+def _add_storage_option_args(p: argparse.ArgumentParser, root_flag: str, other_flag: str) -> None:
+    """``--storage-option`` for ``root_flag``'s root and ``--<other>-storage-option`` for
+    ``other_flag``'s (:func:`_storage_options` reads them; docs/storage.md)."""
+    form = ("repeatable; VALUE is read as YAML (anon=false is a bool), a dotted KEY nests "
+            "(client_kwargs.region_name=eu-west-1); the AWS_*/GOOGLE_* environment applies "
+            "to what is not given")
+    p.add_argument("--storage-option", dest="storage_option", action="append", default=[],
+                   type=_storage_option, metavar="KEY=VALUE",
+                   help=f"fsspec storage option of the {root_flag} root ({form})")
+    other = other_flag.removesuffix("-output").lstrip("-")
+    p.add_argument(f"--{other}-storage-option", dest=f"{other}_storage_option", action="append",
+                   default=[], type=_storage_option, metavar="KEY=VALUE",
+                   help=f"storage option of the {other_flag} root, as --storage-option; only "
+                        f"these apply there (default: none; without {other_flag} the "
+                        f"{root_flag} root and its options are used)")
+
+
+def _storage_option(text: str) -> tuple[tuple[str, ...], object]:
+    from ragbatch.io.options import parse_storage_option
+
+    try:
+        return parse_storage_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _storage_options(args: argparse.Namespace, other: str | None = None) -> dict:
+    """The storage options the flags give: of the main root (``--storage-option``), or of
+    the ``other`` root (``--<other>-storage-option``, e.g. ``candidate``).
+
+    Raises
+    ------
+    ConfigError
+        A key is given twice or both as a value and as a parent of nested keys; or
+        ``--<other>-storage-option`` is given without ``--<other>-output``.
+    """
+    from ragbatch.io.options import storage_options_from
+
+    if other is None:
+        return storage_options_from(args.storage_option, "--storage-option")
+    pairs = getattr(args, f"{other}_storage_option")
+    if pairs and not getattr(args, f"{other}_output"):
+        raise ConfigError(f"--{other}-storage-option applies to the --{other}-output root; "
+                          f"add --{other}-output, or give the options with --storage-option")
+    return storage_options_from(pairs, f"--{other}-storage-option")
+
+
+def _other_root(args: argparse.Namespace, other: str) -> tuple[str, dict]:
+    """The root and options of ``--<other>-output``, defaulting to ``--output``'s."""
+    options = _storage_options(args, other)
+    if getattr(args, f"{other}_output"):
+        return getattr(args, f"{other}_output"), options
+    return args.output_uri, _storage_options(args)
 
 
 def _column_list(text: str) -> tuple[str, ...]:
@@ -295,9 +352,11 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
 def _write_run_report(config: JobConfig, run_id: str) -> None:
     """``run --report``: the report and the comparison with the previous committed run."""
     from ragbatch.analysis.nightly import write_run_report
+    from ragbatch.nightly_job import calibration_options
 
     try:
-        written = write_run_report(config.output.uri, run_id, config.output.storage_options)
+        written = write_run_report(config.output.uri, run_id, config.output.storage_options,
+                                   calibration_options=calibration_options(config))
     except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
         raise RagbatchError(f"run {run_id} committed, but its report could not be written: "
                             f"{type(exc).__name__}: {exc}") from exc
@@ -351,7 +410,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
     preflight_engines(plan)
-    _check_output_reachable(config)
+    _check_output_writable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")
     print(f"input  {config.input.uri}: {len(plan.read_tasks)} read task(s); "
@@ -373,7 +432,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if "regex_engine" in info:
             why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
             print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
-    print(f"output {config.output.uri}: reachable")
+    print(f"output {config.output.uri}: writable (a probe object was written and deleted)")
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 
 
@@ -412,22 +471,11 @@ def _print_placement(plan, address: str | None) -> int:
     return EXIT_OK
 
 
-def _check_output_reachable(config: JobConfig) -> None:
-    from ragbatch.io.fs import describe_storage_error, resolve
+def _check_output_writable(config: JobConfig) -> None:
+    """Write and delete a probe object under the output root (:mod:`ragbatch.io.probe`)."""
+    from ragbatch.io.probe import probe_output
 
-    fs, base = resolve(config.output.uri, config.output.storage_options)
-    try:
-        probe = base.rstrip("/") or "/"
-        while probe and not fs.exists(probe):
-            parent = probe.rsplit("/", 1)[0] if "/" in probe.strip("/") else ""
-            if parent in ("", probe):
-                break
-            probe = parent
-    except Exception as exc:
-        raise describe_storage_error(config.output.uri, exc, section="output") from None
-    from ragbatch.io.staging import check_output_bucket
-
-    check_output_bucket(fs, base, config.output.uri)
+    probe_output(config.output.uri, config.output.storage_options)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -465,8 +513,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ragbatch.analysis.compare_text import format_comparison
     from ragbatch.analysis.runs import find_run
 
-    baseline = find_run(args.output_uri, args.baseline)
-    candidate = find_run(args.candidate_output or args.output_uri, args.candidate)
+    candidate_root, candidate_options = _other_root(args, "candidate")
+    baseline = find_run(args.output_uri, args.baseline, _storage_options(args))
+    candidate = find_run(candidate_root, args.candidate, candidate_options)
     result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
                           confidence=args.confidence, top=args.top,
                           threshold=args.fail_on_regression, min_pairs=args.min_pairs)
@@ -482,10 +531,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ragbatch.analysis.report import build_report
     from ragbatch.analysis.runs import find_run
 
-    run = find_run(args.output_uri, args.run_id)
+    baseline_root, baseline_options = _other_root(args, "baseline")
+    run = find_run(args.output_uri, args.run_id, _storage_options(args))
     baseline = None
     if args.baseline:
-        baseline = find_run(args.baseline_output or args.output_uri, args.baseline)
+        baseline = find_run(baseline_root, args.baseline, baseline_options)
     html = build_report(run, baseline, top=args.top)
     Path(args.report_path).write_text(html, encoding="utf-8")
     print(f"report of run {run.run_id} written to {args.report_path}"

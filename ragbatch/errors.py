@@ -40,6 +40,13 @@ class OutputError(RagbatchError):
     """The output location cannot be written, or a run with the same id already exists."""
 
 
+class OutputNotWritableError(ConfigError, OutputError):
+    """The output root cannot be written for a reason a retry does not fix: the bucket
+    is missing, the path lies under a regular file, or the account may not write or
+    delete there. A :class:`ConfigError` (exit status 2: the config needs a fix) and an
+    :class:`OutputError`."""
+
+
 class ConservationError(RagbatchError):
     """The written scores do not hold exactly one cell per (input row, metric)."""
 

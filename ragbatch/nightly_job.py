@@ -16,7 +16,10 @@ Exit codes (:data:`EXIT_CODES`):
 0    the night is committed, and no metric regressed beyond the threshold
 1    the run failed while running, or its report could not be written; running
      the night again may help (it resumes, or only writes the report)
-2    a problem in the config or the input that needs a fix (the message names it)
+2    a problem in the config or the input that needs a fix (the message names it),
+     including an output root that cannot be written ("cannot write": no bucket, a
+     path under a file, no permission), found with a probe object before the run
+     starts; an unreachable or throttling store is 1
 3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
 4    this night's input is not there yet: nothing exists at the rendered
      ``input.uri`` while the folder above the date-dependent part does; try later
@@ -31,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError, InputError, InputNotFoundError, RagbatchError
+from ragbatch.errors import (
+    ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError,
+)
+from ragbatch.io.probe import probe_output
 from ragbatch.templating import fixed_prefix, render_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
@@ -158,6 +164,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         config = config.model_copy(deep=True)
         config.run.run_date = night
         outcome.config = render_config(config, night)
+        probe_output(outcome.config.output.uri, outcome.config.output.storage_options)
         outcome.already_committed = _committed(outcome.config, night, outcome.run_id)
         if not outcome.already_committed:
             from ragbatch.runner import run_job
@@ -183,15 +190,18 @@ def _failed(outcome: NightlyOutcome, code: int, message: str) -> NightlyOutcome:
 
 
 def _committed(config: JobConfig, night: dt.date, run_id: str) -> bool:
-    """Whether ``run_id`` is committed for ``night`` under the output root."""
-    from ragbatch.io.fs import describe_storage_error
+    """Whether ``run_id`` is committed for ``night`` under the output root; a transient
+    storage failure raises :class:`OutputError` (exit 1, retry), any other an
+    :class:`InputError` naming the root (exit 2)."""
+    from ragbatch.io.fs import describe_storage_error, is_transient
     from ragbatch.io.write import OutputLayout
 
     layout = OutputLayout.for_run(config.output, night, run_id)
     try:
         return bool(layout.fs.exists(layout.manifest_path))
     except Exception as exc:  # noqa: BLE001 - storage errors get a message naming the root
-        raise describe_storage_error(config.output.uri, exc, section="output") from None
+        error = describe_storage_error(config.output.uri, exc, section="output")
+        raise (OutputError(str(error)) if is_transient(exc) else error) from None
 
 
 def _input_root_exists(template: str, rendered: Any) -> bool:
@@ -221,6 +231,16 @@ def _input_root_exists(template: str, rendered: Any) -> bool:
         return False
 
 
+def calibration_options(config: JobConfig) -> dict[str, Any] | None:
+    """The fsspec options of the calibration root a job's report looks in: the config's
+    ``calibration.storage_options`` when its ``calibration.uri`` is another root, else
+    None (the output root's own options apply)."""
+    guard = config.calibration
+    if guard is None or not guard.uri or guard.uri == config.output.uri:
+        return None
+    return guard.storage_options
+
+
 def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     """Report and compare the committed night; set the exit code from the comparison."""
     from ragbatch.analysis.nightly import compare_with_previous, write_run_report
@@ -230,7 +250,8 @@ def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     try:
         if report:
             written = write_run_report(output.uri, outcome.run_id, output.storage_options,
-                                       threshold=outcome.threshold)
+                                       threshold=outcome.threshold,
+                                       calibration_options=calibration_options(outcome.config))
             outcome.report = written
             outcome.run, outcome.baseline = written.run, written.baseline
             outcome.comparison = written.comparison

@@ -22,6 +22,7 @@ from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError, RunInterrupted
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
+from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
@@ -71,9 +72,12 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         ``allow_uncalibrated`` turns that into warnings).
     InputNotFoundError
         (an InputError) The input location holds no files.
+    OutputNotWritableError
+        (a ConfigError and an OutputError) The output root cannot be written: checked
+        first, with a probe object (:func:`ragbatch.io.probe.probe_output`).
     OutputError
         The run id is already committed under the output root, it was started before
-        with a different config or input, or the root is not writable.
+        with a different config or input, or the store is unreachable.
     ConservationError
         The written scores do not hold exactly one cell per (row, metric); the run is
         then not committed (no manifest is written).
@@ -102,6 +106,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     templates = uri_templates(config)
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
+    probe_output(config.output.uri, config.output.storage_options)
     plan = build_plan(config)
     if config.calibration is not None:
         from ragbatch.calibrate.guard import check_calibration

@@ -89,7 +89,7 @@ def test_validate_shipped_jobs(capsys, monkeypatch, job):
     monkeypatch.chdir(REPO)
     code, out, err = _run(capsys, "validate", f"jobs/{job}")
     assert code == 0, err
-    assert "stage expressions:" in out and "reachable" in out
+    assert "stage expressions:" in out and "writable" in out
 
 
 @pytest.mark.parametrize("overrides, fragments", [

@@ -282,7 +282,8 @@ def _comparison_section(comparison: Comparison, baseline: CommittedRun, run: Com
 
 
 def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top: int = TOP_ROWS,
-                 comparison: Comparison | None = None) -> str:
+                 comparison: Comparison | None = None,
+                 calibration_options: dict[str, Any] | None = None) -> str:
     """Render the HTML report of ``run``.
 
     Parameters
@@ -295,6 +296,9 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     comparison : Comparison, optional
         A comparison of ``baseline`` and ``run`` already computed (otherwise computed
         with :func:`ragbatch.analysis.compare.compare_runs` and default settings).
+    calibration_options : dict, optional
+        fsspec options of the calibration root the run's config names
+        (:func:`ragbatch.calibrate.report.calibration_section` explains the default).
 
     Returns
     -------
@@ -325,4 +329,4 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
         metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
-        calibration=calibration_section(run))
+        calibration=calibration_section(run, calibration_options))

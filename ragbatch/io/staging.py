@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ragbatch.errors import OutputError
+from ragbatch.errors import OutputError, OutputNotWritableError
 from ragbatch.io.fs import describe_storage_error, with_storage_retries
 from ragbatch.io.write import OutputLayout
 from ragbatch.status import ERROR
@@ -261,9 +261,11 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
 
     Raises
     ------
-    OutputError
-        The bucket of ``base`` does not exist or cannot be seen; the message names
-        ``root``.
+    OutputNotWritableError
+        The bucket of ``base`` does not exist or cannot be seen (exit status 2); the
+        message names ``root``. (s3fs answers "no" also when the endpoint cannot be
+        reached; :func:`ragbatch.io.probe.probe_output`, which runs first, tells the two
+        apart.)
     """
     protocol = fs.protocol
     protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
@@ -271,9 +273,10 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
         return
     bucket = base.split("/", 1)[0]
     if not fs.exists(bucket):
-        raise OutputError(
-            f"{root}: not found: bucket {bucket!r} does not exist (or these credentials "
-            "cannot see it); create it, or fix output.uri / output.storage_options")
+        raise OutputNotWritableError(
+            f"{root}: cannot write under output.uri: bucket {bucket!r} does not exist (or "
+            "these credentials cannot see it); create it, or fix output.uri / "
+            "output.storage_options")
 
 
 def _now() -> str:
