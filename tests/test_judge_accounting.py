@@ -11,6 +11,7 @@ tokens received) are what the manifest must agree with.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from ragbatch.config import JobConfig
 from ragbatch.judge.batch import judge_frame
@@ -157,7 +159,7 @@ def instant_judge(tmp_path):
     proc.wait(timeout=30)
 
 
-def _job(tmp_path: Path, base: str) -> JobConfig:
+def _job_dict(tmp_path: Path, base: str) -> dict:
     src = tmp_path / "in"
     if not src.exists():
         src.mkdir()
@@ -167,35 +169,52 @@ def _job(tmp_path: Path, base: str) -> JobConfig:
                   "Paris is the capital of France."],
             "a": ["Paris is in France.", "Rome.", LONG_ANSWER * 2],  # the last: 20,000 tokens
         }), src / "rows.parquet")
-    return JobConfig.from_dict({
+    return {
         "run": {"name": "accounting"},
         "input": {"uri": str(src), "columns": {"question": "q", "contexts": "c", "answer": "a"}},
         "output": {"uri": str(tmp_path / "out")},
         "engines": {"judge": {"type": "openai", "base_url": f"{base}/v1", "model": "instant",
                               "concurrency": 1, "batch_size": 8, "max_tokens": 256}},
         "metrics": [{"name": m, "engine": "judge"} for m in JUDGE_METRICS],
-    })
+    }
+
+
+def _cli_run(tmp_path: Path, base: str, run_id: str) -> tuple[dict, str, str]:
+    """``ragbatch run`` in a new process, as a user starts it: its manifest, stdout and
+    stderr."""
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(_job_dict(tmp_path, base)))
+    proc = subprocess.run([str(Path(sys.executable).with_name("ragbatch")), "run", str(config),
+                           "--run-id", run_id], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = (tmp_path / "out").glob(f"runs/*/run_id={run_id}/manifest.json")
+    return json.loads(path.read_text()), proc.stdout, proc.stderr
 
 
 @pytest.mark.slow
 def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp_path):
     before = _server_counters(instant_judge)
-    first = run_job(_job(tmp_path, instant_judge), run_id="first")
+    first_manifest, stdout, stderr = _cli_run(tmp_path, instant_judge, "first")
     served = _server_counters(instant_judge)
     calls = served["vllm:request_success_total"] - before["vllm:request_success_total"]
     tokens = served["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
-    total = first.manifest["judge"]["total"]
+    total = first_manifest["judge"]["total"]
     # Two rows fit: faithfulness asks twice each (statements, then verdicts), the other
     # metrics once: 8 calls. The long row is refused once per metric, before the engine.
     assert calls == 8
     assert total["judge_calls"] == calls and total["prompt_tokens"] == tokens
     assert total["refused_too_long"] == len(JUDGE_METRICS)
     assert total["refused_prompt_tokens"] > len(JUDGE_METRICS) * E2E_WINDOW
-    assert all(first.manifest["judge"]["metrics"][m]["refused_too_long"] == 1 for m in JUDGE_METRICS)
-    engine = first.manifest["judge"]["engines"]["judge"]
+    assert all(first_manifest["judge"]["metrics"][m]["refused_too_long"] == 1 for m in JUDGE_METRICS)
+    engine = first_manifest["judge"]["engines"]["judge"]
     assert engine["context_too_long"] == len(JUDGE_METRICS) and engine["prompt_tokens"] == tokens
+    # The actor stage is placed with Ray Data's supported parameters: no deprecation
+    # warning of ours in the run's output.
+    assert "ray_remote_args" not in stderr and "RayDeprecationWarning" not in stderr
+    assert f"{len(JUDGE_METRICS)} requests refused as context_too_long" in stdout
 
-    second = run_job(_job(tmp_path, instant_judge), run_id="second")
+    second = run_job(JobConfig.from_dict(_job_dict(tmp_path, instant_judge)), run_id="second")
     after = _server_counters(instant_judge)
     for counter in ("vllm:request_success_total", "vllm:prompt_tokens_total"):
         assert after[counter] == served[counter], "a chat request reached the judge"
