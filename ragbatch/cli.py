@@ -305,6 +305,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         t = judge["total"]
         print(f"judge: {t['judge_calls']} calls, {t['cache_hits']} cache hits, "
               f"{t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens")
+        if t.get("refused_too_long"):
+            print(f"  {t['refused_too_long']} requests refused as context_too_long (not sent "
+                  f"to the model; {t['refused_prompt_tokens']} prompt tokens)")
         for name, stats in (judge.get("engines") or {}).items():
             if stats.get("prefix_cache_hit_rate") is not None:
                 print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")

@@ -54,9 +54,11 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
     metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
     ``packages``, ``python``, ``platform``, ``ray``, and ``judge`` (per judge metric
-    and in total: ``judge_calls`` made in this run, ``cache_hits``, ``prompt_tokens`` and
-    ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
-    prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
+    and in total: ``judge_calls`` the engine served in this run, ``cache_hits``,
+    ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` of the calls
+    served, ``refused_too_long`` (requests refused as ``context_too_long``, never
+    served) and ``refused_prompt_tokens`` (their prompt tokens); per engine its
+    counters, for vLLM the prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
     files reused from earlier attempts, files set aside), ``faults`` (the error
     budget, and per actor stage and in total: batches, batch starts, in-process batch
@@ -163,7 +165,7 @@ def pii_summary(plan: Plan) -> dict[str, Any]:
 
 
 _TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens",
-               "cached_prompt_tokens")
+               "cached_prompt_tokens", "refused_too_long", "refused_prompt_tokens")
 
 
 def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:

@@ -439,7 +439,8 @@ class OpenAIJudgeEngine(JudgeEngine):
             (attempts after the first of a request), ``ok``, ``timeouts``,
             ``judge_errors``, ``context_too_long`` (completions by status),
             ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` (summed
-            over the replies' usage), ``tokenize_failures`` (prompt counts the server's
+            over the replies' usage; a ``context_too_long`` request is not served, and
+            its prompt tokens are not included), ``tokenize_failures`` (prompt counts the server's
             ``/tokenize`` could not give), ``length_checks_by_bytes`` (requests sent
             without asking ``/tokenize``, their bytes showing that they fit; see the
             module notes) and ``token_counter``.
@@ -507,6 +508,8 @@ class OpenAIJudgeEngine(JudgeEngine):
             k.context_too_long += 1
         else:
             k.judge_errors += 1
+        if c.refused:
+            return
         k.prompt_tokens += c.prompt_tokens
         k.completion_tokens += c.completion_tokens
         k.cached_prompt_tokens += c.cached_prompt_tokens or 0
