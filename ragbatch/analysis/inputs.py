@@ -20,12 +20,10 @@ from ragbatch import columns as C
 from ragbatch.analysis.runs import CommittedRun
 from ragbatch.config import InputSection
 from ragbatch.errors import RagbatchError
+from ragbatch.redact import drop_redacted
 
 #: Canonical columns returned by :func:`load_inputs`.
 INPUT_COLUMNS: tuple[str, ...] = (C.ROW_ID, C.QUESTION, C.CONTEXTS, C.ANSWER, C.REFERENCE)
-
-_REDACTED = "***"
-
 
 @dataclass
 class RunInputs:
@@ -46,10 +44,9 @@ class RunInputs:
 
 def _input_section(run: CommittedRun) -> InputSection:
     section = dict((run.manifest.get("config") or {}).get("input") or {})
-    # Credentials are redacted in the manifest: drop them so that the filesystem falls
-    # back to the environment's credentials.
-    options = section.get("storage_options") or {}
-    section["storage_options"] = {k: v for k, v in options.items() if v != _REDACTED}
+    # Credentials are redacted in the manifest (at any depth, URLs without userinfo):
+    # drop them so that the filesystem falls back on the environment's credentials.
+    section["storage_options"] = drop_redacted(section.get("storage_options") or {})
     return InputSection.model_validate(section)
 
 

@@ -22,6 +22,7 @@ from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
 from ragbatch.io.write import MANIFEST_FILE, OutputLayout
+from ragbatch.redact import redact_url
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
 
@@ -93,8 +94,9 @@ class CommittedRun:
         return (self.run_date.isoformat(), self.started_at, self.run_id)
 
     def describe(self) -> str:
-        """``<run_id> (<run_date>, <root>)`` for messages and headers."""
-        return f"{self.run_id} ({self.run_date.isoformat()}, {self.root})"
+        """``<run_id> (<run_date>, <root>)`` for messages and headers (the root without
+        credentials: :func:`ragbatch.redact.redact_url`)."""
+        return f"{self.run_id} ({self.run_date.isoformat()}, {redact_url(self.root)})"
 
 
 def _open_root(root: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:

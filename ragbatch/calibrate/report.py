@@ -10,6 +10,7 @@ import polars as pl
 from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.errors import ConfigError, InputError
+from ragbatch.redact import drop_redacted, redact_url
 
 
 def _num(value: float | None) -> str:
@@ -38,7 +39,8 @@ def calibration_section(run: Any) -> dict[str, Any] | None:
     guard = config.get("calibration") or {}
     root = guard.get("uri") or run.root
     try:
-        cal = find_calibration(root, guard.get("run_id"), guard.get("storage_options") or {})
+        cal = find_calibration(root, guard.get("run_id"),
+                               drop_redacted(guard.get("storage_options") or {}))
         table = cal.table("agreement")
     except (InputError, OSError):
         return None
@@ -68,7 +70,7 @@ def calibration_section(run: Any) -> dict[str, Any] | None:
                          "note": r["reason"] or ""})
     if not rows:
         return None
-    return {"run_id": cal.run_id, "root": root, "rows": rows}
+    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows}
 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:
