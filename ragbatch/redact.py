@@ -50,8 +50,9 @@ CREDENTIAL_NAMES = frozenset({"connection_string", "conn_str", "dsn", "aws_acces
 _CAMEL = (re.compile(r"([A-Z]+)([A-Z][a-z])"), re.compile(r"([a-z0-9])([A-Z])"))
 #: fsspec's chain separator: ``::`` before a protocol (not the ``::`` of an IPv6 host).
 _CHAIN = re.compile(r"::(?=[A-Za-z][A-Za-z0-9+.-]*://)")
-#: A URL inside free text: a scheme, ``://`` and everything up to white space or a quote.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+#: A URL inside free text: a scheme, ``://`` and everything up to white space or a quote,
+#: less punctuation that ends a sentence or clause.
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,;:!?)]")
 
 
 def key_words(name: str) -> list[str]:
@@ -124,8 +125,8 @@ def _redact_one_url(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with every URL in it passed through :func:`redact_url` (URLs end at
-    white space or a quote)."""
+    """``text`` with every URL in it passed through :func:`redact_url` (a URL ends at
+    white space or a quote; punctuation right after it is not part of it)."""
     if "://" not in text:
         return text
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
