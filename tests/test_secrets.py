@@ -245,6 +245,42 @@ def test_log_filter_redacts_message_and_arguments():
     assert stream.getvalue() == "engine j at http://h:1/v1 failed\nplain http://h:2/v1 5\n"
 
 
+def test_manifest_of_a_planned_run_holds_no_secret(tmp_path):
+    """The run manifest, built from a plan whose every section holds a seeded secret (no
+    Ray, no server: the plan is only built)."""
+    import datetime as dt
+
+    from ragbatch.io.write import OutputLayout, RunCheck
+    from ragbatch.manifest import build_manifest
+    from ragbatch.plan import build_plan
+
+    secrets = [f"SEED{i}-{uuid.uuid4().hex}" for i in range(9)]
+    pq.write_table(pa.table({"q": ["a?"], "ctx": [["a"]], "ans": ["a"]}), tmp_path / "in.parquet")
+    nested = lambda i: {"key": secrets[i], "client_kwargs": {  # noqa: E731
+        "aws_secret_access_key": secrets[i + 1]}}
+    config = JobConfig.from_dict({
+        "input": {"uri": str(tmp_path / "in.parquet"), "storage_options": nested(0),
+                  "columns": {"question": "q", "contexts": "ctx", "answer": "ans"}},
+        "output": {"uri": str(tmp_path / "out"), "storage_options": nested(2)},
+        "cache": {"uri": str(tmp_path / "cache"), "storage_options": nested(4)},
+        "calibration": {"uri": str(tmp_path / "cal"), "storage_options": nested(6),
+                        "min_agreement": {"retrieval_precision": {"accuracy": 0.5}}},
+        "engines": {"j": {"type": "openai", "model": "m",
+                          "base_url": f"http://user:{secrets[8]}@127.0.0.1:9/v1"}},
+        "metrics": [{"name": "retrieval_precision", "engine": "j"}],
+    })
+    plan = build_plan(config)
+    layout = OutputLayout.for_run(config.output, dt.date(2024, 1, 2), "r1")
+    manifest = build_manifest(plan, layout, RunCheck(1, 1, {}, {}), timings={},
+                              started=dt.datetime.now(dt.timezone.utc), ray_info={})
+    text = json.dumps(manifest, default=str)
+    assert [s for s in secrets if s in text] == []
+    assert manifest["config"]["engines"]["j"]["base_url"] == "http://127.0.0.1:9/v1"
+    for section in ("input", "output", "cache", "calibration"):
+        assert manifest["config"][section]["storage_options"] == {
+            "key": REDACTED, "client_kwargs": {"aws_secret_access_key": REDACTED}}
+
+
 # ---------------------------------------------------------------- end to end
 
 
