@@ -281,6 +281,23 @@ def test_manifest_of_a_planned_run_holds_no_secret(tmp_path):
             "key": REDACTED, "client_kwargs": {"aws_secret_access_key": REDACTED}}
 
 
+def test_cli_error_naming_a_url_shows_it_without_credentials(tmp_path, capsys):
+    from ragbatch.cli import main
+
+    port = _free_port()  # nothing listens there: reading the input fails at once
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump({
+        "input": {"uri": f"http://reader:s3cr3t-pw@127.0.0.1:{port}/traces.jsonl"},
+        "output": {"uri": str(tmp_path / "out")}, "metrics": [{"name": "exact_match"}]}))
+
+    code = main(["validate", str(config)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"http://127.0.0.1:{port}/traces.jsonl" in err
+    assert "s3cr3t-pw" not in err
+
+
 # ---------------------------------------------------------------- end to end
 
 
