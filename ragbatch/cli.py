@@ -24,6 +24,7 @@ from typing import Sequence
 from ragbatch import __version__
 from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ConfigError, InputError, JobNotFoundError, RagbatchError
+from ragbatch.redact import install_log_redaction, redact_text, redact_url
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
 #: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
@@ -295,9 +296,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     layout = result.layout
     print(f"run {result.run_id} committed ({result.check.n_rows} rows x "
           f"{len(config.metrics)} metrics = {result.check.n_cells} cells)")
-    print(f"  scores:   {layout.uri(layout.scores_path)}/")
-    print(f"  summary:  {layout.uri(layout.summary_path)}")
-    print(f"  manifest: {layout.uri(layout.manifest_path)}")
+    print(f"  scores:   {redact_url(layout.uri(layout.scores_path))}/")
+    print(f"  summary:  {redact_url(layout.uri(layout.summary_path))}")
+    print(f"  manifest: {redact_url(layout.uri(layout.manifest_path))}")
     print()
     print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
     judge = result.manifest.get("judge") or {}
@@ -416,7 +417,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _check_output_writable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")
-    print(f"input  {config.input.uri}: {len(plan.read_tasks)} read task(s); "
+    print(f"input  {redact_url(config.input.uri)}: {len(plan.read_tasks)} read task(s); "
           f"columns: {', '.join(schema.names) if schema is not None else '?'}")
     mapping = {k: v for k, v in config.input.columns.model_dump().items() if v}
     print(f"mapping: {json.dumps(mapping, ensure_ascii=False)}")
@@ -435,7 +436,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if "regex_engine" in info:
             why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
             print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
-    print(f"output {config.output.uri}: writable (a probe object was written and deleted)")
+    print(f"output {redact_url(config.output.uri)}: writable (a probe object was written and deleted)")
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 
 
@@ -628,6 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_log_redaction()
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
                 "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
                 "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
@@ -635,10 +637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError) as exc:
-        print(f"ragbatch: error: {exc}", file=sys.stderr)
+        print(f"ragbatch: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_INVALID
     except RagbatchError as exc:
-        print(f"ragbatch: error: {exc}", file=sys.stderr)
+        print(f"ragbatch: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as exc:
         print(_interrupted_text(args, exc), file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ragbatch.io.fs import is_process_local
 from ragbatch.io.write import OutputLayout
+from ragbatch.redact import redact_url
 
 #: s3fs storage option -> the object_store key Polars reads, for options shown in full.
 _S3_PLAIN = {"endpoint_url": "aws_endpoint_url", "region_name": "aws_region",
@@ -41,9 +42,9 @@ def query_hint(layout: OutputLayout, storage_options: dict[str, Any] | None) -> 
     """
     if is_process_local(layout.fs):
         return []
-    scores = f"{layout.uri(layout.base)}/scores/**/*.parquet"
+    scores = f"{redact_url(layout.uri(layout.base))}/scores/**/*.parquet"
     run_id = layout.run_id
-    if layout.uri(layout.base) == layout.base:  # a local path, absolute
+    if layout.uri(layout.base) == layout.base:  # a local path, absolute (no credentials)
         sql_path = scores.replace("'", "''")
         return ["query it with DuckDB:",
                 f"  SELECT metric, status, count(*), avg(score) FROM read_parquet('{sql_path}', "
@@ -72,7 +73,7 @@ def polars_storage_options(options: dict[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in flat.items():
         if key in _S3_PLAIN and isinstance(value, str):
-            out[_S3_PLAIN[key]] = value
+            out[_S3_PLAIN[key]] = redact_url(value)
         elif key in _S3_SECRET:
             out[_S3_SECRET[key]] = "..."
         elif key not in ("anon", "use_ssl"):

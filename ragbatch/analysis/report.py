@@ -38,6 +38,7 @@ from ragbatch.analysis.inputs import load_inputs
 from ragbatch.analysis.metric_facts import MetricFacts, metric_facts
 from ragbatch.analysis.report_template import TEMPLATE
 from ragbatch.analysis.runs import CommittedRun, load_scores, load_summary
+from ragbatch.redact import redact_text, redact_url
 from ragbatch.status import NOT_APPLICABLE, OK, STATUSES
 
 #: Rows listed per metric in the worst-rows and moved-rows tables.
@@ -89,8 +90,8 @@ def _summary(run: CommittedRun) -> tuple[pl.DataFrame, list[str]]:
 def _facts(run: CommittedRun, baseline: CommittedRun | None) -> list[tuple[str, str]]:
     m = run.manifest
     rows = [("run id", run.run_id), ("run date", run.run_date.isoformat()), ("name", run.name),
-            ("output root", run.root),
-            ("input", str((m.get("input") or {}).get("uri", ""))),
+            ("output root", redact_url(run.root)),
+            ("input", redact_url(str((m.get("input") or {}).get("uri", "")))),
             ("rows", str((m.get("rows") or {}).get("input", ""))),
             ("metrics", ", ".join(run.metric_names)),
             ("started", str((m.get("run") or {}).get("started_at", ""))),
@@ -324,7 +325,8 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(TEMPLATE).render(
-        version=__version__, run=run, facts=_facts(run, baseline), notes=notes + worst_notes,
+        version=__version__, run=run, facts=_facts(run, baseline),
+        notes=[redact_text(n) for n in notes + worst_notes],
         confidence_label=f"{confidence:.0%}",
         metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),

@@ -22,6 +22,7 @@ from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
 from ragbatch.io.write import MANIFEST_FILE, OutputLayout
+from ragbatch.redact import drop_redacted, redact_url
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
 
@@ -97,18 +98,15 @@ class CommittedRun:
         return (self.run_date.isoformat(), self.started_at, self.run_id)
 
     def describe(self) -> str:
-        """``<run_id> (<run_date>, <root>)`` for messages and headers."""
-        return f"{self.run_id} ({self.run_date.isoformat()}, {self.root})"
-
-
-#: What the manifest records in place of a credential (:func:`ragbatch.manifest.redact`).
-REDACTED = "***"
+        """``<run_id> (<run_date>, <root>)`` for messages and headers (the root without
+        credentials: :func:`ragbatch.redact.redact_url`)."""
+        return f"{self.run_id} ({self.run_date.isoformat()}, {redact_url(self.root)})"
 
 
 def recorded_storage_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` as a manifest recorded them, usable again: every redacted value
-    (:data:`REDACTED`, at any depth) is left out, so that the filesystem falls back to
-    the environment's credentials for it (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...)
+    (:data:`ragbatch.redact.REDACTED`, at any depth) is left out, so that the filesystem
+    falls back to the environment's credentials for it (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...)
     while non-secret options such as ``endpoint_url`` still apply.
 
     Parameters
@@ -120,13 +118,7 @@ def recorded_storage_options(options: dict[str, Any] | None) -> dict[str, Any]:
     dict
         A new dict (nested dicts copied); empty for None.
     """
-    kept: dict[str, Any] = {}
-    for key, value in (options or {}).items():
-        if isinstance(value, dict):
-            kept[key] = recorded_storage_options(value)
-        elif value != REDACTED:
-            kept[key] = value
-    return kept
+    return drop_redacted(options or {})
 
 
 def _open_root(root: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:

@@ -27,6 +27,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ragbatch.calibrate.config import load_calibration
     from ragbatch.calibrate.text import agreement_text
     from ragbatch.errors import ConfigError
+    from ragbatch.redact import redact_url
 
     cal = load_calibration(args.config)
     if args.output_uri:
@@ -39,7 +40,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              config_dir=Path(args.config).parent)
     print(f"calibration {result.run_id} committed ({result.manifest['labelled_input']['rows']} "
           f"labelled rows, {len(result.scores_run_ids)} judge(s))")
-    print(f"  tables:  {result.path}/{{agreement,confusion,disagreements}}.parquet")
+    print(f"  tables:  {redact_url(result.path)}/{{agreement,confusion,disagreements}}.parquet")
     for judge, run_id in result.scores_run_ids.items():
         print(f"  scores of judge {judge}: run {run_id}")
     print()

@@ -19,6 +19,7 @@ from ragbatch.calibrate.output import write_calibration
 from ragbatch.calibrate.prepare import PAIR_ID, PAIR_MEMBER, LabelledInput, read_labelled
 from ragbatch.config import ColumnMapping, InputSection, JobConfig
 from ragbatch.io.fs import resolve
+from ragbatch.redact import redact
 
 log = logging.getLogger("ragbatch")
 
@@ -73,7 +74,8 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     Each judge's scores are an ordinary run (``ragbatch run``'s pipeline, UDFs, judgment
     cache, staging and commit) with run id ``<run_id>-<judge>`` under ``output.uri``; a
     calibration started again with the same ``run_id`` reuses the judge runs that
-    committed and resumes the others.
+    committed and resumes the others. The calibration's manifest records its config with
+    credentials redacted (:func:`ragbatch.redact.redact`).
 
     Raises
     ------
@@ -131,8 +133,8 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     manifest = {
         "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,
         "started_at": started.isoformat(), "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "ragbatch_version": __version__, "config": cal.model_dump(mode="json"),
-        "labelled_input": {"uri": input_uri, "rows": labelled.frame.height},
+        "ragbatch_version": __version__, "config": redact(cal.model_dump(mode="json")),
+        "labelled_input": {"uri": redact(input_uri), "rows": labelled.frame.height},
         "scores_runs": scores_ids, "bootstrap": cal.bootstrap.model_dump(), "timings": timings,
     }
     path = write_calibration(cal.output.uri, cal.output.storage_options, run_date, run_id,

@@ -13,6 +13,7 @@ from ragbatch.analysis.runs import recorded_storage_options
 from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.errors import ConfigError, InputError
+from ragbatch.redact import redact_url
 
 log = logging.getLogger("ragbatch")
 
@@ -88,7 +89,7 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
                          "note": r["reason"] or ""})
     if not rows:
         return None
-    return {"run_id": cal.run_id, "root": root, "rows": rows}
+    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows}
 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:
