@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from ragbatch.config import JobConfig, RunSection, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
 from ragbatch.metrics.base import Metric
+from ragbatch.redact import redact_url
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
@@ -190,7 +191,7 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     if pip:
         runtime_env["pip"] = list(pip)
     files = {} if checkout is not None else _job_files(config_file, metrics, search_dirs)
-    root = without_userinfo(rendered.output.uri)
+    root = redact_url(rendered.output.uri)
     metadata = {"ragbatch_config": config_ref, "ragbatch_run_id": run_id,
                 "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": root}
     return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date,
@@ -324,24 +325,6 @@ def _refuse_password(flag: str, uri: str | None) -> None:
             f"{flag}: the URI carries a password (user:password@...); it would be stored with "
             "the job and shown on the cluster's dashboard. Put credentials in the config's "
             "storage_options or the cluster's environment, and pass the URI without them")
-
-
-def without_userinfo(uri: str) -> str:
-    """``uri`` without ``user:password@`` (what is printed and stored with a job).
-
-    Parameters
-    ----------
-    uri : str
-        A URI or a local path; a path is returned as it is.
-
-    Returns
-    -------
-    str
-    """
-    netloc = urlsplit(uri).netloc
-    if "@" not in netloc:
-        return uri
-    return uri.replace(netloc, netloc.rpartition("@")[2], 1)
 
 
 def _checked_run_id(run_id: str) -> str:
