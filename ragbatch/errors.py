@@ -40,6 +40,12 @@ class OutputError(RagbatchError):
     """The output location cannot be written, or a run with the same id already exists."""
 
 
+class RunInProgressError(RagbatchError):
+    """Another attempt of the same run id holds the run's lease (it is running now, on
+    this machine or another), or took it over from this attempt; the message names the
+    holder and when its lease expires (:mod:`ragbatch.io.lease`)."""
+
+
 class ConservationError(RagbatchError):
     """The written scores do not hold exactly one cell per (input row, metric)."""
 

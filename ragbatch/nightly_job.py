@@ -16,7 +16,8 @@ Exit codes (:data:`EXIT_CODES`):
 0    the night is committed, and no metric regressed beyond the threshold
 1    the run failed while running, or its report could not be written; running
      the night again may help (it resumes, or only writes the report)
-2    a problem in the config or the input that needs a fix (the message names it)
+2    a problem in the config or the input that needs a fix (the message names it), or
+     another attempt of the same run id is running now (the message names it)
 3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
 4    this night's input is not there yet: nothing exists at the rendered
      ``input.uri`` while the folder above the date-dependent part does; try later
@@ -31,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError, InputError, InputNotFoundError, RagbatchError
+from ragbatch.errors import (ConfigError, InputError, InputNotFoundError, RagbatchError,
+                             RunInProgressError)
+from ragbatch.ids import check_id
 from ragbatch.templating import fixed_prefix, render_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
@@ -40,7 +43,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1
 EXIT_CODES = {
     EXIT_OK: "committed; no regression beyond the threshold",
     EXIT_FAILED: "run failed (or its report could not be written); retrying may help",
-    EXIT_INVALID: "config or input problem; needs a fix",
+    EXIT_INVALID: "config or input problem, or the run is running elsewhere; needs a fix",
     EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
     EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
 }
@@ -147,6 +150,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     outcome = NightlyOutcome(EXIT_OK, night, run_id or nightly_run_id(night),
                              threshold=fail_on_regression)
     try:
+        check_id(outcome.run_id, "--run-id" if run_id else "nightly run id")
         if config.run.run_id and not run_id:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass "
@@ -170,7 +174,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                                                                    outcome.config.input)
         code = EXIT_INPUT_NOT_READY if ready else EXIT_INVALID
         return _failed(outcome, code, str(exc))
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, InputError, RunInProgressError) as exc:
         return _failed(outcome, EXIT_INVALID, str(exc))
     except RagbatchError as exc:
         return _failed(outcome, EXIT_FAILED, str(exc))

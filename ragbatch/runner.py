@@ -18,6 +18,7 @@ from typing import Any
 from ragbatch.analysis.summary import RunSummary, summarize_run
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError
+from ragbatch.ids import check_id
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
@@ -92,7 +93,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     import_paths = prepare_import_paths(config_dir)
-    run_id = run_id or config.run.run_id or new_run_id(started)
+    run_id = check_id(run_id or config.run.run_id or new_run_id(started), "run id")
     templates = uri_templates(config)
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
@@ -103,35 +104,40 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_calibration(plan, allow=allow_uncalibrated)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
-    run_date = layout.run_date
-    timings["plan_s"] = time.perf_counter() - t0
-    log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
-             len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
+    # The run's lease (taken by _begin) is renewed until publish removes it; however the
+    # attempt ends otherwise, it is released so that the next attempt starts at once.
+    try:
+        run_date = layout.run_date
+        timings["plan_s"] = time.perf_counter() - t0
+        log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
+                 len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
 
-    t1 = time.perf_counter()
-    ray_info = ensure_ray(address, import_paths)
-    check_fit(plan, started_locally=ray_info.get("started_locally", False))
-    done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
-    n_rows = done.n_rows
-    timings["execute_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        ray_info = ensure_ray(address, import_paths)
+        check_fit(plan, started_locally=ray_info.get("started_locally", False))
+        done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+        n_rows = done.n_rows
+        timings["execute_s"] = time.perf_counter() - t1
 
-    t2 = time.perf_counter()
-    files = staging.score_files(resume)
-    check = verify_run(layout, files, plan.metric_ids, n_rows)
-    check_error_budget(layout, files, n_rows, config.run.error_budget)
-    timings["verify_s"] = time.perf_counter() - t2
-    t3 = time.perf_counter()
-    summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
-    timings["summary_s"] = time.perf_counter() - t3
-    timings["total_s"] = time.perf_counter() - t0
-    manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=done.judge, resume=resume,
-                              faults=done.faults, placement=done.placement, summary=summary,
-                              uri_templates=templates)
-    staging.publish(files, summary.table, manifest)
-    log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
-             len(plan.metrics), timings["total_s"])
-    return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+        t2 = time.perf_counter()
+        files = staging.score_files(resume)
+        check = verify_run(layout, files, plan.metric_ids, n_rows)
+        check_error_budget(layout, files, n_rows, config.run.error_budget)
+        timings["verify_s"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+        timings["summary_s"] = time.perf_counter() - t3
+        timings["total_s"] = time.perf_counter() - t0
+        manifest = build_manifest(plan, layout, check, started=started, timings=timings,
+                                  ray_info=ray_info, judge=done.judge, resume=resume,
+                                  faults=done.faults, placement=done.placement, summary=summary,
+                                  uri_templates=templates)
+        staging.publish(files, summary.table, manifest)
+        log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
+                 len(plan.metrics), timings["total_s"])
+        return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+    finally:
+        staging.close()
 
 
 def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.date:

@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from pydantic import ValidationError
-
-from ragbatch.config import JobConfig, RunSection, load_config
+from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.ids import check_id
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
@@ -230,11 +229,7 @@ def _check_output(uri: str) -> None:
 
 
 def _checked_run_id(run_id: str) -> str:
-    try:
-        RunSection(run_id=run_id)
-    except ValidationError as exc:
-        raise ConfigError(f"--run-id: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return run_id
+    return check_id(run_id, "--run-id")
 
 
 def resolve_address(address: str | None) -> str:
