@@ -147,11 +147,11 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     NightlyOutcome
     """
     night = run_date or config.run.run_date or yesterday_utc()
-    outcome = NightlyOutcome(EXIT_OK, night, run_id or nightly_run_id(night),
+    outcome = NightlyOutcome(EXIT_OK, night, nightly_run_id(night) if run_id is None else run_id,
                              threshold=fail_on_regression)
     try:
-        check_id(outcome.run_id, "--run-id" if run_id else "nightly run id")
-        if config.run.run_id and not run_id:
+        check_id(outcome.run_id, "nightly run id" if run_id is None else "--run-id")
+        if config.run.run_id and run_id is None:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass "
                               "--run-id")

@@ -93,7 +93,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     import_paths = prepare_import_paths(config_dir)
-    run_id = check_id(run_id or config.run.run_id or new_run_id(started), "run id")
+    if run_id is None:
+        run_id = config.run.run_id or new_run_id(started)
+    run_id = check_id(run_id, "run id")
     templates = uri_templates(config)
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))

@@ -93,7 +93,7 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    run_id = check_id(run_id or new_run_id(started), "calibration id")
+    run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
     for judge in cal.judges:
         check_id(judge_run_id(run_id, judge), f"judge run id of judge {judge!r}")
     run_date = run_date or started.date()
