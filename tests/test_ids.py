@@ -251,10 +251,12 @@ def _ragbatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_reproduction_exits_2_and_touches_nothing_outside_the_root(tmp_path):
-    """The issue's command, with a directory where the traversal used to land."""
+    """The issue's command, with a directory where its commit used to delete: the
+    staging prefix ``<out>/_staging/run_id=../../../../../victim`` is ``<out>/../../victim``
+    (the scores, summary and manifest landed in ``<out>/../victim``)."""
     work = tmp_path / "a" / "b" / "c" / "d"
     work.mkdir(parents=True)
-    victim = tmp_path / "victim"
+    victim = work.parent / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("precious")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
