@@ -279,9 +279,9 @@ class Staging:
             The lease was taken over by another attempt (this one stalled past its
             expiry); nothing is published.
         """
-        self.lease.check()
-        target = self.layout.scores_path
         retry = with_storage_retries
+        retry(self.lease.check, "check the run's lease")
+        target = self.layout.scores_path
         retry(lambda: self.fs.makedirs(target, exist_ok=True), f"create {target}")
         for i, path in enumerate(files):
             dest = f"{target}/part-{i:05d}.parquet"
