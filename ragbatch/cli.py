@@ -2,7 +2,9 @@
 
 Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, and
 ``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
-the config or input found before running (for ``compare`` and ``report``: an unknown run,
+the config or input found before running (a run id that cannot name a directory, see
+:mod:`ragbatch.ids`; another attempt of the same run id running now, see
+:mod:`ragbatch.io.lease`; for ``compare`` and ``report``: an unknown run,
 root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
 running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
 metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
@@ -17,18 +19,25 @@ import datetime as dt
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ragbatch import __version__
 from ragbatch.config import JobConfig, load_config
-from ragbatch.errors import ConfigError, InputError, JobNotFoundError, RagbatchError
+from ragbatch.errors import (
+    ConfigError, InputError, JobNotFoundError, RagbatchError, RunInProgressError,
+)
+from ragbatch.ids import id_argument
 from ragbatch.redact import install_log_redaction, redact_text, redact_url
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
 #: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
 EXIT_INTERRUPTED = 130
+
+#: argparse ``type=`` of every run id argument: a bad id exits 2 before anything runs.
+_RUN_ID = id_argument("run id")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a job config end to end")
     _add_config_args(run)
-    run.add_argument("--run-id", help="run id (default: generated, or run.run_id)")
+    run.add_argument("--run-id", type=_RUN_ID, help="run id (default: generated, or run.run_id)")
     run.add_argument("--run-date", type=dt.date.fromisoformat,
                      help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
@@ -86,7 +95,7 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
     _add_config_args(p)
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="the night YYYY-MM-DD (default: run.run_date, else yesterday UTC)")
-    p.add_argument("--run-id", help="run id (default: nightly-<run date>)")
+    p.add_argument("--run-id", type=_RUN_ID, help="run id (default: nightly-<run date>)")
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
     p.add_argument("--fail-on-regression", type=_non_negative, metavar="THRESHOLD",
                    help="exit 3 when a metric's all-rows change against the previous committed "
@@ -108,7 +117,7 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a ragbatch checkout to ship and run (its jobs/run.py); it must hold the "
                         "config (default: ship only the config and the callback modules next to "
                         "it, and run the cluster's installed ragbatch with python -m ragbatch)")
-    p.add_argument("--run-id", help="run id (default: run.run_id, else generated now; "
+    p.add_argument("--run-id", type=_RUN_ID, help="run id (default: run.run_id, else generated now; "
                                     "with --nightly: nightly-<run date>)")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD, also for {run_date} in the URIs (default: "
@@ -151,8 +160,8 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
                    help="output root of the baseline run (and of the candidate unless --candidate-output)")
     p.add_argument("--candidate-output", metavar="URI", help="output root of the candidate run")
     _add_storage_option_args(p, "--output", "--candidate-output")
-    p.add_argument("baseline", metavar="BASELINE_RUN_ID")
-    p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
+    p.add_argument("baseline", type=_RUN_ID, metavar="BASELINE_RUN_ID")
+    p.add_argument("candidate", type=_RUN_ID, metavar="CANDIDATE_RUN_ID")
     p.add_argument("--by", action="append", default=[], metavar="SLICE",
                    help="also compare per value of this slice column (repeatable)")
     p.add_argument("--min-pairs", type=_positive_int, default=MIN_SLICE_PAIRS, metavar="N",
@@ -173,8 +182,8 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a committed run")
     p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
                    help="output root the run was written to")
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--baseline", metavar="RUN_ID", help="compare with this committed run")
+    p.add_argument("run_id", type=_RUN_ID, metavar="RUN_ID")
+    p.add_argument("--baseline", type=_RUN_ID, metavar="RUN_ID", help="compare with this committed run")
     p.add_argument("--baseline-output", metavar="URI", help="output root of the baseline (default: --output)")
     _add_storage_option_args(p, "--output", "--baseline-output")
     p.add_argument("-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML")
@@ -636,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "calibrate": _cmd_calibrate}
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, JobNotFoundError) as exc:
+    except (ConfigError, InputError, JobNotFoundError, RunInProgressError) as exc:
         print(f"ragbatch: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_INVALID
     except RagbatchError as exc:
@@ -654,18 +663,18 @@ def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:
 
     if not isinstance(exc, RunInterrupted):
         return "ragbatch: interrupted"
+    words = ["ragbatch", args.command, args.config]
     if args.command == "nightly":
-        again = f"ragbatch nightly {args.config} --run-date {exc.run_date}"
-        again += f" --run-id {exc.run_id}" if args.run_id else ""
+        words += ["--run-date", exc.run_date] + (["--run-id", exc.run_id] if args.run_id else [])
     else:
-        again = f"ragbatch run {args.config} --run-id {exc.run_id}"
-        again += f" --run-date {exc.run_date}" if args.run_date else ""
-    extra = "".join(f" {flag} {value}" for flag, value in (
-        ("--input", getattr(args, "input_uri", None)), ("--output", getattr(args, "output_uri", None)))
-        if value)
+        words += ["--run-id", exc.run_id] + (["--run-date", exc.run_date] if args.run_date else [])
+    for flag, value in (("--input", getattr(args, "input_uri", None)),
+                        ("--output", getattr(args, "output_uri", None))):
+        words += [flag, value] if value else []
+    again = shlex.join(words)
     return (f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
             f"  scores staged so far are kept under {exc.staging_uri}/\n"
-            f"  resume it (rows already scored are not scored again): {again}{extra}")
+            f"  resume it (rows already scored are not scored again): {again}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,12 @@ class OutputNotWritableError(ConfigError, OutputError):
     :class:`OutputError`."""
 
 
+class RunInProgressError(RagbatchError):
+    """Another attempt of the same run id holds the run's lease (it is running now, on
+    this machine or another), or took it over from this attempt; the message names the
+    holder and when its lease expires (:mod:`ragbatch.io.lease`)."""
+
+
 class ConservationError(RagbatchError):
     """The written scores do not hold exactly one cell per (input row, metric)."""
 

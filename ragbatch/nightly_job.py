@@ -19,7 +19,8 @@ Exit codes (:data:`EXIT_CODES`):
 2    a problem in the config or the input that needs a fix (the message names it),
      including an output root that cannot be written ("cannot write": no bucket, a
      path under a file, no permission), found with a probe object before the run
-     starts; an unreachable or throttling store is 1
+     starts (an unreachable or throttling store is 1); or another attempt of the same
+     run id is running now (the message names it)
 3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
 4    this night's input is not there yet: nothing exists at the rendered
      ``input.uri`` while the folder above the date-dependent part does; try later
@@ -35,8 +36,9 @@ from typing import Any
 
 from ragbatch.config import JobConfig
 from ragbatch.errors import (
-    ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError,
+    ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError, RunInProgressError,
 )
+from ragbatch.ids import check_id
 from ragbatch.io.probe import probe_output
 from ragbatch.templating import fixed_prefix, render_config
 
@@ -46,7 +48,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1
 EXIT_CODES = {
     EXIT_OK: "committed; no regression beyond the threshold",
     EXIT_FAILED: "run failed (or its report could not be written); retrying may help",
-    EXIT_INVALID: "config or input problem; needs a fix",
+    EXIT_INVALID: "config or input problem, or the run is running elsewhere; needs a fix",
     EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
     EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
 }
@@ -150,10 +152,11 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     NightlyOutcome
     """
     night = run_date or config.run.run_date or yesterday_utc()
-    outcome = NightlyOutcome(EXIT_OK, night, run_id or nightly_run_id(night),
+    outcome = NightlyOutcome(EXIT_OK, night, nightly_run_id(night) if run_id is None else run_id,
                              threshold=fail_on_regression)
     try:
-        if config.run.run_id and not run_id:
+        check_id(outcome.run_id, "nightly run id" if run_id is None else "--run-id")
+        if config.run.run_id and run_id is None:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass "
                               "--run-id")
@@ -177,7 +180,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                                                                    outcome.config.input)
         code = EXIT_INPUT_NOT_READY if ready else EXIT_INVALID
         return _failed(outcome, code, str(exc))
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, InputError, RunInProgressError) as exc:
         return _failed(outcome, EXIT_INVALID, str(exc))
     except RagbatchError as exc:
         return _failed(outcome, EXIT_FAILED, str(exc))

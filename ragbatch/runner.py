@@ -20,6 +20,7 @@ from typing import Any
 from ragbatch.analysis.summary import RunSummary, summarize_run
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError, RunInterrupted
+from ragbatch.ids import check_id
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.probe import probe_output
@@ -102,7 +103,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     prepare_import_paths(config_dir)
-    run_id = run_id or config.run.run_id or new_run_id(started)
+    if run_id is None:
+        run_id = config.run.run_id or new_run_id(started)
+    run_id = check_id(run_id, "run id")
     templates = uri_templates(config)
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
@@ -114,7 +117,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_calibration(plan, allow=allow_uncalibrated)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
-    with _kept_when_interrupted(run_id, layout, staging):
+    with _attempt(run_id, layout, staging):
         run_date = layout.run_date
         timings["plan_s"] = time.perf_counter() - t0
         log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
@@ -147,13 +150,17 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
 
 
 @contextmanager
-def _kept_when_interrupted(run_id: str, layout: OutputLayout, staging: Staging) -> Iterator[None]:
-    """Turn a KeyboardInterrupt (Ctrl-C) into :class:`RunInterrupted`, which says where
-    the scores staged so far are kept."""
+def _attempt(run_id: str, layout: OutputLayout, staging: Staging) -> Iterator[None]:
+    """The body of one attempt of a run. The run's lease (taken by :func:`_begin`) is
+    renewed until publish removes it; however the attempt ends otherwise, it is released
+    so that the next attempt can start at once. A KeyboardInterrupt (Ctrl-C) becomes
+    :class:`RunInterrupted`, which says where the scores staged so far are kept."""
     try:
         yield
     except KeyboardInterrupt:
         raise RunInterrupted(run_id, layout.run_date.isoformat(), layout.uri(staging.root)) from None
+    finally:
+        staging.close()
 
 
 def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.date:

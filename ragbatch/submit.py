@@ -38,10 +38,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
-from ragbatch.config import JobConfig, RunSection, load_config
+from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.ids import check_id
 from ragbatch.metrics.base import Metric
 from ragbatch.redact import redact_url
 
@@ -328,11 +327,7 @@ def _refuse_password(flag: str, uri: str | None) -> None:
 
 
 def _checked_run_id(run_id: str) -> str:
-    try:
-        RunSection(run_id=run_id)
-    except ValidationError as exc:
-        raise ConfigError(f"--run-id: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return run_id
+    return check_id(run_id, "--run-id")
 
 
 def resolve_address(address: str | None) -> str:

@@ -6,13 +6,15 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
+from ragbatch.ids import id_argument
+
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``calibrate CONFIG [--run-id] [--run-date] [--address] [--output] [--limit]``."""
     p = sub.add_parser("calibrate", help="measure each judge metric's agreement with human labels")
     p.add_argument("config", help="path to the calibration config (YAML)")
     p.add_argument("--output", dest="output_uri", help="override output.uri")
-    p.add_argument("--run-id", help="calibration id (default: generated); a failed calibration "
+    p.add_argument("--run-id", type=id_argument("calibration id"), help="calibration id (default: generated); a failed calibration "
                    "started again with its id reuses the judge runs that committed")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD (default: today UTC)")
