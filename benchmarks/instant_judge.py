@@ -107,8 +107,14 @@ def prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", ""))) for m in messages) // 4
 
 
-def make_app(model: str, tokenize: bool = True):
-    """The aiohttp application serving the endpoints of the module docstring."""
+#: Context window the stand-in reports unless ``--max-model-len`` says otherwise.
+MAX_MODEL_LEN = 1 << 20
+
+
+def make_app(model: str, tokenize: bool = True, max_model_len: int = MAX_MODEL_LEN):
+    """The aiohttp application serving the endpoints of the module docstring, reporting
+    a context window of ``max_model_len`` tokens (a client that counts first refuses
+    longer prompts itself; the stand-in answers whatever it is sent)."""
     from aiohttp import web
 
     counters = Counters()
@@ -136,11 +142,12 @@ def make_app(model: str, tokenize: bool = True):
         body = await request.json()
         counters.tokenize_requests += 1
         return web.json_response({"count": prompt_tokens(body.get("messages", [])),
-                                  "max_model_len": 1 << 20})
+                                  "max_model_len": max_model_len})
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": model, "object": "model", "owned_by": "instant", "max_model_len": 1 << 20}]})
+            {"id": model, "object": "model", "owned_by": "instant",
+             "max_model_len": max_model_len}]})
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -163,10 +170,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=MODEL, help=f"served model name (default {MODEL})")
     p.add_argument("--no-tokenize", action="store_true",
                    help="answer POST /tokenize with 404, as servers other than vLLM do")
+    p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
+                   help=f"context window to report, in tokens (default {MAX_MODEL_LEN})")
     args = p.parse_args(argv)
     from aiohttp import web
 
-    web.run_app(make_app(args.model, tokenize=not args.no_tokenize), host=args.host,
+    web.run_app(make_app(args.model, tokenize=not args.no_tokenize,
+                         max_model_len=args.max_model_len), host=args.host,
                 port=args.port, access_log=None,
                 print=lambda *_: print(f"instant judge at http://{args.host}:{args.port}/v1",
                                        flush=True))

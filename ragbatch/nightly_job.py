@@ -16,7 +16,11 @@ Exit codes (:data:`EXIT_CODES`):
 0    the night is committed, and no metric regressed beyond the threshold
 1    the run failed while running, or its report could not be written; running
      the night again may help (it resumes, or only writes the report)
-2    a problem in the config or the input that needs a fix (the message names it)
+2    a problem in the config or the input that needs a fix (the message names it),
+     including an output root that cannot be written ("cannot write": no bucket, a
+     path under a file, no permission), found with a probe object before the run
+     starts (an unreachable or throttling store is 1); or another attempt of the same
+     run id is running now (the message names it)
 3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
 4    this night's input is not there yet: nothing exists at the rendered
      ``input.uri`` while the folder above the date-dependent part does; try later
@@ -31,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError, InputError, InputNotFoundError, RagbatchError
+from ragbatch.errors import (
+    ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError, RunInProgressError,
+)
+from ragbatch.ids import check_id
+from ragbatch.io.probe import probe_output
 from ragbatch.templating import fixed_prefix, render_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
@@ -40,7 +48,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1
 EXIT_CODES = {
     EXIT_OK: "committed; no regression beyond the threshold",
     EXIT_FAILED: "run failed (or its report could not be written); retrying may help",
-    EXIT_INVALID: "config or input problem; needs a fix",
+    EXIT_INVALID: "config or input problem, or the run is running elsewhere; needs a fix",
     EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
     EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
 }
@@ -144,10 +152,11 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     NightlyOutcome
     """
     night = run_date or config.run.run_date or yesterday_utc()
-    outcome = NightlyOutcome(EXIT_OK, night, run_id or nightly_run_id(night),
+    outcome = NightlyOutcome(EXIT_OK, night, nightly_run_id(night) if run_id is None else run_id,
                              threshold=fail_on_regression)
     try:
-        if config.run.run_id and not run_id:
+        check_id(outcome.run_id, "nightly run id" if run_id is None else "--run-id")
+        if config.run.run_id and run_id is None:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass "
                               "--run-id")
@@ -158,6 +167,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         config = config.model_copy(deep=True)
         config.run.run_date = night
         outcome.config = render_config(config, night)
+        probe_output(outcome.config.output.uri, outcome.config.output.storage_options)
         outcome.already_committed = _committed(outcome.config, night, outcome.run_id)
         if not outcome.already_committed:
             from ragbatch.runner import run_job
@@ -170,7 +180,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                                                                    outcome.config.input)
         code = EXIT_INPUT_NOT_READY if ready else EXIT_INVALID
         return _failed(outcome, code, str(exc))
-    except (ConfigError, InputError) as exc:
+    except (ConfigError, InputError, RunInProgressError) as exc:
         return _failed(outcome, EXIT_INVALID, str(exc))
     except RagbatchError as exc:
         return _failed(outcome, EXIT_FAILED, str(exc))
@@ -183,15 +193,18 @@ def _failed(outcome: NightlyOutcome, code: int, message: str) -> NightlyOutcome:
 
 
 def _committed(config: JobConfig, night: dt.date, run_id: str) -> bool:
-    """Whether ``run_id`` is committed for ``night`` under the output root."""
-    from ragbatch.io.fs import describe_storage_error
+    """Whether ``run_id`` is committed for ``night`` under the output root; a transient
+    storage failure raises :class:`OutputError` (exit 1, retry), any other an
+    :class:`InputError` naming the root (exit 2)."""
+    from ragbatch.io.fs import describe_storage_error, is_transient
     from ragbatch.io.write import OutputLayout
 
     layout = OutputLayout.for_run(config.output, night, run_id)
     try:
         return bool(layout.fs.exists(layout.manifest_path))
     except Exception as exc:  # noqa: BLE001 - storage errors get a message naming the root
-        raise describe_storage_error(config.output.uri, exc, section="output") from None
+        error = describe_storage_error(config.output.uri, exc, section="output")
+        raise (OutputError(str(error)) if is_transient(exc) else error) from None
 
 
 def _input_root_exists(template: str, rendered: Any) -> bool:
@@ -221,6 +234,16 @@ def _input_root_exists(template: str, rendered: Any) -> bool:
         return False
 
 
+def calibration_options(config: JobConfig) -> dict[str, Any] | None:
+    """The fsspec options of the calibration root a job's report looks in: the config's
+    ``calibration.storage_options`` when its ``calibration.uri`` is another root, else
+    None (the output root's own options apply)."""
+    guard = config.calibration
+    if guard is None or not guard.uri or guard.uri == config.output.uri:
+        return None
+    return guard.storage_options
+
+
 def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     """Report and compare the committed night; set the exit code from the comparison."""
     from ragbatch.analysis.nightly import compare_with_previous, write_run_report
@@ -230,7 +253,8 @@ def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
     try:
         if report:
             written = write_run_report(output.uri, outcome.run_id, output.storage_options,
-                                       threshold=outcome.threshold)
+                                       threshold=outcome.threshold,
+                                       calibration_options=calibration_options(outcome.config))
             outcome.report = written
             outcome.run, outcome.baseline = written.run, written.baseline
             outcome.comparison = written.comparison

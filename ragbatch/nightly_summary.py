@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from ragbatch.nightly_job import EXIT_CODES, EXIT_INPUT_NOT_READY, NightlyOutcome
+from ragbatch.redact import redact_text
 
 
 def format_outcome(outcome: NightlyOutcome) -> str:
     """``outcome`` as text: a headline, the paths, one line per metric (cells, ``ok``
     cells, mean; the paired change against the previous run with its interval, marked
-    when it regresses beyond the threshold) and the exit line."""
+    when it regresses beyond the threshold) and the exit line. URLs appear without
+    credentials (:func:`ragbatch.redact.redact_text`)."""
     lines = [_headline(outcome)]
     if outcome.config is not None:
         lines.append(f"  input:      {outcome.config.input.uri}")
@@ -32,7 +34,7 @@ def format_outcome(outcome: NightlyOutcome) -> str:
     committed = outcome.result is not None or outcome.already_committed
     lines += ["", f"exit {outcome.exit_code}: {EXIT_CODES[outcome.exit_code]}"
               + (f": {outcome.message}" if outcome.message and committed else "")]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))
 
 
 def _headline(outcome: NightlyOutcome) -> str:

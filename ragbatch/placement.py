@@ -110,20 +110,23 @@ def stage_demand(stage: str, spec: Any) -> StageDemand:
     return StageDemand(stage, actor_bundles(spec), low, high)
 
 
-def map_batches_options(spec: Any, max_task_retries: int | None = None) -> dict[str, Any]:
+def map_batches_options(spec: Any) -> dict[str, Any]:
     """The ``map_batches`` keyword arguments that place one actor stage: ``compute``
     (a ``ray.data.ActorPoolStrategy``), ``num_cpus``, ``num_gpus``, ``batch_size``, and
-    where set ``accelerator_type`` and ``resources``; for a tensor-parallel vLLM engine,
-    ``num_gpus`` 0 and a ``ray_remote_args_fn`` that reserves each actor's placement
-    group. ``max_task_retries`` (how often a batch whose actor died is run again) goes
-    to each actor through ``ray_remote_args_fn`` as well: Ray Data has no named
-    parameter for it.
+    where set ``accelerator_type`` and ``resources`` (Ray Data's named parameters); for a
+    tensor-parallel vLLM engine, ``num_gpus`` 0 and a ``ray_remote_args_fn`` that
+    reserves each actor's placement group.
 
     Notes
     -----
     Ray 2.60 marks both ``ray_remote_args_fn`` and the catch-all ``**ray_remote_args``
-    deprecated (removal announced for Ray 2.64) without a replacement for per-actor
-    placement groups or task retries; Ray Data logs one warning per stage for it.
+    deprecated (removal announced for Ray 2.64), with named parameters as the
+    replacement; none of them reserves a placement group per actor, so a
+    tensor-parallel engine still needs ``ray_remote_args_fn`` and Ray Data warns once
+    for its stage. Every other stage uses named parameters only. Task retries are Ray
+    Data's own (a batch whose actor died runs again on a replacement, without limit);
+    :class:`udfs.guard.BatchGuard` is what bounds them, marking a batch ``error`` after
+    :data:`udfs.guard.MAX_LOST_STARTS` lost starts.
     """
     import ray.data
 
@@ -149,27 +152,21 @@ def map_batches_options(spec: Any, max_task_retries: int | None = None) -> dict[
             options["accelerator_type"] = _field(spec, "accelerator_type")
         if _field(spec, "resources"):
             options["resources"] = dict(_field(spec, "resources"))
-    if group is not None or max_task_retries is not None:
-        options["ray_remote_args_fn"] = partial(actor_remote_args, group, max_task_retries)
+    if group is not None:
+        options["ray_remote_args_fn"] = partial(actor_remote_args, group)
     return options
 
 
-def actor_remote_args(bundles: list[dict[str, float]] | None,
-                      max_task_retries: int | None) -> dict[str, Any]:
-    """Ray options of one new actor, called by Ray Data as each actor is created:
-    ``max_task_retries`` when given, and with ``bundles`` a placement group reserving
-    them on one node (``STRICT_PACK``) that the actor and its child tasks run in."""
-    args: dict[str, Any] = {}
-    if max_task_retries is not None:
-        args["max_task_retries"] = max_task_retries
-    if bundles:
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+def actor_remote_args(bundles: list[dict[str, float]]) -> dict[str, Any]:
+    """Ray options of one new actor, called by Ray Data as each actor is created: a
+    placement group reserving ``bundles`` on one node (``STRICT_PACK``) that the actor
+    and its child tasks run in."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        group = ray.util.placement_group(bundles, strategy="STRICT_PACK")
-        args["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            group, placement_group_capture_child_tasks=True)
-    return args
+    group = ray.util.placement_group(bundles, strategy="STRICT_PACK")
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        group, placement_group_capture_child_tasks=True)}
 
 
 def known_accelerator_types() -> list[str]:

@@ -11,19 +11,24 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragbatch.analysis.summary import RunSummary, summarize_run
 from ragbatch.config import JobConfig
-from ragbatch.errors import InputError, OutputError
+from ragbatch.errors import InputError, OutputError, RunInterrupted
+from ragbatch.ids import check_id
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
+from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
+from ragbatch.ray_paths import start_local_ray, worker_pythonpath
 from ragbatch.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
@@ -68,15 +73,21 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         ``allow_uncalibrated`` turns that into warnings).
     InputNotFoundError
         (an InputError) The input location holds no files.
+    OutputNotWritableError
+        (a ConfigError and an OutputError) The output root cannot be written: checked
+        first, with a probe object (:func:`ragbatch.io.probe.probe_output`).
     OutputError
         The run id is already committed under the output root, it was started before
-        with a different config or input, or the root is not writable.
+        with a different config or input, or the store is unreachable.
     ConservationError
         The written scores do not hold exactly one cell per (row, metric); the run is
         then not committed (no manifest is written).
     RunError
         More rows than ``run.error_budget`` allows ended with status ``error``; the run
         is not committed (resuming it scores those rows again).
+    RunInterrupted
+        (a KeyboardInterrupt) Ctrl-C once the run's staging exists: not committed; the
+        scores staged so far are kept, and the same run id resumes it.
 
     Notes
     -----
@@ -91,11 +102,14 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     started = dt.datetime.now(dt.timezone.utc)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    import_paths = prepare_import_paths(config_dir)
-    run_id = run_id or config.run.run_id or new_run_id(started)
+    prepare_import_paths(config_dir)
+    if run_id is None:
+        run_id = config.run.run_id or new_run_id(started)
+    run_id = check_id(run_id, "run id")
     templates = uri_templates(config)
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
+    probe_output(config.output.uri, config.output.storage_options)
     plan = build_plan(config)
     if config.calibration is not None:
         from ragbatch.calibrate.guard import check_calibration
@@ -103,35 +117,50 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_calibration(plan, allow=allow_uncalibrated)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
-    run_date = layout.run_date
-    timings["plan_s"] = time.perf_counter() - t0
-    log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
-             len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
+    with _attempt(run_id, layout, staging):
+        run_date = layout.run_date
+        timings["plan_s"] = time.perf_counter() - t0
+        log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
+                 len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
 
-    t1 = time.perf_counter()
-    ray_info = ensure_ray(address, import_paths)
-    check_fit(plan, started_locally=ray_info.get("started_locally", False))
-    done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
-    n_rows = done.n_rows
-    timings["execute_s"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        ray_info = ensure_ray(address)
+        check_fit(plan, started_locally=ray_info.get("started_locally", False))
+        done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+        n_rows = done.n_rows
+        timings["execute_s"] = time.perf_counter() - t1
 
-    t2 = time.perf_counter()
-    files = staging.score_files(resume)
-    check = verify_run(layout, files, plan.metric_ids, n_rows)
-    check_error_budget(layout, files, n_rows, config.run.error_budget)
-    timings["verify_s"] = time.perf_counter() - t2
-    t3 = time.perf_counter()
-    summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
-    timings["summary_s"] = time.perf_counter() - t3
-    timings["total_s"] = time.perf_counter() - t0
-    manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                              ray_info=ray_info, judge=done.judge, resume=resume,
-                              faults=done.faults, placement=done.placement, summary=summary,
-                              uri_templates=templates)
-    staging.publish(files, summary.table, manifest)
-    log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
-             len(plan.metrics), timings["total_s"])
-    return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+        t2 = time.perf_counter()
+        files = staging.score_files(resume)
+        check = verify_run(layout, files, plan.metric_ids, n_rows)
+        check_error_budget(layout, files, n_rows, config.run.error_budget)
+        timings["verify_s"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+        timings["summary_s"] = time.perf_counter() - t3
+        timings["total_s"] = time.perf_counter() - t0
+        manifest = build_manifest(plan, layout, check, started=started, timings=timings,
+                                  ray_info=ray_info, judge=done.judge, resume=resume,
+                                  faults=done.faults, placement=done.placement, summary=summary,
+                                  uri_templates=templates)
+        staging.publish(files, summary.table, manifest)
+        log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
+                 len(plan.metrics), timings["total_s"])
+        return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+@contextmanager
+def _attempt(run_id: str, layout: OutputLayout, staging: Staging) -> Iterator[None]:
+    """The body of one attempt of a run. The run's lease (taken by :func:`_begin`) is
+    renewed until publish removes it; however the attempt ends otherwise, it is released
+    so that the next attempt can start at once. A KeyboardInterrupt (Ctrl-C) becomes
+    :class:`RunInterrupted`, which says where the scores staged so far are kept."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise RunInterrupted(run_id, layout.run_date.isoformat(), layout.uri(staging.root)) from None
+    finally:
+        staging.close()
 
 
 def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.date:
@@ -172,41 +201,46 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     return layout, staging, resume
 
 
-def prepare_import_paths(config_dir: str | Path | None) -> list[str]:
-    """Put the directories user callbacks may live in (the working directory and the
-    config file's directory) on ``sys.path``; return them for the Ray workers."""
-    import sys
+def prepare_import_paths(config_dir: str | Path | None) -> tuple[str, ...]:
+    """Record the folders a ``binary`` metric's callback module is looked for in: the
+    working folder, then the config file's folder (:mod:`ragbatch.metrics.callback_import`).
 
-    paths = [os.getcwd()]
-    if config_dir is not None:
-        paths.append(str(Path(config_dir).resolve()))
-    paths = list(dict.fromkeys(paths))
-    for p in reversed(paths):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    return paths
+    ``sys.path`` is left as it is, and nothing is added to the Ray workers' ``PYTHONPATH``:
+    a callback module found in these folders is imported from its file under a private
+    name, so a file next to the config (``secrets.py``, ``jinja2.py``) never stands in for
+    a module of the same name.
+
+    Returns
+    -------
+    tuple of str
+        The folders, absolute.
+    """
+    from ragbatch.metrics.callback_import import set_callback_dirs
+
+    return set_callback_dirs([os.getcwd(), *([config_dir] if config_dir is not None else [])])
 
 
-def ensure_ray(address: str | None, import_paths: list[str]) -> dict[str, Any]:
-    """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally; return facts
-    about the cluster for the manifest. An already initialised Ray is reused."""
+def ensure_ray(address: str | None) -> dict[str, Any]:
+    """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally
+    (:func:`ragbatch.ray_paths.start_local_ray`: no user folder on the workers' module
+    path); return facts about the cluster for the manifest. An already initialised Ray
+    is reused."""
     import ray
 
     started_locally = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
-        existing = os.environ.get("PYTHONPATH", "")
-        env = {"PYTHONPATH": os.pathsep.join([*import_paths, existing] if existing else import_paths)}
+        env = {"PYTHONPATH": worker_pythonpath()}
         for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
             if var in os.environ:
                 env[var] = os.environ[var]
-        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": True}
+        runtime_env = {"env_vars": env}
         if address:
-            ray.init(address=address, **kwargs)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         else:
             # "local" always starts a new instance; a bare init() would join any Ray
             # cluster already running on this machine.
-            ray.init(address="local", include_dashboard=False, **kwargs)
+            start_local_ray(runtime_env, include_dashboard=False, log_to_driver=True)
             started_locally = True
     ctx = ray.get_runtime_context()
     return {

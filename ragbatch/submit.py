@@ -31,7 +31,6 @@ import datetime as dt
 import os
 import re
 import shlex
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,11 +38,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
-from ragbatch.config import JobConfig, RunSection, load_config
+from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.ids import check_id
 from ragbatch.metrics.base import Metric
+from ragbatch.redact import redact_url
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
@@ -191,7 +190,7 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     if pip:
         runtime_env["pip"] = list(pip)
     files = {} if checkout is not None else _job_files(config_file, metrics, search_dirs)
-    root = without_userinfo(rendered.output.uri)
+    root = redact_url(rendered.output.uri)
     metadata = {"ragbatch_config": config_ref, "ragbatch_run_id": run_id,
                 "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": root}
     return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date,
@@ -252,9 +251,9 @@ def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...
 
     rendered = render_config(config, run_date)
     location_problems = _local_uri_problems(rendered, ships_local_files)
-    for path in import_paths:  # metric callbacks are imported when checked
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
+    from ragbatch.metrics.callback_import import set_callback_dirs
+
+    set_callback_dirs(list(import_paths))  # metric callbacks are imported when checked
     metrics, engines, problems = build_metrics(rendered)
     problems = location_problems + problems + accelerator_problems(engines)
     if problems:
@@ -327,30 +326,8 @@ def _refuse_password(flag: str, uri: str | None) -> None:
             "storage_options or the cluster's environment, and pass the URI without them")
 
 
-def without_userinfo(uri: str) -> str:
-    """``uri`` without ``user:password@`` (what is printed and stored with a job).
-
-    Parameters
-    ----------
-    uri : str
-        A URI or a local path; a path is returned as it is.
-
-    Returns
-    -------
-    str
-    """
-    netloc = urlsplit(uri).netloc
-    if "@" not in netloc:
-        return uri
-    return uri.replace(netloc, netloc.rpartition("@")[2], 1)
-
-
 def _checked_run_id(run_id: str) -> str:
-    try:
-        RunSection(run_id=run_id)
-    except ValidationError as exc:
-        raise ConfigError(f"--run-id: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    return run_id
+    return check_id(run_id, "--run-id")
 
 
 def resolve_address(address: str | None) -> str:

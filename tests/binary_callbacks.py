@@ -39,3 +39,26 @@ def slow_digit(batch: pl.DataFrame) -> pl.Series:
 
     time.sleep(0.6)
     return batch["answer"].str.contains(r"[0-9]")
+
+
+#: File (in the folder a row's ``reference`` names) whose presence makes
+#: :func:`flaky_digit` fail its ``flaky`` rows: a fault that goes away between attempts.
+FIRST_ATTEMPT_MARKER = "first-attempt"
+#: File in that folder where :func:`flaky_digit` appends the question of every row it scores.
+CALLS_LOG = "calls.log"
+
+
+def flaky_digit(row: dict):
+    """Row mode: whether the answer holds a digit. ``row["reference"]`` names a folder:
+    the row's question is appended to its :data:`CALLS_LOG`, and while its
+    :data:`FIRST_ATTEMPT_MARKER` exists a row whose question starts with ``flaky``
+    raises (status ``error``), as a transient fault (a rate limit, a flaky service)
+    would on a first attempt only."""
+    from pathlib import Path
+
+    folder = Path(row["reference"])
+    with open(folder / CALLS_LOG, "a", encoding="utf-8") as fh:
+        fh.write(row["question"] + "\n")
+    if row["question"].startswith("flaky") and (folder / FIRST_ATTEMPT_MARKER).exists():
+        raise ConnectionError("transient fault on the first attempt")
+    return any(ch.isdigit() for ch in row["answer"])

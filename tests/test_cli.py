@@ -47,12 +47,49 @@ def test_metrics_lists_every_metric(capsys):
     assert {d["name"] for d in json.loads(out)} == {c.name for c in all_metrics()}
 
 
+#: The engines a metric needs, as docs/judges.md and the metric docs describe them.
+ENGINES = {
+    "faithfulness": (["vllm", "openai"], []),
+    "context_relevancy": (["vllm", "openai"], []),
+    "answer_relevancy": (["vllm", "openai"], ["embedding"]),
+    "semantic_similarity": (["embedding", "cross_encoder"], []),
+    "answer_contains_pii": (["presidio"], []),
+    "context_contains_pii": (["presidio"], []),
+    "exact_match": ([], []),
+    "binary": ([], []),
+    "latency": ([], []),
+}
+
+
+def test_metrics_says_which_engine_each_metric_needs(capsys):
+    code, out, _ = _run(capsys, "metrics", "--json")
+    described = {d["name"]: d for d in json.loads(out)}
+    assert {name: (described[name]["engine"], described[name]["second_engine"])
+            for name in ENGINES} == ENGINES
+    # every metric says it: judges a judge engine, expressions none
+    for d in described.values():
+        assert {"engine", "second_engine"} <= set(d), d["name"]
+        if d["kind"] == "judge":
+            assert d["engine"] == ["vllm", "openai"], d["name"]
+        if d["kind"] == "expression":
+            assert d["engine"] == [] and d["second_engine"] == [], d["name"]
+    code, out, _ = _run(capsys, "metrics")
+    lines = out.splitlines()
+    engine_of = {lines[i].split("  [", 1)[0]: lines[i + 2].strip() for i, line in enumerate(lines)
+                 if "  [" in line and not line.startswith(" ")}
+    assert engine_of["faithfulness"] == "engine: vllm or openai"
+    assert engine_of["answer_relevancy"] == "engine: vllm or openai, and embedding"
+    assert engine_of["semantic_similarity"] == "engine: embedding or cross_encoder"
+    assert engine_of["answer_contains_pii"] == "engine: presidio"
+    assert engine_of["exact_match"] == "engine: none"
+
+
 @pytest.mark.parametrize("job", ["ares.yaml", "tonic_paul_graham.yaml", "trulens_trace.yaml"])
 def test_validate_shipped_jobs(capsys, monkeypatch, job):
     monkeypatch.chdir(REPO)
     code, out, err = _run(capsys, "validate", f"jobs/{job}")
     assert code == 0, err
-    assert "stage expressions:" in out and "reachable" in out
+    assert "stage expressions:" in out and "writable" in out
 
 
 @pytest.mark.parametrize("overrides, fragments", [

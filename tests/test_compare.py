@@ -404,3 +404,47 @@ def test_nightly_report_and_comparison_with_the_previous_committed_run(ares_nigh
         # the altered night pairs with the re-exported one by content too
         assert comparison["pairing"]["content"] == 190 and comparison["pairing"]["row_id"] == 0
         assert (worse == set()) if night == REEXPORTED else ("not_a_refusal" in worse)
+
+
+# ------------------------------------------------- slice minimum and signed differences
+
+def _slice_scores(groups: dict[str, tuple[int, float, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Baseline and candidate tables: per app, ``n`` rows scored ``b`` then ``c``."""
+    base, cand = [], []
+    for app, (n, b, c) in groups.items():
+        for i in range(n):
+            base.append((f"{app}{i}", "acc", b, "ok", app))
+            cand.append((f"{app}{i}", "acc", c, "ok", app))
+    return _scores(base), _scores(cand)
+
+
+def test_a_slice_needs_min_pairs_to_be_flagged_and_differences_carry_their_sign():
+    # "tiny": 2 pairs that both rose by 0.12 (interval [0.12, 0.12], excludes zero);
+    # "big": 20 pairs that all fell by 0.05; "flat": 30 pairs unchanged.
+    base, cand = _slice_scores({"tiny": (2, 0.5, 0.62), "big": (20, 0.5, 0.45), "flat": (30, 0.3, 0.3)})
+    pairs, left_b, left_c = pair_by_row_id(base["row_id"].to_list(), cand["row_id"].to_list())
+    pairing = Pairing(pairs, left_b, left_c)
+    result = compare_scores(base, cand, pairing, {"acc": True}, by=["app"])
+    assert result.min_pairs == 20
+    lines = {r["slice_value"]: r for r in result.metrics.iter_rows(named=True)}
+    assert lines["tiny"]["n_pairs"] == 2 and lines["tiny"]["ci_low"] == pytest.approx(0.12)
+    assert (lines["tiny"]["significant"], lines["tiny"]["change"]) == (False, None)
+    assert (lines["big"]["n_pairs"], lines["big"]["significant"], lines["big"]["change"]) == (20, True, "worse")
+    assert lines["flat"]["change"] is None
+    # all rows: 52 pairs, mean (2 * 0.12 - 20 * 0.05) / 52; no minimum applies there
+    assert lines[None]["n_pairs"] == 52
+    assert lines[None]["mean_diff"] == pytest.approx((2 * 0.12 - 20 * 0.05) / 52)
+
+    text = format_comparison(result)
+    tiny = next(line for line in text.splitlines() if "app=tiny" in line)
+    big = next(line for line in text.splitlines() if "app=big" in line)
+    assert re.search(r"\s2\s.*\+0\.120\s.*\(fewer than 20 pairs: not flagged\)$", tiny), tiny
+    assert re.search(r"\s20\s.*-0\.050\s.*worse \*$", big), big
+    assert "a slice needs at least 20 pairs to be flagged (--min-pairs)" in text
+    assert result.to_dict()["min_pairs"] == 20
+
+    lowered = compare_scores(base, cand, pairing, {"acc": True}, by=["app"], min_pairs=2)
+    tiny = lowered.metrics.filter(pl.col("slice_value") == "tiny").row(0, named=True)
+    assert (tiny["significant"], tiny["change"]) == (True, "better")
+    with pytest.raises(Exception, match="--min-pairs 0: must be at least 1"):
+        compare_scores(base, cand, pairing, {"acc": True}, by=["app"], min_pairs=0)

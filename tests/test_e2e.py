@@ -277,7 +277,7 @@ def test_missing_output_bucket_fails_before_scoring(s3_storage_options, tmp_path
     started = time.monotonic()
     with pytest.raises(OutputError) as info:
         run_job(config, run_id="no-bucket")
-    assert str(info.value).startswith(f"{uri}: not found"), str(info.value)
+    assert str(info.value).startswith(f"{uri}: cannot write under output.uri: bucket"), str(info.value)
     assert time.monotonic() - started < 60
 
 
@@ -290,6 +290,7 @@ def test_validate_reports_a_missing_output_bucket(s3_storage_options, tmp_path, 
     config["output"]["storage_options"] = dict(s3_storage_options)
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
-    assert main(["validate", str(path)]) == 1
+    assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "s3://rb-no-such-output-bucket/eval: not found: bucket 'rb-no-such-output-bucket'" in err
+    assert ("s3://rb-no-such-output-bucket/eval: cannot write under output.uri: bucket "
+            "'rb-no-such-output-bucket' does not exist") in err

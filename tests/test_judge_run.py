@@ -97,7 +97,8 @@ def test_engine_failures_become_the_cell_status(status):
     assert cells[0]["status"] == status and cells[0]["score"] is None
     assert cells[0]["reason"] == f"statements: injected {status}"
     assert engine.calls == [1], "an engine failure is not a parse failure: no retry"
-    assert records[0]["judge_calls"] == 1
+    # A refused request was not served: it is no judge call.
+    assert records[0]["judge_calls"] == (0 if status == CONTEXT_TOO_LONG else 1)
 
 
 def test_engine_that_raises_gives_judge_error_for_its_requests():

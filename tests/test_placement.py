@@ -59,8 +59,7 @@ def test_options_pass_accelerator_type_and_resources():
     assert (options["num_gpus"], options["num_cpus"], options["batch_size"]) == (1.0, 1.0, 32)
     assert (options["compute"].min_size, options["compute"].max_size) == (2, 5)
     assert "ray_remote_args_fn" not in options
-    assert map_batches_options({"type": "embedding"}, max_task_retries=4)["ray_remote_args_fn"]() == {
-        "max_task_retries": 4}
+    assert "ray_remote_args_fn" not in map_batches_options({"type": "embedding"})
 
 
 def test_tensor_parallel_options_reserve_a_placement_group_per_actor(ray_local):
@@ -72,9 +71,8 @@ def test_tensor_parallel_options_reserve_a_placement_group_per_actor(ray_local):
     # The function Ray Data calls for each new actor reserves the bundles. This machine
     # has no GPU, so reserve CPU bundles through the same function to see it work.
     reserve = options["ray_remote_args_fn"]
-    assert reserve.args == ([{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}], None)
-    args = reserve.func([{"CPU": 1.0}, {"CPU": 0.5}], 3)
-    assert args["max_task_retries"] == 3
+    assert reserve.args == ([{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}],)
+    args = reserve.func([{"CPU": 1.0}, {"CPU": 0.5}])
     strategy = args["scheduling_strategy"]
     assert isinstance(strategy, PlacementGroupSchedulingStrategy)
     assert strategy.placement_group_capture_child_tasks is True

@@ -15,7 +15,7 @@ from ragbatch.metrics.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
 from ragbatch.registry import all_metrics
 from test_semantic_similarity import write_tiny_bert
-from udfs.similarity import ACTOR_TASK_RETRIES, ModelStage, stage_options
+from udfs.similarity import ModelStage, stage_options
 
 CAT = "The cat sat on the mat."
 
@@ -209,7 +209,8 @@ def test_stage_options():
     assert (fixed["compute"].min_size, fixed["compute"].max_size) == (2, 2)
     assert (fixed["num_gpus"], fixed["num_cpus"], fixed["batch_size"]) == (1, 1, 32)
     assert "batch_format" not in fixed
-    assert fixed["ray_remote_args_fn"]() == {"max_task_retries": ACTOR_TASK_RETRIES} == {"max_task_retries": 5}
+    # Named Ray Data parameters only: no deprecated ray_remote_args_fn / **ray_remote_args.
+    assert "ray_remote_args_fn" not in fixed and "max_task_retries" not in fixed
 
     scaling = stage_options(CrossEncoderEngine(type="cross_encoder", model="m", concurrency=(1, 4)))
     assert (scaling["compute"].min_size, scaling["compute"].max_size) == (1, 4)

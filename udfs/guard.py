@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 #: Attempts at one batch inside one actor before its rows are marked ``error``.
 BATCH_ATTEMPTS = 2
 #: Earlier starts of a batch that ended with a dead actor, after which its rows are
-#: marked ``error`` instead of scoring it again. Below Ray's ``max_task_retries``
-#: (:data:`udfs.similarity.ACTOR_TASK_RETRIES`), so the run survives such a batch.
+#: marked ``error`` instead of scoring it again. Ray Data runs such a batch again on a
+#: replacement actor without limit (its default for actor pools), so this is the bound
+#: that lets the run survive a batch that kills every actor it reaches.
 MAX_LOST_STARTS = 2
 #: Exception class names that mean the engine inside the actor cannot recover.
 ENGINE_DEAD = ("EngineDeadError",)

@@ -35,9 +35,6 @@ from ragbatch.registry import get_metric
 
 _ENGINE_SPEC = TypeAdapter(EngineSpec)
 
-#: How many times a batch is retried on a new actor after the actor running it died.
-ACTOR_TASK_RETRIES = 5
-
 
 def parse_engine_spec(
     engine_name: str, engine_spec: dict[str, Any] | EmbeddingEngine | CrossEncoderEngine
@@ -92,10 +89,7 @@ def stage_options(
     -------
     dict
         :func:`ragbatch.placement.map_batches_options` (``compute``, ``num_gpus``,
-        ``num_cpus``, ``batch_size``, the placement options, and a
-        ``ray_remote_args_fn`` giving each actor ``max_task_retries``
-        (:data:`ACTOR_TASK_RETRIES`: a batch whose actor died runs again on a
-        replacement at most that many times)), and
+        ``num_cpus``, ``batch_size`` and the placement options), and
         ``udf_modifying_row_count=False`` where the installed Ray
         Data accepts it (the stage returns its rows 1:1). ``batch_format`` is not
         included: pass ``batch_format="pyarrow"`` yourself.
@@ -110,10 +104,10 @@ def stage_options(
     from ragbatch.placement import map_batches_options
 
     spec = parse_engine_spec("<engine>", engine_spec)
-    # A dead actor is replaced (Ray Data restarts pool actors without limit) and the batch
-    # it held runs again, but at most ACTOR_TASK_RETRIES times: a batch that kills every
-    # actor it reaches fails the run with Ray's error instead of looping forever.
-    options = map_batches_options(spec, max_task_retries=ACTOR_TASK_RETRIES)
+    # A dead actor is replaced and the batch it held runs again (Ray Data's defaults for
+    # actor pools); the stage's BatchGuard marks a batch that kills every actor it
+    # reaches as error after MAX_LOST_STARTS starts, so retries end.
+    options = map_batches_options(spec)
     if "udf_modifying_row_count" in inspect.signature(ray.data.Dataset.map_batches).parameters:
         options["udf_modifying_row_count"] = False
     return options

@@ -20,6 +20,13 @@ Regression (for nightly gating): a metric *regresses beyond a threshold* ``t >= 
 when, over all paired rows, its change is significant, worse, and larger than ``t`` in
 the metric's own units (``|mean_diff| > t``). Only the all-rows line gates; slice lines
 are reported, not gated.
+
+A slice line is flagged (``significant``, ``change``) only when it has at least
+``min_pairs`` pairs (default :data:`MIN_SLICE_PAIRS`, 20). With few pairs the percentile
+bootstrap's interval is too narrow (it resamples the few differences there are, so it
+cannot see how much they vary; two pairs that both moved by 0.1 give the interval [0.1,
+0.1]), and a ``--by`` over many values makes such chance flags likely. The line still
+shows its pairs, difference and interval.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ BETTER, WORSE = "better", "worse"
 
 _CELL_COLUMNS = (C.ROW_ID, "metric", "score", "status", "reason")
 
+#: Fewest pairs a slice line needs to be flagged as a change (see the module notes).
+MIN_SLICE_PAIRS = 20
+
 METRIC_SCHEMA = {
     "metric": pl.String, "slice": pl.String, "slice_value": pl.String,
     "higher_is_better": pl.Boolean, "n_pairs": pl.Int64, "n_status_changed": pl.Int64,
@@ -69,7 +79,8 @@ class Comparison:
         whose status differs; means are over the ``n_pairs`` pairs; ``mean_diff`` is
         ``candidate - baseline`` in the metric's units with its interval ``[ci_low,
         ci_high]`` at ``confidence`` (``ci_method``: ``bootstrap`` or ``normal``, see the
-        module notes); ``change`` is ``"better"``, ``"worse"`` or null (not significant).
+        module notes); ``change`` is ``"better"``, ``"worse"`` or null (not significant,
+        or a slice line with fewer than ``min_pairs`` pairs).
     moved : polars.DataFrame
         Per metric, the ``top`` pairs with the largest ``|diff|`` (ties by baseline row
         id): ``metric``, ``baseline_row_id``, ``candidate_row_id``, ``baseline_score``,
@@ -98,6 +109,7 @@ class Comparison:
     metrics_only_candidate: list[str] = field(default_factory=list)
     confidence: float = CONFIDENCE
     threshold: float | None = None
+    min_pairs: int = MIN_SLICE_PAIRS
     baseline: CommittedRun | None = None
     candidate: CommittedRun | None = None
 
@@ -117,6 +129,7 @@ class Comparison:
         return {
             "baseline": run(self.baseline), "candidate": run(self.candidate),
             "confidence": self.confidence, "threshold": self.threshold, "by": self.by,
+            "min_pairs": self.min_pairs,
             "pairing": {**self.pairing.counts(), "match_on": list(self.pairing.match_on),
                         "note": self.pairing.note,
                         "only_baseline_row_ids": self.pairing.only_baseline,
@@ -173,13 +186,13 @@ def paired_cells(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame,
 
 
 def _stats(group: pl.DataFrame, *, confidence: float, n_resamples: int, seed: int,
-           higher_is_better: bool) -> dict[str, Any]:
+           higher_is_better: bool, min_pairs: int = 0) -> dict[str, Any]:
     both_ok = group.filter((pl.col("baseline_status") == OK) & (pl.col("candidate_status") == OK))
     b = both_ok["baseline_score"].to_numpy().astype(np.float64)
     c = both_ok["candidate_score"].to_numpy().astype(np.float64)
     diff, low, high, method = mean_ci(np.sort(c - b), confidence=confidence,
                                       n_resamples=n_resamples, seed=seed)
-    significant = low is not None and (low > 0 or high < 0)
+    significant = low is not None and (low > 0 or high < 0) and len(both_ok) >= min_pairs
     change = None
     if significant:
         change = BETTER if (diff > 0) == higher_is_better else WORSE
@@ -197,7 +210,7 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
                    higher_is_better: dict[str, bool], *, by: Sequence[str] = (),
                    metrics: Sequence[str] | None = None, confidence: float = CONFIDENCE,
                    n_resamples: int = N_RESAMPLES, seed: int = SEED, top: int = TOP_ROWS,
-                   threshold: float | None = None) -> Comparison:
+                   threshold: float | None = None, min_pairs: int = MIN_SLICE_PAIRS) -> Comparison:
     """Compare two scores tables over paired rows (see the module notes).
 
     Parameters
@@ -220,11 +233,14 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
         Rows listed per metric in ``moved`` and ``status_changed_rows``.
     threshold : float, optional
         Regression threshold recorded on the result (:meth:`Comparison.regressions`).
+    min_pairs : int
+        Fewest pairs a slice line needs to be flagged (the all-rows line has no minimum).
 
     Raises
     ------
     InputError
-        A ``by`` column is in neither scores table, or ``threshold`` is negative.
+        A ``by`` column is in neither scores table, ``threshold`` is negative, or
+        ``min_pairs`` is below 1.
     """
     for s in by:
         if s not in baseline_scores.columns and s not in candidate_scores.columns:
@@ -234,6 +250,8 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
     if threshold is not None and threshold < 0:
         raise InputError(f"--fail-on-regression {threshold}: the threshold must be >= 0 (in "
                          "the metric's units, e.g. 0.02)")
+    if min_pairs < 1:
+        raise InputError(f"--min-pairs {min_pairs}: must be at least 1")
     b_metrics = list(dict.fromkeys(baseline_scores["metric"].to_list()))
     c_metrics = set(candidate_scores["metric"].to_list())
     order = list(metrics) if metrics is not None else b_metrics
@@ -247,12 +265,13 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
         lines.append({"metric": metric, "slice": None, "slice_value": None, **_stats(mcells, **kwargs)})
         for s in by:
             for (value,), group in sorted(mcells.group_by([s]), key=lambda g: (g[0][0] is None, g[0][0] or "")):
-                lines.append({"metric": metric, "slice": s, "slice_value": value, **_stats(group, **kwargs)})
+                lines.append({"metric": metric, "slice": s, "slice_value": value,
+                              **_stats(group, **kwargs, min_pairs=min_pairs)})
     table = pl.DataFrame(lines, schema=METRIC_SCHEMA) if lines else pl.DataFrame(schema=METRIC_SCHEMA)
     moved, status_counts, status_rows = _rows(cells, common, higher_is_better, by, top)
     return Comparison(table, moved, status_counts, status_rows, pairing, list(by),
                       [m for m in b_metrics if m not in c_metrics],
-                      sorted(c_metrics - set(b_metrics)), confidence, threshold)
+                      sorted(c_metrics - set(b_metrics)), confidence, threshold, min_pairs)
 
 
 def _rows(cells: pl.DataFrame, metrics: list[str], higher_is_better: dict[str, bool],
@@ -287,14 +306,14 @@ def _rows(cells: pl.DataFrame, metrics: list[str], higher_is_better: dict[str, b
 def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequence[str] = (),
                  match_on: Sequence[str] = DEFAULT_MATCH_ON, confidence: float = CONFIDENCE,
                  n_resamples: int = N_RESAMPLES, seed: int = SEED, top: int = TOP_ROWS,
-                 threshold: float | None = None) -> Comparison:
+                 threshold: float | None = None, min_pairs: int = MIN_SLICE_PAIRS) -> Comparison:
     """Load two committed runs, pair their rows and compare them (:func:`compare_scores`).
 
     Raises
     ------
     InputError
-        A run has no score files, a ``by`` or ``match_on`` column is unknown, or the
-        threshold is negative.
+        A run has no score files, a ``by`` or ``match_on`` column is unknown, the
+        threshold is negative, or ``min_pairs`` is below 1.
     """
     for s in by:
         if s not in baseline.slice_columns and s not in candidate.slice_columns:
@@ -311,6 +330,6 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
     result = compare_scores(
         b_scores, c_scores, pairing, metric_directions(baseline, candidate), by=by,
         metrics=list(baseline.metric_names) or None, confidence=confidence,
-        n_resamples=n_resamples, seed=seed, top=top, threshold=threshold)
+        n_resamples=n_resamples, seed=seed, top=top, threshold=threshold, min_pairs=min_pairs)
     result.baseline, result.candidate = baseline, candidate
     return result

@@ -7,8 +7,8 @@ from ragbatch.analysis.compare import Comparison
 _REASON_CHARS = 100
 
 
-def _num(value: float | None, width: int = 9) -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}.3f}"
+def _num(value: float | None, width: int = 9, sign: str = "") -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{sign}{width}.3f}"
 
 
 def _short(text: str | None, limit: int = _REASON_CHARS) -> str:
@@ -103,8 +103,18 @@ def _metric_table(comparison: Comparison) -> list[str]:
         previous = r["metric"]
         interval = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         change = f"{r['change']} *" if r["change"] else ""
+        if _too_few(r, comparison.min_pairs):
+            change = f"(fewer than {comparison.min_pairs} pairs: not flagged)"
         lines.append(f"{name:<{mwidth}}  {_short(label, swidth):<{swidth}} {r['n_pairs']:>6} "
                      f"{_num(r['baseline_mean'])} {_num(r['candidate_mean'])} "
-                     f"{_num(r['mean_diff'])}  {interval:<20} {change}")
+                     f"{_num(r['mean_diff'], sign='+')}  {interval:<20} {change}".rstrip())
     lines.append(f"* the change's {level} excludes zero (paired bootstrap over rows ok in both runs)")
+    if comparison.by:
+        lines.append(f"  a slice needs at least {comparison.min_pairs} pairs to be flagged (--min-pairs)")
     return lines
+
+
+def _too_few(r: dict, min_pairs: int) -> bool:
+    """A slice line whose interval excludes zero but that has too few pairs to flag."""
+    return (r["slice"] is not None and r["n_pairs"] < min_pairs and r["ci_low"] is not None
+            and (r["ci_low"] > 0 or r["ci_high"] < 0))

@@ -17,14 +17,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from ragbatch import columns as C
-from ragbatch.analysis.runs import CommittedRun
+from ragbatch.analysis.runs import CommittedRun, recorded_storage_options
 from ragbatch.config import InputSection
 from ragbatch.errors import RagbatchError
 
 #: Canonical columns returned by :func:`load_inputs`.
 INPUT_COLUMNS: tuple[str, ...] = (C.ROW_ID, C.QUESTION, C.CONTEXTS, C.ANSWER, C.REFERENCE)
-
-_REDACTED = "***"
 
 
 @dataclass
@@ -48,8 +46,7 @@ def _input_section(run: CommittedRun) -> InputSection:
     section = dict((run.manifest.get("config") or {}).get("input") or {})
     # Credentials are redacted in the manifest: drop them so that the filesystem falls
     # back to the environment's credentials.
-    options = section.get("storage_options") or {}
-    section["storage_options"] = {k: v for k, v in options.items() if v != _REDACTED}
+    section["storage_options"] = recorded_storage_options(section.get("storage_options"))
     return InputSection.model_validate(section)
 
 

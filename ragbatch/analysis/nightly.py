@@ -89,7 +89,8 @@ def compare_with_previous(root: str, run_id: str, storage_options: dict[str, Any
 
 
 def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
-                     threshold: float | None = None) -> NightlyReport:
+                     threshold: float | None = None,
+                     calibration_options: dict[str, Any] | None = None) -> NightlyReport:
     """Write the report of committed run ``run_id`` under ``root`` and, when there is a
     previous committed run, the comparison with it (see the module notes for paths).
 
@@ -98,10 +99,15 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
     root, run_id : str
         Output root and committed run id.
     storage_options : dict, optional
-        fsspec options for ``root``.
+        fsspec options for ``root``; the previous run and the calibration under the
+        same root are looked up with them too.
     threshold : float, optional
         Regression threshold recorded in ``comparison.json`` (``ragbatch nightly
         --fail-on-regression``).
+    calibration_options : dict, optional
+        fsspec options of a calibration root other than ``root`` (the job config's
+        ``calibration.storage_options``); see
+        :func:`ragbatch.calibrate.report.calibration_section`.
 
     Returns
     -------
@@ -115,7 +121,8 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
         A file cannot be written.
     """
     run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold)
-    html = build_report(run, baseline, comparison=comparison)
+    html = build_report(run, baseline, comparison=comparison,
+                        calibration_options=calibration_options)
     out = NightlyReport(run, _uri(run, f"{run.reports_path}/{REPORT_FILE}"), baseline, comparison)
     _write_text(run, f"{run.reports_path}/{REPORT_FILE}", html)
     if comparison is not None:

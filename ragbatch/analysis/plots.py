@@ -4,6 +4,11 @@ Every function builds a :class:`matplotlib.figure.Figure` directly (no pyplot, s
 global figure state and no GUI backend) and returns the SVG document as a string. Text
 stays text in the SVG (``svg.fonttype: none``), so a chart is small and searchable, and
 the output is deterministic (fixed ``svg.hashsalt``, no date in the metadata).
+
+Every chart is drawn inside ``matplotlib.rc_context(_RC)``, whose ``text.parse_math: False``
+makes all text literal: a slice value or metric id such as ``$\\frac{a}{b}$`` is shown as
+written, never parsed as mathtext (which renders valid TeX as math and raises on invalid
+TeX).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from matplotlib.figure import Figure
 from ragbatch.status import STATUSES
 
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "ragbatch-report", "font.size": 9,
-       "axes.spines.top": False, "axes.spines.right": False}
+       "axes.spines.top": False, "axes.spines.right": False, "text.parse_math": False}
 
 #: One colour per status, in :data:`ragbatch.status.STATUSES` order (ok first).
 STATUS_COLOURS = dict(zip(STATUSES, ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e", "#a05195",

@@ -38,6 +38,7 @@ from ragbatch.analysis.inputs import load_inputs
 from ragbatch.analysis.metric_facts import MetricFacts, metric_facts
 from ragbatch.analysis.report_template import TEMPLATE
 from ragbatch.analysis.runs import CommittedRun, load_scores, load_summary
+from ragbatch.redact import redact_text, redact_url
 from ragbatch.status import NOT_APPLICABLE, OK, STATUSES
 
 #: Rows listed per metric in the worst-rows and moved-rows tables.
@@ -89,8 +90,8 @@ def _summary(run: CommittedRun) -> tuple[pl.DataFrame, list[str]]:
 def _facts(run: CommittedRun, baseline: CommittedRun | None) -> list[tuple[str, str]]:
     m = run.manifest
     rows = [("run id", run.run_id), ("run date", run.run_date.isoformat()), ("name", run.name),
-            ("output root", run.root),
-            ("input", str((m.get("input") or {}).get("uri", ""))),
+            ("output root", redact_url(run.root)),
+            ("input", redact_url(str((m.get("input") or {}).get("uri", "")))),
             ("rows", str((m.get("rows") or {}).get("input", ""))),
             ("metrics", ", ".join(run.metric_names)),
             ("started", str((m.get("run") or {}).get("started_at", ""))),
@@ -282,7 +283,8 @@ def _comparison_section(comparison: Comparison, baseline: CommittedRun, run: Com
 
 
 def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top: int = TOP_ROWS,
-                 comparison: Comparison | None = None) -> str:
+                 comparison: Comparison | None = None,
+                 calibration_options: dict[str, Any] | None = None) -> str:
     """Render the HTML report of ``run``.
 
     Parameters
@@ -295,6 +297,9 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     comparison : Comparison, optional
         A comparison of ``baseline`` and ``run`` already computed (otherwise computed
         with :func:`ragbatch.analysis.compare.compare_runs` and default settings).
+    calibration_options : dict, optional
+        fsspec options of the calibration root the run's config names
+        (:func:`ragbatch.calibrate.report.calibration_section` explains the default).
 
     Returns
     -------
@@ -320,9 +325,10 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return env.from_string(TEMPLATE).render(
-        version=__version__, run=run, facts=_facts(run, baseline), notes=notes + worst_notes,
+        version=__version__, run=run, facts=_facts(run, baseline),
+        notes=[redact_text(n) for n in notes + worst_notes],
         confidence_label=f"{confidence:.0%}",
         metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
-        calibration=calibration_section(run))
+        calibration=calibration_section(run, calibration_options))

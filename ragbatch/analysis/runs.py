@@ -22,6 +22,7 @@ from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
 from ragbatch.io.write import MANIFEST_FILE, OutputLayout
+from ragbatch.redact import drop_redacted, redact_url
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
 
@@ -41,6 +42,9 @@ class CommittedRun:
         The parsed ``manifest.json`` (see :func:`ragbatch.manifest.build_manifest`).
     fs : fsspec filesystem
         Filesystem of ``root``; ``base`` is ``root`` without its protocol.
+    storage_options : dict
+        The fsspec options ``root`` was opened with (empty: the filesystem's defaults
+        and the environment); lookups under the same root reuse them.
     """
 
     root: str
@@ -49,6 +53,7 @@ class CommittedRun:
     manifest: dict[str, Any] = field(repr=False)
     fs: Any = field(repr=False)
     base: str = field(repr=False)
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def layout(self) -> OutputLayout:
@@ -93,8 +98,27 @@ class CommittedRun:
         return (self.run_date.isoformat(), self.started_at, self.run_id)
 
     def describe(self) -> str:
-        """``<run_id> (<run_date>, <root>)`` for messages and headers."""
-        return f"{self.run_id} ({self.run_date.isoformat()}, {self.root})"
+        """``<run_id> (<run_date>, <root>)`` for messages and headers (the root without
+        credentials: :func:`ragbatch.redact.redact_url`)."""
+        return f"{self.run_id} ({self.run_date.isoformat()}, {redact_url(self.root)})"
+
+
+def recorded_storage_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` as a manifest recorded them, usable again: every redacted value
+    (:data:`ragbatch.redact.REDACTED`, at any depth) is left out, so that the filesystem
+    falls back to the environment's credentials for it (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...)
+    while non-secret options such as ``endpoint_url`` still apply.
+
+    Parameters
+    ----------
+    options : dict or None
+
+    Returns
+    -------
+    dict
+        A new dict (nested dicts copied); empty for None.
+    """
+    return drop_redacted(options or {})
 
 
 def _open_root(root: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
@@ -148,12 +172,21 @@ def list_runs(root: str, storage_options: dict[str, Any] | None = None) -> list[
         if not match:
             continue
         runs.append(CommittedRun(root, dt.date.fromisoformat(match.group(1)), match.group(2),
-                                 _read_manifest(fs, path, root), fs, base))
+                                 _read_manifest(fs, path, root), fs, base,
+                                 dict(storage_options or {})))
     return sorted(runs, key=CommittedRun.sort_key)
 
 
 def find_run(root: str, run_id: str, storage_options: dict[str, Any] | None = None) -> CommittedRun:
     """The committed run ``run_id`` under ``root``.
+
+    Parameters
+    ----------
+    root, run_id : str
+        Output root URI and run id.
+    storage_options : dict, optional
+        fsspec options of ``root``; kept on the returned run
+        (:attr:`CommittedRun.storage_options`) for later lookups under the same root.
 
     Raises
     ------
@@ -178,8 +211,10 @@ def find_run(root: str, run_id: str, storage_options: dict[str, Any] | None = No
 
 def previous_run(run: CommittedRun, storage_options: dict[str, Any] | None = None) -> CommittedRun | None:
     """The latest committed run under ``run``'s root that sorts before ``run`` (by run date,
-    then start time, then run id), or None when ``run`` is the first."""
-    earlier = [r for r in list_runs(run.root, storage_options)
+    then start time, then run id), or None when ``run`` is the first. The root is listed
+    with ``storage_options``, by default the ones ``run`` was found with."""
+    options = run.storage_options if storage_options is None else storage_options
+    earlier = [r for r in list_runs(run.root, options)
                if r.run_id != run.run_id and r.sort_key() < run.sort_key()]
     return earlier[-1] if earlier else None
 

@@ -6,13 +6,15 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
+from ragbatch.ids import id_argument
+
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``calibrate CONFIG [--run-id] [--run-date] [--address] [--output] [--limit]``."""
     p = sub.add_parser("calibrate", help="measure each judge metric's agreement with human labels")
     p.add_argument("config", help="path to the calibration config (YAML)")
     p.add_argument("--output", dest="output_uri", help="override output.uri")
-    p.add_argument("--run-id", help="calibration id (default: generated); a failed calibration "
+    p.add_argument("--run-id", type=id_argument("calibration id"), help="calibration id (default: generated); a failed calibration "
                    "started again with its id reuses the judge runs that committed")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD (default: today UTC)")
@@ -27,6 +29,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ragbatch.calibrate.config import load_calibration
     from ragbatch.calibrate.text import agreement_text
     from ragbatch.errors import ConfigError
+    from ragbatch.redact import redact_url
 
     cal = load_calibration(args.config)
     if args.output_uri:
@@ -39,7 +42,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                              config_dir=Path(args.config).parent)
     print(f"calibration {result.run_id} committed ({result.manifest['labelled_input']['rows']} "
           f"labelled rows, {len(result.scores_run_ids)} judge(s))")
-    print(f"  tables:  {result.path}/{{agreement,confusion,disagreements}}.parquet")
+    print(f"  tables:  {redact_url(result.path)}/{{agreement,confusion,disagreements}}.parquet")
     for judge, run_id in result.scores_run_ids.items():
         print(f"  scores of judge {judge}: run {run_id}")
     print()

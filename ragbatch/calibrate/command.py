@@ -18,7 +18,9 @@ from ragbatch.calibrate.measures import Bootstrap
 from ragbatch.calibrate.output import write_calibration
 from ragbatch.calibrate.prepare import PAIR_ID, PAIR_MEMBER, LabelledInput, read_labelled
 from ragbatch.config import ColumnMapping, InputSection, JobConfig
+from ragbatch.ids import check_id
 from ragbatch.io.fs import resolve
+from ragbatch.redact import redact
 
 log = logging.getLogger("ragbatch")
 
@@ -73,12 +75,15 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     Each judge's scores are an ordinary run (``ragbatch run``'s pipeline, UDFs, judgment
     cache, staging and commit) with run id ``<run_id>-<judge>`` under ``output.uri``; a
     calibration started again with the same ``run_id`` reuses the judge runs that
-    committed and resumes the others.
+    committed and resumes the others. The calibration's manifest records its config with
+    credentials redacted (:func:`ragbatch.redact.redact`).
 
     Raises
     ------
     ConfigError, InputError
-        A problem in the config, the labelled input or its labels.
+        A problem in the config, the labelled input or its labels; a calibration id, or
+        a judge run id ``<run_id>-<judge>``, that is not a valid id
+        (:func:`ragbatch.ids.check_id`), before anything runs.
     OutputError
         The calibration id is already committed.
     """
@@ -90,7 +95,9 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
-    run_id = run_id or new_run_id(started)
+    run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
+    for judge in cal.judges:
+        check_id(judge_run_id(run_id, judge), f"judge run id of judge {judge!r}")
     run_date = run_date or started.date()
     labelled = read_labelled(cal)
     fs, base = resolve(cal.output.uri, cal.output.storage_options)
@@ -107,21 +114,21 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     for judge in cal.judges:
         job = judge_job(cal, judge, input_uri, labelled.row_id, labelled.answer)
         job.run.run_date = run_date
-        judge_run_id = f"{run_id}-{judge}"
+        scores_run_id = judge_run_id(run_id, judge)
         t1 = time.perf_counter()
         try:
-            committed = find_run(cal.output.uri, judge_run_id, cal.output.storage_options)
-            log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, judge_run_id)
+            committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+            log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, scores_run_id)
         except InputError:
-            run_job(job, run_id=judge_run_id, address=address, config_dir=config_dir)
-            committed = find_run(cal.output.uri, judge_run_id, cal.output.storage_options)
+            run_job(job, run_id=scores_run_id, address=address, config_dir=config_dir)
+            committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
         timings[f"judge_{judge}_s"] = time.perf_counter() - t1
-        scores_ids[judge] = judge_run_id
+        scores_ids[judge] = scores_run_id
         scores = load_scores(committed)
         metrics, _, _ = build_metrics(job)
         for metric in metrics:
             found = metric_agreement(scores, metric, cal.labels[metric.id], judge=judge,
-                                     scores_run_id=judge_run_id, boot=boot,
+                                     scores_run_id=scores_run_id, boot=boot,
                                      top=cal.top_disagreements, texts=texts,
                                      pairs=cal.pairs is not None and PAIR_ID in scores.columns)
             tables["agreement"] += found.measures
@@ -131,13 +138,19 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     manifest = {
         "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,
         "started_at": started.isoformat(), "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "ragbatch_version": __version__, "config": cal.model_dump(mode="json"),
-        "labelled_input": {"uri": input_uri, "rows": labelled.frame.height},
+        "ragbatch_version": __version__, "config": redact(cal.model_dump(mode="json")),
+        "labelled_input": {"uri": redact(input_uri), "rows": labelled.frame.height},
         "scores_runs": scores_ids, "bootstrap": cal.bootstrap.model_dump(), "timings": timings,
     }
     path = write_calibration(cal.output.uri, cal.output.storage_options, run_date, run_id,
                              tables, manifest)
     return CalibrationResult(run_id, run_date, layout.uri(path), scores_ids, tables, manifest, timings)
+
+
+def judge_run_id(calibration_id: str, judge: str) -> str:
+    """The run id of judge ``judge``'s scores in calibration ``calibration_id``:
+    ``<calibration id>-<judge>``."""
+    return f"{calibration_id}-{judge}"
 
 
 def _texts(labelled: LabelledInput) -> pl.DataFrame:

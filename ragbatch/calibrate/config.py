@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ragbatch.config import (CacheSection, EngineSpec, InputSection, MetricSpec, OutputSection,
                              _describe, normalize_engine, read_yaml)
 from ragbatch.errors import ConfigError
+from ragbatch.ids import PathId
 
 
 class _Strict(BaseModel):
@@ -85,7 +86,9 @@ class CalibrationConfig(_Strict):
     pairs: PairsSection | None = None
     output: OutputSection
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
-    judges: list[str] = Field(min_length=1)
+    #: Engine names; each judge's scores are run ``<calibration id>-<judge>``, so each is
+    #: checked as a path segment (:mod:`ragbatch.ids`).
+    judges: list[PathId] = Field(min_length=1)
     metrics: list[MetricSpec] = Field(min_length=1)
     labels: dict[str, LabelSpec] = Field(min_length=1)
     cache: CacheSection = Field(default_factory=CacheSection)

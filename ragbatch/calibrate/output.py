@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragbatch.errors import InputError, OutputError
+from ragbatch.ids import check_id
 from ragbatch.io.fs import resolve
 
 TABLES = ("agreement", "confusion", "disagreements")
@@ -72,7 +73,14 @@ class CalibrationRun:
 
 
 def calibration_path(base: str, run_date: dt.date, run_id: str) -> str:
-    """Directory of one calibration's tables (a path of the root's filesystem)."""
+    """Directory of one calibration's tables (a path of the root's filesystem).
+
+    Raises
+    ------
+    ConfigError
+        ``run_id`` is not a valid id (:func:`ragbatch.ids.check_id`).
+    """
+    run_id = check_id(run_id, "calibration id")
     return f"{base.rstrip('/')}/calibration/run_date={run_date.isoformat()}/run_id={run_id}"
 
 

@@ -7,21 +7,34 @@ from typing import Any
 
 import polars as pl
 
+import logging
+
+from ragbatch.analysis.runs import recorded_storage_options
 from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.errors import ConfigError, InputError
+from ragbatch.redact import redact_url
+
+log = logging.getLogger("ragbatch")
 
 
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def calibration_section(run: Any) -> dict[str, Any] | None:
+def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
+                        ) -> dict[str, Any] | None:
     """The agreement rows that apply to ``run``'s judge metrics, or None.
 
     Parameters
     ----------
     run : ragbatch.analysis.runs.CommittedRun
+    storage_options : dict, optional
+        fsspec options of the calibration's root. Default: when it is the run's own
+        output root, the options the run was found with
+        (:attr:`~ragbatch.analysis.runs.CommittedRun.storage_options`); otherwise the
+        ``calibration.storage_options`` the manifest recorded, without the redacted
+        credentials (the environment supplies those).
 
     Returns
     -------
@@ -32,15 +45,23 @@ def calibration_section(run: Any) -> dict[str, Any] | None:
         ``calibration`` section names (else the latest under the run's own output root).
         When the run is a judge run of that calibration its rows are its own; otherwise
         the rows whose model id and prompt version match the run's metrics. None when
-        there is no calibration or no row applies.
+        there is no calibration, no row applies, or the calibration cannot be read (a
+        warning says why).
     """
     config = run.manifest.get("config") or {}
     guard = config.get("calibration") or {}
     root = guard.get("uri") or run.root
+    if storage_options is None:
+        storage_options = (run.storage_options if root == run.root
+                           else recorded_storage_options(guard.get("storage_options")))
     try:
-        cal = find_calibration(root, guard.get("run_id"), guard.get("storage_options") or {})
+        cal = find_calibration(root, guard.get("run_id"), storage_options)
         table = cal.table("agreement")
-    except (InputError, OSError):
+    except InputError:
+        return None
+    except Exception as exc:  # noqa: BLE001 - an optional section: the report goes on without it
+        log.warning("report of run %s: no calibration section; the calibration under %s "
+                    "cannot be read: %s: %s", run.run_id, root, type(exc).__name__, exc)
         return None
     minimums = guard.get("min_agreement") or {}
     models = run.manifest.get("models") or {}
@@ -68,7 +89,7 @@ def calibration_section(run: Any) -> dict[str, Any] | None:
                          "note": r["reason"] or ""})
     if not rows:
         return None
-    return {"run_id": cal.run_id, "root": root, "rows": rows}
+    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows}
 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:

@@ -100,6 +100,7 @@ from typing import Any, Coroutine, Sequence, TypeVar
 from ragbatch.config import OpenAIEngine
 from ragbatch.errors import EngineError
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.redact import redact_url
 from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ def _api_key(spec: OpenAIEngine) -> str:
         raise EngineError(
             f"engines.<openai>.api_key_env names the environment variable "
             f"{spec.api_key_env!r}, which is not set (or empty); export it with the API key "
-            f"of {spec.base_url}"
+            f"of {redact_url(spec.base_url)}"
         )
     return value
 
@@ -268,7 +269,8 @@ class OpenAIJudgeEngine(JudgeEngine):
     Attributes
     ----------
     model_id : str
-        ``"<model>@<base_url>"``, followed by ``"#<root>"`` when the server reports the
+        ``"<model>@<base_url>"`` (the URL without credentials:
+        :func:`ragbatch.redact.redact_url`), followed by ``"#<root>"`` when the server reports the
         model a served name stands for (vLLM reports the path or hub id it loaded as
         ``root``) and ``"@<revision>"`` when it reports a revision.
     max_model_len : int
@@ -281,6 +283,8 @@ class OpenAIJudgeEngine(JudgeEngine):
     def __init__(self, spec: OpenAIEngine) -> None:
         self.spec = spec
         self.base_url = spec.base_url.rstrip("/")
+        #: ``base_url`` without credentials: what ids, messages and logs show.
+        self.public_url = redact_url(self.base_url)
         self._openai = _import_openai()
         api_key = _api_key(spec)
         read = spec.request_timeout_s
@@ -326,18 +330,18 @@ class OpenAIJudgeEngine(JudgeEngine):
             cards = [m.model_dump() for m in page.data]
         except openai.APIStatusError as exc:
             raise EngineError(
-                f"the openai engine cannot list the models of {self.base_url}: HTTP "
+                f"the openai engine cannot list the models of {self.public_url}: HTTP "
                 f"{exc.status_code}: {_status_message(exc)}; check base_url (it usually ends "
                 f"in /v1) and the API key"
             ) from None
         except openai.APIConnectionError as exc:
             raise EngineError(
-                f"the openai engine cannot reach {self.base_url}: {_describe_exception(exc)}; "
+                f"the openai engine cannot reach {self.public_url}: {_describe_exception(exc)}; "
                 f"is the server running, and is base_url right?"
             ) from None
         except Exception as exc:  # a reply that is not a model list
             raise EngineError(
-                f"{self.base_url} did not answer GET /models with a model list "
+                f"{self.public_url} did not answer GET /models with a model list "
                 f"({_describe_exception(exc)}); is it an OpenAI-compatible server?"
             ) from None
         for card in cards:
@@ -345,12 +349,12 @@ class OpenAIJudgeEngine(JudgeEngine):
                 return card
         served = ", ".join(repr(c.get("id")) for c in cards) or "none"
         raise EngineError(
-            f"{self.base_url} does not serve the model {self.spec.model!r} (it serves {served}); "
+            f"{self.public_url} does not serve the model {self.spec.model!r} (it serves {served}); "
             f"set engines.<openai>.model to a served name"
         )
 
     def _identity(self, card: dict[str, Any]) -> tuple[str, int]:
-        model_id = f"{self.spec.model}@{self.base_url}"
+        model_id = f"{self.spec.model}@{self.public_url}"
         root = card.get("root")
         if isinstance(root, str) and root and root != self.spec.model:
             model_id += f"#{root}"
@@ -362,7 +366,7 @@ class OpenAIJudgeEngine(JudgeEngine):
             window = self.spec.max_model_len
         if window is None:
             raise EngineError(
-                f"{self.base_url} does not report the context window of {self.spec.model!r}; "
+                f"{self.public_url} does not report the context window of {self.spec.model!r}; "
                 f"set engines.<openai>.max_model_len to it (in tokens)"
             )
         return model_id, int(window)
@@ -374,7 +378,7 @@ class OpenAIJudgeEngine(JudgeEngine):
             count = await self._server_count([{"role": "user", "content": "ping"}])
         except Exception as exc:
             logger.info("no usable /tokenize endpoint at %s (%s); prompt lengths are checked "
-                        "by the server", _server_root(self.base_url), _describe_exception(exc))
+                        "by the server", _server_root(self.public_url), _describe_exception(exc))
             return False
         try:  # some chat templates refuse a system message
             pair = await self._server_count([{"role": "system", "content": "ping"},
@@ -439,7 +443,8 @@ class OpenAIJudgeEngine(JudgeEngine):
             (attempts after the first of a request), ``ok``, ``timeouts``,
             ``judge_errors``, ``context_too_long`` (completions by status),
             ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` (summed
-            over the replies' usage), ``tokenize_failures`` (prompt counts the server's
+            over the replies' usage; a ``context_too_long`` request is not served, and
+            its prompt tokens are not included), ``tokenize_failures`` (prompt counts the server's
             ``/tokenize`` could not give), ``length_checks_by_bytes`` (requests sent
             without asking ``/tokenize``, their bytes showing that they fit; see the
             module notes) and ``token_counter``.
@@ -507,6 +512,8 @@ class OpenAIJudgeEngine(JudgeEngine):
             k.context_too_long += 1
         else:
             k.judge_errors += 1
+        if c.refused:
+            return
         k.prompt_tokens += c.prompt_tokens
         k.completion_tokens += c.completion_tokens
         k.cached_prompt_tokens += c.cached_prompt_tokens or 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import errno
 import logging
+import os
 import random
 import time
 from typing import Any, Callable, TypeVar
@@ -110,8 +111,21 @@ def resolve(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[fs
     return fs, path
 
 
+#: botocore's standard environment variables for the retry settings of
+#: :data:`S3_DEFAULTS`: when one is set, that default is left out so that it applies.
+_RETRY_ENV = {"max_attempts": "AWS_MAX_ATTEMPTS", "mode": "AWS_RETRY_MODE"}
+
+
 def _with_s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` laid over :data:`S3_DEFAULTS`. Nothing here sets an endpoint or
+    credentials, so botocore's environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_PROFILE``, ...) applies to whatever ``options`` leave out; the retry defaults
+    give way to ``AWS_MAX_ATTEMPTS`` and ``AWS_RETRY_MODE`` too."""
     merged = copy.deepcopy(S3_DEFAULTS)
+    retries = merged["config_kwargs"]["retries"]
+    for key, env in _RETRY_ENV.items():
+        if os.environ.get(env):
+            retries.pop(key)
     user_config = options.get("config_kwargs") or {}
     merged["config_kwargs"].update(user_config)
     for key, value in options.items():

@@ -4,11 +4,13 @@ A run writes its scores under a staging prefix that readers of committed runs ne
 look at, and publishes them only when every check has passed::
 
     _staging/run_id=<id>/state.json                     run date, fingerprint, attempts
+    _staging/run_id=<id>/lease/<generation>.json        the attempt running now (ragbatch.io.lease)
     _staging/run_id=<id>/scores/attempt=<k>/*.parquet   scores written by attempt k
 
 Publishing moves the accepted score files to ``scores/run_date=<d>/run_id=<id>/``, writes
 the summary, writes the manifest last (the commit: a run is committed exactly when its
-manifest exists) and removes the staging prefix. Readers key on committed runs (see
+manifest exists) and removes the staging prefix, and ``_staging/`` itself when no other
+run's prefix is left in it. Readers key on committed runs (see
 README "Output"): the scores of a run whose manifest is missing are not part of any
 result, and a crashed run leaves only its staging prefix, whose name starts with ``_``
 (Hive, Spark and the README's DuckDB queries skip it).
@@ -21,7 +23,11 @@ row that is not done are set aside, until no such file is left. The done rows ar
 scored again; the accepted files are recorded in ``state.json`` so that a file an
 orphaned worker of an earlier attempt finishes writing later is never published.
 Different run ids never share a path, so concurrent runs under one output root do not
-interfere.
+interfere; attempts of one run id exclude each other through the run's lease
+(:mod:`ragbatch.io.lease`), taken before anything else is read or written, so that the
+"already committed" check and the resume happen under it. Every delete stays inside the
+prefix it belongs to (:mod:`ragbatch.io.removal`), and the run id is checked as a path
+segment (:func:`ragbatch.ids.check_id`) before any path is built from it.
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ragbatch.errors import OutputError
+from ragbatch.errors import OutputError, OutputNotWritableError, RagbatchError
+from ragbatch.ids import check_id
 from ragbatch.io.fs import describe_storage_error, with_storage_retries
+from ragbatch.io.lease import RunLease
+from ragbatch.io.removal import remove_empty_dir, remove_under
 from ragbatch.io.write import OutputLayout
 from ragbatch.status import ERROR
 
@@ -44,6 +53,7 @@ log = logging.getLogger("ragbatch")
 
 STAGING = "_staging"
 STATE_FILE = "state.json"
+LEASE_DIR = "lease"
 
 
 @dataclass
@@ -92,14 +102,22 @@ def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
 
 
 class Staging:
-    """The staging prefix of one run under ``layout``'s output root."""
+    """The staging prefix of one run under ``layout``'s output root.
+
+    Raises
+    ------
+    ConfigError
+        ``layout.run_id`` is not a valid id (:func:`ragbatch.ids.check_id`).
+    """
 
     def __init__(self, layout: OutputLayout):
         self.layout = layout
         self.fs = layout.fs
-        self.root = f"{layout.base}/{STAGING}/run_id={layout.run_id}"
+        self.parent = f"{layout.base}/{STAGING}"
+        self.root = f"{self.parent}/run_id={check_id(layout.run_id, 'run id')}"
         self.state_path = f"{self.root}/{STATE_FILE}"
         self.attempt = 1
+        self.lease = RunLease(self.fs, f"{self.root}/{LEASE_DIR}", layout.run_id, layout.uri)
 
     def scores_dir(self, attempt: int | None = None) -> str:
         """Where attempt ``attempt`` (default: the current one) writes its score files."""
@@ -108,10 +126,13 @@ class Staging:
     # -- starting --------------------------------------------------------------------------
 
     def begin(self, fingerprint: str, metric_ids: list[str]) -> Resume:
-        """Start attempt 1, or the next attempt of an interrupted run.
+        """Take the run's lease, then start attempt 1, or the next attempt of an
+        interrupted run. The lease is renewed until :meth:`publish` or :meth:`close`.
 
         Raises
         ------
+        RunInProgressError
+            Another attempt of this run id holds its lease; the message names it.
         OutputError
             The run id is already committed under this root; or it was started with a
             different config or input (its fingerprint differs); or the root cannot be
@@ -119,36 +140,46 @@ class Staging:
         """
         try:
             self._check_bucket()
-            if self.fs.exists(self.layout.manifest_path):
-                raise OutputError(
-                    f"run {self.layout.run_id!r} is already committed under {self.layout.root} "
-                    f"({self.layout.uri(self.layout.manifest_path)}); pass a new --run-id")
-            state = self._read_state()
-            if state is None:
-                if self.fs.exists(self.layout.scores_path):
-                    raise OutputError(
-                        f"run {self.layout.run_id!r} has scores but no manifest under "
-                        f"{self.layout.root} ({self.layout.uri(self.layout.scores_path)}), "
-                        "written by a version without staging; remove them or pass a new --run-id")
-                self._write_state({"run_id": self.layout.run_id, "fingerprint": fingerprint,
-                                   "run_date": self.layout.run_date.isoformat(), "attempts": 1,
-                                   "accepted": [], "started_at": _now()})
-                return Resume(attempt=1)
-            if state["fingerprint"] != fingerprint:
-                raise OutputError(
-                    f"run {self.layout.run_id!r} under {self.layout.root} was started with a "
-                    "different config or input, so its partial scores cannot be reused; pass a "
-                    f"new --run-id, or delete {self.layout.uri(self.root)} to start it over")
-            self.attempt = int(state["attempts"]) + 1
-            self._undo_partial_publish()
-            resume = self._scan(state, metric_ids)
-            state.update(attempts=self.attempt, accepted=resume.accepted, resumed_at=_now())
-            self._write_state(state)
-            return resume
-        except OutputError:
-            raise
-        except Exception as exc:
+            self.lease.acquire()
+            resume = self._start(fingerprint, metric_ids)
+        except BaseException as exc:
+            self.lease.release()
+            if isinstance(exc, RagbatchError) or not isinstance(exc, Exception):
+                raise
             raise OutputError(str(describe_storage_error(self.layout.root, exc, section="output"))) from None
+        self.lease.start_renewing()
+        return resume
+
+    def _start(self, fingerprint: str, metric_ids: list[str]) -> Resume:
+        """:meth:`begin` under the lease."""
+        self.fs.invalidate_cache(self.layout.manifest_path)
+        if self.fs.exists(self.layout.manifest_path):
+            self._remove_prefix()
+            raise OutputError(
+                f"run {self.layout.run_id!r} is already committed under {self.layout.root} "
+                f"({self.layout.uri(self.layout.manifest_path)}); pass a new --run-id")
+        state = self._read_state()
+        if state is None:
+            if self.fs.exists(self.layout.scores_path):
+                raise OutputError(
+                    f"run {self.layout.run_id!r} has scores but no manifest under "
+                    f"{self.layout.root} ({self.layout.uri(self.layout.scores_path)}), "
+                    "written by a version without staging; remove them or pass a new --run-id")
+            self._write_state({"run_id": self.layout.run_id, "fingerprint": fingerprint,
+                               "run_date": self.layout.run_date.isoformat(), "attempts": 1,
+                               "accepted": [], "started_at": _now()})
+            return Resume(attempt=1)
+        if state["fingerprint"] != fingerprint:
+            raise OutputError(
+                f"run {self.layout.run_id!r} under {self.layout.root} was started with a "
+                "different config or input, so its partial scores cannot be reused; pass a "
+                f"new --run-id, or delete {self.layout.uri(self.root)} to start it over")
+        self.attempt = int(state["attempts"]) + 1
+        self._undo_partial_publish()
+        resume = self._scan(state, metric_ids)
+        state.update(attempts=self.attempt, accepted=resume.accepted, resumed_at=_now())
+        self._write_state(state)
+        return resume
 
     def _check_bucket(self) -> None:
         check_output_bucket(self.fs, self.layout.base, self.layout.root)
@@ -218,7 +249,7 @@ class Staging:
             accepted -= drop
         set_aside = sorted(set(files) - accepted)
         for path in set_aside:
-            self.fs.rm(path)
+            remove_under(self.fs, self.root, path)
         log.info("resume of run %s (attempt %d): %d rows reused from %d files; %d files set aside",
                  self.layout.run_id, self.attempt, len(done), len(accepted), len(set_aside))
         return Resume(self.attempt, done, sorted(accepted), set_aside)
@@ -236,11 +267,21 @@ class Staging:
         return sorted(resume.accepted) + sorted(self._files(self.scores_dir()))
 
     def publish(self, files: list[str], summary: Any, manifest: dict[str, Any]) -> None:
-        """Move ``files`` into the run's scores partition, write the summary, write the
-        manifest (the commit), and remove the staging prefix. Each storage call is
-        retried with backoff while the store is unreachable or throttling."""
-        target = self.layout.scores_path
+        """Confirm that this attempt still holds the run's lease, move ``files`` into the
+        run's scores partition, write the summary, write the manifest (the commit), and
+        remove the staging prefix (lease included) and ``_staging/`` when it is left
+        empty. Each storage call is retried with backoff while the store is unreachable
+        or throttling.
+
+        Raises
+        ------
+        RunInProgressError
+            The lease was taken over by another attempt (this one stalled past its
+            expiry); nothing is published.
+        """
         retry = with_storage_retries
+        retry(self.lease.check, "check the run's lease")
+        target = self.layout.scores_path
         retry(lambda: self.fs.makedirs(target, exist_ok=True), f"create {target}")
         for i, path in enumerate(files):
             dest = f"{target}/part-{i:05d}.parquet"
@@ -248,10 +289,24 @@ class Staging:
         retry(lambda: self.layout.write_table(self.layout.summary_path, summary), "write the summary")
         retry(lambda: self.layout.write_json(self.layout.manifest_path, manifest), "write the manifest")
         try:
-            self.fs.rm(self.root, recursive=True)
+            self._remove_prefix()
         except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless
             log.warning("run %s committed, but its staging prefix %s was not removed: %s",
                         self.layout.run_id, self.root, exc)
+
+    def close(self) -> None:
+        """End this attempt's hold on the run: stop renewing the lease and mark it
+        released (unless :meth:`publish` already removed it), so that the next attempt,
+        on any machine, can start at once. Call it however the attempt ends."""
+        self.lease.release()
+
+    def _remove_prefix(self) -> None:
+        """Remove this run's staging prefix, lease included (the run is committed), then
+        ``_staging/`` if no other run's prefix is in it."""
+        self.lease.release(write=False)
+        if self.fs.exists(self.root):
+            remove_under(self.fs, self.parent, self.root, recursive=True)
+        remove_empty_dir(self.fs, self.layout.base, self.parent)
 
 
 def check_output_bucket(fs: Any, base: str, root: str) -> None:
@@ -261,9 +316,11 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
 
     Raises
     ------
-    OutputError
-        The bucket of ``base`` does not exist or cannot be seen; the message names
-        ``root``.
+    OutputNotWritableError
+        The bucket of ``base`` does not exist or cannot be seen (exit status 2); the
+        message names ``root``. (s3fs answers "no" also when the endpoint cannot be
+        reached; :func:`ragbatch.io.probe.probe_output`, which runs first, tells the two
+        apart.)
     """
     protocol = fs.protocol
     protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
@@ -271,9 +328,10 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
         return
     bucket = base.split("/", 1)[0]
     if not fs.exists(bucket):
-        raise OutputError(
-            f"{root}: not found: bucket {bucket!r} does not exist (or these credentials "
-            "cannot see it); create it, or fix output.uri / output.storage_options")
+        raise OutputNotWritableError(
+            f"{root}: cannot write under output.uri: bucket {bucket!r} does not exist (or "
+            "these credentials cannot see it); create it, or fix output.uri / "
+            "output.storage_options")
 
 
 def _now() -> str:

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from ragbatch.config import OutputSection
 from ragbatch.errors import ConservationError
 from ragbatch.io.fs import is_process_local, resolve
+from ragbatch.io.removal import ensure_under
 from ragbatch.status import OK, STATUSES
 
 SUMMARY_FILE = "summary.parquet"
@@ -257,7 +258,7 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
             examples.extend(some)
     finally:
         if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(ensure_under(tempfile.gettempdir(), folder), ignore_errors=True)
     if not n_dup:
         return None, n_distinct
     # As DuckDB orders them in one grouping: most repeated first, then by row id, nulls last.

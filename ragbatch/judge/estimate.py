@@ -25,9 +25,9 @@ Counted like the run counts them (the manifest's ``judge`` section): identical r
 of a metric are answered once (the rest are ``cache_hits``), and so are requests the
 judgment cache already holds; a row whose first step is answered that way is assumed to
 be answered that way in its later steps too (the cached reply gives the same follow-up
-prompt). A prompt whose tokens plus ``max_tokens`` exceed the model's window is a call
-that ends in ``context_too_long``: its prompt tokens count, no completion follows, and
-the row takes no later step. Not included: parse retries (each unparseable reply is
+prompt). A prompt whose tokens plus ``max_tokens`` exceed the model's window ends in
+``context_too_long`` without reaching the model: it is counted in ``over_window``, not
+as a call, its prompt tokens are not counted, and the row takes no later step. Not included: parse retries (each unparseable reply is
 asked again, up to ``parse_retries`` times, at the prompt's cost again) and embedding
 requests (``answer_relevancy``), which are not judge calls.
 """
@@ -65,16 +65,16 @@ class StepEstimate:
         earlier reply), ``pilot`` (built from real replies for every row) or
         ``pilot-scaled`` (the assumption corrected by a pilot on some rows).
     calls : int
-        Requests that would be sent to the engine (cache hits excluded).
+        Requests the engine would serve (cache hits and ``over_window`` excluded).
     cache_hits : int
         Requests answered by an identical request of the sample or the judgment cache.
     prompt_tokens : int
         Prompt tokens of ``calls``.
     completion_bound : int
-        Sum of the ``max_tokens`` of ``calls`` that fit the window: the most completion
-        tokens they can take.
+        Sum of the ``max_tokens`` of ``calls``: the most completion tokens they can take.
     over_window : int
-        Calls whose prompt plus ``max_tokens`` exceed the window (``context_too_long``).
+        Requests whose prompt plus ``max_tokens`` exceed the window: refused as
+        ``context_too_long``, not counted in ``calls`` or ``prompt_tokens``.
     """
 
     number: int
@@ -318,13 +318,13 @@ def _count_step(metric: JudgeMetric, live: list[_Row], step: StepEstimate, spec:
         if duplicate or state.free:
             step.cache_hits += 1
             continue
+        if window is not None and n_tokens + ask.output.max_tokens > window:
+            step.over_window += 1  # refused unserved: not a call (see Completion.refused)
+            state.asks = []
+            continue
         step.calls += 1
         step.prompt_tokens += n_tokens
-        if window is not None and n_tokens + ask.output.max_tokens > window:
-            step.over_window += 1
-            state.asks = []
-        else:
-            step.completion_bound += ask.output.max_tokens
+        step.completion_bound += ask.output.max_tokens
 
 
 def judge_window(spec: Any) -> tuple[int | None, str]:

@@ -43,8 +43,9 @@ class Pilot:
     Attributes
     ----------
     calls, prompt_tokens, completion_tokens : int
-        What the pilot spent, summed over its requests (token counts as the engine
-        reports them).
+        What the pilot spent, summed over the requests the engine served (token counts
+        as the engine reports them; a request refused as ``context_too_long`` is not
+        served).
     """
 
     engine: JudgeEngine
@@ -72,9 +73,10 @@ class Pilot:
         flat = [capped(a, self.max_tokens) for row in asks for a in row]
         requests = [EngineRequest(a.messages, a.output, self.seed) for a in flat]
         completions = self.engine.complete(requests) if requests else []
-        self.calls += len(requests)
-        self.prompt_tokens += sum(c.prompt_tokens for c in completions)
-        self.completion_tokens += sum(c.completion_tokens for c in completions)
+        served = [c for c in completions if not c.refused]
+        self.calls += len(served)
+        self.prompt_tokens += sum(c.prompt_tokens for c in served)
+        self.completion_tokens += sum(c.completion_tokens for c in served)
         out: list[list[Any] | None] = []
         position = 0
         for row in asks:

@@ -160,6 +160,14 @@ class Completion:
     cached_prompt_tokens: int | None = None
     error: str | None = None
 
+    @property
+    def refused(self) -> bool:
+        """Whether the engine refused the request without serving it: the prompt plus
+        ``max_tokens`` exceed the window (``context_too_long``), found by counting before
+        the call or by the server's refusal. Nothing was generated; accounting keeps such
+        a request out of the calls made and their prompt tokens."""
+        return self.status == CONTEXT_TOO_LONG
+
 
 class JudgeEngine(ABC):
     """An LLM that answers batches of chat requests with structured outputs.

@@ -58,7 +58,12 @@ class Trace:
     cache_hits: int = 0
 
     def record(self, ask: Ask, completion: Completion, live: bool) -> None:
+        """Note one answered request: its prompt hash always; its reply, tokens and a
+        call (``live``) or a cache hit only when the engine served it (a refused
+        request, :attr:`Completion.refused`, has no judgment behind the cell)."""
         self.prompt_hashes.append(ask.prompt_hash())
+        if completion.refused:
+            return
         if completion.text is not None:
             self.replies.append(completion.text)
         self.prompt_tokens += completion.prompt_tokens
@@ -99,13 +104,31 @@ class JudgeCell:
 
 @dataclass
 class Tally:
-    """Per-metric totals of a batch: requests made, cache hits, tokens of the requests made."""
+    """Per-metric totals of a batch.
+
+    Attributes
+    ----------
+    judge_calls : int
+        Requests the engine served in this run (cache hits and refused requests
+        excluded; identical requests of a batch share one).
+    cache_hits : int
+        Requests answered from the judgment cache or by an identical request.
+    prompt_tokens, completion_tokens, cached_prompt_tokens : int
+        Tokens of the served requests.
+    refused_too_long : int
+        Requests refused as ``context_too_long`` without being served
+        (:attr:`Completion.refused`).
+    refused_prompt_tokens : int
+        Prompt tokens counted for the refused requests (where the engine counted them).
+    """
 
     judge_calls: int = 0
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
+    refused_too_long: int = 0
+    refused_prompt_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -329,7 +352,10 @@ class JudgeRunner:
     def _account(self, slot: _Slot, ask: Ask, completion: Completion, live: bool) -> None:
         slot.trace.record(ask, completion, live)
         tally = self.tallies[slot.metric.id]
-        if live:
+        if live and completion.refused:
+            tally.refused_too_long += 1
+            tally.refused_prompt_tokens += completion.prompt_tokens
+        elif live:
             tally.judge_calls += 1
             tally.prompt_tokens += completion.prompt_tokens
             tally.completion_tokens += completion.completion_tokens

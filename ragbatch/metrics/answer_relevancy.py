@@ -122,6 +122,7 @@ class AnswerRelevancy(JudgeMetric):
     """
 
     name: ClassVar[str] = "answer_relevancy"
+    second_engine_types: ClassVar[tuple[str, ...]] = ("embedding",)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER)
     Params = AnswerRelevancyParams

@@ -87,6 +87,11 @@ class Metric(ABC):
 
     name: ClassVar[str]
     kind: ClassVar[str]
+    #: The engine ``type`` values (under ``engines``) the metric runs on; empty: none.
+    engine_types: ClassVar[tuple[str, ...]] = ()
+    #: The engine ``type`` values of a second engine the metric also uses (named by a
+    #: param, with a packaged default), e.g. the embedder of ``answer_relevancy``.
+    second_engine_types: ClassVar[tuple[str, ...]] = ()
     inputs: ClassVar[tuple[str, ...]]
     Params: ClassVar[type[BaseModel]] = NoParams
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
@@ -168,6 +173,8 @@ class Metric(ABC):
         return {
             "name": cls.name,
             "kind": cls.kind,
+            "engine": list(cls.engine_types),
+            "second_engine": list(cls.second_engine_types),
             "inputs": list(cls.inputs),
             "params": params,
             "range": list(cls.score_range),

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 import polars as pl
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
 from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
+from ragbatch.metrics.callback_import import find_module_file, import_callback_module
 from ragbatch.metrics.base import ExpressionMetric, StrictParams
 from ragbatch.reasons import NOT_QUOTED, cut, quote
 from ragbatch.registry import register
@@ -21,22 +22,46 @@ CALLBACK_COLUMNS = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
 
 
 class BinaryParams(StrictParams):
-    callback: str = Field(description='"package.module:function", importable on every worker')
+    callback: str = Field(description='"module:function"; the module is a file next to the '
+                          "config or in the working folder, or is importable on every worker")
     mode: Literal["batch", "row"] = Field(
         "batch",
         description="batch: fn(polars.DataFrame) -> boolean Series of the same length; "
         "row: fn(dict) -> bool or None",
     )
+    #: The file the callback's module was found in (:func:`find_module_file`), or None
+    #: when it is imported by name. Travels with the params to the Ray workers.
+    _origin: str | None = PrivateAttr(None)
 
     @field_validator("callback")
     @classmethod
     def _importable(cls, value: str) -> str:
-        load_callback(value)
+        load_callback(value, _origin_of(value))
         return value
 
+    @model_validator(mode="after")
+    def _record_origin(self) -> "BinaryParams":
+        self._origin = _origin_of(self.callback)
+        return self
 
-def load_callback(spec: str) -> Callable[..., Any]:
+
+def _origin_of(spec: str) -> str | None:
+    module_name = spec.partition(":")[0]
+    found = find_module_file(module_name) if module_name else None
+    return None if found is None else str(found)
+
+
+def load_callback(spec: str, origin: str | None = None) -> Callable[..., Any]:
     """Import ``"module:function"`` and return the function.
+
+    Parameters
+    ----------
+    spec : str
+        ``"module:function"`` (``function`` may be dotted: ``Class.method``).
+    origin : str, optional
+        The file of the module's top level, imported from there under a private name
+        (:func:`ragbatch.metrics.callback_import.import_callback_module`); when None or
+        no longer there, the module is imported by its name.
 
     Raises
     ------
@@ -47,18 +72,22 @@ def load_callback(spec: str) -> Callable[..., Any]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"callback {spec!r} must look like 'package.module:function'")
+    if origin is not None and not Path(origin).is_file():
+        origin = None  # a worker on another machine: by name, as Ray's working_dir has it
     try:
-        module = importlib.import_module(module_name)
+        module = import_callback_module(module_name, origin)
     except Exception as exc:  # ImportError, or an error raised while importing it
         raise ValueError(
             f"cannot import module {module_name!r} for callback {spec!r}: "
-            f"{type(exc).__name__}: {exc}. Put it on PYTHONPATH, or next to the config file"
+            f"{type(exc).__name__}: {exc}. Put {module_name.partition('.')[0]}.py next to the "
+            "config file or in the working folder, or install it"
         ) from None
+    where = f" (imported from {module.__file__})" if getattr(module, "__file__", None) else ""
     fn = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+            raise ValueError(f"module {module_name!r}{where} has no attribute {attr!r}")
     if not callable(fn):
         raise ValueError(f"callback {spec!r} is not callable")
     return fn
@@ -97,7 +126,7 @@ class Binary(ExpressionMetric):
         return (self.params.callback.partition(":")[0],)
 
     def expression(self) -> pl.Expr:
-        fn = load_callback(self.params.callback)
+        fn = load_callback(self.params.callback, self.params._origin)
         runner = _batch_runner if self.params.mode == "batch" else _row_runner
         run = runner(fn, self.quote_values)
         packed = pl.struct([pl.col(c) for c in CALLBACK_COLUMNS])

@@ -1,0 +1,67 @@
+"""What Ray's workers import from, and the folder they work in.
+
+Ray puts the folder a driver starts in at the front of every worker's ``sys.path``. For
+``ragbatch run`` that is usually the folder of the job config, so a ``secrets.py`` or a
+``jinja2.py`` there would replace the real module in every worker. A local Ray instance is
+therefore started from a private empty folder (:func:`start_local_ray`), and each worker
+moves back into the driver's folder before it runs anything (:func:`enter_driver_folder`,
+Ray's ``worker_process_setup_hook``), so relative paths keep their meaning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Environment variable that carries the driver's working folder to the workers.
+DRIVER_FOLDER_VAR = "RAGBATCH_DRIVER_FOLDER"
+
+
+def enter_driver_folder() -> None:
+    """Ray worker set-up hook: change into the driver's working folder (when it exists)."""
+    folder = os.environ.get(DRIVER_FOLDER_VAR)
+    if folder and os.path.isdir(folder):
+        os.chdir(folder)
+
+
+def worker_pythonpath() -> str:
+    """The workers' ``PYTHONPATH``: the folder this ragbatch (and ``udfs``) is imported
+    from when that is a checkout rather than an installation, then this process's own
+    ``PYTHONPATH``. Never the working folder or the config's folder."""
+    code_root = str(Path(__file__).resolve().parents[1])
+    paths = sysconfig.get_paths()
+    installed = {str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")}
+    own = [] if code_root in installed else [code_root]
+    existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys([*own, *existing]))
+
+
+def start_local_ray(runtime_env: dict[str, Any], **init_kwargs: Any) -> None:
+    """Start a new local Ray instance whose workers search no user folder for modules.
+
+    Parameters
+    ----------
+    runtime_env : dict
+        The job's runtime environment; its ``env_vars`` gain :data:`DRIVER_FOLDER_VAR`
+        and it gains the set-up hook :func:`enter_driver_folder`.
+    **init_kwargs
+        Passed on to ``ray.init`` (``address="local"`` is set here).
+    """
+    import ray
+
+    driver_folder = os.getcwd()
+    env = {**runtime_env.get("env_vars", {}), DRIVER_FOLDER_VAR: driver_folder}
+    runtime_env = {**runtime_env, "env_vars": env,
+                   "worker_process_setup_hook": f"{__name__}.enter_driver_folder"}
+    empty = tempfile.mkdtemp(prefix="ragbatch-ray-")  # private (0700), holds nothing
+    atexit.register(shutil.rmtree, empty, ignore_errors=True)
+    os.chdir(empty)
+    try:
+        ray.init(address="local", runtime_env=runtime_env, **init_kwargs)
+    finally:
+        os.chdir(driver_folder)
