@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 import secrets
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -383,7 +385,15 @@ RETRIED_STORAGE_ERRORS = (
 
 
 def _retry_storage_errors(ctx: Any) -> None:
-    ctx.retried_io_errors = list(dict.fromkeys([*ctx.retried_io_errors, *RETRIED_STORAGE_ERRORS]))
+    """Add :data:`RETRIED_STORAGE_ERRORS` to the patterns Ray Data retries, as escaped
+    regular expressions (they match the same text as substrings or as patterns). Ray
+    warns about every non-default value, whatever its patterns: that warning is
+    silenced here, and only here."""
+    patterns = [re.escape(text) for text in RETRIED_STORAGE_ERRORS]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*retried_io_errors.*substring matching",
+                                category=DeprecationWarning)
+        ctx.retried_io_errors = list(dict.fromkeys([*ctx.retried_io_errors, *patterns]))
 
 
 def _run_ledger(plan: Plan, run_id: str) -> Any:

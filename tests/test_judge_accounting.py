@@ -212,6 +212,7 @@ def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp
     # The actor stage is placed with Ray Data's supported parameters: no deprecation
     # warning of ours in the run's output.
     assert "ray_remote_args" not in stderr and "RayDeprecationWarning" not in stderr
+    assert "retried_io_errors" not in stderr
     assert f"{len(JUDGE_METRICS)} requests refused as context_too_long" in stdout
 
     second = run_job(JobConfig.from_dict(_job_dict(tmp_path, instant_judge)), run_id="second")

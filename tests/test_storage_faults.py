@@ -165,3 +165,32 @@ def test_refused_connection_is_transient_and_retried_until_the_last_attempt():
 @pytest.fixture(autouse=True)
 def _callbacks_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
+
+
+def test_storage_error_patterns_are_added_without_a_warning_and_match_as_before():
+    """Ray Data warns about any non-default ``retried_io_errors``; ours are escaped
+    patterns that match exactly what the plain substrings matched, set without that
+    warning reaching the user."""
+    import re
+    import warnings
+
+    import ray.data
+    from ray._common.retry import matches_error
+
+    from ragbatch.runner import RETRIED_STORAGE_ERRORS, _retry_storage_errors
+
+    ctx = ray.data.DataContext()
+    defaults = list(ctx.retried_io_errors)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _retry_storage_errors(ctx)
+    assert not [w for w in caught if "retried_io_errors" in str(w.message)]
+    added = ctx.retried_io_errors[len(defaults):]
+    assert ctx.retried_io_errors[:len(defaults)] == defaults
+    assert added == [re.escape(t) for t in RETRIED_STORAGE_ERRORS]
+    for text in RETRIED_STORAGE_ERRORS:
+        message = f"OSError: An error occurred (x): {text} while writing part-0.parquet"
+        assert any(matches_error(p, message) for p in added)
+    # A bucket that does not exist is not retried.
+    assert not any(matches_error(p, "NoSuchBucket: The specified bucket does not exist")
+                   for p in added)
