@@ -235,3 +235,19 @@ def degenerate_reasons(measures: dict[str, Any], health: HealthFields,
             text = check.text.format(share=value, modal_score=measures.get("modal_score") or 0.0)
             out.append(f"{text} (> {check.threshold} {limit:g})")
     return out
+
+
+def degenerate_metrics(summary: Any) -> dict[str, str]:
+    """Metric id -> reasons (``"; "``-joined) of each metric whose all-rows summary row is
+    marked ``degenerate``, in summary order.
+
+    Parameters
+    ----------
+    summary : polars.DataFrame
+        A run's ``summary.parquet``; one written before the health columns existed
+        gives an empty dict.
+    """
+    if "degenerate" not in summary.columns:
+        return {}
+    rows = summary.filter(summary["slice_column"].is_null() & summary["degenerate"].fill_null(False))
+    return {r["metric"]: r["degenerate_reasons"] or "" for r in rows.iter_rows(named=True)}
