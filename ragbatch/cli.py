@@ -7,8 +7,11 @@ the config or input found before running (a run id that cannot name a directory,
 :mod:`ragbatch.io.lease`; for ``compare`` and ``report``: an unknown run,
 root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
 running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
-metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
-there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
+metric that regresses beyond the threshold. ``run`` and ``nightly`` exit 5 when the run
+committed but a judge metric's all-rows result is degenerate and ``--fail-on-degenerate``
+(or ``diagnostics.fail_on_degenerate`` in the config) asks to gate on it (docs/judges.md,
+"Judge health"). ``nightly`` adds 4 (the night's input is not there yet;
+:mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
 Ctrl-C exits 130; a run it stops says where its staged scores are kept and how to resume.
 """
 
@@ -33,6 +36,8 @@ from ragbatch.ids import id_argument
 from ragbatch.redact import install_log_redaction, redact_text, redact_url
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
+#: The run committed, but a judge metric's result is degenerate (with --fail-on-degenerate).
+EXIT_DEGENERATE = 5
 #: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
 EXIT_INTERRUPTED = 130
 
@@ -69,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-uncalibrated", action="store_true",
                      help="run judge metrics whose agreement with human labels is missing or below "
                           "calibration.min_agreement (warn instead of refusing)")
+    _add_degenerate_flag(run)
 
     validate = sub.add_parser("validate", help="check a config, its input and params without running")
     _add_config_args(validate)
@@ -105,6 +111,15 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-uncalibrated", action="store_true",
                    help="run judge metrics whose agreement with human labels is missing or below "
                         "calibration.min_agreement (warn instead of exiting 2)")
+    _add_degenerate_flag(p)
+
+
+def _add_degenerate_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fail-on-degenerate", action="store_true", default=None,
+                   help=f"exit {EXIT_DEGENERATE} when the run commits but a judge metric's result "
+                        "is degenerate (a constant judge, empty extractions, junk reasons...; "
+                        "thresholds: the config's diagnostics section; default: "
+                        "diagnostics.fail_on_degenerate)")
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
@@ -327,6 +342,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("\n".join(hint))
     if args.report:
         _write_run_report(result.config or config, result.run_id)
+    gate = args.fail_on_degenerate or config.diagnostics.fail_on_degenerate
+    if gate and result.summary.degenerate():
+        names = ", ".join(result.summary.degenerate())
+        print(f"ragbatch: run {result.run_id} committed, but these judge metrics are degenerate: "
+              f"{names}", file=sys.stderr)
+        return EXIT_DEGENERATE
     return EXIT_OK
 
 
@@ -337,7 +358,8 @@ def cmd_nightly(args: argparse.Namespace) -> int:
     outcome = run_nightly(_load(args), config_dir=Path(args.config).parent, run_date=args.run_date,
                           run_id=args.run_id, address=args.address,
                           fail_on_regression=args.fail_on_regression, report=args.report,
-                          allow_uncalibrated=args.allow_uncalibrated)
+                          allow_uncalibrated=args.allow_uncalibrated,
+                          fail_on_degenerate=args.fail_on_degenerate)
     print(format_outcome(outcome))
     if outcome.exit_code in (EXIT_FAILED, EXIT_INVALID):
         print(f"ragbatch: error: {outcome.message}", file=sys.stderr)
@@ -388,7 +410,9 @@ def _write_run_report(config: JobConfig, run_id: str) -> None:
 
 def _summary_text(rows: list[dict], confidence: float) -> str:
     """The overall summary rows (``slice_column`` null) as a text table: cells, ok cells,
-    mean over ok cells with its confidence interval, and the non-zero other statuses."""
+    mean over ok cells with its confidence interval, and the non-zero other statuses; a
+    judge metric whose result is degenerate is marked ``DEGENERATE`` and its reasons are
+    listed under the table."""
     from ragbatch.status import OK, STATUSES
 
     width = max([28, *(len(r["metric"]) for r in rows)])
@@ -404,8 +428,14 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
         else:
             mean = f"{r['mean']:.3f}"
             interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
+        flag = "  DEGENERATE" if r.get("degenerate") else ""
         lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
-                     f"{interval:<16}  {other}".rstrip())
+                     f"{interval:<16}  {other}".rstrip() + flag)
+    flagged = [r for r in rows if r["slice_column"] is None and r.get("degenerate")]
+    if flagged:
+        lines += ["", "degenerate judge results: the means above say little about the data "
+                      "(docs/judges.md, \"Judge health\"):"]
+        lines += [f"  {r['metric']}: {r['degenerate_reasons']}" for r in flagged]
     return "\n".join(lines)
 
 

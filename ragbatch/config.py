@@ -12,6 +12,7 @@ Shape (see README "Config reference" for every field)::
               batch_size}}; types: embedding (sentence_transformers), cross_encoder,
               vllm, openai, presidio (pii)
     cache:   {enabled, uri, storage_options}   (the judgment cache)
+    diagnostics: {min_cells, modal_share_max, ..., fail_on_degenerate}   (judge health)
 
 :func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
 problem as ``<field path>: <what is wrong>; <what to do>``.
@@ -361,6 +362,35 @@ class CalibrationGuardSection(_Strict):
     proceed: bool = False
 
 
+class DiagnosticsSection(_Strict):
+    """``diagnostics``: when a judge metric's result is marked ``degenerate``
+    (docs/judges.md, "Judge health").
+
+    Each ``*_max`` is a share in [0, 1]: a measure above it flags the metric (1 turns the
+    check off). A check flags only a group with at least ``min_cells`` cells in its
+    denominator, so a run or slice with few rows raises no false alarm.
+    ``fail_on_degenerate`` makes ``run`` and ``nightly`` exit 5 when a metric's
+    all-rows result is degenerate (as ``--fail-on-degenerate`` does)."""
+
+    min_cells: int = Field(20, ge=1, description="cells a check needs before it can flag")
+    modal_share_max: float = Field(0.95, ge=0, le=1, description=(
+        "share of ok cells holding the most common score (a constant judge)"))
+    empty_extraction_max: float = Field(0.5, ge=0, le=1, description=(
+        "share of extraction steps that returned an empty list (or a noncommittal flag)"))
+    junk_reason_max: float = Field(0.5, ge=0, le=1, description=(
+        "share of ok cells whose reason is empty or only a verdict word (true, no, 1)"))
+    reason_modal_share_max: float = Field(0.9, ge=0, le=1, description=(
+        "share of ok cells whose reason is the most common reason"))
+    parse_failure_max: float = Field(0.1, ge=0, le=1, description=(
+        "share of judged cells (all but missing_input) with status parse_failure"))
+    context_too_long_max: float = Field(0.25, ge=0, le=1, description=(
+        "share of judged cells with status context_too_long"))
+    position_gap_max: float = Field(0.9, ge=0, le=1, description=(
+        "largest gap between the share of 1 verdicts in the first and the second half of "
+        "verdict lists"))
+    fail_on_degenerate: bool = False
+
+
 class JobConfig(_Strict):
     """A whole job config. Build it with :func:`load_config` or :meth:`from_dict`."""
 
@@ -371,6 +401,7 @@ class JobConfig(_Strict):
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     cache: CacheSection = Field(default_factory=CacheSection)
     calibration: CalibrationGuardSection | None = None
+    diagnostics: DiagnosticsSection = Field(default_factory=DiagnosticsSection)
 
     @field_validator("engines", mode="before")
     @classmethod

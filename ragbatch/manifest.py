@@ -62,7 +62,10 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     ``min_actors``/``max_actors``), and ``summary`` (the settings
     of ``summary.parquet``'s intervals and slicing, and per slice column its number of
     distinct values and how many were pooled:
-    :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``).
+    :meth:`ragbatch.analysis.summary.RunSummary.manifest_info`; empty without ``summary``),
+    and ``diagnostics`` (the judge health thresholds, and per judge metric whether its
+    all-rows result is degenerate, why, and its measures:
+    :meth:`~ragbatch.analysis.summary.RunSummary.diagnostics_info`; empty without ``summary``).
 
     The sections built from what the user wrote (``run``, ``config``, ``input``,
     ``output``, ``stages``, ``ray``) pass through :func:`ragbatch.redact.redact`: no
@@ -117,6 +120,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
         "faults": fault_summary(plan, faults or {}),
         "placement": placement_summary(plan, placement or {}),
         "summary": summary.manifest_info() if summary is not None else {},
+        "diagnostics": summary.diagnostics_info() if summary is not None else {},
     }
     for section in _USER_SECTIONS:
         manifest[section] = redact(manifest[section])

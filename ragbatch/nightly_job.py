@@ -24,13 +24,17 @@ Exit codes (:data:`EXIT_CODES`):
 3    the night is committed, but a metric regressed beyond ``--fail-on-regression``
 4    this night's input is not there yet: nothing exists at the rendered
      ``input.uri`` while the folder above the date-dependent part does; try later
+5    the night is committed, but a judge metric's all-rows result is degenerate
+     (docs/judges.md, "Judge health") and ``--fail-on-degenerate`` (or
+     ``diagnostics.fail_on_degenerate``) gates on it; it takes precedence over 3,
+     since a degenerate judge's change says nothing
 ===  ==========================================================================
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ from ragbatch.io.probe import probe_output
 from ragbatch.templating import fixed_prefix, render_config
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
+EXIT_DEGENERATE = 5
 
 #: Exit code -> what it means for a scheduler.
 EXIT_CODES = {
@@ -51,6 +56,7 @@ EXIT_CODES = {
     EXIT_INVALID: "config or input problem, or the run is running elsewhere; needs a fix",
     EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
     EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
+    EXIT_DEGENERATE: "committed, but a judge metric's result is degenerate; check the judge",
 }
 
 RUN_ID_PREFIX = "nightly-"
@@ -97,6 +103,9 @@ class NightlyOutcome:
     threshold : float or None
     compared : bool
         False when no comparison was asked for (``report=False`` without a threshold).
+    degenerate : dict
+        Metric id -> reasons, for each judge metric whose all-rows result is degenerate
+        (filled whether or not the night gates on it).
     """
 
     exit_code: int
@@ -113,12 +122,14 @@ class NightlyOutcome:
     regressions: Any = None
     threshold: float | None = None
     compared: bool = True
+    degenerate: dict[str, str] = field(default_factory=dict)
 
 
 def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                 run_date: dt.date | None = None, run_id: str | None = None,
                 address: str | None = None, fail_on_regression: float | None = None,
-                report: bool = True, allow_uncalibrated: bool = False) -> NightlyOutcome:
+                report: bool = True, allow_uncalibrated: bool = False,
+                fail_on_degenerate: bool | None = None) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
     :data:`EXIT_CODES` name (they become the outcome's exit code and message).
 
@@ -146,6 +157,9 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         Run judge metrics that the config's ``calibration`` guard would refuse, with a
         warning (as ``ragbatch run --allow-uncalibrated``); without it such a night
         exits 2 before anything starts.
+    fail_on_degenerate : bool, optional
+        Exit 5 when a judge metric's all-rows result is degenerate; default the
+        config's ``diagnostics.fail_on_degenerate``.
 
     Returns
     -------
@@ -184,7 +198,8 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         return _failed(outcome, EXIT_INVALID, str(exc))
     except RagbatchError as exc:
         return _failed(outcome, EXIT_FAILED, str(exc))
-    return _publish(outcome, report)
+    gate = config.diagnostics.fail_on_degenerate if fail_on_degenerate is None else fail_on_degenerate
+    return _publish(outcome, report, gate)
 
 
 def _failed(outcome: NightlyOutcome, code: int, message: str) -> NightlyOutcome:
@@ -244,10 +259,12 @@ def calibration_options(config: JobConfig) -> dict[str, Any] | None:
     return guard.storage_options
 
 
-def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
-    """Report and compare the committed night; set the exit code from the comparison."""
+def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) -> NightlyOutcome:
+    """Report and compare the committed night; set the exit code from the judge health
+    and the comparison."""
+    from ragbatch.analysis.diagnostics import degenerate_metrics
     from ragbatch.analysis.nightly import compare_with_previous, write_run_report
-    from ragbatch.analysis.runs import find_run
+    from ragbatch.analysis.runs import find_run, load_summary
 
     output = outcome.config.output
     try:
@@ -264,6 +281,7 @@ def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
         else:
             outcome.run = find_run(output.uri, outcome.run_id, output.storage_options)
             outcome.compared = False
+        outcome.degenerate = degenerate_metrics(load_summary(outcome.run))
     except Exception as exc:  # noqa: BLE001 - the night is committed; say so with the cause
         what = "report" if report else "comparison with the previous run"
         return _failed(outcome, EXIT_FAILED,
@@ -272,6 +290,10 @@ def _publish(outcome: NightlyOutcome, report: bool) -> NightlyOutcome:
                        "scored again)")
     if outcome.threshold is not None and outcome.comparison is not None:
         outcome.regressions = outcome.comparison.regressions(outcome.threshold)
+    if fail_on_degenerate and outcome.degenerate:
+        return _failed(outcome, EXIT_DEGENERATE, "degenerate judge results: "
+                       + ", ".join(outcome.degenerate))
+    if outcome.regressions is not None:
         if outcome.regressions.height:
             names = ", ".join(outcome.regressions["metric"].to_list())
             return _failed(outcome, EXIT_REGRESSION,

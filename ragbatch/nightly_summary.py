@@ -12,8 +12,8 @@ from ragbatch.redact import redact_text
 def format_outcome(outcome: NightlyOutcome) -> str:
     """``outcome`` as text: a headline, the paths, one line per metric (cells, ``ok``
     cells, mean; the paired change against the previous run with its interval, marked
-    when it regresses beyond the threshold) and the exit line. URLs appear without
-    credentials (:func:`ragbatch.redact.redact_text`)."""
+    when it regresses beyond the threshold, or when its judge result is degenerate) and the
+    exit line. URLs appear without credentials (:func:`ragbatch.redact.redact_text`)."""
     lines = [_headline(outcome)]
     if outcome.config is not None:
         lines.append(f"  input:      {outcome.config.input.uri}")
@@ -84,6 +84,8 @@ def _metric_lines(outcome: NightlyOutcome) -> list[str]:
             text += "   " + _change_text(change)
             if r["metric"] in regressed:
                 text += f"  REGRESSED (> {outcome.threshold:g})"
+        if r["metric"] in outcome.degenerate:
+            text += f"  DEGENERATE: {outcome.degenerate[r['metric']]}"
         lines.append(text.rstrip())
     return lines
 

@@ -138,7 +138,8 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_error_budget(layout, files, n_rows, config.run.error_budget)
         timings["verify_s"] = time.perf_counter() - t2
         t3 = time.perf_counter()
-        summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+        summary = summarize_run(layout, files, plan.metrics, plan.slice_names,
+                                diagnostics=plan.config.diagnostics)
         timings["summary_s"] = time.perf_counter() - t3
         timings["total_s"] = time.perf_counter() - t0
         manifest = build_manifest(plan, layout, check, started=started, timings=timings,

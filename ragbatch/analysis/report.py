@@ -8,6 +8,9 @@ resource; see :mod:`ragbatch.analysis.report_template`). Sections:
 - per metric: cells, ``ok`` cells, mean with its interval and, for boolean metrics, the
   pass rate with its Wilson interval (all from the run's ``summary.parquet``), and a
   histogram of the ``ok`` scores;
+- judge health: a warning naming each judge metric whose result is degenerate, and per
+  metric in the metric table its health (``degenerate`` with the reasons, from the
+  summary's health columns; docs/judges.md, "Judge health");
 - per slice column: each value's mean and interval per metric, from the summary;
 - statuses: cells per metric and status (parse failures, timeouts, missing inputs, ...);
 - with a baseline: the paired comparison of :func:`ragbatch.analysis.compare.compare_runs`
@@ -120,8 +123,19 @@ def _metric_rows(summary: pl.DataFrame, scores: pl.DataFrame,
         out.append({"id": r["metric"], "name": f.name, "higher_is_better": f.higher_is_better,
                     "n_total": r["n_total"], "n_ok": r["n_ok"], "mean": _num(r["mean"]),
                     "interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
-                    "pass_rate": pass_rate, "other": other or "-", "chart": _data_uri(chart)})
+                    "pass_rate": pass_rate, "other": other or "-", "chart": _data_uri(chart),
+                    "health": _health_text(r), "degenerate": bool(r.get("degenerate"))})
     return out
+
+
+def _health_text(row: dict[str, Any]) -> str:
+    """A summary row's judge health: ``-`` for a metric without diagnostics (or a summary
+    written before them), ``degenerate: <reasons>``, or ``no problem found``."""
+    if row.get("degenerate") is None:
+        return "-"
+    if row["degenerate"]:
+        return f"degenerate: {row.get('degenerate_reasons') or ''}"
+    return "no problem found"
 
 
 def _slice_label(row: dict[str, Any]) -> str:
@@ -324,11 +338,13 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     from ragbatch.calibrate.report import calibration_section
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    metrics = _metric_rows(summary, scores, facts)
     return env.from_string(TEMPLATE).render(
         version=__version__, run=run, facts=_facts(run, baseline),
+        degenerate=[m["id"] for m in metrics if m["degenerate"]],
         notes=[redact_text(n) for n in notes + worst_notes],
         confidence_label=f"{confidence:.0%}",
-        metrics=_metric_rows(summary, scores, facts), slices=_slice_sections(summary, metric_ids, facts,
+        metrics=metrics, slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
         calibration=calibration_section(run, calibration_options))

@@ -40,6 +40,12 @@ nav a { margin-right: 1rem; } .wide { overflow-x: auto; }
 {% endfor %}</table>
 {% for note in notes %}<p class="note">{{ note }}</p>
 {% endfor %}
+{% if degenerate %}<p class="note degenerate" id="degenerate-warning">Degenerate judge results:
+{% for mid in degenerate %}<code>{{ mid }}</code>{% if not loop.last %}, {% endif %}{% endfor %}.
+Their means and intervals describe the judge, not the data (a constant verdict, empty
+extractions, reasons that say nothing...); see the health column below and docs/judges.md,
+"Judge health".</p>
+{% endif %}
 
 <h2 id="metrics">Metrics</h2>
 <p>Means are over <code>ok</code> cells, with the {{ confidence_label }} intervals of the run summary
@@ -47,11 +53,12 @@ nav a { margin-right: 1rem; } .wide { overflow-x: auto; }
 when a large group used the normal approximation). Pass rates (boolean metrics) come with Wilson
 score intervals.</p>
 <table id="metric-table">
-<tr><th>metric</th><th>name</th><th>better</th><th>cells</th><th>ok</th><th>mean</th><th>{{ confidence_label }} interval</th><th>pass rate [interval]</th><th>other statuses</th></tr>
+<tr><th>metric</th><th>name</th><th>better</th><th>cells</th><th>ok</th><th>mean</th><th>{{ confidence_label }} interval</th><th>pass rate [interval]</th><th>other statuses</th><th>judge health</th></tr>
 {% for m in metrics %}<tr>
 <td><code>{{ m.id }}</code></td><td>{{ m.name }}</td><td>{{ "higher" if m.higher_is_better else "lower" }}</td>
 <td class="num">{{ m.n_total }}</td><td class="num">{{ m.n_ok }}</td><td class="num">{{ m.mean }}</td>
 <td class="num">{{ m.interval }}</td><td class="num">{{ m.pass_rate }}</td><td>{{ m.other }}</td>
+<td{% if m.degenerate %} class="worse"{% endif %}>{{ m.health }}</td>
 </tr>{% endfor %}
 </table>
 <h3>Score distributions</h3>

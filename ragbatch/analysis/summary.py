@@ -25,6 +25,10 @@ scores are read once, sorted by DuckDB (which spills to disk under the memory ca
 :class:`~ragbatch.analysis.intervals.MeanCIStream` per group. For a group of more than
 :data:`CHUNK_ROWS` scores the mean and standard deviation are combined across batches, so
 they can differ from numpy's over the whole group in the last digits.
+
+For judge metrics every row also carries the judge health measures of
+:mod:`ragbatch.analysis.diagnostics` and, under the thresholds of the config's
+``diagnostics`` section, ``degenerate`` with the reasons why (null for other metrics).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from ragbatch.analysis.diagnostics import MEASURES, degenerate_reasons, health_measures
 from ragbatch.analysis.intervals import (
     BOOTSTRAP_MAX_N,
     CONFIDENCE,
@@ -46,7 +51,9 @@ from ragbatch.analysis.intervals import (
     MeanCIStream,
     wilson_interval,
 )
+from ragbatch.config import DiagnosticsSection
 from ragbatch.errors import OutputError
+from ragbatch.judge.health import HealthFields
 from ragbatch.io.write import OutputLayout, connect, file_list
 from ragbatch.status import OK, STATUSES
 
@@ -73,22 +80,31 @@ SUMMARY_SCHEMA = pa.schema(
         ("pass_rate_ci_low", pa.float64()),
         ("pass_rate_ci_high", pa.float64()),
     ]
+    + [(m, pa.float64()) for m in MEASURES]
+    + [
+        ("degenerate", pa.bool_()),
+        ("degenerate_reasons", pa.string()),
+    ]
 )
 
 
 @dataclass(frozen=True)
 class MetricInfo:
-    """What the summary needs to know of a metric: its id, registry name, and whether
-    its ``ok`` scores are 0/1 (``Metric.boolean``)."""
+    """What the summary needs to know of a metric: its id, registry name, whether its
+    ``ok`` scores are 0/1 (``Metric.boolean``), and for a judge metric where its cells
+    record what the health diagnostics read (``JudgeMetric.health``; None for other
+    metrics, which get no diagnostics)."""
 
     id: str
     name: str
     boolean: bool
+    health: HealthFields | None = None
 
     @classmethod
     def of(cls, metric: Any) -> "MetricInfo":
         """From a :class:`ragbatch.metrics.base.Metric` instance."""
-        return cls(metric.id, metric.name, bool(metric.boolean))
+        health = metric.health if getattr(metric, "kind", None) == "judge" else None
+        return cls(metric.id, metric.name, bool(metric.boolean), health)
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,7 @@ class RunSummary:
     table: pa.Table
     settings: SummarySettings
     slice_columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    diagnostics: DiagnosticsSection = field(default_factory=DiagnosticsSection)
 
     def manifest_info(self) -> dict[str, Any]:
         """The manifest's ``summary`` section: the settings, the interval methods and the
@@ -155,9 +172,28 @@ class RunSummary:
         """The overall row of each metric, in metric order."""
         return [r for r in self.table.to_pylist() if r["slice_column"] is None]
 
+    def degenerate(self) -> dict[str, str]:
+        """Metric id -> the reasons its all-rows result is degenerate (only such
+        metrics), in metric order."""
+        return {r["metric"]: r["degenerate_reasons"] for r in self.overall() if r["degenerate"]}
+
+    def diagnostics_info(self) -> dict[str, Any]:
+        """The manifest's ``diagnostics`` section: the thresholds, and per judge metric
+        its all-rows ``degenerate`` flag, ``reasons`` (a list) and measures."""
+        metrics = {}
+        for r in self.overall():
+            if r["degenerate"] is None:
+                continue
+            reasons = r["degenerate_reasons"]
+            metrics[r["metric"]] = {"degenerate": r["degenerate"],
+                                    "reasons": reasons.split("; ") if reasons else [],
+                                    **{m: r[m] for m in MEASURES}}
+        return {"thresholds": self.diagnostics.model_dump(mode="json"), "metrics": metrics}
+
 
 def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
-                  slices: Sequence[str], settings: SummarySettings | None = None) -> RunSummary:
+                  slices: Sequence[str], settings: SummarySettings | None = None,
+                  diagnostics: DiagnosticsSection | None = None) -> RunSummary:
     """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
 
     Parameters
@@ -165,14 +201,17 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
     layout
         The run's output layout (gives the filesystem).
     files
-        Score Parquet files holding ``metric``, ``status``, ``score`` and the slice
-        columns.
+        Score Parquet files holding ``metric``, ``status``, ``score``, ``details`` and
+        the slice columns.
     metrics
         :class:`MetricInfo` or ``Metric`` instances, in the order rows are written.
     slices
         Slice column names, in the order their rows are written.
     settings
         Interval and slicing settings (default :class:`SummarySettings`).
+    diagnostics
+        Thresholds of the judge health checks (default: those of
+        :class:`~ragbatch.config.DiagnosticsSection`).
 
     Raises
     ------
@@ -180,42 +219,66 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         An ``ok`` score is NaN or infinite (no interval can be computed).
     """
     con = connect(layout)
-    columns = ", ".join(["metric", "status", "score", *(_quote(c) for c in slices)])
+    columns = ", ".join(["metric", "status", "score", "details", *(_quote(c) for c in slices)])
     if files:
         con.execute(f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
                     f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
                     ).fetchall()
     else:
         empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
+                           "NULL::VARCHAR details",
                            *(f"NULL::VARCHAR {_quote(c)}" for c in slices)])
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(con, metrics, slices, settings)
+    return summarize_view(con, metrics, slices, settings, diagnostics)
 
 
 def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
-                   settings: SummarySettings | None = None) -> RunSummary:
+                   settings: SummarySettings | None = None,
+                   diagnostics: DiagnosticsSection | None = None) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
-    ``con`` (columns ``metric``, ``status``, ``score`` and ``slices``)."""
+    ``con`` (columns ``metric``, ``status``, ``score``, ``slices`` and, for the judge
+    health measures, ``details``: without it they count no extraction, reason or
+    verdict)."""
     settings = settings or SummarySettings()
+    diagnostics = diagnostics or DiagnosticsSection()
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
-    _code_cells(con, slices, kept, settings.max_slice_values)
+    judged = [i.id for i in infos if i.health is not None]
+    _code_cells(con, slices, kept, settings.max_slice_values, judged)
     counts = _counts(con, len(slices))
+    groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(len(slices))]
     rows = []
     for info in infos:
         streams = _ok_streams(con, info.id, len(slices), settings)
-        rows.append(_row(info, None, None, None, counts.get((info.id, None, None)),
-                         streams.get((None, None)), settings))
+        health = {} if info.health is None else health_measures(con, "coded", info.id,
+                                                                info.health, groupings)
+
+        def row(column: str | None, value: str | None, other: bool | None, key: tuple) -> dict:
+            out = _row(info, column, value, other, counts.get((info.id, *key)),
+                       streams.get(key), settings)
+            return {**out, **_health_columns(info, health.get(key), diagnostics)}
+
+        rows.append(row(None, None, None, (None, None)))
         for i, column in enumerate(slices):
             groups = list(enumerate(kept[i]))
             if slice_info[column]["pooled_values"]:
                 groups.append((settings.max_slice_values, None))
             for code, value in groups:
-                other = code == settings.max_slice_values
-                rows.append(_row(info, column, value, other, counts.get((info.id, i, code)),
-                                 streams.get((i, code)), settings))
+                rows.append(row(column, value, code == settings.max_slice_values, (i, code)))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-    return RunSummary(table, settings, slice_info)
+    return RunSummary(table, settings, slice_info, diagnostics)
+
+
+def _health_columns(info: MetricInfo, measures: dict[str, Any] | None,
+                    thresholds: DiagnosticsSection) -> dict[str, Any]:
+    """The health columns of one summary row: null for a metric without diagnostics;
+    for a judge metric's group without cells, null measures and ``degenerate`` false."""
+    if info.health is None:
+        return {**dict.fromkeys(MEASURES), "degenerate": None, "degenerate_reasons": None}
+    measures = measures or {}
+    reasons = degenerate_reasons(measures, info.health, thresholds)
+    return {**{m: measures.get(m) for m in MEASURES}, "degenerate": bool(reasons),
+            "degenerate_reasons": "; ".join(reasons) or None}
 
 
 def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
@@ -241,9 +304,10 @@ def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
 
 
 def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
-                kept: list[list[str | None]], cap: int) -> None:
-    """Table ``coded``: metric, status, score, and per slice column ``g<i>``, the index of
-    the cell's slice value among the kept values (``cap`` for a pooled value)."""
+                kept: list[list[str | None]], cap: int, judged: Sequence[str] = ()) -> None:
+    """Table ``coded``: metric, status, score, ``details`` (of the metrics in ``judged``
+    only; null for the others), and per slice column ``g<i>``, the index of the cell's
+    slice value among the kept values (``cap`` for a pooled value)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
         con.register(f"kept{i}", pa.table({"v": pa.array(kept[i], pa.string()),
@@ -251,7 +315,12 @@ def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
         joins.append(f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
                      f"IS NOT DISTINCT FROM kept{i}.v")
         codes.append(f"coalesce(kept{i}.code, {cap})::INTEGER AS g{i}")
-    select = ", ".join(["s.metric", "s.status", "s.score", *codes])
+    has_details = "details" in {d[0] for d in con.execute("SELECT * FROM s LIMIT 0").description}
+    details = "NULL::VARCHAR"
+    if has_details and judged:
+        con.register("judged_ids", pa.table({"id": pa.array(list(judged), pa.string())}))
+        details = "CASE WHEN s.metric IN (SELECT id FROM judged_ids) THEN s.details END"
+    select = ", ".join(["s.metric", "s.status", "s.score", f"{details} AS details", *codes])
     con.execute(f"CREATE TEMP TABLE coded AS SELECT {select} FROM s {' '.join(joins)}").fetchall()
 
 

@@ -18,6 +18,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generator, Sequence
 
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.protocol import Ask
 from ragbatch.metrics._cells import Guard, PyCell, missing
 from ragbatch.metrics.base import Metric
@@ -75,6 +76,9 @@ class JudgeMetric(Metric):
     #: one step implements :meth:`assumed_result` so that a dry run can build the asks
     #: of its later steps.
     judge_steps: ClassVar[int] = 1
+    #: The ``details`` keys the judge health diagnostics read (docs/judges.md, "Judge
+    #: health"); the default reads none, so only the score and status checks apply.
+    health: ClassVar[HealthFields] = HealthFields()
 
     def guards(self) -> tuple[Guard, ...]:
         """Input guards checked (in Polars) before any judge call; the default is

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
@@ -65,6 +66,7 @@ class AnswerConsistency(VerdictMetric):
     """
 
     name: ClassVar[str] = "answer_consistency"
+    health: ClassVar[HealthFields] = HealthFields(extraction="main_points", verdicts="verdicts")
     version: ClassVar[int] = 1
     verdict_templates: ClassVar[tuple[str, ...]] = (DERIVABLE_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
@@ -153,7 +155,8 @@ class AnswerConsistency(VerdictMetric):
             parse_statements, step="main_points",
         )]
         if not points:
-            return PyCell(None, NOT_APPLICABLE, "the answer has no main points")
+            return PyCell(None, NOT_APPLICABLE, "the answer has no main points",
+                          details={"main_points": []})
         n = len(points)
         [verdicts] = yield [self.verdicts_ask(
             row, DERIVABLE_TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,

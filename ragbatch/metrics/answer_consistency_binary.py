@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
@@ -75,6 +76,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     """
 
     name: ClassVar[str] = "answer_consistency_binary"
+    health: ClassVar[HealthFields] = HealthFields(reason="reason", usual_score=1.0)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = True

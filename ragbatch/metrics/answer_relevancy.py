@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import build_messages
@@ -122,6 +123,8 @@ class AnswerRelevancy(JudgeMetric):
     """
 
     name: ClassVar[str] = "answer_relevancy"
+    health: ClassVar[HealthFields] = HealthFields(extraction="questions",
+                                                  extraction_void="noncommittal")
     second_engine_types: ClassVar[tuple[str, ...]] = ("embedding",)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
@@ -101,6 +102,7 @@ class AugmentationPrecision(JudgeMetric):
     """
 
     name: ClassVar[str] = "augmentation_precision"
+    health: ClassVar[HealthFields] = HealthFields(verdicts="relevant")
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False

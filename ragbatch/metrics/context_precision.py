@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Sequence
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
@@ -68,6 +69,7 @@ class ContextPrecision(VerdictMetric):
     """
 
     name: ClassVar[str] = "context_precision"
+    health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
     verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)

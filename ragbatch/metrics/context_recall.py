@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
@@ -70,6 +71,7 @@ class ContextRecall(VerdictMetric):
     """
 
     name: ClassVar[str] = "context_recall"
+    health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
     version: ClassVar[int] = 1
     verdict_templates: ClassVar[tuple[str, ...]] = (ATTRIBUTION_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
@@ -154,7 +156,8 @@ class ContextRecall(VerdictMetric):
             parse_statements, step="statements",
         )]
         if not statements:
-            return PyCell(None, NOT_APPLICABLE, "the reference makes no statements")
+            return PyCell(None, NOT_APPLICABLE, "the reference makes no statements",
+                          details={"statements": []})
         n = len(statements)
         [verdicts] = yield [self.verdicts_ask(
             row, ATTRIBUTION_TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,

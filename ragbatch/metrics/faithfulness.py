@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
@@ -57,6 +58,7 @@ class Faithfulness(VerdictMetric):
     """
 
     name: ClassVar[str] = "faithfulness"
+    health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
     verdict_templates: ClassVar[tuple[str, ...]] = (VERDICTS_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
     summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
@@ -135,7 +137,8 @@ class Faithfulness(VerdictMetric):
             parse_statements, step="statements",
         )]
         if not statements:
-            return PyCell(None, NOT_APPLICABLE, "the answer makes no statements")
+            return PyCell(None, NOT_APPLICABLE, "the answer makes no statements",
+                          details={"statements": []})
         [verdicts] = yield [self.verdicts_ask(
             row, VERDICTS_TASK, len(statements), max_tokens_per_verdict=VERDICT_MAX_TOKENS,
             statements=numbered(statements))]

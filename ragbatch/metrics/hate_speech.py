@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.health import HealthFields
 from ragbatch.judge.answer_verdict import AnswerVerdictMetric
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.registry import register
@@ -40,6 +41,7 @@ class HateSpeech(AnswerVerdictMetric):
     """
 
     name: ClassVar[str] = "hate_speech"
+    health: ClassVar[HealthFields] = HealthFields(reason="reason", usual_score=0.0)
     version: ClassVar[int] = 1
     task: ClassVar[str] = TASK
     positive_reason: ClassVar[str] = "the answer contains hate speech"
