@@ -12,6 +12,7 @@ Shape (see README "Config reference" for every field)::
               batch_size}}; types: embedding (sentence_transformers), cross_encoder,
               vllm, openai, presidio (pii)
     cache:   {enabled, uri, storage_options}   (the judgment cache)
+    labels:  {columns: {metric id: input column}, estimator}   (human labels, docs/ppi.md)
 
 :func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
 problem as ``<field path>: <what is wrong>; <what to do>``.
@@ -366,6 +367,27 @@ class CalibrationGuardSection(_Strict):
     proceed: bool = False
 
 
+class LabelsSection(_Strict):
+    """``labels``: human labels for some rows of the input, one input column per metric
+    id (a null value: the row is not labelled). The summary then reports each such
+    metric's mean corrected by the labels (prediction-powered inference,
+    :mod:`ragbatch.analysis.ppi`; ``estimator`` ``ppi++`` tunes the judge's weight,
+    ``ppi`` keeps it at 1) beside the labels-only mean. Label columns pass through to the
+    scores table but are not slice columns of the summary. See docs/ppi.md."""
+
+    columns: dict[str, str] = Field(min_length=1)
+    estimator: Literal["ppi", "ppi++"] = "ppi++"
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names_nonempty(cls, value: dict[str, str]) -> dict[str, str]:
+        for metric_id, column in value.items():
+            if not column.strip():
+                raise ValueError(f"the label column of {metric_id!r} is empty; name the input "
+                                 "column that holds its human labels")
+        return value
+
+
 class JobConfig(_Strict):
     """A whole job config. Build it with :func:`load_config` or :meth:`from_dict`."""
 
@@ -376,6 +398,7 @@ class JobConfig(_Strict):
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     cache: CacheSection = Field(default_factory=CacheSection)
     calibration: CalibrationGuardSection | None = None
+    labels: LabelsSection | None = None
 
     @field_validator("engines", mode="before")
     @classmethod
@@ -407,6 +430,12 @@ class JobConfig(_Strict):
                 problems.append(
                     f"metrics[{i}].engine: {spec.engine!r} is not defined under `engines`{hint}"
                 )
+        if self.labels is not None:
+            for mid in self.labels.columns:
+                if mid not in seen:
+                    hint = _suggest(mid, list(seen))
+                    problems.append(f"labels.columns: {mid!r} is not the id of any metric{hint}; "
+                                    f"the metric ids are {', '.join(map(repr, seen))}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

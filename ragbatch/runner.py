@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragbatch.analysis.summary import RunSummary, summarize_run
+from ragbatch.analysis.summary import RunSummary, summarize_run, summary_settings
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError, RunInterrupted
 from ragbatch.io.budget import check_error_budget
@@ -112,6 +112,10 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         from ragbatch.calibrate.guard import check_calibration
 
         check_calibration(plan, allow=allow_uncalibrated)
+    if config.labels is not None:
+        from ragbatch.io.labels import check_label_values
+
+        check_label_values(plan)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
     with _kept_when_interrupted(run_id, layout, staging):
@@ -133,7 +137,8 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_error_budget(layout, files, n_rows, config.run.error_budget)
         timings["verify_s"] = time.perf_counter() - t2
         t3 = time.perf_counter()
-        summary = summarize_run(layout, files, plan.metrics, plan.slice_names)
+        summary = summarize_run(layout, files, plan.metrics, plan.summary_slice_names,
+                                summary_settings(config), labels=plan.labels)
         timings["summary_s"] = time.perf_counter() - t3
         timings["total_s"] = time.perf_counter() - t0
         manifest = build_manifest(plan, layout, check, started=started, timings=timings,

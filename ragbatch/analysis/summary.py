@@ -15,6 +15,12 @@ broken by the value's text in byte order, null last) and one row with ``slice_ot
 true that pools the remaining values. Every metric scores every row, so the values kept
 are the same for every metric.
 
+A metric with a label column (config ``labels``) also gets, per row of the summary, the
+mean of its human labels and the judge's mean corrected by them (prediction-powered
+inference, :mod:`ragbatch.analysis.ppi`), each with its interval, over the group's ``ok``
+cells: labelled cells (label not null) and unlabelled ones. A metric without labels has
+these columns null. Label columns are never slice columns of the summary.
+
 The intervals do not depend on the order of the score files: each group's ``ok`` scores
 are sorted before resampling, and every group uses the same seed, so a row's interval is
 ``mean_ci(sorted(scores))`` with the run's settings.
@@ -46,6 +52,7 @@ from ragbatch.analysis.intervals import (
     MeanCIStream,
     wilson_interval,
 )
+from ragbatch.analysis.ppi import DEFAULT_ESTIMATOR, Moments, PairMoments, ppi_from_moments
 from ragbatch.errors import OutputError
 from ragbatch.io.write import OutputLayout, connect, file_list
 from ragbatch.status import OK, STATUSES
@@ -72,23 +79,38 @@ SUMMARY_SCHEMA = pa.schema(
         ("pass_rate", pa.float64()),
         ("pass_rate_ci_low", pa.float64()),
         ("pass_rate_ci_high", pa.float64()),
+        ("label_column", pa.string()),
+        ("n_labelled", pa.int64()),
+        ("labels_mean", pa.float64()),
+        ("labels_ci_low", pa.float64()),
+        ("labels_ci_high", pa.float64()),
+        ("ppi_mean", pa.float64()),
+        ("ppi_ci_low", pa.float64()),
+        ("ppi_ci_high", pa.float64()),
+        ("ppi_lambda", pa.float64()),
+        ("ppi_reason", pa.string()),
     ]
 )
+
+#: The summary columns of the label-corrected estimates (null for a metric without labels).
+PPI_COLUMNS: tuple[str, ...] = tuple(SUMMARY_SCHEMA.names[SUMMARY_SCHEMA.names.index("label_column"):])
 
 
 @dataclass(frozen=True)
 class MetricInfo:
-    """What the summary needs to know of a metric: its id, registry name, and whether
-    its ``ok`` scores are 0/1 (``Metric.boolean``)."""
+    """What the summary needs to know of a metric: its id, registry name, whether its
+    ``ok`` scores are 0/1 (``Metric.boolean``) and their range (None: unbounded)."""
 
     id: str
     name: str
     boolean: bool
+    score_range: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, metric: Any) -> "MetricInfo":
         """From a :class:`ragbatch.metrics.base.Metric` instance."""
-        return cls(metric.id, metric.name, bool(metric.boolean))
+        low, high = metric.score_range
+        return cls(metric.id, metric.name, bool(metric.boolean), (float(low), float(high)))
 
 
 @dataclass(frozen=True)
@@ -107,6 +129,9 @@ class SummarySettings:
         Slice values per slice column with their own rows; the rest are pooled.
     max_resample_n, max_distinct : int
         Thresholds of :func:`ragbatch.analysis.intervals.mean_ci`.
+    ppi_estimator : str
+        ``ppi`` or ``ppi++``: the estimator of label-corrected means
+        (:func:`ragbatch.analysis.ppi.ppi_from_moments`).
     """
 
     confidence: float = CONFIDENCE
@@ -115,6 +140,7 @@ class SummarySettings:
     max_slice_values: int = MAX_SLICE_VALUES
     max_resample_n: int = BOOTSTRAP_MAX_N
     max_distinct: int = MAX_DISTINCT
+    ppi_estimator: str = DEFAULT_ESTIMATOR
 
     def __post_init__(self) -> None:
         if self.max_slice_values < 1:
@@ -133,11 +159,15 @@ class RunSummary:
     slice_columns : dict
         Slice column -> ``{"values": distinct values (null counted as one),
         "pooled_values": values pooled into the ``slice_other`` row (0 if none)}``.
+    labels : dict
+        Metric id -> scores-table column of its human labels.
     """
 
     table: pa.Table
     settings: SummarySettings
     slice_columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Metric id -> scores-table column of its human labels.
+    labels: dict[str, str] = field(default_factory=dict)
 
     def manifest_info(self) -> dict[str, Any]:
         """The manifest's ``summary`` section: the settings, the interval methods and the
@@ -149,6 +179,9 @@ class RunSummary:
                              "distinct values; see mean_ci_method)",
             "pass_rate_interval": "Wilson score interval",
             "slice_columns": self.slice_columns,
+            "labels": self.labels,
+            "ppi_interval": "central-limit interval of the prediction-powered mean "
+                            "(docs/ppi.md); labels_ci_*: of the labels' mean",
         }
 
     def overall(self) -> list[dict[str, Any]]:
@@ -156,8 +189,17 @@ class RunSummary:
         return [r for r in self.table.to_pylist() if r["slice_column"] is None]
 
 
+def summary_settings(config: Any) -> SummarySettings:
+    """The summary settings of a :class:`ragbatch.config.JobConfig` (its ``labels``
+    section picks the PPI estimator)."""
+    if config.labels is None:
+        return SummarySettings()
+    return SummarySettings(ppi_estimator=config.labels.estimator)
+
+
 def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
-                  slices: Sequence[str], settings: SummarySettings | None = None) -> RunSummary:
+                  slices: Sequence[str], settings: SummarySettings | None = None,
+                  labels: dict[str, str] | None = None) -> RunSummary:
     """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
 
     Parameters
@@ -173,6 +215,9 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         Slice column names, in the order their rows are written.
     settings
         Interval and slicing settings (default :class:`SummarySettings`).
+    labels
+        Metric id -> column of the score files holding its human labels (numbers or
+        booleans, null where unlabelled); not among ``slices``.
 
     Raises
     ------
@@ -180,32 +225,43 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         An ``ok`` score is NaN or infinite (no interval can be computed).
     """
     con = connect(layout)
-    columns = ", ".join(["metric", "status", "score", *(_quote(c) for c in slices)])
+    labels = labels or {}
+    read = list(dict.fromkeys([*slices, *labels.values()]))
+    columns = ", ".join(["metric", "status", "score", *(_quote(c) for c in read)])
     if files:
         con.execute(f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
                     f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
                     ).fetchall()
     else:
         empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
-                           *(f"NULL::VARCHAR {_quote(c)}" for c in slices)])
+                           *(f"NULL::VARCHAR {_quote(c)}" for c in read)])
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(con, metrics, slices, settings)
+    return summarize_view(con, metrics, slices, settings, labels)
 
 
 def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
-                   settings: SummarySettings | None = None) -> RunSummary:
+                   settings: SummarySettings | None = None,
+                   labels: dict[str, str] | None = None) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
-    ``con`` (columns ``metric``, ``status``, ``score`` and ``slices``)."""
+    ``con`` (columns ``metric``, ``status``, ``score``, ``slices`` and the label
+    columns of ``labels``)."""
     settings = settings or SummarySettings()
+    labels = labels or {}
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
-    _code_cells(con, slices, kept, settings.max_slice_values)
+    _code_cells(con, slices, kept, settings.max_slice_values, list(dict.fromkeys(labels.values())))
     counts = _counts(con, len(slices))
     rows = []
     for info in infos:
         streams = _ok_streams(con, info.id, len(slices), settings)
+        label = labels.get(info.id)
+        ppi = _label_moments(con, info.id, label, len(slices)) if label is not None else None
+
+        def corrected(key: tuple) -> dict[str, Any]:
+            return _ppi_fields(info, label, ppi, key, settings)
+
         rows.append(_row(info, None, None, None, counts.get((info.id, None, None)),
-                         streams.get((None, None)), settings))
+                         streams.get((None, None)), settings) | corrected((None, None)))
         for i, column in enumerate(slices):
             groups = list(enumerate(kept[i]))
             if slice_info[column]["pooled_values"]:
@@ -213,9 +269,9 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
             for code, value in groups:
                 other = code == settings.max_slice_values
                 rows.append(_row(info, column, value, other, counts.get((info.id, i, code)),
-                                 streams.get((i, code)), settings))
+                                 streams.get((i, code)), settings) | corrected((i, code)))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-    return RunSummary(table, settings, slice_info)
+    return RunSummary(table, settings, slice_info, dict(labels))
 
 
 def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
@@ -241,9 +297,10 @@ def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
 
 
 def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
-                kept: list[list[str | None]], cap: int) -> None:
-    """Table ``coded``: metric, status, score, and per slice column ``g<i>``, the index of
-    the cell's slice value among the kept values (``cap`` for a pooled value)."""
+                kept: list[list[str | None]], cap: int, labels: Sequence[str] = ()) -> None:
+    """Table ``coded``: metric, status, score, per slice column ``g<i>``, the index of
+    the cell's slice value among the kept values (``cap`` for a pooled value), and each
+    label column under its own name, as DOUBLE (booleans 0/1)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
         con.register(f"kept{i}", pa.table({"v": pa.array(kept[i], pa.string()),
@@ -251,7 +308,8 @@ def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
         joins.append(f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
                      f"IS NOT DISTINCT FROM kept{i}.v")
         codes.append(f"coalesce(kept{i}.code, {cap})::INTEGER AS g{i}")
-    select = ", ".join(["s.metric", "s.status", "s.score", *codes])
+    label_columns = [f"CAST(s.{_quote(c)} AS DOUBLE) AS {_quote(c)}" for c in labels]
+    select = ", ".join(["s.metric", "s.status", "s.score", *codes, *label_columns])
     con.execute(f"CREATE TEMP TABLE coded AS SELECT {select} FROM s {' '.join(joins)}").fetchall()
 
 
@@ -322,6 +380,53 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
             f"metric {metric_id!r}: {bad} cells with status ok hold NaN or an infinite score, "
             "so the summary cannot be computed; the metric must give such rows an error status")
     return streams
+
+
+#: Key of a group's label moments: ``(None, None)`` for all rows, ``(i, code)`` per slice.
+GroupKey = tuple
+
+
+def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str,
+                   n_slices: int) -> dict[GroupKey, tuple[Moments, PairMoments]]:
+    """Per group of a metric's ``ok`` cells: moments of the judge scores of unlabelled
+    cells, and of (score, label) over labelled ones, read in batches of
+    :data:`CHUNK_ROWS`."""
+    columns = ", ".join(["score", _quote(label), *(f"g{i}" for i in range(n_slices))])
+    reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
+                     "AND isfinite(score)", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
+    out: dict[GroupKey, tuple[Moments, PairMoments]] = {}
+
+    def add(key: GroupKey, f: np.ndarray, y: np.ndarray) -> None:
+        unlabelled, labelled = out.setdefault(key, (Moments(), PairMoments()))
+        known = ~np.isnan(y)
+        unlabelled.add(f[~known])
+        labelled.add(f[known], y[known])
+
+    for batch in reader:
+        f = np.asarray(batch.column(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+        y = np.asarray(batch.column(1).to_numpy(zero_copy_only=False), dtype=np.float64)
+        add((None, None), f, y)
+        for i in range(n_slices):
+            codes = np.asarray(batch.column(i + 2).to_numpy(zero_copy_only=False), dtype=np.int64)
+            for code in np.unique(codes):
+                mask = codes == code
+                add((i, int(code)), f[mask], y[mask])
+    return out
+
+
+def _ppi_fields(info: MetricInfo, label: str | None,
+                moments: dict[GroupKey, tuple[Moments, PairMoments]] | None, key: GroupKey,
+                settings: SummarySettings) -> dict[str, Any]:
+    """The :data:`PPI_COLUMNS` of one summary row (all null without a label column)."""
+    if label is None or moments is None:
+        return dict.fromkeys(PPI_COLUMNS)
+    unlabelled, labelled = moments.get(key) or (Moments(), PairMoments())
+    r = ppi_from_moments(unlabelled, labelled, estimator=settings.ppi_estimator,
+                         confidence=settings.confidence, bounds=info.score_range)
+    return {"label_column": label, "n_labelled": r.n_labelled, "labels_mean": r.labels_mean,
+            "labels_ci_low": r.labels_ci_low, "labels_ci_high": r.labels_ci_high,
+            "ppi_mean": r.ppi_mean, "ppi_ci_low": r.ppi_ci_low, "ppi_ci_high": r.ppi_ci_high,
+            "ppi_lambda": r.ppi_lambda, "ppi_reason": r.reason}
 
 
 def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,

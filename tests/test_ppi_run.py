@@ -1,0 +1,146 @@
+"""Label-corrected means in a real run (config ``labels``): summary.parquet's PPI columns
+on local Ray, and bad label columns refused before any metric runs.
+
+``exact_match`` (case-insensitive) stands in for a judge: PPI applies to any metric with
+labels. Its scores follow from the rows' texts, so the expected estimates are computed in
+the test from the input alone, with the formulas of docs/ppi.md written out in numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ragbatch.config import JobConfig
+from ragbatch.errors import ConfigError, InputError
+from ragbatch.runner import run_job
+
+pytestmark = pytest.mark.slow
+
+Z = NormalDist().inv_cdf(0.975)
+WORDS = ["paris", "rome", "oslo", "lima", "kyiv", "baku"]
+
+
+def _rows(n: int = 240, seed: int = 11) -> dict[str, list]:
+    """Reference words, answers equal to them (up to case) 70 % of the time, a human label
+    agreeing with that 85 % of the time on the first 80 rows (null after), and an app
+    slice; app ``c`` has one labelled row."""
+    rng = np.random.default_rng(seed)
+    refs = [WORDS[i] for i in rng.integers(0, len(WORDS), n)]
+    same = rng.random(n) < 0.7
+    answers = [r.upper() if s and k % 2 else (r if s else r[::-1] + "x")
+               for k, (r, s) in enumerate(zip(refs, same))]
+    agree = rng.random(n) < 0.85
+    labels = [float(s == a) if k < 80 else None for k, (s, a) in enumerate(zip(same, agree))]
+    apps = ["a" if k % 2 else "b" for k in range(n)]
+    if n > 81:
+        apps[81], apps[3] = "c", "c"  # one unlabelled, one labelled row
+    return {"question": [f"q{k}" for k in range(n)], "answer": answers, "reference": refs,
+            "human_em": labels, "app": apps}
+
+
+def _config(tmp_path, data, labels, estimator="ppi++"):
+    return JobConfig.from_dict({
+        "run": {"name": "ppi", "run_date": "2026-02-01"},
+        "input": {"uri": str(data), "columns": {"question": "question", "answer": "answer",
+                                                "reference": "reference"},
+                  "slice_columns": ["app"]},
+        "output": {"uri": str(tmp_path / "out")},
+        "metrics": [{"name": "exact_match", "params": {"case_sensitive": False}},
+                    {"name": "json_valid", "id": "unlabelled_metric"}],
+        "labels": {"columns": labels, "estimator": estimator},
+    })
+
+
+def _expected(f: np.ndarray, y: np.ndarray, tuned: bool) -> tuple[float, float, float, float]:
+    """(lambda, theta, low, high) by the PPI formulas, clipped to [0, 1]."""
+    known = ~np.isnan(y)
+    u, fl, yl = f[~known], f[known], y[known]
+    n, big_n = fl.size, u.size
+    lam = 1.0
+    if tuned:
+        cov = np.cov(fl, yl, ddof=1)[0, 1]
+        lam = min(max((cov / n) / (u.var(ddof=1) / big_n + fl.var(ddof=1) / n), 0.0), 1.0)
+    theta = lam * u.mean() + (yl - lam * fl).mean()
+    se = math.sqrt(lam ** 2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
+    return lam, theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0)
+
+
+@pytest.mark.parametrize("estimator", ["ppi", "ppi++"])
+def test_summary_reports_corrected_means(tmp_path, ray_local, estimator) -> None:
+    rows = _rows()
+    data = tmp_path / "traces.parquet"
+    pq.write_table(pa.table(rows), data)
+    result = run_job(_config(tmp_path, data, {"exact_match": "human_em"}, estimator),
+                     run_id=f"ppi-{estimator.replace('+', 'p')}")
+    summary = pq.read_table(result.layout.summary_path).to_pylist()
+    f = np.array([a.lower() == r for a, r in zip(rows["answer"], rows["reference"])], float)
+    y = np.array([np.nan if v is None else v for v in rows["human_em"]])
+
+    overall = next(r for r in summary if r["metric"] == "exact_match" and r["slice_column"] is None)
+    lam, theta, low, high = _expected(f, y, tuned=estimator == "ppi++")
+    assert overall["label_column"] == "human_em"
+    assert overall["n_labelled"] == 80
+    assert overall["mean"] == pytest.approx(f.mean())
+    assert overall["ppi_lambda"] == pytest.approx(lam)
+    assert (overall["ppi_mean"], overall["ppi_ci_low"], overall["ppi_ci_high"]) == pytest.approx(
+        (theta, low, high))
+    yl = y[~np.isnan(y)]
+    half = Z * yl.std(ddof=1) / math.sqrt(yl.size)
+    assert (overall["labels_mean"], overall["labels_ci_low"], overall["labels_ci_high"]) == \
+        pytest.approx((yl.mean(), yl.mean() - half, yl.mean() + half))
+    assert overall["ppi_reason"] is None
+    # an informative stand-in judge narrows the interval
+    assert high - low < overall["labels_ci_high"] - overall["labels_ci_low"]
+
+    # per slice value: the same over that value's rows
+    apps = np.array(rows["app"])
+    row_a = next(r for r in summary if r["metric"] == "exact_match" and r["slice_value"] == "a")
+    _, theta_a, low_a, high_a = _expected(f[apps == "a"], y[apps == "a"], estimator == "ppi++")
+    assert (row_a["ppi_mean"], row_a["ppi_ci_low"], row_a["ppi_ci_high"]) == pytest.approx(
+        (theta_a, low_a, high_a))
+    row_c = next(r for r in summary if r["metric"] == "exact_match" and r["slice_value"] == "c")
+    assert row_c["n_labelled"] == 1 and row_c["ppi_ci_low"] is None
+    assert "an interval needs at least 2" in row_c["ppi_reason"]
+
+    # a metric without labels: the columns are null
+    other = next(r for r in summary if r["metric"] == "unlabelled_metric")
+    assert all(other[c] is None for c in ("label_column", "n_labelled", "ppi_mean", "ppi_reason"))
+    # the label column passes through to the scores table but is no slice of the summary
+    assert {r["slice_column"] for r in summary} == {None, "app"}
+    assert "human_em" in pq.read_table(result.layout.scores_path).column_names
+    assert result.manifest["summary"]["labels"] == {"exact_match": "human_em"}
+    assert result.manifest["summary"]["ppi_estimator"] == estimator
+
+
+def test_label_outside_range_refused_before_running(tmp_path) -> None:
+    rows = _rows(40)
+    rows["human_em"][7] = 2.0
+    data = tmp_path / "traces.jsonl"
+    pa.Table.from_pydict(rows).to_pandas().to_json(data, orient="records", lines=True)
+    with pytest.raises(InputError) as info:
+        run_job(_config(tmp_path, data, {"exact_match": "human_em"}), run_id="ppi-bad")
+    message = str(info.value)
+    assert "labels.columns.exact_match: column 'human_em' holds 1 label(s) outside" in message
+    assert "[0, 1]" in message and "2.0" in message and ":7" in message
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
+
+
+def test_label_column_problems(tmp_path) -> None:
+    rows = _rows(20)
+    rows["text_label"] = ["yes"] * 20
+    data = tmp_path / "traces.parquet"
+    pq.write_table(pa.table(rows), data)
+    with pytest.raises(InputError, match=r"labels.columns.exact_match: column 'text_label' has "
+                                         r"type string; labels need numbers or booleans"):
+        run_job(_config(tmp_path, data, {"exact_match": "text_label"}), run_id="ppi-type")
+    with pytest.raises(InputError, match=r"column 'human_emm' does not exist"):
+        run_job(_config(tmp_path, data, {"exact_match": "human_emm"}), run_id="ppi-missing")
+    with pytest.raises(ConfigError, match=r"labels.columns: 'exact_matc' is not the id of any "
+                                          r"metric \(did you mean 'exact_match'\?\)"):
+        _config(tmp_path, data, {"exact_matc": "human_em"})
