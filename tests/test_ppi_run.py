@@ -71,13 +71,23 @@ def _expected(f: np.ndarray, y: np.ndarray, tuned: bool) -> tuple[float, float, 
     return lam, theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0)
 
 
-@pytest.mark.parametrize("estimator", ["ppi", "ppi++"])
-def test_summary_reports_corrected_means(tmp_path, ray_local, estimator) -> None:
+ESTIMATORS = ("ppi", "ppi++")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, ray_local):
+    """The same input run twice under one root: with ``ppi``, then with ``ppi++``."""
+    base = tmp_path_factory.mktemp("ppi_runs")
+    data = base / "traces.parquet"
+    pq.write_table(pa.table(_rows()), data)
+    return {e: run_job(_config(base, data, {"exact_match": "human_em"}, e),
+                       run_id=f"ppi-{e.replace('+', 'p')}") for e in ESTIMATORS}
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_summary_reports_corrected_means(runs, estimator) -> None:
     rows = _rows()
-    data = tmp_path / "traces.parquet"
-    pq.write_table(pa.table(rows), data)
-    result = run_job(_config(tmp_path, data, {"exact_match": "human_em"}, estimator),
-                     run_id=f"ppi-{estimator.replace('+', 'p')}")
+    result = runs[estimator]
     summary = pq.read_table(result.layout.summary_path).to_pylist()
     f = np.array([a.lower() == r for a, r in zip(rows["answer"], rows["reference"])], float)
     y = np.array([np.nan if v is None else v for v in rows["human_em"]])
@@ -116,6 +126,41 @@ def test_summary_reports_corrected_means(tmp_path, ray_local, estimator) -> None
     assert "human_em" in pq.read_table(result.layout.scores_path).column_names
     assert result.manifest["summary"]["labels"] == {"exact_match": "human_em"}
     assert result.manifest["summary"]["ppi_estimator"] == estimator
+
+
+def test_compare_and_report_show_corrected_means(runs) -> None:
+    from ragbatch.analysis.compare import compare_runs
+    from ragbatch.analysis.compare_text import format_comparison
+    from ragbatch.analysis.report import build_report
+    from ragbatch.analysis.runs import find_run
+
+    root = runs["ppi"].config.output.uri
+    baseline, candidate = find_run(root, "ppi-ppi"), find_run(root, "ppi-ppipp")
+    expected = {}
+    for label, result in (("baseline", runs["ppi"]), ("candidate", runs["ppi++"])):
+        row = next(r for r in pq.read_table(result.layout.summary_path).to_pylist()
+                   if r["metric"] == "exact_match" and r["slice_column"] is None)
+        expected[label] = row
+    comparison = compare_runs(baseline, candidate)
+    corrected = comparison.corrected.to_dicts()
+    assert [(r["run"], r["metric"]) for r in corrected] == [("baseline", "exact_match"),
+                                                            ("candidate", "exact_match")]
+    for r in corrected:
+        e = expected[r["run"]]
+        assert (r["ppi_mean"], r["ppi_ci_low"], r["ppi_lambda"], r["labels_mean"], r["n_labelled"]) \
+            == (e["ppi_mean"], e["ppi_ci_low"], e["ppi_lambda"], e["labels_mean"], 80)
+    assert expected["baseline"]["ppi_lambda"] == 1.0 != expected["candidate"]["ppi_lambda"]
+    text = format_comparison(comparison)
+    assert "label-corrected means (prediction-powered inference" in text
+    b = expected["baseline"]
+    assert f"{b['ppi_mean']:.3f} [{b['ppi_ci_low']:.3f}, {b['ppi_ci_high']:.3f}]" in text
+    assert comparison.to_dict()["corrected"][1]["ppi_lambda"] == expected["candidate"]["ppi_lambda"]
+
+    html = build_report(candidate)
+    c = expected["candidate"]
+    assert 'id="corrected-table"' in html
+    assert f"{c['ppi_mean']:.3f} [{c['ppi_ci_low']:.3f}, {c['ppi_ci_high']:.3f}]" in html
+    assert f"{c['labels_mean']:.3f} [{c['labels_ci_low']:.3f}, {c['labels_ci_high']:.3f}]" in html
 
 
 def test_label_outside_range_refused_before_running(tmp_path) -> None:
