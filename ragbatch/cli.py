@@ -397,7 +397,9 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
             interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
         lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
                      f"{interval:<16}  {other}".rstrip())
-    return "\n".join(lines)
+    from ragbatch.analysis.corrected import corrected_lines
+
+    return "\n".join(lines + corrected_lines(rows, confidence))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

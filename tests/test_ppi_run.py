@@ -126,6 +126,13 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     assert "human_em" in pq.read_table(result.layout.scores_path).column_names
     assert result.manifest["summary"]["labels"] == {"exact_match": "human_em"}
     assert result.manifest["summary"]["ppi_estimator"] == estimator
+    # the console table after the run
+    from ragbatch.cli import _summary_text
+
+    text = _summary_text(result.summary.table.to_pylist(), 0.95)
+    assert (f"  exact_match: {theta:.3f} [{low:.3f}, {high:.3f}]; labels only {yl.mean():.3f} "
+            f"[{yl.mean() - half:.3f}, {yl.mean() + half:.3f}] (80 labelled of 240 ok)") in text
+    assert "unlabelled_metric:" not in text
 
 
 def test_compare_and_report_show_corrected_means(runs) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ragbatch.analysis.compare import Comparison
+from ragbatch.analysis.corrected import estimate_text
 
 _REASON_CHARS = 100
 
@@ -132,8 +133,8 @@ def _corrected_table(comparison: Comparison) -> list[str]:
     lines = ["label-corrected means (prediction-powered inference, docs/ppi.md):", header,
              "-" * len(header)]
     for r in table.iter_rows(named=True):
-        labels = _estimate(r["labels_mean"], r["labels_ci_low"], r["labels_ci_high"])
-        ppi = _estimate(r["ppi_mean"], r["ppi_ci_low"], r["ppi_ci_high"])
+        labels = estimate_text(r["labels_mean"], r["labels_ci_low"], r["labels_ci_high"])
+        ppi = estimate_text(r["ppi_mean"], r["ppi_ci_low"], r["ppi_ci_high"])
         lam = "-" if r["ppi_lambda"] is None else f"{r['ppi_lambda']:.2f}"
         line = (f"{r['metric']:<{mwidth}}  {r['run']:<9} {r['n_labelled']:>6} {_num(r['mean'], 7)}  "
                 f"{labels:<26}  {ppi:<26}  {lam}")
@@ -142,10 +143,3 @@ def _corrected_table(comparison: Comparison) -> list[str]:
         lines.append(line)
     return lines
 
-
-def _estimate(mean: float | None, low: float | None, high: float | None) -> str:
-    if mean is None:
-        return "-"
-    if low is None:
-        return f"{mean:.3f}"
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"

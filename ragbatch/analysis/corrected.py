@@ -52,3 +52,29 @@ def corrected_means(runs: Sequence[tuple[str, CommittedRun]]) -> pl.DataFrame:
     """
     parts = [corrected_rows(load_summary(run), label, run.run_id) for label, run in runs]
     return pl.concat(parts, how="vertical") if parts else pl.DataFrame(schema=CORRECTED_SCHEMA)
+
+
+def corrected_lines(rows: Sequence[dict], confidence: float) -> list[str]:
+    """Text lines for the console after a run: each labelled metric's corrected mean
+    beside the labels' mean, from the overall summary rows among ``rows`` (summary rows as
+    dicts); no lines when no metric has labels."""
+    labelled = [r for r in rows if r["slice_column"] is None and r.get("label_column")]
+    if not labelled:
+        return []
+    level = f"{confidence:.0%}"
+    lines = ["", f"corrected by human labels (prediction-powered, {level} intervals; docs/ppi.md):"]
+    for r in labelled:
+        line = (f"  {r['metric']}: {estimate_text(r['ppi_mean'], r['ppi_ci_low'], r['ppi_ci_high'])}"
+                f"; labels only {estimate_text(r['labels_mean'], r['labels_ci_low'], r['labels_ci_high'])}"
+                f" ({r['n_labelled']} labelled of {r['n_ok']} ok)")
+        if r["ppi_reason"]:
+            line += f"; {r['ppi_reason']}"
+        lines.append(line)
+    return lines
+
+
+def estimate_text(mean: float | None, low: float | None, high: float | None) -> str:
+    """``0.412 [0.380, 0.444]``; ``-`` without an estimate; the mean alone without an interval."""
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" if low is None or high is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
