@@ -170,6 +170,62 @@ def test_compare_and_report_show_corrected_means(runs) -> None:
     assert f"{c['labels_mean']:.3f} [{c['labels_ci_low']:.3f}, {c['labels_ci_high']:.3f}]" in html
 
 
+def _from_run_config(root: str, data, run_id: str = "ppi-ppi", params: dict | None = None,
+                     column: str = "human_em") -> JobConfig:
+    """A job over the same input, its labels taken from the labelled run ``run_id``."""
+    return JobConfig.from_dict({
+        "run": {"name": "ppi-from-run", "run_date": "2026-02-02"},
+        "input": {"uri": str(data), "columns": {"question": "question", "answer": "answer",
+                                                "reference": "reference"},
+                  "slice_columns": ["app"]},
+        "output": {"uri": root},
+        "metrics": [{"name": "exact_match", "params": params or {"case_sensitive": False}}],
+        "labels": {"calibration": {"uri": root, "run_id": run_id,
+                                   "columns": {"exact_match": column}}},
+    })
+
+
+def test_labels_from_another_run(runs) -> None:
+    root = runs["ppi"].config.output.uri
+    data = runs["ppi"].config.input.uri
+    result = run_job(_from_run_config(root, data), run_id="ppi-from-run")
+    rows = _rows()
+    f = np.array([a.lower() == r for a, r in zip(rows["answer"], rows["reference"])], float)
+    y = np.array([np.nan if v is None else v for v in rows["human_em"]])
+    known = ~np.isnan(y)
+    # the labelled run's 80 labelled cells are the labelled sample; all 240 cells of this
+    # run are unlabelled
+    fl, yl, u = f[known], y[known], f
+    n, big_n = fl.size, u.size
+    cov = np.cov(fl, yl, ddof=1)[0, 1]
+    lam = min(max((cov / n) / (u.var(ddof=1) / big_n + fl.var(ddof=1) / n), 0.0), 1.0)
+    theta = lam * u.mean() + (yl - lam * fl).mean()
+    se = math.sqrt(lam ** 2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
+    summary = pq.read_table(result.layout.summary_path).to_pylist()
+    overall = next(r for r in summary if r["slice_column"] is None)
+    assert overall["label_column"] == "human_em of run ppi-ppi"
+    assert (overall["n_labelled"], overall["ppi_lambda"]) == (80, pytest.approx(lam))
+    assert (overall["ppi_mean"], overall["ppi_ci_low"], overall["ppi_ci_high"]) == pytest.approx(
+        (theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0)))
+    assert overall["labels_mean"] == pytest.approx(yl.mean())
+    sliced = [r for r in summary if r["slice_column"] == "app"]
+    assert sliced and all(r["ppi_mean"] is None and "overall mean only" in r["ppi_reason"]
+                          for r in sliced)
+    assert result.manifest["summary"]["labelled_runs"] == {"exact_match": "human_em of run ppi-ppi"}
+
+
+def test_labels_from_another_run_refused_when_they_do_not_fit(runs) -> None:
+    root = runs["ppi"].config.output.uri
+    data = runs["ppi"].config.input.uri
+    with pytest.raises(ConfigError, match=r"labels.calibration.columns.exact_match: run ppi-ppi "
+                                          r"computed 'exact_match' with params"):
+        run_job(_from_run_config(root, data, params={"case_sensitive": True}), run_id="ppi-x1")
+    with pytest.raises(InputError, match=r"run ppi-ppi has no column 'human_emm'"):
+        run_job(_from_run_config(root, data, column="human_emm"), run_id="ppi-x2")
+    with pytest.raises(InputError, match=r"no committed run 'nope'"):
+        run_job(_from_run_config(root, data, run_id="nope"), run_id="ppi-x3")
+
+
 def test_label_outside_range_refused_before_running(tmp_path) -> None:
     rows = _rows(40)
     rows["human_em"][7] = 2.0
@@ -193,6 +249,6 @@ def test_label_column_problems(tmp_path) -> None:
         run_job(_config(tmp_path, data, {"exact_match": "text_label"}), run_id="ppi-type")
     with pytest.raises(InputError, match=r"column 'human_emm' does not exist"):
         run_job(_config(tmp_path, data, {"exact_match": "human_emm"}), run_id="ppi-missing")
-    with pytest.raises(ConfigError, match=r"labels.columns: 'exact_matc' is not the id of any "
+    with pytest.raises(ConfigError, match=r"labels: 'exact_matc' is not the id of any "
                                           r"metric \(did you mean 'exact_match'\?\)"):
         _config(tmp_path, data, {"exact_matc": "human_em"})

@@ -35,7 +35,7 @@ they can differ from numpy's over the whole group in the last digits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -161,6 +161,8 @@ class RunSummary:
         "pooled_values": values pooled into the ``slice_other`` row (0 if none)}``.
     labels : dict
         Metric id -> scores-table column of its human labels.
+    labelled_runs : dict
+        Metric id -> the labels taken from another run.
     """
 
     table: pa.Table
@@ -168,6 +170,8 @@ class RunSummary:
     slice_columns: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Metric id -> scores-table column of its human labels.
     labels: dict[str, str] = field(default_factory=dict)
+    #: Metric id -> the labels taken from another run (``<column> of run <id>``).
+    labelled_runs: dict[str, str] = field(default_factory=dict)
 
     def manifest_info(self) -> dict[str, Any]:
         """The manifest's ``summary`` section: the settings, the interval methods and the
@@ -180,6 +184,7 @@ class RunSummary:
             "pass_rate_interval": "Wilson score interval",
             "slice_columns": self.slice_columns,
             "labels": self.labels,
+            "labelled_runs": self.labelled_runs,
             "ppi_interval": "central-limit interval of the prediction-powered mean "
                             "(docs/ppi.md); labels_ci_*: of the labels' mean",
         }
@@ -199,7 +204,8 @@ def summary_settings(config: Any) -> SummarySettings:
 
 def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
                   slices: Sequence[str], settings: SummarySettings | None = None,
-                  labels: dict[str, str] | None = None) -> RunSummary:
+                  labels: dict[str, str] | None = None,
+                  labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
     """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
 
     Parameters
@@ -218,6 +224,11 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
     labels
         Metric id -> column of the score files holding its human labels (numbers or
         booleans, null where unlabelled); not among ``slices``.
+    labelled_runs
+        Metric id -> (description, moments of (score, label) pairs) of a labelled sample
+        taken from another run (:mod:`ragbatch.analysis.labelled_run`): every ``ok`` cell
+        of this run is unlabelled. Only the overall row gets an estimate; slice rows say
+        why not.
 
     Raises
     ------
@@ -236,17 +247,19 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
                            *(f"NULL::VARCHAR {_quote(c)}" for c in read)])
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(con, metrics, slices, settings, labels)
+    return summarize_view(con, metrics, slices, settings, labels, labelled_runs)
 
 
 def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
                    settings: SummarySettings | None = None,
-                   labels: dict[str, str] | None = None) -> RunSummary:
+                   labels: dict[str, str] | None = None,
+                   labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
     ``con`` (columns ``metric``, ``status``, ``score``, ``slices`` and the label
     columns of ``labels``)."""
     settings = settings or SummarySettings()
     labels = labels or {}
+    labelled_runs = labelled_runs or {}
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
     _code_cells(con, slices, kept, settings.max_slice_values, list(dict.fromkeys(labels.values())))
@@ -254,11 +267,8 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
     rows = []
     for info in infos:
         streams = _ok_streams(con, info.id, len(slices), settings)
-        label = labels.get(info.id)
-        ppi = _label_moments(con, info.id, label, len(slices)) if label is not None else None
-
-        def corrected(key: tuple) -> dict[str, Any]:
-            return _ppi_fields(info, label, ppi, key, settings)
+        corrected = _corrected_fields(con, info, labels.get(info.id), labelled_runs.get(info.id),
+                                      len(slices), settings)
 
         rows.append(_row(info, None, None, None, counts.get((info.id, None, None)),
                          streams.get((None, None)), settings) | corrected((None, None)))
@@ -271,7 +281,8 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
                 rows.append(_row(info, column, value, other, counts.get((info.id, i, code)),
                                  streams.get((i, code)), settings) | corrected((i, code)))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-    return RunSummary(table, settings, slice_info, dict(labels))
+    return RunSummary(table, settings, slice_info, dict(labels),
+                      {m: d for m, (d, _) in labelled_runs.items()})
 
 
 def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
@@ -386,12 +397,13 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
 GroupKey = tuple
 
 
-def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str,
+def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str | None,
                    n_slices: int) -> dict[GroupKey, tuple[Moments, PairMoments]]:
     """Per group of a metric's ``ok`` cells: moments of the judge scores of unlabelled
-    cells, and of (score, label) over labelled ones, read in batches of
-    :data:`CHUNK_ROWS`."""
-    columns = ", ".join(["score", _quote(label), *(f"g{i}" for i in range(n_slices))])
+    cells, and of (score, label) over labelled ones (``label`` None: every cell is
+    unlabelled), read in batches of :data:`CHUNK_ROWS`."""
+    label_sql = "NULL::DOUBLE" if label is None else _quote(label)
+    columns = ", ".join(["score", label_sql, *(f"g{i}" for i in range(n_slices))])
     reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
                      "AND isfinite(score)", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
     out: dict[GroupKey, tuple[Moments, PairMoments]] = {}
@@ -414,19 +426,32 @@ def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str,
     return out
 
 
-def _ppi_fields(info: MetricInfo, label: str | None,
-                moments: dict[GroupKey, tuple[Moments, PairMoments]] | None, key: GroupKey,
-                settings: SummarySettings) -> dict[str, Any]:
-    """The :data:`PPI_COLUMNS` of one summary row (all null without a label column)."""
-    if label is None or moments is None:
-        return dict.fromkeys(PPI_COLUMNS)
-    unlabelled, labelled = moments.get(key) or (Moments(), PairMoments())
-    r = ppi_from_moments(unlabelled, labelled, estimator=settings.ppi_estimator,
-                         confidence=settings.confidence, bounds=info.score_range)
-    return {"label_column": label, "n_labelled": r.n_labelled, "labels_mean": r.labels_mean,
-            "labels_ci_low": r.labels_ci_low, "labels_ci_high": r.labels_ci_high,
-            "ppi_mean": r.ppi_mean, "ppi_ci_low": r.ppi_ci_low, "ppi_ci_high": r.ppi_ci_high,
-            "ppi_lambda": r.ppi_lambda, "ppi_reason": r.reason}
+def _corrected_fields(con: duckdb.DuckDBPyConnection, info: MetricInfo, label: str | None,
+                      labelled_run: tuple[str, PairMoments] | None, n_slices: int,
+                      settings: SummarySettings) -> Callable[[GroupKey], dict[str, Any]]:
+    """Group key -> the :data:`PPI_COLUMNS` of that summary row: from the label column
+    ``label`` of this run's scores, from ``labelled_run``'s pairs (overall row only), or
+    all null."""
+    def fields(description: str, unlabelled: Moments, labelled: PairMoments) -> dict[str, Any]:
+        r = ppi_from_moments(unlabelled, labelled, estimator=settings.ppi_estimator,
+                             confidence=settings.confidence, bounds=info.score_range)
+        return {"label_column": description, "n_labelled": r.n_labelled,
+                "labels_mean": r.labels_mean, "labels_ci_low": r.labels_ci_low,
+                "labels_ci_high": r.labels_ci_high, "ppi_mean": r.ppi_mean,
+                "ppi_ci_low": r.ppi_ci_low, "ppi_ci_high": r.ppi_ci_high,
+                "ppi_lambda": r.ppi_lambda, "ppi_reason": r.reason}
+
+    if label is not None:
+        groups = _label_moments(con, info.id, label, n_slices)
+        return lambda key: fields(label, *(groups.get(key) or (Moments(), PairMoments())))
+    if labelled_run is not None:
+        description, pairs = labelled_run
+        unlabelled = _label_moments(con, info.id, None, 0).get((None, None), (Moments(),))[0]
+        overall = fields(description, unlabelled, pairs)
+        per_slice = {**dict.fromkeys(PPI_COLUMNS), "label_column": description,
+                     "ppi_reason": "labels from another run correct the overall mean only"}
+        return lambda key: overall if key == (None, None) else per_slice
+    return lambda key: dict.fromkeys(PPI_COLUMNS)
 
 
 def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,

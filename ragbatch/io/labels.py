@@ -87,7 +87,7 @@ def check_label_values(plan: "Plan") -> dict[str, int]:
     Parquet files are read for the label columns alone; text formats are parsed whole.
     """
     config = plan.config
-    if config.labels is None:
+    if config.labels is None or not config.labels.columns:
         return {}
     ranges = {m.id: m.score_range for m in plan.metrics}
     columns = list(dict.fromkeys(config.labels.columns.values()))
