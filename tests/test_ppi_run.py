@@ -235,7 +235,7 @@ def test_label_outside_range_refused_before_running(tmp_path) -> None:
         run_job(_config(tmp_path, data, {"exact_match": "human_em"}), run_id="ppi-bad")
     message = str(info.value)
     assert "labels.columns.exact_match: column 'human_em' holds 1 label(s) outside" in message
-    assert "[0, 1]" in message and "2.0" in message and ":7" in message
+    assert "[0, 1]" in message and "(first: 2.0 at row traces.jsonl:7)" in message
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
 
 
@@ -252,3 +252,19 @@ def test_label_column_problems(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"labels: 'exact_matc' is not the id of any "
                                           r"metric \(did you mean 'exact_match'\?\)"):
         _config(tmp_path, data, {"exact_matc": "human_em"})
+
+
+def test_cli_exits_2_on_a_bad_label(tmp_path) -> None:
+    from cli_process import run_ragbatch
+
+    (tmp_path / "in.jsonl").write_text('{"answer": "a", "reference": "a", "h": 1}\n'
+                                       '{"answer": "b", "reference": "a", "h": 3}\n')
+    (tmp_path / "job.yaml").write_text(
+        "input: {uri: in.jsonl, columns: {answer: answer, reference: reference}}\n"
+        "output: {uri: out}\nmetrics: [{name: exact_match}]\n"
+        "labels: {columns: {exact_match: h}}\n")
+    done = run_ragbatch(["run", "job.yaml"], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert ("labels.columns.exact_match: column 'h' holds 1 label(s) outside exact_match's range "
+            "[0, 1] (first: 3.0 at row in.jsonl:1)") in done.stderr
+    assert not (tmp_path / "out").exists()

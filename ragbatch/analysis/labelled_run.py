@@ -87,7 +87,7 @@ def _labels(column: pl.Series, metric_id: str, name: str, bounds: Sequence[float
     bad = ~((y >= low) & (y <= high))
     if bad.any():
         raise InputError(f"{where} holds {int(bad.sum())} label(s) outside {metric_id}'s range "
-                         f"[{low:g}, {high:g}] (first: {y[bad][0]!r}); labels are on the "
+                         f"[{low:g}, {high:g}] (first: {float(y[bad][0])!r}); labels are on the "
                          "metric's own scale")
     return y
 

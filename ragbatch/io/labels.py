@@ -131,7 +131,7 @@ def _out_of_range(column: str, metric_id: str, bounds: Sequence[float], count: i
                   value: float) -> str:
     low, high = bounds
     return (f"labels.columns.{metric_id}: column {column!r} holds {count} label(s) outside "
-            f"{metric_id}'s range [{low:g}, {high:g}] (first: {value!r} at row {row}); labels "
+            f"{metric_id}'s range [{low:g}, {high:g}] (first: {float(value)!r} at row {row}); labels "
             "are on the metric's own scale: rescale them, or leave a row unlabelled with a null")
 
 
