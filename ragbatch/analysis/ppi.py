@@ -49,7 +49,7 @@ Only numpy and the standard library are used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -94,13 +94,9 @@ class PairMoments:
     """Moments of paired series ``(f, y)``: both series' moments and their co-moment
     (sum of products of deviations), mergeable by chunks."""
 
-    f: Moments = None  # type: ignore[assignment]
-    y: Moments = None  # type: ignore[assignment]
+    f: Moments = field(default_factory=Moments)
+    y: Moments = field(default_factory=Moments)
     c: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.f = self.f or Moments()
-        self.y = self.y or Moments()
 
     @property
     def n(self) -> int:

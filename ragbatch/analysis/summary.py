@@ -15,11 +15,13 @@ broken by the value's text in byte order, null last) and one row with ``slice_ot
 true that pools the remaining values. Every metric scores every row, so the values kept
 are the same for every metric.
 
-A metric with a label column (config ``labels``) also gets, per row of the summary, the
-mean of its human labels and the judge's mean corrected by them (prediction-powered
-inference, :mod:`ragbatch.analysis.ppi`), each with its interval, over the group's ``ok``
-cells: labelled cells (label not null) and unlabelled ones. A metric without labels has
-these columns null. Label columns are never slice columns of the summary.
+A metric with a label column (config ``labels.columns``) also gets, per row of the
+summary, the mean of its human labels and the judge's mean corrected by them
+(prediction-powered inference, :mod:`ragbatch.analysis.ppi`), each with its interval, over
+the group's ``ok`` cells: labelled cells (label not null) and unlabelled ones. A metric
+whose labels come from another run (``labels.calibration``) gets them on its overall row
+only, with every ``ok`` cell of this run unlabelled. A metric without labels has these
+columns null. Label columns are never slice columns of the summary.
 
 The intervals do not depend on the order of the score files: each group's ``ok`` scores
 are sorted before resampling, and every group uses the same seed, so a row's interval is
