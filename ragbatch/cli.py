@@ -436,7 +436,9 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
         lines += ["", "degenerate judge results: the means above say little about the data "
                       "(docs/judges.md, \"Judge health\"):"]
         lines += [f"  {r['metric']}: {r['degenerate_reasons']}" for r in flagged]
-    return "\n".join(lines)
+    from ragbatch.analysis.corrected import corrected_lines
+
+    return "\n".join(lines + corrected_lines(rows, confidence))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ Shape (see README "Config reference" for every field)::
               vllm, openai, presidio (pii)
     cache:   {enabled, uri, storage_options}   (the judgment cache)
     diagnostics: {min_cells, modal_share_max, ..., fail_on_degenerate}   (judge health)
+    labels:  {columns: {metric id: input column}, calibration: {uri, run_id, columns},
+              estimator}   (human labels, docs/ppi.md)
 
 :func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
 problem as ``<field path>: <what is wrong>; <what to do>``.
@@ -391,6 +393,68 @@ class DiagnosticsSection(_Strict):
     fail_on_degenerate: bool = False
 
 
+def _label_columns_named(value: dict[str, str]) -> dict[str, str]:
+    for metric_id, column in value.items():
+        if not column.strip():
+            raise ValueError(f"the label column of {metric_id!r} is empty; name the column "
+                             "that holds its human labels")
+    return value
+
+
+class LabelledRunSection(_Strict):
+    """``labels.calibration``: human labels from another committed run of the same
+    metrics on rows of the same distribution (a judge run of ``ragbatch calibrate``, or
+    an earlier labelled run): the run ``run_id`` under ``uri``, and per metric id the
+    column of its scores table that holds the labels. Its ``ok`` labelled cells are the
+    labelled sample; every row of this run is unlabelled."""
+
+    uri: str
+    run_id: PathId
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    columns: dict[str, str] = Field(min_length=1)
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_named(cls, value: dict[str, str]) -> dict[str, str]:
+        return _label_columns_named(value)
+
+
+class LabelsSection(_Strict):
+    """``labels``: human labels for some rows, per metric id: a column of the input
+    (``columns``; a null value: the row is not labelled), or a labelled run of the same
+    distribution (``calibration``). The summary then reports each such metric's mean
+    corrected by the labels (prediction-powered inference, :mod:`ragbatch.analysis.ppi`;
+    ``estimator`` ``ppi++`` tunes the judge's weight, ``ppi`` keeps it at 1) beside the
+    labels-only mean. Input label columns pass through to the scores table but are not
+    slice columns of the summary. See docs/ppi.md."""
+
+    columns: dict[str, str] = Field(default_factory=dict)
+    calibration: LabelledRunSection | None = None
+    estimator: Literal["ppi", "ppi++"] = "ppi++"
+
+    @field_validator("columns")
+    @classmethod
+    def _columns_named(cls, value: dict[str, str]) -> dict[str, str]:
+        return _label_columns_named(value)
+
+    @model_validator(mode="after")
+    def _some_labels_once_each(self) -> "LabelsSection":
+        external = self.calibration.columns if self.calibration is not None else {}
+        if not self.columns and not external:
+            raise ValueError("labels needs `columns` (metric id: input column) or `calibration` "
+                             "(a labelled run); remove the section to run without labels")
+        both = sorted(set(self.columns) & set(external))
+        if both:
+            raise ValueError(f"metric(s) {both} have labels both in `columns` and in "
+                             "`calibration.columns`; keep one source per metric")
+        return self
+
+    def metric_ids(self) -> list[str]:
+        """Every metric id with labels, from either source."""
+        external = self.calibration.columns if self.calibration is not None else {}
+        return [*self.columns, *external]
+
+
 class JobConfig(_Strict):
     """A whole job config. Build it with :func:`load_config` or :meth:`from_dict`."""
 
@@ -402,6 +466,7 @@ class JobConfig(_Strict):
     cache: CacheSection = Field(default_factory=CacheSection)
     calibration: CalibrationGuardSection | None = None
     diagnostics: DiagnosticsSection = Field(default_factory=DiagnosticsSection)
+    labels: LabelsSection | None = None
 
     @field_validator("engines", mode="before")
     @classmethod
@@ -433,6 +498,12 @@ class JobConfig(_Strict):
                 problems.append(
                     f"metrics[{i}].engine: {spec.engine!r} is not defined under `engines`{hint}"
                 )
+        if self.labels is not None:
+            for mid in self.labels.metric_ids():
+                if mid not in seen:
+                    hint = _suggest(mid, list(seen))
+                    problems.append(f"labels: {mid!r} is not the id of any metric{hint}; "
+                                    f"the metric ids are {', '.join(map(repr, seen))}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -68,7 +68,23 @@ class Plan:
 
     @property
     def slice_names(self) -> list[str]:
+        """Output names of every column that passes through to the scores table."""
         return [out for _, out in self.slices]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Metric id -> output name of its label column (config ``labels``); empty
+        without labels or before the input is inspected."""
+        if self.config.labels is None:
+            return {}
+        names = dict(self.slices)
+        return {m: names[c] for m, c in self.config.labels.columns.items() if c in names}
+
+    @property
+    def summary_slice_names(self) -> list[str]:
+        """The pass-through columns the summary slices by: all but the label columns."""
+        labels = set(self.labels.values())
+        return [s for s in self.slice_names if s not in labels]
 
     def demands(self) -> list["StageDemand"]:
         """What each actor stage asks of the cluster (:mod:`ragbatch.placement`)."""
@@ -214,6 +230,7 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
     InputError
         The input cannot be listed or read, or a mapped column does not exist.
     """
+    from ragbatch.io.labels import label_problems
     from ragbatch.io.read import peek_schema, plan_read
     from ragbatch.io.schema import check_columns, slice_columns
 
@@ -230,13 +247,15 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
     plan.read_tasks = plan_read(config.input)
     plan.input_schema = peek_schema(config.input)
     column_problems = check_columns(config.input, plan.input_schema)
+    column_problems += label_problems(config, plan.input_schema)
     if column_problems:
         raise InputError("\n".join(column_problems))
     mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
     missing = [p for m in metrics for p in m.check_input(mapped)]
     if missing:
         raise ConfigError(missing)
-    plan.slices = slice_columns(config.input, plan.input_schema)
+    labels = list(config.labels.columns.values()) if config.labels is not None else []
+    plan.slices = slice_columns(config.input, plan.input_schema, extra=labels)
     return plan
 
 

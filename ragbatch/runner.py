@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragbatch.analysis.summary import RunSummary, summarize_run
+from ragbatch.analysis.summary import RunSummary, summarize_run, summary_settings
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError, OutputError, RunInterrupted
 from ragbatch.ids import check_id
@@ -72,7 +72,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         URI template that is not valid (:mod:`ragbatch.templating`), or a judge metric
         whose recorded agreement with human labels is missing or below the config's
         ``calibration.min_agreement`` (:func:`ragbatch.calibrate.guard.check_calibration`;
-        ``allow_uncalibrated`` turns that into warnings).
+        ``allow_uncalibrated`` turns that into warnings); a human label (config ``labels``)
+        outside its metric's range, or a labelled run that is missing or computed the
+        metric differently.
     InputNotFoundError
         (an InputError) The input location holds no files.
     OutputNotWritableError
@@ -117,6 +119,7 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         from ragbatch.calibrate.guard import check_calibration
 
         check_calibration(plan, allow=allow_uncalibrated)
+    labelled_runs = _check_labels(plan)
     preflight_engines(plan)
     layout, staging, resume = _begin(plan, run_id, started)
     with _attempt(run_id, layout, staging):
@@ -138,8 +141,9 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_error_budget(layout, files, n_rows, config.run.error_budget)
         timings["verify_s"] = time.perf_counter() - t2
         t3 = time.perf_counter()
-        summary = summarize_run(layout, files, plan.metrics, plan.slice_names,
-                                diagnostics=plan.config.diagnostics)
+        summary = summarize_run(layout, files, plan.metrics, plan.summary_slice_names,
+                                summary_settings(config), diagnostics=plan.config.diagnostics,
+                                labels=plan.labels, labelled_runs=labelled_runs)
         timings["summary_s"] = time.perf_counter() - t3
         timings["total_s"] = time.perf_counter() - t0
         manifest = build_manifest(plan, layout, check, started=started, timings=timings,
@@ -150,6 +154,20 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
                  len(plan.metrics), timings["total_s"])
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+def _check_labels(plan: Plan) -> dict[str, Any]:
+    """Check the config's human labels before any metric runs: every label of an input
+    column in its metric's range (:func:`ragbatch.io.labels.check_label_values`), and the
+    labelled run of ``labels.calibration`` (read now: its pairs' moments are returned for
+    the summary, :func:`ragbatch.analysis.labelled_run.labelled_run_moments`)."""
+    if plan.config.labels is None:
+        return {}
+    from ragbatch.analysis.labelled_run import labelled_run_moments
+    from ragbatch.io.labels import check_label_values
+
+    check_label_values(plan)
+    return labelled_run_moments(plan)
 
 
 @contextmanager

@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 
 from ragbatch import columns as C
+from ragbatch.analysis.corrected import CORRECTED_SCHEMA, corrected_means
 from ragbatch.analysis.intervals import CONFIDENCE, N_RESAMPLES, SEED, mean_ci
 from ragbatch.analysis.metric_facts import metric_facts
 from ragbatch.analysis.pairing import DEFAULT_MATCH_ON, Pairing, pair_runs
@@ -93,6 +94,10 @@ class Comparison:
         Per metric, up to ``top`` of those pairs (by baseline row id) with both statuses
         and reasons.
     pairing : Pairing
+    corrected : polars.DataFrame
+        Per run and metric with human labels: the label-corrected (PPI) mean and the
+        labels-only mean beside the metric's own (:data:`~ragbatch.analysis.corrected.
+        CORRECTED_SCHEMA`; not paired: each run's own estimate over its own labels).
     metrics_only_baseline, metrics_only_candidate : list of str
         Metric ids computed by one run only (not compared).
     threshold : float or None
@@ -112,6 +117,10 @@ class Comparison:
     min_pairs: int = MIN_SLICE_PAIRS
     baseline: CommittedRun | None = None
     candidate: CommittedRun | None = None
+    #: Per run (``baseline``, ``candidate``), each metric's mean corrected by human labels
+    #: beside its own and the labels' means (:mod:`ragbatch.analysis.corrected`); empty
+    #: when neither run had labels.
+    corrected: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=CORRECTED_SCHEMA))
 
     def regressions(self, threshold: float | None = None) -> pl.DataFrame:
         """The all-rows lines of metrics that regress beyond ``threshold`` (default: the
@@ -137,6 +146,7 @@ class Comparison:
             "metrics_only_baseline": self.metrics_only_baseline,
             "metrics_only_candidate": self.metrics_only_candidate,
             "metrics": self.metrics.to_dicts(),
+            "corrected": self.corrected.to_dicts(),
             "regressions": self.regressions().get_column("metric").to_list(),
             "status_changes": self.status_changes.to_dicts(),
             "moved": self.moved.to_dicts(),
@@ -312,8 +322,8 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
     Raises
     ------
     InputError
-        A run has no score files, a ``by`` or ``match_on`` column is unknown, the
-        threshold is negative, or ``min_pairs`` is below 1.
+        A run has no score or summary files, a ``by`` or ``match_on`` column is unknown,
+        the threshold is negative, or ``min_pairs`` is below 1.
     """
     for s in by:
         if s not in baseline.slice_columns and s not in candidate.slice_columns:
@@ -332,4 +342,5 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
         metrics=list(baseline.metric_names) or None, confidence=confidence,
         n_resamples=n_resamples, seed=seed, top=top, threshold=threshold, min_pairs=min_pairs)
     result.baseline, result.candidate = baseline, candidate
+    result.corrected = corrected_means([("baseline", baseline), ("candidate", candidate)])
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ragbatch.analysis.compare import Comparison
+from ragbatch.analysis.corrected import estimate_text
 
 _REASON_CHARS = 100
 
@@ -54,6 +55,8 @@ def format_comparison(comparison: Comparison, *, max_ids: int = 10) -> str:
         out.append(f"metrics only in candidate (not compared): {', '.join(comparison.metrics_only_candidate)}")
     out.append("")
     out.extend(_metric_table(comparison))
+    if comparison.corrected.height:
+        out += ["", *_corrected_table(comparison)]
     if comparison.status_changes.height:
         out += ["", "status changes (paired cells whose status differs):"]
         for r in comparison.status_changes.iter_rows(named=True):
@@ -118,3 +121,25 @@ def _too_few(r: dict, min_pairs: int) -> bool:
     """A slice line whose interval excludes zero but that has too few pairs to flag."""
     return (r["slice"] is not None and r["n_pairs"] < min_pairs and r["ci_low"] is not None
             and (r["ci_low"] > 0 or r["ci_high"] < 0))
+
+
+def _corrected_table(comparison: Comparison) -> list[str]:
+    """Each run's label-corrected means (not paired: each over its own labels)."""
+    level = f"{comparison.confidence:.0%}"
+    table = comparison.corrected
+    mwidth = max(12, *(len(m) for m in table["metric"].to_list()))
+    header = (f"{'metric':<{mwidth}}  {'run':<9} {'labels':>6} {'mean':>7}  {'labels mean [' + level + ']':<26}"
+              f"  {'corrected mean [' + level + ']':<26}  lambda")
+    lines = ["label-corrected means (prediction-powered inference, docs/ppi.md):", header,
+             "-" * len(header)]
+    for r in table.iter_rows(named=True):
+        labels = estimate_text(r["labels_mean"], r["labels_ci_low"], r["labels_ci_high"])
+        ppi = estimate_text(r["ppi_mean"], r["ppi_ci_low"], r["ppi_ci_high"])
+        lam = "-" if r["ppi_lambda"] is None else f"{r['ppi_lambda']:.2f}"
+        line = (f"{r['metric']:<{mwidth}}  {r['run']:<9} {r['n_labelled']:>6} {_num(r['mean'], 7)}  "
+                f"{labels:<26}  {ppi:<26}  {lam}")
+        if r["ppi_reason"]:
+            line += f"  ({_short(r['ppi_reason'], 80)})"
+        lines.append(line)
+    return lines
+

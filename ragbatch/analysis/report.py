@@ -7,7 +7,9 @@ resource; see :mod:`ragbatch.analysis.report_template`). Sections:
 - run facts (id, date, name, input, rows, metrics, times, versions);
 - per metric: cells, ``ok`` cells, mean with its interval and, for boolean metrics, the
   pass rate with its Wilson interval (all from the run's ``summary.parquet``), and a
-  histogram of the ``ok`` scores;
+  histogram of the ``ok`` scores; for metrics with human labels, a table of the
+  label-corrected mean beside the metric's own and the labels' mean (:mod:`ragbatch.
+  analysis.ppi`);
 - judge health: a warning naming each judge metric whose result is degenerate, and per
   metric in the metric table its health (``degenerate`` with the reasons, from the
   summary's health columns; docs/judges.md, "Judge health");
@@ -37,6 +39,7 @@ from ragbatch import columns as C
 from ragbatch.analysis import plots
 from ragbatch.analysis.compare import Comparison, compare_runs
 from ragbatch.analysis.compare_text import pairing_line
+from ragbatch.analysis.corrected import corrected_rows
 from ragbatch.analysis.inputs import load_inputs
 from ragbatch.analysis.metric_facts import MetricFacts, metric_facts
 from ragbatch.analysis.report_template import TEMPLATE
@@ -136,6 +139,18 @@ def _health_text(row: dict[str, Any]) -> str:
     if row["degenerate"]:
         return f"degenerate: {row.get('degenerate_reasons') or ''}"
     return "no problem found"
+
+
+def _corrected_section(summary: pl.DataFrame, run: CommittedRun) -> list[dict[str, Any]]:
+    """The rows of the report's table of label-corrected means (empty without labels)."""
+    return [{"metric": r["metric"], "label_column": r["label_column"], "n_ok": r["n_ok"],
+             "n_labelled": r["n_labelled"], "mean": _num(r["mean"]),
+             "mean_interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
+             "labels_mean": _num(r["labels_mean"]),
+             "labels_interval": _interval(r["labels_ci_low"], r["labels_ci_high"]),
+             "ppi_mean": _num(r["ppi_mean"]), "ppi_interval": _interval(r["ppi_ci_low"], r["ppi_ci_high"]),
+             "ppi_lambda": _num(r["ppi_lambda"], 2), "note": r["ppi_reason"] or ""}
+            for r in corrected_rows(summary, "run", run.run_id).iter_rows(named=True)]
 
 
 def _slice_label(row: dict[str, Any]) -> str:
@@ -346,5 +361,6 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
         confidence_label=f"{confidence:.0%}",
         metrics=metrics, slices=_slice_sections(summary, metric_ids, facts,
                                (run.manifest.get("summary") or {}).get("slice_columns") or {}),
+        corrected=_corrected_section(summary, run),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
         calibration=calibration_section(run, calibration_options))

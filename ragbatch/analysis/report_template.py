@@ -61,6 +61,18 @@ score intervals.</p>
 <td{% if m.degenerate %} class="worse"{% endif %}>{{ m.health }}</td>
 </tr>{% endfor %}
 </table>
+{% if corrected %}<h3 id="corrected">Corrected by human labels</h3>
+<p>Each labelled metric's mean corrected by the labels (prediction-powered inference: the metric's
+mean over unlabelled rows minus its mean error on the labelled rows, the error weighted by
+&lambda;), beside its own mean and the labels' mean, with {{ confidence_label }} intervals. Labels
+must be a random sample of the rows (see docs/ppi.md).</p>
+<table id="corrected-table">
+<tr><th>metric</th><th>label column</th><th>ok</th><th>labelled</th><th>metric mean [interval]</th><th>labels mean [interval]</th><th>corrected mean [interval]</th><th>&lambda;</th><th>note</th></tr>
+{% for r in corrected %}<tr><td><code>{{ r.metric }}</code></td><td><code>{{ r.label_column }}</code></td>
+<td class="num">{{ r.n_ok }}</td><td class="num">{{ r.n_labelled }}</td><td class="num">{{ r.mean }} {{ r.mean_interval }}</td>
+<td class="num">{{ r.labels_mean }} {{ r.labels_interval }}</td><td class="num">{{ r.ppi_mean }} {{ r.ppi_interval }}</td>
+<td class="num">{{ r.ppi_lambda }}</td><td>{{ r.note }}</td></tr>
+{% endfor %}</table>{% endif %}
 <h3>Score distributions</h3>
 <div class="charts" id="distributions">
 {% for m in metrics %}<figure class="chart"><img alt="distribution of {{ m.id }} scores" src="{{ m.chart }}"></figure>

@@ -15,6 +15,14 @@ broken by the value's text in byte order, null last) and one row with ``slice_ot
 true that pools the remaining values. Every metric scores every row, so the values kept
 are the same for every metric.
 
+A metric with a label column (config ``labels.columns``) also gets, per row of the
+summary, the mean of its human labels and the judge's mean corrected by them
+(prediction-powered inference, :mod:`ragbatch.analysis.ppi`), each with its interval, over
+the group's ``ok`` cells: labelled cells (label not null) and unlabelled ones. A metric
+whose labels come from another run (``labels.calibration``) gets them on its overall row
+only, with every ``ok`` cell of this run unlabelled. A metric without labels has these
+columns null. Label columns are never slice columns of the summary.
+
 The intervals do not depend on the order of the score files: each group's ``ok`` scores
 are sorted before resampling, and every group uses the same seed, so a row's interval is
 ``mean_ci(sorted(scores))`` with the run's settings.
@@ -33,7 +41,7 @@ For judge metrics every row also carries the judge health measures of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,6 +59,7 @@ from ragbatch.analysis.intervals import (
     MeanCIStream,
     wilson_interval,
 )
+from ragbatch.analysis.ppi import DEFAULT_ESTIMATOR, Moments, PairMoments, ppi_from_moments
 from ragbatch.config import DiagnosticsSection
 from ragbatch.errors import OutputError
 from ragbatch.judge.health import HealthFields
@@ -79,6 +88,16 @@ SUMMARY_SCHEMA = pa.schema(
         ("pass_rate", pa.float64()),
         ("pass_rate_ci_low", pa.float64()),
         ("pass_rate_ci_high", pa.float64()),
+        ("label_column", pa.string()),
+        ("n_labelled", pa.int64()),
+        ("labels_mean", pa.float64()),
+        ("labels_ci_low", pa.float64()),
+        ("labels_ci_high", pa.float64()),
+        ("ppi_mean", pa.float64()),
+        ("ppi_ci_low", pa.float64()),
+        ("ppi_ci_high", pa.float64()),
+        ("ppi_lambda", pa.float64()),
+        ("ppi_reason", pa.string()),
     ]
     + [(m, pa.float64()) for m in MEASURES]
     + [
@@ -87,24 +106,30 @@ SUMMARY_SCHEMA = pa.schema(
     ]
 )
 
+#: The summary columns of the label-corrected estimates (null for a metric without labels).
+PPI_COLUMNS: tuple[str, ...] = tuple(SUMMARY_SCHEMA.names[SUMMARY_SCHEMA.names.index("label_column"):])
+
 
 @dataclass(frozen=True)
 class MetricInfo:
     """What the summary needs to know of a metric: its id, registry name, whether its
-    ``ok`` scores are 0/1 (``Metric.boolean``), and for a judge metric where its cells
-    record what the health diagnostics read (``JudgeMetric.health``; None for other
-    metrics, which get no diagnostics)."""
+    ``ok`` scores are 0/1 (``Metric.boolean``), their range (None: unbounded), and for a
+    judge metric where its cells record what the health diagnostics read
+    (``JudgeMetric.health``; None for other metrics, which get no diagnostics)."""
 
     id: str
     name: str
     boolean: bool
+    score_range: tuple[float, float] | None = None
     health: HealthFields | None = None
 
     @classmethod
     def of(cls, metric: Any) -> "MetricInfo":
         """From a :class:`ragbatch.metrics.base.Metric` instance."""
         health = metric.health if getattr(metric, "kind", None) == "judge" else None
-        return cls(metric.id, metric.name, bool(metric.boolean), health)
+        low, high = metric.score_range
+        return cls(metric.id, metric.name, bool(metric.boolean), (float(low), float(high)),
+                   health)
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,9 @@ class SummarySettings:
         Slice values per slice column with their own rows; the rest are pooled.
     max_resample_n, max_distinct : int
         Thresholds of :func:`ragbatch.analysis.intervals.mean_ci`.
+    ppi_estimator : str
+        ``ppi`` or ``ppi++``: the estimator of label-corrected means
+        (:func:`ragbatch.analysis.ppi.ppi_from_moments`).
     """
 
     confidence: float = CONFIDENCE
@@ -131,6 +159,7 @@ class SummarySettings:
     max_slice_values: int = MAX_SLICE_VALUES
     max_resample_n: int = BOOTSTRAP_MAX_N
     max_distinct: int = MAX_DISTINCT
+    ppi_estimator: str = DEFAULT_ESTIMATOR
 
     def __post_init__(self) -> None:
         if self.max_slice_values < 1:
@@ -149,12 +178,20 @@ class RunSummary:
     slice_columns : dict
         Slice column -> ``{"values": distinct values (null counted as one),
         "pooled_values": values pooled into the ``slice_other`` row (0 if none)}``.
+    labels : dict
+        Metric id -> scores-table column of its human labels.
+    labelled_runs : dict
+        Metric id -> the labels taken from another run.
     """
 
     table: pa.Table
     settings: SummarySettings
     slice_columns: dict[str, dict[str, int]] = field(default_factory=dict)
     diagnostics: DiagnosticsSection = field(default_factory=DiagnosticsSection)
+    #: Metric id -> scores-table column of its human labels.
+    labels: dict[str, str] = field(default_factory=dict)
+    #: Metric id -> the labels taken from another run (``<column> of run <id>``).
+    labelled_runs: dict[str, str] = field(default_factory=dict)
 
     def manifest_info(self) -> dict[str, Any]:
         """The manifest's ``summary`` section: the settings, the interval methods and the
@@ -166,6 +203,10 @@ class RunSummary:
                              "distinct values; see mean_ci_method)",
             "pass_rate_interval": "Wilson score interval",
             "slice_columns": self.slice_columns,
+            "labels": self.labels,
+            "labelled_runs": self.labelled_runs,
+            "ppi_interval": "central-limit interval of the prediction-powered mean "
+                            "(docs/ppi.md); labels_ci_*: of the labels' mean",
         }
 
     def overall(self) -> list[dict[str, Any]]:
@@ -191,9 +232,19 @@ class RunSummary:
         return {"thresholds": self.diagnostics.model_dump(mode="json"), "metrics": metrics}
 
 
+def summary_settings(config: Any) -> SummarySettings:
+    """The summary settings of a :class:`ragbatch.config.JobConfig` (its ``labels``
+    section picks the PPI estimator)."""
+    if config.labels is None:
+        return SummarySettings()
+    return SummarySettings(ppi_estimator=config.labels.estimator)
+
+
 def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
                   slices: Sequence[str], settings: SummarySettings | None = None,
-                  diagnostics: DiagnosticsSection | None = None) -> RunSummary:
+                  diagnostics: DiagnosticsSection | None = None,
+                  labels: dict[str, str] | None = None,
+                  labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
     """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
 
     Parameters
@@ -212,6 +263,14 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
     diagnostics
         Thresholds of the judge health checks (default: those of
         :class:`~ragbatch.config.DiagnosticsSection`).
+    labels
+        Metric id -> column of the score files holding its human labels (numbers or
+        booleans, null where unlabelled); not among ``slices``.
+    labelled_runs
+        Metric id -> (description, moments of (score, label) pairs) of a labelled sample
+        taken from another run (:mod:`ragbatch.analysis.labelled_run`): every ``ok`` cell
+        of this run is unlabelled. Only the overall row gets an estimate; slice rows say
+        why not.
 
     Raises
     ------
@@ -219,7 +278,9 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         An ``ok`` score is NaN or infinite (no interval can be computed).
     """
     con = connect(layout)
-    columns = ", ".join(["metric", "status", "score", "details", *(_quote(c) for c in slices)])
+    labels = labels or {}
+    read = list(dict.fromkeys([*slices, *labels.values()]))
+    columns = ", ".join(["metric", "status", "score", "details", *(_quote(c) for c in read)])
     if files:
         con.execute(f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
                     f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
@@ -227,24 +288,29 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
     else:
         empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
                            "NULL::VARCHAR details",
-                           *(f"NULL::VARCHAR {_quote(c)}" for c in slices)])
+                           *(f"NULL::VARCHAR {_quote(c)}" for c in read)])
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(con, metrics, slices, settings, diagnostics)
+    return summarize_view(con, metrics, slices, settings, diagnostics, labels, labelled_runs)
 
 
 def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
                    settings: SummarySettings | None = None,
-                   diagnostics: DiagnosticsSection | None = None) -> RunSummary:
+                   diagnostics: DiagnosticsSection | None = None,
+                   labels: dict[str, str] | None = None,
+                   labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
-    ``con`` (columns ``metric``, ``status``, ``score``, ``slices`` and, for the judge
-    health measures, ``details``: without it they count no extraction, reason or
-    verdict)."""
+    ``con`` (columns ``metric``, ``status``, ``score``, ``slices``, the label columns of
+    ``labels`` and, for the judge health measures, ``details``: without it they count no
+    extraction, reason or verdict)."""
     settings = settings or SummarySettings()
     diagnostics = diagnostics or DiagnosticsSection()
+    labels = labels or {}
+    labelled_runs = labelled_runs or {}
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
     judged = [i.id for i in infos if i.health is not None]
-    _code_cells(con, slices, kept, settings.max_slice_values, judged)
+    _code_cells(con, slices, kept, settings.max_slice_values, judged,
+                list(dict.fromkeys(labels.values())))
     counts = _counts(con, len(slices))
     groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(len(slices))]
     rows = []
@@ -252,11 +318,13 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
         streams = _ok_streams(con, info.id, len(slices), settings)
         health = {} if info.health is None else health_measures(con, "coded", info.id,
                                                                 info.health, groupings)
+        corrected = _corrected_fields(con, info, labels.get(info.id), labelled_runs.get(info.id),
+                                      len(slices), settings)
 
         def row(column: str | None, value: str | None, other: bool | None, key: tuple) -> dict:
             out = _row(info, column, value, other, counts.get((info.id, *key)),
                        streams.get(key), settings)
-            return {**out, **_health_columns(info, health.get(key), diagnostics)}
+            return {**out, **corrected(key), **_health_columns(info, health.get(key), diagnostics)}
 
         rows.append(row(None, None, None, (None, None)))
         for i, column in enumerate(slices):
@@ -266,7 +334,8 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
             for code, value in groups:
                 rows.append(row(column, value, code == settings.max_slice_values, (i, code)))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-    return RunSummary(table, settings, slice_info, diagnostics)
+    return RunSummary(table, settings, slice_info, diagnostics, dict(labels),
+                      {m: d for m, (d, _) in labelled_runs.items()})
 
 
 def _health_columns(info: MetricInfo, measures: dict[str, Any] | None,
@@ -304,10 +373,12 @@ def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
 
 
 def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
-                kept: list[list[str | None]], cap: int, judged: Sequence[str] = ()) -> None:
+                kept: list[list[str | None]], cap: int, judged: Sequence[str] = (),
+                labels: Sequence[str] = ()) -> None:
     """Table ``coded``: metric, status, score, ``details`` (of the metrics in ``judged``
-    only; null for the others), and per slice column ``g<i>``, the index of the cell's
-    slice value among the kept values (``cap`` for a pooled value)."""
+    only; null for the others), per slice column ``g<i>``, the index of the cell's slice
+    value among the kept values (``cap`` for a pooled value), and each label column under
+    its own name, as DOUBLE (booleans 0/1)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
         con.register(f"kept{i}", pa.table({"v": pa.array(kept[i], pa.string()),
@@ -320,7 +391,9 @@ def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
     if has_details and judged:
         con.register("judged_ids", pa.table({"id": pa.array(list(judged), pa.string())}))
         details = "CASE WHEN s.metric IN (SELECT id FROM judged_ids) THEN s.details END"
-    select = ", ".join(["s.metric", "s.status", "s.score", f"{details} AS details", *codes])
+    label_columns = [f"CAST(s.{_quote(c)} AS DOUBLE) AS {_quote(c)}" for c in labels]
+    select = ", ".join(["s.metric", "s.status", "s.score", f"{details} AS details", *codes,
+                        *label_columns])
     con.execute(f"CREATE TEMP TABLE coded AS SELECT {select} FROM s {' '.join(joins)}").fetchall()
 
 
@@ -391,6 +464,67 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
             f"metric {metric_id!r}: {bad} cells with status ok hold NaN or an infinite score, "
             "so the summary cannot be computed; the metric must give such rows an error status")
     return streams
+
+
+#: Key of a group's label moments: ``(None, None)`` for all rows, ``(i, code)`` per slice.
+GroupKey = tuple
+
+
+def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str | None,
+                   n_slices: int) -> dict[GroupKey, tuple[Moments, PairMoments]]:
+    """Per group of a metric's ``ok`` cells: moments of the judge scores of unlabelled
+    cells, and of (score, label) over labelled ones (``label`` None: every cell is
+    unlabelled), read in batches of :data:`CHUNK_ROWS`."""
+    label_sql = "NULL::DOUBLE" if label is None else _quote(label)
+    columns = ", ".join(["score", label_sql, *(f"g{i}" for i in range(n_slices))])
+    reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
+                     "AND isfinite(score)", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
+    out: dict[GroupKey, tuple[Moments, PairMoments]] = {}
+
+    def add(key: GroupKey, f: np.ndarray, y: np.ndarray) -> None:
+        unlabelled, labelled = out.setdefault(key, (Moments(), PairMoments()))
+        known = ~np.isnan(y)
+        unlabelled.add(f[~known])
+        labelled.add(f[known], y[known])
+
+    for batch in reader:
+        f = np.asarray(batch.column(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+        y = np.asarray(batch.column(1).to_numpy(zero_copy_only=False), dtype=np.float64)
+        add((None, None), f, y)
+        for i in range(n_slices):
+            codes = np.asarray(batch.column(i + 2).to_numpy(zero_copy_only=False), dtype=np.int64)
+            for code in np.unique(codes):
+                mask = codes == code
+                add((i, int(code)), f[mask], y[mask])
+    return out
+
+
+def _corrected_fields(con: duckdb.DuckDBPyConnection, info: MetricInfo, label: str | None,
+                      labelled_run: tuple[str, PairMoments] | None, n_slices: int,
+                      settings: SummarySettings) -> Callable[[GroupKey], dict[str, Any]]:
+    """Group key -> the :data:`PPI_COLUMNS` of that summary row: from the label column
+    ``label`` of this run's scores, from ``labelled_run``'s pairs (overall row only), or
+    all null."""
+    def fields(description: str, unlabelled: Moments, labelled: PairMoments) -> dict[str, Any]:
+        r = ppi_from_moments(unlabelled, labelled, estimator=settings.ppi_estimator,
+                             confidence=settings.confidence, bounds=info.score_range)
+        return {"label_column": description, "n_labelled": r.n_labelled,
+                "labels_mean": r.labels_mean, "labels_ci_low": r.labels_ci_low,
+                "labels_ci_high": r.labels_ci_high, "ppi_mean": r.ppi_mean,
+                "ppi_ci_low": r.ppi_ci_low, "ppi_ci_high": r.ppi_ci_high,
+                "ppi_lambda": r.ppi_lambda, "ppi_reason": r.reason}
+
+    if label is not None:
+        groups = _label_moments(con, info.id, label, n_slices)
+        return lambda key: fields(label, *(groups.get(key) or (Moments(), PairMoments())))
+    if labelled_run is not None:
+        description, pairs = labelled_run
+        unlabelled = _label_moments(con, info.id, None, 0).get((None, None), (Moments(),))[0]
+        overall = fields(description, unlabelled, pairs)
+        per_slice = {**dict.fromkeys(PPI_COLUMNS), "label_column": description,
+                     "ppi_reason": "labels from another run correct the overall mean only"}
+        return lambda key: overall if key == (None, None) else per_slice
+    return lambda key: dict.fromkeys(PPI_COLUMNS)
 
 
 def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -190,13 +191,17 @@ def _contexts_type_problem(t: pa.DataType, cfg: InputSection) -> str | None:
     return f"has type {t}; contexts need a list of strings or of objects with a text field"
 
 
-def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]:
+def slice_columns(cfg: InputSection, schema: pa.Schema,
+                  extra: Sequence[str] = ()) -> list[tuple[str, str]]:
     """The input columns that pass through, with their output names.
 
     Parameters
     ----------
     cfg : InputSection
     schema : pyarrow.Schema
+    extra : sequence of str
+        Columns that pass through even when ``cfg.slice_columns`` leaves them out (the
+        label columns of config ``labels``), after those it names.
 
     Returns
     -------
@@ -208,7 +213,7 @@ def slice_columns(cfg: InputSection, schema: pa.Schema) -> list[tuple[str, str]]
         nothing), e.g. ``metric`` -> ``input_metric``.
     """
     if cfg.slice_columns is not None:
-        chosen = list(dict.fromkeys(cfg.slice_columns))
+        chosen = list(dict.fromkeys([*cfg.slice_columns, *extra]))
     else:
         mapped = {getattr(cfg.columns, c) for c in C.CANONICAL} - {None}
         chosen = [n for n in schema.names if n not in mapped and n != NONSTRING_COLUMN]
