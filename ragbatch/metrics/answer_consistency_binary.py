@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import NOT_APPLICABLE
@@ -25,6 +25,9 @@ SCHEMA: dict[str, Any] = {
     "required": ["reason", "states_claims", "unattributable"],
     "additionalProperties": False,
 }
+#: The verdict scored: ``unattributable`` false is worth 1.0. (``states_claims`` only
+#: decides whether the row is scored at all.)
+SLOTS = VerdictSlots((("false", 1.0), ("true", 0.0)), key="unattributable")
 #: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
 #: keys and two booleans.
 MAX_TOKENS = REASON_MAX_CHARS // 3 + 32
@@ -74,6 +77,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     in line with ``answer_consistency`` and ``faithfulness``. Cost: one judge call per row.
     """
 
+    Params = ScoreParams
     name: ClassVar[str] = "answer_consistency_binary"
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
@@ -139,7 +143,7 @@ class AnswerConsistencyBinary(JudgeMetric):
         [reply] = yield [Ask(
             build_messages(row, TASK),
             OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step="attribution",
+            parse_reply, step="attribution", verdicts=SLOTS,
         )]
         details = {"reason": reply["reason"], "states_claims": reply["states_claims"],
                    "unattributable": reply["unattributable"]}
