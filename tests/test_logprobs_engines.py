@@ -22,18 +22,23 @@ from ragbatch.engines.vllm import load_vllm_engine  # noqa: E402
 from ragbatch.judge.confidence import verdict_probabilities  # noqa: E402
 from ragbatch.judge.protocol import (EngineRequest, Message, OutputSpec,  # noqa: E402
                                      VERDICT_TOP_LOGPROBS)
-from ragbatch.judge.verdicts import BARE_SLOTS, REASONED_SLOTS  # noqa: E402
+from ragbatch.judge.answer_verdict import SLOTS as BOOLEAN_SLOTS  # noqa: E402
+from ragbatch.judge.verdicts import BARE_SLOTS  # noqa: E402
 from ragbatch.judge.parse import verdicts_schema  # noqa: E402
 from ragbatch.metrics.answer_similarity import RATINGS, SLOTS as RATING_SLOTS  # noqa: E402
 
 from vllm_server import SERVED_NAME  # noqa: E402
 
+#: A true/false verdict without a reason: a random model fills a reason up to its length
+#: limit, which would leave no room for the verdict within a small budget.
+BOOLEAN_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "boolean"}},
+                  "required": ["verdict"], "additionalProperties": False}
 PROMPT = (Message("system", "You are a careful judge."),
           Message("user", "Statements: 1. Paris is in France. 2. The moon is cheese. "
                           "3. Water is wet. Give a 0/1 verdict for each."))
 CASES = [
     (OutputSpec.of_schema(verdicts_schema(3, reasons=False), max_tokens=32), BARE_SLOTS),
-    (OutputSpec.of_schema(verdicts_schema(2, reasons=True), max_tokens=80), REASONED_SLOTS),
+    (OutputSpec.of_schema(BOOLEAN_SCHEMA, max_tokens=16), BOOLEAN_SLOTS),
     (OutputSpec.of_choice(RATINGS, max_tokens=4), RATING_SLOTS),
 ]
 
@@ -63,6 +68,7 @@ def test_vllm_and_openai_engines_agree_on_verdict_probabilities(engines):
     local, remote = offline.complete(requests), served.complete(requests)
     for (_, slots), a, b in zip(CASES, local, remote):
         assert a.status == b.status == "ok", (a.error, b.error)
+        assert a.finish_reason == "stop", a.text
         assert a.text == b.text
         assert a.logprobs is not None and b.logprobs is not None
         assert [t.token for t in a.logprobs] == [t.token for t in b.logprobs]

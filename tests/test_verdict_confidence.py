@@ -126,6 +126,16 @@ def test_choice_wrapped_by_a_response_format_server_is_located():
     assert locate(" 3", slots) == [(1, "3")]
 
 
+def test_a_trailing_end_of_sequence_token_is_not_part_of_the_choice():
+    """vLLM returns the logprobs of every generated token, the end-of-sequence token
+    included, which the reply's text leaves out."""
+    tokens = (TokenLogprob("4", ln(0.5), (("4", ln(0.5)), ("3", ln(0.5)))),
+              TokenLogprob("</s>", ln(0.9), ()))
+    [v] = verdict_probabilities(Completion("ok", text="4", logprobs=tokens),
+                                VerdictSlots(tuple((r, float(r)) for r in "012345")))
+    assert (v.literal, v.p, v.expected) == ("4", {"4": 0.5, "3": 0.5}, 3.5)
+
+
 def test_cached_rerun_reproduces_scores_and_confidence(tmp_path):
     """The judgment cache (Parquet segments on disk) keeps the token logprobs."""
     frame = pl.DataFrame([{"row_id": "r1", **ROW}], schema={

@@ -88,9 +88,11 @@ def locate(text: str, slots: VerdictSlots) -> list[tuple[int, str]]:
     literals = sorted(slots.literals, key=len, reverse=True)
     one = "|".join(re.escape(v) for v in literals)
     if slots.key is None:
-        stripped = text.strip()
-        if stripped in slots.literals:
-            return [(len(text) - len(text.lstrip()), stripped)]
+        # the reply starts with the choice; the generated tokens may go on with an
+        # end-of-sequence token that the reply's text leaves out
+        start = re.match(rf"\s*(?P<v>{one})", text)
+        if start is not None:
+            return [(start.start("v"), start.group("v"))]
         key = _WRAPPER_KEY
         pattern = re.compile(rf'"{re.escape(key)}"\s*:\s*"(?P<v>{one})"')
         return [(m.start("v"), m.group("v")) for m in pattern.finditer(text)]
