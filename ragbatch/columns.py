@@ -83,7 +83,8 @@ CELL_TYPE = pa.struct(list(CELL_FIELDS))
 
 #: Judge record of a cell (null for metrics without a judge), in scores-table order:
 #: the raw reply (truncated), a hash of the prompt(s), tokens of the judgments behind the
-#: cell, judge requests made in this run for it, and judgments served from the cache.
+#: cell, judge requests made in this run for it, judgments served from the cache, and the
+#: mean probability of the cell's verdicts (:mod:`ragbatch.judge.confidence`).
 JUDGE_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("judge_reply", pa.string()),
     ("prompt_hash", pa.string()),
@@ -91,6 +92,7 @@ JUDGE_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("completion_tokens", pa.int64()),
     ("judge_calls", pa.int32()),
     ("cache_hits", pa.int32()),
+    ("confidence", pa.float64()),
 )
 JUDGE_TYPE = pa.struct(list(JUDGE_FIELDS))
 JUDGE_PREFIX = internal("judge::")

@@ -200,3 +200,43 @@ def test_input_columns_named_like_scratch_columns_pass_through():
     assert out.select("q", "__pair_pos", "__member_pos", "__label", "answer", "ok").rows() == [
         ("q1", "u1", 7, "x", "g1", 1.0), ("q1", "u1", 7, "x", "b1", 0.0),
         ("q2", "u2", 8, "y", "g2", 1.0), ("q2", "u2", 8, "y", "b2", 0.0)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_probability_measures_equal_scikit_learn(seed):
+    """Brier and ROC AUC from probabilities against scikit-learn; ECE against
+    scikit-learn's reliability curve (``calibration_curve`` with uniform bins)."""
+    from sklearn.calibration import calibration_curve
+
+    rng = np.random.default_rng(seed)
+    p = rng.random(80).round(3)
+    human = (rng.random(80) < p).astype(float)
+    got = _by_name(binary_measures(p, human, 0.5, BOOT, probabilities=True))
+    assert got["brier"].value == pytest.approx(skm.brier_score_loss(human, p), abs=1e-12)
+    assert got["roc_auc"].value == pytest.approx(skm.roc_auc_score(human, p), abs=1e-12)
+    observed, mean_p = calibration_curve(human, p, n_bins=10, strategy="uniform")
+    counts = np.bincount(np.searchsorted(np.linspace(0, 1, 11)[1:-1], p), minlength=10)
+    weights = counts[counts > 0] / p.size
+    assert got["ece"].value == pytest.approx(float(np.sum(weights * np.abs(observed - mean_p))))
+    assert got["brier"].ci_low <= got["brier"].value <= got["brier"].ci_high
+
+
+def test_hand_worked_ece_and_reliability_bins():
+    # bins of width 0.1: (0.1, 0.2] holds 0.12, 0.18 (labels 0, 1): |0.5 - 0.15| = 0.35;
+    # (0.9, 1.0] holds 0.92, 1.0 (labels 1, 1): |1 - 0.96| = 0.04.  ECE = (2*0.35 + 2*0.04)/4
+    p = np.array([0.12, 0.18, 0.92, 1.0])
+    human = np.array([0.0, 1.0, 1.0, 1.0])
+    got = _by_name(binary_measures(p, human, 0.5, BOOT, probabilities=True))
+    assert got["ece"].value == pytest.approx(0.195)
+    assert got["brier"].value == pytest.approx((0.0144 + 0.6724 + 0.0064 + 0.0) / 4)
+    from ragbatch.calibrate.measures import reliability_bins
+
+    assert reliability_bins(p, human) == [
+        {"bin_low": 0.1, "bin_high": 0.2, "n": 2, "mean_p": pytest.approx(0.15), "observed": 0.5},
+        {"bin_low": 0.9, "bin_high": 1.0, "n": 2, "mean_p": pytest.approx(0.96), "observed": 1.0}]
+
+
+def test_hard_verdicts_have_no_brier_or_ece():
+    got = _by_name(binary_measures(np.array([1.0, 0.0]), np.array([1.0, 0.0]), 0.5, BOOT))
+    assert got["brier"].value is None and "score: probability" in got["brier"].reason
+    assert got["ece"].value is None

@@ -30,6 +30,13 @@ STATUS_COLOURS = dict(zip(STATUSES, ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e",
                                      "#665191", "#2f4b7c", "#8c2d04")))
 
 
+def data_uri(svg: str) -> str:
+    """An SVG document as a ``data:image/svg+xml;base64,...`` URI (for an ``img``)."""
+    import base64
+
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
 def _svg(fig: Figure, tight: bool = True) -> str:
     """The figure as SVG text; ``tight`` crops to the drawn area (costs a second draw)."""
     buffer = io.StringIO()
@@ -213,3 +220,42 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
             ax.set_ylim(rows - 0.5, -0.5)
         fig.suptitle(title)
         return _svg(fig, tight=False)
+
+
+def reliability_diagram(mean_p: Sequence[float], observed: Sequence[float], counts: Sequence[int],
+                        *, title: str) -> str:
+    """Reliability diagram of a judge's probabilities against human labels.
+
+    Parameters
+    ----------
+    mean_p, observed : sequence of float
+        Per non-empty probability bin (:func:`ragbatch.calibrate.measures.reliability_bins`),
+        the mean stated probability of label 1 and the share of rows labelled 1, each in
+        [0, 1].
+    counts : sequence of int
+        Rows per bin (written next to each point).
+    title : str
+        Chart title (the metric id and judge), shown as written.
+
+    Returns
+    -------
+    str
+        An SVG document, about 3.2 x 3.0 inches: the points joined in bin order, and the
+        diagonal a calibrated judge lies on.
+    """
+    x = np.asarray(list(mean_p), dtype=np.float64)
+    y = np.asarray(list(observed), dtype=np.float64)
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(3.2, 3.0))
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, 1], color="#b8b8b8", linestyle="--", linewidth=1)
+        ax.plot(x, y, marker="o", color="#4c72b0")
+        for xi, yi, n in zip(x, y, counts):
+            ax.annotate(str(int(n)), (xi, yi), textcoords="offset points", xytext=(4, -10),
+                        fontsize=7)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("judge's probability of 1")
+        ax.set_ylabel("share labelled 1")
+        ax.set_title(_clip(title, 48))
+        return _svg(fig)

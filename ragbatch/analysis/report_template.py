@@ -109,6 +109,12 @@ Intervals are percentile bootstraps; a value below the run's minimum is marked.<
 <td>{{ r.measure }}</td><td class="num">{{ r.n }}</td><td class="num{% if r.below %} worse{% endif %}">{{ r.value }}</td>
 <td class="num">{{ r.interval }}</td><td class="num">{{ r.minimum }}</td><td>{{ r.note }}</td></tr>
 {% endfor %}</table>
+{% if calibration.reliability %}<p>Reliability of the judges' probabilities (<code>score: probability</code>): each point is a
+bin of stated probabilities, its mean against the share of rows humans labelled 1, with its row count;
+a calibrated judge lies on the diagonal.</p>
+<div class="charts" id="reliability">
+{% for c in calibration.reliability %}<figure class="chart"><img alt="reliability of {{ c.metric }} ({{ c.judge }})" src="{{ c.chart }}"></figure>
+{% endfor %}</div>{% endif %}
 {% endif %}
 
 {% if comparison %}

@@ -13,7 +13,8 @@ import polars as pl
 from ragbatch.calibrate.config import LabelSpec
 from ragbatch.calibrate.labels import label_values
 from ragbatch.calibrate.measures import (Bootstrap, Measure, binary_measures, confusion,
-                                         graded_measures, pairwise_agreement)
+                                         graded_measures, pairwise_agreement,
+                                         reliability_bins)
 from ragbatch.calibrate.prepare import PAIR_ID
 from ragbatch.columns import internal
 from ragbatch.judge.metric import JudgeMetric
@@ -42,6 +43,7 @@ class MetricAgreement:
     measures: list[dict[str, Any]] = field(default_factory=list)
     confusion: list[dict[str, Any]] = field(default_factory=list)
     disagreements: list[dict[str, Any]] = field(default_factory=list)
+    reliability: list[dict[str, Any]] = field(default_factory=list)
 
 
 def label_column_in(scores: pl.DataFrame, column: str) -> str:
@@ -102,7 +104,10 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     human = usable[_LABEL].to_numpy().astype(np.float64)
     out = MetricAgreement()
     if spec.type == "binary":
-        found = binary_measures(score, human, spec.judge_threshold, boot)
+        probabilities = scores_are_probabilities(metric)
+        found = binary_measures(score, human, spec.judge_threshold, boot, probabilities)
+        if probabilities and score.size:
+            out.reliability = [{**_ident(base), **b} for b in reliability_bins(score, human)]
         counts = confusion(score, human, spec.judge_threshold)
         for human_value, judge_value, key in ((0, 0, "tn"), (0, 1, "fp"), (1, 0, "fn"), (1, 1, "tp")):
             out.confusion.append({**_ident(base), "human": human_value, "judge_verdict": judge_value,
@@ -114,6 +119,12 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     out.measures = [{**base, **_measure_row(m)} for m in found]
     out.disagreements = _disagreements(usable, metric, spec, base, top, texts)
     return out
+
+
+def scores_are_probabilities(metric: JudgeMetric) -> bool:
+    """Whether ``metric``'s scores are probabilities of a positive verdict: ``score:
+    probability`` on a metric scored in [0, 1]."""
+    return metric.probability_score and tuple(metric.score_range) == (0.0, 1.0)
 
 
 def _ident(base: dict[str, Any]) -> dict[str, Any]:

@@ -107,7 +107,8 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
         layout.write_table(input_path, labelled.frame.to_arrow())
     input_uri = layout.uri(input_path)
     boot = Bootstrap(cal.bootstrap.resamples, cal.bootstrap.seed, cal.bootstrap.confidence)
-    tables: dict[str, list[dict[str, Any]]] = {"agreement": [], "confusion": [], "disagreements": []}
+    tables: dict[str, list[dict[str, Any]]] = {"agreement": [], "confusion": [], "disagreements": [],
+                                               "reliability": []}
     scores_ids: dict[str, str] = {}
     timings: dict[str, float] = {}
     texts = _texts(labelled)
@@ -134,6 +135,7 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
             tables["agreement"] += found.measures
             tables["confusion"] += found.confusion
             tables["disagreements"] += found.disagreements
+            tables["reliability"] += found.reliability
     timings["total_s"] = time.perf_counter() - t0
     manifest = {
         "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,

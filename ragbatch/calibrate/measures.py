@@ -8,6 +8,10 @@ rows (or pairs), and, when the value is undefined, ``None`` with a reason (never
   precision, recall, F1 and Cohen's kappa (Cohen 1960), with the positive class 1;
 - binary labels against the judge's continuous score: ROC AUC (the Mann-Whitney
   statistic: the chance that a random positive outscores a random negative, ties half);
+- binary labels against the judge's probability of 1 (a metric with ``score:
+  probability``, :mod:`ragbatch.judge.confidence`): the Brier score, the mean of
+  ``(p - label)^2``, and the expected calibration error (:func:`ece`) over
+  :data:`ECE_BINS` equal-width bins; for hard verdicts both are undefined, with a reason;
 - graded labels: Spearman's rho and Kendall's tau-b (``scipy.stats``);
 - pairs (a label-1 and a label-0 answer to one question): the share of pairs whose
   label-1 member the judge scores higher, ties counted half (:func:`pairwise_agreement`).
@@ -30,7 +34,12 @@ from scipy import stats
 from ragbatch.analysis.intervals import _check_confidence, _check_n_resamples
 
 #: Measures for binary labels, in the order tables list them.
-BINARY_MEASURES = ("accuracy", "precision", "recall", "f1", "kappa", "roc_auc")
+BINARY_MEASURES = ("accuracy", "precision", "recall", "f1", "kappa", "roc_auc", "brier", "ece")
+#: Equal-width bins of [0, 1] for the expected calibration error and the reliability
+#: diagram.
+ECE_BINS = 10
+#: Why Brier and ECE are undefined for a metric scored by its hard verdicts.
+NOT_PROBABILITIES = "the judge's scores are hard verdicts; set `score: probability` on the metric"
 #: Measures for graded labels.
 GRADED_MEASURES = ("spearman", "kendall")
 #: Rows drawn per bootstrap chunk (bounds memory: chunk rows x n indices).
@@ -141,6 +150,55 @@ def roc_auc(score: np.ndarray, human: np.ndarray) -> tuple[float | None, str | N
     return u / (pos * neg), None
 
 
+def brier(p: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
+    """Brier score: the mean of ``(p - human)^2`` (0 is perfect; lower is better)."""
+    if human.size == 0:
+        return None, "no rows"
+    return float(np.mean((p - human) ** 2)), None
+
+
+def _bin_index(p: np.ndarray, bins: int) -> np.ndarray:
+    """Bin of each probability: bin ``b`` holds ``b/bins < p <= (b+1)/bins``, the first
+    also ``p = 0`` (scikit-learn's ``calibration_curve`` with uniform bins bins alike)."""
+    return np.searchsorted(np.linspace(0.0, 1.0, bins + 1)[1:-1], p, side="left")
+
+
+def ece(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> tuple[float | None, str | None]:
+    """Expected calibration error of probabilities ``p`` of label 1.
+
+    The rows are put in ``bins`` equal-width bins of ``p`` (bin ``b`` holds
+    ``b/bins < p <= (b+1)/bins``, the first also ``p = 0``); ECE is the sum over non-empty
+    bins of ``n_b / n * |mean(human in b) - mean(p in b)|``: 0 for a judge whose stated
+    probabilities match how often it is right.
+    """
+    if human.size == 0:
+        return None, "no rows"
+    index = _bin_index(p, bins)
+    total = 0.0
+    for b in np.unique(index):
+        inside = index == b
+        total += inside.sum() / human.size * abs(float(human[inside].mean()) - float(p[inside].mean()))
+    return float(total), None
+
+
+def reliability_bins(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> list[dict[str, float]]:
+    """The reliability diagram's points: per non-empty bin of :func:`ece`, ``bin_low``,
+    ``bin_high``, ``n``, ``mean_p`` (mean probability) and ``observed`` (share of
+    label 1).
+
+    Parameters
+    ----------
+    p, human : numpy.ndarray of float64, shape (n,)
+        Probabilities of label 1 in [0, 1], and 0/1 labels.
+    bins : int
+    """
+    p, human = _pair_vectors(p, human)
+    index = _bin_index(p, bins)
+    return [{"bin_low": b / bins, "bin_high": (b + 1) / bins, "n": int((index == b).sum()),
+             "mean_p": float(p[index == b].mean()), "observed": float(human[index == b].mean())}
+            for b in np.unique(index)]
+
+
 def _constant(x: np.ndarray) -> bool:
     return x.size == 0 or bool(np.all(x == x[0]))
 
@@ -208,7 +266,7 @@ def _with_interval(name: str, fn: Callable[[np.ndarray, np.ndarray], tuple[float
 
 
 def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
-                    boot: Bootstrap) -> list[Measure]:
+                    boot: Bootstrap, probabilities: bool = False) -> list[Measure]:
     """Every binary-label measure with its interval.
 
     Parameters
@@ -220,6 +278,10 @@ def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
     threshold : float
         The judge's verdict is 1 when ``score >= threshold``.
     boot : Bootstrap
+    probabilities : bool
+        ``score`` is the judge's probability of 1, in [0, 1] (``score: probability``):
+        Brier and ECE are computed; otherwise they are None with
+        :data:`NOT_PROBABILITIES`.
 
     Returns
     -------
@@ -229,17 +291,25 @@ def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
     Raises
     ------
     ValueError
-        The vectors differ in length, or a label is not 0 or 1.
+        The vectors differ in length, a label is not 0 or 1, or (``probabilities``) a
+        score lies outside [0, 1].
     """
     score, human = _pair_vectors(score, human)
     if not np.isin(human, (0.0, 1.0)).all():
         raise ValueError("binary measures need human labels of 0 or 1; map them with `values` "
                          "or `threshold` in the calibration config")
+    if probabilities and not ((score >= 0.0) & (score <= 1.0)).all():
+        raise ValueError("probabilities must lie in [0, 1]")
     verdict = (score >= threshold).astype(np.float64)
     out = [_with_interval(name, fn, verdict, human, boot)
            for name, fn in (("accuracy", accuracy), ("precision", precision), ("recall", recall),
                             ("f1", f1), ("kappa", kappa))]
     out.append(_with_interval("roc_auc", roc_auc, score, human, boot))
+    for name, fn in (("brier", brier), ("ece", ece)):
+        if probabilities:
+            out.append(_with_interval(name, fn, score, human, boot))
+        else:
+            out.append(Measure(name, score.size, None, None, None, NOT_PROBABILITIES))
     return out
 
 

@@ -27,7 +27,7 @@ from ragbatch.errors import InputError, OutputError
 from ragbatch.ids import check_id
 from ragbatch.io.fs import resolve
 
-TABLES = ("agreement", "confusion", "disagreements")
+TABLES = ("agreement", "confusion", "disagreements", "reliability")
 MANIFEST = "manifest.json"
 
 #: Column types of each table (an empty table keeps its columns).
@@ -45,6 +45,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("metric_name", pa.string()), ("prompt_version", pa.string()),
         ("scores_run_id", pa.string()), ("human", pa.int64()), ("judge_verdict", pa.int64()),
         ("n", pa.int64()), ("judge_threshold", pa.float64())]),
+    "reliability": pa.schema([
+        ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
+        ("metric_name", pa.string()), ("prompt_version", pa.string()),
+        ("scores_run_id", pa.string()), ("bin_low", pa.float64()), ("bin_high", pa.float64()),
+        ("n", pa.int64()), ("mean_p", pa.float64()), ("observed", pa.float64())]),
     "disagreements": pa.schema([
         ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
         ("metric_name", pa.string()), ("prompt_version", pa.string()),

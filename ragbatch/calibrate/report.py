@@ -41,7 +41,8 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
     dict or None
         ``run_id`` and ``root`` of the calibration and ``rows`` (per metric and measure:
         ``metric``, ``judge``, ``model``, ``measure``, ``n``, ``value``, ``interval``,
-        ``minimum``, ``note``, as text). The calibration is the one the run's
+        ``minimum``, ``note``, as text) and ``reliability`` (reliability diagrams,
+        :func:`_reliability_charts`). The calibration is the one the run's
         ``calibration`` section names (else the latest under the run's own output root).
         When the run is a judge run of that calibration its rows are its own; otherwise
         the rows whose model id and prompt version match the run's metrics. None when
@@ -89,7 +90,29 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
                          "note": r["reason"] or ""})
     if not rows:
         return None
-    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows}
+    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows,
+            "reliability": _reliability_charts(cal, rows)}
+
+
+def _reliability_charts(cal: Any, rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A reliability diagram (``chart``, an SVG ``data:`` URI, with ``metric`` and
+    ``judge``) per (metric, judge)
+    of ``rows`` whose calibration recorded probability bins (``score: probability``);
+    none for a calibration written before the bins existed."""
+    from ragbatch.analysis import plots
+
+    try:
+        bins = cal.table("reliability")
+    except Exception:  # noqa: BLE001 - an older calibration has no reliability table
+        return []
+    charts = []
+    for metric, judge in dict.fromkeys((r["metric"], r["judge"]) for r in rows):
+        found = bins.filter((pl.col("metric") == metric) & (pl.col("judge") == judge)).sort("bin_low")
+        if found.height:
+            svg = plots.reliability_diagram(found["mean_p"].to_list(), found["observed"].to_list(),
+                                            found["n"].to_list(), title=f"{metric} ({judge})")
+            charts.append({"metric": metric, "judge": judge, "chart": plots.data_uri(svg)})
+    return charts
 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:

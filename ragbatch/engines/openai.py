@@ -38,6 +38,16 @@ config):
   :data:`CHOICE_WRAPPER_TOKENS` for the wrapper) and the adapter returns the chosen
   string, so metrics see the same reply text whichever form is used.
 
+Token logprobs. A request whose output asks for them (``OutputSpec.logprobs`` = k, the
+requests whose replies hold verdicts) is sent with ``"logprobs": true, "top_logprobs":
+k``, and the reply's ``choices[0].logprobs.content`` (per token ``token``, ``logprob``
+and ``top_logprobs``) becomes :attr:`Completion.logprobs`. A server that ignores the
+fields returns none, and the verdicts get no confidence (the cell says why); one that
+rejects them fails the request as ``judge_error``. vLLM's server computes them as its
+offline engine does (after the grammar's mask; see :mod:`ragbatch.engines.vllm`).
+With ``structured_outputs: response_format`` the tokens of a choice spell the wrapper
+``{"verdict": "..."}``, which :mod:`ragbatch.judge.confidence` reads through.
+
 vLLM's JSON grammars allow any run of whitespace between tokens by default, and a weak
 or small judge can fill ``max_tokens`` with it. vLLM 0.32 reads the switch against that
 only from the server's configuration, not from a request: serve the judge with
@@ -99,7 +109,8 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 from ragbatch.config import OpenAIEngine
 from ragbatch.errors import EngineError
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
+                                     TokenLogprob)
 from ragbatch.redact import redact_url
 from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
@@ -592,6 +603,9 @@ class OpenAIJudgeEngine(JudgeEngine):
                 "type": "json_schema",
                 "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True},
             }
+        if output.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = output.logprobs
         return body
 
     async def _send_with_retries(self, body: dict[str, Any], request: EngineRequest,
@@ -680,7 +694,8 @@ class OpenAIJudgeEngine(JudgeEngine):
             text = _unwrap_choice(text)
         return Completion(status=OK, text=text, finish_reason=finish,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          cached_prompt_tokens=cached)
+                          cached_prompt_tokens=cached,
+                          logprobs=_token_logprobs(first) if request.output.logprobs else None)
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -692,6 +707,26 @@ def _mapping(value: Any) -> dict[str, Any]:
 def _count(value: Any) -> int:
     """A token count from a reply: a non-negative int, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _token_logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...] | None:
+    """The token logprobs of a chat-completions choice (``logprobs.content``), or None
+    when the server sent none or sent them in another shape."""
+    content = _mapping(choice.get("logprobs")).get("content")
+    if not isinstance(content, list) or not content:
+        return None
+    out = []
+    for item in content:
+        item = _mapping(item)
+        token, logprob = item.get("token"), item.get("logprob")
+        if not isinstance(token, str) or not isinstance(logprob, (int, float)):
+            return None
+        top = [(_mapping(t).get("token"), _mapping(t).get("logprob"))
+               for t in item.get("top_logprobs") or []]
+        top = [(t, float(v)) for t, v in top
+               if isinstance(t, str) and isinstance(v, (int, float))]
+        out.append(TokenLogprob(token, float(logprob), tuple(top)))
+    return tuple(out)
 
 
 def _unwrap_choice(text: str) -> str:

@@ -14,9 +14,13 @@ build on machines without a GPU, ``vllm`` on GPU nodes); the calls used are
 * ``LLM.enqueue(prompts, sampling_params, use_tqdm=False)`` with
   ``vllm.inputs.TokensPrompt`` prompts and one ``vllm.SamplingParams`` per request
   (``structured_outputs=vllm.sampling_params.StructuredOutputsParams(choice=...)`` or
-  ``(json=...)``), then ``LLM.llm_engine.step()`` until every request has finished or
-  the batch time limit has passed, and ``LLM.llm_engine.abort_request`` for the rest.
-  This is the loop ``LLM.generate`` runs internally, plus the time limit;
+  ``(json=...)``, and ``logprobs=k`` when the request asks for token logprobs), then
+  ``LLM.llm_engine.step()`` until every request has finished or the batch time limit
+  has passed, and ``LLM.llm_engine.abort_request`` for the rest. This is the loop
+  ``LLM.generate`` runs internally, plus the time limit;
+* ``CompletionOutput.logprobs``: per generated token a dict of token id to
+  ``vllm.logprobs.Logprob`` (``logprob``, ``decoded_token``) holding the top ``k`` and
+  the generated token;
 * ``LLM.get_metrics()`` for the prefix-cache counters (``vllm:prefix_cache_queries``
   and ``vllm:prefix_cache_hits``, in tokens).
 
@@ -32,6 +36,17 @@ backend ``auto`` tries first; it rejects a few JSON Schema keywords (``multipleO
 one fails as ``judge_error``. Set ``engine_kwargs: {structured_outputs_config: {backend:
 auto}}`` (or ``guidance``) in the job config to change this; the setting in force is
 part of :meth:`VllmJudgeEngine.sampling_key`.
+
+Token logprobs. vLLM's default ``logprobs_mode`` is ``raw_logprobs``: the log-softmax
+of the logits the sampler receives. In vLLM 0.32 the model runner applies the
+structured-output grammar's token mask to the logits *before* the sampler (and before
+temperature, top-p and other processors, which ``raw`` leaves out), so the logprobs are
+those of the grammar-constrained distribution at temperature 1: tokens the grammar
+forbids have probability 0 and never appear among the top ``k``. A verdict's
+probability (:mod:`ragbatch.judge.confidence`) is therefore taken over the tokens the
+grammar allows at that position, and does not depend on the configured temperature.
+``engine_kwargs: {logprobs_mode: processed_logprobs}`` would apply temperature and
+top-p first; a non-default mode is part of :meth:`VllmJudgeEngine.sampling_key`.
 
 Machines without a GPU. vLLM's CPU build sizes its KV cache from
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or, when that is unset, from
@@ -90,7 +105,8 @@ from typing import Any, Sequence
 
 from ragbatch.config import VllmEngine
 from ragbatch.errors import EngineError
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
+                                     TokenLogprob)
 from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -109,6 +125,9 @@ DEFAULT_CPU_MULTIPROCESSING = "0"
 #: KV-cache block size (tokens) on machines without a GPU unless ``engine_kwargs`` sets
 #: ``block_size``: the granularity of prefix-cache hits (see the module docstring).
 DEFAULT_CPU_BLOCK_SIZE = 32
+
+#: vLLM's default ``logprobs_mode`` (see the module notes on token logprobs).
+DEFAULT_LOGPROBS_MODE = "raw_logprobs"
 
 #: Structured-output settings the engine starts with unless ``engine_kwargs`` names its own.
 DEFAULT_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -211,6 +230,7 @@ class VllmJudgeEngine(JudgeEngine):
             seed=request.seed,
             max_tokens=output.max_tokens,
             structured_outputs=structured,
+            logprobs=output.logprobs or None,
         )
 
     # -- JudgeEngine -------------------------------------------------------------------
@@ -230,8 +250,9 @@ class VllmJudgeEngine(JudgeEngine):
             Same length and order as ``requests``:
 
             * ``ok`` with ``text``, ``finish_reason`` (``"stop"``, or ``"length"`` when
-              cut at ``output.max_tokens``), ``prompt_tokens``, ``completion_tokens`` and
-              ``cached_prompt_tokens`` (prompt tokens served from the prefix cache);
+              cut at ``output.max_tokens``), ``prompt_tokens``, ``completion_tokens``,
+              ``cached_prompt_tokens`` (prompt tokens served from the prefix cache) and,
+              when ``output.logprobs`` > 0, ``logprobs`` (see the module notes);
             * ``context_too_long`` when prompt tokens plus ``output.max_tokens`` exceed
               :attr:`max_model_len` (nothing is generated; ``prompt_tokens`` is set and
               ``error`` gives the three numbers);
@@ -363,8 +384,10 @@ class VllmJudgeEngine(JudgeEngine):
         dict
             ``engine`` (``"vllm"``), ``temperature``, ``top_p``,
             ``structured_outputs_backend`` (``"xgrammar"`` unless configured otherwise),
-            ``disable_any_whitespace`` (bool) and ``dtype`` (the dtype vLLM runs the
-            model in, for example ``"bfloat16"``; it changes greedy replies).
+            ``disable_any_whitespace`` (bool), ``dtype`` (the dtype vLLM runs the
+            model in, for example ``"bfloat16"``; it changes greedy replies) and, only
+            when ``engine_kwargs`` sets one other than ``raw_logprobs``,
+            ``logprobs_mode``.
         """
         return sampling_settings(self.spec, self._structured, self._dtype)
 
@@ -414,7 +437,7 @@ class VllmJudgeEngine(JudgeEngine):
 def sampling_settings(spec: VllmEngine, structured: dict[str, Any], dtype: str) -> dict[str, Any]:
     """The dict :meth:`VllmJudgeEngine.sampling_key` returns, from the config, the
     structured-output settings and the dtype the engine runs with."""
-    return {
+    settings = {
         "engine": "vllm",
         "temperature": spec.temperature,
         "top_p": spec.top_p,
@@ -422,6 +445,10 @@ def sampling_settings(spec: VllmEngine, structured: dict[str, Any], dtype: str) 
         "disable_any_whitespace": bool(structured.get("disable_any_whitespace", False)),
         "dtype": dtype,
     }
+    mode = spec.engine_kwargs.get("logprobs_mode", DEFAULT_LOGPROBS_MODE)
+    if mode != DEFAULT_LOGPROBS_MODE:
+        settings["logprobs_mode"] = str(mode)
+    return settings
 
 
 #: The dtypes vLLM runs a judge in; with ``dtype: auto`` it picks one when it loads the
@@ -643,7 +670,25 @@ def _completion(result: Any, prompt_tokens: int) -> Completion:
         prompt_tokens=prompt_tokens,
         completion_tokens=len(choice.token_ids),
         cached_prompt_tokens=int(cached) if cached is not None else None,
+        logprobs=_token_logprobs(choice),
     )
+
+
+def _token_logprobs(choice: Any) -> tuple[TokenLogprob, ...] | None:
+    """The generated tokens of a ``vllm.CompletionOutput`` with their top logprobs, or
+    None when none were asked for (or vLLM returned fewer positions than tokens)."""
+    positions = choice.logprobs
+    if not positions or len(positions) != len(choice.token_ids):
+        return None
+    out = []
+    for token_id, entry in zip(choice.token_ids, positions):
+        chosen = entry.get(token_id) if entry else None
+        if chosen is None:
+            return None
+        top = sorted(((lp.decoded_token or "", float(lp.logprob)) for lp in entry.values()),
+                     key=lambda item: -item[1])
+        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), tuple(top)))
+    return tuple(out)
 
 
 def _structured_settings(llm: Any) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER
-from ragbatch.judge.metric import JudgeMetric, Program
+from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics._cells import Guard, PyCell, blank, missing
 
 #: The reply: a reason, then the verdict (generated in this order).
@@ -23,6 +23,8 @@ SCHEMA: dict[str, Any] = {
     "required": ["reason", "verdict"],
     "additionalProperties": False,
 }
+#: Where the reply holds its verdict.
+SLOTS = VerdictSlots((("true", 1.0), ("false", 0.0)), key="verdict")
 #: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
 #: keys and a boolean.
 MAX_TOKENS = REASON_MAX_CHARS // 3 + 24
@@ -47,6 +49,7 @@ class AnswerVerdictMetric(JudgeMetric):
     Guards: a null or blank answer is ``missing_input``.
     """
 
+    Params = ScoreParams
     inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
     boolean: ClassVar[bool] = True
     task: ClassVar[str]
@@ -59,7 +62,7 @@ class AnswerVerdictMetric(JudgeMetric):
         [reply] = yield [Ask(
             build_messages(row, self.task),
             OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step=self.name,
+            parse_reply, step=self.name, verdicts=SLOTS,
         )]
         details = {"reason": reply["reason"]}
         if reply["verdict"]:

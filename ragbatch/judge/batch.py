@@ -126,4 +126,5 @@ def _record(done: JudgeCell | None) -> dict[str, Any]:
         "completion_tokens": t.completion_tokens,
         "judge_calls": t.judge_calls,
         "cache_hits": t.cache_hits,
+        "confidence": t.confidence.value if done.cell.status == "ok" else None,
     }

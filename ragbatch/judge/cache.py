@@ -8,7 +8,9 @@ metric's name, version and params (:func:`cache_key`).
 Storage: Parquet segments under ``<uri>/metric=<metric name>/part-<uuid>.parquet`` on
 any fsspec filesystem (by default next to the run outputs, so a cluster run shares it
 through object storage). Each judge-stage actor loads the segments of its metrics once,
-when it starts, into memory (about 200 bytes plus the reply text per entry), and writes
+when it starts, into memory (about 200 bytes plus the reply text per entry, and its
+token logprobs as JSON, about 40 bytes per alternative, for replies that asked for
+them: a cached reply gives the same verdict probabilities as the first), and writes
 the replies it obtained as one new segment per metric after every batch, so a crashed
 run keeps what it paid for. Segments are immutable; concurrent writers never touch the
 same file. Entries are never evicted: delete the directory to start afresh.
@@ -25,7 +27,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.judge.protocol import Ask, Completion, JudgeEngine
+from ragbatch.judge.protocol import (Ask, Completion, JudgeEngine, logprobs_from_json,
+                                     logprobs_json)
 from ragbatch.status import OK
 
 log = logging.getLogger(__name__)
@@ -37,7 +40,11 @@ SEGMENT_SCHEMA = pa.schema([
     ("prompt_tokens", pa.int64()),
     ("completion_tokens", pa.int64()),
     ("model_id", pa.string()),
+    ("logprobs", pa.string()),
 ])
+#: Columns read back; ``logprobs`` (JSON, :func:`~ragbatch.judge.protocol.logprobs_json`)
+#: is absent from segments written before it existed, and read as null there.
+_READ = ("key", "text", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")
 
 
 def cache_key(engine: JudgeEngine, identity: dict[str, Any], ask: Ask, seed: int) -> str:
@@ -79,8 +86,8 @@ class JudgmentCache:
 
         self.uri = uri.rstrip("/")
         self.fs, self.root = resolve(self.uri, storage_options)
-        self._entries: dict[str, tuple[str, str, int, int]] = {}
-        self._new: dict[str, list[tuple[str, str, str, int, int, str]]] = {}
+        self._entries: dict[str, tuple[str, str, int, int, str | None]] = {}
+        self._new: dict[str, list[tuple[str, str, str, int, int, str, str | None]]] = {}
         for name in dict.fromkeys(metric_names):
             self._load(name)
 
@@ -98,10 +105,11 @@ class JudgmentCache:
             paths = sorted(self.fs.glob(f"{folder}/*.parquet")) if self.fs.exists(folder) else []
             for path in paths:
                 with self.fs.open(path, "rb") as handle:
-                    table = pq.read_table(handle, columns=["key", "text", "finish_reason",
-                                                           "prompt_tokens", "completion_tokens"])
-                for key, text, finish, pt, ct in zip(*(table.column(i).to_pylist() for i in range(5))):
-                    self._entries[key] = (text, finish, pt, ct)
+                    table = pq.read_table(handle)
+                columns = [table.column(name).to_pylist() if name in table.column_names
+                           else [None] * table.num_rows for name in _READ]
+                for key, text, finish, pt, ct, lp in zip(*columns):
+                    self._entries[key] = (text, finish, pt, ct, lp)
         except Exception as exc:
             raise OutputError(f"judgment cache {self.uri}: cannot read {folder}: "
                               f"{type(exc).__name__}: {exc}") from exc
@@ -111,18 +119,20 @@ class JudgmentCache:
         found = self._entries.get(key)
         if found is None:
             return None
-        text, finish, pt, ct = found
-        return Completion(OK, text=text, finish_reason=finish, prompt_tokens=pt, completion_tokens=ct)
+        text, finish, pt, ct, lp = found
+        return Completion(OK, text=text, finish_reason=finish, prompt_tokens=pt,
+                          completion_tokens=ct, logprobs=logprobs_from_json(lp))
 
     def put(self, key: str, metric_name: str, model_id: str, completion: Completion) -> None:
-        """Remember a reply (only ``ok`` completions are kept)."""
+        """Remember a reply and its token logprobs (only ``ok`` completions are kept)."""
         if completion.status != OK or completion.text is None:
             return
+        logprobs = logprobs_json(completion.logprobs)
         self._entries[key] = (completion.text, completion.finish_reason or "",
-                              completion.prompt_tokens, completion.completion_tokens)
+                              completion.prompt_tokens, completion.completion_tokens, logprobs)
         self._new.setdefault(metric_name, []).append(
             (key, completion.text, completion.finish_reason or "", completion.prompt_tokens,
-             completion.completion_tokens, model_id))
+             completion.completion_tokens, model_id, logprobs))
 
     def flush(self) -> int:
         """Write the replies added since the last flush as new segments; return how many.

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generator, Sequence
+from typing import Any, ClassVar, Generator, Literal, Sequence
 
+from pydantic import Field
+
+from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.protocol import Ask
 from ragbatch.metrics._cells import Guard, PyCell, missing
-from ragbatch.metrics.base import Metric
+from ragbatch.metrics.base import Metric, StrictParams
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,17 @@ class Embed:
 
     texts: tuple[str, ...]
     engine: str
+
+
+class ScoreParams(StrictParams):
+    """Params of the judge metrics whose replies hold verdicts (see
+    :mod:`ragbatch.judge.confidence`)."""
+
+    score: Literal["verdict", "probability"] = Field("verdict", description=(
+        "`verdict` (the default) scores the verdicts the judge generated; `probability` "
+        "scores their probabilities from the token logprobs (G-Eval's weighting: p(1) "
+        "for a yes/no verdict, the expected rating for a rating), and the cell is "
+        "judge_error when the engine returns no logprobs"))
 
 
 #: What a judge metric's program yields, receives and returns.
@@ -92,9 +106,36 @@ class JudgeMetric(Metric):
 
     def cache_identity(self) -> dict[str, Any]:
         """What identifies this metric's judgments in a cache key: name, version and
-        params (the metric id is left out, so renaming a metric keeps its cache)."""
-        return {"metric": self.name, "version": self.version,
-                "params": self.params.model_dump(mode="json")}
+        params (the metric id is left out, so renaming a metric keeps its cache; so is
+        ``score``, which changes how replies are scored, not the requests)."""
+        params = {k: v for k, v in self.params.model_dump(mode="json").items() if k != "score"}
+        return {"metric": self.name, "version": self.version, "params": params}
+
+    @property
+    def probability_score(self) -> bool:
+        """Whether the metric's ``score`` param is ``probability`` (G-Eval's
+        probability-weighted score) rather than ``verdict`` (the hard verdicts)."""
+        return getattr(self.params, "score", "verdict") == "probability"
+
+    def expected_score(self, expected: list[float], cell: PyCell) -> float:
+        """The probability-weighted score of an ``ok`` cell (``score: probability``).
+
+        Parameters
+        ----------
+        expected : list of float
+            Each verdict's expected value (sum over verdict values of p(value) times
+            the value), in reply order; for 0/1 verdicts, p(1).
+        cell : PyCell
+            The cell the hard verdicts gave.
+
+        Returns
+        -------
+        float
+            By default the mean of ``expected``: the expectation of the share of
+            positive verdicts, or of a single verdict's value. Metrics whose score is
+            not a mean of their verdicts override this.
+        """
+        return mean(expected)
 
     def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
         """The parsed result a dry run assumes for ``ask``, a request of a step that

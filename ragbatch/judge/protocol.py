@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
@@ -56,17 +56,23 @@ class OutputSpec:
     max_tokens : int
         Most completion tokens; a reply cut at this limit has ``finish_reason="length"``
         and becomes ``parse_failure``.
+    logprobs : int
+        Alternatives per generated token whose log probabilities the engine returns
+        with the reply (:attr:`Completion.logprobs`); 0 asks for none.
     """
 
     choice: tuple[str, ...] | None = None
     json_schema: str | None = None
     max_tokens: int = 256
+    logprobs: int = 0
 
     def __post_init__(self) -> None:
         if (self.choice is None) == (self.json_schema is None):
             raise ValueError("OutputSpec needs exactly one of choice and json_schema")
         if self.max_tokens < 1:
             raise ValueError("OutputSpec.max_tokens must be at least 1")
+        if self.logprobs < 0:
+            raise ValueError("OutputSpec.logprobs must be 0 or more")
 
     @classmethod
     def of_choice(cls, options: Sequence[str], max_tokens: int = 8) -> "OutputSpec":
@@ -82,9 +88,80 @@ class OutputSpec:
         return None if self.json_schema is None else json.loads(self.json_schema)
 
     def key(self) -> dict[str, Any]:
-        """What this spec contributes to a cache key."""
-        return {"choice": list(self.choice) if self.choice else None,
-                "json_schema": self.json_schema, "max_tokens": self.max_tokens}
+        """What this spec contributes to a cache key (``logprobs`` only when asked for,
+        so the keys of requests without logprobs are those they always had)."""
+        key: dict[str, Any] = {"choice": list(self.choice) if self.choice else None,
+                               "json_schema": self.json_schema, "max_tokens": self.max_tokens}
+        if self.logprobs:
+            key["logprobs"] = self.logprobs
+        return key
+
+
+#: Alternatives per token asked for when a request's reply holds verdicts
+#: (:class:`VerdictSlots`): enough for every verdict value of the package's metrics
+#: (two, or six ratings) plus a few spellings of them; OpenAI's API allows at most 20.
+VERDICT_TOP_LOGPROBS = 8
+
+
+@dataclass(frozen=True)
+class VerdictSlots:
+    """Where a reply holds its verdicts, and what each verdict value is worth.
+
+    Attributes
+    ----------
+    values : tuple of (str, float)
+        Each valid verdict as written in the reply (``"true"``, ``"0"``, ``"3"``) and
+        its numeric value (for the probability-weighted score).
+    key : str or None
+        The JSON member holding a verdict (every member of that name, in reply order);
+        None when the whole reply is one verdict (a choice output).
+    items : bool
+        The member holds an array of bare verdicts (``{"verdicts": [1, 0]}``).
+    """
+
+    values: tuple[tuple[str, float], ...]
+    key: str | None = None
+    items: bool = False
+
+    @property
+    def literals(self) -> tuple[str, ...]:
+        """The valid verdicts as written in a reply."""
+        return tuple(v for v, _ in self.values)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its text, log probability, and the engine's top
+    alternatives at that position as ``(text, log probability)`` pairs, most likely
+    first (the generated token may or may not be among them)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def as_list(self) -> list[Any]:
+        """``[token, logprob, [[text, logprob], ...]]`` (JSON-serialisable)."""
+        return [self.token, self.logprob, [list(t) for t in self.top]]
+
+    @classmethod
+    def from_list(cls, item: Sequence[Any]) -> "TokenLogprob":
+        """The inverse of :meth:`as_list`."""
+        token, logprob, top = item
+        return cls(str(token), float(logprob), tuple((str(t), float(v)) for t, v in top))
+
+
+def logprobs_json(logprobs: Sequence[TokenLogprob] | None) -> str | None:
+    """Token logprobs as one JSON text (None stays None)."""
+    if logprobs is None:
+        return None
+    return json.dumps([t.as_list() for t in logprobs], ensure_ascii=False)
+
+
+def logprobs_from_json(text: str | None) -> tuple[TokenLogprob, ...] | None:
+    """The inverse of :func:`logprobs_json`."""
+    if text is None:
+        return None
+    return tuple(TokenLogprob.from_list(item) for item in json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -103,12 +180,22 @@ class Ask:
         replies that finished normally (``finish_reason == "stop"``).
     step : str
         Short name of the step, for reasons and logs (``"statements"``, ``"verdicts"``).
+    verdicts : VerdictSlots, optional
+        Where the reply holds verdicts whose probabilities the judge stage reads from
+        the token logprobs (:mod:`ragbatch.judge.confidence`). An ask with verdicts
+        always asks for :data:`VERDICT_TOP_LOGPROBS` alternatives per token (its
+        ``output.logprobs`` is raised to that when lower).
     """
 
     messages: tuple[Message, ...]
     output: OutputSpec
     parse: Callable[[str], Any] = field(compare=False, hash=False)
     step: str = "judge"
+    verdicts: VerdictSlots | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdicts is not None and self.output.logprobs < VERDICT_TOP_LOGPROBS:
+            object.__setattr__(self, "output", replace(self.output, logprobs=VERDICT_TOP_LOGPROBS))
 
     def prompt_text(self) -> str:
         """The messages as one canonical JSON text (used for hashing and caching)."""
@@ -150,6 +237,9 @@ class Completion:
     error : str or None
         Why a non-``ok`` completion failed (exception type and message, HTTP status, the
         token counts for ``context_too_long``).
+    logprobs : tuple of TokenLogprob or None
+        One entry per generated token, when the request asked for logprobs
+        (``output.logprobs`` > 0) and the engine returned them; None otherwise.
     """
 
     status: str
@@ -159,6 +249,7 @@ class Completion:
     completion_tokens: int = 0
     cached_prompt_tokens: int | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def refused(self) -> bool:

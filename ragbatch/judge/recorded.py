@@ -15,7 +15,7 @@ import polars as pl
 
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, TokenLogprob
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.status import JUDGE_ERROR, OK
 
@@ -25,9 +25,13 @@ class RecordedReplies(JudgeEngine):
 
     Parameters
     ----------
-    replies : sequence of str
+    replies : sequence of str, tuple or dict
         Replies in the order requests will arrive. A reply given as
-        ``("length", text)`` is returned as cut at ``max_tokens``.
+        ``("length", text)`` is returned as cut at ``max_tokens``; one given as a dict
+        ``{"text": ..., "logprobs": [[token, logprob, [[alternative, logprob], ...]],
+        ...]}`` (optionally with ``"finish_reason"``) comes with those token logprobs
+        (:meth:`~ragbatch.judge.protocol.TokenLogprob.from_list`), returned only when
+        the request asks for logprobs, as an engine does.
     max_model_len : int
         Reported window; a request whose prompt (counted as characters / 4) exceeds it
         gets ``context_too_long``.
@@ -51,10 +55,10 @@ class RecordedReplies(JudgeEngine):
             if not self._replies:
                 out.append(Completion(JUDGE_ERROR, error="no recorded reply left"))
                 continue
-            reply = self._replies.pop(0)
-            finish, text = reply if isinstance(reply, tuple) else ("stop", reply)
+            finish, text, logprobs = _unpack(self._replies.pop(0))
             out.append(Completion(OK, text=text, finish_reason=finish, prompt_tokens=tokens,
-                                  completion_tokens=max(1, len(text) // 4)))
+                                  completion_tokens=max(1, len(text) // 4),
+                                  logprobs=logprobs if request.output.logprobs else None))
         return out
 
     def sampling_key(self) -> dict[str, Any]:
@@ -64,6 +68,17 @@ class RecordedReplies(JudgeEngine):
     def unused(self) -> int:
         """Replies not consumed."""
         return len(self._replies)
+
+
+def _unpack(reply: Any) -> tuple[str, str, tuple[TokenLogprob, ...] | None]:
+    """``(finish_reason, text, logprobs)`` of a recorded reply."""
+    if isinstance(reply, dict):
+        logprobs = reply.get("logprobs")
+        return (reply.get("finish_reason", "stop"), reply["text"],
+                None if logprobs is None else tuple(TokenLogprob.from_list(t) for t in logprobs))
+    if isinstance(reply, tuple):
+        return reply[0], reply[1], None
+    return "stop", reply, None
 
 
 def run_example(metric_cls: type[JudgeMetric], example: JudgeExample,

@@ -6,7 +6,10 @@ collects the requests every live program yielded, answers identical requests onc
 serves what it can from the judgment cache, sends the rest to the engine in one
 ``complete`` call, parses the replies, retries unparseable ones (up to
 ``parse_retries`` times, each with a new seed, which also gives it a new cache key), and
-sends the parsed values back to the programs. A program whose request failed is closed
+sends the parsed values back to the programs. Replies that hold verdicts also give
+their verdicts' probabilities (:mod:`ragbatch.judge.confidence`), which become the cell's
+``confidence``, its ``details["p_verdicts"]`` and, for a metric with ``score:
+probability``, its score (:func:`settle`). A program whose request failed is closed
 and its cell takes the failure's status:
 
 ==================  ==============================================================
@@ -31,10 +34,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
 from ragbatch.metrics._cells import PyCell
-from ragbatch.status import ERROR, OK, PARSE_FAILURE
+from ragbatch.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class Trace:
     completion_tokens: int = 0
     judge_calls: int = 0
     cache_hits: int = 0
+    confidence: CellConfidence = field(default_factory=CellConfidence)
 
     def record(self, ask: Ask, completion: Completion, live: bool) -> None:
         """Note one answered request: its prompt hash always; its reply, tokens and a
@@ -150,7 +155,8 @@ class _Slot:
         try:
             step = next(self.program) if values is None else self.program.send(values)
         except StopIteration as stop:
-            self.result = _checked(self.metric, stop.value)
+            self.result = _checked(self.metric, settle(self.metric, stop.value,
+                                                       self.trace.confidence))
             return
         except Exception as exc:  # the metric's code failed for this row
             log.warning("%s: program raised on a row: %r", self.metric.id, exc)
@@ -173,6 +179,48 @@ def capped(ask: Ask, max_tokens: int | None) -> Ask:
     if max_tokens is None or ask.output.max_tokens <= max_tokens:
         return ask
     return replace(ask, output=replace(ask.output, max_tokens=max_tokens))
+
+
+def settle(metric: JudgeMetric, cell: Any, confidence: CellConfidence) -> Any:
+    """``cell`` as returned by ``metric``'s program, with its verdicts' probabilities.
+
+    Parameters
+    ----------
+    metric : JudgeMetric
+    cell : PyCell
+        The program's result (anything else is returned unchanged, for
+        :func:`_checked` to reject).
+    confidence : CellConfidence
+        The verdict distributions of the cell's replies.
+
+    Returns
+    -------
+    PyCell
+        Unchanged unless ``cell`` is ``ok`` and a reply held verdicts. Then, with the
+        distributions, ``details["p_verdicts"]`` lists p(generated verdict) per
+        verdict, and with ``score: probability`` the score is
+        :meth:`JudgeMetric.expected_score` of the verdicts' expected values (the hard
+        score moves to ``details["verdict_score"]``). Without them,
+        ``details["confidence_note"]`` says why, and with ``score: probability`` the
+        cell is ``judge_error`` (no hard verdict is passed off as a probability).
+    """
+    if not isinstance(cell, PyCell) or cell.status != OK or confidence.asked == 0:
+        return cell
+    details = dict(cell.details or {})
+    if confidence.value is None:
+        note = confidence.note or "no verdict found in the reply"
+        details["confidence_note"] = note
+        if metric.probability_score:
+            return PyCell(None, JUDGE_ERROR, f"score: probability needs the verdicts' token "
+                                             f"logprobs: {note}", details)
+        return replace(cell, details=details)
+    verdicts = confidence.verdicts or []
+    details["p_verdicts"] = [v.generated for v in verdicts]
+    if not metric.probability_score:
+        return replace(cell, details=details)
+    details["verdict_score"] = cell.score
+    return replace(cell, score=metric.expected_score([v.expected for v in verdicts], cell),
+                   details=details)
 
 
 def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
@@ -339,12 +387,8 @@ class JudgeRunner:
             completions = self.engine.complete(requests)
         except Exception as exc:  # the engine itself failed: every request of the call fails
             log.warning("judge engine failed on %d requests: %r", len(requests), exc)
-            from ragbatch.status import JUDGE_ERROR
-
             return [Completion(JUDGE_ERROR, error=f"{type(exc).__name__}: {exc}") for _ in requests]
         if len(completions) != len(requests):
-            from ragbatch.status import JUDGE_ERROR
-
             why = f"engine returned {len(completions)} completions for {len(requests)} requests"
             return [Completion(JUDGE_ERROR, error=why) for _ in requests]
         return completions
@@ -381,6 +425,8 @@ class JudgeRunner:
             return f"{ask.step}: {exc}"
         except Exception as exc:
             return f"{ask.step}: {type(exc).__name__}: {exc}"
+        if ask.verdicts is not None:
+            slot.trace.confidence.read(completion, ask.verdicts)
         return None
 
     def take_tallies(self) -> dict[str, dict[str, int]]:

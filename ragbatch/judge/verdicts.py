@@ -19,11 +19,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.metric import JudgeMetric, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
 from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.metrics.base import StrictParams
+from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 
 #: ``max_tokens`` per verdict with its reason: a reason of ``REASON_MAX_CHARS`` (about 3
 #: characters a token) plus the item's keys. (Faithfulness keeps its own, slightly
@@ -44,7 +43,13 @@ _REASON_FORMAT = '{{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}}'
 _BARE_FORMAT = '{{"verdicts": [0 or 1, ...]}}'
 
 
-class VerdictParams(StrictParams):
+#: Where a :func:`~ragbatch.judge.parse.verdicts_schema` reply holds its 0/1 verdicts,
+#: with and without reasons.
+REASONED_SLOTS = VerdictSlots((("0", 0.0), ("1", 1.0)), key="verdict")
+BARE_SLOTS = VerdictSlots((("0", 0.0), ("1", 1.0)), key="verdicts", items=True)
+
+
+class VerdictParams(ScoreParams):
     """Params of the metrics that judge item by item with 0/1 verdicts."""
 
     reasons: bool = Field(True, description=(
@@ -150,7 +155,9 @@ def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
     Ask
         Structured output :func:`~ragbatch.judge.parse.verdicts_schema` ``(n, reasons)``,
         ``max_tokens`` :data:`REPLY_OVERHEAD_TOKENS` plus ``n`` times the per-verdict
-        budget; the parsed result is the list of ``n`` verdicts (int 0 or 1).
+        budget; the parsed result is the list of ``n`` verdicts (int 0 or 1). The
+        verdicts' places (:data:`REASONED_SLOTS` or :data:`BARE_SLOTS`) go with it, so
+        their token logprobs are asked for.
     """
     task = (template if reasons else bare_verdicts_template(template)).format(n=n, **fields)
     per_item = max_tokens_per_verdict if reasons else BARE_VERDICT_MAX_TOKENS
@@ -159,4 +166,5 @@ def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
         OutputSpec.of_schema(verdicts_schema(n, reasons),
                              max_tokens=REPLY_OVERHEAD_TOKENS + per_item * n),
         lambda text: parse_verdicts(text, n, reasons), step=step,
+        verdicts=REASONED_SLOTS if reasons else BARE_SLOTS,
     )

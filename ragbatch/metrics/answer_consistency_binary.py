@@ -6,10 +6,10 @@ from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import NOT_APPLICABLE
@@ -26,6 +26,9 @@ SCHEMA: dict[str, Any] = {
     "required": ["reason", "states_claims", "unattributable"],
     "additionalProperties": False,
 }
+#: The verdict scored: ``unattributable`` false is worth 1.0. (``states_claims`` only
+#: decides whether the row is scored at all.)
+SLOTS = VerdictSlots((("false", 1.0), ("true", 0.0)), key="unattributable")
 #: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
 #: keys and two booleans.
 MAX_TOKENS = REASON_MAX_CHARS // 3 + 32
@@ -75,6 +78,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     in line with ``answer_consistency`` and ``faithfulness``. Cost: one judge call per row.
     """
 
+    Params = ScoreParams
     name: ClassVar[str] = "answer_consistency_binary"
     health: ClassVar[HealthFields] = HealthFields(reason="reason", usual_score=1.0)
     version: ClassVar[int] = 1
@@ -141,7 +145,7 @@ class AnswerConsistencyBinary(JudgeMetric):
         [reply] = yield [Ask(
             build_messages(row, TASK),
             OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step="attribution",
+            parse_reply, step="attribution", verdicts=SLOTS,
         )]
         details = {"reason": reply["reason"], "states_claims": reply["states_claims"],
                    "unattributable": reply["unattributable"]}

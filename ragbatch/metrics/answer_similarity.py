@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import build_messages
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics._cells import Guard, PyCell, blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
 
 #: The replies the judge may give: one digit.
 RATINGS = ("0", "1", "2", "3", "4", "5")
+#: The rating is the whole reply; each is worth its number.
+SLOTS = VerdictSlots(tuple((r, float(r)) for r in RATINGS))
 
 TASK = """\
 Rate how well the answer above agrees with the reference answer below, taken as replies
@@ -63,6 +65,7 @@ class AnswerSimilarity(JudgeMetric):
     (structured output: a choice of six digits).
     """
 
+    Params = ScoreParams
     name: ClassVar[str] = "answer_similarity"
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER, REFERENCE)
@@ -124,6 +127,6 @@ class AnswerSimilarity(JudgeMetric):
         [rating] = yield [Ask(
             build_messages(row, task),
             OutputSpec.of_choice(RATINGS, max_tokens=4),
-            parse_rating, step="rating",
+            parse_rating, step="rating", verdicts=SLOTS,
         )]
         return PyCell(float(rating), details={"rating": rating})

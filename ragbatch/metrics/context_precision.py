@@ -27,12 +27,15 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 {n} items, the first for context [1]."""
 
 
-def average_precision(verdicts: Sequence[int]) -> float:
+def average_precision(verdicts: Sequence[float]) -> float:
     """Average precision of a ranked list of 0/1 usefulness verdicts.
 
     ``sum over k of precision@k * v_k``, divided by the number of useful contexts, where
     ``precision@k`` is the share of useful contexts among the first ``k``. With no useful
     context the result is 0.0 (as in Ragas, whose denominator carries a tiny epsilon).
+    With ``score: probability`` the verdicts are each context's p(useful) and the same
+    formula weighs them (``useful`` becomes the expected count so far): a plug-in
+    score, not the expectation of the average precision.
 
     Examples
     --------
@@ -41,12 +44,12 @@ def average_precision(verdicts: Sequence[int]) -> float:
     >>> average_precision([1, 1, 0]), average_precision([0, 0])
     (1.0, 0.0)
     """
-    useful = 0
+    useful = 0.0
     total = 0.0
     for k, verdict in enumerate(verdicts, start=1):
         if verdict:
-            useful += 1
-            total += useful / k
+            useful += verdict
+            total += useful / k * verdict
     return total / useful if useful else 0.0
 
 
