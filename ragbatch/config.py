@@ -239,6 +239,10 @@ class OpenAIEngine(_JudgeSettings):
     max_retries: int = Field(4, ge=0)
     backoff_s: float = Field(0.5, ge=0)
     structured_outputs: Literal["vllm", "response_format"] = "vllm"
+    #: Ask for token logprobs of verdict replies (verdict confidence, ``score:
+    #: probability``). False for a server that rejects the ``logprobs`` field: the
+    #: requests then go without it and every cell's ``confidence`` is null, with a reason.
+    logprobs: bool = True
 
 
 #: Regions whose national number formats the PII phone detector accepts without a label:

@@ -528,3 +528,28 @@ def test_missing_api_key_variable_is_named(monkeypatch):
     monkeypatch.delenv("RAGBATCH_TEST_NO_SUCH_KEY", raising=False)
     with pytest.raises(EngineError, match="RAGBATCH_TEST_NO_SUCH_KEY"):
         load_openai_engine(_spec("http://127.0.0.1:9/v1", api_key_env="RAGBATCH_TEST_NO_SUCH_KEY"))
+
+
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_logprobs_switch_decides_what_is_asked_and_the_cache_identity(vllm_base_url, logprobs):
+    # A server that rejects the logprobs field is served with `logprobs: false`: no request
+    # asks for them, the reply carries none, and the sampling key (part of every judgment
+    # cache key) says so, so such replies never serve an engine that asks for logprobs.
+    verdict = OutputSpec(choice=("yes", "no"), logprobs=4)
+    with FaultInjector(_upstream(vllm_base_url)) as proxy:
+        eng = load_openai_engine(_spec(proxy.base_url, logprobs=logprobs))
+        try:
+            (c,) = eng.complete([_ask("Is the sky blue?", output=verdict)])
+            key = eng.sampling_key()
+        finally:
+            eng.close()
+    (body,) = proxy.chat_bodies
+    assert c.status == "ok"
+    if logprobs:
+        assert body["logprobs"] is True and body["top_logprobs"] == 4
+        assert c.logprobs and all(t.top for t in c.logprobs)
+        assert "logprobs" not in key
+    else:
+        assert "logprobs" not in body and "top_logprobs" not in body
+        assert c.logprobs is None
+        assert key["logprobs"] is False

@@ -43,7 +43,8 @@ requests whose replies hold verdicts) is sent with ``"logprobs": true, "top_logp
 k``, and the reply's ``choices[0].logprobs.content`` (per token ``token``, ``logprob``
 and ``top_logprobs``) becomes :attr:`Completion.logprobs`. A server that ignores the
 fields returns none, and the verdicts get no confidence (the cell says why); one that
-rejects them fails the request as ``judge_error``. vLLM's server computes them as its
+rejects them fails the request as ``judge_error``: set ``logprobs: false`` on the engine
+for such a server, and no request asks for them. vLLM's server computes them as its
 offline engine does (after the grammar's mask; see :mod:`ragbatch.engines.vllm`).
 With ``structured_outputs: response_format`` the tokens of a choice spell the wrapper
 ``{"verdict": "..."}``, which :mod:`ragbatch.judge.confidence` reads through.
@@ -439,10 +440,15 @@ class OpenAIJudgeEngine(JudgeEngine):
         return self._loop.run(self._complete_all(list(requests)))
 
     def sampling_key(self) -> dict[str, Any]:
-        """``{"engine": "openai", "temperature", "top_p", "structured_outputs"}``; the seed
-        travels with each request."""
-        return {"engine": "openai", "temperature": self.spec.temperature,
-                "top_p": self.spec.top_p, "structured_outputs": self.spec.structured_outputs}
+        """``{"engine": "openai", "temperature", "top_p", "structured_outputs"}``, plus
+        ``"logprobs": false`` when the engine asks for none (its cached replies hold no
+        logprobs, so they must not serve an engine that asks); the seed travels with each
+        request."""
+        key = {"engine": "openai", "temperature": self.spec.temperature,
+               "top_p": self.spec.top_p, "structured_outputs": self.spec.structured_outputs}
+        if not self.spec.logprobs:
+            key["logprobs"] = False
+        return key
 
     def stats(self) -> dict[str, Any]:
         """Counters since load.
@@ -603,7 +609,7 @@ class OpenAIJudgeEngine(JudgeEngine):
                 "type": "json_schema",
                 "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True},
             }
-        if output.logprobs:
+        if output.logprobs and self.spec.logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = output.logprobs
         return body
