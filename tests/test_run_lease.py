@@ -123,11 +123,11 @@ def test_lease_of_another_machine_holds_until_it_expires(store):
 
 def test_holder_that_stalled_past_its_expiry_loses_the_lease(store):
     _, _, fs, folder = store
-    stalled = RunLease(fs, folder, "r", ttl_s=0.5)
-    stalled.acquire()
+    stalled = RunLease(fs, folder, "r", ttl_s=3.0)
+    held = stalled.acquire()
     with pytest.raises(RunInProgressError):
         RunLease(fs, folder, "r").acquire()
-    time.sleep(0.8)  # it did not renew in time
+    time.sleep(max(0.0, held.expires_at - time.time()) + 0.3)  # it did not renew in time
     RunLease(fs, folder, "r").acquire()
     with pytest.raises(RunInProgressError, match=rf"lost its lease .* pid {os.getpid()}"):
         stalled.check()

@@ -113,7 +113,11 @@ def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_s
     result = json.loads(compared.read_text())
     assert (result["candidate"]["root"], _exact_match(result)["mean_diff"]) == (other, 0.5)
 
-    # without the options: a clear error at once, not a request that leaves loopback
+    # without the options: a clear error at once, not a request that leaves loopback. A
+    # filesystem cached in this process by an earlier test (fsspec caches instances by their
+    # arguments, so one made while AWS_ENDPOINT_URL was set would be reused) is dropped
+    # first: a `ragbatch` process starts with none.
+    s3fs.S3FileSystem.clear_instance_cache()
     started = time.monotonic()
     code, _, err = run_cli(["compare", "--output", root, "base", "cand"])
     assert code == 2 and root in err, err
