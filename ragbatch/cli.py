@@ -1,10 +1,11 @@
 """The ``ragbatch`` command line.
 
-Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, and
-``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
+Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, ``calibrate``,
+``models build`` (a small real judge model, :mod:`ragbatch.models`), and ``submit``,
+``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
 the config or input found before running (for ``compare`` and ``report``: an unknown run,
 root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
-running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
+running (or an unreachable cluster or package index), and 3 when ``compare --fail-on-regression`` finds a
 metric that regresses beyond the threshold. ``nightly`` adds 4 (the night's input is not
 there yet; :mod:`ragbatch.nightly_job`). ``submit --wait`` exits with the job's own status.
 Ctrl-C exits 130; a run it stops says where its staged scores are kept and how to resume.
@@ -77,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     from ragbatch.calibrate.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
+    from ragbatch.models.cli import add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 
@@ -624,6 +628,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return cmd_calibrate(args)
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from ragbatch.models.cli import cmd_models
+
+    return cmd_models(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -633,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
                 "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
                 "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
-                "calibrate": _cmd_calibrate}
+                "calibrate": _cmd_calibrate, "models": _cmd_models}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError) as exc:
