@@ -77,6 +77,28 @@ def test_second_build_verifies_and_returns_at_once(smollm2_model, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in smollm2_model.iterdir()} == mtimes
 
 
+def test_check_names_what_differs_from_the_record(smollm2_model, tmp_path):
+    from ragbatch.models.store import check_folder
+
+    source = get_model_source("smollm2")
+    copy = tmp_path / "smollm2"
+    shutil.copytree(smollm2_model, copy)
+    assert check_folder(source, copy) is None
+    config = copy / "tokenizer_config.json"
+    original = config.read_bytes()
+    config.write_bytes(original.replace(b"8192", b"8193"))  # same size, other bytes
+    assert check_folder(source, copy) == "tokenizer_config.json: sha256 differs from the record"
+    config.write_bytes(original)
+    (copy / "LICENSE").unlink()
+    assert check_folder(source, copy) == ("files differ from the record (missing: ['LICENSE']; "
+                                          "extra: none)")
+    shutil.copyfile(smollm2_model / "LICENSE", copy / "LICENSE")
+    record = json.loads((copy / RECORD).read_text())
+    (copy / RECORD).write_text(json.dumps(record | {"recipe": 0}))
+    assert check_folder(source, copy) == "built by recipe 0, current is 1"
+    assert check_folder(source, tmp_path / "absent") == "not built yet"
+
+
 @pytest.mark.slow
 def test_corrupted_folder_is_rebuilt_to_the_recorded_bytes(smollm2_model, tmp_path):
     recorded = json.loads((smollm2_model / RECORD).read_text())["files"]
