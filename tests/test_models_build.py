@@ -95,7 +95,7 @@ def test_check_names_what_differs_from_the_record(smollm2_model, tmp_path):
     shutil.copyfile(smollm2_model / "LICENSE", copy / "LICENSE")
     record = json.loads((copy / RECORD).read_text())
     (copy / RECORD).write_text(json.dumps(record | {"recipe": 0}))
-    assert check_folder(source, copy) == "built by recipe 0, current is 1"
+    assert check_folder(source, copy) == "built by recipe 0, current is 2"
     assert check_folder(source, tmp_path / "absent") == "not built yet"
 
 

@@ -76,7 +76,10 @@ def convert_gguf(gguf_file: Path, out: Path, *, max_model_len: int) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, name = str(gguf_file.parent), gguf_file.name
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # local_files_only: the file is here, and the tokenizer writes this load argument into
+    # tokenizer_config.json, so passing it always keeps the output the same whether or not
+    # HF_HUB_OFFLINE is set
+    config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(gguf_file), return_tensors=True,
                                    model_to_load=model)["tensors"]
@@ -91,7 +94,7 @@ def convert_gguf(gguf_file: Path, out: Path, *, max_model_len: int) -> None:
     model.save_pretrained(out)
     GenerationConfig.from_model_config(model.config).save_pretrained(out)
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     tokenizer.model_max_length = max_model_len
     if not tokenizer.chat_template:
         raise RagbatchError(f"{name} carries no chat template; a judge needs one")

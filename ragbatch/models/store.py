@@ -18,7 +18,8 @@ from ragbatch.models.wheel import sha256_file
 #: Name of the record file in a built folder.
 RECORD = "ragbatch-model.json"
 #: Version of the conversion recipe; a folder built by another version is rebuilt.
-RECIPE = 1
+#: 2: the tokenizer is loaded with ``local_files_only=True`` whatever the environment.
+RECIPE = 2
 #: Environment variable that overrides the cache directory.
 CACHE_ENV = "RAGBATCH_MODEL_CACHE"
 
