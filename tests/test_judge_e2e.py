@@ -41,9 +41,11 @@ pytestmark = pytest.mark.slow
 #: Reply budget cap: SmolLM2's replies to the judge asks run to 20-150 tokens; the cap
 #: bounds the test's run time should it ramble.
 MAX_TOKENS = 256
-#: Tonic rows the tests judge: five contexts of about 1,600 tokens in all per row, and
-#: every judge metric makes one or more calls per row (seconds each on two CPU cores).
+#: Tonic rows the tests judge, and the retrieved chunks kept of each row's five (about
+#: 330 tokens each): every judge metric makes one or more calls per row, and prefilling
+#: the shared block is most of a call's cost on two CPU cores.
 TONIC_ROWS = 3
+CONTEXTS = 2
 #: Statuses a parseable reply may give; parse_failure, judge_error and the rest may not.
 PARSED = {"ok", "not_applicable"}
 #: Every judge metric of the registry (``ragbatch metrics``).
@@ -51,11 +53,15 @@ JUDGE_METRICS = sorted(cls.name for cls in all_metrics() if cls.describe()["kind
 
 
 def _tonic_rows(tmp_path: Path, n: int) -> Path:
+    """The first ``n`` shipped Tonic rows of one system, each with its first
+    :data:`CONTEXTS` retrieved chunks."""
     out = tmp_path / "tonic" / "system=cohere" / "rows.csv"
     if out.exists():
         return out.parent.parent
     out.parent.mkdir(parents=True)
-    pl.read_csv(TONIC, infer_schema=False).head(n).write_csv(out)
+    first = pl.col("llm_context").map_elements(lambda text: json.dumps(json.loads(text)[:CONTEXTS]),
+                                               return_dtype=pl.String)
+    pl.read_csv(TONIC, infer_schema=False).head(n).with_columns(first).write_csv(out)
     return out.parent.parent
 
 
