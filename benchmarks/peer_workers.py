@@ -6,7 +6,8 @@ peer's evaluation call (imports, model loading and input conversion are outside 
 timed span; the caller's wall time covers everything), and writes a JSON result:
 ``eval_s``, ``rows``, per-metric ``failed`` cells (a score the peer returned as missing:
 an unparseable reply or a failed request, with parse retries at the peer's minimum) and
-``parse_failures`` (their sum), and the peer's versions.
+``parse_failures`` (their sum), ``judged_cells`` (rows x LLM metrics, the denominator of
+the parse-failure rate), and the peer's versions.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def ragas(args) -> dict[str, Any]:
     scores = result.scores  # one dict per row
     failed = {m.name: sum(_missing(s.get(m.name)) for s in scores) for m in metrics}
     return {"eval_s": eval_s, "rows": len(rows), "failed": failed,
-            "parse_failures": sum(failed.values()),
+            "parse_failures": sum(failed.values()), "judged_cells": len(rows) * len(metrics),
             "settings": {"llm": "llm_factory(AsyncOpenAI)", "max_tokens": args.max_tokens,
                          "temperature": 0.0, "run_config": {"max_workers": args.workers,
                                                             "max_retries": 1, "timeout": 600},
@@ -129,6 +130,7 @@ def tonic(args) -> dict[str, Any]:
               for m in metrics}
     return {"eval_s": eval_s, "rows": len(rows), "failed": failed,
             "parse_failures": sum(failed[m.name] for m in llm_metrics),
+            "judged_cells": len(rows) * len(llm_metrics),
             "settings": {"max_parsing_retries": 1, "max_llm_retries": 1,
                          "parallelism": args.workers, "model_evaluator": args.model,
                          "max_tokens": "server cap (Tonic sends none)"},

@@ -4,6 +4,7 @@ same reply cap, and the wall time, judge calls, prompt tokens and rows per secon
 Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/vs_peers.py                                   # CPU, tiny random model
+    python benchmarks/vs_peers.py --judge-model smollm2             # CPU, SmolLM2-135M
     python benchmarks/vs_peers.py --rows 200,10000 --repeats 3
     python benchmarks/vs_peers.py --base-url http://127.0.0.1:8000/v1 --model judge \\
         --model-dir /models/judge --num-gpus 1                      # a served GPU model
@@ -32,8 +33,10 @@ on first use with the pinned :data:`PEER_REQUIREMENTS`), in a subprocess of this
 (``--peer-worker``, code in ``benchmarks/peer_workers.py``), so the peers never enter
 the project's dependencies.
 
-Without ``--base-url`` the script builds the tiny random test model
-(``tests/judge_models.py``) into ``benchmarks/_data/tiny-judge`` and serves it on a free
+Without ``--base-url`` the script builds ``--judge-model``: the tiny random test model
+(``tests/judge_models.py``, into ``benchmarks/_data/tiny-judge``; the default) or
+SmolLM2-135M-Instruct (``smollm2``: ``ragbatch models build smollm2``, into the model
+cache; a real instruction-tuned model, served in float32 on a CPU), and serves it on a free
 loopback port with vLLM's OpenAI-compatible server, every reply capped at
 ``--max-tokens`` by the server itself (``--override-generation-config``), so the cap is
 the same for every client, whether or not it sends ``max_tokens``. Judge calls, prompt
@@ -62,6 +65,12 @@ sample has no reference answer: the row's answer is used as the reference (for
 context_recall and answer_similarity; the figures are about time, not scores).
 ``--contexts-per-row K`` gives each row K contexts: its own, then K-1 distractors (the
 next sample rows' documents, or windows of randomly drawn documents).
+
+Every tool's parse-failure rate is reported beside its counts: cells whose reply did not
+parse over the judge cells it scored (ragbatch: the ``parse_failure`` cells of its judge
+metrics; a peer: the missing scores of its LLM metrics over rows x LLM metrics). With the
+random model the replies parse because structured outputs force their shape; with SmolLM2
+the rate measures how each tool copes with a real small model's replies.
 
 It prints a table and writes ``--out`` (default ``benchmarks/_data/vs_peers.json``). The
 job configs, outputs and logs of each tool, and the server's log, go to
@@ -210,6 +219,22 @@ def build_tiny_model(path: Path) -> Path:
     return module.build_tiny_judge_model(path)
 
 
+def build_smollm2() -> Path:
+    """SmolLM2-135M-Instruct's folder in ragbatch's model cache (built on first use)."""
+    from ragbatch.models import build_model
+
+    return build_model("smollm2").path
+
+
+#: ``--judge-model`` choices: the builder of the model's folder and the dtype the server
+#: and ragbatch's engine run it in without GPUs (SmolLM2's folder is bfloat16, which CPUs
+#: without AVX512-BF16 run about a third slower than float32).
+JUDGE_MODELS = {
+    "tiny": (lambda: build_tiny_model(DEFAULT_MODEL_DIR), "auto"),
+    "smollm2": (build_smollm2, "float32"),
+}
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -233,12 +258,13 @@ def artifact(args: argparse.Namespace, name: str) -> Path:
 
 
 def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """Serve ``model_dir`` as :data:`SERVED_NAME` on a free loopback port; return the
+    """Serve ``model_dir`` as ``--model`` on a free loopback port; return the
     process (leader of its own process group) and the ``.../v1`` base URL."""
     port = _free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", SERVED_NAME, "--max-model-len", str(args.max_model_len),
+               "--served-model-name", args.model, "--max-model-len", str(args.max_model_len),
+               "--dtype", args.dtype,
                "--structured-outputs-config",
                json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
                "--override-generation-config", json.dumps({"max_new_tokens": args.max_tokens})]
@@ -342,7 +368,7 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
                  "request_timeout_s": 600, **common}
     else:
         judge = {"kind": "vllm", "model": str(model_dir), "max_model_len": args.max_model_len,
-                 "num_gpus": args.num_gpus,
+                 "num_gpus": args.num_gpus, "dtype": args.dtype,
                  "engine_kwargs": {"enforce_eager": args.num_gpus == 0}, **common}
         if args.max_num_seqs is not None:
             judge["engine_kwargs"]["max_num_seqs"] = args.max_num_seqs
@@ -404,6 +430,7 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
               "own_completion_tokens": judge["completion_tokens"],
               "own_cached_prompt_tokens": judge["cached_prompt_tokens"],
               "parse_failures": sum(v.get("parse_failure", 0) for v in counts.values()),
+              "judged_cells": sum(sum(counts[mid].values()) for mid in manifest["judge"]["metrics"]),
               "statuses": counts, "command": " ".join(["ragbatch", "run", str(config_path),
                                                        "--run-id", tag])}
     if before is not None:
@@ -498,6 +525,13 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def parse_failure_rate(run: dict[str, Any]) -> float | None:
+    """A run's parse failures over the judge cells it scored (None when it scored none or
+    did not count them)."""
+    cells = run.get("judged_cells")
+    return run["parse_failures"] / cells if cells else None
+
+
 def summarise(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
     """Medians over one tool's ``runs`` on ``n`` rows (seconds, rows per second) and the
     first run's counts (requests, tokens, parse failures: the same in every run)."""
@@ -509,6 +543,8 @@ def summarise(runs: list[dict[str, Any]], n: int) -> dict[str, Any]:
            "prompt_tokens": first["prompt_tokens"],
            "completion_tokens": first["completion_tokens"],
            "parse_failures": first["parse_failures"],
+           "judged_cells": first.get("judged_cells"),
+           "parse_failure_rate": parse_failure_rate(first),
            "load_average_1m": [r.get("load_average_1m") for r in runs]}
     if evals:
         out["eval_s_median"] = _median(evals)
@@ -527,10 +563,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each tool (default 3)")
     p.add_argument("--base-url", help="an OpenAI-compatible server's .../v1 (default: serve "
                                       "the tiny test model on loopback)")
-    p.add_argument("--model", default=SERVED_NAME, help="served model name (default tiny)")
+    p.add_argument("--judge-model", choices=sorted(JUDGE_MODELS), default=SERVED_NAME,
+                   help="the model the script builds and serves without --base-url: the tiny "
+                        "random test model, or SmolLM2-135M-Instruct (default tiny)")
+    p.add_argument("--model", help="served model name (default: the --judge-model name)")
     p.add_argument("--model-dir", type=Path,
                    help="model directory for the ragbatch-vllm engine (and the server when "
-                        "no --base-url; default: the tiny test model)")
+                        "no --base-url; default: the --judge-model folder)")
+    p.add_argument("--dtype", help="dtype of the script's server and ragbatch's vLLM engine "
+                                   "(default: float32 for smollm2 without GPUs, else auto)")
     p.add_argument("--num-gpus", type=int, default=0,
                    help="GPUs for ragbatch's vLLM engine (default 0); above 0 also selects "
                         "the GPU defaults of the options below, so pass it with --base-url "
@@ -591,6 +632,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.contexts_per_row < 1:
         p.error("--contexts-per-row must be 1 or more")
+    args.model = args.model or args.judge_model
+    if args.dtype is None:
+        args.dtype = JUDGE_MODELS[args.judge_model][1] if args.num_gpus == 0 else "auto"
     return with_device_defaults(args)
 
 
@@ -653,7 +697,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "ragbatch-vllm" in tools and args.base_url and not args.model_dir:
         raise SystemExit("--tools ragbatch-vllm with --base-url needs --model-dir: the "
                          "directory of the served model, for ragbatch's own engine")
-    model_dir = args.model_dir or (build_tiny_model(DEFAULT_MODEL_DIR) if not args.base_url else None)
+    model_dir = args.model_dir or (JUDGE_MODELS[args.judge_model][0]() if not args.base_url else None)
     server = None
     base_url = args.base_url
     if base_url is None:
@@ -714,8 +758,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     args.out.write_text(json.dumps(results, indent=2) + "\n")
                     print(f"{n:>6} rows  {tool:16s} run {rep}: {run['wall_s']:8.1f} s  "
                           f"{run['requests']} requests  {run['prompt_tokens']} prompt tokens  "
-                          f"{run['parse_failures']} parse failures  "
-                          f"(load {run['load_average_1m']:.2f})", flush=True)
+                          f"{run['parse_failures']} parse failures"
+                          + (f" ({parse_failure_rate(run):.1%} of {run['judged_cells']} judge "
+                             f"cells)" if run.get("judged_cells") else "")
+                          + f"  (load {run['load_average_1m']:.2f})", flush=True)
             summary = {tool: summarise(runs, runs[0]["rows"]) | {"rows": runs[0]["rows"]}
                        for tool, runs in per_tool.items()}
             for key, ratio_key in (("rows_per_s", "ratio_to_faster_peer"),
@@ -732,7 +778,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratio = s.get("ratio_to_faster_peer")
                 print(f"{n:>6} rows  {tool:16s} median {s['wall_s_median']:8.1f} s over "
                       f"{s['rows']} rows  {s['rows_per_s']:8.2f} rows/s"
-                      + (f"  x{ratio:.2f} the faster peer" if ratio else ""), flush=True)
+                      + (f"  x{ratio:.2f} the faster peer" if ratio else "")
+                      + (f"  parse failures {s['parse_failure_rate']:.1%}"
+                         if s["parse_failure_rate"] is not None else ""), flush=True)
     finally:
         if server is not None:
             stop_server(server)

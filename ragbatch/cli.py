@@ -1,13 +1,14 @@
 """The ``ragbatch`` command line.
 
-Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``, and
-``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem in
-the config or input found before running (a run id that cannot name a directory, see
+Commands: ``run``, ``validate``, ``metrics``, ``compare``, ``report``, ``nightly``,
+``calibrate``, ``models build`` (a small real judge model, :mod:`ragbatch.models`), and
+``submit``, ``status``, ``logs`` for Ray jobs. Exit status: 0 on success, 2 for a problem
+in the config or input found before running (a run id that cannot name a directory, see
 :mod:`ragbatch.ids`; another attempt of the same run id running now, see
-:mod:`ragbatch.io.lease`; for ``compare`` and ``report``: an unknown run,
-root or column; for ``status`` and ``logs``: an unknown job id), 1 for a failure while
-running (or an unreachable cluster), and 3 when ``compare --fail-on-regression`` finds a
-metric that regresses beyond the threshold. ``run`` and ``nightly`` exit 5 when the run
+:mod:`ragbatch.io.lease`; for ``compare`` and ``report``: an unknown run, root or column;
+for ``status`` and ``logs``: an unknown job id), 1 for a failure while running (or an
+unreachable cluster or package index), and 3 when ``compare --fail-on-regression`` finds
+a metric that regresses beyond the threshold. ``run`` and ``nightly`` exit 5 when the run
 committed but a judge metric's all-rows result is degenerate and ``--fail-on-degenerate``
 (or ``diagnostics.fail_on_degenerate`` in the config) asks to gate on it (docs/judges.md,
 "Judge health"). ``nightly`` adds 4 (the night's input is not there yet;
@@ -92,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     from ragbatch.calibrate.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
+    from ragbatch.models.cli import add_models_parser
+
+    add_models_parser(sub)
     return parser
 
 
@@ -665,6 +669,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return cmd_calibrate(args)
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from ragbatch.models.cli import cmd_models
+
+    return cmd_models(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -674,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
                 "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
                 "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
-                "calibrate": _cmd_calibrate}
+                "calibrate": _cmd_calibrate, "models": _cmd_models}
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError, RunInProgressError) as exc:

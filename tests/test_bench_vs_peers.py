@@ -136,3 +136,43 @@ def test_server_prefix_cache_is_emptied_between_runs(vs_peers, tiny_judge_model,
     finally:
         vs_peers.stop_server(proc)
     assert vs_peers.reset_prefix_cache(url) is False  # no server: reported, not raised
+
+
+def test_smollm2_option_serves_and_runs_it_in_float32_on_a_cpu(vs_peers, smollm2_model, tmp_path):
+    cpu = vs_peers.parse_args(["--judge-model", "smollm2"])
+    assert (cpu.model, cpu.dtype) == ("smollm2", "float32")
+    assert vs_peers.JUDGE_MODELS["smollm2"][0]() == smollm2_model
+    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", cpu,
+                                   "http://127.0.0.1:1/v1", smollm2_model)
+    assert job["engines"]["judge"]["dtype"] == "float32"
+    assert vs_peers.parse_args(["--judge-model", "smollm2", "--num-gpus", "1"]).dtype == "auto"
+    tiny = vs_peers.parse_args([])
+    assert (tiny.judge_model, tiny.model, tiny.dtype) == ("tiny", "tiny", "auto")
+
+
+def test_parse_failure_rate_is_failures_over_judge_cells(vs_peers):
+    run = {"wall_s": 10.0, "requests": 40, "prompt_tokens": 1, "completion_tokens": 1,
+           "parse_failures": 3, "judged_cells": 12}
+    assert vs_peers.summarise([run], 2)["parse_failure_rate"] == 0.25
+    assert vs_peers.summarise([run | {"judged_cells": None}], 2)["parse_failure_rate"] is None
+
+
+@pytest.mark.slow
+def test_ragbatch_side_reports_smollm2_parse_failure_rate(vs_peers, smollm2_model, tmp_path,
+                                                         monkeypatch):
+    """ragbatch's own engine on SmolLM2 over three rows (the peers are not installed here):
+    the rate the script reports is the share of parse_failure cells among the judge
+    metrics' cells of the written scores."""
+    import polars as pl
+
+    monkeypatch.setattr(vs_peers, "WORK", tmp_path / "work")  # rows, job and output here
+    args = vs_peers.parse_args(["--judge-model", "smollm2", "--rows", "3", "--max-tokens", "96",
+                                "--sample-context-chars", "400", "--out", str(tmp_path / "o.json")])
+    rows = vs_peers.write_rows(3, args)
+    run = vs_peers.run_ragbatch("vllm", rows, 3, args, "http://127.0.0.1:1/v1", smollm2_model, "r0")
+    out = vs_peers.artifact(args, "out_vllm_3")
+    scores = pl.read_parquet(out / "scores" / "**" / "*.parquet", hive_partitioning=True)
+    judged = scores.filter(pl.col("metric").is_in(vs_peers.JUDGE_METRICS))
+    assert run["judged_cells"] == judged.height == 3 * len(vs_peers.JUDGE_METRICS)
+    assert run["parse_failures"] == judged.filter(pl.col("status") == "parse_failure").height
+    assert vs_peers.summarise([run], 3)["parse_failure_rate"] == run["parse_failures"] / judged.height

