@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 test bench clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge bench clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -70,6 +70,11 @@ demo-calibrate: smollm2
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The long real-judge runs (SmolLM2 on dozens of rows: tens of minutes on a CPU), which
+# `make test` skips.
+test-real-judge: setup
+	$(BIN)/python -m pytest --real-judge -m real_judge
 
 clean:
 	rm -rf out .pytest_cache .hypothesis

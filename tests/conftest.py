@@ -17,6 +17,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest_plugins = ["s3_fixtures", "vllm_server", "nightly_runs"]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--real-judge", action="store_true", default=False,
+                     help="also run the tests marked real_judge: the real SmolLM2 judge on "
+                          "dozens of rows, which takes tens of minutes on a CPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--real-judge"):
+        return
+    skip = pytest.mark.skip(reason="a long real-judge run on CPU; run it with --real-judge "
+                                   "(make test-real-judge)")
+    for item in items:
+        if "real_judge" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray instance shared by the whole session (starting one takes seconds)."""

@@ -3,7 +3,10 @@
 SmolLM2-135M-Instruct (fixture ``smollm2_model``: a session fixture yielding the local
 model directory) judges the first 24 ARES rows with ``jobs/ares_judge.yaml`` (as ``make
 demo-judge`` runs it); the six metrics the issue names must be marked degenerate.
-Skipped, saying why, where the fixture is not defined.
+Skipped, saying why, where the fixture is not defined. The run takes over 20 minutes on
+two CPU cores, so it is marked ``real_judge`` and runs only with ``--real-judge`` (``make
+test-real-judge``); the default suite checks the same flags on the canned replay of this
+run (tests/test_judge_health.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import yaml
 from degenerate_judge import ARES, N_ROWS, REQUIRED_FLAGGED
 from ragbatch.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_judge]
 
 REPO_JOB = ARES.parents[3] / "jobs" / "ares_judge.yaml"
 
