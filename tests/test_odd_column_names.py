@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragbatch.cli import main
-from ragbatch.columns import INTERNAL_PREFIX
+from ragbatch.columns import INTERNAL_PREFIX, JUDGE_FIELDS
 from ragbatch.config import JobConfig
 from ragbatch.errors import InputError
 from ragbatch.plan import build_plan
@@ -42,9 +42,9 @@ def _config(src: Path, out: Path, **input_extra) -> JobConfig:
 def _scores(result) -> tuple[list[str], list[list]]:
     """(column names, rows) of the committed scores, ordered by row and metric."""
     con = duckdb.connect()
+    judge_columns = ", ".join(name for name, _ in JUDGE_FIELDS)
     cur = con.execute(
-        f"SELECT * EXCLUDE (run_date, run_id, details, model, judge_reply, prompt_hash, "
-        f"prompt_tokens, completion_tokens, judge_calls, cache_hits) FROM read_parquet("
+        f"SELECT * EXCLUDE (run_date, run_id, details, model, {judge_columns}) FROM read_parquet("
         f"'{result.layout.root}/scores/**/*.parquet', hive_partitioning=true) ORDER BY row_id, metric"
     )
     rows = [list(r) for r in cur.fetchall()]

@@ -12,7 +12,7 @@ import pytest
 
 from ragbatch.errors import ConfigError
 from ragbatch.judge.parse import parse_verdicts, verdicts_schema
-from ragbatch.judge.protocol import ParseError
+from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS, ParseError
 from ragbatch.judge.recorded import run_example
 from ragbatch.judge.verdicts import (
     BARE_VERDICT_MAX_TOKENS, REPLY_OVERHEAD_TOKENS, VerdictMetric, bare_verdicts_template,
@@ -40,7 +40,10 @@ BARE_2 = {"type": "object", "required": ["verdicts"], "additionalProperties": Fa
 #: (messages and output spec) and of its cache identity, taken before the ``reasons``
 #: param existed (commit b3aa7f4) and equal after it: with the default nothing a judge
 #: sees or a cache key holds has changed. When a prompt changes on purpose, bump the
-#: metric's ``version`` and update the digest here.
+#: metric's ``version`` and update the digest here. Since verdict confidence (issue 25)
+#: every request that holds verdicts also asks for token logprobs, a field of its output
+#: spec and so of its cache key: the digests are taken without that field (prompts and
+#: schemas are unchanged), and the field is checked on its own.
 DEFAULT_DIGESTS = {
     "answer_consistency": "fed97de74ff718f4",
     "augmentation_accuracy": "d5b6ff4d2cf31941",
@@ -129,15 +132,22 @@ def test_reply_schemas():
     assert ask.output.schema == BARE_2
 
 
-def _digest(cls) -> str:
-    digest = hashlib.sha256()
+def _default_requests(cls) -> list:
+    requests = []
     for example in cls.judge_examples:
         if example.params:
             continue
         _, _, engine = run_example(cls, example)
-        for request in engine.requests:
-            digest.update(json.dumps([[m.role, m.content] for m in request.messages]).encode())
-            digest.update(json.dumps(request.output.key(), sort_keys=True).encode())
+        requests += engine.requests
+    return requests
+
+
+def _digest(cls) -> str:
+    digest = hashlib.sha256()
+    for request in _default_requests(cls):
+        digest.update(json.dumps([[m.role, m.content] for m in request.messages]).encode())
+        key = {k: v for k, v in request.output.key().items() if k != "logprobs"}
+        digest.update(json.dumps(key, sort_keys=True).encode())
     digest.update(json.dumps(cls.from_params({}).cache_identity(), sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
@@ -145,6 +155,16 @@ def _digest(cls) -> str:
 @pytest.mark.parametrize("cls", VERDICT_METRICS, ids=lambda cls: cls.name)
 def test_default_requests_are_those_from_before_the_param(cls):
     assert _digest(cls) == DEFAULT_DIGESTS[cls.name]
+
+
+@pytest.mark.parametrize("cls", VERDICT_METRICS, ids=lambda cls: cls.name)
+def test_verdict_requests_ask_for_token_logprobs(cls):
+    # The verdict step (the last request of each worked example's program) asks for the
+    # top VERDICT_TOP_LOGPROBS alternatives per token, and its cache key says so.
+    requests = _default_requests(cls)
+    verdict_steps = [r for r in requests if r.output.logprobs]
+    assert verdict_steps and all(r.output.logprobs == VERDICT_TOP_LOGPROBS for r in verdict_steps)
+    assert all(r.output.key()["logprobs"] == VERDICT_TOP_LOGPROBS for r in verdict_steps)
 
 
 @pytest.mark.parametrize("cls", [c for c in VERDICT_METRICS if c.judge_steps == 2],
@@ -202,7 +222,7 @@ def test_params_and_cache_identity(cls):
     default = cls.from_params({})
     assert default.reasons is True
     assert default.cache_identity()["params"] == {}  # as before the param existed
-    assert default.manifest_info()["params"] == {"reasons": True}
+    assert default.manifest_info()["params"] == {"reasons": True, "score": "verdict"}
     bare = cls.from_params({"reasons": False})
     assert bare.reasons is False
     assert bare.cache_identity()["params"] == {"reasons": False}
