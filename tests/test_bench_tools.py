@@ -1,5 +1,6 @@
-"""The small tools of ``benchmarks/``: the instant stand-in judge's replies and the
-prompt-token accounting's prefix cache (both feed figures in BENCHMARKS.md)."""
+"""The small tools of ``benchmarks/``: the instant stand-in judge's replies, the
+prompt-token accounting's prefix cache, and the calibration benchmark's sample and
+agreement table (all feed figures in BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _load(name: str):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"),
+                                                  ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -92,3 +94,150 @@ def test_task_tokens_count_what_follows_the_shared_block(accounting):
     assert accounting.task_tokens(chat, encode) == len("\n\n## Task\nRate it 👍")
     tonic = [{"role": "user", "content": "REL\nQUESTION: q\n"}]
     assert accounting.task_tokens(tonic, encode) == 0
+
+
+# -- benchmarks/calibrate.py -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calib():
+    return _load("calibrate")
+
+
+def test_stratified_sample_keeps_up_to_n_rows_per_label_in_input_order(calib):
+    import polars as pl
+
+    frame = pl.DataFrame({"gold": ["a", "b", "a", "a", "b", "c", "a"]})
+    positions, counts = calib.stratified_positions(frame, ["gold"], 2, seed=0)
+    assert counts == {"a": 2, "b": 2, "c": 1}           # c has one row: kept alone
+    assert positions == sorted(positions) and len(positions) == 5
+    assert {1, 4, 5} <= set(positions)                  # every b and c row
+    assert set(positions) - {1, 4, 5} <= {0, 2, 3, 6}   # two of the four a rows
+    assert calib.stratified_positions(frame, ["gold"], 2, seed=0) == (positions, counts)
+    assert calib.stratified_positions(frame, ["gold"], 4) == (list(range(7)), {"a": 4, "b": 2, "c": 1})
+
+
+def test_several_label_columns_make_one_stratum_per_combination(calib):
+    import polars as pl
+
+    frame = pl.DataFrame({"f": [1, 1, 0, 1], "r": ["1", "0", "1", "1"]})
+    assert calib.stratum_keys(frame, ["f", "r"]) == ["1 | 1", "1 | 0", "0 | 1", "1 | 1"]
+    positions, counts = calib.stratified_positions(frame, ["f", "r"], 1, seed=3)
+    assert counts == {"0 | 1": 1, "1 | 0": 1, "1 | 1": 1}
+    assert positions in ([0, 1, 2], [1, 2, 3])          # one of the two "1 | 1" rows
+
+
+def test_unicode_labels_are_strata_as_written(calib):
+    import polars as pl
+
+    frame = pl.DataFrame({"étiquette": ["仇恨", "haineux", " 仇恨 ", "non-haineux 👍"]})
+    positions, counts = calib.stratified_positions(frame, ["étiquette"], 5)
+    assert counts == {"haineux": 1, "non-haineux 👍": 1, "仇恨": 2}
+    assert positions == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("cells", [["x", None, "y"], ["x", "  ", "y"]])
+def test_a_missing_label_is_an_error_naming_the_column(calib, cells):
+    import polars as pl
+
+    frame = pl.DataFrame({"label_gold": cells})
+    with pytest.raises(ValueError, match=r"label column 'label_gold' has 1 null or empty cell\(s\), "
+                                         r"the first at input row 1"):
+        calib.stratified_positions(frame, ["label_gold"], 2)
+    with pytest.raises(ValueError, match="label column 'gold' is not in the input"):
+        calib.stratified_positions(frame, ["gold"], 2)
+
+
+def test_pairs_are_drawn_whole(calib):
+    picked = calib.sampled_pairs(10, 3, seed=0)
+    assert len(picked) == 3 == len(set(picked)) and picked == sorted(picked)
+    assert all(0 <= p < 10 for p in picked)
+    assert calib.sampled_pairs(4, 9) == [0, 1, 2, 3]
+
+
+def test_sample_is_written_in_the_input_format_and_the_config_points_at_it(calib, tmp_path, monkeypatch):
+    monkeypatch.setattr(calib, "WORK", tmp_path)
+    source = tmp_path / "cases.csv"
+    source.write_text('test_case,label_gold\n"two\nlines, é",hateful\nb,non-hateful\nc,hateful\n'
+                      "d,non-hateful\n", encoding="utf-8")
+    config = {"input": {"uri": str(source), "format": "csv", "columns": {"answer": "test_case"}},
+              "limit": 3, "output": {"uri": str(tmp_path / "out")},
+              "engines": {"judge": {"kind": "vllm", "model": "m"}}, "judges": ["judge"],
+              "metrics": [{"name": "hate_speech"}],
+              "labels": {"hate_speech": {"column": "label_gold", "type": "binary",
+                                         "values": {"hateful": 1, "non-hateful": 0}}}}
+    record = calib.sample_input(config, "hc", 5, seed=0)
+    assert config["input"]["uri"] == str(tmp_path / "hc_sample.csv") and "limit" not in config
+    assert record["per_stratum"] == {"hateful": 2, "non-hateful": 2}
+    assert record["positions"] == [0, 1, 2, 3] and record["input_rows"] == 4
+    back = calib.read_input(config)
+    assert back["test_case"].to_list() == ["two\nlines, é", "b", "c", "d"]
+
+    pairs = tmp_path / "qa.jsonl"
+    pairs.write_text("".join(json.dumps({"question": f"q{i}", "knowledge": "k", "right_answer": "r",
+                                         "hallucinated_answer": "h"}) + "\n" for i in range(5)))
+    config = {"input": {"uri": str(pairs), "format": "jsonl", "columns": {"question": "question",
+                                                                          "contexts": "knowledge"}},
+              "pairs": {"answers": {"right_answer": 1, "hallucinated_answer": 0},
+                        "label_column": "faithful"},
+              "output": {"uri": str(tmp_path / "out")},
+              "engines": {"judge": {"kind": "vllm", "model": "m"}}, "judges": ["judge"],
+              "metrics": [{"name": "faithfulness"}],
+              "labels": {"faithfulness": {"column": "faithful", "type": "binary"}}}
+    record = calib.sample_input(config, "qa", 2, seed=0)
+    assert record["pairs"] and record["rows"] == 2 and record["per_stratum"] == {"1": 2, "0": 2}
+    back = calib.read_input(config)
+    assert back["question"].to_list() == [f"q{p}" for p in record["positions"]]
+
+
+def test_gpu_engine_drops_the_cpu_demo_settings(calib):
+    cpu = {"kind": "vllm", "model": "models/smollm2", "num_gpus": 0, "batch_size": 64,
+           "engine_kwargs": {"enforce_eager": True, "max_num_seqs": 8}, "max_tokens": 128}
+    assert calib.judge_engine(cpu, "/m", 0, None) == {**cpu, "model": "/m"}
+    assert calib.judge_engine(cpu, "/m", 0, 32)["max_tokens"] == 32
+    gpu = calib.judge_engine({**cpu, "dtype": "float32"}, "/m", 2, None)
+    assert gpu == {"kind": "vllm", "model": "/m", "num_gpus": 2, "tensor_parallel_size": 2,
+                   "batch_size": 64, "engine_kwargs": {"max_num_seqs": 8}}
+    assert cpu["engine_kwargs"] == {"enforce_eager": True, "max_num_seqs": 8}   # not changed
+
+
+def _agreement_table():
+    """An ``agreement.parquet`` as ``ragbatch calibrate`` writes it, values set by hand."""
+    import polars as pl
+    import pyarrow as pa
+
+    from ragbatch.calibrate.output import SCHEMAS
+
+    base = {"judge": "judge", "model": "m", "metric": "hate_speech", "metric_name": "hate_speech",
+            "metric_version": 1, "prompt_version": "p", "label_column": "label_gold",
+            "label_type": "binary", "scores_run_id": "bench-judge", "n_cells": 6, "n_ok": 5,
+            "n_labelled": 6}
+    rows = [("accuracy", 5, 0.6, 0.2, 1.0, None), ("kappa", 5, 0.2, -0.5, 1.0, None),
+            ("roc_auc", 5, 0.5833333, 0.25, 0.9166667, None),
+            ("brier", 5, None, None, None, "hard verdicts"), ("ece", 5, None, None, None, "hard verdicts")]
+    return pl.from_arrow(pa.Table.from_pylist(
+        [{**base, "measure": m, "n": n, "value": v, "ci_low": lo, "ci_high": hi, "reason": why}
+         for m, n, v, lo, hi, why in rows], schema=SCHEMAS["agreement"]))
+
+
+def test_agreement_records_and_their_table(calib):
+    records = calib.agreement_records(_agreement_table())
+    assert len(records) == 1
+    rec = records[0]
+    assert (rec["metric"], rec["n_cells"], rec["n_ok"]) == ("hate_speech", 6, 5)
+    assert rec["measures"]["accuracy"] == {"n": 5, "value": 0.6, "low": 0.2, "high": 1.0, "reason": None}
+    assert calib.format_measure(rec["measures"]["roc_auc"]) == "0.583 [0.250, 0.917]"
+    assert calib.format_measure(rec["measures"]["brier"]) == "n/a"
+    assert calib.format_measure({"value": 0.5, "low": None, "high": None}) == "0.500"
+    result = {"config": "hatecheck", "agreement": records, "judge_calls": 6, "verdicts_per_s": 0.04,
+              "wall_s": 151.27}
+    rows = calib.table_rows(result)
+    assert calib.measures_present(rows) == ["accuracy", "kappa", "roc_auc"]   # brier/ece undefined
+    assert calib.markdown_table(rows).splitlines() == [
+        "| config | metric | n | accuracy | kappa | roc_auc | judge calls | verdicts/s | wall s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| hatecheck | hate_speech | 5 | 0.600 [0.200, 1.000] | 0.200 [-0.500, 1.000] "
+        "| 0.583 [0.250, 0.917] | 6 | 0.04 | 151.3 | 5 of 6 verdicts ok |"]
+    failed = calib.table_rows({"config": "ares", "error": "exit 1: InputError: x|y", "wall_s": 9.0})
+    assert calib.markdown_table(failed).splitlines()[-1] == \
+        "| ares |  |  |  |  | 9.0 | error: exit 1: InputError: x/y |"
