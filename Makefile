@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge bench clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge bench gpu-judge clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -75,6 +75,15 @@ test: setup
 # `make test` skips.
 test-real-judge: setup
 	$(BIN)/python -m pytest --real-judge -m real_judge
+
+# On a GPU node (after `make setup EXTRAS=test,gpu`): agreement with the shipped human
+# labels and throughput against raw vLLM of the judge model in MODEL, as one table
+# (benchmarks/gpu/README.md, "One command").
+NUM_GPUS ?= 1
+PER_LABEL ?= 200
+gpu-judge:
+	@test -n "$(MODEL)" || { echo "usage: make gpu-judge MODEL=/path/to/judge/model [NUM_GPUS=1] [PER_LABEL=200]"; exit 2; }
+	$(BIN)/python benchmarks/gpu/judge_ready.py --model $(MODEL) --num-gpus $(NUM_GPUS) --per-label $(PER_LABEL)
 
 clean:
 	rm -rf out .pytest_cache .hypothesis

@@ -96,12 +96,17 @@ def test_task_tokens_count_what_follows_the_shared_block(accounting):
     assert accounting.task_tokens(tonic, encode) == 0
 
 
-# -- benchmarks/calibrate.py -----------------------------------------------------------
+# -- benchmarks/calibrate.py and benchmarks/gpu/judge_ready.py -----------------------------
 
 
 @pytest.fixture(scope="module")
 def calib():
     return _load("calibrate")
+
+
+@pytest.fixture(scope="module")
+def ready():
+    return _load("gpu/judge_ready")
 
 
 def test_stratified_sample_keeps_up_to_n_rows_per_label_in_input_order(calib):
@@ -241,3 +246,67 @@ def test_agreement_records_and_their_table(calib):
     failed = calib.table_rows({"config": "ares", "error": "exit 1: InputError: x|y", "wall_s": 9.0})
     assert calib.markdown_table(failed).splitlines()[-1] == \
         "| ares |  |  |  |  | 9.0 | error: exit 1: InputError: x/y |"
+
+
+def test_judge_ready_merges_the_parts_it_has(ready, calib):
+    records = calib.agreement_records(_agreement_table())
+    cal_ok = {"part": "calibrate:hatecheck", "wall_s": 160.0, "error": None, "result": {"results": [
+        {"config": "hatecheck", "agreement": records, "judge_calls": 6, "verdicts_per_s": 0.04,
+         "wall_s": 151.3}]}}
+    cal_dead = {"part": "calibrate:ares", "wall_s": 3.5, "error": "exit 1: ImportError: vllm",
+                "result": None}
+    throughput = {"part": "throughput", "wall_s": 420.0, "error": None, "result": {"judge": [
+        {"batch_rows": 64, "rows": 200, "metrics": ["a", "b"], "requests": 400, "stage_s": 20.0,
+         "raw_s": 19.0, "ratio": 0.95}]}}
+    rows = ready.merge([cal_ok, cal_dead, throughput])
+    assert [r["config"] for r in rows] == ["hatecheck", "ares",
+                                           "ARES, judge stage (64 rows/call) vs raw vLLM"]
+    assert rows[1]["note"] == "error: exit 1: ImportError: vllm"
+    assert (rows[2]["verdicts_per_s"], rows[2]["raw_fraction"], rows[2]["n"]) == (20.0, 0.95, 200)
+    lines = calib.markdown_table(rows).splitlines()
+    assert lines[0].endswith("| judge calls | verdicts/s | wall s | of raw vLLM | note |")
+    assert lines[2].endswith("| 0.583 [0.250, 0.917] | 6 | 0.04 | 151.3 |  | 5 of 6 verdicts ok |")
+    assert lines[4] == ("| ARES, judge stage (64 rows/call) vs raw vLLM | a, b | 200 |  |  |  "
+                        "| 400 | 20.00 | 420.0 | 0.950 |  |")
+    no_run = ready.merge([{"part": "throughput", "wall_s": 1.0, "error": "exit 1: x", "result": None}])
+    assert no_run[0]["note"] == "error: exit 1: x"
+
+
+def test_judge_ready_names_the_child_failure_not_the_wrapper(ready):
+    text = ("Traceback (most recent call last):\n  File x\nValueError: bad model dir\n\n"
+            "Traceback (most recent call last):\nsubprocess.CalledProcessError: Command 'x' "
+            "returned non-zero exit status 1.\n")
+    assert ready.last_line(text) == "ValueError: bad model dir"
+    assert ready.last_line("warning\nKilled\n") == "Killed"
+    assert ready.last_line("") == ""
+
+
+def test_judge_ready_commands(ready):
+    smoke = ready.parse_args(["--cpu-smoke"])
+    assert (smoke.num_gpus, smoke.per_label, smoke.configs, smoke.model) == (0, 1, "hatecheck", None)
+    command = ready.throughput_command(smoke, Path("/o"))
+    assert command[2:] == ["--skip-similarity", "--num-gpus", "0", "--out-dir", "/o", "--judge-rows",
+                           "2", "--max-tokens", "16", "--judge-batch-rows", "2", "--repeats", "1"]
+    gpu = ready.parse_args(["--model", "/models/j"])
+    assert (gpu.num_gpus, gpu.per_label, gpu.configs) == (1, 200, "ares,halueval,hatecheck,trec_dl")
+    assert ready.calibrate_command(gpu, "ares", Path("/o/c.json"))[2:] == [
+        "--configs", "ares", "--per-label", "200", "--num-gpus", "1", "--out", "/o/c.json",
+        "--judge-model", "/models/j"]
+    with pytest.raises(SystemExit):
+        ready.parse_args([])
+
+
+def test_judge_ready_table_of_recorded_parts(ready, calib):
+    """Parts recorded from real runs (tests/data/bench/judge_ready_parts.json)."""
+    parts = json.loads((ROOT / "tests" / "data" / "bench" / "judge_ready_parts.json").read_text())["parts"]
+    rows = ready.merge(parts)
+    assert [(r["config"], r.get("n")) for r in rows] == [
+        ("hatecheck", 6), ("ares", None), ("ARES, judge stage (2 rows/call) vs raw vLLM", 2)]
+    assert rows[0]["measures"]["accuracy"]["value"] == 0.5 and rows[0]["judge_calls"] == 6
+    assert rows[1]["note"].startswith("error: exit 1: --judge-model /models/missing")
+    lines = calib.markdown_table(rows).splitlines()
+    assert lines[0] == ("| config | metric | n | accuracy | kappa | roc_auc | judge calls | verdicts/s "
+                        "| wall s | of raw vLLM | note |")
+    assert lines[2] == ("| hatecheck | hate_speech | 6 | 0.500 [0.167, 0.833] | 0.000 [0.000, 0.000] "
+                        "| 0.500 [0.500, 0.500] | 6 | 0.04 | 176.9 |  |  |")
+    assert lines[4].endswith("| 2 |  |  |  | 10 | 2.40 | 67.1 | 0.946 |  |")
