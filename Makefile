@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge bench gpu-judge clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge test-release bench gpu-judge clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -75,6 +75,11 @@ test: setup
 # `make test` skips.
 test-real-judge: setup
 	$(BIN)/python -m pytest --real-judge -m real_judge
+
+# Everything: the default suite, the release checks it skips (docs/testing.md) and the long
+# real-judge runs. About an hour on two cores; run it before a release.
+test-release: setup
+	$(BIN)/python -m pytest --release --real-judge
 
 # On a GPU node (after `make setup EXTRAS=test,gpu`): agreement with the shipped human
 # labels and throughput against raw vLLM of the judge model in MODEL, as one table

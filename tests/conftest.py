@@ -21,16 +21,29 @@ def pytest_addoption(parser):
     parser.addoption("--real-judge", action="store_true", default=False,
                      help="also run the tests marked real_judge: the real SmolLM2 judge on "
                           "dozens of rows, which takes tens of minutes on a CPU")
+    parser.addoption("--release", action="store_true", default=False,
+                     help="also run the tests marked release: the heaviest end-to-end checks "
+                          "(extra clusters, killed processes, benchmark tools), each with a "
+                          "lighter sibling in the default suite (make test-release)")
+
+
+#: Marker -> (command-line option that runs it, why it is skipped without that option).
+OPT_IN = {
+    "real_judge": ("--real-judge", "a long real-judge run on CPU; run it with --real-judge "
+                                   "(make test-real-judge)"),
+    "release": ("--release", "release check, covered more lightly in the default suite; run it "
+                             "with --release (make test-release)"),
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--real-judge"):
-        return
-    skip = pytest.mark.skip(reason="a long real-judge run on CPU; run it with --real-judge "
-                                   "(make test-real-judge)")
-    for item in items:
-        if "real_judge" in item.keywords:
-            item.add_marker(skip)
+    for marker, (option, reason) in OPT_IN.items():
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,7 @@ def test_engine_settings_reach_ragbatch_vllm_job(vs_peers, tmp_path):
     assert job["engines"]["judge"]["engine_kwargs"] == {"enforce_eager": False}
 
 
+@pytest.mark.release
 def test_server_prefix_cache_is_emptied_between_runs(vs_peers, tiny_judge_model, tmp_path):
     """The script's server takes ragbatch's CPU block size and empties its prefix cache on
     request, so a repeated run of an HTTP client starts as cold as ragbatch's own engine."""
@@ -157,6 +158,7 @@ def test_parse_failure_rate_is_failures_over_judge_cells(vs_peers):
     assert vs_peers.summarise([run | {"judged_cells": None}], 2)["parse_failure_rate"] is None
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_ragbatch_side_reports_smollm2_parse_failure_rate(vs_peers, smollm2_model, tmp_path,
                                                          monkeypatch):

@@ -22,6 +22,7 @@ import yaml
 from sklearn import metrics as skm
 
 from ragbatch.analysis.runs import find_run, load_scores
+from ragbatch.calibrate.measures import NOT_PROBABILITIES
 from ragbatch.calibrate.guard import calibration_problems, check_calibration
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.cli import main
@@ -132,8 +133,13 @@ def _check_binary(cal, root: str, judge: str, metric: str, label: str, *, pairs:
         (pl.col("status") == "ok") & pl.col("lab").is_not_null()).sort("row_id")
     score, human = usable["score"].to_numpy(), usable["lab"].to_numpy()
     assert sorted(agreement["measure"]) == sorted(["accuracy", "precision", "recall", "f1", "kappa",
-                                                   "roc_auc", *(["pairwise_agreement"] if pairs else [])])
-    for row in agreement.filter(pl.col("measure") != "pairwise_agreement").iter_rows(named=True):
+                                                   "roc_auc", "brier", "ece",
+                                                   *(["pairwise_agreement"] if pairs else [])])
+    # The metrics score hard verdicts (score: verdict): no probabilities, so no Brier or ECE.
+    for row in agreement.filter(pl.col("measure").is_in(["brier", "ece"])).iter_rows(named=True):
+        assert row["value"] is None and row["reason"] == NOT_PROBABILITIES, row
+    for row in agreement.filter(~pl.col("measure").is_in(["pairwise_agreement", "brier", "ece"])
+                                ).iter_rows(named=True):
         assert row["n"] == usable.height and row["n_cells"] == cells.height
         assert row["model"] == cells["model"].drop_nulls()[0]
         fn = _sk(row["measure"])

@@ -138,6 +138,7 @@ def _check_run(output_root: Path, run_id: str, work: Path, second_node: str) -> 
     assert manifest["placement"]["model:minilm"]["node_ids"] == [second_node]
 
 
+@pytest.mark.release
 def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, capsys, monkeypatch):
     env = _client_env()
     # Both at once: each polls its job to the end while the other's runs.

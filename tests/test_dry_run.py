@@ -159,6 +159,7 @@ def _judge_config(tmp_path: Path, base_url: str, tokenizer: Path, rows: int) -> 
     return JobConfig.from_dict(data)
 
 
+@pytest.mark.release
 def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tiny_judge_model,
                                                    tmp_path):
     from ragbatch.dry_run import dry_run

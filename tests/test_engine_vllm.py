@@ -327,6 +327,7 @@ def test_prefix_cache_reuses_whole_blocks_of_32_tokens_on_a_cpu(engine):
     assert cached != common // 128 * 128
 
 
+@pytest.mark.release
 def test_block_size_in_engine_kwargs_wins(tiny_judge_model):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_NO_USAGE_STATS", "1")

@@ -44,7 +44,7 @@ MAX_TOKENS = 256
 #: Tonic rows the tests judge, and the retrieved chunks kept of each row's five (about
 #: 330 tokens each): every judge metric makes one or more calls per row, and prefilling
 #: the shared block is most of a call's cost on two CPU cores.
-TONIC_ROWS = 3
+TONIC_ROWS = 2
 CONTEXTS = 2
 #: Statuses a parseable reply may give; parse_failure, judge_error and the rest may not.
 PARSED = {"ok", "not_applicable"}

@@ -99,6 +99,7 @@ def test_check_names_what_differs_from_the_record(smollm2_model, tmp_path):
     assert check_folder(source, tmp_path / "absent") == "not built yet"
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_corrupted_folder_is_rebuilt_to_the_recorded_bytes(smollm2_model, tmp_path):
     recorded = json.loads((smollm2_model / RECORD).read_text())["files"]

@@ -61,6 +61,7 @@ def _job(folder: Path, callback_module: str = "checks") -> Path:
     return path
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_run_and_report_use_real_modules_and_the_callback_runs_in_workers(tmp_path):
     config = _job(tmp_path)

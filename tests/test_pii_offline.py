@@ -33,6 +33,7 @@ def ray_cloud_probe(entry: dict) -> bool:
             and any(t in entry["target"] for t in ("169.254.169.254", "metadata.google.internal")))
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_pii_job_runs_without_network(tmp_path):
     rows = json.loads(DATA.read_text(encoding="utf-8"))[:40]

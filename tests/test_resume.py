@@ -117,6 +117,7 @@ def reference(tmp_path_factory):
     return root, config_path, out, strip_run(rows)
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_killed_run_resumes_without_rescoring(reference, ray_local):
     """A run killed after it staged scores: nothing of it is committed; its staging refuses
@@ -149,6 +150,7 @@ def test_killed_run_resumes_without_rescoring(reference, ray_local):
     assert not (out / "_staging" / "run_id=killed").exists()
 
 
+@pytest.mark.release
 def test_two_runs_into_one_root_at_the_same_time(reference):
     """The fixture's two `ragbatch run` processes wrote to one output root at once: both
     committed, each with exactly the same scores, and neither left staging behind."""
@@ -163,6 +165,7 @@ def test_two_runs_into_one_root_at_the_same_time(reference):
     assert started[1][0] < started[0][1], "the two runs did not overlap in time"
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_soak_random_kills(reference):
     root, config_path, out, want = reference

@@ -125,6 +125,7 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     assert {r[0]: r[1] for r in scores} == want
 
 
+@pytest.mark.release
 @pytest.mark.slow
 def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
     """The model stage's actor is killed twice while it holds the only batch: the third
