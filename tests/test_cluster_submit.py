@@ -301,6 +301,7 @@ def test_nightly_submission_runs_jobs_nightly_for_the_night(workdir, monkeypatch
 SHORT_ANSWER = 1200
 
 
+@pytest.mark.release
 def test_submit_from_a_folder_that_is_not_a_checkout(cluster, workdir, tmp_path, capsys, monkeypatch):
     """What a user who installed ragbatch with pip has: a config and a ``binary`` callback
     module in a folder of their own, submitted from another folder. The input and output

@@ -45,7 +45,7 @@ MAX_TOKENS = 256
 #: 330 tokens each): every judge metric makes one or more calls per row, and prefilling
 #: the shared block is most of a call's cost on two CPU cores.
 TONIC_ROWS = 2
-CONTEXTS = 2
+CONTEXTS = 1
 #: Statuses a parseable reply may give; parse_failure, judge_error and the rest may not.
 PARSED = {"ok", "not_applicable"}
 #: Every judge metric of the registry (``ragbatch metrics``).
