@@ -158,7 +158,12 @@ def _openai_config(tmp_path: Path, base_url: str, metrics: list[dict]):
     return type(config).from_dict(data)
 
 
+@pytest.mark.release
 def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_path):
+    """A release check (it starts its own ``vllm serve`` of SmolLM2): the default suite
+    covers the openai engine on the tiny model's server (tests/test_engine_openai.py), the
+    judgment cache across runs (tests/test_nightly.py, tests/test_judge_accounting.py) and
+    every judge metric on SmolLM2 (the test above)."""
     metrics = [{"name": "answer_similarity", "engine": "judge"},
                {"name": "context_recall", "engine": "judge"},
                {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 2}}]
