@@ -1,6 +1,6 @@
 """The job config: a YAML file validated with pydantic.
 
-Shape (see README "Config reference" for every field)::
+Shape (see docs/config.md for every field)::
 
     run:     {name, run_date, run_id}
     input:   {uri, format, columns, contexts_format, contexts_field, contexts_delimiter,

@@ -231,7 +231,7 @@ def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataF
     Returns
     -------
     polars.DataFrame
-        The columns of README "Scores table" without ``run_date``/``run_id``; files are
+        The columns of docs/output.md "Scores table" without ``run_date``/``run_id``; files are
         concatenated with types unified (a slice column that is all null in one file takes
         the type of the others).
 
@@ -255,7 +255,7 @@ def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataF
 
 
 def load_summary(run: CommittedRun) -> pl.DataFrame:
-    """The run's ``summary.parquet`` as a DataFrame (schema: README "Summary table").
+    """The run's ``summary.parquet`` as a DataFrame (schema: docs/output.md "Summary table").
 
     Raises
     ------

@@ -1,6 +1,6 @@
 """The calibration config (YAML, validated with pydantic).
 
-Shape (see README "Calibrating judges")::
+Shape (see docs/calibration.md)::
 
     name:    free text
     input:   the labelled data, as a job's ``input`` section (any format a job reads)

@@ -11,7 +11,7 @@ Publishing moves the accepted score files to ``scores/run_date=<d>/run_id=<id>/`
 the summary, writes the manifest last (the commit: a run is committed exactly when its
 manifest exists) and removes the staging prefix, and ``_staging/`` itself when no other
 run's prefix is left in it. Readers key on committed runs (see
-README "Output"): the scores of a run whose manifest is missing are not part of any
+docs/output.md): the scores of a run whose manifest is missing are not part of any
 result, and a crashed run leaves only its staging prefix, whose name starts with ``_``
 (Hive, Spark and the README's DuckDB queries skip it).
 

@@ -77,7 +77,7 @@ class Metric(ABC):
     source : str
         The framework or paper the definition follows.
     policy : tuple of (case, outcome)
-        The degenerate-input policy, as printed in the README.
+        The degenerate-input policy, as printed in docs/metrics.md.
     examples : tuple of :class:`Example`
 
     Instance attribute ``quote_values`` (bool, default True): whether the metric's reasons
