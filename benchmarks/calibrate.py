@@ -396,7 +396,7 @@ def run_one(name: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
         lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
         return {**result, "error": f"exit {proc.returncode}: {lines[-1] if lines else ''}"[:300],
                 "stderr_tail": proc.stderr[-3000:]}
-    return {**result, **read_results(out), "table": proc.stdout}
+    return {**result, **read_results(out), "stdout_tail": proc.stdout[-3000:]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
