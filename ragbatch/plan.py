@@ -12,16 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pydantic import TypeAdapter
-
-from ragbatch.config import EngineSpec, JobConfig
+from ragbatch.config import JobConfig, engine_adapter
+from ragbatch.engines.registry import engine_of
 from ragbatch.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.placement import StageDemand, accelerator_problems
 from ragbatch.registry import get_metric
-
-_ENGINE_ADAPTER: TypeAdapter = TypeAdapter(EngineSpec)
 
 
 @dataclass
@@ -138,7 +135,7 @@ DEFAULT_EMBEDDER = "default_embedding"
 def _resolve_embedders(metric: JudgeMetric, engines: dict[str, Any], where: str) -> None:
     for name in metric.embedders():
         if name not in engines and name == DEFAULT_EMBEDDER:
-            engines[name] = _ENGINE_ADAPTER.validate_python({"type": "embedding"})
+            engines[name] = engine_adapter().validate_python({"type": "embedding"})
         spec = engines.get(name)
         if spec is None:
             raise ConfigError(f"{where}.embedder: engine {name!r} is not defined under `engines`; "
@@ -162,7 +159,7 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
         if cls.default_engine is None:
             raise ConfigError(f"{where}.engine: {cls.name} needs an engine of type "
                               f"{' or '.join(cls.engine_types)}; define one under `engines`")
-        default = _ENGINE_ADAPTER.validate_python(cls.default_engine)
+        default = engine_adapter().validate_python(cls.default_engine)
         name = f"default_{default.type}"
         engines.setdefault(name, default)
     spec = engines[name]
@@ -197,7 +194,7 @@ def _engine_problems(engines: dict[str, Any]) -> list[str]:
     problems = []
     for name, spec in engines.items():
         model = getattr(spec, "model", None)
-        if spec.type == "openai":  # a served model name, not a path
+        if not engine_of(spec).local_model:  # a served model name, not a path
             continue
         if model and "://" not in model and not Path(model).expanduser().exists():
             problems.append(f"engines.{name}.model: {model!r} does not exist; give a local model directory")
@@ -260,23 +257,22 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
 
 def preflight_engines(plan: Plan) -> None:
-    """Check, from this process and before any actor starts, that every OpenAI-compatible
-    judge server of the plan answers and serves its model (a few seconds at most).
+    """Run, from this process and before any actor starts, the ``preflight`` hook of every
+    judge engine of the plan (:mod:`ragbatch.engines.registry`): for an OpenAI-compatible
+    server, that it answers and serves its model (a few seconds at most).
 
     Raises
     ------
     EngineError
-        A server cannot be reached, refuses the key, or does not serve the model; the
-        message starts with ``engines.<name>`` and names the URL and the cause.
+        A check failed (a server cannot be reached, refuses the key, or does not serve
+        the model); the message starts with ``engines.<name>`` and names the cause.
     """
     from ragbatch.errors import EngineError
 
     for stage in plan.stages:
-        if stage.kind != "judge" or stage.engine.type != "openai":
+        if stage.kind != "judge":
             continue
-        from ragbatch.engines.openai import load_openai_engine
-
         try:
-            load_openai_engine(stage.engine).close()
+            engine_of(stage.engine).check(stage.engine)
         except EngineError as exc:
             raise EngineError(f"engines.{stage.engine_name}: {exc}") from None

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ragbatch.config import (CacheSection, EngineSpec, InputSection, MetricSpec, OutputSection,
                              _describe, normalize_engine, read_yaml)
+from ragbatch.engines.registry import engine_names, on_change
 from ragbatch.errors import ConfigError
 from ragbatch.ids import PathId
 
@@ -109,9 +110,9 @@ class CalibrationConfig(_Strict):
             spec = self.engines.get(judge)
             if spec is None:
                 problems.append(f"judges[{i}]: {judge!r} is not defined under `engines`")
-            elif spec.type not in ("vllm", "openai"):
+            elif spec.type not in engine_names("judge"):
                 problems.append(f"judges[{i}]: engine {judge!r} is of type {spec.type!r}; a judge "
-                                "must be a vllm or openai engine")
+                                f"must be a {' or '.join(engine_names('judge'))} engine")
         ids = [m.metric_id for m in self.metrics]
         for i, m in enumerate(self.metrics):
             if m.engine is not None:
@@ -127,6 +128,9 @@ class CalibrationConfig(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+on_change(lambda: CalibrationConfig.model_rebuild(force=True))  # its `engines` union
 
 
 def load_calibration(path: str | Path) -> CalibrationConfig:

@@ -9,6 +9,8 @@ metric that uses it never pulls in torch.
   cross-encoders (``cross_encoder`` engines) through sentence-transformers.
 * :mod:`ragbatch.engines.vllm`: the offline ``vllm.LLM`` judge engine (``vllm``).
 * :mod:`ragbatch.engines.openai`: any OpenAI-compatible judge server (``openai``).
+* :mod:`ragbatch.engines.registry`: one entry per engine ``type`` (its config model,
+  stage kind, loader and judge hooks); every site that differs by engine asks it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 
 def load_judge_engine(spec: Any) -> Any:
-    """Load the judge engine a validated ``vllm`` or ``openai`` engine spec describes.
+    """Load the judge engine a validated judge engine spec (``vllm``, ``openai`` or any
+    registered engine type of stage ``judge``) describes.
 
     Returns
     -------
@@ -31,13 +34,10 @@ def load_judge_engine(spec: Any) -> Any:
     ValueError
         ``spec`` is not a judge engine spec.
     """
+    from ragbatch.engines.registry import engine_names, engine_type
+
     kind = getattr(spec, "type", None)
-    if kind == "vllm":
-        from ragbatch.engines.vllm import load_vllm_engine
-
-        return load_vllm_engine(spec)
-    if kind == "openai":
-        from ragbatch.engines.openai import load_openai_engine
-
-        return load_openai_engine(spec)
-    raise ValueError(f"engine type {kind!r} is not a judge engine (vllm or openai)")
+    judges = engine_names("judge")
+    if kind not in judges:
+        raise ValueError(f"engine type {kind!r} is not a judge engine ({' or '.join(judges)})")
+    return engine_type(kind).load(spec)

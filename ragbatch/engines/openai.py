@@ -821,3 +821,16 @@ def load_openai_engine(spec: OpenAIEngine) -> OpenAIJudgeEngine:
         the ``tokenizer`` directory cannot be loaded.
     """
     return OpenAIJudgeEngine(spec)
+
+
+def preflight(spec: OpenAIEngine) -> None:
+    """Check that the server answers and serves ``spec.model`` (:func:`load_openai_engine`,
+    then close); a few seconds at most. The registry's ``preflight`` hook for ``openai``
+    engines.
+
+    Raises
+    ------
+    EngineError
+        As :func:`load_openai_engine`.
+    """
+    load_openai_engine(spec).close()

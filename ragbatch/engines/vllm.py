@@ -750,3 +750,26 @@ def _cuda_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:
         return False
+
+
+def context_window(spec: VllmEngine) -> tuple[int, str] | None:
+    """The model's window in tokens when ``max_model_len`` is not set, and its source:
+    ``max_position_embeddings`` in the ``config.json`` of ``spec.model``, which vLLM uses
+    unless told otherwise; None when the file is missing, unreadable or has no positive
+    integer there. The registry's ``context_window`` hook for ``vllm`` engines."""
+    import json
+
+    path = Path(spec.model).expanduser() / "config.json"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value, "the model's config.json"
+    return None
+
+
+def default_tokenizer(spec: VllmEngine) -> str:
+    """The tokenizer vLLM loads when ``tokenizer`` is not set: the one in ``spec.model``.
+    The registry's ``tokenizer`` hook for ``vllm`` engines."""
+    return spec.model

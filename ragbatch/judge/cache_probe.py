@@ -106,30 +106,30 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
 
 def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:
     """The (model id, sampling key) pairs a judge engine will record, worked out without
-    loading a model: from the model directory's config for a vllm engine (two pairs when
-    ``dtype`` is ``auto``), from the server's model list for an openai engine.
+    loading a model, by the engine type's ``identities`` hook
+    (:class:`ragbatch.engines.registry.EngineType`): from the model directory's config
+    for a vllm engine (two pairs when ``dtype`` is ``auto``), from the server's model
+    list for an openai engine.
 
     Returns
     -------
     tuple
         ``(identities, note)``: ``note`` is text to append to a message (``""`` when
         there is nothing to add), or, when ``identities`` is empty, why none could be
-        worked out (the openai engine could not be reached or configured).
-    """
-    if spec.type == "vllm":
-        from ragbatch.engines.vllm import identities_without_loading
+        worked out (the engine could not be reached or configured).
 
-        pairs = identities_without_loading(spec)
-        note = "" if len(pairs) == 1 else " (dtype auto: a hit under any dtype vLLM runs in counts)"
-        return [_Identity(m, s) for m, s in pairs], note
-    from ragbatch.engines.openai import load_openai_engine
+    Raises
+    ------
+    ConfigError
+        ``spec.type`` is not a registered engine type (never taken for another one).
+    """
+    from ragbatch.engines.registry import engine_of
     from ragbatch.errors import EngineError
 
+    entry = engine_of(spec)
     try:
-        engine = load_openai_engine(spec)
+        pairs = entry.engine_identities(spec)
     except EngineError as exc:
         return [], f"engines.{engine_name}: {exc}"
-    try:
-        return [_Identity(engine.model_id, engine.sampling_key())], ""
-    finally:
-        engine.close()
+    note = "" if len(pairs) <= 1 else f" ({entry.identities_note})"
+    return [_Identity(m, s) for m, s in pairs], note

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -333,18 +332,16 @@ def judge_window(spec: Any) -> tuple[int | None, str]:
     Returns
     -------
     (int or None, str)
-        ``max_model_len`` from the config when set; for a ``vllm`` engine otherwise the
-        model's ``max_position_embeddings`` (its ``config.json``), which vLLM uses unless
-        told otherwise; else None with "unknown".
+        ``max_model_len`` from the config when set; otherwise the engine type's
+        ``context_window`` hook (for a ``vllm`` engine the model's
+        ``max_position_embeddings`` in its ``config.json``, which vLLM uses unless told
+        otherwise); else None with "unknown".
     """
+    from ragbatch.engines.registry import engine_of
+
     if spec.max_model_len is not None:
         return spec.max_model_len, "max_model_len"
-    if spec.type == "vllm":
-        path = Path(spec.model).expanduser() / "config.json"
-        try:
-            value = json.loads(path.read_text(encoding="utf-8")).get("max_position_embeddings")
-        except (OSError, ValueError):
-            value = None
-        if isinstance(value, int) and value > 0:
-            return value, "the model's config.json"
+    found = engine_of(spec).window(spec)
+    if found is not None:
+        return found
     return None, "unknown (set max_model_len to check prompt lengths)"

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generator, Literal, Sequence
 
 from pydantic import Field
 
+from ragbatch.engines.registry import engine_names
 from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.protocol import Ask
@@ -71,6 +72,15 @@ class JudgeExample:
     embeddings: tuple[Any, ...] = ()
 
 
+class _JudgeEngineTypes:
+    """``JudgeMetric.engine_types``: the names of every registered engine type of stage
+    ``judge`` (:mod:`ragbatch.engines.registry`), read when asked, so a judge engine
+    registered later serves every judge metric."""
+
+    def __get__(self, instance: Any, owner: Any) -> tuple[str, ...]:
+        return engine_names("judge")
+
+
 class JudgeMetric(Metric):
     """A metric computed by an LLM judge inside the judge stage's actor pool.
 
@@ -80,7 +90,7 @@ class JudgeMetric(Metric):
     """
 
     kind: ClassVar[str] = "judge"
-    engine_types: ClassVar[tuple[str, ...]] = ("vllm", "openai")
+    engine_types: ClassVar[tuple[str, ...]] = _JudgeEngineTypes()  # type: ignore[assignment]
     default_engine: ClassVar[dict[str, Any] | None] = None
     version: ClassVar[int] = 1
     boolean: ClassVar[bool] = False

@@ -84,8 +84,9 @@ def prompt_counter(spec: Any) -> PromptCounter:
 
     Parameters
     ----------
-    spec : ragbatch.config.VllmEngine or ragbatch.config.OpenAIEngine
-        ``tokenizer`` is used when set; for ``vllm`` engines ``model`` otherwise.
+    spec : judge engine spec (ragbatch.config.VllmEngine, OpenAIEngine, ...)
+        ``tokenizer`` is used when set; otherwise the engine type's ``tokenizer`` hook
+        (``model`` for ``vllm`` engines, none for ``openai``).
 
     Returns
     -------
@@ -93,7 +94,9 @@ def prompt_counter(spec: Any) -> PromptCounter:
         Backed by the tokenizer when one loads from local files and has a chat template;
         else the ``chars/4`` approximation, with ``source`` saying why.
     """
-    path = spec.tokenizer or (spec.model if spec.type == "vllm" else None)
+    from ragbatch.engines.registry import engine_of
+
+    path = engine_of(spec).tokenizer_path(spec)
     if path is None:
         return PromptCounter("chars/4", f"no tokenizer: engine type {spec.type} without a "
                                         "`tokenizer` directory")

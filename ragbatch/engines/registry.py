@@ -1,0 +1,251 @@
+"""The engine registry: one entry per engine ``type`` a config can name.
+
+Each :class:`EngineType` says everything the rest of ragbatch needs to know about an
+engine without importing its backend: the pydantic model of its config entry, the kind
+of stage it runs in, how to load it (its adapter module is imported only then), and, for
+judge engines, the judge's identity in cache keys, its context window, its tokenizer and
+the check run before any actor starts. The config's ``engines`` union
+(:data:`ragbatch.config.EngineSpec`) is built from this registry, and every site that
+differs by engine asks the registry instead of comparing ``spec.type`` with a string.
+
+Adding an engine is an adapter module under :mod:`ragbatch.engines` plus one
+:func:`register_engine` call (the built-in engines are the table at the end of
+:mod:`ragbatch.config`); docs/judges.md, "Adding a judge engine", walks through it.
+
+Hooks may be given as callables or as ``"module:function"`` strings, which are imported
+on first use, so that registering an engine never imports its adapter.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ragbatch.errors import ConfigError, EngineError
+
+#: Stage kinds an engine can run in (:class:`ragbatch.plan.Stage` ``kind``).
+STAGE_KINDS = ("model", "judge", "pii")
+
+Hook = Callable[..., Any] | str | None
+
+#: ``(model id, sampling key)``: what a judge engine records in every cache key
+#: (:func:`ragbatch.judge.cache.cache_key`).
+Identity = tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EngineType:
+    """One engine ``type``: its config model and the hooks the planner, dry run, cache
+    probe and runner call.
+
+    Attributes
+    ----------
+    name : str
+        The ``type:`` value of a config entry; the spec model's ``type`` field must be
+        ``Literal[name]`` (it is the tag of the config's discriminated union).
+    spec : type of pydantic.BaseModel
+        The validated config entry (for a judge engine a subclass of
+        :class:`ragbatch.config.JudgeSettings`).
+    stage : str
+        One of :data:`STAGE_KINDS`: the stage kind the engine's metrics run in.
+    loader : callable or str
+        ``loader(spec) -> engine``: builds the engine (for a judge engine a
+        :class:`ragbatch.judge.protocol.JudgeEngine`); called inside the stage's actors.
+    install : str
+        The pip command that installs the engine's backend, shown when its adapter
+        module cannot be imported.
+    packages : tuple of str
+        Distributions whose versions the run manifest records.
+    local_model : bool
+        Whether ``spec.model`` names a local directory (the planner checks that it
+        exists); False for a served model name.
+    identities : callable or str, optional
+        ``identities(spec) -> list[Identity]``: the (model id, sampling key) pairs the
+        engine will record, without loading a model; more than one when the engine may
+        run in one of several ways. Raises :class:`~ragbatch.errors.EngineError` when
+        they cannot be worked out. Default: load the engine and ask it
+        (``engine.model_id``, ``engine.sampling_key()``), then close it.
+    identities_note : str
+        Why there may be several identities; a dry run shows it when there are.
+    context_window : callable or str, optional
+        ``context_window(spec) -> (int, str) | None``: the model's window in tokens
+        (prompt plus completion) when ``max_model_len`` is not set, and where it comes
+        from (shown by a dry run). Default: unknown (None).
+    tokenizer : callable or str, optional
+        ``tokenizer(spec) -> str | None``: the tokenizer directory when ``tokenizer``
+        is not set. Default: None (prompt lengths are then approximated).
+    preflight : callable or str, optional
+        ``preflight(spec) -> None``: a check of a few seconds run once in the driver
+        before any actor starts (for example that a server answers); raises
+        :class:`~ragbatch.errors.EngineError`. Default: nothing to check.
+    """
+
+    name: str
+    spec: type
+    stage: str
+    loader: Hook
+    install: str
+    packages: tuple[str, ...] = ()
+    local_model: bool = True
+    identities: Hook = None
+    identities_note: str = "several identities are possible: a hit under any counts"
+    context_window: Hook = None
+    tokenizer: Hook = None
+    preflight: Hook = None
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGE_KINDS:
+            raise ValueError(f"engine type {self.name!r}: stage {self.stage!r} is not one of "
+                             f"{', '.join(STAGE_KINDS)}")
+        tag = getattr(self.spec, "model_fields", {}).get("type")
+        if tag is None or getattr(tag.annotation, "__args__", None) != (self.name,):
+            raise ValueError(f"engine type {self.name!r}: {self.spec.__name__} needs a field "
+                             f"`type: Literal[{self.name!r}]`")
+
+    def _hook(self, ref: Hook) -> Callable[..., Any] | None:
+        if ref is None or callable(ref):
+            return ref
+        module, _, attr = ref.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError as exc:
+            raise EngineError(f"engine type {self.name!r} needs a package that is not "
+                              f"installed ({exc}); install it with: {self.install}") from None
+        return getattr(loaded, attr)
+
+    def load(self, spec: Any) -> Any:
+        """The engine ``spec`` describes (``loader(spec)``).
+
+        Raises
+        ------
+        EngineError
+            The adapter or its backend is not installed (the message gives
+            :attr:`install`), or the adapter's own load fails.
+        """
+        return self._hook(self.loader)(spec)
+
+    def engine_identities(self, spec: Any) -> list[Identity]:
+        """The (model id, sampling key) pairs the engine will record; see
+        :attr:`identities`.
+
+        Raises
+        ------
+        EngineError
+            They cannot be worked out (a server cannot be reached, a backend is missing).
+        """
+        hook = self._hook(self.identities)
+        if hook is not None:
+            return list(hook(spec))
+        engine = self.load(spec)
+        try:
+            return [(engine.model_id, engine.sampling_key())]
+        finally:
+            engine.close()
+
+    def window(self, spec: Any) -> tuple[int, str] | None:
+        """The model's window in tokens and its source, from :attr:`context_window`
+        (None: unknown)."""
+        hook = self._hook(self.context_window)
+        return hook(spec) if hook is not None else None
+
+    def tokenizer_path(self, spec: Any) -> str | None:
+        """``spec.tokenizer`` when set, else :attr:`tokenizer`'s answer (None: none)."""
+        if getattr(spec, "tokenizer", None):
+            return spec.tokenizer
+        hook = self._hook(self.tokenizer)
+        return hook(spec) if hook is not None else None
+
+    def check(self, spec: Any) -> None:
+        """Run :attr:`preflight` (nothing when the engine has none).
+
+        Raises
+        ------
+        EngineError
+            From the hook.
+        """
+        hook = self._hook(self.preflight)
+        if hook is not None:
+            hook(spec)
+
+
+_REGISTRY: dict[str, EngineType] = {}
+_listeners: list[Callable[[], None]] = []
+
+
+def register_engine(entry: EngineType) -> EngineType:
+    """Add ``entry`` under ``entry.name`` and rebuild the config models that hold engines.
+
+    Registering the same entry again is a no-op.
+
+    Raises
+    ------
+    ValueError
+        Another entry already has the name.
+    """
+    existing = _REGISTRY.get(entry.name)
+    if existing is not None:
+        if existing == entry:
+            return entry
+        raise ValueError(f"engine type {entry.name!r} registered twice ({existing.spec.__name__} "
+                         f"and {entry.spec.__name__})")
+    _REGISTRY[entry.name] = entry
+    _changed()
+    return entry
+
+
+def unregister_engine(name: str) -> None:
+    """Remove the entry ``name`` (for tests that register a temporary engine); a name
+    that is not registered is ignored."""
+    if _REGISTRY.pop(name, None) is not None:
+        _changed()
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every registration change (the config models rebuild
+    their ``engines`` union this way)."""
+    _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in list(_listeners):
+        listener()
+
+
+def engine_type(name: str, where: str = "engine") -> EngineType:
+    """The entry registered as ``name``.
+
+    Raises
+    ------
+    ConfigError
+        No engine type has that name; the message names ``where`` and the nearest names.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ConfigError(f"{where}: unknown engine type {name!r}{hint}; the engine types are "
+                          f"{', '.join(_REGISTRY)}") from None
+
+
+def engine_of(spec: Any) -> EngineType:
+    """The entry of a validated engine spec (by its ``type``).
+
+    Raises
+    ------
+    ConfigError
+        ``spec.type`` is not a registered engine type.
+    """
+    return engine_type(getattr(spec, "type", None), "engine spec")
+
+
+def engine_types(stage: str | None = None) -> list[EngineType]:
+    """Every registered entry in registration order; only those of ``stage`` when given."""
+    return [e for e in _REGISTRY.values() if stage is None or e.stage == stage]
+
+
+def engine_names(stage: str | None = None) -> tuple[str, ...]:
+    """The ``type`` names of :func:`engine_types`."""
+    return tuple(e.name for e in engine_types(stage))
