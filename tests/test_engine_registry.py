@@ -116,7 +116,7 @@ def test_fake_engine_has_its_own_cache_identity(fake_engine, tmp_path):
     assert note == ""
     vllm, _ = engine_identities("v", VllmEngine(type="vllm", model=str(tmp_path), dtype="bfloat16"))
     assert len(vllm) == 1 and vllm[0].sampling_key()["engine"] == "vllm"
-    ask_free = {"metric": "m", "version": 1, "params": {}}
+    metric_identity = {"metric": "m", "version": 1, "params": {}}
 
     class _Ask:  # cache_key reads the prompt text and the output key only
         def prompt_text(self) -> str:
@@ -127,7 +127,7 @@ def test_fake_engine_has_its_own_cache_identity(fake_engine, tmp_path):
             def key() -> dict:
                 return {"kind": "text"}
 
-    assert cache_key(identities[0], ask_free, _Ask(), 0) != cache_key(vllm[0], ask_free, _Ask(), 0)
+    assert cache_key(identities[0], metric_identity, _Ask(), 0) != cache_key(vllm[0], metric_identity, _Ask(), 0)
 
 
 def test_fake_engine_loads_and_answers_the_judge_hooks(fake_engine):
@@ -186,3 +186,11 @@ def test_registration_checks_the_tag_and_the_name(fake_engine):
     register_engine(FAKE_TYPE)  # the same entry again: nothing changes
     with pytest.raises(ValueError, match="registered twice"):
         register_engine(EngineType(FAKE, FakeEchoSpec, "judge", FakeEchoEngine, "pip install y"))
+
+
+def test_every_judge_engine_has_a_row_in_the_judges_doc():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "judges.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `")}
+    assert {f"`{name}`" for name in engine_names("judge")} <= rows

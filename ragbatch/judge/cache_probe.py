@@ -11,6 +11,9 @@ sampling settings. A dry run works them out without loading the judge:
   so the probe connects once, as ``ragbatch validate`` and ``ragbatch run`` do before they
   start; when the server cannot be reached, nothing is counted as cached and the reason
   is reported.
+* any other engine: its registry entry's ``identities`` hook
+  (:class:`ragbatch.engines.registry.EngineType`); an engine type that is not registered
+  is an error, never taken for another engine.
 """
 
 from __future__ import annotations
