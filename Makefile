@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 test test-real-judge test-release bench gpu-judge clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 docs test test-real-judge test-release bench gpu-judge clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -67,6 +67,10 @@ demo-calibrate: smollm2
 	  if [ $$status -eq 2 ]; then echo "refused (exit 2), as it should: the judge's agreement is below the minimum"; \
 	  else echo "expected exit 2, got $$status"; exit 1; fi
 	@echo; echo "$$NOT_A_JUDGE"
+
+# docs/metrics.md is generated from the metric classes; tests/test_metrics_doc.py checks it.
+docs: setup
+	$(BIN)/ragbatch metrics --markdown > docs/metrics.md
 
 test: setup
 	$(BIN)/python -m pytest

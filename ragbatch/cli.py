@@ -85,7 +85,10 @@ def _parser() -> argparse.ArgumentParser:
                           "http://HEAD:8265 or HEAD:6379; default: $RAY_ADDRESS, else this machine)")
 
     metrics = sub.add_parser("metrics", help="list every metric with inputs, params, range and source")
-    metrics.add_argument("--json", action="store_true", help="print JSON instead of text")
+    shape = metrics.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help="print JSON instead of text")
+    shape.add_argument("--markdown", action="store_true",
+                       help="print docs/metrics.md (the reference generated from the registry)")
     _add_compare_parser(sub)
     _add_report_parser(sub)
     _add_nightly_parser(sub)
@@ -530,6 +533,11 @@ def _check_output_writable(config: JobConfig) -> None:
 def cmd_metrics(args: argparse.Namespace) -> int:
     from ragbatch.registry import all_metrics
 
+    if args.markdown:
+        from ragbatch.metrics_doc import render_markdown
+
+        sys.stdout.write(render_markdown())
+        return EXIT_OK
     described = [cls.describe() for cls in all_metrics()]
     if args.json:
         print(json.dumps(described, indent=2, default=str))
