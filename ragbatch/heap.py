@@ -7,7 +7,7 @@ batch after batch although the stage holds no state: measured in one process on 
 similarity stage, USS went from 0.72 to 1.15 GiB over 6,400 rows, and stayed at 0.54 GiB
 when ``malloc_trim(0)`` ran after each batch (``benchmarks/model_stage_memory.py``); in a
 100,000-row Ray run with trimming, each model actor stayed at about 0.75 GiB PSS
-throughout (BENCHMARKS.md, "Scale").
+throughout (docs/benchmarks/scale.md).
 
 :func:`release_free_heap` calls glibc's ``malloc_trim(0)`` (``man 3 malloc_trim``),
 which returns the free pages of every arena, not only the top of the main heap. Other C

@@ -1,5 +1,5 @@
 """The rows and defaults of ``benchmarks/vs_peers.py`` (the peers themselves are not
-installed here; the script's own runs are recorded in BENCHMARKS.md)."""
+installed here; the script's own runs are recorded in docs/benchmarks/vs-peers.md)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def digest(table) -> str:
 
 
 # Digests of the tables that the script built before it had --contexts-per-row (at
-# commit b3aa7f4), which every run in BENCHMARKS.md up to 2026-12-01 used: one context
-# per row must still give exactly those rows.
+# commit b3aa7f4), which every run in docs/benchmarks/vs-peers.md up to 2026-12-01 used:
+# one context per row must still give exactly those rows.
 ONE_CONTEXT_DIGESTS = {50: "00b025ec70c76276", 1000: "915d111f313dc2e0"}
 
 

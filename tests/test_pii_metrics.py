@@ -4,7 +4,8 @@ The gold standard is the Presidio research synthetic data (both files, 1,600 sen
 with labelled spans; ``examples/data/pii_presidio_synthetic``): a sentence contains PII of
 type T when one of its gold spans has ``entity_type`` T. Precision and recall of "contains
 T" are computed here from the data and the scores the PII stage wrote, and checked
-against the thresholds recorded in :data:`THRESHOLDS` (BENCHMARKS.md has the full table).
+against the thresholds recorded in :data:`THRESHOLDS` (docs/benchmarks/pii-stage.md has the
+full table).
 """
 
 from __future__ import annotations

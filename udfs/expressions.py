@@ -81,8 +81,8 @@ def _evaluate(frame: pl.DataFrame, exprs: list[pl.Expr], names: list[str]) -> li
     single ``select`` queries on the streaming engine, which cuts the batch into morsels
     and runs them on its own executor threads; for a batch already in memory that was
     overhead: on 1,000,000 benchmark rows (10 batches, two cores) the six Tonic metrics
-    took 1.01 s on the default engine and 0.82 s in memory (``BENCHMARKS.md``, "Where
-    the time went in runs 9-11").
+    took 1.01 s on the default engine and 0.82 s in memory
+    (``docs/benchmarks/expression-stage.md``, "Where the time went in runs 9-11").
     """
     lazy = frame.lazy()
 

@@ -11,9 +11,9 @@ since). Chat completions go through ``post("/chat/completions", body=...,
 cast_to=object)`` rather than ``chat.completions.create``: the same request, errors and
 retries, without the client's typed transform of every request's parameters and the
 reply model built from its JSON; against a server that answers at once, leaving them out
-cut a job's time by a fifth (BENCHMARKS.md, "A judge that answers at once"). Any server that implements ``GET /v1/models`` and
-``POST /v1/chat/completions`` works, with ``structured_outputs: response_format`` for
-servers other than vLLM.
+cut a job's time by a fifth (docs/benchmarks/vs-peers.md, "A judge that answers at once").
+Any server that implements ``GET /v1/models`` and ``POST /v1/chat/completions`` works,
+with ``structured_outputs: response_format`` for servers other than vLLM.
 
 How a request is sent
 ---------------------
@@ -71,7 +71,7 @@ tokens with the first of these that is available:
    for a SentencePiece tokenizer whose normalization lengthens rare characters the
    bound could in principle be passed, and the request then meets the server's own
    check as in 3. Asking ``/tokenize`` for every request made the client's cost per
-   judge call 1.4 times as high (BENCHMARKS.md, "A judge that answers at once");
+   judge call 1.4 times as high (docs/benchmarks/vs-peers.md, "A judge that answers at once");
 3. none: the request is sent, and the server's HTTP 400 "maximum context length" reply is
    mapped to ``context_too_long``. vLLM refuses only a prompt that alone exceeds the
    window; one that fits but leaves less than ``max_tokens`` gets a shortened

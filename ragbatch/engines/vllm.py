@@ -63,11 +63,12 @@ On such a machine :func:`load_vllm_engine` also runs the engine in the calling p
 processes of their own, each importing torch and vLLM again and handing every step over
 shared memory; on a CPU they compete with the caller for the same few cores. Measured on
 a 2-core machine with the tiny test model and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-(``BENCHMARKS.md``, "The vLLM engine inside the judge actor"): building the engine took
-3.1 s against 16.9 s; with torch on both cores it answered 1.66 to 1.78 times as many
-requests per second (1.34 times against vLLM's default thread binding, ``auto``), with
-one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many. With a GPU the
-separate engine process stays (it overlaps the CPU-side work with the GPU's). Set
+(``docs/benchmarks/vs-peers.md``, "The vLLM engine inside the judge actor"): building the
+engine took 3.1 s against 16.9 s; with torch on both cores it answered 1.66 to 1.78 times
+as many requests per second (1.34 times against vLLM's default thread binding,
+``auto``), with one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many.
+With a GPU the separate engine process stays (it overlaps the CPU-side work with the
+GPU's). Set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate processes on a CPU, for
 example in a process where vLLM's in-process start fails (its CPU build inspects every
 imported module, which raises on some proxy objects such as Flask's request globals).
@@ -84,8 +85,8 @@ On such a machine the engine's KV-cache blocks hold 32 tokens
 prefix cache reuses whole blocks only, so a row's shared prompt block (see
 :mod:`ragbatch.judge.prompt`) is reused up to its last full block. vLLM's CPU build
 defaults to 128-token blocks, which lose 64 tokens of every reused prefix on average;
-its GPU default is 16. BENCHMARKS.md, "KV-cache blocks of 32 tokens on a CPU", has what
-it saves.
+its GPU default is 16. docs/benchmarks/vs-peers.md, "KV-cache blocks of 32 tokens on a
+CPU", has what it saves.
 
 With separate processes (on a GPU, or with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) vLLM
 starts them with the ``spawn`` method: a script that loads this engine must then guard

@@ -118,7 +118,7 @@ def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
     else ``max(512 MiB, 128 MiB x threads)``. The queries are written so that this
     suffices for any number of cells (:func:`verify_run`'s bucketed row-id checks, the
     summary's sorted stream); over 80 million cells the whole check and summary peaked at
-    about 0.8 GiB of resident memory (BENCHMARKS.md, "Scale").
+    about 0.8 GiB of resident memory (docs/benchmarks/scale.md).
 
     Raises
     ------
