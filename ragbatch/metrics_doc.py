@@ -186,18 +186,19 @@ def _plural(word: str) -> str:
 
 
 def _bounds(finfo: FieldInfo) -> str:
-    """``, >= 0``, ``, 1 to 10``: the numeric bounds a param's field declares."""
+    """``, >= 0``, ``, > 0``, ``, 1 to 10``: the numeric bounds a param's field declares
+    (pydantic's ``ge``, ``gt``, ``le``, ``lt``)."""
     low = high = None
     for item in finfo.metadata:
-        low = getattr(item, "ge", low)
-        high = getattr(item, "le", high)
-    if low is not None and high is not None:
-        return f", {low} to {high}"
-    if low is not None:
-        return f", >= {low}"
-    if high is not None:
-        return f", <= {high}"
-    return ""
+        for attr, sign in (("ge", ">="), ("gt", ">")):
+            if getattr(item, attr, None) is not None:
+                low = (sign, getattr(item, attr))
+        for attr, sign in (("le", "<="), ("lt", "<")):
+            if getattr(item, attr, None) is not None:
+                high = (sign, getattr(item, attr))
+    if low and high and low[0] == ">=" and high[0] == "<=":
+        return f", {low[1]} to {high[1]}"
+    return "".join(f", {sign} {value}" for sign, value in filter(None, (low, high)))
 
 
 def _value(value: Any) -> str:

@@ -51,3 +51,13 @@ def test_sections_hold_params_range_source_and_policy():
     # the overview table: one row per metric, in the order given
     assert text.index("| `latency` | expression | latency_s | [0, 1] |") < \
         text.index("| `answer_similarity` | judge | question, answer, reference | [0, 5] |")
+
+
+def test_param_bounds_in_words():
+    text = render_markdown([get_metric("regex"), get_metric("answer_relevancy")])
+    # RegexParams: timeout_s = Field(2.0, gt=0); expected_count: int | None, ge=0
+    assert "| `timeout_s` | number, > 0 | `2.0` |" in text
+    assert "| `expected_count` | integer or null, >= 0 | `null` |" in text
+    # AnswerRelevancyParams: n_questions = Field(3, ge=1, le=10); embedder has no bound
+    assert "| `n_questions` | integer, 1 to 10 | `3` |" in text
+    assert "| `embedder` | string | `\"default_embedding\"` |" in text
