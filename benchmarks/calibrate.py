@@ -362,9 +362,9 @@ def read_results(out: Path) -> dict[str, Any]:
     runs, calls, ok, judged = {}, 0, 0, 0.0
     for judge, run_id in manifest["scores_runs"].items():
         run = find_run(str(out), run_id).manifest
-        run_ok = sum(int(c.get("ok", 0)) for c in run["counts"].values())
-        runs[judge] = {"timings_s": run["timings_s"], "judge_calls": run["judge"]["total"]["judge_calls"],
-                       "counts": run["counts"], "ok_cells": run_ok}
+        run_ok = sum(int(c.get("ok", 0)) for c in run.counts.values())
+        runs[judge] = {"timings_s": run.timings_s, "judge_calls": run.judge.total.judge_calls,
+                       "counts": run.counts, "ok_cells": run_ok}
         calls += runs[judge]["judge_calls"]
         ok += run_ok
         judged += manifest["timings"][f"judge_{judge}_s"]

@@ -597,13 +597,15 @@ def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) 
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise SystemExit(f"ragbatch run failed ({done.returncode})")
-    manifest = json.loads(next(out.glob("runs/run_date=*/run_id=benchmark/manifest.json")).read_text())
+    from ragbatch.manifest_model import read_manifest
+
+    manifest = read_manifest(str(next(out.glob("runs/run_date=*/run_id=benchmark/manifest.json"))))
     files = sorted(out.glob("scores/run_date=*/run_id=benchmark/*.parquet"))
     return {
         "wall_s": wall,
-        "timings_s": manifest.get("timings_s"),
-        "read_tasks": manifest["input"]["read_tasks"],
-        "cells": sum(sum(v.values()) for v in manifest["counts"].values()),
+        "timings_s": manifest.timings_s,
+        "read_tasks": manifest.input.read_tasks,
+        "cells": sum(sum(v.values()) for v in manifest.counts.values()),
         "files": len(files),
         "scores_bytes": sum(f.stat().st_size for f in files),
         "config": str(config_path),

@@ -424,12 +424,14 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
     if code != 0:
         sys.stderr.write(log.read_text()[-4000:])
         raise SystemExit(f"ragbatch run failed ({code}); log: {log}")
-    manifest = json.loads(next(output.glob("runs/run_date=*/run_id=scale/manifest.json")).read_text())
+    from ragbatch.manifest_model import read_manifest
+
+    manifest = read_manifest(str(next(output.glob("runs/run_date=*/run_id=scale/manifest.json"))))
     metric_ids = [m.get("id") or m["name"] for m in config["metrics"]]
     return {
         "wall_s": wall,
-        "timings_s": manifest.get("timings_s"),
-        "read_tasks": manifest["input"]["read_tasks"],
+        "timings_s": manifest.timings_s,
+        "read_tasks": manifest.input.read_tasks,
         "peak_bytes": sampler.peak,
         "pss_available": sampler.pss_available,
         "samples": sampler.samples,

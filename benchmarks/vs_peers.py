@@ -421,16 +421,18 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"ragbatch run ({kind}) failed ({done.returncode})")
-    manifest = json.loads(next(out.glob(f"runs/run_date=*/run_id={tag}/manifest.json")).read_text())
-    judge = manifest["judge"]["total"]
-    counts = manifest["counts"]
-    result = {"wall_s": wall, "timings_s": manifest.get("timings_s"),
-              "eval_s": (manifest.get("timings_s") or {}).get("execute_s"),
+    from ragbatch.manifest_model import read_manifest
+
+    manifest = read_manifest(str(next(out.glob(f"runs/run_date=*/run_id={tag}/manifest.json"))))
+    judge = manifest.judge.total.model_dump()
+    counts = manifest.counts
+    result = {"wall_s": wall, "timings_s": manifest.timings_s,
+              "eval_s": manifest.timings_s.get("execute_s"),
               "own_judge_calls": judge["judge_calls"], "own_prompt_tokens": judge["prompt_tokens"],
               "own_completion_tokens": judge["completion_tokens"],
               "own_cached_prompt_tokens": judge["cached_prompt_tokens"],
               "parse_failures": sum(v.get("parse_failure", 0) for v in counts.values()),
-              "judged_cells": sum(sum(counts[mid].values()) for mid in manifest["judge"]["metrics"]),
+              "judged_cells": sum(sum(counts[mid].values()) for mid in manifest.judge.metrics),
               "statuses": counts, "command": " ".join(["ragbatch", "run", str(config_path),
                                                        "--run-id", tag])}
     if before is not None:

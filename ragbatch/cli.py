@@ -332,15 +332,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  manifest: {redact_url(layout.uri(layout.manifest_path))}")
     print()
     print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
-    judge = result.manifest.get("judge") or {}
-    if judge.get("metrics"):
-        t = judge["total"]
-        print(f"judge: {t['judge_calls']} calls, {t['cache_hits']} cache hits, "
-              f"{t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens")
-        if t.get("refused_too_long"):
-            print(f"  {t['refused_too_long']} requests refused as context_too_long (not sent "
-                  f"to the model; {t['refused_prompt_tokens']} prompt tokens)")
-        for name, stats in (judge.get("engines") or {}).items():
+    judge = result.manifest.judge
+    if judge.metrics:
+        t = judge.total
+        print(f"judge: {t.judge_calls} calls, {t.cache_hits} cache hits, "
+              f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens")
+        if t.refused_too_long:
+            print(f"  {t.refused_too_long} requests refused as context_too_long (not sent "
+                  f"to the model; {t.refused_prompt_tokens} prompt tokens)")
+        for name, stats in judge.engines.items():
             if stats.get("prefix_cache_hit_rate") is not None:
                 print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
     hint = query_hint(layout, (result.config or config).output.storage_options)

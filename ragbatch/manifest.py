@@ -10,6 +10,7 @@ from typing import Any
 
 from ragbatch import __version__
 from ragbatch.io.write import OutputLayout, RunCheck
+from ragbatch.manifest_model import SCHEMA_VERSION, Manifest
 from ragbatch.plan import Plan
 from ragbatch.redact import redact
 
@@ -41,12 +42,14 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
                    faults: dict[str, dict[str, int]] | None = None,
                    placement: dict[str, dict[str, Any]] | None = None,
                    summary: Any = None,
-                   uri_templates: dict[str, str] | None = None) -> dict[str, Any]:
-    """Assemble the manifest dict written as ``manifest.json``.
+                   uri_templates: dict[str, str] | None = None) -> Manifest:
+    """Assemble the manifest written as ``manifest.json``: a
+    :class:`~ragbatch.manifest_model.Manifest`.
 
-    Keys: ``run`` (id, name, date, times, and ``uri_templates``: the URI fields written
-    with ``{run_date}`` placeholders, as written), ``config`` (as run: URIs rendered for
-    the run date),
+    Keys: ``schema_version`` (:data:`ragbatch.manifest_model.SCHEMA_VERSION`), ``run``
+    (id, name, date, times, and ``uri_templates``: the URI fields written with
+    ``{run_date}`` placeholders, as written), ``config`` (as run: URIs rendered for the
+    run date),
     ``input`` (uri, read tasks, row count, fingerprint), ``output`` (paths), ``stages``,
     ``metrics`` (params, regex engine per regex metric), ``models`` (model ids per
     metric), ``counts`` (metric -> status -> cells), ``rows``, ``timings_s``,
@@ -79,6 +82,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     from ragbatch.io.read import input_fingerprint
 
     manifest = {
+        "schema_version": SCHEMA_VERSION,
         "ragbatch_version": __version__,
         "run": {
             "id": layout.run_id,
@@ -129,7 +133,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     }
     for section in _USER_SECTIONS:
         manifest[section] = redact(manifest[section])
-    return manifest
+    return Manifest.model_validate(manifest)
 
 
 #: Manifest sections built from what the user wrote (config, URIs, engine specs, the Ray

@@ -25,10 +25,10 @@ def format_outcome(outcome: NightlyOutcome) -> str:
         lines.append(f"  report:     {outcome.report.report}")
     if run is not None:
         lines.append(_baseline_line(outcome))
-        judge = (run.manifest.get("judge") or {}).get("total")
-        if judge and (run.manifest.get("judge") or {}).get("metrics"):
-            lines.append(f"  judge:      {judge['judge_calls']} calls, {judge['cache_hits']} cache hits, "
-                         f"{judge['prompt_tokens']} prompt + {judge['completion_tokens']} completion "
+        judge = run.manifest.judge.total
+        if run.manifest.judge.metrics:
+            lines.append(f"  judge:      {judge.judge_calls} calls, {judge.cache_hits} cache hits, "
+                         f"{judge.prompt_tokens} prompt + {judge.completion_tokens} completion "
                          "tokens")
         lines += ["", *_metric_lines(outcome)]
     committed = outcome.result is not None or outcome.already_committed

@@ -29,6 +29,7 @@ from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
+from ragbatch.manifest_model import Manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
 from ragbatch.ray_paths import start_local_ray, worker_pythonpath
 from ragbatch.templating import placeholders, render_config, uri_templates
@@ -48,7 +49,8 @@ class RunResult:
     run_date: dt.date
     layout: OutputLayout
     check: RunCheck
-    manifest: dict[str, Any]
+    #: As written to ``manifest.json`` (:meth:`Manifest.to_json_dict`).
+    manifest: Manifest
     timings: dict[str, float] = field(default_factory=dict)
     summary: RunSummary | None = None
     #: The config as run: its URIs rendered for the run date (:mod:`ragbatch.templating`).

@@ -297,9 +297,9 @@ def test_nested_quantifier_regex_engines(ray_local, tmp_path):
         ("in.jsonl:2", "python"): (1.0, "ok", None),
         ("in.jsonl:3", "python"): (None, "missing_input", "answer is null"),
     }
-    engines = {m["id"]: m["regex_engine"] for m in result.manifest["metrics"]}
+    engines = {m["id"]: m["regex_engine"] for m in result.manifest.metrics}
     assert engines == {"rust": "polars", "python": "python-re", "stuck": "python-re"}
-    python = next(m for m in result.manifest["metrics"] if m["id"] == "python")
+    python = next(m for m in result.manifest.metrics if m["id"] == "python")
     assert "'$' without MULTILINE" in python["regex_fallback_reason"]
 
 
@@ -311,7 +311,7 @@ def test_long_input_on_rust_regex_engine_is_linear(ray_local, tmp_path):
     cells = _cells(result, 2, ["regex"])
     assert cells["in.jsonl:0", "regex"] == (0.0, "ok", "no match")
     assert cells["in.jsonl:1", "regex"] == (1.0, "ok", None)
-    assert result.manifest["metrics"][0]["regex_engine"] == "polars"
+    assert result.manifest.metrics[0]["regex_engine"] == "polars"
 
 
 def test_row_id_column_repeating_within_a_file_is_an_input_error(ray_local, tmp_path):

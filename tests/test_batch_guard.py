@@ -158,4 +158,4 @@ def test_a_second_attempt_of_a_running_run_id_is_refused(ray_local, tmp_path):
             break
         time.sleep(0.1)
     result = run_job(config, run_id="busy")
-    assert result.check.n_rows == 2 and result.manifest["faults"]["total"]["failed_rows"] == 0
+    assert result.check.n_rows == 2 and result.manifest.faults.total["failed_rows"] == 0

@@ -334,7 +334,7 @@ def test_changed_input_is_not_read_again_and_rows_stay_unpaired(ares_nights):
 
     ids = ares_nights.run_ids
     candidate = find_run(str(ares_nights.nightly), ids[REEXPORTED])
-    path = candidate.manifest["input"]["uri"]
+    path = candidate.manifest.input.uri
     before = os.stat(path)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # input touched after the run
     try:

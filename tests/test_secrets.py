@@ -273,11 +273,11 @@ def test_manifest_of_a_planned_run_holds_no_secret(tmp_path):
     layout = OutputLayout.for_run(config.output, dt.date(2024, 1, 2), "r1")
     manifest = build_manifest(plan, layout, RunCheck(1, 1, {}, {}), timings={},
                               started=dt.datetime.now(dt.timezone.utc), ray_info={})
-    text = json.dumps(manifest, default=str)
+    text = json.dumps(manifest.to_json_dict())
     assert [s for s in secrets if s in text] == []
-    assert manifest["config"]["engines"]["j"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert manifest.config["engines"]["j"]["base_url"] == "http://127.0.0.1:9/v1"
     for section in ("input", "output", "cache", "calibration"):
-        assert manifest["config"][section]["storage_options"] == {
+        assert manifest.config[section]["storage_options"] == {
             "key": REDACTED, "client_kwargs": {"aws_secret_access_key": REDACTED}}
 
 
@@ -457,10 +457,10 @@ def test_no_secret_reaches_any_output(ray_local, s3_endpoint, s3_storage_options
     run = find_run(f"s3://{s3_bucket}/out", "r1", s3_storage_options)
     models = set(load_scores(run)["model"].drop_nulls().to_list())
     assert models == {f"instant@http://{instant_judge}/v1"}
-    assert run.manifest["config"]["output"]["storage_options"] == {
+    assert run.manifest.config["output"]["storage_options"] == {
         "endpoint_url": s3_endpoint,
         "client_kwargs": {"aws_access_key_id": REDACTED, "aws_secret_access_key": REDACTED}}
-    assert run.manifest["config"]["engines"]["j"]["base_url"] == f"http://{instant_judge}/v1"
+    assert run.manifest.config["engines"]["j"]["base_url"] == f"http://{instant_judge}/v1"
     # the report read the run's input and the calibration again, with the redacted
     # options dropped and the environment's credentials used instead
     html = report.read_text(encoding="utf-8")

@@ -102,7 +102,7 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
     assert killed, "the PII actor was never seen working on a batch"
     assert result.check.n_rows == PII_ROWS
     # The killed actor and its replacement both ran on this session's one node.
-    placed = result.manifest["placement"]["pii:pii"]
+    placed = result.manifest.to_json_dict()["placement"]["pii:pii"]
     assert placed["node_ids"] == [ray_local.get_runtime_context().get_node_id()]
     assert placed["actors"] == 1  # Ray restarts a pool actor under the same id
     assert placed["actor_starts"] == 1 + len(killed)
@@ -169,9 +169,9 @@ def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
               "its rows are not scored again")
     assert {(r[3], r[4]) for r in scores if r[1] == "semantic_similarity"} == {("error", reason)}
     assert {r[3] for r in scores if r[1] == "exact_match"} == {"ok"}  # other stages unharmed
-    faults = result.manifest["faults"]
+    faults = result.manifest.to_json_dict()["faults"]
     assert faults["error_budget"] == 1.0
     assert faults["stages"]["engine minilm"] == {
         "batches": 1, "batch_starts": 3, "batch_retries": 0, "actors_lost": 2,
         "failed_batches": 1, "failed_rows": 55}
-    assert result.manifest["counts"]["semantic_similarity"] == {"error": 55}
+    assert result.manifest.counts["semantic_similarity"] == {"error": 55}

@@ -43,7 +43,7 @@ class RunInputs:
 
 
 def _input_section(run: CommittedRun) -> InputSection:
-    section = dict((run.manifest.get("config") or {}).get("input") or {})
+    section = dict(run.manifest.config.get("input") or {})
     # Credentials are redacted in the manifest: drop them so that the filesystem falls
     # back to the environment's credentials.
     section["storage_options"] = recorded_storage_options(section.get("storage_options"))
@@ -75,7 +75,7 @@ def load_inputs(run: CommittedRun, row_ids: Iterable[str] | None = None) -> RunI
     from ragbatch.io.read import input_fingerprint, plan_read, read_task
     from ragbatch.io.schema import normalize
 
-    recorded = ((run.manifest.get("input") or {}).get("fingerprint") or {}).get("sha256")
+    recorded = run.manifest.input.fingerprint.get("sha256")
     try:
         section = _input_section(run)
         tasks = plan_read(section)

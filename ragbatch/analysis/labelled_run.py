@@ -95,7 +95,7 @@ def _labels(column: pl.Series, metric_id: str, name: str, bounds: Sequence[float
 def _check_same_metric(run: CommittedRun, metric: Any, cells: pl.DataFrame, plan: Any) -> None:
     """Refuse labels of a metric the labelled run computed differently."""
     where = f"labels.calibration.columns.{metric.id}"
-    entry = next((m for m in run.manifest.get("metrics") or [] if m.get("id") == metric.id), None)
+    entry = run.manifest.metric_info(metric.id)
     if entry is None:
         raise ConfigError(f"{where}: run {run.run_id} has no metric {metric.id!r}; its metrics: "
                           f"{', '.join(run.metric_names) or 'none'}")

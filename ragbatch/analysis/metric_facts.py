@@ -61,7 +61,7 @@ def metric_facts(*runs: CommittedRun) -> dict[str, MetricFacts]:
 
     out: dict[str, MetricFacts] = {}
     for run in runs:
-        for entry in run.manifest.get("metrics") or []:
+        for entry in run.manifest.metrics:
             mid = entry["id"]
             if mid in out:
                 continue

@@ -97,12 +97,12 @@ def _facts(run: CommittedRun, baseline: CommittedRun | None) -> list[tuple[str, 
     m = run.manifest
     rows = [("run id", run.run_id), ("run date", run.run_date.isoformat()), ("name", run.name),
             ("output root", redact_url(run.root)),
-            ("input", redact_url(str((m.get("input") or {}).get("uri", "")))),
-            ("rows", str((m.get("rows") or {}).get("input", ""))),
+            ("input", redact_url(m.input.uri)),
+            ("rows", str(m.rows.input)),
             ("metrics", ", ".join(run.metric_names)),
-            ("started", str((m.get("run") or {}).get("started_at", ""))),
-            ("finished", str((m.get("run") or {}).get("finished_at", ""))),
-            ("ragbatch", str(m.get("ragbatch_version", "")))]
+            ("started", m.run.started_at),
+            ("finished", m.run.finished_at),
+            ("ragbatch", m.ragbatch_version)]
     if baseline is not None:
         rows.append(("baseline", baseline.describe()))
     rows.append(("report generated", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
@@ -349,7 +349,7 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     if baseline is not None:
         comparison = comparison or compare_runs(baseline, run, top=top)
         section = _comparison_section(comparison, baseline, run, facts)
-    confidence = float((run.manifest.get("summary") or {}).get("confidence") or 0.95)
+    confidence = float(run.manifest.summary.get("confidence") or 0.95)
     from ragbatch.calibrate.report import calibration_section
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
@@ -360,7 +360,7 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
         notes=[redact_text(n) for n in notes + worst_notes],
         confidence_label=f"{confidence:.0%}",
         metrics=metrics, slices=_slice_sections(summary, metric_ids, facts,
-                               (run.manifest.get("summary") or {}).get("slice_columns") or {}),
+                               run.manifest.summary.get("slice_columns") or {}),
         corrected=_corrected_section(summary, run),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
         calibration=calibration_section(run, calibration_options))

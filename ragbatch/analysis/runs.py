@@ -9,7 +9,6 @@ A run is *committed* exactly when its manifest exists
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from ragbatch.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
 from ragbatch.io.write import MANIFEST_FILE, OutputLayout
+from ragbatch.manifest_model import Manifest, read_manifest
 from ragbatch.redact import drop_redacted, redact_url
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
@@ -38,8 +38,8 @@ class CommittedRun:
     run_date : datetime.date
         The run's ``run_date`` partition.
     run_id : str
-    manifest : dict
-        The parsed ``manifest.json`` (see :func:`ragbatch.manifest.build_manifest`).
+    manifest : Manifest
+        The parsed ``manifest.json`` (:func:`ragbatch.manifest_model.read_manifest`).
     fs : fsspec filesystem
         Filesystem of ``root``; ``base`` is ``root`` without its protocol.
     storage_options : dict
@@ -50,7 +50,7 @@ class CommittedRun:
     root: str
     run_date: dt.date
     run_id: str
-    manifest: dict[str, Any] = field(repr=False)
+    manifest: Manifest = field(repr=False)
     fs: Any = field(repr=False)
     base: str = field(repr=False)
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -77,21 +77,21 @@ class CommittedRun:
     @property
     def started_at(self) -> str:
         """ISO start time from the manifest ('' when absent)."""
-        return str((self.manifest.get("run") or {}).get("started_at") or "")
+        return self.manifest.run.started_at
 
     @property
     def name(self) -> str:
-        return str((self.manifest.get("run") or {}).get("name") or "")
+        return self.manifest.run.name
 
     @property
     def metric_names(self) -> dict[str, str]:
         """Metric id -> registered metric name, in config order."""
-        return {m["id"]: m.get("name", m["id"]) for m in self.manifest.get("metrics") or []}
+        return self.manifest.metric_names
 
     @property
     def slice_columns(self) -> list[str]:
         """Names of the slice columns in the scores table, in input order."""
-        return [s["output"] for s in (self.manifest.get("input") or {}).get("slice_columns") or []]
+        return [s.output for s in self.manifest.input.slice_columns]
 
     def sort_key(self) -> tuple[str, str, str]:
         """Order of runs under one root: run date, then start time, then run id."""
@@ -126,13 +126,11 @@ def _open_root(root: str, storage_options: dict[str, Any] | None) -> tuple[Any, 
     return fs, base.rstrip("/")
 
 
-def _read_manifest(fs: Any, path: str, root: str) -> dict[str, Any]:
+def _read_manifest(fs: Any, path: str, root: str) -> Manifest:
     try:
-        with fs.open(path, "r", encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{root}: the manifest {path} is not valid JSON ({exc}); the run "
-                         "cannot be read") from None
+        return read_manifest(path, fs)
+    except InputError as exc:
+        raise InputError(f"{root}: {exc}") from None
 
 
 def list_runs(root: str, storage_options: dict[str, Any] | None = None) -> list[CommittedRun]:

@@ -49,7 +49,7 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
         there is no calibration, no row applies, or the calibration cannot be read (a
         warning says why).
     """
-    config = run.manifest.get("config") or {}
+    config = run.manifest.config
     guard = config.get("calibration") or {}
     root = guard.get("uri") or run.root
     if storage_options is None:
@@ -65,10 +65,10 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
                     "cannot be read: %s: %s", run.run_id, root, type(exc).__name__, exc)
         return None
     minimums = guard.get("min_agreement") or {}
-    models = run.manifest.get("models") or {}
+    models = run.manifest.models
     own = run.run_id in (cal.manifest.get("scores_runs") or {}).values()
     rows = []
-    for m in run.manifest.get("metrics") or []:
+    for m in run.manifest.metrics:
         if m.get("kind") != "judge":
             continue
         if own:

@@ -47,6 +47,7 @@ from ragbatch.io.fs import describe_storage_error, with_storage_retries
 from ragbatch.io.lease import RunLease
 from ragbatch.io.removal import remove_empty_dir, remove_under
 from ragbatch.io.write import OutputLayout
+from ragbatch.manifest_model import Manifest
 from ragbatch.status import ERROR
 
 log = logging.getLogger("ragbatch")
@@ -266,7 +267,7 @@ class Staging:
         file of the current attempt."""
         return sorted(resume.accepted) + sorted(self._files(self.scores_dir()))
 
-    def publish(self, files: list[str], summary: Any, manifest: dict[str, Any]) -> None:
+    def publish(self, files: list[str], summary: Any, manifest: Manifest) -> None:
         """Confirm that this attempt still holds the run's lease, move ``files`` into the
         run's scores partition, write the summary, write the manifest (the commit), and
         remove the staging prefix (lease included) and ``_staging/`` when it is left
@@ -287,7 +288,8 @@ class Staging:
             dest = f"{target}/part-{i:05d}.parquet"
             retry(lambda: self.fs.mv(path, dest), f"move {path}")
         retry(lambda: self.layout.write_table(self.layout.summary_path, summary), "write the summary")
-        retry(lambda: self.layout.write_json(self.layout.manifest_path, manifest), "write the manifest")
+        retry(lambda: self.layout.write_json(self.layout.manifest_path, manifest.to_json_dict()),
+              "write the manifest")
         try:
             self._remove_prefix()
         except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless
