@@ -33,14 +33,12 @@ from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import (
     ConfigError, InputError, JobNotFoundError, RagbatchError, RunInProgressError,
 )
+from ragbatch.exit_codes import (
+    EXIT_DEGENERATE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK, EXIT_REGRESSION,
+)
 from ragbatch.ids import id_argument
 from ragbatch.redact import install_log_redaction, redact_text, redact_url
-
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION = 0, 1, 2, 3
-#: The run committed, but a judge metric's result is degenerate (with --fail-on-degenerate).
-EXIT_DEGENERATE = 5
-#: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
-EXIT_INTERRUPTED = 130
+from ragbatch.run_date import choose_run_date
 
 #: argparse ``type=`` of every run id argument: a bad id exits 2 before anything runs.
 _RUN_ID = id_argument("run id")
@@ -383,7 +381,7 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     config = _load(args)
     templates = uri_templates(config)
     if templates:
-        config = render_config(config, config.run.run_date or dt.datetime.now(dt.timezone.utc).date())
+        config = render_config(config, choose_run_date(config.run.run_date))
     prepare_import_paths(Path(args.config).parent)
     result = dry_run(config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS,
                      pilot_rows=args.pilot_rows or 0)
@@ -456,7 +454,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args)
     templates = uri_templates(config)
     if templates:
-        run_date = config.run.run_date or dt.datetime.now(dt.timezone.utc).date()
+        run_date = choose_run_date(config.run.run_date)
         config = render_config(config, run_date)
         print(f"run date {run_date.isoformat()} fills in {', '.join(templates)}")
     prepare_import_paths(Path(args.config).parent)

@@ -3,14 +3,14 @@ committed run, and tell a scheduler how it went (``ragbatch nightly``,
 ``python jobs/nightly.py``).
 
 The night is ``run_date`` (``--run-date``), else the config's ``run.run_date``, else
-yesterday in UTC (:func:`yesterday_utc`); ``{run_date}`` placeholders in the config's URIs
-are filled in with it (:mod:`ragbatch.templating`). The run id is ``--run-id``, else
-``nightly-<YYYY-MM-DD>`` (:func:`nightly_run_id`), one per night, so that running a night
-again is safe: an attempt that failed is resumed (rows already scored are kept), and a
-night already committed is not run again (its report is written again and the exit code
-says what it found).
+yesterday in UTC (:func:`ragbatch.run_date.choose_run_date`); ``{run_date}`` placeholders
+in the config's URIs are filled in with it (:mod:`ragbatch.templating`). The run id is
+``--run-id``, else ``nightly-<YYYY-MM-DD>`` (:func:`nightly_run_id`), one per night, so
+that running a night again is safe: an attempt that failed is resumed (rows already
+scored are kept), and a night already committed is not run again (its report is written
+again and the exit code says what it found).
 
-Exit codes (:data:`EXIT_CODES`):
+Exit codes (:data:`ragbatch.exit_codes.EXIT_CODES`):
 
 ===  ==========================================================================
 0    the night is committed, and no metric regressed beyond the threshold
@@ -36,36 +36,29 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ragbatch.config import JobConfig
+from ragbatch.config import InputSection, JobConfig
 from ragbatch.errors import (
     ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError, RunInProgressError,
 )
+from ragbatch.exit_codes import (
+    EXIT_DEGENERATE, EXIT_FAILED, EXIT_INPUT_NOT_READY, EXIT_INVALID, EXIT_OK, EXIT_REGRESSION,
+)
 from ragbatch.ids import check_id
 from ragbatch.io.probe import probe_output
+from ragbatch.run_date import choose_run_date
 from ragbatch.templating import fixed_prefix, render_config
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_REGRESSION, EXIT_INPUT_NOT_READY = 0, 1, 2, 3, 4
-EXIT_DEGENERATE = 5
+if TYPE_CHECKING:  # the run and the analysis load Ray and Polars: imported when used
+    import polars as pl
 
-#: Exit code -> what it means for a scheduler.
-EXIT_CODES = {
-    EXIT_OK: "committed; no regression beyond the threshold",
-    EXIT_FAILED: "run failed (or its report could not be written); retrying may help",
-    EXIT_INVALID: "config or input problem, or the run is running elsewhere; needs a fix",
-    EXIT_REGRESSION: "committed, but a metric regressed beyond the threshold",
-    EXIT_INPUT_NOT_READY: "this night's input is not there yet; retry later",
-    EXIT_DEGENERATE: "committed, but a judge metric's result is degenerate; check the judge",
-}
+    from ragbatch.analysis.compare import Comparison
+    from ragbatch.analysis.nightly import NightlyReport
+    from ragbatch.analysis.runs import CommittedRun
+    from ragbatch.runner import RunResult
 
 RUN_ID_PREFIX = "nightly-"
-
-
-def yesterday_utc(now: dt.datetime | None = None) -> dt.date:
-    """The UTC calendar date before ``now`` (default: the current time)."""
-    now = now or dt.datetime.now(dt.timezone.utc)
-    return now.astimezone(dt.timezone.utc).date() - dt.timedelta(days=1)
 
 
 def nightly_run_id(night: dt.date) -> str:
@@ -80,7 +73,7 @@ class NightlyOutcome:
     Attributes
     ----------
     exit_code : int
-        One of :data:`EXIT_CODES`.
+        One of :data:`~ragbatch.exit_codes.EXIT_CODES`.
     night : datetime.date
         The run date.
     run_id : str
@@ -113,13 +106,13 @@ class NightlyOutcome:
     run_id: str
     message: str = ""
     config: JobConfig | None = None
-    result: Any = None
+    result: RunResult | None = None
     already_committed: bool = False
-    run: Any = None
-    baseline: Any = None
-    comparison: Any = None
-    report: Any = None
-    regressions: Any = None
+    run: CommittedRun | None = None
+    baseline: CommittedRun | None = None
+    comparison: Comparison | None = None
+    report: NightlyReport | None = None
+    regressions: pl.DataFrame | None = None
     threshold: float | None = None
     compared: bool = True
     degenerate: dict[str, str] = field(default_factory=dict)
@@ -131,7 +124,8 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                 report: bool = True, allow_uncalibrated: bool = False,
                 fail_on_degenerate: bool | None = None) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
-    :data:`EXIT_CODES` name (they become the outcome's exit code and message).
+    :data:`~ragbatch.exit_codes.EXIT_CODES` name (they become the outcome's exit code and
+    message).
 
     Parameters
     ----------
@@ -140,7 +134,8 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     config_dir : path, optional
         Directory of the config file (for ``binary`` callbacks).
     run_date : datetime.date, optional
-        The night; default ``config.run.run_date``, else :func:`yesterday_utc`.
+        The night; default ``config.run.run_date``, else yesterday in UTC
+        (:func:`ragbatch.run_date.choose_run_date`).
     run_id : str, optional
         Default :func:`nightly_run_id`. A run id fixed in ``config.run.run_id`` is
         refused (every night would reuse it).
@@ -165,7 +160,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     -------
     NightlyOutcome
     """
-    night = run_date or config.run.run_date or yesterday_utc()
+    night = choose_run_date(run_date, config.run.run_date, nightly=True)
     outcome = NightlyOutcome(EXIT_OK, night, nightly_run_id(night) if run_id is None else run_id,
                              threshold=fail_on_regression)
     try:
@@ -222,7 +217,7 @@ def _committed(config: JobConfig, night: dt.date, run_id: str) -> bool:
         raise (OutputError(str(error)) if is_transient(exc) else error) from None
 
 
-def _input_root_exists(template: str, rendered: Any) -> bool:
+def _input_root_exists(template: str, rendered: InputSection) -> bool:
     """Whether the folder above the date-dependent part of the input URI ``template``
     exists (without a placeholder: the folder holding the rendered ``input.uri``). An
     empty path (the working directory) or a URI with no path counts as existing.

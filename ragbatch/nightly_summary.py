@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragbatch.nightly_job import EXIT_CODES, EXIT_INPUT_NOT_READY, NightlyOutcome
+from ragbatch.exit_codes import EXIT_CODES, EXIT_INPUT_NOT_READY
+from ragbatch.nightly_job import NightlyOutcome
 from ragbatch.redact import redact_text
 
 

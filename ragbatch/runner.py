@@ -32,6 +32,7 @@ from ragbatch.manifest import build_manifest
 from ragbatch.manifest_model import Manifest
 from ragbatch.plan import Plan, build_plan, preflight_engines
 from ragbatch.ray_paths import start_local_ray, worker_pythonpath
+from ragbatch.run_date import choose_run_date, today_utc
 from ragbatch.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
@@ -196,13 +197,10 @@ def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.dat
     The earlier attempt is looked for under ``output.uri``; when that URI itself depends
     on the run date it cannot be, so a run resumed on a later day needs ``--run-date``.
     """
-    if config.run.run_date is not None:
-        return config.run.run_date
-    if not placeholders(config.output.uri, "output.uri"):
-        recorded = Staging(OutputLayout.for_run(config.output, started.date(), run_id)).run_date()
-        if recorded is not None:
-            return recorded
-    return started.date()
+    recorded = None
+    if config.run.run_date is None and not placeholders(config.output.uri, "output.uri"):
+        recorded = Staging(OutputLayout.for_run(config.output, today_utc(started), run_id)).run_date()
+    return choose_run_date(config.run.run_date, recorded, now=started)
 
 
 def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout, Staging, Resume]:
@@ -211,8 +209,8 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     from ragbatch.io.read import input_fingerprint
 
     config = plan.config
-    probe = Staging(OutputLayout.for_run(config.output, started.date(), run_id))
-    run_date = config.run.run_date or probe.run_date() or started.date()
+    probe = Staging(OutputLayout.for_run(config.output, today_utc(started), run_id))
+    run_date = choose_run_date(config.run.run_date, probe.run_date(), now=started)
     layout = OutputLayout.for_run(config.output, run_date, run_id)
     staging = Staging(layout)
     fingerprint = run_fingerprint(config.model_dump(mode="json"),

@@ -40,9 +40,11 @@ from urllib.parse import urlsplit
 
 from ragbatch.config import JobConfig, load_config
 from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.exit_codes import EXIT_FAILED, EXIT_OK
 from ragbatch.ids import check_id
 from ragbatch.metrics.base import Metric
 from ragbatch.redact import redact_url
+from ragbatch.run_date import choose_run_date
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
@@ -228,16 +230,16 @@ def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
                 nightly: bool) -> tuple[str, dt.date]:
     """The run id and run date the job gets, as ``ragbatch run`` / ``nightly`` choose them."""
     if nightly:
-        from ragbatch.nightly_job import nightly_run_id, yesterday_utc
+        from ragbatch.nightly_job import nightly_run_id
 
         if config.run.run_id and not run_id:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass --run-id")
-        night = run_date or config.run.run_date or yesterday_utc()
+        night = choose_run_date(run_date, config.run.run_date, nightly=True)
         return _checked_run_id(run_id or nightly_run_id(night)), night
     from ragbatch.runner import new_run_id
 
-    run_date = run_date or config.run.run_date or dt.datetime.now(dt.timezone.utc).date()
+    run_date = choose_run_date(run_date, config.run.run_date)
     return _checked_run_id(run_id or config.run.run_id or new_run_id()), run_date
 
 
@@ -530,9 +532,9 @@ def exit_code(info: Any) -> int:
     own exit code when Ray reports one in 1-255 (``ragbatch run``'s 2 for a config or
     input problem, ...), else 1 (stopped, killed by a signal, never started)."""
     if str(info.status) == "SUCCEEDED":
-        return 0
+        return EXIT_OK
     code = getattr(info, "driver_exit_code", None)
-    return code if code is not None and 0 < code <= 255 else 1
+    return code if code is not None and 0 < code <= 255 else EXIT_FAILED
 
 
 def dashboard_url(client: Any, job_id: str) -> str:

@@ -19,8 +19,8 @@ import yaml
 
 from canned_judge_server import SERVED_NAME, CannedJudgeServer
 from degenerate_judge import ARES, CONSTANT_TRUE, N_ROWS
-from ragbatch.cli import EXIT_DEGENERATE, main
-from ragbatch.nightly_job import EXIT_CODES
+from ragbatch.cli import main
+from ragbatch.exit_codes import EXIT_CODES, EXIT_DEGENERATE
 
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytestmark = pytest.mark.slow

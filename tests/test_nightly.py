@@ -28,7 +28,7 @@ from ragbatch.config import JobConfig
 from ragbatch.errors import ConfigError
 from ragbatch.io.staging import Staging
 from ragbatch.io.write import OutputLayout
-from ragbatch.nightly_job import yesterday_utc
+from ragbatch.run_date import yesterday_utc
 from ragbatch.runner import run_date_for
 from ragbatch.templating import fixed_prefix, render, render_config
 
@@ -115,6 +115,31 @@ def test_yesterday_is_the_utc_date_before():
     assert yesterday_utc(dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)) == dt.date(2026, 2, 28)
     before = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date()
     assert yesterday_utc() in (before, before + dt.timedelta(days=1))
+
+
+def test_the_outcome_fields_are_typed():
+    import typing
+
+    import ragbatch.cli
+    import ragbatch.exit_codes
+    from ragbatch.analysis.compare import Comparison
+    from ragbatch.analysis.nightly import NightlyReport
+    from ragbatch.analysis.runs import CommittedRun
+    from ragbatch.nightly_job import NightlyOutcome
+    from ragbatch.runner import RunResult
+
+    names = {"Comparison": Comparison, "NightlyReport": NightlyReport, "pl": pl,
+             "CommittedRun": CommittedRun, "RunResult": RunResult}
+    hints = typing.get_type_hints(NightlyOutcome, localns=names)
+    assert typing.Any not in hints.values()
+    assert (hints["result"], hints["run"], hints["baseline"]) == (
+        RunResult | None, CommittedRun | None, CommittedRun | None)
+    assert (hints["comparison"], hints["report"], hints["regressions"]) == (
+        Comparison | None, NightlyReport | None, pl.DataFrame | None)
+    # one definition of the exit codes, which the CLI and the nightly job both use
+    assert ragbatch.cli.EXIT_DEGENERATE is ragbatch.exit_codes.EXIT_DEGENERATE
+    assert sorted(ragbatch.exit_codes.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
+    assert ragbatch.exit_codes.EXIT_INTERRUPTED == 128 + 2
 
 
 def test_a_resumed_run_keeps_its_date_and_so_its_uris(tmp_path):

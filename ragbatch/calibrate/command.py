@@ -21,6 +21,7 @@ from ragbatch.config import ColumnMapping, InputSection, JobConfig
 from ragbatch.ids import check_id
 from ragbatch.io.fs import resolve
 from ragbatch.redact import redact
+from ragbatch.run_date import choose_run_date
 
 log = logging.getLogger("ragbatch")
 
@@ -98,7 +99,7 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
     for judge in cal.judges:
         check_id(judge_run_id(run_id, judge), f"judge run id of judge {judge!r}")
-    run_date = run_date or started.date()
+    run_date = choose_run_date(run_date, now=started)
     labelled = read_labelled(cal)
     fs, base = resolve(cal.output.uri, cal.output.storage_options)
     input_path = f"{base.rstrip('/')}/calibration_inputs/run_id={run_id}/labelled.parquet"
