@@ -266,7 +266,7 @@ def start_server(model_dir: Path, args: argparse.Namespace) -> tuple[subprocess.
                "--served-model-name", args.model, "--max-model-len", str(args.max_model_len),
                "--dtype", args.dtype,
                "--structured-outputs-config",
-               json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+               json.dumps({"backend": args.grammar_backend, "disable_any_whitespace": True}),
                "--override-generation-config", json.dumps({"max_new_tokens": args.max_tokens})]
     if args.max_num_seqs is not None:
         command += ["--max-num-seqs", str(args.max_num_seqs)]
@@ -374,6 +374,9 @@ def ragbatch_config(kind: str, rows_path: Path, out: Path, args: argparse.Namesp
             judge["engine_kwargs"]["max_num_seqs"] = args.max_num_seqs
         if args.block_size is not None:
             judge["engine_kwargs"]["block_size"] = args.block_size
+        if args.grammar_backend != "xgrammar":
+            judge["engine_kwargs"]["structured_outputs_config"] = {
+                "backend": args.grammar_backend, "disable_any_whitespace": True}
     metrics = [{"name": m, "engine": "judge"} for m in METRIC_SETS[args.ragbatch_metrics]]
     if args.ragbatch_reasons == "off":
         for metric in metrics:
@@ -589,6 +592,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "ragbatch-vllm alike (default: 32 without GPUs, ragbatch's own CPU "
                         "default; with --num-gpus, vLLM's own default); a server given with "
                         "--base-url keeps its own")
+    p.add_argument("--grammar-backend", choices=("xgrammar", "guidance"), default="xgrammar",
+                   help="structured-output backend of the script's own server and "
+                        "ragbatch-vllm (default xgrammar, ragbatch's own); guidance for a "
+                        "real model's vocabulary on a CPU, where xgrammar takes about a "
+                        "minute to compile each string-length-bounded JSON schema")
     p.add_argument("--context-chars", type=int, default=300,
                    help="context length of the synthetic rows (default 300)")
     p.add_argument("--sample-context-chars", type=int, default=1000,

@@ -108,6 +108,22 @@ def test_engine_settings_reach_ragbatch_vllm_job(vs_peers, tmp_path):
     assert job["engines"]["judge"]["engine_kwargs"] == {"enforce_eager": False}
 
 
+def test_grammar_backend_reaches_ragbatch_vllm_job_only_when_not_the_default(vs_peers, tmp_path):
+    default = vs_peers.parse_args([])
+    assert default.grammar_backend == "xgrammar"
+    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", default,
+                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    assert "structured_outputs_config" not in job["engines"]["judge"]["engine_kwargs"]
+    guidance = vs_peers.parse_args(["--grammar-backend", "guidance"])
+    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", guidance,
+                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    assert job["engines"]["judge"]["engine_kwargs"]["structured_outputs_config"] == {
+        "backend": "guidance", "disable_any_whitespace": True}
+    openai = vs_peers.ragbatch_config("openai", tmp_path / "rows.parquet", tmp_path / "out",
+                                      guidance, "http://127.0.0.1:1/v1", None)
+    assert "engine_kwargs" not in openai["engines"]["judge"]
+
+
 @pytest.mark.release
 def test_server_prefix_cache_is_emptied_between_runs(vs_peers, tiny_judge_model, tmp_path):
     """The script's server takes ragbatch's CPU block size and empties its prefix cache on
