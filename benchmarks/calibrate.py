@@ -92,7 +92,7 @@ def judge_model(choice: str | None) -> Path:
 
 
 def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
-                 max_tokens: int | None) -> dict[str, Any]:
+                 max_tokens: int | None, grammar_backend: str | None = None) -> dict[str, Any]:
     """A copy of one judge engine section pointed at ``model``.
 
     With ``num_gpus`` > 0 the engine spans that many GPUs (``num_gpus`` and
@@ -101,7 +101,10 @@ def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
     slows decoding on a GPU), ``dtype: float32`` (twice the memory traffic of the model's
     own 16-bit weights) and the 128-token ``max_tokens`` cap (a real judge's replies run
     longer; a reply cut at the cap is a parse failure). ``max_tokens``, when given, is
-    set in both cases."""
+    set in both cases. ``grammar_backend`` (``"xgrammar"`` or ``"guidance"``), when
+    given, sets ``engine_kwargs.structured_outputs_config`` (compact JSON kept): on a
+    CPU with a real model's vocabulary, xgrammar takes about a minute to compile each
+    JSON schema whose strings have a ``maxLength``, llguidance milliseconds."""
     spec = dict(engine, model=model)
     if num_gpus > 0:
         spec.update(num_gpus=num_gpus, tensor_parallel_size=num_gpus)
@@ -112,6 +115,10 @@ def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
         spec.pop("max_tokens", None)
     if max_tokens is not None:
         spec["max_tokens"] = max_tokens
+    if grammar_backend is not None:
+        spec["engine_kwargs"] = {**(spec.get("engine_kwargs") or {}),
+                                 "structured_outputs_config": {"backend": grammar_backend,
+                                                               "disable_any_whitespace": True}}
     return spec
 
 
@@ -344,7 +351,8 @@ def prepare_config(name: str, args: argparse.Namespace, model: Path, out: Path) 
     config["input"]["uri"] = str(ROOT / config["input"]["uri"])
     for judge in config["judges"]:
         config["engines"][judge] = judge_engine(config["engines"][judge], str(model),
-                                                args.num_gpus, args.max_tokens)
+                                                args.num_gpus, args.max_tokens,
+                                                args.grammar_backend)
     sample = None
     if args.per_label is not None:
         sample = sample_input(config, name, args.per_label, args.seed)
@@ -412,6 +420,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="judge model directory, or `smollm2` (default: the tiny random test model)")
     p.add_argument("--num-gpus", type=int, default=0, help="GPUs of the judge engine (0: CPU)")
     p.add_argument("--max-tokens", type=int, default=None, help="override the engines' max_tokens")
+    p.add_argument("--grammar-backend", choices=("xgrammar", "guidance"), default=None,
+                   help="structured-output backend of the judge engines (default: the "
+                        "config's, xgrammar)")
     p.add_argument("--out", type=Path, default=DATA / "calibrate.json",
                    help="JSON results; the markdown table goes next to it (.md)")
     args = p.parse_args(argv)
@@ -430,7 +441,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "machine": platform.platform(), "cpus": os.cpu_count(), "judge_model": str(model),
-        "num_gpus": args.num_gpus, "max_tokens": args.max_tokens, "limit": args.limit,
+        "num_gpus": args.num_gpus, "max_tokens": args.max_tokens,
+        "grammar_backend": args.grammar_backend, "limit": args.limit,
         "per_label": args.per_label, "seed": args.seed, "results": results, "rows": rows},
         indent=2, ensure_ascii=False) + "\n")
     args.out.with_suffix(".md").write_text(markdown + "\n")

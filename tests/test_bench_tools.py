@@ -206,6 +206,15 @@ def test_gpu_engine_drops_the_cpu_demo_settings(calib):
     assert cpu["engine_kwargs"] == {"enforce_eager": True, "max_num_seqs": 8}   # not changed
 
 
+def test_grammar_backend_is_set_in_the_engine_kwargs(calib):
+    cpu = {"kind": "vllm", "model": "models/smollm2", "engine_kwargs": {"enforce_eager": True}}
+    spec = calib.judge_engine(cpu, "/m", 0, None, "guidance")
+    assert spec["engine_kwargs"] == {"enforce_eager": True, "structured_outputs_config": {
+        "backend": "guidance", "disable_any_whitespace": True}}
+    assert cpu["engine_kwargs"] == {"enforce_eager": True}   # not changed
+    assert "structured_outputs_config" not in calib.judge_engine(cpu, "/m", 0, None)["engine_kwargs"]
+
+
 def _agreement_table():
     """An ``agreement.parquet`` as ``ragbatch calibrate`` writes it, values set by hand."""
     import polars as pl
