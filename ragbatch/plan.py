@@ -174,7 +174,7 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
 def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
     """``pii_types`` the configured detectors cannot find, and unreadable NER models."""
     from ragbatch.errors import EngineError
-    from ragbatch.metrics._pii import PiiMetric
+    from ragbatch.metrics.pii_base import PiiMetric
 
     pii = [m for m in metrics if isinstance(m, PiiMetric)]
     problems: list[str] = []

@@ -28,7 +28,7 @@ from ragbatch.engines.sentence_transformers import (
     sigmoid,
 )
 from ragbatch.errors import EngineError
-from ragbatch.metrics._cells import CELL_DTYPE
+from ragbatch.metrics.cells import CELL_DTYPE
 from ragbatch.metrics.semantic_similarity import (
     SemanticSimilarity,
     cosine_to_score,

@@ -25,7 +25,7 @@ from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeRunner
-from ragbatch.metrics._cells import CELL_DTYPE
+from ragbatch.metrics.cells import CELL_DTYPE
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
 from udfs.ledger import report_placement

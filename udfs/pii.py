@@ -29,7 +29,7 @@ from ragbatch.config import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.heap import HeapTrimmer
-from ragbatch.metrics._pii import PiiMetric, PiiResults
+from ragbatch.metrics.pii_base import PiiMetric, PiiResults
 from ragbatch.registry import get_metric
 from udfs.guard import BatchGuard
 from udfs.ledger import report_placement

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ragbatch.analysis.runs import CommittedRun
 from ragbatch.errors import RagbatchError
 
-#: Metric kind of the PII metrics (``ragbatch.metrics._pii.PiiMetric.kind``): their cells
+#: Metric kind of the PII metrics (``ragbatch.metrics.pii_base.PiiMetric.kind``): their cells
 #: concern personal data, so reports never show the input texts next to them.
 PII_KIND = "pii"
 

@@ -11,7 +11,7 @@ from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 
 #: The reply: a reason, then the verdict (generated in this order).
 SCHEMA: dict[str, Any] = {

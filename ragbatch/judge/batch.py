@@ -13,7 +13,7 @@ from ragbatch.columns import (
 )
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeCell, JudgeRunner
-from ragbatch.metrics._cells import guard_status
+from ragbatch.metrics.cells import guard_status
 
 #: Polars dtype of the per-cell judge record (:data:`ragbatch.columns.JUDGE_FIELDS`).
 JUDGE_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(JUDGE_FIELDS)).empty_table()).schema))

@@ -3,7 +3,7 @@
 A judge metric is a *program* per row: a generator that yields lists of requests
 (:class:`~ragbatch.judge.protocol.Ask` for the judge, :class:`Embed` for the embedding
 model), receives the parsed results in the same order, and finally returns the row's
-:class:`~ragbatch.metrics._cells.PyCell`. Multi-step metrics (extract statements, then
+:class:`~ragbatch.metrics.cells.PyCell`. Multi-step metrics (extract statements, then
 verify each) are two yields. The judge stage (:mod:`ragbatch.judge.run`) runs the
 programs of every row of a batch in lockstep, so each step is one batched engine call.
 
@@ -24,7 +24,7 @@ from ragbatch.engines.registry import engine_names
 from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.protocol import Ask
-from ragbatch.metrics._cells import Guard, PyCell, missing
+from ragbatch.metrics.cells import Guard, PyCell, missing
 from ragbatch.metrics.base import Metric, StrictParams
 
 

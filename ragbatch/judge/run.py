@@ -37,7 +37,7 @@ from ragbatch.judge.cache import JudgmentCache, cache_key
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
-from ragbatch.metrics._cells import PyCell
+from ragbatch.metrics.cells import PyCell
 from ragbatch.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
 
 log = logging.getLogger(__name__)

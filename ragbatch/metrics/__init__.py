@@ -2,7 +2,8 @@
 
 Each module registers its metric with :func:`ragbatch.registry.register`; the registry
 imports every module here (:func:`load_all`) the first time a metric is looked up.
-Adding a metric means adding one file here.
+Adding a metric means adding one file here. The modules of :data:`SUPPORT_MODULES` hold
+what the metrics share (base classes, cell helpers) and register nothing.
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+#: Modules of this package that define no metric: the base classes
+#: (:mod:`ragbatch.metrics.base`, :mod:`ragbatch.metrics.pii_base`) and the cell helpers
+#: (:mod:`ragbatch.metrics.cells`). Private modules (a leading ``_``) are skipped too.
+SUPPORT_MODULES = ("base", "cells", "pii_base")
+
 
 def load_all() -> None:
     """Import every metric module of this package (each registers its metric)."""
     for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_") and info.name != "base":
+        if not info.name.startswith("_") and info.name not in SUPPORT_MODULES:
             importlib.import_module(f"{__name__}.{info.name}")

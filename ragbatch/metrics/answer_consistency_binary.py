@@ -10,7 +10,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics._cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
 from ragbatch.registry import register
 from ragbatch.status import NOT_APPLICABLE
 

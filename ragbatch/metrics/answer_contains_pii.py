@@ -7,8 +7,8 @@ from typing import ClassVar
 import polars as pl
 
 from ragbatch.columns import ANSWER
-from ragbatch.metrics._cells import PyCell
-from ragbatch.metrics._pii import (
+from ragbatch.metrics.cells import PyCell
+from ragbatch.metrics.pii_base import (
     PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
 )
 from ragbatch.metrics.base import Example

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from ragbatch.metrics._cells import cell, missing
+from ragbatch.metrics.cells import cell, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.registry import register
 

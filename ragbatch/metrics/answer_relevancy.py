@@ -13,7 +13,7 @@ from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 from ragbatch.metrics.base import StrictParams
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT

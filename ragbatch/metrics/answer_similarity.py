@@ -9,7 +9,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics._cells import Guard, PyCell, blank, missing
+from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT
 

@@ -10,7 +10,7 @@ import polars as pl
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
-from ragbatch.metrics._cells import CELL_DTYPE, PyCell, to_cell_dict
+from ragbatch.metrics.cells import CELL_DTYPE, PyCell, to_cell_dict
 from ragbatch.metrics.callback_import import find_module_file, import_callback_module
 from ragbatch.metrics.base import ExpressionMetric, StrictParams
 from ragbatch.reasons import NOT_QUOTED, cut, quote

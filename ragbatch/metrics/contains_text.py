@@ -7,7 +7,7 @@ from functools import lru_cache
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics._cells import frame_cells, missing
+from ragbatch.metrics.cells import frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.registry import register
 

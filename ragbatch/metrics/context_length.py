@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ragbatch.metrics._bounds import LengthBounds
-from ragbatch.metrics._cells import Guard, details_json, frame_cells, missing
+from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric
 from ragbatch.registry import register
 from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE

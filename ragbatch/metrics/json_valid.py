@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics._cells import PyCell, frame_cells, missing
+from ragbatch.metrics.cells import PyCell, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.reasons import cut
 from ragbatch.registry import register

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from ragbatch.metrics._cells import Guard, cell, missing, number_text
+from ragbatch.metrics.cells import Guard, cell, missing, number_text
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.reasons import number_text as number_text_of
 from ragbatch.registry import register

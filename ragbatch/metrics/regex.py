@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics._cells import PyCell, cell, details_json, missing, python_cells
+from ragbatch.metrics.cells import PyCell, cell, details_json, missing, python_cells
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
 from ragbatch.regex_compat import Translation, translate
 from ragbatch.registry import register

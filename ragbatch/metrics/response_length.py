@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ragbatch.metrics._bounds import LengthBounds
-from ragbatch.metrics._cells import cell, details_json, missing
+from ragbatch.metrics.cells import cell, details_json, missing
 from ragbatch.metrics.base import Example, ExpressionMetric
 from ragbatch.registry import register
 

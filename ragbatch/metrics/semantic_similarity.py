@@ -22,7 +22,7 @@ import polars as pl
 from ragbatch.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
 from ragbatch.engines.sentence_transformers import LoadedModel
 from ragbatch.errors import EngineError
-from ragbatch.metrics._cells import CELL_DTYPE, Guard, PyCell, blank, missing, python_cells
+from ragbatch.metrics.cells import CELL_DTYPE, Guard, PyCell, blank, missing, python_cells
 from ragbatch.metrics.base import Example, ModelMetric
 from ragbatch.registry import register
 from ragbatch.status import ERROR
@@ -237,7 +237,7 @@ class SemanticSimilarity(ModelMetric):
         Returns
         -------
         polars.Series
-            Named after the metric id, dtype :data:`~ragbatch.metrics._cells.CELL_DTYPE`,
+            Named after the metric id, dtype :data:`~ragbatch.metrics.cells.CELL_DTYPE`,
             ``len(frame)`` cells in row order. ``score`` is Float64 in [0, 1] when the
             status is ``ok`` and null otherwise; ``details`` is ``{"cosine": c}``
             (embedding) or ``{"logit": z}`` (cross-encoder); ``model`` is

@@ -83,14 +83,14 @@ class PiiMetric(ModelMetric):
         Returns
         -------
         polars.Series
-            ``len(frame)`` cells of :data:`~ragbatch.metrics._cells.CELL_DTYPE`, named
+            ``len(frame)`` cells of :data:`~ragbatch.metrics.cells.CELL_DTYPE`, named
             after the metric id; ``score`` 1.0/0.0 when ``ok``. Null inputs get
-            :func:`~ragbatch.metrics._cells.missing` (the normalizer's note, which in a
+            :func:`~ragbatch.metrics.cells.missing` (the normalizer's note, which in a
             run with PII metrics never quotes the value); every other row gets the
             subclass's ``_cell``.
         """
         from ragbatch.columns import NULLABLE_INPUTS
-        from ragbatch.metrics._cells import CELL_DTYPE, missing, python_cells
+        from ragbatch.metrics.cells import CELL_DTYPE, missing, python_cells
 
         column = self.inputs[0]
         wanted = self.params.pii_types
