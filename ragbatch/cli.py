@@ -472,8 +472,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         desc = stage.describe()
         extra = f" on engine {desc['engine']} ({desc['engine_spec']['type']})" if "engine" in desc else ""
         print(f"stage {stage.name}{extra}: {', '.join(desc['metrics'])}")
+    from ragbatch.stages import StageKind
+
     for stage in plan.stages:
-        if stage.kind == "pii":
+        if stage.kind is StageKind.PII:
             from ragbatch.engines.presidio import supported_entities
 
             print(f"  engine {stage.engine_name} finds: {', '.join(supported_entities(stage.engine))}")

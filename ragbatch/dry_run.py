@@ -19,6 +19,7 @@ from typing import Any
 from ragbatch.config import JobConfig
 from ragbatch.io.sample import InputSize
 from ragbatch.judge.estimate import MetricEstimate
+from ragbatch.stages import StageKind
 
 #: Rows sampled by default.
 DEFAULT_SAMPLE_ROWS = 200
@@ -191,7 +192,7 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
     sample = sample_input(plan, sample_rows)
     frame = pl.from_arrow(sample.table) if sample.table.num_rows else pl.DataFrame()
     judges = [_judge_estimate(config, stage, frame, pilot_rows) for stage in plan.stages
-              if stage.kind == "judge" and frame.height]
+              if stage.kind is StageKind.JUDGE and frame.height]
     return DryRun(config, len(plan.read_tasks), sample.size, sample.table.num_rows,
                   _stage_plans(plan), judges)
 
@@ -239,13 +240,13 @@ def _stage_plans(plan: Any) -> list[StagePlan]:
     for stage in plan.stages:
         metrics = [m.id for m in stage.metrics]
         if stage.engine is None:
-            out.append(StagePlan(stage.name, stage.kind, metrics,
+            out.append(StagePlan(stage.name, stage.kind.value, metrics,
                                  notes=["Ray tasks, no actors (one Polars pass per batch)"]))
             continue
         spec = stage.engine
-        item = StagePlan(stage.name, stage.kind, metrics, f"{stage.engine_name} ({spec.type})",
+        item = StagePlan(stage.name, stage.kind.value, metrics, f"{stage.engine_name} ({spec.type})",
                          _actors(spec.concurrency), _resources(spec))
-        if stage.kind == "judge":
+        if stage.kind is StageKind.JUDGE:
             embedders = sorted({n for m in stage.metrics for n in m.embedders()})
             if embedders:
                 item.notes.append(f"each actor also loads the embedding engine(s) "

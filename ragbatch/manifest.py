@@ -13,6 +13,7 @@ from ragbatch.io.write import OutputLayout, RunCheck
 from ragbatch.manifest_model import SCHEMA_VERSION, Manifest
 from ragbatch.plan import Plan
 from ragbatch.redact import redact
+from ragbatch.stages import StageKind
 
 #: Distributions whose versions every manifest records (absent ones are skipped).
 PACKAGES = (
@@ -169,7 +170,7 @@ def fault_summary(plan: Plan, faults: dict[str, dict[str, int]]) -> dict[str, An
 def pii_summary(plan: Plan) -> dict[str, Any]:
     """The manifest's ``pii`` section: per PII engine, the detectors that ran
     (:func:`ragbatch.engines.presidio.describe_detectors`) and the metrics they served."""
-    stages = [s for s in plan.stages if s.kind == "pii"]
+    stages = [s for s in plan.stages if s.kind is StageKind.PII]
     if not stages:
         return {}
     from ragbatch.engines.presidio import describe_detectors
@@ -184,7 +185,7 @@ _TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens"
 
 def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``judge`` section from the judge ledger's totals."""
-    judge_ids = [s.metrics for s in plan.stages if s.kind == "judge"]
+    judge_ids = [s.metrics for s in plan.stages if s.kind is StageKind.JUDGE]
     ids = [m.id for metrics in judge_ids for m in metrics]
     per_metric = {mid: {k: int((totals.get("metrics", {}).get(mid) or {}).get(k, 0))
                         for k in _TALLY_KEYS} for mid in ids}

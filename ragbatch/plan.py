@@ -19,20 +19,24 @@ from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.placement import StageDemand, accelerator_problems
 from ragbatch.registry import get_metric
+from ragbatch.stages import StageKind
 
 
 @dataclass
 class Stage:
     """One pipeline stage: all expression metrics, or the model metrics of one engine."""
 
-    kind: str  # "expression" | "model" | "judge" | "pii"
+    kind: StageKind  # a plain string is converted (ValueError: not a kind)
     name: str
     metrics: list[Metric]
     engine_name: str | None = None
     engine: Any = None  # validated engine spec (pydantic model) for model stages
 
+    def __post_init__(self) -> None:
+        self.kind = StageKind(self.kind)
+
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"stage": self.name, "kind": self.kind,
+        out: dict[str, Any] = {"stage": self.name, "kind": self.kind.value,
                                "metrics": [m.id for m in self.metrics]}
         if self.engine is not None:
             out["engine"] = self.engine_name
@@ -205,15 +209,16 @@ def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
     stages: list[Stage] = []
     expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
     if expression:
-        stages.append(Stage("expression", "expressions", expression))
-    for kind in ("pii", "model"):
+        stages.append(Stage(StageKind.EXPRESSION, "expressions", expression))
+    for kind in (StageKind.PII, StageKind.MODEL):
         of_kind = [m for m in metrics if isinstance(m, ModelMetric) and m.kind == kind]
         for name in dict.fromkeys(m.engine for m in of_kind):
             members = [m for m in of_kind if m.engine == name]
-            stages.append(Stage(kind, f"{kind}:{name}", members, name, engines[name]))
+            stages.append(Stage(kind, f"{kind.value}:{name}", members, name, engines[name]))
     for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, JudgeMetric)):
         members = [m for m in metrics if isinstance(m, JudgeMetric) and m.engine == name]
-        stages.append(Stage("judge", f"judge:{name}", members, name, engines[name]))
+        stages.append(Stage(StageKind.JUDGE, f"{StageKind.JUDGE.value}:{name}", members, name,
+                            engines[name]))
     return stages
 
 
@@ -270,7 +275,7 @@ def preflight_engines(plan: Plan) -> None:
     from ragbatch.errors import EngineError
 
     for stage in plan.stages:
-        if stage.kind != "judge":
+        if stage.kind is not StageKind.JUDGE:
             continue
         try:
             engine_of(stage.engine).check(stage.engine)
