@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "max_tokens": args.max_tokens or None, "engine_kwargs": engine_kwargs}
 
     from ragbatch.engines.vllm import load_vllm_engine
-    from udfs.similarity import parse_engine_spec
+    from udfs.base import parse_engine_spec
 
     rows = ares_rows(args.rows)
     t0 = time.perf_counter()

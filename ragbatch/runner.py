@@ -13,7 +13,7 @@ import re
 import secrets
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +30,10 @@ from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.manifest import build_manifest
 from ragbatch.manifest_model import Manifest
-from ragbatch.plan import Plan, build_plan, preflight_engines
+from ragbatch.plan import Plan, Stage, build_plan, preflight_engines
 from ragbatch.ray_paths import start_local_ray, worker_pythonpath
 from ragbatch.run_date import choose_run_date, today_utc
+from ragbatch.stages import StageKind
 from ragbatch.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
@@ -309,7 +310,7 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
     # Each actor is a worker process of its own (seconds to start on a small machine):
     # the judge ledger only when a judge stage reports to it.
     judge_ledger = None
-    if any(stage.kind == "judge" for stage in plan.stages):
+    if any(stage.kind is StageKind.JUDGE for stage in plan.stages):
         judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     try:
         n_rows = _run_pipeline(plan, layout, scores_dir, done_rows, ledger, judge_ledger)
@@ -502,30 +503,12 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) ->
     from udfs.scores import to_long
 
     for stage in plan.stages:
-        if stage.kind == "expression":
+        if stage.kind is StageKind.EXPRESSION:
             ds = ds.map_batches(expression_stage, batch_format="pyarrow",
                                 fn_kwargs={"metrics": stage.metrics})
             continue
         ds = _actor_sized_blocks(ds, stage.engine.batch_size)
-        if stage.kind == "judge":
-            ds = _judge_stage(ds, plan, stage, judge_ledger, ledger)
-        elif stage.kind == "pii":
-            ds = _pii_stage(ds, stage, ledger)
-        else:
-            from udfs.similarity import ModelStage, stage_options
-
-            spec = stage.engine.model_dump(mode="json")
-            ds = ds.map_batches(
-                ModelStage, batch_format="pyarrow",
-                fn_constructor_kwargs={
-                    "engine_name": stage.engine_name, "engine_spec": spec,
-                    "metrics": [{"name": m.name, "id": m.id,
-                                 "params": m.params.model_dump(mode="json")}
-                                for m in stage.metrics],
-                    "ledger": ledger,
-                },
-                **stage_options(spec),
-            )
+        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger)
     return ds.map_batches(to_long, batch_format="pyarrow",
                           fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
 
@@ -548,44 +531,53 @@ def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
     return ds.repartition(target_num_rows_per_block=ACTOR_BLOCK_BATCHES * batch_size)
 
 
-def _pii_stage(ds: Any, stage: Any, ledger: Any) -> Any:
-    from udfs.pii import PiiStage
-    from udfs.similarity import stage_options
+def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
+    """``ds`` through an actor pool of ``cls`` (an :class:`udfs.base.ActorStage`) for
+    ``stage``, handed the stage's built metrics (pickled with its constructor
+    arguments) and ``kwargs``."""
+    from udfs.base import stage_options
 
     spec = stage.engine.model_dump(mode="json")
     return ds.map_batches(
-        PiiStage, batch_format="pyarrow",
-        fn_constructor_kwargs={
-            "engine_name": stage.engine_name, "engine_spec": spec,
-            "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
-                        for m in stage.metrics],
-            "ledger": ledger,
-        },
+        cls, batch_format="pyarrow",
+        fn_constructor_kwargs={"engine_name": stage.engine_name, "engine_spec": spec,
+                               "metrics": list(stage.metrics), **kwargs},
         **stage_options(spec),
     )
 
 
-def _judge_stage(ds: Any, plan: Plan, stage: Any, judge_ledger: Any, ledger: Any) -> Any:
-    from udfs.judge import JudgeStage, judge_stage_options
+def _model_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+    from udfs.similarity import ModelStage
 
-    spec = stage.engine.model_dump(mode="json")
+    return _actor_stage(ds, stage, ModelStage, ledger=ledger)
+
+
+def _pii_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+    from udfs.pii import PiiStage
+
+    return _actor_stage(ds, stage, PiiStage, ledger=ledger)
+
+
+def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+    from udfs.judge import JudgeStage
+
     embedders = {name: plan.engines[name].model_dump(mode="json")
                  for m in stage.metrics for name in m.embedders()}
     cache = None
     if plan.config.cache.enabled:
         uri, options = plan.config.cache_location()
         cache = {"uri": uri, "storage_options": options}
-    return ds.map_batches(
-        JudgeStage, batch_format="pyarrow",
-        fn_constructor_kwargs={
-            "engine_name": stage.engine_name, "engine_spec": spec,
-            "metrics": [{"name": m.name, "id": m.id, "params": m.params.model_dump(mode="json")}
-                        for m in stage.metrics],
-            "embedders": embedders, "cache": cache, "ledger": judge_ledger,
-            "run_ledger": ledger,
-        },
-        **judge_stage_options(spec),
-    )
+    return _actor_stage(ds, stage, JudgeStage, embedders=embedders, cache=cache,
+                        ledger=judge_ledger, run_ledger=ledger)
+
+
+#: The function that adds an actor stage of each kind to the pipeline:
+#: ``(ds, plan, stage, judge_ledger, run_ledger) -> ds``.
+ACTOR_STAGES: dict[StageKind, Callable[[Any, Plan, Stage, Any, Any], Any]] = {
+    StageKind.MODEL: _model_stage,
+    StageKind.PII: _pii_stage,
+    StageKind.JUDGE: _judge_stage,
+}
 
 
 def _write(ds: Any, layout: OutputLayout, scores_dir: str) -> None:

@@ -15,7 +15,8 @@ from ragbatch.metrics.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
 from ragbatch.registry import all_metrics
 from test_semantic_similarity import write_tiny_bert
-from udfs.similarity import ModelStage, stage_options
+from udfs.base import stage_options
+from udfs.similarity import ModelStage
 
 CAT = "The cat sat on the mat."
 
@@ -54,7 +55,7 @@ def direct_cells(spec, metric_id: str, table: pa.Table) -> list[dict]:
     return metric.compute(load_model(spec), pl.from_arrow(table)).to_list()
 
 
-def run_through_ray(table: pa.Table, engine_name: str, spec: dict, metrics: list[dict]) -> pa.Table:
+def run_through_ray(table: pa.Table, engine_name: str, spec: dict, metrics: list) -> pa.Table:
     import ray
 
     context = ray.data.DataContext.get_current()
@@ -130,6 +131,22 @@ def test_cross_encoder_stage_through_ray(ray_local, tiny_cross_encoder_dir):
     got = out.column(cell_column("sim")).to_pylist()
     assert_same_cells(got, want)
     assert all(0.0 <= c["score"] <= 1.0 for c in got if c["status"] == "ok")
+
+
+@pytest.mark.slow
+def test_built_metrics_go_to_the_actors_as_a_run_passes_them(ray_local, tiny_cross_encoder_dir):
+    # A run hands the stage the plan's Metric objects; Ray pickles them for each actor.
+    table = canonical_table()
+    spec = {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir), "batch_size": 4,
+            "concurrency": 1}
+    metrics = [SemanticSimilarity.from_params({}, metric_id=mid, engine="tiny")
+               for mid in ("sim", "sim_again")]
+    out = run_through_ray(table, "tiny", spec, metrics)
+
+    assert out.column_names == table.column_names + [cell_column("sim"), cell_column("sim_again")]
+    want = direct_cells(CrossEncoderEngine(**spec), "sim", table)
+    assert_same_cells(out.column(cell_column("sim")).to_pylist(), want)
+    assert_same_cells(out.column(cell_column("sim_again")).to_pylist(), want)
 
 
 # --------------------------------------------------------------------------- in process

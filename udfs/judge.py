@@ -7,39 +7,38 @@ server), the embedding models its metrics need, and the judgment cache once, in
 prompt hash, token counts, calls, cache hits). Run it with::
 
     ds.map_batches(JudgeStage, batch_format="pyarrow",
-                   fn_constructor_kwargs={...}, **judge_stage_options(engine_spec))
+                   fn_constructor_kwargs={...}, **stage_options(engine_spec))
+
+(``stage_options`` from :mod:`udfs.base`.)
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import uuid
+from typing import Any, ClassVar, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
 
 from ragbatch.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
 from ragbatch.errors import ConfigError, EngineError
-from ragbatch.heap import HeapTrimmer
 from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeRunner
+from ragbatch.metrics.base import Metric
 from ragbatch.metrics.cells import CELL_DTYPE
-from ragbatch.registry import get_metric
-from udfs.guard import BatchGuard
-from udfs.ledger import report_placement
-from udfs.similarity import parse_engine_spec, stage_options
+from ragbatch.stages import StageKind
+from udfs.base import ActorStage, MetricEntry, engine_errors, parse_engine_spec
 
 log = logging.getLogger(__name__)
 
-def judge_stage_options(engine_spec: dict[str, Any]) -> dict[str, Any]:
-    """``map_batches`` keyword arguments sizing the judge actor pool (see
-    :func:`udfs.similarity.stage_options`)."""
-    return stage_options(engine_spec)
+#: The canonical columns a judge batch reads, when present.
+JUDGE_INPUTS = ("row_id", "question", "contexts", "answer", "reference", ISSUES)
 
 
-class JudgeStage:
+class JudgeStage(ActorStage):
     """Ray Data callable class scoring the judge metrics of one engine.
 
     Parameters
@@ -48,8 +47,9 @@ class JudgeStage:
         Key of the judge engine under ``engines``.
     engine_spec : dict
         Its spec (``type`` vllm or openai), validated with the config's models.
-    metrics : list of dict
-        ``{"name", "id", "params"}`` per judge metric.
+    metrics : list of JudgeMetric or dict
+        Built judge metrics on this engine, or ``{"name", "id", "params"}`` per judge
+        metric.
     embedders : dict, optional
         Embedding engine name -> spec, for metrics that embed (``answer_relevancy``).
     cache : dict, optional
@@ -57,7 +57,7 @@ class JudgeStage:
     ledger : ray actor handle, optional
         A :class:`JudgeLedger` receiving per-batch totals and engine counters.
     run_ledger : ray actor handle, optional
-        The run's :class:`udfs.ledger.RunLedger` (see :class:`udfs.guard.BatchGuard`).
+        The run's :class:`udfs.ledger.RunLedger` (see :class:`udfs.base.ActorStage`).
 
     Raises
     ------
@@ -68,38 +68,42 @@ class JudgeStage:
 
     Notes
     -----
-    After a batch, at most once per :data:`ragbatch.heap.TRIM_INTERVAL_S` seconds, the
-    actor returns freed heap memory to the system (:class:`ragbatch.heap.HeapTrimmer`).
+    A batch is read as its columns of :data:`JUDGE_INPUTS` that are present; a column a
+    metric needs but the batch lacks is not an error here. After each batch the
+    judgment cache is flushed and the batch's totals are reported to ``ledger``.
     """
 
-    def __init__(self, engine_name: str, engine_spec: dict[str, Any], metrics: list[dict[str, Any]],
+    kind: ClassVar[StageKind] = StageKind.JUDGE
+    metric_class: ClassVar[type[Metric]] = JudgeMetric
+    wrong_metric: ClassVar[str] = "{metric} is not a judge metric"
+
+    def __init__(self, engine_name: str, engine_spec: dict[str, Any],
+                 metrics: Sequence[MetricEntry],
                  embedders: dict[str, dict[str, Any]] | None = None,
                  cache: dict[str, Any] | None = None, ledger: Any = None,
                  run_ledger: Any = None) -> None:
-        from ragbatch.engines import load_judge_engine
-
-        self.engine_name = engine_name
-        report_placement(run_ledger, "judge:" + engine_name)
-        self.spec = parse_engine_spec(engine_name, engine_spec)
-        self.metrics = [_build_metric(i, m, engine_name) for i, m in enumerate(metrics)]
-        self.cache = (JudgmentCache(cache["uri"], cache.get("storage_options") or {},
-                                    [m.name for m in self.metrics]) if cache else None)
-        try:
-            self.engine = load_judge_engine(self.spec)
-        except EngineError as exc:
-            raise EngineError(f"engines.{engine_name}: {exc}") from exc
-        self.runner = JudgeRunner(self.engine, self.metrics, embedders=self._embedders(embedders or {}),
-                                  cache=self.cache, parse_retries=self.spec.parse_retries,
-                                  seed=self.spec.seed, max_tokens=self.spec.max_tokens)
+        self._embedder_specs = embedders or {}
+        self._cache_location = cache
+        super().__init__(engine_name, engine_spec, metrics, ledger=run_ledger)
         self.ledger = ledger
         self.batches = 0
-        import uuid
-
         self.actor_key = uuid.uuid4().hex
-        columns = [(name, type_) for m in self.metrics
-                   for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))]
-        self.guard = BatchGuard(f"engine {engine_name}", columns, run_ledger)
-        self.heap = HeapTrimmer()
+
+    def load(self) -> None:
+        """Open the judgment cache (:attr:`cache`), load the judge engine
+        (:attr:`engine`) and the embedding models the metrics need, and build the
+        :class:`~ragbatch.judge.run.JudgeRunner` (:attr:`runner`)."""
+        from ragbatch.engines import load_judge_engine
+
+        cache = self._cache_location
+        self.cache = (JudgmentCache(cache["uri"], cache.get("storage_options") or {},
+                                    [m.name for m in self.metrics]) if cache else None)
+        with engine_errors(self.engine_name):
+            self.engine = load_judge_engine(self.spec)
+        self.runner = JudgeRunner(self.engine, self.metrics,
+                                  embedders=self._embedders(self._embedder_specs),
+                                  cache=self.cache, parse_retries=self.spec.parse_retries,
+                                  seed=self.spec.seed, max_tokens=self.spec.max_tokens)
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
@@ -115,46 +119,35 @@ class JudgeStage:
             out[name] = model.embed
         return out
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Judge one batch.
+    def output_columns(self) -> list[tuple[str, pa.DataType]]:
+        """Per metric ``__ragbatch_cell::<id>`` (:data:`CELL_TYPE`) and
+        ``__ragbatch_judge::<id>`` (:data:`JUDGE_TYPE`)."""
+        return [(name, type_) for m in self.metrics
+                for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))]
 
-        Parameters
-        ----------
-        batch : pyarrow.Table
-            ``n`` canonical rows (``_issues`` supplies null reasons when present).
+    def check_columns(self, batch: pa.Table) -> None:
+        """Nothing: a batch is judged on the columns of :data:`JUDGE_INPUTS` it has."""
 
-        Returns
-        -------
-        pyarrow.Table
-            ``batch`` unchanged, then per metric ``__ragbatch_cell::<id>`` (:data:`CELL_TYPE`) and
-            ``__ragbatch_judge::<id>`` (:data:`JUDGE_TYPE`), ``n`` rows in the same order.
-        """
-        if not isinstance(batch, pa.Table):
-            raise TypeError('JudgeStage expects pyarrow.Table batches; use batch_format="pyarrow"')
-        out = self.guard.run(batch, self._judge)
+    def input_frame(self, batch: pa.Table) -> pl.DataFrame:
+        """The columns of :data:`JUDGE_INPUTS` present in ``batch``, as Polars."""
+        frame = pl.from_arrow(batch.select([c for c in JUDGE_INPUTS if c in batch.column_names]))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
+        """Per metric its cells and its judge records, judged over ``frame``."""
+        results = judge_frame(self.runner, frame)
+        for metric in self.metrics:
+            cells, records = results[metric.id]
+            yield cell_column(metric.id), pl.Series(cells, dtype=CELL_DTYPE).to_arrow().cast(CELL_TYPE)
+            yield (judge_column(metric.id),
+                   pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE))
+
+    def batch_done(self, batch: pa.Table) -> None:
+        """Flush the judgment cache and report the batch's totals to the judge ledger."""
         if self.cache is not None:
             self.cache.flush()
         self._report(batch)
-        self.heap.batch_done()
-        return out
-
-    def _judge(self, batch: pa.Table) -> pa.Table:
-        wanted = [c for c in ("row_id", "question", "contexts", "answer", "reference", ISSUES)
-                  if c in batch.column_names]
-        frame = pl.from_arrow(batch.select(wanted))
-        assert isinstance(frame, pl.DataFrame)
-        results = judge_frame(self.runner, frame)
-        out = batch
-        for metric in self.metrics:
-            cells, records = results[metric.id]
-            for name in (cell_column(metric.id), judge_column(metric.id)):
-                if name in out.column_names:
-                    raise ValueError(f"column {name!r} is already present in the batch")
-            out = out.append_column(cell_column(metric.id),
-                                    pl.Series(cells, dtype=CELL_DTYPE).to_arrow().cast(CELL_TYPE))
-            out = out.append_column(judge_column(metric.id),
-                                    pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE))
-        return out
 
     def _report(self, batch: pa.Table) -> None:
         self.batches += 1
@@ -167,17 +160,6 @@ class JudgeStage:
         # Waited for, so that every batch's report is in before the driver reads the totals.
         ray.get(self.ledger.record.remote(self.engine_name, key, tallies, self.engine.stats(),
                                           self.actor_key))
-
-
-def _build_metric(index: int, entry: dict[str, Any], engine_name: str) -> JudgeMetric:
-    where = f"metrics[{index}]"
-    cls = get_metric(entry["name"], where=f"{where}.name")
-    if not issubclass(cls, JudgeMetric):
-        raise ConfigError(f"{where}: {cls.name} is not a judge metric")
-    metric = cls.from_params(entry.get("params"), metric_id=entry.get("id") or cls.name,
-                             engine=engine_name, where=f"{where}.params")
-    assert isinstance(metric, JudgeMetric)
-    return metric
 
 
 class JudgeLedger:

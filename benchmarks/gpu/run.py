@@ -113,7 +113,8 @@ def similarity_part(args: argparse.Namespace) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     from ragbatch.engines.sentence_transformers import choose_device, packaged_model
-    from udfs.similarity import ModelStage, parse_engine_spec
+    from udfs.base import parse_engine_spec
+    from udfs.similarity import ModelStage
 
     spec = {"type": "embedding", "model": args.embedding_model, "num_gpus": args.num_gpus,
             "concurrency": 1, "batch_size": args.sim_batch_size}

@@ -6,8 +6,8 @@ source, degenerate-input policy, worked examples) and one method that computes c
 * :class:`ExpressionMetric` returns a Polars expression; all expression metrics of a job run
   together in one ``select`` per batch (``udfs/expressions.py``).
 * :class:`ModelMetric` computes from a loaded model inside an actor-pool UDF
-  (``udfs/similarity.py``); the model comes from an engine adapter under
-  :mod:`ragbatch.engines`.
+  (``udfs/similarity.py``, an ``udfs.base.ActorStage``); the model comes from an engine
+  adapter under :mod:`ragbatch.engines`.
 
 A *cell* is a struct with the fields of :data:`ragbatch.columns.CELL_FIELDS`
 (``score`` float64, ``status``, ``reason``, ``details`` JSON, ``model``).
