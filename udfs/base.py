@@ -24,10 +24,11 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
-from ragbatch.config import ENGINE_TYPES, CrossEncoderEngine, EmbeddingEngine, EngineSpec, normalize_engine
+from ragbatch.config import CrossEncoderEngine, EmbeddingEngine, engine_adapter, normalize_engine
+from ragbatch.engines.registry import engine_names
 from ragbatch.errors import ConfigError, EngineError
 from ragbatch.heap import HeapTrimmer
 from ragbatch.metrics.base import Metric
@@ -35,8 +36,6 @@ from ragbatch.registry import get_metric
 from ragbatch.stages import StageKind
 from udfs.guard import BatchGuard
 from udfs.ledger import report_placement
-
-_ENGINE_SPEC = TypeAdapter(EngineSpec)
 
 #: A metric as an actor stage takes it: a built :class:`~ragbatch.metrics.base.Metric`
 #: (what a run passes), or ``{"name": str, "id": str, "params": dict}`` built in the actor.
@@ -57,7 +56,8 @@ def parse_engine_spec(engine_name: str, engine_spec: dict[str, Any] | Any) -> An
     Returns
     -------
     engine model
-        One of the models of :data:`ragbatch.config.EngineSpec`, chosen by ``type``.
+        The spec model of the registered engine type named by ``type``
+        (:func:`ragbatch.config.engine_adapter`).
 
     Raises
     ------
@@ -68,11 +68,12 @@ def parse_engine_spec(engine_name: str, engine_spec: dict[str, Any] | Any) -> An
     if isinstance(engine_spec, (EmbeddingEngine, CrossEncoderEngine)):
         return engine_spec
     try:
-        return _ENGINE_SPEC.validate_python(normalize_engine(engine_spec))
+        return engine_adapter().validate_python(normalize_engine(engine_spec))
     except ValidationError as exc:
+        types = engine_names()
         problems = []
         for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p not in ENGINE_TYPES]
+            loc = [str(p) for p in err.get("loc", ()) if p not in types]
             where = ".".join(["engines", engine_name, *loc])
             problems.append(f"{where}: {err.get('msg', 'invalid').removeprefix('Value error, ')}")
         raise ConfigError(problems) from None

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ragbatch.errors import ConfigError, EngineError
+from ragbatch.stages import StageKind
 
-#: Stage kinds an engine can run in (:class:`ragbatch.plan.Stage` ``kind``).
-STAGE_KINDS = ("model", "judge", "pii")
+#: Stage kinds an engine can run in (:class:`ragbatch.stages.StageKind` values of the
+#: actor stages).
+STAGE_KINDS = tuple(k.value for k in (StageKind.MODEL, StageKind.JUDGE, StageKind.PII))
 
 Hook = Callable[..., Any] | str | None
 
