@@ -40,7 +40,7 @@ def _metric_section(name: str) -> str:
 
 @pytest.mark.parametrize("cls", all_metrics(), ids=lambda c: c.name)
 def test_metric_documented_with_its_policy(cls):
-    overview = [r for r in ROWS if r[0] == f"`{cls.name}`"]
+    overview = [r for r in _table_rows(METRICS_DOC) if r[0] == f"`{cls.name}`"]
     assert overview and all(len(r) == 5 and r[1] == cls.kind for r in overview), \
         "missing from the metrics table"
     section = _metric_section(cls.name)
@@ -50,6 +50,15 @@ def test_metric_documented_with_its_policy(cls):
     for pname, finfo in cls.Params.model_fields.items():
         assert any(r[0] == f"`{finfo.alias or pname}`" and len(r) == 4 for r in rows), pname
     assert f"- source: {cls.source}" in section
+
+
+def test_readme_lists_every_metric_with_its_definition():
+    """The README's metrics table: one row per registered metric, its kind and its
+    one-line summary as the class declares them, and no other metric."""
+    section = README[README.index("\n## Metrics\n"):]
+    section = section[:section.index("\n## ", 1)]
+    listed = {r for r in _table_rows(section) if r[0].startswith("`")}
+    assert listed == {(f"`{cls.name}`", cls.kind, cls.summary) for cls in all_metrics()}
 
 
 @pytest.mark.parametrize("doc", ["judges.md", "pii.md"])
