@@ -61,14 +61,9 @@ On such a machine :func:`load_vllm_engine` also runs the engine in the calling p
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless that variable is set or
 ``tensor_parallel_size`` > 1). vLLM's default puts the engine core and its worker in
 processes of their own, each importing torch and vLLM again and handing every step over
-shared memory; on a CPU they compete with the caller for the same few cores. Measured on
-a 2-core machine with the tiny test model and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-(``docs/benchmarks/vs-peers.md``, "The vLLM engine inside the judge actor"): building the
-engine took 3.1 s against 16.9 s; with torch on both cores it answered 1.66 to 1.78 times
-as many requests per second (1.34 times against vLLM's default thread binding,
-``auto``), with one torch thread (what a ``num_cpus: 1`` Ray actor has) about as many.
-With a GPU the separate engine process stays (it overlaps the CPU-side work with the
-GPU's). Set
+shared memory; on a CPU they compete with the caller for the same few cores (measured
+in ``docs/benchmarks/vs-peers.md``, "The vLLM engine inside the judge actor"). With a GPU
+the separate engine process stays (it overlaps the CPU-side work with the GPU's). Set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to keep the separate processes on a CPU, for
 example in a process where vLLM's in-process start fails (its CPU build inspects every
 imported module, which raises on some proxy objects such as Flask's request globals).
