@@ -292,78 +292,84 @@ class VllmJudgeEngine(JudgeEngine):
                   to_run: list[tuple[int, list[int]]]) -> list[Completion]:
         """Run ``to_run`` (request index, prompt ids) through the engine; completions in
         the order of ``to_run``."""
+        lengths = [len(ids) for _, ids in to_run]
+        out: list[Completion | None] = [None] * len(to_run)
+        request_ids = self._enqueue(requests, to_run, out)
+        pending = {k for k, rid in enumerate(request_ids) if rid is not None}
+        start = time.monotonic()
+        timed_out, failure = self._run_until_finished(request_ids, pending, out, lengths, start)
+        if pending:
+            if timed_out:
+                status, error = TIMEOUT, (
+                    f"batch of {len(to_run)} requests ran past batch_timeout_s="
+                    f"{self.spec.batch_timeout_s:g} (aborted after "
+                    f"{time.monotonic() - start:.1f} s)")
+            else:
+                status, error = JUDGE_ERROR, failure
+            for k in pending:
+                out[k] = Completion(status, prompt_tokens=lengths[k], error=error)
+        return out  # type: ignore[return-value]
+
+    def _enqueue(self, requests: Sequence[EngineRequest], to_run: list[tuple[int, list[int]]],
+                 out: list[Completion | None]) -> list[str | None]:
+        """Add ``to_run`` to the engine: all at once, or one by one when vLLM refuses the
+        batch. Returns the id vLLM gave each request (``enqueue``'s return value), None
+        for a request it refused, whose ``judge_error`` completion goes into ``out``."""
         from vllm.inputs import TokensPrompt
 
-        llm = self._llm
-        engine = llm.llm_engine
-        n = len(to_run)
-        out: list[Completion | None] = [None] * n
         prompts = [TokensPrompt(prompt_token_ids=ids) for _, ids in to_run]
-
-        # Add the requests: all at once, or one by one when vLLM refuses the batch.
-        request_ids: list[str | None] = [None] * n
         try:
-            added = llm.enqueue(prompts, [self._sampling_params(requests[i]) for i, _ in to_run],
-                                use_tqdm=False)
-            request_ids = list(added)
+            params = [self._sampling_params(requests[i]) for i, _ in to_run]
+            return list(self._llm.enqueue(prompts, params, use_tqdm=False))
         except Exception as batch_exc:
             logger.info("vLLM refused a batch of %d requests (%s); adding them one by one",
-                        n, _describe(batch_exc))
-            for k, (i, _) in enumerate(to_run):
-                try:
-                    request_ids[k] = llm.enqueue([prompts[k]], [self._sampling_params(requests[i])],
-                                                 use_tqdm=False)[0]
-                except Exception as exc:
-                    out[k] = Completion(JUDGE_ERROR, prompt_tokens=len(to_run[k][1]),
-                                        error=_describe(exc))
+                        len(to_run), _describe(batch_exc))
+        request_ids: list[str | None] = [None] * len(to_run)
+        for k, (i, _) in enumerate(to_run):
+            try:
+                request_ids[k] = self._llm.enqueue([prompts[k]], [self._sampling_params(requests[i])],
+                                                   use_tqdm=False)[0]
+            except Exception as exc:
+                out[k] = Completion(JUDGE_ERROR, prompt_tokens=len(to_run[k][1]),
+                                    error=_describe(exc))
+        return request_ids
 
-        # Outputs carry the id the request was added under; enqueue returns the engine's
-        # internal id, "<that id>-<8 random characters>". Accept either form.
-        index: dict[str, int] = {}
-        for k, rid in enumerate(request_ids):
-            if rid is not None:
-                index[rid] = k
-                index.setdefault(rid.rsplit("-", 1)[0], k)
-        pending = {k for k, rid in enumerate(request_ids) if rid is not None}
+    def _run_until_finished(self, request_ids: list[str | None], pending: set[int],
+                            out: list[Completion | None], lengths: list[int],
+                            start: float) -> tuple[bool, str | None]:
+        """Step the engine until the ``pending`` requests (positions in ``request_ids``)
+        have finished, the batch time limit has passed or the engine fails; finished
+        requests leave ``pending`` and get their completion in ``out``. Requests still
+        pending at the end are aborted.
 
-        timeout = self.spec.batch_timeout_s
-        start = time.monotonic()
-        failure: str | None = None
-        timed_out = False
+        Returns ``(timed_out, failure)``: whether the time limit stopped the loop, and
+        why the engine stopped otherwise (None when every request finished)."""
+        index = _output_index(request_ids)
         try:
-            while pending:
-                if timeout is not None and time.monotonic() - start >= timeout:
-                    timed_out = True
-                    break
-                if not engine.has_unfinished_requests():
-                    failure = "vLLM finished without returning this request"
-                    break
-                for result in engine.step():
-                    k = index.get(result.request_id)
-                    if k is None or k not in pending or not result.finished:
-                        continue
-                    pending.discard(k)
-                    out[k] = _completion(result, len(to_run[k][1]))
+            return self._step_loop(index, pending, out, lengths, start)
         except Exception as exc:  # the engine failed mid-run: the unfinished requests fail
             failure = _describe(exc)
             logger.warning("vLLM failed with %d of %d requests unfinished: %s",
-                           len(pending), n, failure)
+                           len(pending), len(request_ids), failure)
+            return False, failure
         finally:
             if pending:
                 self._abort([request_ids[k] for k in pending])
 
-        elapsed = time.monotonic() - start
-        for k in pending:
-            prompt_tokens = len(to_run[k][1])
-            if timed_out:
-                out[k] = Completion(
-                    TIMEOUT, prompt_tokens=prompt_tokens,
-                    error=(f"batch of {n} requests ran past batch_timeout_s={timeout:g} "
-                           f"(aborted after {elapsed:.1f} s)"),
-                )
-            else:
-                out[k] = Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens, error=failure)
-        return out  # type: ignore[return-value]
+    def _step_loop(self, index: dict[str, int], pending: set[int],
+                   out: list[Completion | None], lengths: list[int],
+                   start: float) -> tuple[bool, str | None]:
+        """The loop ``LLM.generate`` runs, plus the time limit: one ``engine.step()`` at a
+        time while requests are pending. Returns as :meth:`_run_until_finished`."""
+        engine = self._llm.llm_engine
+        timeout = self.spec.batch_timeout_s
+        while pending:
+            if timeout is not None and time.monotonic() - start >= timeout:
+                return True, None
+            if not engine.has_unfinished_requests():
+                return False, "vLLM finished without returning this request"
+            _collect_finished(engine.step(), index, pending, out, lengths)
+        return False, None
 
     def _abort(self, request_ids: list[str | None]) -> None:
         ids = [rid for rid in request_ids if rid is not None]
@@ -645,6 +651,36 @@ def _describe(exc: BaseException, limit: int = 1000) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _output_index(request_ids: list[str | None]) -> dict[str, int]:
+    """Position of each request by the id its outputs carry.
+
+    ``LLM.enqueue`` returns the engine's internal id, ``"<id>-<8 random characters>"``,
+    while a ``RequestOutput`` carries ``<id>``, the id the request was added under (the
+    engine appends the characters to keep ids unique; with
+    ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` the two are the same). vLLM exposes no
+    public way to learn ``<id>`` from the returned id, so both forms are indexed.
+    """
+    index: dict[str, int] = {}
+    for k, rid in enumerate(request_ids):
+        if rid is not None:
+            index[rid] = k
+            index.setdefault(rid.rsplit("-", 1)[0], k)
+    return index
+
+
+def _collect_finished(results: Sequence[Any], index: dict[str, int], pending: set[int],
+                      out: list[Completion | None], lengths: list[int]) -> None:
+    """Take the finished requests of one engine step (``vllm.RequestOutput``) out of
+    ``pending`` and put their completions into ``out``; outputs of unknown, already
+    collected or unfinished requests are skipped."""
+    for result in results:
+        k = index.get(result.request_id)
+        if k is None or k not in pending or not result.finished:
+            continue
+        pending.discard(k)
+        out[k] = _completion(result, lengths[k])
 
 
 def _completion(result: Any, prompt_tokens: int) -> Completion:
