@@ -484,11 +484,7 @@ def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, An
     with (``engine_kwargs["structured_outputs_config"]`` or
     :data:`DEFAULT_STRUCTURED_OUTPUTS`), assuming vLLM keeps them as given.
     """
-    local = _local_path(spec.model)
-    model_dir = local or _cached_model_dir(spec.model)
-    tokenizer_path = spec.tokenizer or spec.model
-    tokenizer_dir = _local_path(tokenizer_path) or _cached_model_dir(tokenizer_path)
-    model_id = f"{spec.model.rstrip('/')}@{model_files_id(model_dir, tokenizer_dir)}"
+    model_id = _model_id(spec)
     structured = dict(spec.engine_kwargs.get("structured_outputs_config", DEFAULT_STRUCTURED_OUTPUTS))
     dtype = _DTYPE_ALIASES.get(str(spec.dtype).lower())
     dtypes = (dtype,) if dtype else RUN_DTYPES
@@ -539,10 +535,65 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         raise EngineError(f"judge model directory {spec.model!r} does not exist "
                           f"(engine type vllm, field model)")
     cuda = _cuda_available()
-    if not cuda and "kv_cache_memory_bytes" not in spec.engine_kwargs:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
-    if not cuda and spec.tensor_parallel_size == 1:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", DEFAULT_CPU_MULTIPROCESSING)
+    for name, value in _cpu_environment_defaults(spec, cuda).items():
+        os.environ.setdefault(name, value)
+    vllm = _import_vllm(cuda)
+    try:
+        llm = vllm.LLM(**_llm_kwargs(spec, cuda))
+    except Exception as exc:
+        _cleanup_vllm()  # a half-started engine may hold a process group or memory
+        raise EngineError(f"vLLM could not load judge model {spec.model!r}: "
+                          f"{_describe(exc)}") from exc
+    model_config = llm.llm_engine.model_config
+    max_model_len = int(model_config.max_model_len)
+    dtype = str(model_config.dtype).removeprefix("torch.")
+    engine = VllmJudgeEngine(llm, spec, _model_id(spec), max_model_len,
+                             _structured_settings(llm), dtype)
+    _check_chat_template(engine)
+    logger.info("vLLM judge %s loaded (max_model_len %d, dtype %s)", engine.model_id,
+                max_model_len, dtype)
+    return engine
+
+
+def _cpu_environment_defaults(spec: VllmEngine, cuda: bool) -> dict[str, str]:
+    """The ``VLLM_*`` variables :func:`load_vllm_engine` sets in ``os.environ`` before it
+    starts vLLM, each only where the variable is unset (``os.environ.setdefault``).
+
+    Parameters
+    ----------
+    spec : ragbatch.config.VllmEngine
+    cuda : bool
+        Whether a CUDA device is visible.
+
+    Returns
+    -------
+    dict of str to str
+        Empty with a GPU. Without one: ``VLLM_CPU_KVCACHE_SPACE`` =
+        :data:`DEFAULT_CPU_KVCACHE_GIB` (GiB) unless ``engine_kwargs`` sets
+        ``kv_cache_memory_bytes``, since vLLM's CPU build otherwise sizes its KV cache
+        from a share of the machine's memory; and ``VLLM_ENABLE_V1_MULTIPROCESSING`` =
+        :data:`DEFAULT_CPU_MULTIPROCESSING` (the engine in the calling process) when
+        ``tensor_parallel_size`` is 1. See the module docstring for both.
+
+    Notes
+    -----
+    The variables stay set after loading; nothing restores them. Processes vLLM starts
+    inherit them, and a later engine in the same process starts the same way (in the
+    calling process vLLM stops reading them once its engine has started).
+    """
+    if cuda:
+        return {}
+    defaults = {}
+    if "kv_cache_memory_bytes" not in spec.engine_kwargs:
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KVCACHE_GIB
+    if spec.tensor_parallel_size == 1:
+        defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = DEFAULT_CPU_MULTIPROCESSING
+    return defaults
+
+
+def _import_vllm(cuda: bool) -> Any:
+    """The ``vllm`` module; an :class:`EngineError` naming the pip command for this
+    machine when it is not installed, or the cause when it cannot be imported."""
     install = GPU_INSTALL if cuda else CPU_INSTALL
     try:
         import vllm
@@ -555,7 +606,12 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
             hint = ("; torchvision does not match the installed torch: "
                     "pip uninstall -y torchvision torchaudio torchcodec")
         raise EngineError(f"vLLM cannot be imported: {_describe(exc)}{hint}") from exc
+    return vllm
 
+
+def _llm_kwargs(spec: VllmEngine, cuda: bool) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM``: the config's fields, the adapter's defaults
+    (see :func:`load_vllm_engine`), then ``engine_kwargs``, which win."""
     kwargs: dict[str, Any] = {
         "model": spec.model,
         "tokenizer": spec.tokenizer,
@@ -575,34 +631,29 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         # (ragbatch.placement), one per GPU bundle.
         kwargs["distributed_executor_backend"] = "ray"
     kwargs.update(spec.engine_kwargs)
-    try:
-        llm = vllm.LLM(**kwargs)
-    except Exception as exc:
-        _cleanup_vllm()  # a half-started engine may hold a process group or memory
-        raise EngineError(f"vLLM could not load judge model {spec.model!r}: "
-                          f"{_describe(exc)}") from exc
+    return kwargs
 
-    model_config = llm.llm_engine.model_config
-    max_model_len = int(model_config.max_model_len)
-    dtype = str(model_config.dtype).removeprefix("torch.")
-    structured = _structured_settings(llm)
-    model_dir = local or _cached_model_dir(spec.model)
+
+def _model_id(spec: VllmEngine) -> str:
+    """``"<model>@<12 hex digits>"`` (:attr:`VllmJudgeEngine.model_id`), from the model's
+    and the tokenizer's files, found as a directory or in the Hugging Face cache."""
+    model_dir = _local_path(spec.model) or _cached_model_dir(spec.model)
     tokenizer_path = spec.tokenizer or spec.model
-    tokenizer_dir = (_local_path(tokenizer_path) or _cached_model_dir(tokenizer_path))
-    digest = model_files_id(model_dir, tokenizer_dir)
-    engine = VllmJudgeEngine(llm, spec, f"{spec.model.rstrip('/')}@{digest}", max_model_len,
-                             structured, dtype)
+    tokenizer_dir = _local_path(tokenizer_path) or _cached_model_dir(tokenizer_path)
+    return f"{spec.model.rstrip('/')}@{model_files_id(model_dir, tokenizer_dir)}"
+
+
+def _check_chat_template(engine: VllmJudgeEngine) -> None:
+    """Render a one-message chat; close ``engine`` and raise :class:`EngineError` when its
+    tokenizer cannot."""
     try:
         engine.prompt_token_ids(EngineRequest(
             messages=(_probe_message(),), output=OutputSpec.of_choice(["a"])))
     except Exception as exc:
         engine.close()
-        raise EngineError(f"the tokenizer of judge model {spec.model!r} cannot render a "
+        raise EngineError(f"the tokenizer of judge model {engine.spec.model!r} cannot render a "
                           f"chat: {_describe(exc)}; use a chat (instruct) model or a "
                           f"tokenizer with a chat template") from exc
-    logger.info("vLLM judge %s loaded (max_model_len %d, dtype %s)", engine.model_id,
-                max_model_len, dtype)
-    return engine
 
 
 def model_files_id(model_dir: Path | None, tokenizer_dir: Path | None = None) -> str:
