@@ -50,16 +50,7 @@ def calibration_problems(plan: Any) -> list[str]:
     """
     guard = plan.config.calibration
     by_id = {m.id: m for m in plan.metrics}
-    bad = []
-    for mid, minimums in guard.min_agreement.items():
-        if mid not in by_id:
-            bad.append(f"calibration.min_agreement.{mid}: no metric has this id; ids: {sorted(by_id)}")
-        elif not isinstance(by_id[mid], JudgeMetric):
-            bad.append(f"calibration.min_agreement.{mid}: {by_id[mid].name} is not a judge metric")
-        for measure in minimums:
-            if measure not in MEASURES:
-                bad.append(f"calibration.min_agreement.{mid}.{measure}: unknown measure; use one of "
-                           f"{', '.join(MEASURES)}")
+    bad = _config_problems(guard.min_agreement, by_id)
     if bad:
         raise ConfigError(bad)
     try:
@@ -67,36 +58,65 @@ def calibration_problems(plan: Any) -> list[str]:
     except InputError as exc:
         return [f"{mid}: {exc}" for mid in guard.min_agreement]
     table = calibration.table("agreement")
-    problems = []
     ids_cache: dict[str, tuple[set[str], str]] = {}
+    problems = []
     for mid, minimums in guard.min_agreement.items():
         metric = by_id[mid]
-        engine = metric.engine
-        if engine not in ids_cache:
-            ids_cache[engine] = engine_model_ids(engine, plan.engines[engine])
-        models, why = ids_cache[engine]
-        version = prompt_version(metric)
-        rows = table.filter((pl.col("prompt_version") == version) & pl.col("model").is_in(list(models)))
-        for measure, minimum in minimums.items():
-            found = rows.filter(pl.col("measure") == measure)
-            where = (f"{mid} (judge model {sorted(models)[0] if models else '?'}, prompt version "
-                     f"{version}) in calibration {calibration.run_id}")
-            if not models:
-                problems.append(f"{mid}: the judge model of engine {engine!r} cannot be identified "
-                                f"({why}), so no calibration can be matched")
-            elif found.height == 0:
-                problems.append(f"{where}: no recorded {measure}; calibrate this judge model and "
-                                "prompt version first")
-            else:
-                values = found["value"].drop_nulls()
-                if values.len() == 0:
-                    reason = found["reason"].drop_nulls()
-                    problems.append(f"{where}: {measure} is undefined "
-                                    f"({reason[0] if reason.len() else 'no value'}); minimum {minimum}")
-                elif values.min() < minimum:
-                    problems.append(f"{where}: {measure} {values.min():.3f} is below the minimum "
-                                    f"{minimum}")
+        if metric.engine not in ids_cache:
+            ids_cache[metric.engine] = engine_model_ids(metric.engine, plan.engines[metric.engine])
+        models, why = ids_cache[metric.engine]
+        if not models:
+            problems += [f"{mid}: the judge model of engine {metric.engine!r} cannot be "
+                         f"identified ({why}), so no calibration can be matched"] * len(minimums)
+            continue
+        problems += _metric_problems(metric, minimums, table, models, calibration.run_id)
     return problems
+
+
+def _config_problems(min_agreement: dict[str, dict[str, float]], by_id: dict[str, Any]) -> list[str]:
+    """``calibration.min_agreement`` entries that name no metric, a metric that is not a
+    judge metric, or an unknown measure; one sentence each."""
+    bad = []
+    for mid, minimums in min_agreement.items():
+        if mid not in by_id:
+            bad.append(f"calibration.min_agreement.{mid}: no metric has this id; ids: {sorted(by_id)}")
+        elif not isinstance(by_id[mid], JudgeMetric):
+            bad.append(f"calibration.min_agreement.{mid}: {by_id[mid].name} is not a judge metric")
+        bad += [f"calibration.min_agreement.{mid}.{measure}: unknown measure; use one of "
+                f"{', '.join(MEASURES)}" for measure in minimums if measure not in MEASURES]
+    return bad
+
+
+def _metric_problems(metric: JudgeMetric, minimums: dict[str, float], table: pl.DataFrame,
+                     models: set[str], calibration_run_id: str) -> list[str]:
+    """The measures of one judge metric whose recorded agreement (rows of the
+    ``agreement`` table for the metric's prompt version and any of ``models``) is
+    missing, undefined or below its minimum; one sentence each."""
+    version = prompt_version(metric)
+    rows = table.filter((pl.col("prompt_version") == version) & pl.col("model").is_in(list(models)))
+    where = (f"{metric.id} (judge model {sorted(models)[0]}, prompt version {version}) in "
+             f"calibration {calibration_run_id}")
+    problems = []
+    for measure, minimum in minimums.items():
+        problem = _measure_problem(rows.filter(pl.col("measure") == measure), measure, minimum)
+        if problem is not None:
+            problems.append(f"{where}: {problem}")
+    return problems
+
+
+def _measure_problem(found: pl.DataFrame, measure: str, minimum: float) -> str | None:
+    """What is wrong with the ``found`` agreement rows of one measure (``value``,
+    ``reason``), or None when the smallest value reaches ``minimum``."""
+    if found.height == 0:
+        return f"no recorded {measure}; calibrate this judge model and prompt version first"
+    values = found["value"].drop_nulls()
+    if values.len() == 0:
+        reason = found["reason"].drop_nulls()
+        return (f"{measure} is undefined ({reason[0] if reason.len() else 'no value'}); "
+                f"minimum {minimum}")
+    if values.min() < minimum:
+        return f"{measure} {values.min():.3f} is below the minimum {minimum}"
+    return None
 
 
 def check_calibration(plan: Any, allow: bool = False) -> list[str]:
