@@ -476,14 +476,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     for stage in plan.stages:
         if stage.kind is StageKind.PII:
-            from ragbatch.engines.presidio import supported_entities
+            from ragbatch.engines.presidio import validate_note
 
-            print(f"  engine {stage.engine_name} finds: {', '.join(supported_entities(stage.engine))}")
+            print(f"  engine {stage.engine_name} {validate_note(stage.engine)}")
     for m in plan.metrics:
-        info = m.manifest_info()
-        if "regex_engine" in info:
-            why = f" ({info['regex_fallback_reason']})" if info.get("regex_fallback_reason") else ""
-            print(f"  {m.id}: regex runs on {info['regex_engine']}{why}")
+        for note in m.validate_notes():
+            print(f"  {m.id}: {note}")
     print(f"output {redact_url(config.output.uri)}: writable (a probe object was written and deleted)")
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 

@@ -361,6 +361,18 @@ def supported_entities(spec: PresidioEngine) -> list[str]:
     return sorted(e for e, top in best.items() if e in enabled and top >= spec.score_threshold)
 
 
+def validate_note(spec: PresidioEngine) -> str:
+    """The line ``ragbatch validate`` prints about a ``presidio`` engine, after its name:
+    ``"finds: <entity type>, ..."`` (:func:`supported_entities`).
+
+    Raises
+    ------
+    EngineError
+        As :func:`supported_entities`.
+    """
+    return f"finds: {', '.join(supported_entities(spec))}"
+
+
 def unsupported_reason(spec: PresidioEngine, entity: str) -> str:
     """Why ``entity`` is not among :func:`supported_entities` (for error messages)."""
     best = reachable_entities(spec)

@@ -146,6 +146,11 @@ class Metric(ABC):
             "engine": self.engine,
         }
 
+    def validate_notes(self) -> list[str]:
+        """Lines ``ragbatch validate`` prints about how this metric will run, each
+        without the metric id (the command puts it first). None by default."""
+        return []
+
     def user_modules(self) -> tuple[str, ...]:
         """Modules of user code this metric imports (dotted names); ``ragbatch submit``
         ships those that lie next to the config. None by default."""

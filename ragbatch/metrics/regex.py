@@ -87,13 +87,24 @@ class Regex(ExpressionMetric):
     def translation(self) -> Translation:
         return translate(self.params.pattern, count=self.counting)
 
+    @property
+    def regex_engine(self) -> str:
+        """``"polars"`` when the pattern translates to Polars' regex dialect, else
+        ``"python-re"`` (:mod:`ragbatch.regex_compat`)."""
+        return "polars" if self.translation.rust_pattern is not None else "python-re"
+
     def manifest_info(self) -> dict[str, Any]:
         info = super().manifest_info()
-        tr = self.translation
-        info["regex_engine"] = "polars" if tr.rust_pattern is not None else "python-re"
-        if tr.rust_pattern is None:
-            info["regex_fallback_reason"] = tr.reason
+        info["regex_engine"] = self.regex_engine
+        if self.translation.rust_pattern is None:
+            info["regex_fallback_reason"] = self.translation.reason
         return info
+
+    def validate_notes(self) -> list[str]:
+        """``["regex runs on polars"]``, or ``["regex runs on python-re (<why the pattern
+        does not translate>)"]``."""
+        reason = self.translation.reason if self.translation.rust_pattern is None else None
+        return [f"regex runs on {self.regex_engine}" + (f" ({reason})" if reason else "")]
 
     def expression(self) -> pl.Expr:
         rust = self.translation.rust_pattern
