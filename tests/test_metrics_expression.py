@@ -237,6 +237,13 @@ def test_regex_engine_recorded():
     assert info["regex_engine"] == "python-re" and info["regex_fallback_reason"]
 
 
+def test_regex_validate_notes_say_where_the_pattern_runs():
+    assert metric("regex", pattern="(?i)databricks").validate_notes() == ["regex runs on polars"]
+    assert metric("regex", pattern=r"(?<=a)b").validate_notes() == [
+        "regex runs on python-re (look-behind (?<=...) is not supported by Polars' regex engine)"]
+    assert metric("exact_match").validate_notes() == []
+
+
 @pytest.mark.parametrize("name, params, fragment", [
     ("regex", {"pattern": "(unclosed"}, "invalid regular expression"),
     ("regex", {"pattern": "a", "expected_count": -1}, "expected_count"),
