@@ -88,11 +88,9 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     OutputError
         The calibration id is already committed.
     """
-    from ragbatch.analysis.runs import find_run, load_scores
-    from ragbatch.errors import InputError
+    from ragbatch.analysis.runs import load_scores
     from ragbatch.io.write import OutputLayout
-    from ragbatch.plan import build_metrics
-    from ragbatch.runner import new_run_id, run_job
+    from ragbatch.runner import new_run_id
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
@@ -118,25 +116,10 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
         job.run.run_date = run_date
         scores_run_id = judge_run_id(run_id, judge)
         t1 = time.perf_counter()
-        try:
-            committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
-            log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, scores_run_id)
-        except InputError:
-            run_job(job, run_id=scores_run_id, address=address, config_dir=config_dir)
-            committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+        committed = _committed_judge_run(cal, job, run_id, judge, address, config_dir)
         timings[f"judge_{judge}_s"] = time.perf_counter() - t1
         scores_ids[judge] = scores_run_id
-        scores = load_scores(committed)
-        metrics, _, _ = build_metrics(job)
-        for metric in metrics:
-            found = metric_agreement(scores, metric, cal.labels[metric.id], judge=judge,
-                                     scores_run_id=scores_run_id, boot=boot,
-                                     top=cal.top_disagreements, texts=texts,
-                                     pairs=cal.pairs is not None and PAIR_ID in scores.columns)
-            tables["agreement"] += found.measures
-            tables["confusion"] += found.confusion
-            tables["disagreements"] += found.disagreements
-            tables["reliability"] += found.reliability
+        _add_agreement(tables, cal, job, load_scores(committed), judge, scores_run_id, boot, texts)
     timings["total_s"] = time.perf_counter() - t0
     manifest = {
         "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,
@@ -148,6 +131,44 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     path = write_calibration(cal.output.uri, cal.output.storage_options, run_date, run_id,
                              tables, manifest)
     return CalibrationResult(run_id, run_date, layout.uri(path), scores_ids, tables, manifest, timings)
+
+
+def _committed_judge_run(cal: CalibrationConfig, job: JobConfig, run_id: str, judge: str,
+                         address: str | None, config_dir: str | Path | None) -> Any:
+    """The committed run of ``judge``'s scores in calibration ``run_id``: the one already
+    there, else the one ``job`` commits now (:func:`ragbatch.runner.run_job`)."""
+    from ragbatch.analysis.runs import find_run
+    from ragbatch.errors import InputError
+    from ragbatch.runner import run_job
+
+    scores_run_id = judge_run_id(run_id, judge)
+    try:
+        committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+        log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, scores_run_id)
+        return committed
+    except InputError:
+        run_job(job, run_id=scores_run_id, address=address, config_dir=config_dir)
+        return find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+
+
+def _add_agreement(tables: dict[str, list[dict[str, Any]]], cal: CalibrationConfig,
+                   job: JobConfig, scores: pl.DataFrame, judge: str, scores_run_id: str,
+                   boot: Bootstrap, texts: pl.DataFrame) -> None:
+    """Append each metric of ``job`` (one judge's) to the ``agreement``, ``confusion``,
+    ``disagreements`` and ``reliability`` rows of ``tables``
+    (:func:`ragbatch.calibrate.agreement.metric_agreement` on its ``scores``)."""
+    from ragbatch.plan import build_metrics
+
+    metrics, _, _ = build_metrics(job)
+    pairs = cal.pairs is not None and PAIR_ID in scores.columns
+    for metric in metrics:
+        found = metric_agreement(scores, metric, cal.labels[metric.id], judge=judge,
+                                 scores_run_id=scores_run_id, boot=boot,
+                                 top=cal.top_disagreements, texts=texts, pairs=pairs)
+        tables["agreement"] += found.measures
+        tables["confusion"] += found.confusion
+        tables["disagreements"] += found.disagreements
+        tables["reliability"] += found.reliability
 
 
 def judge_run_id(calibration_id: str, judge: str) -> str:
