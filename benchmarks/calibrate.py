@@ -76,7 +76,7 @@ def judge_model(choice: str | None) -> Path:
     if choice is None:
         if not (TINY_MODEL / "config.json").exists():
             sys.path.insert(0, str(ROOT / "tests"))
-            from judge_models import build_tiny_judge_model
+            from support.judge_models import build_tiny_judge_model
 
             build_tiny_judge_model(TINY_MODEL)
         return TINY_MODEL

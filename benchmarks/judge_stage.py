@@ -7,7 +7,7 @@ Usage (from the repository root, in the project's virtual environment)::
     python benchmarks/judge_stage.py --model /models/judge --num-gpus 1 \\
         --rows 2000 --max-tokens 512                       # a GPU node, a real model
 
-Without ``--model`` the tiny random Llama of ``tests/judge_models.py`` is built into
+Without ``--model`` the tiny random Llama of ``tests/support/judge_models.py`` is built into
 ``benchmarks/_data/tiny-judge`` (gitignored) and used.
 
 Everything runs in one process with one ``vllm.LLM``, loaded once through the project's
@@ -126,7 +126,7 @@ def build_tiny_model(path: Path) -> Path:
 
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
-    spec = importlib.util.spec_from_file_location("judge_models", ROOT / "tests" / "judge_models.py")
+    spec = importlib.util.spec_from_file_location("judge_models", ROOT / "tests" / "support" / "judge_models.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)

@@ -4,7 +4,7 @@ The judge adapter (``ragbatch/engines/vllm.py``) runs vLLM's engine in the calli
 process on machines without a GPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); vLLM's default
 puts the engine core and its worker in processes of their own. This script measures
 both on the same requests: each pass is a fresh child process that loads the tiny test
-model (``tests/judge_models.py``, built into ``benchmarks/_data/tiny-judge``), answers
+model (``tests/support/judge_models.py``, built into ``benchmarks/_data/tiny-judge``), answers
 an untimed warm-up, then times one ``LLM.generate`` call over ``--requests`` JSON-schema
 requests of ``--prompt-tokens`` random token ids (fixed seed, so every pass sends the
 same prompts) with replies capped at ``--max-tokens``; the engine's start (building

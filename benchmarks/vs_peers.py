@@ -34,7 +34,7 @@ on first use with the pinned :data:`PEER_REQUIREMENTS`), in a subprocess of this
 the project's dependencies.
 
 Without ``--base-url`` the script builds ``--judge-model``: the tiny random test model
-(``tests/judge_models.py``, into ``benchmarks/_data/tiny-judge``; the default) or
+(``tests/support/judge_models.py``, into ``benchmarks/_data/tiny-judge``; the default) or
 SmolLM2-135M-Instruct (``smollm2``: ``ragbatch models build smollm2``, into the model
 cache; a real instruction-tuned model, served in float32 on a CPU), and serves it on a free
 loopback port with vLLM's OpenAI-compatible server, every reply capped at
@@ -212,7 +212,7 @@ def build_tiny_model(path: Path) -> Path:
 
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
-    spec = importlib.util.spec_from_file_location("judge_models", ROOT / "tests" / "judge_models.py")
+    spec = importlib.util.spec_from_file_location("judge_models", ROOT / "tests" / "support" / "judge_models.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ EXAMPLES = REPO / "examples" / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-pytest_plugins = ["s3_fixtures", "vllm_server", "nightly_runs"]
+pytest_plugins = ["support.s3_fixtures", "support.vllm_server", "support.nightly_runs"]
 
 
 def pytest_addoption(parser):
@@ -73,14 +73,14 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_judge_model(tmp_path_factory) -> Path:
     """Directory of a tiny random-weight Llama chat model that vLLM loads on CPU
-    (:func:`judge_models.build_tiny_judge_model`), built once per session.
+    (:func:`support.judge_models.build_tiny_judge_model`), built once per session.
 
     Also sets ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless already set: without it vLLM's
     CPU build sizes its KV cache from ``gpu_memory_utilization`` times the machine's
     memory, which fails when other processes use part of it. The variable is read when
     a ``vllm.LLM`` starts, so it is in place for every test that loads this model.
     """
-    from judge_models import build_tiny_judge_model
+    from support.judge_models import build_tiny_judge_model
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return build_tiny_judge_model(tmp_path_factory.mktemp("tiny_judge_model"))

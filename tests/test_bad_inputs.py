@@ -238,8 +238,8 @@ def test_exact_duplicate_rows_each_get_their_own_cells(ray_local, tmp_path):
 def test_binary_callback_raising_on_some_rows(ray_local, tmp_path):
     src = _write(tmp_path / "in.csv", "a,ref\nok,x\nboom,x\n,x\nfine,x\nboom again,x\n")
     config = _config(src, tmp_path / "out", columns={"answer": "a", "reference": "ref"}, metrics=[
-        {"name": "binary", "params": {"callback": "bad_input_callbacks:raises_on_boom", "mode": "row"}}])
-    where = str(Path(__file__).with_name("bad_input_callbacks.py"))
+        {"name": "binary", "params": {"callback": "support.bad_input_callbacks:raises_on_boom", "mode": "row"}}])
+    where = str(Path(__file__).with_name("support") / "bad_input_callbacks.py")
     # 2 of 5 rows with an error are over the default error budget (1 %): not committed.
     with pytest.raises(RunError) as info:
         run_job(config, run_id="binary")

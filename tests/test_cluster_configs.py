@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 import yaml
 
-import k8s_schema
+from support import k8s_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"

@@ -1,6 +1,6 @@
 """``ragbatch submit / status / logs`` and ``ray job submit`` on a real two-node Ray cluster.
 
-The module starts its own cluster (``tests/ray_cluster.py``): a head node and a second
+The module starts its own cluster (``tests/support/ray_cluster.py``): a head node and a second
 node with the custom resource ``stage_node``, both ``ray start --block`` processes on
 this machine, stopped at the end, with this checkout on their PYTHONPATH (ragbatch
 installed in the cluster's Python, as an image would have it). It never connects a
@@ -33,7 +33,7 @@ import yaml
 
 from ragbatch.cli import main
 from ragbatch.errors import ConfigError
-from ray_cluster import STAGE_NODE_RESOURCE, cluster_env, start_two_node_cluster
+from support.ray_cluster import STAGE_NODE_RESOURCE, cluster_env, start_two_node_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -232,7 +232,7 @@ def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tm
 
 
 def test_unreachable_address_and_unknown_job(cluster, workdir, capsys, monkeypatch):
-    from s3_fixtures import _free_port
+    from support.s3_fixtures import _free_port
 
     _in_process(monkeypatch, workdir)
     # RAY_ADDRESS names the live cluster, but --address wins.

@@ -1,7 +1,7 @@
 """``ragbatch compare``: pairing, paired bootstrap differences, moved rows, exit codes.
 
 Small hand-made score tables check the arithmetic against values worked out by hand and
-scipy's bootstrap; real runs of jobs/ares.yaml (tests/nightly_runs.py) check the whole
+scipy's bootstrap; real runs of jobs/ares.yaml (tests/support/nightly_runs.py) check the whole
 command: the night whose answers were replaced on a known subset is flagged on exactly
 the metrics and rows that a plain-Python recomputation of those metrics says changed.
 """
@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from nightly_runs import (
+from support.nightly_runs import (
     ALTERED,
     ALTERED_NIGHT,
     DROPPED,

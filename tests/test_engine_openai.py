@@ -1,7 +1,7 @@
 """The ``openai`` judge engine against a real ``vllm serve`` on loopback.
 
-One vLLM server (the tiny random Llama of ``tests/judge_models.py``, served as ``tiny``;
-fixture ``vllm_base_url`` of ``tests/vllm_server.py``) is shared by the test session. Failures the server never produces on
+One vLLM server (the tiny random Llama of ``tests/support/judge_models.py``, served as ``tiny``;
+fixture ``vllm_base_url`` of ``tests/support/vllm_server.py``) is shared by the test session. Failures the server never produces on
 its own (rate limits, stalls, 5xx replies, a missing ``/tokenize``) come from
 :class:`FaultInjector`, a small HTTP server in this file that stands between the engine
 and vLLM and answers some requests itself.
@@ -27,7 +27,7 @@ from ragbatch.engines.openai import BYTE_BOUND_MARGIN, load_openai_engine  # noq
 from ragbatch.errors import EngineError  # noqa: E402
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
 
-from vllm_server import MAX_MODEL_LEN, SERVED_NAME, free_port  # noqa: E402
+from support.vllm_server import MAX_MODEL_LEN, SERVED_NAME, free_port  # noqa: E402
 
 YES_NO = OutputSpec.of_choice(["yes", "no"], max_tokens=8)
 VERDICT_SCHEMA = {

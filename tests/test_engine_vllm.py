@@ -222,7 +222,7 @@ def test_unsupported_schema_fails_only_its_own_request(engine):
 
 
 def test_model_id_and_sampling_key(engine, tiny_judge_model, tmp_path):
-    from judge_models import build_tiny_judge_model
+    from support.judge_models import build_tiny_judge_model
 
     assert re.fullmatch(re.escape(str(tiny_judge_model)) + r"@[0-9a-f]{12}", engine.model_id)
     digest = engine.model_id.rsplit("@", 1)[1]

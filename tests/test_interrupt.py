@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cli_process import REPO, run_ragbatch, start_ragbatch
+from support.cli_process import REPO, run_ragbatch, start_ragbatch
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def _job(root: Path) -> Path:
         table = pa.table({"q": [f"q{f}-{i}" for i in range(ROWS_PER_FILE)], "a": answers})
         pq.write_table(table, src / f"part-{f:02d}.parquet")
     # the callback module beside the config: 0.6 s per batch keeps the run scoring
-    shutil.copy(REPO / "tests" / "binary_callbacks.py", root / "binary_callbacks.py")
+    shutil.copy(REPO / "tests" / "support" / "binary_callbacks.py", root / "binary_callbacks.py")
     config = root / "job.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"name": "interrupt"},

@@ -32,7 +32,7 @@ from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
 from ragbatch.runner import run_job
-from vllm_server import free_port
+from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STATEMENTS = '{"statements": ["Paris is in France."]}'

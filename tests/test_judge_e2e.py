@@ -31,7 +31,7 @@ from ragbatch.config import load_config
 from ragbatch.registry import all_metrics, get_metric
 from ragbatch.runner import run_job
 from ragbatch.status import STATUSES
-from vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME
+from support.vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME
 
 pytest.importorskip("vllm", reason="the judge tests need the CPU judge stack (ragbatch[judge-cpu])")
 

@@ -1,7 +1,7 @@
 """Judge health diagnostics (ragbatch/analysis/diagnostics.py) in the run summary.
 
 The main case replays issue 25's SmolLM2-135M run on the first 24 ARES rows through the
-real metric programs (recorded replies, tests/degenerate_judge.py), writes the cells as a
+real metric programs (recorded replies, tests/support/degenerate_judge.py), writes the cells as a
 scores Parquet file and summarizes it: the six metrics the issue names must come out
 ``degenerate``, the healthy ones not. Smaller cases build scores tables by hand and
 check each measure against values worked out below.
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from degenerate_judge import (
+from support.degenerate_judge import (
     HEALTHY, N_ROWS, REQUIRED_FLAGGED, TOO_LONG, ares_rows, degenerate_reply, healthy_reply,
 )
 from ragbatch.analysis.summary import MetricInfo, summarize_view

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from degenerate_judge import ARES, N_ROWS, REQUIRED_FLAGGED
+from support.degenerate_judge import ARES, N_ROWS, REQUIRED_FLAGGED
 from ragbatch.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_judge]

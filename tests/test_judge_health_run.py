@@ -1,6 +1,6 @@
 """Judge health end to end: `ragbatch run` and `ragbatch nightly` on 24 ARES rows, with
 real local Ray and the real ``openai`` engine against a stand-in judge that answers every
-hate_speech request ``{"reason":"true","verdict":true}`` (tests/canned_judge_server.py),
+hate_speech request ``{"reason":"true","verdict":true}`` (tests/support/canned_judge_server.py),
 as SmolLM2-135M did in issue 25.
 
 Checked: summary.parquet's health columns, the manifest's ``diagnostics`` section, the
@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from canned_judge_server import SERVED_NAME, CannedJudgeServer
-from degenerate_judge import ARES, CONSTANT_TRUE, N_ROWS
+from support.canned_judge_server import SERVED_NAME, CannedJudgeServer
+from support.degenerate_judge import ARES, CONSTANT_TRUE, N_ROWS
 from ragbatch.cli import main
 from ragbatch.exit_codes import EXIT_CODES, EXIT_DEGENERATE
 

@@ -1,6 +1,6 @@
 """The ``vllm`` and ``openai`` engines give the same verdict probabilities for the same
 prompt: one offline vLLM engine and one ``vllm serve`` of the same model (the tiny
-random-weights model of ``tests/judge_models.py``; agreement must hold for any model).
+random-weights model of ``tests/support/judge_models.py``; agreement must hold for any model).
 
 Both run greedy (temperature 0), eager, in the dtype vLLM picks for the model, with the same compact-JSON grammar
 backend; each request asks for token logprobs because its reply holds verdicts. The
@@ -27,7 +27,7 @@ from ragbatch.judge.verdicts import BARE_SLOTS  # noqa: E402
 from ragbatch.judge.parse import verdicts_schema  # noqa: E402
 from ragbatch.metrics.answer_similarity import RATINGS, SLOTS as RATING_SLOTS  # noqa: E402
 
-from vllm_server import SERVED_NAME  # noqa: E402
+from support.vllm_server import SERVED_NAME  # noqa: E402
 
 #: A true/false verdict without a reason: a random model fills a reason up to its length
 #: limit, which would leave no room for the verdict within a small budget.

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from metric_frames import canonical_frame, run_metric
+from support.metric_frames import canonical_frame, run_metric
 from ragbatch.columns import CANONICAL
 from ragbatch.metrics.base import ExpressionMetric, ModelMetric
 from ragbatch.registry import all_metrics

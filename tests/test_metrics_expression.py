@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from metric_frames import run_metric
+from support.metric_frames import run_metric
 from ragbatch.errors import ConfigError
 from ragbatch.registry import get_metric
 
@@ -274,19 +274,19 @@ def test_unknown_metric_suggests():
 
 def test_binary_batch_callback():
     rows = [{"answer": "42 apples"}, {"answer": "none"}, {"answer": None}, {"answer": "42 apples"}]
-    cells = run_metric(metric("binary", callback="binary_callbacks:answer_has_digit"), rows)
+    cells = run_metric(metric("binary", callback="support.binary_callbacks:answer_has_digit"), rows)
     assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (1.0, OK)]
     assert cells[2]["reason"] == "callback returned null"
-    seen = run_metric(metric("binary", callback="binary_callbacks:sees_canonical_columns"), rows)
+    seen = run_metric(metric("binary", callback="support.binary_callbacks:sees_canonical_columns"), rows)
     assert {c["score"] for c in seen} == {1.0}
 
 
 def test_binary_batch_failures_become_error_cells():
     rows = [{"answer": "a"}, {"answer": "b"}]
-    cells = run_metric(metric("binary", callback="binary_callbacks:wrong_length"), rows)
+    cells = run_metric(metric("binary", callback="support.binary_callbacks:wrong_length"), rows)
     assert scores(cells) == [(NULL, ERROR)] * 2
     assert cells[0]["reason"] == "callback returned 1 values for 2 rows"
-    cells = run_metric(metric("binary", callback="binary_callbacks:raises"), rows)
+    cells = run_metric(metric("binary", callback="support.binary_callbacks:raises"), rows)
     assert scores(cells) == [(NULL, ERROR)] * 2
     assert cells[0]["reason"].startswith("callback raised ValueError: boom")
 
@@ -294,7 +294,7 @@ def test_binary_batch_failures_become_error_cells():
 def test_binary_row_callback():
     rows = [{"answer": "a", "reference": "x"}, {"answer": "a"}, {"answer": None},
             {"answer": "raise"}, {"answer": "int"}]
-    cells = run_metric(metric("binary", callback="binary_callbacks:row_has_reference", mode="row"), rows)
+    cells = run_metric(metric("binary", callback="support.binary_callbacks:row_has_reference", mode="row"), rows)
     assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (NULL, ERROR), (NULL, ERROR)]
     assert "KeyError" in cells[3]["reason"]
     assert "expected True, False or None" in cells[4]["reason"]

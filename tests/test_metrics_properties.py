@@ -13,7 +13,7 @@ import unicodedata
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metric_frames import run_metric
+from support.metric_frames import run_metric
 from ragbatch.registry import get_metric
 
 # Characters assigned in this Python's Unicode database (case mappings of characters added

@@ -23,7 +23,7 @@ from ragbatch.cli import main
 from ragbatch.errors import ConfigError
 from ragbatch.models import build_model, get_model_source
 from ragbatch.models.store import RECORD
-from vllm_server import free_port
+from support.vllm_server import free_port
 
 #: What the folder holds besides its record.
 FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

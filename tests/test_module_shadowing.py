@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 import yaml
 
-from cli_process import run_ragbatch, start_ragbatch
+from support.cli_process import run_ragbatch, start_ragbatch
 from ragbatch.metrics.binary import load_callback
 from ragbatch.runner import prepare_import_paths
 

@@ -5,7 +5,7 @@ The end-to-end nights run the shipped ``jobs/nightly.yaml`` on the shipped night
 (examples/data/nightly: ARES data lines 0-15 and 8-23) through ``ragbatch nightly`` in this
 process, on the session's Ray; a third night is the second night's rows with every answer
 replaced by a refusal. Expected values come from the TSV and plain Python
-(``nightly_runs.expected_answer_cells``), not from ragbatch.
+(``support.nightly_runs.expected_answer_cells``), not from ragbatch.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from nightly_runs import expected_answer_cells, read_ares, run_cli, write_tsv
+from support.nightly_runs import expected_answer_cells, read_ares, run_cli, write_tsv
 from ragbatch.config import JobConfig
 from ragbatch.errors import ConfigError
 from ragbatch.io.staging import Staging
@@ -346,7 +346,7 @@ def test_regression_beyond_the_threshold_exits_3(nights):
 
 def test_shipped_nights_are_the_documented_lines_of_the_ares_tsv():
     """examples/data/nightly/SOURCE.md: header plus ARES data lines, byte for byte."""
-    from nightly_runs import ARES_TSV
+    from support.nightly_runs import ARES_TSV
 
     lines = ARES_TSV.read_bytes().split(b"\r\n")
     source = (REPO / "examples/data/nightly/SOURCE.md").read_text()

@@ -1,5 +1,5 @@
 """notebooks/ run top to bottom (nbclient, a real IPython kernel) on the ARES nights that
-tests/nightly_runs.py writes; their last cell prints one JSON line, checked here against
+tests/support/nightly_runs.py writes; their last cell prints one JSON line, checked here against
 values worked out from the raw TSV and the replaced answers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from nightly_runs import (
+from support.nightly_runs import (
     ALTERED,
     ALTERED_NIGHT,
     NEW_SOURCES,

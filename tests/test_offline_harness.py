@@ -1,4 +1,4 @@
-"""The loopback-only subprocess harness in ``tests/offline.py``: what it refuses, what it lets
+"""The loopback-only subprocess harness in ``tests/support/offline.py``: what it refuses, what it lets
 through, and what it records. No test needs a network: refused calls fail before any packet."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from offline import offline_env, read_blocked
+from support.offline import offline_env, read_blocked
 
 
 def _run_python(code: str, env: dict[str, str]) -> dict:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nightly_runs import run_cli
+from support.nightly_runs import run_cli
 from ragbatch.errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_validate_probes_a_bucket_and_leaves_it_empty(s3_storage_options, s3_buc
 def test_an_unreachable_endpoint_stays_retryable(tmp_path):
     from ragbatch.errors import OutputNotWritableError
     from ragbatch.io.probe import probe_output
-    from s3_fixtures import _free_port
+    from support.s3_fixtures import _free_port
 
     options = {"endpoint_url": f"http://127.0.0.1:{_free_port()}", "key": "k", "secret": "s",
                "retries": 1, "config_kwargs": {"retries": {"max_attempts": 0}}}

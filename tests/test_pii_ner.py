@@ -1,6 +1,6 @@
 """PII detection with a named-entity model from a local directory (spaCy or transformers).
 
-No NER weights can be downloaded here, so ``tests/pii_models.py`` builds two tiny real
+No NER weights can be downloaded here, so ``tests/support/pii_models.py`` builds two tiny real
 models: a spaCy pipeline trained on template sentences (PERSON, GPE) and a transformers
 token classifier whose classifier is set to tag every token ``I-PER``.
 """
@@ -12,7 +12,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from pii_models import build_spacy_ner, build_transformers_ner
+from support.pii_models import build_spacy_ner, build_transformers_ner
 from ragbatch.columns import CELL_PREFIX
 from ragbatch.config import PresidioEngine
 from ragbatch.engines.presidio import describe_detectors, ner_labels, supported_entities

@@ -1,6 +1,6 @@
 """A PII job with the network unavailable: ``ragbatch run`` in a subprocess whose sockets
 (and those of every Ray process it starts) refuse any destination but loopback
-(``tests/offline.py``). The job must finish, score every row, and make no network attempt
+(``tests/support/offline.py``). The job must finish, score every row, and make no network attempt
 of its own.
 """
 
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from offline import offline_env, read_blocked
+from support.offline import offline_env, read_blocked
 from ragbatch.columns import cell_column
 from udfs.pii import PiiStage
 

@@ -40,10 +40,10 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}},
           "additionalProperties": {"type": "integer"}}
 METRICS = [
     {"name": "json_valid", "params": {"schema": SCHEMA}},
-    {"name": "binary", "id": "echo", "params": {"callback": "quoting_callbacks:echo_or_raise",
+    {"name": "binary", "id": "echo", "params": {"callback": "support.quoting_callbacks:echo_or_raise",
                                                 "mode": "row"}},
     {"name": "binary", "id": "batch_raise",
-     "params": {"callback": "quoting_callbacks:raise_with_first_answer"}},
+     "params": {"callback": "support.quoting_callbacks:raise_with_first_answer"}},
     {"name": "latency", "params": {"target_s": 2.0}},
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
     {"name": "context_length", "params": {"max_chars": 3}},

@@ -255,7 +255,7 @@ def test_label_column_problems(tmp_path) -> None:
 
 
 def test_cli_exits_2_on_a_bad_label(tmp_path) -> None:
-    from cli_process import run_ragbatch
+    from support.cli_process import run_ragbatch
 
     (tmp_path / "in.jsonl").write_text('{"answer": "a", "reference": "a", "h": 1}\n'
                                        '{"answer": "b", "reference": "a", "h": 3}\n')

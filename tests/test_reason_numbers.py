@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from metric_frames import run_metric
+from support.metric_frames import run_metric
 from ragbatch.config import InputSection
 from ragbatch.io import ReadTask, normalize
 from ragbatch.metrics.context_length import ContextLength

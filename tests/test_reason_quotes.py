@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from metric_frames import run_metric
+from support.metric_frames import run_metric
 from ragbatch.metrics.binary import _judge
 from ragbatch.metrics.json_valid import JsonValid
 from ragbatch.reasons import QUOTE_MAX_CHARS, quote

@@ -3,7 +3,7 @@ and the checks that stop a run whose scores break the contract.
 
 The runs are real (local Ray, Parquet files on disk). A first attempt is stopped before
 it commits by the error budget: the ``binary`` callback
-:func:`binary_callbacks.flaky_digit` fails the rows of one input file while a marker
+:func:`support.binary_callbacks.flaky_digit` fails the rows of one input file while a marker
 file exists, the way a transient fault fails a first attempt only, and logs every row it
 scores, so a test can tell which rows an attempt scored. The expected scores are worked
 out here from the input, in plain Python.
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from binary_callbacks import CALLS_LOG, FIRST_ATTEMPT_MARKER
+from support.binary_callbacks import CALLS_LOG, FIRST_ATTEMPT_MARKER
 from ragbatch.config import JobConfig, OutputSection
 from ragbatch.errors import ConservationError, RunError
 from ragbatch.io.write import OutputLayout, verify_run
@@ -75,7 +75,7 @@ def job(root: Path) -> JobConfig:
         "output": {"uri": str(root / "out")},
         "metrics": [
             {"name": "binary", "id": "digit",
-             "params": {"callback": "binary_callbacks:flaky_digit", "mode": "row"}},
+             "params": {"callback": "support.binary_callbacks:flaky_digit", "mode": "row"}},
             {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}},
         ],
     })

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from headless_chromium import HeadlessChromium
-from nightly_runs import ALTERED, ALTERED_NIGHT, ORIGINAL, altered_answer, read_ares, row_id, run_cli
+from support.headless_chromium import HeadlessChromium
+from support.nightly_runs import ALTERED, ALTERED_NIGHT, ORIGINAL, altered_answer, read_ares, row_id, run_cli
 from ragbatch.analysis.report import MAX_CHART_VALUES, TOP_ROWS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nightly_runs import run_cli
+from support.nightly_runs import run_cli
 from ragbatch.analysis import plots
 
 FRACTION = r"$\frac{a}{b}$"  # valid TeX

@@ -39,7 +39,7 @@ N_FILES, ROWS_PER_FILE = 12, 40
 METRICS = [
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 30}},
     {"name": "contains_text", "params": {"text": "7"}},
-    {"name": "binary", "id": "slow_digit", "params": {"callback": "binary_callbacks:slow_digit"}},
+    {"name": "binary", "id": "slow_digit", "params": {"callback": "support.binary_callbacks:slow_digit"}},
 ]
 
 

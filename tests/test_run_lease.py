@@ -195,7 +195,7 @@ def _config(src: str, out: str, callback: str = "slow_digit", **run) -> dict:
             "input": {"uri": src, "columns": {"question": "q", "answer": "a"}},
             "output": {"uri": out},
             "metrics": [{"name": "response_length", "params": {"min_chars": 1}},
-                        {"name": "binary", "id": "cb", "params": {"callback": f"binary_callbacks:{callback}"}}]}
+                        {"name": "binary", "id": "cb", "params": {"callback": f"support.binary_callbacks:{callback}"}}]}
 
 
 def test_two_concurrent_cli_runs_with_one_run_id_commit_once(tmp_path):

@@ -13,8 +13,8 @@ import duckdb
 import pytest
 import yaml
 
-from nightly_runs import run_cli
-from s3_fixtures import S3_KEY, S3_SECRET
+from support.nightly_runs import run_cli
+from support.s3_fixtures import S3_KEY, S3_SECRET
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 
 from ragbatch.config import JobConfig
 from ragbatch.runner import run_job
-from s3_fixtures import S3_KEY, S3_SECRET, _free_port
+from support.s3_fixtures import S3_KEY, S3_SECRET, _free_port
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ METRICS = [
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 40}},
     {"name": "exact_match"},
     # 0.6 s per batch: the run is still reading and writing when the endpoint goes down.
-    {"name": "binary", "id": "digit", "params": {"callback": "binary_callbacks:slow_digit"}},
+    {"name": "binary", "id": "digit", "params": {"callback": "support.binary_callbacks:slow_digit"}},
 ]
 
 

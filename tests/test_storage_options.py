@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nightly_runs import run_cli
+from support.nightly_runs import run_cli
 from ragbatch.errors import ConfigError
 
 s3fs = pytest.importorskip("s3fs")

@@ -1,6 +1,6 @@
 """summary.parquet: counts, means, intervals per metric and slice value.
 
-The run (tests/summary_run.py) has nine rows whose metric values are worked out by hand
+The run (tests/support/summary_run.py) has nine rows whose metric values are worked out by hand
 below; intervals are checked against scipy (bootstrap with the same seed, binomtest's
 Wilson interval), recomputed from the scores table with DuckDB.
 """
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from summary_run import COMBINING, PRECOMPOSED, small_run
+from support.summary_run import COMBINING, PRECOMPOSED, small_run
 from ragbatch.analysis.intervals import N_RESAMPLES, SEED
 from ragbatch.analysis.summary import (
     SUMMARY_SCHEMA,

@@ -1,4 +1,4 @@
-"""Callbacks used by tests/test_bad_inputs.py (importable as ``bad_input_callbacks``)."""
+"""Callbacks used by tests/test_bad_inputs.py (importable as ``support.bad_input_callbacks``)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ label list of either model from its files without loading any weights:
 ``meta.json`` -> ``["labels"]["ner"]`` for spaCy, and ``config.json`` -> ``"id2label"``
 for transformers.
 
-Command line: ``python tests/pii_models.py spacy|transformers OUT_DIR``.
+Command line: ``python tests/support/pii_models.py spacy|transformers OUT_DIR``.
 """
 
 from __future__ import annotations

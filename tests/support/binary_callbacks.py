@@ -1,4 +1,4 @@
-"""Callbacks used by the binary-metric tests (importable as ``binary_callbacks``)."""
+"""Callbacks used by the binary-metric tests (importable as ``support.binary_callbacks``)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ARES_TSV = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
 NIGHTS = ("2026-11-26", "2026-11-27", "2026-11-28")
 ORIGINAL, REEXPORTED, ALTERED_NIGHT = NIGHTS

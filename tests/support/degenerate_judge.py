@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-ARES = (Path(__file__).resolve().parents[1] / "examples" / "data" / "ares"
+ARES = (Path(__file__).resolve().parents[2] / "examples" / "data" / "ares"
         / "datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv")
 N_ROWS = 24
 #: Rows of the 24 that context_relevancy finds too long, as in the issue's table.

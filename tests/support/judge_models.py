@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 BOS = "<|bos|>"
 EOS = "<|eos|>"
@@ -144,7 +144,7 @@ def build_tiny_judge_model(path: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python tests/judge_models.py DIR
+if __name__ == "__main__":  # pragma: no cover - manual use: python tests/support/judge_models.py DIR
     import sys
 
     out = build_tiny_judge_model(Path(sys.argv[1]))

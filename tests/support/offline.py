@@ -57,7 +57,7 @@ from pathlib import Path
 LOG_ENV = "RAGBATCH_TEST_BLOCKED_LOG"
 
 _SITECUSTOMIZE = r'''
-"""Loopback-only network for this interpreter (written by tests/offline.py)."""
+"""Loopback-only network for this interpreter (written by tests/support/offline.py)."""
 
 import errno as _errno
 import ipaddress as _ipaddress

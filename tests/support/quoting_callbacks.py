@@ -1,4 +1,4 @@
-"""Callbacks of tests/test_pii_run_quotes.py (importable as ``quoting_callbacks``): each
+"""Callbacks of tests/test_pii_run_quotes.py (importable as ``support.quoting_callbacks``): each
 puts the input it got into what comes back, as careless user code does."""
 
 from __future__ import annotations
