@@ -443,7 +443,8 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
         "conservation": conservation(str(output), rows, metric_ids),
         "ray_data": ray_data_stats(log.read_text(errors="replace")),
         "output_bytes": sum(f.stat().st_size for f in output.rglob("*.parquet")),
-        "command": f"ragbatch run {config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path} --run-id scale",
+        "command": "ragbatch run {} --run-id scale".format(
+            config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path),
         "profile": str(profile) if args.profile else None,
     }
 

@@ -696,7 +696,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     the results written to ``--out``."""
     args = parse_args(argv)
     if args.peer_worker:
-        from peer_workers import run_worker  # noqa: the peers' environment only
+        from peer_workers import run_worker  # the peers' environment only
 
         run_worker(args)
         return {}

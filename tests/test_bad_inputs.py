@@ -246,7 +246,8 @@ def test_binary_callback_raising_on_some_rows(ray_local, tmp_path):
     assert "2 of 5 rows (40.0%) have status error on some metric, over run.error_budget = 0.01" in str(info.value)
     assert (f"2 x binary: callback raised RuntimeError: cannot score in.csv:1 at {where}:10 "
             "(e.g. row in.csv:1)") not in str(info.value)  # reasons differ per row: listed apart
-    assert f"1 x binary: callback raised RuntimeError: cannot score in.csv:1 at {where}:10 (e.g. row in.csv:1)" in str(info.value)
+    assert (f"1 x binary: callback raised RuntimeError: cannot score in.csv:1 at {where}:10 "
+            "(e.g. row in.csv:1)") in str(info.value)
     assert not list((tmp_path / "out").glob("runs/**/manifest.json"))
     # With the budget raised, the same run id resumes and commits the errors as cells.
     config.run.error_budget = 0.4

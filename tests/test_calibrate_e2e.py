@@ -206,8 +206,10 @@ def test_halueval_pairs_and_pairwise_agreement(calibrations):
     texts = {f"{i}:{col}": rows[col][i] for i in range(PAIRS) for col in ("right_answer", "hallucinated_answer")}
     if usable.height:
         _check_disagreements(cal, "a", "augmentation_accuracy", usable, cells, texts)
-    good = usable.filter(pl.col("lab") == 1).select("pair_id", pl.col("score").alias("good"), pl.col("row_id").alias("r1"))
-    bad = usable.filter(pl.col("lab") == 0).select("pair_id", pl.col("score").alias("bad"), pl.col("row_id").alias("r2"))
+    good = usable.filter(pl.col("lab") == 1).select(
+        "pair_id", pl.col("score").alias("good"), pl.col("row_id").alias("r1"))
+    bad = usable.filter(pl.col("lab") == 0).select(
+        "pair_id", pl.col("score").alias("bad"), pl.col("row_id").alias("r2"))
     pairs = good.join(bad, on="pair_id").sort("pair_id", "r1", "r2")
     row = cal.table("agreement").filter(pl.col("measure") == "pairwise_agreement").row(0, named=True)
     assert row["n"] == pairs.height > 0

@@ -1,4 +1,5 @@
-"""The docs (README and the reference in docs/) document what the code does: metrics, policies, statuses, output columns."""
+"""The docs (README and the reference in docs/) document what the code does: metrics,
+policies, statuses, output columns."""
 
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ def test_tonic_job_with_semantic_similarity(ray_local, tmp_path):
     ids = [m.metric_id for m in config.metrics]
     con = _check_run(result, sum(len(rows) for rows in kept.values()), ids)
     scores = _scores(con, result.layout.root)
-    systems = dict(con.execute(f"SELECT system, count(*) FROM {scores} WHERE metric = 'exact_match' GROUP BY 1").fetchall())
+    systems = dict(con.execute(
+        f"SELECT system, count(*) FROM {scores} WHERE metric = 'exact_match' GROUP BY 1").fetchall())
     assert systems == {s: len(rows) for s, rows in kept.items()}
     assert set(systems) == {"titan", "cohere", "openai", "vertex", "chatbees", "customgpt"}
     # empty retrieval lists ("[]") in four systems -> not_applicable, never a score

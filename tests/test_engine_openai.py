@@ -1,7 +1,8 @@
 """The ``openai`` judge engine against a real ``vllm serve`` on loopback.
 
-One vLLM server (the tiny random Llama of ``tests/support/judge_models.py``, served as ``tiny``;
-fixture ``vllm_base_url`` of ``tests/support/vllm_server.py``) is shared by the test session. Failures the server never produces on
+One vLLM server (the tiny random Llama of ``tests/support/judge_models.py``, served as
+``tiny``; fixture ``vllm_base_url`` of ``tests/support/vllm_server.py``) is shared by the
+test session. Failures the server never produces on
 its own (rate limits, stalls, 5xx replies, a missing ``/tokenize``) come from
 :class:`FaultInjector`, a small HTTP server in this file that stands between the engine
 and vLLM and answers some requests itself.
@@ -67,7 +68,8 @@ class FaultInjector:
         of the wrong shape, which no working server sends).
 
     Everything else is forwarded unchanged. ``chat_calls`` and ``tokenize_calls`` count
-    chat and ``/tokenize`` requests that arrived, ``chat_bodies`` holds their JSON bodies, and ``peak_in_flight`` is the most
+    chat and ``/tokenize`` requests that arrived, ``chat_bodies`` holds their JSON bodies,
+    and ``peak_in_flight`` is the most
     that were open at once.
     """
 

@@ -116,7 +116,8 @@ def test_hive_partition_values_are_unquoted_and_hive_null_is_null(tmp_path):
 def test_inconsistent_partition_levels_are_an_error(tmp_path):
     write_csv(tmp_path / "app=a" / "x.csv", "q\n1\n")
     write_csv(tmp_path / "y.csv", "q\n2\n")
-    with pytest.raises(InputError, match=r"hive partition directories differ.*app=a/x.csv has \['app'\] but y.csv has \[\]"):
+    with pytest.raises(InputError, match=r"hive partition directories differ.*"
+                                         r"app=a/x.csv has \['app'\] but y.csv has \[\]"):
         plan_read(cfg(tmp_path))
 
 
@@ -364,7 +365,8 @@ def test_empty_directory(tmp_path):
 
 def test_directory_without_data_files_lists_what_it_found(tmp_path):
     (tmp_path / "LICENSE").write_text("MIT")
-    with pytest.raises(InputError, match=r"no data files: the directory holds 1 file\(s\) \(0 hidden, e\.g\. LICENSE\)"):
+    with pytest.raises(InputError,
+                       match=r"no data files: the directory holds 1 file\(s\) \(0 hidden, e\.g\. LICENSE\)"):
         plan_read(cfg(tmp_path))
 
 

@@ -401,7 +401,8 @@ def test_explicit_slice_columns_and_missing_ones():
 
 def test_missing_mapped_column_in_a_file():
     raw = pa.table({"q": ["a"]})
-    with pytest.raises(InputError, match=r"f\.csv: column 'ans' \(input\.columns\.answer\) is missing from this file; it has: 'q'"):
+    with pytest.raises(InputError, match=r"f\.csv: column 'ans' \(input\.columns\.answer\) "
+                                         r"is missing from this file; it has: 'q'"):
         normalize(raw, cfg(columns={"answer": "ans"}), TASK)
 
 

@@ -58,7 +58,8 @@ class FaultInjectingEngine(JudgeEngine):
 def test_two_step_program_runs_in_lockstep_batches():
     engine = RecordedReplies([STATEMENTS, STATEMENTS, STATEMENTS, YES, NO, YES])
     runner = JudgeRunner(engine, [Faithfulness.from_params({})])
-    cells, records = judge_frame(runner, _frame([_row(0), _row(1, "Paris is in Spain."), _row(2, "Paris!")]))["faithfulness"]
+    frame = _frame([_row(0), _row(1, "Paris is in Spain."), _row(2, "Paris!")])
+    cells, records = judge_frame(runner, frame)["faithfulness"]
     assert [c["score"] for c in cells] == [1.0, 0.0, 1.0]
     assert [r["judge_calls"] for r in records] == [2, 2, 2]
     # first step: the three statement asks; second step: the three verdict asks
@@ -120,7 +121,8 @@ def test_truncated_reply_is_retried_then_parse_failure_with_raw_reply_kept():
     assert cells[0]["status"] == PARSE_FAILURE
     assert cells[0]["reason"] == f"statements: reply cut at max_tokens ({STATEMENTS_MAX_TOKENS})"
     assert engine.calls == [1, 1, 1]
-    assert records[0]["judge_reply"] == '["{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par"]'
+    assert records[0]["judge_reply"] == ('["{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par", '
+                                         '"{\\"statements\\": [\\"Par"]')
     assert records[0]["prompt_tokens"] == 30 and records[0]["judge_calls"] == 3
 
 

@@ -6,7 +6,6 @@ log line is searched for the seeded secrets."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging

@@ -3,8 +3,6 @@ object is built: a "billion laughs" file would otherwise expand until memory run
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from ragbatch.calibrate.config import load_calibration

@@ -17,7 +17,8 @@ def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
     """Read and normalize the read tasks whose indices are in ``batch["task"]``.
 
     Returns canonical rows (``ragbatch.columns.CANONICAL_SCHEMA`` plus the planned
-    ``slices``, so every block has the same columns) in task order. When ``ledger`` (a :class:`udfs.ledger.RunLedger` actor handle) is given, the row
+    ``slices``, so every block has the same columns) in task order. When ``ledger`` (a
+    :class:`udfs.ledger.RunLedger` actor handle) is given, the row
     count of each task is recorded there, keyed by task index, so the driver knows how
     many rows entered the run even though it never sees them. ``quote_values`` is passed
     to :func:`ragbatch.io.schema.normalize` (false in runs with PII metrics).

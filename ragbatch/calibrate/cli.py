@@ -14,7 +14,8 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure each judge metric's agreement with human labels")
     p.add_argument("config", help="path to the calibration config (YAML)")
     p.add_argument("--output", dest="output_uri", help="override output.uri")
-    p.add_argument("--run-id", type=id_argument("calibration id"), help="calibration id (default: generated); a failed calibration "
+    p.add_argument("--run-id", type=id_argument("calibration id"),
+                   help="calibration id (default: generated); a failed calibration "
                    "started again with its id reuses the judge runs that committed")
     p.add_argument("--run-date", type=dt.date.fromisoformat,
                    help="partition date YYYY-MM-DD (default: today UTC)")

@@ -3,7 +3,7 @@
 Layout (hive-style, like a run's tables)::
 
     calibration/run_date=YYYY-MM-DD/run_id=<id>/agreement.parquet      one row per (judge, metric, measure)
-    calibration/run_date=YYYY-MM-DD/run_id=<id>/confusion.parquet      binary labels: (judge, metric, human, verdict) counts
+    calibration/run_date=YYYY-MM-DD/run_id=<id>/confusion.parquet      binary: (judge, metric, human, verdict) counts
     calibration/run_date=YYYY-MM-DD/run_id=<id>/disagreements.parquet  the rows judge and humans disagree on most
     calibration/run_date=YYYY-MM-DD/run_id=<id>/manifest.json          written last: the calibration is committed
 

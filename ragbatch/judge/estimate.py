@@ -27,7 +27,8 @@ judgment cache already holds; a row whose first step is answered that way is ass
 be answered that way in its later steps too (the cached reply gives the same follow-up
 prompt). A prompt whose tokens plus ``max_tokens`` exceed the model's window ends in
 ``context_too_long`` without reaching the model: it is counted in ``over_window``, not
-as a call, its prompt tokens are not counted, and the row takes no later step. Not included: parse retries (each unparseable reply is
+as a call, its prompt tokens are not counted, and the row takes no later step. Not
+included: parse retries (each unparseable reply is
 asked again, up to ``parse_retries`` times, at the prompt's cost again) and embedding
 requests (``answer_relevancy``), which are not judge calls.
 """

@@ -38,7 +38,8 @@ class AnswerContainsPii(PiiMetric):
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("answer is null or not text",
-         "missing_input; reason is 'answer is null' or the normalizer's note, which quotes no value in a run with PII metrics"),
+         "missing_input; reason is 'answer is null' or the normalizer's note, which quotes "
+         "no value in a run with PII metrics"),
         ("answer is empty or only whitespace", "score 0.0 (nothing to leak); reason 'answer is empty'"),
         ("detector raises on the answer",
          "error; reason names the exception type only (the message may quote the text)"),
