@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import polars as pl
 
 try:
-    from re import _constants as C
-    from re import _parser as P
+    from re import _constants as C  # type: ignore[attr-defined]  # not in typeshed
+    from re import _parser as P  # type: ignore[attr-defined]
 except ImportError:  # Python 3.10 keeps the parser under its old names.
     import sre_constants as C
     import sre_parse as P

@@ -57,6 +57,7 @@ Program = Generator[Sequence["Ask | Embed"], list[Any], PyCell]
 class JudgeExample:
     """A worked example of a judge metric: one input row, the judge replies in the order
     the program asks for them (all steps, flattened), and the cell that must result.
+    A reply is its text, or ``(finish_reason, text)`` for one that did not stop normally.
 
     ``status`` may be a failure status the stage itself assigns (``parse_failure`` for a
     reply of the wrong shape, ``context_too_long``); ``embeddings`` gives, for metrics
@@ -64,7 +65,7 @@ class JudgeExample:
     """
 
     inputs: dict[str, Any]
-    replies: tuple[str, ...]
+    replies: tuple[str | tuple[str, str], ...]
     score: float | None
     status: str = "ok"
     params: dict[str, Any] = field(default_factory=dict)
