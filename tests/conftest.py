@@ -36,7 +36,18 @@ OPT_IN = {
 }
 
 
+#: Fixtures that make a test slow whatever its own marks say: the local Ray instance (and
+#: so every job run through it) and the judge models built for vLLM (its engine, or a
+#: ``vllm serve``). A test that uses one, itself or through another fixture, is marked
+#: ``slow`` at collection, so that ``make test-fast`` (``-m "not slow"``) leaves it out.
+SLOW_FIXTURES = frozenset({"ray_local", "tiny_judge_model", "smollm2_model"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     for marker, (option, reason) in OPT_IN.items():
         if config.getoption(option):
             continue
