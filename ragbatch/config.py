@@ -185,9 +185,9 @@ class CrossEncoderEngine(_StageResources):
 
 
 class JudgeSettings(_StageResources):
-    """Settings every judge engine shares (a judge engine's spec model subclasses this). ``max_tokens`` caps every reply's completion
-    tokens below the budget each metric asks for (to bound cost); a reply cut at the cap
-    is a ``parse_failure``."""
+    """Settings every judge engine shares (a judge engine's spec model subclasses this).
+    ``max_tokens`` caps every reply's completion tokens below the budget each metric asks
+    for (to bound cost); a reply cut at the cap is a ``parse_failure``."""
 
     model: str
     max_model_len: int | None = Field(None, ge=16)
