@@ -149,6 +149,7 @@ def test_holder_renews_while_it_runs(store):
     assert RunLease(fs, folder, "r").acquire().generation == 2
 
 
+@pytest.mark.slow  # separate processes racing, each importing ragbatch
 def test_processes_racing_for_one_lease_exactly_one_wins(store, tmp_path):
     protocol, options, fs, folder = store
     barrier = tmp_path / "barrier"
@@ -198,6 +199,7 @@ def _config(src: str, out: str, callback: str = "slow_digit", **run) -> dict:
                         {"name": "binary", "id": "cb", "params": {"callback": f"support.binary_callbacks:{callback}"}}]}
 
 
+@pytest.mark.slow  # separate processes (two full `ragbatch run`s, each with its own Ray)
 def test_two_concurrent_cli_runs_with_one_run_id_commit_once(tmp_path):
     src = _input(tmp_path)
     out = tmp_path / "out"
