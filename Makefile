@@ -12,8 +12,8 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 docs test test-fast lint format \
-	format-check test-real-judge test-release bench gpu-judge clean
+.PHONY: setup demo demo-judge demo-calibrate smollm2 docs test test-fast lint lint-imports \
+	format format-check test-real-judge test-release bench gpu-judge clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
 # requirement at once; --prefer-binary takes an older wheel over building a newer source
@@ -98,6 +98,10 @@ format: setup
 
 format-check: setup
 	$(BIN)/ruff format --check $(FORMAT_PATHS)
+# Import direction: the layers in pyproject.toml's [tool.importlinter] (also checked by
+# tests/test_import_layers.py in `make test`).
+lint-imports: setup
+	$(BIN)/lint-imports --no-cache
 
 # The long real-judge runs (SmolLM2 on dozens of rows: tens of minutes on a CPU), which
 # `make test` skips.

@@ -392,11 +392,13 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
 def _write_run_report(config: JobConfig, run_id: str) -> None:
     """``run --report``: the report and the comparison with the previous committed run."""
     from ragbatch.analysis.nightly import write_run_report
+    from ragbatch.calibrate.report import calibration_section
     from ragbatch.nightly_job import calibration_options
 
     try:
         written = write_run_report(config.output.uri, run_id, config.output.storage_options,
-                                   calibration_options=calibration_options(config))
+                                   calibration_options=calibration_options(config),
+                                   calibration_section=calibration_section)
     except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
         raise RagbatchError(f"run {run_id} committed, but its report could not be written: "
                             f"{type(exc).__name__}: {exc}") from exc
@@ -585,13 +587,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ragbatch.analysis.report import build_report
     from ragbatch.analysis.runs import find_run
+    from ragbatch.calibrate.report import calibration_section
 
     baseline_root, baseline_options = _other_root(args, "baseline")
     run = find_run(args.output_uri, args.run_id, _storage_options(args))
     baseline = None
     if args.baseline:
         baseline = find_run(baseline_root, args.baseline, baseline_options)
-    html = build_report(run, baseline, top=args.top)
+    html = build_report(run, baseline, top=args.top, calibration_section=calibration_section)
     Path(args.report_path).write_text(html, encoding="utf-8")
     print(f"report of run {run.run_id} written to {args.report_path}"
           + (f" (compared with {baseline.run_id})" if baseline else ""))

@@ -260,13 +260,15 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
     from ragbatch.analysis.diagnostics import degenerate_metrics
     from ragbatch.analysis.nightly import compare_with_previous, write_run_report
     from ragbatch.analysis.runs import find_run, load_summary
+    from ragbatch.calibrate.report import calibration_section
 
     output = outcome.config.output
     try:
         if report:
             written = write_run_report(output.uri, outcome.run_id, output.storage_options,
                                        threshold=outcome.threshold,
-                                       calibration_options=calibration_options(outcome.config))
+                                       calibration_options=calibration_options(outcome.config),
+                                       calibration_section=calibration_section)
             outcome.report = written
             outcome.run, outcome.baseline = written.run, written.baseline
             outcome.comparison = written.comparison

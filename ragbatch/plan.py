@@ -8,6 +8,7 @@ one error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +184,16 @@ def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
     pii = [m for m in metrics if isinstance(m, PiiMetric)]
     problems: list[str] = []
     for name in dict.fromkeys(m.engine for m in pii):
-        from ragbatch.engines.presidio import supported_entities
+        from ragbatch.engines.presidio import supported_entities, unsupported_reason
 
         try:
             supported = supported_entities(engines[name])
         except EngineError as exc:
             problems.append(f"engines.{name}: {exc}")
             continue
-        problems += [p for m in pii if m.engine == name for p in m.check_engine(engines[name], supported)]
+        why = partial(unsupported_reason, engines[name])
+        problems += [p for m in pii if m.engine == name
+                     for p in m.check_engine(engines[name], supported, why)]
     return problems
 
 

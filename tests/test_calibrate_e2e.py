@@ -191,8 +191,9 @@ def test_ares_calibration_numbers_are_recomputed_from_the_written_scores(calibra
         assert any(row["measure"] in ln and value in ln and interval in ln for ln in c["text"].splitlines())
     # the run's HTML report shows the calibration of its own judge run
     from ragbatch.analysis.report import build_report
+    from ragbatch.calibrate.report import calibration_section
 
-    html = build_report(find_run(root, "cal-ares-a"), top=2)
+    html = build_report(find_run(root, "cal-ares-a"), top=2, calibration_section=calibration_section)
     assert 'id="calibration-table"' in html and "retrieval_precision" in html.split('id="calibration-table"')[1]
 
 

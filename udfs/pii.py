@@ -20,6 +20,7 @@ hold entity types and counts only.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import ClassVar, Iterator
 
 import polars as pl
@@ -27,7 +28,7 @@ import pyarrow as pa
 
 from ragbatch.columns import cell_column
 from ragbatch.config import PresidioEngine
-from ragbatch.engines.presidio import PiiDetector
+from ragbatch.engines.presidio import PiiDetector, unsupported_reason
 from ragbatch.errors import ConfigError
 from ragbatch.metrics.base import Metric
 from ragbatch.metrics.pii_base import PiiMetric, PiiResults
@@ -83,7 +84,9 @@ class PiiStage(ActorStage):
         """
         with engine_errors(self.engine_name):
             self.detector = PiiDetector(self.spec)
-        problems = [p for m in self.metrics for p in m.check_engine(self.spec, self.detector.entities)]
+        why = partial(unsupported_reason, self.spec)
+        problems = [p for m in self.metrics
+                    for p in m.check_engine(self.spec, self.detector.entities, why)]
         if problems:
             raise ConfigError(problems)
         # Every supported type is looked for, whatever the metrics select: which type a

@@ -107,9 +107,10 @@ def _check_same_metric(run: CommittedRun, metric: Any, cells: pl.DataFrame, plan
                               "only the same metric")
     if metric.engine is None or metric.kind != "judge":
         return
-    from ragbatch.calibrate.guard import engine_model_ids
+    from ragbatch.judge.cache_probe import engine_identities
 
-    models, why = engine_model_ids(metric.engine, plan.engines[metric.engine])
+    identities, why = engine_identities(metric.engine, plan.engines[metric.engine])
+    models = {i.model_id for i in identities}
     theirs = set(cells["model"].drop_nulls().unique().to_list())
     if not models:
         raise ConfigError(f"{where}: the judge model of engine {metric.engine!r} cannot be "

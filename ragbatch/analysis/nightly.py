@@ -21,7 +21,7 @@ from typing import Any
 
 from ragbatch.analysis.compare import Comparison, compare_runs
 from ragbatch.analysis.compare_text import format_comparison
-from ragbatch.analysis.report import build_report
+from ragbatch.analysis.report import CalibrationSection, build_report
 from ragbatch.analysis.runs import CommittedRun, find_run, previous_run
 
 REPORT_FILE = "report.html"
@@ -90,7 +90,8 @@ def compare_with_previous(root: str, run_id: str, storage_options: dict[str, Any
 
 def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
                      threshold: float | None = None,
-                     calibration_options: dict[str, Any] | None = None) -> NightlyReport:
+                     calibration_options: dict[str, Any] | None = None,
+                     calibration_section: CalibrationSection | None = None) -> NightlyReport:
     """Write the report of committed run ``run_id`` under ``root`` and, when there is a
     previous committed run, the comparison with it (see the module notes for paths).
 
@@ -108,6 +109,9 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
         fsspec options of a calibration root other than ``root`` (the job config's
         ``calibration.storage_options``); see
         :func:`ragbatch.calibrate.report.calibration_section`.
+    calibration_section : callable, optional
+        Builds the report's calibration section
+        (:data:`ragbatch.analysis.report.CalibrationSection`); without it, none.
 
     Returns
     -------
@@ -122,7 +126,8 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
     """
     run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold)
     html = build_report(run, baseline, comparison=comparison,
-                        calibration_options=calibration_options)
+                        calibration_options=calibration_options,
+                        calibration_section=calibration_section)
     out = NightlyReport(run, _uri(run, f"{run.reports_path}/{REPORT_FILE}"), baseline, comparison)
     _write_text(run, f"{run.reports_path}/{REPORT_FILE}", html)
     if comparison is not None:

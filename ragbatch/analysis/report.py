@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 import polars as pl
@@ -311,9 +311,16 @@ def _comparison_section(comparison: Comparison, baseline: CommittedRun, run: Com
             "moved": moved_rows}
 
 
+#: Builds the report's calibration section from the run and the calibration root's fsspec
+#: options: :func:`ragbatch.calibrate.report.calibration_section`, passed in by the caller
+#: so that the analysis layer does not import the calibration command's package.
+CalibrationSection = Callable[[CommittedRun, "dict[str, Any] | None"], "dict[str, Any] | None"]
+
+
 def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top: int = TOP_ROWS,
                  comparison: Comparison | None = None,
-                 calibration_options: dict[str, Any] | None = None) -> str:
+                 calibration_options: dict[str, Any] | None = None,
+                 calibration_section: CalibrationSection | None = None) -> str:
     """Render the HTML report of ``run``.
 
     Parameters
@@ -329,6 +336,9 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     calibration_options : dict, optional
         fsspec options of the calibration root the run's config names
         (:func:`ragbatch.calibrate.report.calibration_section` explains the default).
+    calibration_section : callable, optional
+        Builds the "Agreement with human labels" section (:data:`CalibrationSection`);
+        without it the report has no such section.
 
     Returns
     -------
@@ -350,8 +360,6 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
         comparison = comparison or compare_runs(baseline, run, top=top)
         section = _comparison_section(comparison, baseline, run, facts)
     confidence = float(run.manifest.summary.get("confidence") or 0.95)
-    from ragbatch.calibrate.report import calibration_section
-
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     metrics = _metric_rows(summary, scores, facts)
     return env.from_string(TEMPLATE).render(
@@ -363,4 +371,5 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
                                run.manifest.summary.get("slice_columns") or {}),
         corrected=_corrected_section(summary, run),
         **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
-        calibration=calibration_section(run, calibration_options))
+        calibration=(calibration_section(run, calibration_options)
+                     if calibration_section is not None else None))

@@ -25,7 +25,7 @@ from ragbatch.io.read import ReadTask, read_task
 
 if TYPE_CHECKING:
     from ragbatch.config import JobConfig
-    from ragbatch.plan import Plan
+    from ragbatch.io.planned import PlannedInput
 
 
 def label_problems(config: "JobConfig", schema: pa.Schema) -> list[str]:
@@ -62,7 +62,7 @@ def _label_type(t: pa.DataType) -> bool:
             or pa.types.is_boolean(t) or pa.types.is_null(t))
 
 
-def check_label_values(plan: "Plan") -> dict[str, int]:
+def check_label_values(plan: "PlannedInput") -> dict[str, int]:
     """Read the label columns of the whole input; check every value is in its metric's
     score range.
 

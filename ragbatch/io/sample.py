@@ -22,7 +22,7 @@ from ragbatch.io.read import ReadTask, _parquet_metadata, read_task, read_task_h
 from ragbatch.io.schema import normalize
 
 if TYPE_CHECKING:
-    from ragbatch.plan import Plan
+    from ragbatch.io.planned import PlannedInput
 
 #: Most bytes of text files read only to count their rows; past it the rows of the files
 #: not read for the sample are estimated from their size.
@@ -63,12 +63,12 @@ class InputSample:
     size: InputSize
 
 
-def sample_input(plan: "Plan", max_rows: int) -> InputSample:
+def sample_input(plan: "PlannedInput", max_rows: int) -> InputSample:
     """Read the first ``max_rows`` rows of a plan's input and count its rows.
 
     Parameters
     ----------
-    plan : ragbatch.plan.Plan
+    plan : ragbatch.io.planned.PlannedInput
         Built with the input inspected (``read_tasks`` and ``slices`` set).
     max_rows : int
         Sample size, at least 1.
@@ -108,7 +108,7 @@ def sample_input(plan: "Plan", max_rows: int) -> InputSample:
     return InputSample(table, _size(plan, counted))
 
 
-def _size(plan: "Plan", counted: dict[str, int]) -> InputSize:
+def _size(plan: "PlannedInput", counted: dict[str, int]) -> InputSize:
     from ragbatch.io.fs import resolve
 
     cfg = plan.config.input

@@ -9,7 +9,7 @@ name the types found and how many, never the text found.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import polars as pl
 from pydantic import Field, field_validator
@@ -47,14 +47,24 @@ class PiiMetric(ModelMetric):
     boolean: ClassVar[bool] = True
     higher_is_better: ClassVar[bool] = False
 
-    def check_engine(self, spec: Any, supported: Sequence[str]) -> list[str]:
+    def check_engine(self, spec: Any, supported: Sequence[str],
+                     why: Callable[[str], str]) -> list[str]:
         """Problems with ``pii_types`` given the entity types the engine supports.
 
         A type the configured detectors cannot find would always score 0.0 (a silent
         pass), so it is an error, naming the types that are supported.
-        """
-        from ragbatch.engines.presidio import unsupported_reason
 
+        Parameters
+        ----------
+        spec : ragbatch.config.PresidioEngine
+            The metric's engine spec (its ``score_threshold`` is quoted).
+        supported : sequence of str
+            Entity types the engine's detectors find.
+        why : callable
+            Maps an entity type outside ``supported`` to the reason, for the message
+            (the engine's :func:`ragbatch.engines.presidio.unsupported_reason` for
+            ``spec``; passed in so that metrics do not import engine adapters).
+        """
         if self.params.pii_types is None:
             return [] if supported else [
                 f"{self.id}: engine {self.engine!r} finds no entity type at score_threshold "
@@ -62,13 +72,13 @@ class PiiMetric(ModelMetric):
         unknown = [t for t in self.params.pii_types if t not in supported]
         if not unknown:
             return []
-        why = "; ".join(unsupported_reason(spec, t) for t in unknown)
+        why_text = "; ".join(why(t) for t in unknown)
         hint = ""
         if any(t in ("PERSON", "LOCATION", "ORGANIZATION", "NRP") for t in unknown):
             hint = (f"; set engines.{self.engine}.ner_model to a local spaCy or transformers "
                     "NER model for named entities")
         return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
-                f"{why} (it finds {', '.join(supported)}){hint}"]
+                f"{why_text} (it finds {', '.join(supported)}){hint}"]
 
     def compute(self, model: "PiiResults", frame: pl.DataFrame) -> pl.Series:
         """Cells for every row of ``frame``.
