@@ -81,7 +81,7 @@ def judge_model(choice: str | None) -> Path:
             build_tiny_judge_model(TINY_MODEL)
         return TINY_MODEL
     if choice == "smollm2":
-        subprocess.run([sys.executable, "-m", "ragbatch.cli", "models", "build", "smollm2",
+        subprocess.run([sys.executable, "-m", "ragbatch", "models", "build", "smollm2",
                         "--out", str(SMOLLM2)], cwd=ROOT, env=_env(0), check=True)
         return SMOLLM2
     path = Path(choice).expanduser().resolve()
@@ -391,7 +391,7 @@ def run_one(name: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
     config, sample = prepare_config(name, args, model, out)
     path = WORK / f"calibrate_{name}.yaml"
     path.write_text(yaml.safe_dump(config, allow_unicode=True))
-    command = [sys.executable, "-m", "ragbatch.cli", "calibrate", str(path), "--run-id", RUN_ID]
+    command = [sys.executable, "-m", "ragbatch", "calibrate", str(path), "--run-id", RUN_ID]
     if sample is None:
         command += ["--limit", str(args.limit)]
     load = os.getloadavg()[0]

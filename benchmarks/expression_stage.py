@@ -325,11 +325,11 @@ def measure_stage(input_path: str, peer_rows: int) -> tuple[dict, dict]:
     import polars as pl
     import pyarrow.compute as pc
 
-    from ragbatch.config import JobConfig
+    from ragbatch.config.job import JobConfig
     from ragbatch.io.read import plan_read, read_task
     from ragbatch.io.schema import normalize, slice_columns
     from ragbatch.io.read import peek_schema
-    from ragbatch.plan import build_metrics
+    from ragbatch.pipeline.plan import build_metrics
     from udfs.expressions import expression_stage
 
     cfg = JobConfig.from_dict({"input": {"uri": input_path, "columns": COLUMNS},
@@ -597,7 +597,7 @@ def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) 
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise SystemExit(f"ragbatch run failed ({done.returncode})")
-    from ragbatch.manifest_model import read_manifest
+    from ragbatch.io.manifest_model import read_manifest
 
     manifest = read_manifest(str(next(out.glob("runs/run_date=*/run_id=benchmark/manifest.json"))))
     files = sorted(out.glob("scores/run_date=*/run_id=benchmark/*.parquet"))

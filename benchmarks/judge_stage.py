@@ -95,7 +95,7 @@ def ares_rows(n: int):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ragbatch.config import load_config
+    from ragbatch.config.job import load_config
     from ragbatch.io.read import plan_read, read_task
     from ragbatch.io.schema import normalize
 
@@ -287,7 +287,7 @@ def set_layout(metric_names: list[str], layout: str) -> None:
     import importlib
 
     from ragbatch.judge import prompt
-    from ragbatch.registry import get_metric
+    from ragbatch.core.registry import get_metric
 
     for name in metric_names:
         module = importlib.import_module(get_metric(name).__module__)

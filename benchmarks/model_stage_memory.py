@@ -3,7 +3,7 @@
 Runs ``udfs.similarity.ModelStage`` (packaged all-MiniLM-L6-v2, one torch thread) on
 64-row batches of the scale script's similarity input and prints the process's RSS and
 USS (GiB) every 640 rows, as JSON lines. ``--trim-interval S`` sets how often the stage
-calls glibc's ``malloc_trim(0)`` (``ragbatch.heap``): after a batch once S seconds have
+calls glibc's ``malloc_trim(0)`` (``ragbatch.core.heap``): after a batch once S seconds have
 passed since the last trim (0: every batch), ``never`` for not at all; the default is the
 stage's own (``TRIM_INTERVAL_S``). Comparing ``never`` with ``0`` tells memory the stage
 holds from freed memory the allocator keeps.
@@ -53,7 +53,7 @@ def main() -> None:
     import pyarrow.dataset as ds
     import torch
 
-    from ragbatch.heap import HeapTrimmer
+    from ragbatch.core.heap import HeapTrimmer
     from udfs.similarity import ModelStage
 
     torch.set_num_threads(1)

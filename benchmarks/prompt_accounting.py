@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from transformers import AutoTokenizer
 
-    from ragbatch.registry import get_metric
+    from ragbatch.core.registry import get_metric
 
     if args.tokenizer == vs_peers.DEFAULT_MODEL_DIR:
         vs_peers.build_tiny_model(args.tokenizer)

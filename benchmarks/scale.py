@@ -403,7 +403,7 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
                "--run-id", "scale"]
     profile = workdir / "scale" / f"driver_{stage}_{rows}.prof"
     if args.profile:
-        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "ragbatch.cli",
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "ragbatch",
                    "run", str(config_path), "--run-id", "scale"]
     log = workdir / "scale" / f"run_{stage}_{rows}.log"
     for attempt in range(3):
@@ -424,7 +424,7 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
     if code != 0:
         sys.stderr.write(log.read_text()[-4000:])
         raise SystemExit(f"ragbatch run failed ({code}); log: {log}")
-    from ragbatch.manifest_model import read_manifest
+    from ragbatch.io.manifest_model import read_manifest
 
     manifest = read_manifest(str(next(output.glob("runs/run_date=*/run_id=scale/manifest.json"))))
     metric_ids = [m.get("id") or m["name"] for m in config["metrics"]]

@@ -1,7 +1,7 @@
 """Cost of the per-answer time limit on the Python-re path of the `regex` metric.
 
 Matches one pattern that needs Python re (a look-behind) against 100,000 short answers,
-in-process and through ragbatch.time_limit.map_with_time_limit, in the same process, and
+in-process and through ragbatch.core.time_limit.map_with_time_limit, in the same process, and
 prints the ratio. Run: .venv/bin/python benchmarks/time_limit.py
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 
-from ragbatch.time_limit import map_with_time_limit
+from ragbatch.core.time_limit import map_with_time_limit
 
 
 def main(n: int = 100_000, repeats: int = 3) -> None:

@@ -424,7 +424,7 @@ def run_ragbatch(kind: str, rows_path: Path, n: int, args: argparse.Namespace, b
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise SystemExit(f"ragbatch run ({kind}) failed ({done.returncode})")
-    from ragbatch.manifest_model import read_manifest
+    from ragbatch.io.manifest_model import read_manifest
 
     manifest = read_manifest(str(next(out.glob(f"runs/run_date=*/run_id={tag}/manifest.json"))))
     judge = manifest.judge.total.model_dump()

@@ -1,7 +1,7 @@
 """ragbatch: evaluate retrieval-augmented generation (RAG) traces at corpus scale.
 
 The public entry points are the ``ragbatch`` command line (:mod:`ragbatch.cli`) and
-:func:`ragbatch.runner.run_job`; metric definitions live one per file under
+:func:`ragbatch.pipeline.runner.run_job`; metric definitions live one per file under
 :mod:`ragbatch.metrics`.
 """
 

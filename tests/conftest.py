@@ -110,7 +110,7 @@ def smollm2_model() -> Path:
     :func:`tiny_judge_model` does. A 135M model writes fluent, parseable replies but
     cannot judge: tests check what must hold for any model, not its verdicts.
     """
-    from ragbatch.errors import RagbatchError
+    from ragbatch.core.errors import RagbatchError
     from ragbatch.models import build_model
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

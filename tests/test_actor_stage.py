@@ -10,13 +10,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import CELL_TYPE, ISSUES_TYPE, cell_column
-from ragbatch.errors import ConfigError, EngineError
+from ragbatch.core.columns import CELL_TYPE, ISSUES_TYPE, cell_column
+from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.metrics.base import ExpressionMetric, ModelMetric
 from ragbatch.metrics.cells import CELL_DTYPE
 from ragbatch.metrics.exact_match import ExactMatch
-from ragbatch.plan import Stage
-from ragbatch.stages import StageKind
+from ragbatch.pipeline.plan import Stage
+from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, cell_array, engine_errors
 from udfs.guard import BATCH_ATTEMPTS
 

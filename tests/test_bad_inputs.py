@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.errors import InputError, RunError
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import InputError, RunError
+from ragbatch.pipeline.runner import run_job
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import CELL_TYPE, JUDGE_TYPE, cell_column, judge_column
-from ragbatch.errors import EngineError, RunError
+from ragbatch.core.columns import CELL_TYPE, JUDGE_TYPE, cell_column, judge_column
+from ragbatch.core.errors import EngineError, RunError
 from udfs.guard import BATCH_ATTEMPTS, MAX_LOST_STARTS, BatchGuard, batch_key
 from udfs.ledger import RunLedger
 
@@ -133,9 +133,9 @@ def test_without_a_ledger_the_guard_still_isolates(ray_local):
 def test_a_second_attempt_of_a_running_run_id_is_refused(ray_local, tmp_path):
     # The ledger actor that a running attempt holds (made here directly: it stands for a
     # run started by another driver on this cluster).
-    from ragbatch.config import JobConfig
-    from ragbatch.errors import OutputError
-    from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
+    from ragbatch.config.job import JobConfig
+    from ragbatch.core.errors import OutputError
+    from ragbatch.pipeline.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
 
     src = tmp_path / "in.csv"
     src.write_text("a,ref\nyes,yes\nno,yes\n", encoding="utf-8")

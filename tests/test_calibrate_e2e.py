@@ -26,11 +26,11 @@ from ragbatch.calibrate.measures import NOT_PROBABILITIES
 from ragbatch.calibrate.guard import calibration_problems, check_calibration
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.cli import main
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError
-from ragbatch.plan import build_plan
-from ragbatch.nightly_job import run_nightly
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
+from ragbatch.pipeline.plan import build_plan
+from ragbatch.ops.nightly_job import run_nightly
+from ragbatch.pipeline.runner import run_job
 
 pytest.importorskip("openai", reason="the calibration tests need the judge stack (ragbatch[judge-cpu])")
 pytestmark = pytest.mark.slow

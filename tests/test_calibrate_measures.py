@@ -14,7 +14,7 @@ from ragbatch.calibrate.labels import label_values
 from ragbatch.calibrate.measures import (Bootstrap, binary_measures, confusion, graded_measures,
                                          pairwise_agreement)
 from ragbatch.calibrate.prepare import split_pairs
-from ragbatch.errors import ConfigError, InputError
+from ragbatch.core.errors import ConfigError, InputError
 
 BOOT = Bootstrap(resamples=200, seed=3)
 

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import ragbatch.calibrate.guard as guard
-from ragbatch.errors import ConfigError, InputError
+from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 
 #: prompt version v1 on judge model m1: accuracy 0.90, kappa undefined (with a reason),

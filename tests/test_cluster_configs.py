@@ -516,7 +516,7 @@ def _readme_subcommands() -> list[str]:
 def test_readme_ragbatch_subcommands_exist(subcommand):
     import argparse
 
-    from ragbatch.cli import _parser
+    from ragbatch.cli.main import _parser
 
     (sub,) = [a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert subcommand in sub.choices, f"`ragbatch {subcommand}` is not a command"

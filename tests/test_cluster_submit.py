@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from ragbatch.cli import main
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from support.ray_cluster import STAGE_NODE_RESOURCE, cluster_env, start_two_node_cluster
 
 pytestmark = pytest.mark.slow
@@ -277,7 +277,7 @@ def test_wait_exits_with_the_jobs_own_status(cluster, workdir, tmp_path, capsys,
 def test_nightly_submission_runs_jobs_nightly_for_the_night(workdir, monkeypatch):
     """``--nightly``: jobs/nightly.py, run id ``nightly-<night>``, ``{run_date}`` rendered
     in the printed paths; a run id fixed in the config is refused. Nothing is submitted."""
-    from ragbatch.submit import prepare_job
+    from ragbatch.ops.submit import prepare_job
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     config = yaml.safe_load((workdir / "job.yaml").read_text())

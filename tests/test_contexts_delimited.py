@@ -10,10 +10,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from ragbatch.config import InputSection, JobConfig
-from ragbatch.errors import ConfigError
+from ragbatch.config.job import InputSection, JobConfig
+from ragbatch.core.errors import ConfigError
 from ragbatch.io import ReadTask, normalize
-from ragbatch.runner import run_job
+from ragbatch.pipeline.runner import run_job
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 

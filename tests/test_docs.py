@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ragbatch.columns import SCORES_COLUMNS
+from ragbatch.core.columns import SCORES_COLUMNS
 from ragbatch.analysis.summary import SUMMARY_SCHEMA
-from ragbatch.registry import all_metrics
-from ragbatch.status import STATUSES
+from ragbatch.core.registry import all_metrics
+from ragbatch.core.status import STATUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

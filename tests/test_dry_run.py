@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import yaml
 
-from ragbatch.config import JobConfig
+from ragbatch.config.job import JobConfig
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask
-from ragbatch.registry import all_metrics
+from ragbatch.core.registry import all_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
@@ -162,8 +162,8 @@ def _judge_config(tmp_path: Path, base_url: str, tokenizer: Path, rows: int) -> 
 @pytest.mark.release
 def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tiny_judge_model,
                                                    tmp_path):
-    from ragbatch.dry_run import dry_run
-    from ragbatch.runner import run_job
+    from ragbatch.pipeline.dry_run import dry_run
+    from ragbatch.pipeline.runner import run_job
 
     rows = 12
     config = _judge_config(tmp_path, vllm_base_url, tiny_judge_model, rows)
@@ -292,7 +292,7 @@ def test_input_rows_from_parquet_footers_and_estimated_from_bytes(tmp_path, monk
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ragbatch.dry_run import dry_run
+    from ragbatch.pipeline.dry_run import dry_run
     from ragbatch.io import sample
 
     table = pa.table({"q": [f"q{i}" for i in range(30)], "a": [f"a{i}" for i in range(30)]})

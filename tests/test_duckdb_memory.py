@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import OutputSection
-from ragbatch.errors import ConservationError
+from ragbatch.config.job import OutputSection
+from ragbatch.core.errors import ConservationError
 from ragbatch.io import write
 from ragbatch.io.write import OutputLayout, connect, verify_run
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import JobConfig, load_config
-from ragbatch.errors import ConservationError, OutputError
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig, load_config
+from ragbatch.core.errors import ConservationError, OutputError
+from ragbatch.pipeline.runner import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

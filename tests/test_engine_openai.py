@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytest.importorskip("vllm", reason="these tests serve a model with vllm (ragbatch[judge-cpu])")
 
-from ragbatch.config import OpenAIEngine  # noqa: E402
+from ragbatch.config.job import OpenAIEngine  # noqa: E402
 from ragbatch.engines.openai import BYTE_BOUND_MARGIN, load_openai_engine  # noqa: E402
-from ragbatch.errors import EngineError  # noqa: E402
+from ragbatch.core.errors import EngineError  # noqa: E402
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
 
 from support.vllm_server import MAX_MODEL_LEN, SERVED_NAME, free_port  # noqa: E402

@@ -9,19 +9,19 @@ from typing import Any, Literal, Sequence
 import pytest
 
 from ragbatch.calibrate.config import calibration_from_dict
-from ragbatch.config import JobConfig, JudgeSettings, OpenAIEngine, VllmEngine
+from ragbatch.config.job import JobConfig, JudgeSettings, OpenAIEngine, VllmEngine
 from ragbatch.engines import load_judge_engine
 from ragbatch.engines.registry import (EngineType, engine_names, engine_of, register_engine,
                                        unregister_engine)
-from ragbatch.errors import ConfigError, EngineError
+from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.judge.cache import cache_key
 from ragbatch.judge.cache_probe import engine_identities
 from ragbatch.judge.estimate import judge_window
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
 from ragbatch.judge.tokens import prompt_counter
-from ragbatch.manifest import package_versions
-from ragbatch.plan import build_plan, preflight_engines
+from ragbatch.pipeline.manifest import package_versions
+from ragbatch.pipeline.plan import build_plan, preflight_engines
 
 # --- the fake engine: its adapter (spec model, engine, loader, hooks) -------------------
 

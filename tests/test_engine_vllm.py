@@ -24,8 +24,8 @@ import sys
 import jsonschema
 import pytest
 
-from ragbatch.config import VllmEngine
-from ragbatch.errors import EngineError
+from ragbatch.config.job import VllmEngine
+from ragbatch.core.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
 
 from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id

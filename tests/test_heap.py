@@ -1,4 +1,4 @@
-"""ragbatch.heap: malloc_trim gives freed heap pages back; the trimmer's batch count."""
+"""ragbatch.core.heap: malloc_trim gives freed heap pages back; the trimmer's batch count."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ragbatch.heap import HeapTrimmer, heap_trim_available, release_free_heap
+from ragbatch.core.heap import HeapTrimmer, heap_trim_available, release_free_heap
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 needs_glibc = pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
@@ -21,7 +21,7 @@ needs_glibc = pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
 # only returns the top of the heap), then trim. RSS in bytes from /proc/self/statm.
 PROBE = textwrap.dedent("""
     import json, os
-    from ragbatch.heap import release_free_heap
+    from ragbatch.core.heap import release_free_heap
 
     def rss():
         with open("/proc/self/statm") as f:

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ragbatch.cli import main
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError, OutputError
-from ragbatch.ids import MAX_ID_LENGTH, check_id
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError, OutputError
+from ragbatch.core.ids import MAX_ID_LENGTH, check_id
 
 REPO = Path(__file__).resolve().parents[1]
 ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
@@ -104,7 +104,7 @@ def test_config_refuses_hostile_run_ids(value):
 def test_assignment_after_loading_is_checked(value):
     """The CLI and the templating set fields on a loaded config: a run id assigned
     there is checked as one in the file is."""
-    from ragbatch.templating import render_config
+    from ragbatch.config.templating import render_config
 
     config = render_config(JobConfig.from_dict(_job()), dt.date(2026, 11, 28))
     with pytest.raises(ValidationError, match="ASCII letters"):
@@ -163,8 +163,8 @@ def test_api_entry_points_refuse_hostile_ids_before_any_work(tmp_path, value):
     from ragbatch.calibrate.output import calibration_path
     from ragbatch.io.staging import Staging
     from ragbatch.io.write import OutputLayout
-    from ragbatch.nightly_job import run_nightly
-    from ragbatch.runner import run_job
+    from ragbatch.ops.nightly_job import run_nightly
+    from ragbatch.pipeline.runner import run_job
 
     out = tmp_path / "out"
     config = JobConfig.from_dict({**_job(), "output": {"uri": str(out)}})

@@ -15,8 +15,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError
 from ragbatch.io import (
     NONSTRING_COLUMN,
     ReadTask,

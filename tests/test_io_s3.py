@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError
 from ragbatch.io import input_fingerprint, normalize, peek_schema, plan_read, read_task, resolve
 from ragbatch.io.fs import describe_storage_error
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragbatch import columns as C
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError
+from ragbatch.core import columns as C
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError
 from ragbatch.io import ReadTask, check_columns, normalize, plan_read, read_task, slice_columns
 from ragbatch.io.schema import _parse_one, _strict_json_lists
-from ragbatch.reasons import quote
+from ragbatch.core.reasons import quote
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 

@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ragbatch.config import JobConfig
+from ragbatch.config.job import JobConfig
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
-from ragbatch.runner import run_job
+from ragbatch.pipeline.runner import run_job
 from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]

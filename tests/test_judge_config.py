@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError
-from ragbatch.plan import build_plan
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
+from ragbatch.pipeline.plan import build_plan
 
 
 def _config(engines: dict, metrics: list[dict], **extra) -> dict:

@@ -27,10 +27,10 @@ import duckdb
 import polars as pl
 import pytest
 
-from ragbatch.config import load_config
-from ragbatch.registry import all_metrics, get_metric
-from ragbatch.runner import run_job
-from ragbatch.status import STATUSES
+from ragbatch.config.job import load_config
+from ragbatch.core.registry import all_metrics, get_metric
+from ragbatch.pipeline.runner import run_job
+from ragbatch.core.status import STATUSES
 from support.vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME
 
 pytest.importorskip("vllm", reason="the judge tests need the CPU judge stack (ragbatch[judge-cpu])")

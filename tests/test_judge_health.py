@@ -21,12 +21,12 @@ from support.degenerate_judge import (
     HEALTHY, N_ROWS, REQUIRED_FLAGGED, TOO_LONG, ares_rows, degenerate_reply, healthy_reply,
 )
 from ragbatch.analysis.summary import MetricInfo, summarize_view
-from ragbatch.config import DiagnosticsSection, JobConfig
-from ragbatch.errors import ConfigError
+from ragbatch.config.job import DiagnosticsSection, JobConfig
+from ragbatch.core.errors import ConfigError
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
-from ragbatch.registry import get_metric
+from ragbatch.core.registry import get_metric
 
 ARES_METRICS = ("faithfulness", "answer_relevancy", "context_relevancy", "answer_consistency",
                 "answer_consistency_binary", "augmentation_accuracy", "augmentation_precision",

@@ -20,7 +20,7 @@ import yaml
 from support.canned_judge_server import SERVED_NAME, CannedJudgeServer
 from support.degenerate_judge import ARES, CONSTANT_TRUE, N_ROWS
 from ragbatch.cli import main
-from ragbatch.exit_codes import EXIT_CODES, EXIT_DEGENERATE
+from ragbatch.core.exit_codes import EXIT_CODES, EXIT_DEGENERATE
 
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytestmark = pytest.mark.slow

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge import recorded
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
 from ragbatch.judge.prompt import SYSTEM_PROMPT, shared_block
 from ragbatch.judge.recorded import RecordedReplies, run_example
-from ragbatch.registry import all_metrics
-from ragbatch.status import OK, STATUSES
+from ragbatch.core.registry import all_metrics
+from ragbatch.core.status import OK, STATUSES
 
 DATA = Path(__file__).resolve().parent / "data" / "judge_replies"
 

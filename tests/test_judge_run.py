@@ -19,7 +19,7 @@ from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine,
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import REPLY_MAX_CHARS, JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
-from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, PARSE_FAILURE, TIMEOUT
+from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, PARSE_FAILURE, TIMEOUT
 
 STATEMENTS = '{"statements": ["Paris is in France."]}'
 YES = '{"verdicts": [{"reason": "stated", "verdict": 1}]}'

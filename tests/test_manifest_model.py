@@ -1,4 +1,4 @@
-"""The typed manifest (ragbatch.manifest_model): what it reads, what it writes back, what
+"""The typed manifest (ragbatch.io.manifest_model): what it reads, what it writes back, what
 it refuses, and that docs/output-schema.md's table is the model's."""
 
 from __future__ import annotations
@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ragbatch.errors import InputError
-from ragbatch.manifest_model import (
-    SCHEMA_VERSION, Manifest, manifest_doc_table, parse_manifest, read_manifest,
+from ragbatch.core.errors import InputError
+from ragbatch.io.manifest_model import (
+    SCHEMA_VERSION,
+    Manifest,
+    manifest_doc_table,
+    parse_manifest,
+    read_manifest,
 )
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "output-schema.md"

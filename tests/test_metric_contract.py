@@ -7,10 +7,10 @@ import re
 import pytest
 
 from support.metric_frames import canonical_frame, run_metric
-from ragbatch.columns import CANONICAL
+from ragbatch.core.columns import CANONICAL
 from ragbatch.metrics.base import ExpressionMetric, ModelMetric
-from ragbatch.registry import all_metrics
-from ragbatch.status import STATUSES
+from ragbatch.core.registry import all_metrics
+from ragbatch.core.status import STATUSES
 
 METRICS = all_metrics()
 IDS = [m.name for m in METRICS]
@@ -68,7 +68,7 @@ SENTENCE_MODEL_METRICS = [m for m in METRICS if issubclass(m, ModelMetric) and m
 def test_model_metric_examples_with_default_engine(cls):
     from pydantic import TypeAdapter
 
-    from ragbatch.config import EngineSpec
+    from ragbatch.config.job import EngineSpec
     from ragbatch.engines.sentence_transformers import load_model
 
     assert cls.default_engine is not None and cls.engine_types

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ragbatch.cli import main
-from ragbatch.metrics_doc import REGENERATE, _type, render_markdown
-from ragbatch.registry import get_metric
+from ragbatch.cli.metrics_doc import REGENERATE, _type, render_markdown
+from ragbatch.core.registry import get_metric
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from support.metric_frames import run_metric
-from ragbatch.errors import ConfigError
-from ragbatch.registry import get_metric
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.registry import get_metric
 
 NULL = None
 OK, MISSING, NA, ERROR = "ok", "missing_input", "not_applicable", "error"

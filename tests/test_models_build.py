@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ragbatch.cli import main
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.models import build_model, get_model_source
 from ragbatch.models.store import RECORD
 from support.vllm_server import free_port

@@ -19,7 +19,7 @@ import yaml
 
 from support.cli_process import run_ragbatch, start_ragbatch
 from ragbatch.metrics.binary import load_callback
-from ragbatch.runner import prepare_import_paths
+from ragbatch.pipeline.runner import prepare_import_paths
 
 SHADOW = "SHADOW = True\n"
 

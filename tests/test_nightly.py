@@ -24,13 +24,13 @@ import pytest
 import yaml
 
 from support.nightly_runs import expected_answer_cells, read_ares, run_cli, write_tsv
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
 from ragbatch.io.staging import Staging
 from ragbatch.io.write import OutputLayout
-from ragbatch.run_date import yesterday_utc
-from ragbatch.runner import run_date_for
-from ragbatch.templating import fixed_prefix, render, render_config
+from ragbatch.core.run_date import yesterday_utc
+from ragbatch.pipeline.runner import run_date_for
+from ragbatch.config.templating import fixed_prefix, render, render_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "jobs" / "nightly.yaml"
@@ -121,12 +121,12 @@ def test_the_outcome_fields_are_typed():
     import typing
 
     import ragbatch.cli
-    import ragbatch.exit_codes
+    import ragbatch.core.exit_codes
     from ragbatch.analysis.compare import Comparison
     from ragbatch.analysis.nightly import NightlyReport
     from ragbatch.analysis.runs import CommittedRun
-    from ragbatch.nightly_job import NightlyOutcome
-    from ragbatch.runner import RunResult
+    from ragbatch.ops.nightly_job import NightlyOutcome
+    from ragbatch.pipeline.runner import RunResult
 
     names = {"Comparison": Comparison, "NightlyReport": NightlyReport, "pl": pl,
              "CommittedRun": CommittedRun, "RunResult": RunResult}
@@ -137,9 +137,9 @@ def test_the_outcome_fields_are_typed():
     assert (hints["comparison"], hints["report"], hints["regressions"]) == (
         Comparison | None, NightlyReport | None, pl.DataFrame | None)
     # one definition of the exit codes, which the CLI and the nightly job both use
-    assert ragbatch.cli.EXIT_DEGENERATE is ragbatch.exit_codes.EXIT_DEGENERATE
-    assert sorted(ragbatch.exit_codes.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
-    assert ragbatch.exit_codes.EXIT_INTERRUPTED == 128 + 2
+    assert ragbatch.cli.common.EXIT_DEGENERATE is ragbatch.core.exit_codes.EXIT_DEGENERATE
+    assert sorted(ragbatch.core.exit_codes.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
+    assert ragbatch.core.exit_codes.EXIT_INTERRUPTED == 128 + 2
 
 
 def test_a_resumed_run_keeps_its_date_and_so_its_uris(tmp_path):

@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragbatch.cli import main
-from ragbatch.columns import INTERNAL_PREFIX, JUDGE_FIELDS
-from ragbatch.config import JobConfig
-from ragbatch.errors import InputError
-from ragbatch.plan import build_plan
-from ragbatch.runner import run_job
+from ragbatch.core.columns import INTERNAL_PREFIX, JUDGE_FIELDS
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import InputError
+from ragbatch.pipeline.plan import build_plan
+from ragbatch.pipeline.runner import run_job
 
 pytestmark = pytest.mark.slow
 

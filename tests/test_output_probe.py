@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.nightly_runs import run_cli
-from ragbatch.errors import OutputError
+from ragbatch.core.errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_run_and_nightly_refuse_it_before_ray_starts(tmp_path, monkeypatch):
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started for an output that cannot be written")
 
-    monkeypatch.setattr("ragbatch.runner.ensure_ray", no_ray)
+    monkeypatch.setattr("ragbatch.pipeline.runner.ensure_ray", no_ray)
     code, _, err = run_cli(["run", str(job)])
     assert code == 2 and "cannot write under output.uri" in err, err
     code, out, err = run_cli(["nightly", str(job), "--run-date", "2026-01-02"])
@@ -128,7 +128,7 @@ def test_validate_probes_a_bucket_and_leaves_it_empty(s3_storage_options, s3_buc
 
 
 def test_an_unreachable_endpoint_stays_retryable(tmp_path):
-    from ragbatch.errors import OutputNotWritableError
+    from ragbatch.core.errors import OutputNotWritableError
     from ragbatch.io.probe import probe_output
     from support.s3_fixtures import _free_port
 

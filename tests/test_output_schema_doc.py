@@ -2,7 +2,7 @@
 
 The tables of the doc (columns, Arrow / DuckDB / Polars types, order; statuses; manifest
 keys) are compared with the Parquet files and manifest of a small real run
-(tests/support/summary_run.py), with ``ragbatch.status`` and with ``SCORES_COLUMNS`` /
+(tests/support/summary_run.py), with ``ragbatch.core.status`` and with ``SCORES_COLUMNS`` /
 ``SUMMARY_SCHEMA``. Every SQL and Python block of the doc is run on a copy of that run's
 output root to which the files of two runs that never committed were added.
 """
@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragbatch.analysis.summary import SUMMARY_SCHEMA
-from ragbatch.columns import SCORES_COLUMNS
-from ragbatch.status import DESCRIPTIONS, STATUSES
+from ragbatch.core.columns import SCORES_COLUMNS
+from ragbatch.core.status import DESCRIPTIONS, STATUSES
 from support.summary_run import RUN_DATE, RUN_ID, small_run
 
 pytestmark = pytest.mark.slow

@@ -17,12 +17,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import CELL_PREFIX, CONTEXTS
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError
-from ragbatch.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
-from ragbatch.plan import build_plan
-from ragbatch.registry import get_metric
+from ragbatch.core.columns import CELL_PREFIX, CONTEXTS
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
+from ragbatch.pipeline.plan import build_plan
+from ragbatch.core.registry import get_metric
 from udfs.pii import PiiStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"
@@ -283,10 +283,10 @@ def test_hidden_characters_do_not_hide_pii():
 
 def test_unreadable_inputs_are_not_quoted():
     # In a run with PII metrics the normalizer's notes say what was wrong without the value.
-    from ragbatch.config import InputSection
+    from ragbatch.config.job import InputSection
     from ragbatch.io.read import ReadTask
     from ragbatch.io.schema import normalize
-    from ragbatch.reasons import NOT_QUOTED
+    from ragbatch.core.reasons import NOT_QUOTED
 
     raw = pa.table({"a": pa.array([{"text": "Contact bob.leak@example.org"}, {"text": "fine"}]),
                     "c": ['["card 4111 1111 1111 1111", broken', '["x@example.org"]']})
@@ -303,7 +303,7 @@ def test_unreadable_inputs_are_not_quoted():
 
 
 def test_engine_choice_and_entity_types():
-    from ragbatch.config import PresidioEngine
+    from ragbatch.config.job import PresidioEngine
     from ragbatch.engines.presidio import supported_entities
 
     default = supported_entities(PresidioEngine(type="presidio"))

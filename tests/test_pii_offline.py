@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from support.offline import offline_env, read_blocked
-from ragbatch.columns import cell_column
+from ragbatch.core.columns import cell_column
 from udfs.pii import PiiStage
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,9 +13,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.reasons import NOT_QUOTED
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.core.reasons import NOT_QUOTED
+from ragbatch.pipeline.runner import run_job
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,20 @@ from __future__ import annotations
 import pytest
 
 from ragbatch.cli import main
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError
-from ragbatch.placement import (
-    Node, StageDemand, actor_bundles, fit_problems, free_cpus_after, local_nodes,
-    map_batches_options, read_task_problem, stage_demand,
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.placement import (
+    Node,
+    StageDemand,
+    actor_bundles,
+    fit_problems,
+    free_cpus_after,
+    local_nodes,
+    map_batches_options,
+    read_task_problem,
+    stage_demand,
 )
-from ragbatch.plan import build_plan
+from ragbatch.pipeline.plan import build_plan
 
 
 def _vllm(**extra):
@@ -190,7 +197,7 @@ def test_run_refuses_actor_pools_that_leave_no_cpu_for_read_tasks(
         ray_local, tmp_path, num_cpus, concurrency, fails):
     # The session's local Ray has 2 CPUs; a read task needs 1 (so 2 x 1 and 1 x 1.5 leave
     # none: Ray Data would queue the read behind the actors forever).
-    from ragbatch.runner import check_fit
+    from ragbatch.pipeline.runner import check_fit
 
     config = JobConfig.from_dict(_config({"type": "embedding", "num_cpus": num_cpus,
                                           "concurrency": concurrency}))

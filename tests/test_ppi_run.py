@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.errors import ConfigError, InputError
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError, InputError
+from ragbatch.pipeline.runner import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +127,7 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     assert result.manifest.summary["labels"] == {"exact_match": "human_em"}
     assert result.manifest.summary["ppi_estimator"] == estimator
     # the console table after the run
-    from ragbatch.cli import _summary_text
+    from ragbatch.cli.run import _summary_text
 
     text = _summary_text(result.summary.table.to_pylist(), 0.95)
     assert (f"  exact_match: {theta:.3f} [{low:.3f}, {high:.3f}]; labels only {yl.mean():.3f} "

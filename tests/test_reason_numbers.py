@@ -7,12 +7,12 @@ import pyarrow as pa
 import pytest
 
 from support.metric_frames import run_metric
-from ragbatch.config import InputSection
+from ragbatch.config.job import InputSection
 from ragbatch.io import ReadTask, normalize
 from ragbatch.metrics.context_length import ContextLength
 from ragbatch.metrics.latency import Latency
 from ragbatch.metrics.response_length import ResponseLength
-from ragbatch.reasons import number_text
+from ragbatch.core.reasons import number_text
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 

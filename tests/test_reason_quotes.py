@@ -9,7 +9,7 @@ import json
 from support.metric_frames import run_metric
 from ragbatch.metrics.binary import _judge
 from ragbatch.metrics.json_valid import JsonValid
-from ragbatch.reasons import QUOTE_MAX_CHARS, quote
+from ragbatch.core.reasons import QUOTE_MAX_CHARS, quote
 
 SCHEMA = {
     "type": "object",

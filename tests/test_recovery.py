@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.binary_callbacks import CALLS_LOG, FIRST_ATTEMPT_MARKER
-from ragbatch.config import JobConfig, OutputSection
-from ragbatch.errors import ConservationError, RunError
+from ragbatch.config.job import JobConfig, OutputSection
+from ragbatch.core.errors import ConservationError, RunError
 from ragbatch.io.write import OutputLayout, verify_run
-from ragbatch.runner import run_job
+from ragbatch.pipeline.runner import run_job
 
 N_FILES, ROWS_PER_FILE = 4, 5
 FLAKY_FILE = 2  # every row of this input file fails on the first attempt

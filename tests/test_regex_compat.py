@@ -1,4 +1,4 @@
-"""Tests for ragbatch.regex_compat: Polars must agree with Python ``re``."""
+"""Tests for ragbatch.core.regex_compat: Polars must agree with Python ``re``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ragbatch.regex_compat import Translation, translate
+from ragbatch.core.regex_compat import Translation, translate
 
 # Patterns such as "[[a]]" make Python warn about possible future set syntax;
 # that is exactly the behaviour being tested, so the warning is noise here.

@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ragbatch.config import JobConfig
-from ragbatch.errors import OutputError
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import OutputError
+from ragbatch.pipeline.runner import run_job
 
 TESTS = Path(__file__).resolve().parent
 N_FILES, ROWS_PER_FILE = 12, 40

@@ -1,4 +1,4 @@
-"""The one rule for a run's date (ragbatch.run_date) and the commands that follow it."""
+"""The one rule for a run's date (ragbatch.core.run_date) and the commands that follow it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import datetime as dt
 
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.run_date import choose_run_date, today_utc, yesterday_utc
-from ragbatch.submit import _run_naming
+from ragbatch.config.job import JobConfig
+from ragbatch.core.run_date import choose_run_date, today_utc, yesterday_utc
+from ragbatch.ops.submit import _run_naming
 
 #: 00:30 on 11-28 in UTC+2 is 22:30 on 11-27 in UTC.
 LATE_EVENING_UTC = dt.datetime(2026, 11, 28, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))

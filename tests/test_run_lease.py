@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ragbatch.errors import RunError, RunInProgressError
+from ragbatch.core.errors import RunError, RunInProgressError
 from ragbatch.io.lease import RunLease
 
 TESTS = Path(__file__).resolve().parent
@@ -38,7 +38,7 @@ REPO = TESTS.parent
 HOLDER = """
 import json, os, sys, time
 import fsspec
-from ragbatch.errors import RunInProgressError
+from ragbatch.core.errors import RunInProgressError
 from ragbatch.io.lease import RunLease
 protocol, options, folder, barrier, n, then = sys.argv[1:]
 fs = fsspec.filesystem(protocol, **json.loads(options))
@@ -227,8 +227,8 @@ def test_lease_is_released_on_failure_and_staging_cleaned_on_commit(ray_local, t
     """A run that fails (error budget) marks its lease released, so the next attempt
     resumes at once; ``_staging/`` stays while another run's prefix is in it and goes
     with the last one."""
-    from ragbatch.config import JobConfig
-    from ragbatch.runner import run_job
+    from ragbatch.config.job import JobConfig
+    from ragbatch.pipeline.runner import run_job
 
     src = _input(tmp_path, rows=5, files=2)
     out = tmp_path / "out"
@@ -254,8 +254,8 @@ def test_run_on_s3_leaves_no_staging_and_refuses_a_held_run_id(ray_local, s3_sto
                                                                 s3_bucket, tmp_path):
     import s3fs
 
-    from ragbatch.config import JobConfig
-    from ragbatch.runner import run_job
+    from ragbatch.config.job import JobConfig
+    from ragbatch.pipeline.runner import run_job
 
     src = _input(tmp_path, rows=5, files=1)
     config = JobConfig.from_dict(_config(str(src), f"s3://{s3_bucket}/eval", "answer_has_digit"))

@@ -23,9 +23,16 @@ import pytest
 import yaml
 
 from ragbatch.calibrate.config import CalibrationConfig
-from ragbatch.config import JobConfig
-from ragbatch.redact import (REDACTED, RedactingFilter, drop_redacted, is_credential_key, redact,
-                             redact_text, redact_url)
+from ragbatch.config.job import JobConfig
+from ragbatch.core.redact import (
+    REDACTED,
+    RedactingFilter,
+    drop_redacted,
+    is_credential_key,
+    redact,
+    redact_text,
+    redact_url,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -250,8 +257,8 @@ def test_manifest_of_a_planned_run_holds_no_secret(tmp_path):
     import datetime as dt
 
     from ragbatch.io.write import OutputLayout, RunCheck
-    from ragbatch.manifest import build_manifest
-    from ragbatch.plan import build_plan
+    from ragbatch.pipeline.manifest import build_manifest
+    from ragbatch.pipeline.plan import build_plan
 
     secrets = [f"SEED{i}-{uuid.uuid4().hex}" for i in range(9)]
     pq.write_table(pa.table({"q": ["a?"], "ctx": [["a"]], "ans": ["a"]}), tmp_path / "in.parquet")
@@ -333,7 +340,7 @@ def instant_judge():
 
 
 def test_openai_model_id_has_no_credentials(instant_judge):
-    from ragbatch.config import OpenAIEngine
+    from ragbatch.config.job import OpenAIEngine
     from ragbatch.engines.openai import load_openai_engine
 
     with_password = OpenAIEngine(type="openai", model="instant",

@@ -19,22 +19,22 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ragbatch.columns import ISSUES, NULLABLE_INPUTS
-from ragbatch.config import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.core.columns import ISSUES, NULLABLE_INPUTS
+from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import (
     LoadedModel,
     choose_device,
     load_model,
     sigmoid,
 )
-from ragbatch.errors import EngineError
+from ragbatch.core.errors import EngineError
 from ragbatch.metrics.cells import CELL_DTYPE
 from ragbatch.metrics.semantic_similarity import (
     SemanticSimilarity,
     cosine_to_score,
     pair_cosines,
 )
-from ragbatch.registry import get_metric
+from ragbatch.core.registry import get_metric
 
 ISSUES_DTYPE = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
 

@@ -6,14 +6,14 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import CELL_TYPE, ISSUES_TYPE, cell_column
-from ragbatch.config import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.core.columns import CELL_TYPE, ISSUES_TYPE, cell_column
+from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import load_model
-from ragbatch.errors import ConfigError, EngineError
-from ragbatch.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
+from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
 from ragbatch.metrics.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
-from ragbatch.registry import all_metrics
+from ragbatch.core.registry import all_metrics
 from test_semantic_similarity import write_tiny_bert
 from udfs.base import stage_options
 from udfs.similarity import ModelStage
@@ -239,7 +239,7 @@ def test_actor_stage_blocks_are_cut_to_batches(ray_local):
     # as blocks of at most ACTOR_BLOCK_BATCHES * 4 rows, every row once.
     import ray.data
 
-    from ragbatch.runner import ACTOR_BLOCK_BATCHES, _actor_sized_blocks
+    from ragbatch.pipeline.runner import ACTOR_BLOCK_BATCHES, _actor_sized_blocks
 
     table = pa.table({"row_id": [f"r{i}" for i in range(1000)], "answer": ["猫 🍕"] * 1000})
     ds = _actor_sized_blocks(ray.data.from_arrow(table), 4).materialize()

@@ -18,8 +18,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ragbatch.config import JobConfig
-from ragbatch.runner import run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.pipeline.runner import run_job
 from support.s3_fixtures import S3_KEY, S3_SECRET, _free_port
 
 pytestmark = pytest.mark.slow
@@ -177,7 +177,7 @@ def test_storage_error_patterns_are_added_without_a_warning_and_match_as_before(
     import ray.data
     from ray._common.retry import matches_error
 
-    from ragbatch.runner import RETRIED_STORAGE_ERRORS, _retry_storage_errors
+    from ragbatch.pipeline.runner import RETRIED_STORAGE_ERRORS, _retry_storage_errors
 
     ctx = ray.data.DataContext()
     defaults = list(ctx.retried_io_errors)

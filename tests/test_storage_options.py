@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.nightly_runs import run_cli
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 s3fs = pytest.importorskip("s3fs")
 

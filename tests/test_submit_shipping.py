@@ -1,7 +1,7 @@
 """What ``ragbatch submit`` ships without a checkout, and the entry point it builds.
 
-No cluster here: :func:`ragbatch.submit.prepare_job` contacts none, and
-:func:`ragbatch.shipping.assemble` writes the working directory Ray would upload.
+No cluster here: :func:`ragbatch.ops.submit.prepare_job` contacts none, and
+:func:`ragbatch.ops.shipping.assemble` writes the working directory Ray would upload.
 ``tests/test_cluster_submit.py`` submits such a directory to a real cluster.
 """
 
@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from ragbatch.cli import main
-from ragbatch.errors import ConfigError
-from ragbatch.shipping import assemble
-from ragbatch.submit import prepare_job
+from ragbatch.core.errors import ConfigError
+from ragbatch.ops.shipping import assemble
+from ragbatch.ops.submit import prepare_job
 
 REPO = Path(__file__).resolve().parents[1]
 DAY = dt.date(2026, 11, 28)

@@ -27,9 +27,9 @@ from ragbatch.analysis.summary import (
     summarize_run,
     summarize_view,
 )
-from ragbatch.cli import _summary_text
-from ragbatch.errors import OutputError
-from ragbatch.status import STATUSES
+from ragbatch.cli.run import _summary_text
+from ragbatch.core.errors import OutputError
+from ragbatch.core.status import STATUSES
 
 pytestmark = pytest.mark.slow
 

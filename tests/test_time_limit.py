@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ragbatch.time_limit import TIMED_OUT, Failed, map_with_time_limit
+from ragbatch.core.time_limit import TIMED_OUT, Failed, map_with_time_limit
 
 
 def _work(item):

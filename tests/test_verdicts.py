@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.judge.parse import parse_verdicts, verdicts_schema
 from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS, ParseError
 from ragbatch.judge.recorded import run_example
@@ -19,7 +19,7 @@ from ragbatch.judge.verdicts import (
     verdicts_ask,
 )
 from ragbatch.metrics import retrieval_precision
-from ragbatch.registry import all_metrics
+from ragbatch.core.registry import all_metrics
 
 VERDICT_METRICS = sorted((cls for cls in all_metrics() if issubclass(cls, VerdictMetric)),
                          key=lambda cls: cls.name)

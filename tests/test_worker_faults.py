@@ -20,9 +20,9 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from ragbatch.columns import cell_column
-from ragbatch.config import JobConfig
-from ragbatch.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
+from ragbatch.core.columns import cell_column
+from ragbatch.config.job import JobConfig
+from ragbatch.pipeline.runner import LEDGER_NAMESPACE, LEDGER_PREFIX, run_job
 from udfs.pii import PiiStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"

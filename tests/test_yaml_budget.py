@@ -7,10 +7,10 @@ import pytest
 
 from ragbatch.calibrate.config import load_calibration
 from ragbatch.cli import main
-from ragbatch.config import load_config
-from ragbatch.errors import ConfigError
-from ragbatch import safe_yaml
-from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
+from ragbatch.config.job import load_config
+from ragbatch.core.errors import ConfigError
+from ragbatch.config import safe_yaml
+from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 
 def _laughs(levels: int = 9, width: int = 10) -> str:

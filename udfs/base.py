@@ -26,14 +26,19 @@ import polars as pl
 import pyarrow as pa
 from pydantic import ValidationError
 
-from ragbatch.columns import CELL_TYPE, ISSUES, cell_column
-from ragbatch.config import CrossEncoderEngine, EmbeddingEngine, engine_adapter, normalize_engine
+from ragbatch.core.columns import CELL_TYPE, ISSUES, cell_column
+from ragbatch.config.job import (
+    CrossEncoderEngine,
+    EmbeddingEngine,
+    engine_adapter,
+    normalize_engine,
+)
 from ragbatch.engines.registry import engine_names
-from ragbatch.errors import ConfigError, EngineError
-from ragbatch.heap import HeapTrimmer
+from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.heap import HeapTrimmer
 from ragbatch.metrics.base import Metric
-from ragbatch.registry import get_metric
-from ragbatch.stages import StageKind
+from ragbatch.core.registry import get_metric
+from ragbatch.core.stages import StageKind
 from udfs.guard import BatchGuard
 from udfs.ledger import report_placement
 
@@ -57,7 +62,7 @@ def parse_engine_spec(engine_name: str, engine_spec: dict[str, Any] | Any) -> An
     -------
     engine model
         The spec model of the registered engine type named by ``type``
-        (:func:`ragbatch.config.engine_adapter`).
+        (:func:`ragbatch.config.job.engine_adapter`).
 
     Raises
     ------
@@ -93,7 +98,7 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
     Returns
     -------
     dict
-        :func:`ragbatch.placement.map_batches_options` (``compute``, ``num_gpus``,
+        :func:`ragbatch.core.placement.map_batches_options` (``compute``, ``num_gpus``,
         ``num_cpus``, ``batch_size`` and the placement options), and
         ``udf_modifying_row_count=False`` where the installed Ray
         Data accepts it (the stage returns its rows 1:1). ``batch_format`` is not
@@ -106,7 +111,7 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
     """
     import ray.data
 
-    from ragbatch.placement import map_batches_options
+    from ragbatch.core.placement import map_batches_options
 
     spec = parse_engine_spec("<engine>", engine_spec)
     # A dead actor is replaced and the batch it held runs again (Ray Data's defaults for
@@ -120,7 +125,7 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
 
 @contextmanager
 def engine_errors(engine_name: str) -> Iterator[None]:
-    """Re-raise an :class:`~ragbatch.errors.EngineError` raised inside the block with its
+    """Re-raise an :class:`~ragbatch.core.errors.EngineError` raised inside the block with its
     message prefixed ``engines.<engine_name>: ``."""
     try:
         yield
@@ -145,7 +150,7 @@ def input_frame(input_columns: Sequence[str], batch: pa.Table) -> pl.DataFrame:
 
 
 def cell_array(metric_id: str, cells: pl.Series, n_rows: int) -> pa.Array:
-    """A metric's cells as an Arrow array of :data:`ragbatch.columns.CELL_TYPE`.
+    """A metric's cells as an Arrow array of :data:`ragbatch.core.columns.CELL_TYPE`.
 
     Raises
     ------
@@ -191,8 +196,8 @@ class ActorStage:
     the spec (:meth:`check_spec`) and each metric (:meth:`check_metric`), declare other
     output columns (:meth:`output_columns`) and act after each batch
     (:meth:`batch_done`). After a batch, at most once per
-    :data:`ragbatch.heap.TRIM_INTERVAL_S` seconds, the actor returns freed heap memory to
-    the system (:class:`ragbatch.heap.HeapTrimmer`), so that its memory stays flat over a
+    :data:`ragbatch.core.heap.TRIM_INTERVAL_S` seconds, the actor returns freed heap memory to
+    the system (:class:`ragbatch.core.heap.HeapTrimmer`), so that its memory stays flat over a
     long run.
     """
 
@@ -218,11 +223,11 @@ class ActorStage:
     # -- construction hooks --------------------------------------------------------------------
 
     def check_spec(self) -> None:
-        """Raise :class:`~ragbatch.errors.ConfigError` when :attr:`spec` is not an engine
+        """Raise :class:`~ragbatch.core.errors.ConfigError` when :attr:`spec` is not an engine
         this stage runs on. Accepts any by default."""
 
     def check_metric(self, where: str, metric: Metric) -> None:
-        """Raise :class:`~ragbatch.errors.ConfigError` (naming ``where``) when
+        """Raise :class:`~ragbatch.core.errors.ConfigError` (naming ``where``) when
         ``metric`` cannot run on this engine. Accepts any by default."""
 
     def load(self) -> None:
@@ -231,7 +236,7 @@ class ActorStage:
 
     def output_columns(self) -> list[tuple[str, pa.DataType]]:
         """The columns a batch gets, in order: ``__ragbatch_cell::<metric id>`` of
-        :data:`ragbatch.columns.CELL_TYPE` per metric by default."""
+        :data:`ragbatch.core.columns.CELL_TYPE` per metric by default."""
         return [(cell_column(m.id), CELL_TYPE) for m in self.metrics]
 
     def _metric(self, index: int, entry: MetricEntry) -> Metric:

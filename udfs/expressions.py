@@ -10,7 +10,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ragbatch.columns import CELL_TYPE, cell_column
+from ragbatch.core.columns import CELL_TYPE, cell_column
 from ragbatch.metrics.base import ExpressionMetric
 
 
@@ -24,14 +24,14 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
     Parameters
     ----------
     batch
-        Canonical columns (``ragbatch.columns.CANONICAL_SCHEMA``) plus slice columns.
+        Canonical columns (``ragbatch.core.columns.CANONICAL_SCHEMA``) plus slice columns.
     metrics
         Expression metrics with validated params.
 
     Returns
     -------
     pyarrow.Table
-        ``batch`` plus ``len(metrics)`` columns of type ``ragbatch.columns.CELL_TYPE``
+        ``batch`` plus ``len(metrics)`` columns of type ``ragbatch.core.columns.CELL_TYPE``
         (a cell column already in ``batch`` is replaced where it stands).
 
     Notes

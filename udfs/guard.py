@@ -15,10 +15,10 @@
   failing on the dead engine.
 * Every start and finish is reported to the run's :class:`udfs.ledger.RunLedger`, which
   counts retries and lost actors for the manifest and stops the run (raising
-  :class:`ragbatch.errors.RunError`) once the rows marked ``error`` exceed
+  :class:`ragbatch.core.errors.RunError`) once the rows marked ``error`` exceed
   ``run.error_budget``.
 
-Configuration and engine-loading errors (:class:`ragbatch.errors.RagbatchError`) are not
+Configuration and engine-loading errors (:class:`ragbatch.core.errors.RagbatchError`) are not
 batch faults: they propagate and stop the run.
 """
 
@@ -32,9 +32,9 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from ragbatch.columns import CELL_TYPE
-from ragbatch.errors import RagbatchError, RunError, exception_chain
-from ragbatch.status import ERROR
+from ragbatch.core.columns import CELL_TYPE
+from ragbatch.core.errors import RagbatchError, RunError, exception_chain
+from ragbatch.core.status import ERROR
 
 log = logging.getLogger(__name__)
 

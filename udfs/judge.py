@@ -21,15 +21,15 @@ from typing import Any, ClassVar, Iterator, Sequence
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
-from ragbatch.errors import ConfigError, EngineError
+from ragbatch.core.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
+from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.base import Metric
 from ragbatch.metrics.cells import CELL_DTYPE
-from ragbatch.stages import StageKind
+from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, MetricEntry, engine_errors, parse_engine_spec
 
 log = logging.getLogger(__name__)

@@ -26,13 +26,13 @@ from typing import ClassVar, Iterator
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import cell_column
-from ragbatch.config import PresidioEngine
+from ragbatch.core.columns import cell_column
+from ragbatch.config.job import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector, unsupported_reason
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.metrics.base import Metric
 from ragbatch.metrics.pii_base import PiiMetric, PiiResults
-from ragbatch.stages import StageKind
+from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, cell_array, engine_errors
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class PiiStage(ActorStage):
     engine_name : str
         Key of the engine under ``engines`` (used in errors).
     engine_spec : dict
-        A ``presidio`` engine spec (see :class:`ragbatch.config.PresidioEngine`).
+        A ``presidio`` engine spec (see :class:`ragbatch.config.job.PresidioEngine`).
     metrics : list of PiiMetric or dict
         Built PII metrics on this engine, or ``{"name", "id", "params"}`` per metric;
         each a registered PII metric.

@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ragbatch.config import InputSection
+from ragbatch.config.job import InputSection
 from ragbatch.io.read import ReadTask, read_task
 from ragbatch.io.schema import normalize
 
@@ -16,7 +16,7 @@ def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
                quote_values: bool = True) -> pa.Table:
     """Read and normalize the read tasks whose indices are in ``batch["task"]``.
 
-    Returns canonical rows (``ragbatch.columns.CANONICAL_SCHEMA`` plus the planned
+    Returns canonical rows (``ragbatch.core.columns.CANONICAL_SCHEMA`` plus the planned
     ``slices``, so every block has the same columns) in task order. When ``ledger`` (a
     :class:`udfs.ledger.RunLedger` actor handle) is given, the row
     count of each task is recorded there, keyed by task index, so the driver knows how

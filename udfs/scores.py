@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.arrow_util import to_arrow
-from ragbatch.columns import CELL_FIELDS, JUDGE_FIELDS, ROW_ID, cell_column, judge_column
+from ragbatch.core.arrow_util import to_arrow
+from ragbatch.core.columns import CELL_FIELDS, JUDGE_FIELDS, ROW_ID, cell_column, judge_column
 from udfs.expressions import polars_frame
 
 
@@ -26,7 +26,7 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     -------
     pyarrow.Table
         ``n * len(metric_ids)`` rows: ``row_id, metric``, the cell fields, the judge
-        fields (:data:`ragbatch.columns.JUDGE_FIELDS`; null for metrics without a
+        fields (:data:`ragbatch.core.columns.JUDGE_FIELDS`; null for metrics without a
         judge), then the slice columns, metric-major.
 
     Raises

@@ -21,11 +21,11 @@ from typing import Any, ClassVar, Iterator
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import cell_column
+from ragbatch.core.columns import cell_column
 from ragbatch.engines.sentence_transformers import load_model
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.metrics.base import Metric, ModelMetric
-from ragbatch.stages import StageKind
+from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, cell_array, engine_errors
 
 

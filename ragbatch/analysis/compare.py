@@ -39,14 +39,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ragbatch import columns as C
+from ragbatch.core import columns as C
 from ragbatch.analysis.corrected import CORRECTED_SCHEMA, corrected_means
 from ragbatch.analysis.intervals import CONFIDENCE, N_RESAMPLES, SEED, mean_ci
 from ragbatch.analysis.metric_facts import metric_facts
 from ragbatch.analysis.pairing import DEFAULT_MATCH_ON, Pairing, pair_runs
 from ragbatch.analysis.runs import CommittedRun, load_scores
-from ragbatch.errors import InputError
-from ragbatch.status import OK
+from ragbatch.core.errors import InputError
+from ragbatch.core.status import OK
 
 #: Rows listed per metric as the ones that moved most (and as status changes).
 TOP_ROWS = 10

@@ -18,7 +18,7 @@ scores table (docs/judges.md, "Judge health", defines each one):
   of 1 verdicts in the first half of the lists minus that in the second half.
 
 :func:`degenerate_reasons` turns a group's measures into the reasons it is degenerate
-under a :class:`~ragbatch.config.DiagnosticsSection`'s thresholds. Which ``details``
+under a :class:`~ragbatch.config.job.DiagnosticsSection`'s thresholds. Which ``details``
 keys a metric records these in is its :attr:`JudgeMetric.health
 <ragbatch.judge.metric.JudgeMetric.health>`. Everything is DuckDB aggregates, so memory
 does not grow with the run.
@@ -33,7 +33,7 @@ from typing import Any
 import duckdb
 
 from ragbatch.judge.health import HealthFields
-from ragbatch.status import CONTEXT_TOO_LONG, MISSING_INPUT, OK, PARSE_FAILURE
+from ragbatch.core.status import CONTEXT_TOO_LONG, MISSING_INPUT, OK, PARSE_FAILURE
 
 #: A reason that, lower-cased and stripped of spaces, quotes and end punctuation, is one
 #: of these says nothing beyond the verdict.

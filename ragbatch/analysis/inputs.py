@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ragbatch import columns as C
+from ragbatch.core import columns as C
 from ragbatch.analysis.runs import CommittedRun, recorded_storage_options
-from ragbatch.config import InputSection
-from ragbatch.errors import RagbatchError
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import RagbatchError
 
 #: Canonical columns returned by :func:`load_inputs`.
 INPUT_COLUMNS: tuple[str, ...] = (C.ROW_ID, C.QUESTION, C.CONTEXTS, C.ANSWER, C.REFERENCE)

@@ -20,8 +20,8 @@ import polars as pl
 
 from ragbatch.analysis.ppi import PairMoments
 from ragbatch.analysis.runs import CommittedRun, find_run, load_scores
-from ragbatch.errors import ConfigError, InputError
-from ragbatch.status import OK
+from ragbatch.core.errors import ConfigError, InputError
+from ragbatch.core.status import OK
 
 
 def labelled_run_moments(plan: Any) -> dict[str, tuple[str, PairMoments]]:
@@ -30,7 +30,7 @@ def labelled_run_moments(plan: Any) -> dict[str, tuple[str, PairMoments]]:
 
     Parameters
     ----------
-    plan : ragbatch.plan.Plan
+    plan : ragbatch.pipeline.plan.Plan
         The new run's plan.
 
     Returns

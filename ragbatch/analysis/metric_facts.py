@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragbatch.analysis.runs import CommittedRun
-from ragbatch.errors import RagbatchError
+from ragbatch.core.errors import RagbatchError
 
 #: Metric kind of the PII metrics (``ragbatch.metrics.pii_base.PiiMetric.kind``): their cells
 #: concern personal data, so reports never show the input texts next to them.
@@ -57,7 +57,7 @@ class MetricFacts:
 def metric_facts(*runs: CommittedRun) -> dict[str, MetricFacts]:
     """Metric id -> :class:`MetricFacts` for every metric of ``runs`` (the first run that
     names an id wins), in the runs' config order."""
-    from ragbatch.registry import get_metric
+    from ragbatch.core.registry import get_metric
 
     out: dict[str, MetricFacts] = {}
     for run in runs:

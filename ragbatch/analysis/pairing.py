@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from ragbatch import columns as C
+from ragbatch.core import columns as C
 from ragbatch.analysis.inputs import INPUT_COLUMNS, load_inputs
 from ragbatch.analysis.runs import CommittedRun
-from ragbatch.errors import InputError
+from ragbatch.core.errors import InputError
 
 #: Columns whose values form the content key unless told otherwise.
 DEFAULT_MATCH_ON: tuple[str, ...] = (C.QUESTION, C.CONTEXTS, C.REFERENCE)

@@ -20,12 +20,12 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from ragbatch.status import STATUSES
+from ragbatch.core.status import STATUSES
 
 _RC = {"svg.fonttype": "none", "svg.hashsalt": "ragbatch-report", "font.size": 9,
        "axes.spines.top": False, "axes.spines.right": False, "text.parse_math": False}
 
-#: One colour per status, in :data:`ragbatch.status.STATUSES` order (ok first).
+#: One colour per status, in :data:`ragbatch.core.status.STATUSES` order (ok first).
 STATUS_COLOURS = dict(zip(STATUSES, ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e", "#a05195",
                                      "#665191", "#2f4b7c", "#8c2d04")))
 

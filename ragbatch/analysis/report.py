@@ -35,7 +35,7 @@ import jinja2
 import polars as pl
 
 from ragbatch import __version__
-from ragbatch import columns as C
+from ragbatch.core import columns as C
 from ragbatch.analysis import plots
 from ragbatch.analysis.compare import Comparison, compare_runs
 from ragbatch.analysis.compare_text import pairing_line
@@ -44,8 +44,8 @@ from ragbatch.analysis.inputs import load_inputs
 from ragbatch.analysis.metric_facts import MetricFacts, metric_facts
 from ragbatch.analysis.report_template import TEMPLATE
 from ragbatch.analysis.runs import CommittedRun, load_scores, load_summary
-from ragbatch.redact import redact_text, redact_url
-from ragbatch.status import NOT_APPLICABLE, OK, STATUSES
+from ragbatch.core.redact import redact_text, redact_url
+from ragbatch.core.status import NOT_APPLICABLE, OK, STATUSES
 
 #: Rows listed per metric in the worst-rows and moved-rows tables.
 TOP_ROWS = 10

@@ -17,12 +17,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.errors import InputError
+from ragbatch.core.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
 from ragbatch.io.write import MANIFEST_FILE, OutputLayout
-from ragbatch.manifest_model import Manifest, read_manifest
-from ragbatch.redact import drop_redacted, redact_url
+from ragbatch.io.manifest_model import Manifest, read_manifest
+from ragbatch.core.redact import drop_redacted, redact_url
 
 _MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
 
@@ -39,7 +39,7 @@ class CommittedRun:
         The run's ``run_date`` partition.
     run_id : str
     manifest : Manifest
-        The parsed ``manifest.json`` (:func:`ragbatch.manifest_model.read_manifest`).
+        The parsed ``manifest.json`` (:func:`ragbatch.io.manifest_model.read_manifest`).
     fs : fsspec filesystem
         Filesystem of ``root``; ``base`` is ``root`` without its protocol.
     storage_options : dict
@@ -99,13 +99,13 @@ class CommittedRun:
 
     def describe(self) -> str:
         """``<run_id> (<run_date>, <root>)`` for messages and headers (the root without
-        credentials: :func:`ragbatch.redact.redact_url`)."""
+        credentials: :func:`ragbatch.core.redact.redact_url`)."""
         return f"{self.run_id} ({self.run_date.isoformat()}, {redact_url(self.root)})"
 
 
 def recorded_storage_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """``storage_options`` as a manifest recorded them, usable again: every redacted value
-    (:data:`ragbatch.redact.REDACTED`, at any depth) is left out, so that the filesystem
+    (:data:`ragbatch.core.redact.REDACTED`, at any depth) is left out, so that the filesystem
     falls back to the environment's credentials for it (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...)
     while non-secret options such as ``endpoint_url`` still apply.
 

@@ -60,11 +60,11 @@ from ragbatch.analysis.intervals import (
     wilson_interval,
 )
 from ragbatch.analysis.ppi import DEFAULT_ESTIMATOR, Moments, PairMoments, ppi_from_moments
-from ragbatch.config import DiagnosticsSection
-from ragbatch.errors import OutputError
+from ragbatch.config.job import DiagnosticsSection
+from ragbatch.core.errors import OutputError
 from ragbatch.judge.health import HealthFields
 from ragbatch.io.write import OutputLayout, connect, file_list
-from ragbatch.status import OK, STATUSES
+from ragbatch.core.status import OK, STATUSES
 
 #: Default cap on the slice values of one slice column that get their own summary rows.
 MAX_SLICE_VALUES: int = 50
@@ -233,7 +233,7 @@ class RunSummary:
 
 
 def summary_settings(config: Any) -> SummarySettings:
-    """The summary settings of a :class:`ragbatch.config.JobConfig` (its ``labels``
+    """The summary settings of a :class:`ragbatch.config.job.JobConfig` (its ``labels``
     section picks the PPI estimator)."""
     if config.labels is None:
         return SummarySettings()
@@ -262,7 +262,7 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
         Interval and slicing settings (default :class:`SummarySettings`).
     diagnostics
         Thresholds of the judge health checks (default: those of
-        :class:`~ragbatch.config.DiagnosticsSection`).
+        :class:`~ragbatch.config.job.DiagnosticsSection`).
     labels
         Metric id -> column of the score files holding its human labels (numbers or
         booleans, null where unlabelled); not among ``slices``.

@@ -16,9 +16,9 @@ from ragbatch.calibrate.measures import (Bootstrap, Measure, binary_measures, co
                                          graded_measures, pairwise_agreement,
                                          reliability_bins)
 from ragbatch.calibrate.prepare import PAIR_ID
-from ragbatch.columns import internal
+from ragbatch.core.columns import internal
 from ragbatch.judge.metric import JudgeMetric
-from ragbatch.status import OK
+from ragbatch.core.status import OK
 
 #: Characters of question, answer and judge reply kept in the disagreement list.
 TEXT_LIMIT = 2000

@@ -6,7 +6,7 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from ragbatch.ids import id_argument
+from ragbatch.core.ids import id_argument
 
 
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,8 +29,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ragbatch.calibrate.command import run_calibration
     from ragbatch.calibrate.config import load_calibration
     from ragbatch.calibrate.text import agreement_text
-    from ragbatch.errors import ConfigError
-    from ragbatch.redact import redact_url
+    from ragbatch.core.errors import ConfigError
+    from ragbatch.core.redact import redact_url
 
     cal = load_calibration(args.config)
     if args.output_uri:

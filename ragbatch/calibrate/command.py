@@ -17,11 +17,11 @@ from ragbatch.calibrate.config import CalibrationConfig
 from ragbatch.calibrate.measures import Bootstrap
 from ragbatch.calibrate.output import write_calibration
 from ragbatch.calibrate.prepare import PAIR_ID, PAIR_MEMBER, LabelledInput, read_labelled
-from ragbatch.config import ColumnMapping, InputSection, JobConfig
-from ragbatch.ids import check_id
+from ragbatch.config.job import ColumnMapping, InputSection, JobConfig
+from ragbatch.core.ids import check_id
 from ragbatch.io.fs import resolve
-from ragbatch.redact import redact
-from ragbatch.run_date import choose_run_date
+from ragbatch.core.redact import redact
+from ragbatch.core.run_date import choose_run_date
 
 log = logging.getLogger("ragbatch")
 
@@ -77,20 +77,20 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
     cache, staging and commit) with run id ``<run_id>-<judge>`` under ``output.uri``; a
     calibration started again with the same ``run_id`` reuses the judge runs that
     committed and resumes the others. The calibration's manifest records its config with
-    credentials redacted (:func:`ragbatch.redact.redact`).
+    credentials redacted (:func:`ragbatch.core.redact.redact`).
 
     Raises
     ------
     ConfigError, InputError
         A problem in the config, the labelled input or its labels; a calibration id, or
         a judge run id ``<run_id>-<judge>``, that is not a valid id
-        (:func:`ragbatch.ids.check_id`), before anything runs.
+        (:func:`ragbatch.core.ids.check_id`), before anything runs.
     OutputError
         The calibration id is already committed.
     """
     from ragbatch.analysis.runs import load_scores
     from ragbatch.io.write import OutputLayout
-    from ragbatch.runner import new_run_id
+    from ragbatch.pipeline.runner import new_run_id
 
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.perf_counter()
@@ -136,10 +136,10 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
 def _committed_judge_run(cal: CalibrationConfig, job: JobConfig, run_id: str, judge: str,
                          address: str | None, config_dir: str | Path | None) -> Any:
     """The committed run of ``judge``'s scores in calibration ``run_id``: the one already
-    there, else the one ``job`` commits now (:func:`ragbatch.runner.run_job`)."""
+    there, else the one ``job`` commits now (:func:`ragbatch.pipeline.runner.run_job`)."""
     from ragbatch.analysis.runs import find_run
-    from ragbatch.errors import InputError
-    from ragbatch.runner import run_job
+    from ragbatch.core.errors import InputError
+    from ragbatch.pipeline.runner import run_job
 
     scores_run_id = judge_run_id(run_id, judge)
     try:
@@ -157,7 +157,7 @@ def _add_agreement(tables: dict[str, list[dict[str, Any]]], cal: CalibrationConf
     """Append each metric of ``job`` (one judge's) to the ``agreement``, ``confusion``,
     ``disagreements`` and ``reliability`` rows of ``tables``
     (:func:`ragbatch.calibrate.agreement.metric_agreement` on its ``scores``)."""
-    from ragbatch.plan import build_metrics
+    from ragbatch.pipeline.plan import build_metrics
 
     metrics, _, _ = build_metrics(job)
     pairs = cal.pairs is not None and PAIR_ID in scores.columns

@@ -23,11 +23,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ragbatch.config import (CacheSection, EngineSpec, InputSection, MetricSpec, OutputSection,
-                             _describe, normalize_engine, read_yaml)
+from ragbatch.config.job import (
+    CacheSection,
+    EngineSpec,
+    InputSection,
+    MetricSpec,
+    OutputSection,
+    _describe,
+    normalize_engine,
+    read_yaml,
+)
 from ragbatch.engines.registry import engine_names, on_change
-from ragbatch.errors import ConfigError
-from ragbatch.ids import PathId
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.ids import PathId
 
 
 class _Strict(BaseModel):
@@ -88,7 +96,7 @@ class CalibrationConfig(_Strict):
     output: OutputSection
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     #: Engine names; each judge's scores are run ``<calibration id>-<judge>``, so each is
-    #: checked as a path segment (:mod:`ragbatch.ids`).
+    #: checked as a path segment (:mod:`ragbatch.core.ids`).
     judges: list[PathId] = Field(min_length=1)
     metrics: list[MetricSpec] = Field(min_length=1)
     labels: dict[str, LabelSpec] = Field(min_length=1)

@@ -15,7 +15,7 @@ import polars as pl
 
 from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
-from ragbatch.errors import ConfigError, InputError
+from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 
 log = logging.getLogger("ragbatch")
@@ -39,7 +39,7 @@ def calibration_problems(plan: Any) -> list[str]:
 
     Parameters
     ----------
-    plan : ragbatch.plan.Plan
+    plan : ragbatch.pipeline.plan.Plan
         The run's plan; ``plan.config.calibration`` must be set.
 
     Raises
@@ -124,7 +124,7 @@ def check_calibration(plan: Any, allow: bool = False) -> list[str]:
 
     Parameters
     ----------
-    plan : ragbatch.plan.Plan
+    plan : ragbatch.pipeline.plan.Plan
     allow : bool
         ``--allow-uncalibrated``: warn instead of refusing (as ``calibration.proceed``).
 

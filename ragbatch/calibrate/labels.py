@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ragbatch.calibrate.config import LabelSpec
-from ragbatch.errors import InputError
+from ragbatch.core.errors import InputError
 
 
 def label_values(column: pl.Series, spec: LabelSpec, row_ids: pl.Series) -> pl.Series:

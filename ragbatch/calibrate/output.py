@@ -23,8 +23,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.errors import InputError, OutputError
-from ragbatch.ids import check_id
+from ragbatch.core.errors import InputError, OutputError
+from ragbatch.core.ids import check_id
 from ragbatch.io.fs import resolve
 
 TABLES = ("agreement", "confusion", "disagreements", "reliability")
@@ -83,7 +83,7 @@ def calibration_path(base: str, run_date: dt.date, run_id: str) -> str:
     Raises
     ------
     ConfigError
-        ``run_id`` is not a valid id (:func:`ragbatch.ids.check_id`).
+        ``run_id`` is not a valid id (:func:`ragbatch.core.ids.check_id`).
     """
     run_id = check_id(run_id, "calibration id")
     return f"{base.rstrip('/')}/calibration/run_date={run_date.isoformat()}/run_id={run_id}"

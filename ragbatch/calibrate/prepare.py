@@ -10,8 +10,8 @@ import polars as pl
 import pyarrow as pa
 
 from ragbatch.calibrate.config import CalibrationConfig
-from ragbatch.columns import internal
-from ragbatch.errors import ConfigError, InputError
+from ragbatch.core.columns import internal
+from ragbatch.core.errors import ConfigError, InputError
 
 #: Column of the generated row id (when ``input.columns.row_id`` is not mapped).
 ROW_ID = "calibration_row_id"

@@ -12,8 +12,8 @@ import logging
 from ragbatch.analysis.runs import recorded_storage_options
 from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
-from ragbatch.errors import ConfigError, InputError
-from ragbatch.redact import redact_url
+from ragbatch.core.errors import ConfigError, InputError
+from ragbatch.core.redact import redact_url
 
 log = logging.getLogger("ragbatch")
 
@@ -117,7 +117,7 @@ def _reliability_charts(cal: Any, rows: list[dict[str, Any]]) -> list[dict[str, 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:
     """The prompt version of a manifest's metric entry (None when it no longer builds)."""
-    from ragbatch.registry import get_metric
+    from ragbatch.core.registry import get_metric
 
     try:
         cls = get_metric(entry["name"])

@@ -90,7 +90,7 @@ with the number of attempts made. ``batch_timeout_s`` bounds a whole
 :meth:`~OpenAIJudgeEngine.complete` call: requests still unanswered then are cancelled
 and get ``timeout``, and no retry starts that could not finish its wait before it.
 :meth:`~OpenAIJudgeEngine.stats` counts requests, attempts, retries and outcomes. The
-engine never raises for one request; :func:`load_openai_engine` raises :class:`~ragbatch.errors.EngineError`
+engine never raises for one request; :func:`load_openai_engine` raises :class:`~ragbatch.core.errors.EngineError`
 when the server cannot be used at all.
 """
 
@@ -108,12 +108,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence, TypeVar
 
-from ragbatch.config import OpenAIEngine
-from ragbatch.errors import EngineError
+from ragbatch.config.job import OpenAIEngine
+from ragbatch.core.errors import EngineError
 from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
                                      TokenLogprob)
-from ragbatch.redact import redact_url
-from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.core.redact import redact_url
+from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class OpenAIJudgeEngine(JudgeEngine):
     ----------
     model_id : str
         ``"<model>@<base_url>"`` (the URL without credentials:
-        :func:`ragbatch.redact.redact_url`), followed by ``"#<root>"`` when the server reports the
+        :func:`ragbatch.core.redact.redact_url`), followed by ``"#<root>"`` when the server reports the
         model a served name stands for (vLLM reports the path or hub id it loaded as
         ``root``) and ``"@<revision>"`` when it reports a revision.
     max_model_len : int

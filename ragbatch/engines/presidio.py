@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragbatch.config import PresidioEngine
-from ragbatch.errors import EngineError
+from ragbatch.config.job import PresidioEngine
+from ragbatch.core.errors import EngineError
 
 logger = logging.getLogger(__name__)
 

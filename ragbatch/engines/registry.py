@@ -5,12 +5,12 @@ engine without importing its backend: the pydantic model of its config entry, th
 of stage it runs in, how to load it (its adapter module is imported only then), and, for
 judge engines, the judge's identity in cache keys, its context window, its tokenizer and
 the check run before any actor starts. The config's ``engines`` union
-(:data:`ragbatch.config.EngineSpec`) is built from this registry, and every site that
+(:data:`ragbatch.config.job.EngineSpec`) is built from this registry, and every site that
 differs by engine asks the registry instead of comparing ``spec.type`` with a string.
 
 Adding an engine is an adapter module under :mod:`ragbatch.engines` plus one
 :func:`register_engine` call (the built-in engines are the table at the end of
-:mod:`ragbatch.config`); docs/judges.md, "Adding a judge engine", walks through it.
+:mod:`ragbatch.config.job`); docs/judges.md, "Adding a judge engine", walks through it.
 
 Hooks may be given as callables or as ``"module:function"`` strings, which are imported
 on first use, so that registering an engine never imports its adapter.
@@ -23,10 +23,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ragbatch.errors import ConfigError, EngineError
-from ragbatch.stages import StageKind
+from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.stages import StageKind
 
-#: Stage kinds an engine can run in (:class:`ragbatch.stages.StageKind` values of the
+#: Stage kinds an engine can run in (:class:`ragbatch.core.stages.StageKind` values of the
 #: actor stages).
 STAGE_KINDS = tuple(k.value for k in (StageKind.MODEL, StageKind.JUDGE, StageKind.PII))
 
@@ -49,7 +49,7 @@ class EngineType:
         ``Literal[name]`` (it is the tag of the config's discriminated union).
     spec : type of pydantic.BaseModel
         The validated config entry (for a judge engine a subclass of
-        :class:`ragbatch.config.JudgeSettings`).
+        :class:`ragbatch.config.job.JudgeSettings`).
     stage : str
         One of :data:`STAGE_KINDS`: the stage kind the engine's metrics run in.
     loader : callable or str
@@ -66,7 +66,7 @@ class EngineType:
     identities : callable or str, optional
         ``identities(spec) -> list[Identity]``: the (model id, sampling key) pairs the
         engine will record, without loading a model; more than one when the engine may
-        run in one of several ways. Raises :class:`~ragbatch.errors.EngineError` when
+        run in one of several ways. Raises :class:`~ragbatch.core.errors.EngineError` when
         they cannot be worked out. Default: load the engine and ask it
         (``engine.model_id``, ``engine.sampling_key()``), then close it.
     identities_note : str
@@ -81,7 +81,7 @@ class EngineType:
     preflight : callable or str, optional
         ``preflight(spec) -> None``: a check of a few seconds run once in the driver
         before any actor starts (for example that a server answers); raises
-        :class:`~ragbatch.errors.EngineError`. Default: nothing to check.
+        :class:`~ragbatch.core.errors.EngineError`. Default: nothing to check.
     """
 
     name: str

@@ -32,8 +32,8 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from ragbatch.config import CrossEncoderEngine, EmbeddingEngine
-from ragbatch.errors import EngineError
+from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.core.errors import EngineError
 
 logger = logging.getLogger(__name__)
 

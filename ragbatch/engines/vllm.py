@@ -99,11 +99,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragbatch.config import VllmEngine
-from ragbatch.errors import EngineError
+from ragbatch.config.job import VllmEngine
+from ragbatch.core.errors import EngineError
 from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
                                      TokenLogprob)
-from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class VllmJudgeEngine(JudgeEngine):
     max_model_len : int
         The window vLLM runs with (``max_model_len`` from the config, or the model's own
         window), in tokens, prompt plus completion.
-    spec : ragbatch.config.VllmEngine
+    spec : ragbatch.config.job.VllmEngine
         The config the engine was loaded from.
 
     Notes
@@ -469,7 +469,7 @@ def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, An
 
     Parameters
     ----------
-    spec : ragbatch.config.VllmEngine
+    spec : ragbatch.config.job.VllmEngine
 
     Returns
     -------
@@ -496,7 +496,7 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
 
     Parameters
     ----------
-    spec : ragbatch.config.VllmEngine
+    spec : ragbatch.config.job.VllmEngine
         ``model`` (a local directory, or a model id the machine can resolve without a
         network), ``tokenizer`` (defaults to the model's), ``max_model_len``,
         ``tensor_parallel_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
@@ -561,7 +561,7 @@ def _cpu_environment_defaults(spec: VllmEngine, cuda: bool) -> dict[str, str]:
 
     Parameters
     ----------
-    spec : ragbatch.config.VllmEngine
+    spec : ragbatch.config.job.VllmEngine
     cuda : bool
         Whether a CUDA device is visible.
 
@@ -628,7 +628,7 @@ def _llm_kwargs(spec: VllmEngine, cuda: bool) -> dict[str, Any]:
         kwargs["block_size"] = DEFAULT_CPU_BLOCK_SIZE
     if spec.tensor_parallel_size > 1:
         # The workers go into the placement group the actor runs in
-        # (ragbatch.placement), one per GPU bundle.
+        # (ragbatch.core.placement), one per GPU bundle.
         kwargs["distributed_executor_backend"] = "ray"
     kwargs.update(spec.engine_kwargs)
     return kwargs

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ragbatch.errors import RunError
+from ragbatch.core.errors import RunError
 from ragbatch.io.write import OutputLayout, connect, file_list
-from ragbatch.status import ERROR
+from ragbatch.core.status import ERROR
 
 
 def check_error_budget(layout: OutputLayout, files: list[str], n_rows: int, budget: float) -> None:

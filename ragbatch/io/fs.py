@@ -25,7 +25,7 @@ import pyarrow.fs as pafs
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
-from ragbatch.errors import InputError, exception_chain
+from ragbatch.core.errors import InputError, exception_chain
 
 log = logging.getLogger("ragbatch")
 T = TypeVar("T")

@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ragbatch.errors import InputError
+from ragbatch.core.errors import InputError
 from ragbatch.io.fs import resolve
 from ragbatch.io.read import ReadTask, read_task
 
 if TYPE_CHECKING:
-    from ragbatch.config import JobConfig
+    from ragbatch.config.job import JobConfig
     from ragbatch.io.planned import PlannedInput
 
 

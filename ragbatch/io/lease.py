@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from ragbatch.errors import RunInProgressError
+from ragbatch.core.errors import RunInProgressError
 
 log = logging.getLogger("ragbatch")
 

@@ -19,8 +19,8 @@ import fsspec
 from fsspec.core import has_magic
 from fsspec.implementations.local import LocalFileSystem
 
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError, InputNotFoundError
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError, InputNotFoundError
 from ragbatch.io.fs import describe_storage_error, is_not_found, resolve
 
 #: Data file extensions and the format each implies.

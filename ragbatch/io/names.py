@@ -3,7 +3,7 @@
 Two checks, both with messages that name the column and the fix:
 
 * :func:`refuse_internal_names` runs on every file as it is read: a column whose name
-  starts with :data:`ragbatch.columns.INTERNAL_PREFIX` would collide with a column the
+  starts with :data:`ragbatch.core.columns.INTERNAL_PREFIX` would collide with a column the
   pipeline adds for itself, so it is an error wherever it appears.
 * :func:`unusable_names` runs on the columns a run would use (mapped or passed through as
   slices), at ``validate`` and at run start: an empty or whitespace-only name cannot be
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from ragbatch.columns import INTERNAL_PREFIX, is_internal
-from ragbatch.errors import InputError
+from ragbatch.core.columns import INTERNAL_PREFIX, is_internal
+from ragbatch.core.errors import InputError
 
 
 def refuse_internal_names(names: Iterable[str], where: str) -> None:
@@ -36,7 +36,7 @@ def refuse_internal_names(names: Iterable[str], where: str) -> None:
     Raises
     ------
     InputError
-        Some name starts with :data:`~ragbatch.columns.INTERNAL_PREFIX`; the message
+        Some name starts with :data:`~ragbatch.core.columns.INTERNAL_PREFIX`; the message
         lists them and says to rename them in the input.
     """
     clashing = [n for n in names if is_internal(n)]

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 
 def parse_storage_option(text: str) -> tuple[tuple[str, ...], Any]:

@@ -1,6 +1,6 @@
 """What the input readers need of a plan, as a type (no import of the planner).
 
-:class:`ragbatch.plan.Plan` satisfies :class:`PlannedInput`; the readers of a planned
+:class:`ragbatch.pipeline.plan.Plan` satisfies :class:`PlannedInput`; the readers of a planned
 input (:mod:`ragbatch.io.sample`, :mod:`ragbatch.io.labels`) are typed against this
 protocol so that the input layer does not import the layer that plans a run.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ragbatch.config import JobConfig
+    from ragbatch.config.job import JobConfig
     from ragbatch.io.read import ReadTask
 
 
@@ -19,7 +19,7 @@ class PlannedInput(Protocol):
 
     Attributes
     ----------
-    config : ragbatch.config.JobConfig
+    config : ragbatch.config.job.JobConfig
     metrics : list of ragbatch.metrics.base.Metric
         The run's metrics; readers use ``id`` and ``score_range``.
     read_tasks : list of ReadTask

@@ -8,9 +8,9 @@ create are removed again when they are still empty; on object stores no director
 no bucket) is ever created.
 
 A failure a retry does not fix (no bucket, a path under a regular file, no permission)
-raises :class:`~ragbatch.errors.OutputNotWritableError` (exit status 2); an
+raises :class:`~ragbatch.core.errors.OutputNotWritableError` (exit status 2); an
 unreachable, timed-out or throttling store raises a plain
-:class:`~ragbatch.errors.OutputError` (exit status 1: trying again later may work).
+:class:`~ragbatch.core.errors.OutputError` (exit status 1: trying again later may work).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from ragbatch.errors import OutputError, OutputNotWritableError
+from ragbatch.core.errors import OutputError, OutputNotWritableError
 from ragbatch.io.fs import is_not_found, is_transient, resolve
 
 PROBE_PREFIX = "_probe-"

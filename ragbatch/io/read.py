@@ -1,6 +1,6 @@
 """Find input files, split them into read tasks, and read each task into Arrow.
 
-The reading side of the job has three steps, all driven by :class:`~ragbatch.config.InputSection`:
+The reading side of the job has three steps, all driven by :class:`~ragbatch.config.job.InputSection`:
 
 1. :func:`plan_read` lists the files behind ``input.uri`` (one file, a directory searched
    recursively, or a glob; :mod:`ragbatch.io.listing`), decides each file's format, and
@@ -43,8 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 from ragbatch.io.names import refuse_internal_names
 from ragbatch.io.listing import (COMPRESSION_BY_EXTENSION, FORMAT_BY_EXTENSION, InputFile,

@@ -13,7 +13,7 @@ import logging
 import posixpath
 from typing import Any
 
-from ragbatch.errors import OutputError
+from ragbatch.core.errors import OutputError
 
 log = logging.getLogger("ragbatch")
 

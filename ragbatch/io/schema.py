@@ -1,7 +1,7 @@
 """Map raw input columns onto the canonical schema.
 
 :func:`normalize` turns one raw table from :func:`ragbatch.io.read.read_task` into
-:data:`ragbatch.columns.CANONICAL_SCHEMA` followed by the slice columns. It never drops or
+:data:`ragbatch.core.columns.CANONICAL_SCHEMA` followed by the slice columns. It never drops or
 reorders rows and never casts silently: a value of the wrong kind becomes null and the
 row's ``_issues`` struct says why, in the form ``"<column>: <what was wrong>"``.
 
@@ -39,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from ragbatch import columns as C
-from ragbatch.config import InputSection
-from ragbatch.errors import InputError
-from ragbatch.reasons import quote
+from ragbatch.core import columns as C
+from ragbatch.config.job import InputSection
+from ragbatch.core.errors import InputError
+from ragbatch.core.reasons import quote
 from ragbatch.io.names import unusable_names
 from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
 
@@ -208,8 +208,8 @@ def slice_columns(cfg: InputSection, schema: pa.Schema,
     list of (str, str)
         ``(input name, output name)`` in schema order: ``cfg.slice_columns`` when set
         (in its order), else every column not used by ``cfg.columns``. A name in
-        :data:`ragbatch.columns.RESERVED` gets
-        :data:`ragbatch.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
+        :data:`ragbatch.core.columns.RESERVED` gets
+        :data:`ragbatch.core.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
         nothing), e.g. ``metric`` -> ``input_metric``.
     """
     if cfg.slice_columns is not None:
@@ -239,7 +239,7 @@ class _Issues:
     """Per-row issue notes for the nullable canonical columns, built lazily.
 
     ``quote_values`` false (runs with PII metrics): a note never shows the value it is
-    about (:func:`ragbatch.reasons.quote`).
+    about (:func:`ragbatch.core.reasons.quote`).
     """
 
     def __init__(self, n: int, quote_values: bool = True):
@@ -288,9 +288,9 @@ def normalize(
         of Arrow type ``null``.
     quote_values : bool
         Whether a note in ``_issues`` may quote the value it is about (cut to
-        :data:`ragbatch.reasons.QUOTE_MAX_CHARS`). False in runs with PII metrics
-        (:attr:`ragbatch.plan.Plan.quote_values`): the note says what was wrong and
-        shows :data:`ragbatch.reasons.NOT_QUOTED` instead of the value.
+        :data:`ragbatch.core.reasons.QUOTE_MAX_CHARS`). False in runs with PII metrics
+        (:attr:`ragbatch.pipeline.plan.Plan.quote_values`): the note says what was wrong and
+        shows :data:`ragbatch.core.reasons.NOT_QUOTED` instead of the value.
 
     Returns
     -------

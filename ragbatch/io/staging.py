@@ -27,7 +27,7 @@ interfere; attempts of one run id exclude each other through the run's lease
 (:mod:`ragbatch.io.lease`), taken before anything else is read or written, so that the
 "already committed" check and the resume happen under it. Every delete stays inside the
 prefix it belongs to (:mod:`ragbatch.io.removal`), and the run id is checked as a path
-segment (:func:`ragbatch.ids.check_id`) before any path is built from it.
+segment (:func:`ragbatch.core.ids.check_id`) before any path is built from it.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ragbatch.errors import OutputError, OutputNotWritableError, RagbatchError
-from ragbatch.ids import check_id
+from ragbatch.core.errors import OutputError, OutputNotWritableError, RagbatchError
+from ragbatch.core.ids import check_id
 from ragbatch.io.fs import describe_storage_error, with_storage_retries
 from ragbatch.io.lease import RunLease
 from ragbatch.io.removal import remove_empty_dir, remove_under
 from ragbatch.io.write import OutputLayout
-from ragbatch.manifest_model import Manifest
-from ragbatch.status import ERROR
+from ragbatch.io.manifest_model import Manifest
+from ragbatch.core.status import ERROR
 
 log = logging.getLogger("ragbatch")
 
@@ -108,7 +108,7 @@ class Staging:
     Raises
     ------
     ConfigError
-        ``layout.run_id`` is not a valid id (:func:`ragbatch.ids.check_id`).
+        ``layout.run_id`` is not a valid id (:func:`ragbatch.core.ids.check_id`).
     """
 
     def __init__(self, layout: OutputLayout):

@@ -21,8 +21,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ragbatch.columns import internal
-from ragbatch.errors import InputError
+from ragbatch.core.columns import internal
+from ragbatch.core.errors import InputError
 from ragbatch.io.fs import describe_storage_error
 from ragbatch.io.listing import display_path, split_extension
 from ragbatch.io.names import refuse_internal_names
@@ -180,7 +180,7 @@ def read_delimited(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding:
 
     A first column whose header cell is empty (the index ``pandas.DataFrame.to_csv()``
     writes) is skipped. Raises ``InputError`` for bytes invalid in ``encoding``, a repeated
-    header name, a name starting with :data:`ragbatch.columns.INTERNAL_PREFIX`, or a
+    header name, a name starting with :data:`ragbatch.core.columns.INTERNAL_PREFIX`, or a
     malformed row.
     """
     where = display_path(fs, path)

@@ -28,11 +28,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.config import OutputSection
-from ragbatch.errors import ConservationError
+from ragbatch.config.job import OutputSection
+from ragbatch.core.errors import ConservationError
 from ragbatch.io.fs import is_process_local, resolve
 from ragbatch.io.removal import ensure_under
-from ragbatch.status import OK, STATUSES
+from ragbatch.core.status import OK, STATUSES
 
 SUMMARY_FILE = "summary.parquet"
 MANIFEST_FILE = "manifest.json"

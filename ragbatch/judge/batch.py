@@ -8,14 +8,21 @@ from typing import Any, Sequence
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import (
-    ANSWER, CONTEXTS, ISSUES, JUDGE_FIELDS, NULLABLE_INPUTS, QUESTION, REFERENCE, ROW_ID,
+from ragbatch.core.columns import (
+    ANSWER,
+    CONTEXTS,
+    ISSUES,
+    JUDGE_FIELDS,
+    NULLABLE_INPUTS,
+    QUESTION,
+    REFERENCE,
+    ROW_ID,
 )
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeCell, JudgeRunner
 from ragbatch.metrics.cells import guard_status
 
-#: Polars dtype of the per-cell judge record (:data:`ragbatch.columns.JUDGE_FIELDS`).
+#: Polars dtype of the per-cell judge record (:data:`ragbatch.core.columns.JUDGE_FIELDS`).
 JUDGE_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(JUDGE_FIELDS)).empty_table()).schema))
 JUDGE_NAMES = tuple(name for name, _ in JUDGE_FIELDS)
 
@@ -82,7 +89,7 @@ def judge_frame(runner: JudgeRunner, frame: pl.DataFrame) -> dict[str, tuple[lis
     -------
     dict
         Metric id -> ``(cells, judge)``: two lists of ``n`` dicts in row order, the cell
-        fields (:data:`~ragbatch.columns.CELL_FIELDS`) and :data:`JUDGE_FIELDS`. Rows
+        fields (:data:`~ragbatch.core.columns.CELL_FIELDS`) and :data:`JUDGE_FIELDS`. Rows
         settled by a guard have null judge fields (no request was made).
     """
     frame = with_issues(frame)

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from ragbatch.judge.protocol import (Ask, Completion, JudgeEngine, logprobs_from_json,
                                      logprobs_json)
-from ragbatch.status import OK
+from ragbatch.core.status import OK
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class JudgmentCache:
         return f"{self.root.rstrip('/')}/metric={metric_name}"
 
     def _load(self, metric_name: str) -> None:
-        from ragbatch.errors import OutputError
+        from ragbatch.core.errors import OutputError
 
         folder = self._dir(metric_name)
         try:
@@ -142,7 +142,7 @@ class JudgmentCache:
         OutputError
             A segment cannot be written (the message names the URI and the cause).
         """
-        from ragbatch.errors import OutputError
+        from ragbatch.core.errors import OutputError
 
         written = 0
         for metric_name, rows in self._new.items():

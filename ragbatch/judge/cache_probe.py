@@ -76,10 +76,10 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
 
     Parameters
     ----------
-    config : ragbatch.config.JobConfig
+    config : ragbatch.config.job.JobConfig
         ``cache`` and ``output`` locate the cache.
     engine_name : str
-    spec : ragbatch.config.VllmEngine or ragbatch.config.OpenAIEngine
+    spec : ragbatch.config.job.VllmEngine or ragbatch.config.job.OpenAIEngine
     metrics : list of JudgeMetric
         The stage's metrics (their segments are loaded).
 
@@ -127,7 +127,7 @@ def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str
         ``spec.type`` is not a registered engine type (never taken for another one).
     """
     from ragbatch.engines.registry import engine_of
-    from ragbatch.errors import EngineError
+    from ragbatch.core.errors import EngineError
 
     entry = engine_of(spec)
     try:

@@ -143,7 +143,7 @@ def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
     ----------
     metrics : list of JudgeMetric
         The stage's metrics.
-    spec : ragbatch.config.VllmEngine or ragbatch.config.OpenAIEngine
+    spec : ragbatch.config.job.VllmEngine or ragbatch.config.job.OpenAIEngine
         ``max_tokens`` caps each ask; ``batch_size`` bounds which identical requests
         share a call when the cache is disabled.
     sample : polars.DataFrame

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ragbatch.judge.protocol import Ask, EngineRequest, JudgeEngine
 from ragbatch.judge.run import capped
-from ragbatch.status import OK
+from ragbatch.core.status import OK
 
 
 @dataclass

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ragbatch.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 #: Completion statuses an engine may return (a subset of the cell statuses).
 ENGINE_STATUSES = (OK, JUDGE_ERROR, TIMEOUT, CONTEXT_TOO_LONG)
@@ -284,7 +284,7 @@ class JudgeEngine(ABC):
         """Answer every request; one :class:`Completion` per request, in order.
 
         Must not raise for a problem with one request (that request's completion gets a
-        non-``ok`` status); may raise :class:`~ragbatch.errors.EngineError` when the
+        non-``ok`` status); may raise :class:`~ragbatch.core.errors.EngineError` when the
         engine itself is unusable.
         """
 

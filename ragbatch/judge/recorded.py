@@ -17,7 +17,7 @@ from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, TokenLogprob
 from ragbatch.judge.run import JudgeRunner
-from ragbatch.status import JUDGE_ERROR, OK
+from ragbatch.core.status import JUDGE_ERROR, OK
 
 
 class RecordedReplies(JudgeEngine):

@@ -38,7 +38,7 @@ from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
 from ragbatch.metrics.cells import PyCell
-from ragbatch.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
+from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Metric definitions, one module per metric.
 
-Each module registers its metric with :func:`ragbatch.registry.register`; the registry
+Each module registers its metric with :func:`ragbatch.core.registry.register`; the registry
 imports every module here (:func:`load_all`) the first time a metric is looked up.
 Adding a metric means adding one file here. The modules of :data:`SUPPORT_MODULES` hold
 what the metrics share (base classes, cell helpers) and register nothing.

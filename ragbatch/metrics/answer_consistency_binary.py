@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
-from ragbatch.registry import register
-from ragbatch.status import NOT_APPLICABLE
+from ragbatch.core.registry import register
+from ragbatch.core.status import NOT_APPLICABLE
 
 #: The reply: a reason first (property names sort into generation order), then whether
 #: the answer states anything at all, then the verdict.

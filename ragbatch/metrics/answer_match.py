@@ -7,7 +7,7 @@ from pydantic import Field
 
 from ragbatch.metrics.cells import cell, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.registry import register
+from ragbatch.core.registry import register
 
 
 class AnswerMatchParams(StrictParams):

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
@@ -15,8 +15,8 @@ from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 from ragbatch.metrics.base import StrictParams
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 #: Longest generated question, in characters.
 QUESTION_MAX_CHARS = 300

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 #: The replies the judge may give: one digit.
 RATINGS = ("0", "1", "2", "3", "4", "5")

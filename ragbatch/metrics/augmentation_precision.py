@@ -6,15 +6,15 @@ import json
 from typing import Any, ClassVar
 
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 #: Completion budget per context: a reason of REASON_MAX_CHARS (about 3 characters a
 #: token) plus the item's keys and two 0/1 values.

@@ -9,7 +9,7 @@ source, degenerate-input policy, worked examples) and one method that computes c
   (``udfs/similarity.py``, an ``udfs.base.ActorStage``); the model comes from an engine
   adapter under :mod:`ragbatch.engines`.
 
-A *cell* is a struct with the fields of :data:`ragbatch.columns.CELL_FIELDS`
+A *cell* is a struct with the fields of :data:`ragbatch.core.columns.CELL_FIELDS`
 (``score`` float64, ``status``, ``reason``, ``details`` JSON, ``model``).
 """
 
@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import polars as pl
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 
 class NoParams(BaseModel):
@@ -81,8 +81,8 @@ class Metric(ABC):
     examples : tuple of :class:`Example`
 
     Instance attribute ``quote_values`` (bool, default True): whether the metric's reasons
-    may quote input values (cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`). The plan
-    sets it false in runs with PII metrics (:func:`ragbatch.plan.quotes_allowed`).
+    may quote input values (cut to :data:`ragbatch.core.reasons.QUOTE_MAX_CHARS`). The plan
+    sets it false in runs with PII metrics (:func:`ragbatch.pipeline.plan.quotes_allowed`).
     """
 
     name: ClassVar[str]

@@ -9,13 +9,13 @@ from typing import Any, Callable, Literal
 import polars as pl
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from ragbatch.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
+from ragbatch.core.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
 from ragbatch.metrics.cells import CELL_DTYPE, PyCell, to_cell_dict
 from ragbatch.metrics.callback_import import find_module_file, import_callback_module
 from ragbatch.metrics.base import ExpressionMetric, StrictParams
-from ragbatch.reasons import NOT_QUOTED, cut, quote
-from ragbatch.registry import register
-from ragbatch.status import ERROR, NOT_APPLICABLE
+from ragbatch.core.reasons import NOT_QUOTED, cut, quote
+from ragbatch.core.registry import register
+from ragbatch.core.status import ERROR, NOT_APPLICABLE
 
 #: Columns the callback sees, in this order.
 CALLBACK_COLUMNS = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
@@ -106,7 +106,7 @@ class Binary(ExpressionMetric):
     value gives ``error`` with the reason (for a batch-mode exception, on every row of
     that batch). Nulls in the inputs are passed to the callback as they are. The reason
     quotes the exception's message or the returned value cut to
-    :data:`ragbatch.reasons.QUOTE_MAX_CHARS`, and not at all in runs with PII metrics
+    :data:`ragbatch.core.reasons.QUOTE_MAX_CHARS`, and not at all in runs with PII metrics
     (``quote_values`` false): either can hold input text.
     """
 
@@ -167,7 +167,7 @@ def _row_runner(fn: Callable[[dict[str, Any]], Any],
 
 def _judge(value: Any, quote_values: bool = True) -> PyCell:
     """The cell of one returned value; a value that is not a bool or None is quoted
-    (:func:`ragbatch.reasons.quote`) only when ``quote_values``."""
+    (:func:`ragbatch.core.reasons.quote`) only when ``quote_values``."""
     if value is None:
         return PyCell(None, NOT_APPLICABLE, "callback returned null")
     if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy.bool_

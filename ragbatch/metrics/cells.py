@@ -16,14 +16,14 @@ from typing import Any, Callable, Sequence
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import CELL_FIELDS, ISSUES, internal
-from ragbatch.reasons import NUMBER_DIGITS
-from ragbatch.status import MISSING_INPUT, OK
+from ragbatch.core.columns import CELL_FIELDS, ISSUES, internal
+from ragbatch.core.reasons import NUMBER_DIGITS
+from ragbatch.core.status import MISSING_INPUT, OK
 
 #: Scratch column / struct field names, in the pipeline's own namespace.
 _STATUS, _REASON = internal("status"), internal("reason")
 
-#: Polars dtype of a cell, derived from :data:`ragbatch.columns.CELL_FIELDS`.
+#: Polars dtype of a cell, derived from :data:`ragbatch.core.columns.CELL_FIELDS`.
 CELL_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(CELL_FIELDS)).empty_table()).schema))
 
 
@@ -59,8 +59,8 @@ class PyCell:
 
 
 def number_text(expr: pl.Expr) -> pl.Expr:
-    """A Float64 expression as reason text, as :func:`ragbatch.reasons.number_text` writes
-    it: rounded to :data:`~ragbatch.reasons.NUMBER_DIGITS` significant digits (float noise
+    """A Float64 expression as reason text, as :func:`ragbatch.core.reasons.number_text` writes
+    it: rounded to :data:`~ragbatch.core.reasons.NUMBER_DIGITS` significant digits (float noise
     such as ``7.1000000000000005`` becomes ``7.1``) and without a trailing ``.0``."""
     rounded = expr.cast(pl.Float64).round_sig_figs(NUMBER_DIGITS).cast(pl.String)
     return rounded.str.replace(r"\.0$", "")

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from ragbatch.metrics.cells import frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.registry import register
+from ragbatch.core.registry import register
 
 
 class ContainsTextParams(StrictParams):

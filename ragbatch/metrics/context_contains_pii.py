@@ -7,14 +7,14 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from ragbatch.columns import CONTEXTS
+from ragbatch.core.columns import CONTEXTS
 from ragbatch.metrics.cells import PyCell
 from ragbatch.metrics.pii_base import (
     PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
 )
 from ragbatch.metrics.base import Example
-from ragbatch.registry import register
-from ragbatch.status import ERROR
+from ragbatch.core.registry import register
+from ragbatch.core.status import ERROR
 
 @register
 class ContextContainsPii(PiiMetric):

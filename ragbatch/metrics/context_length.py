@@ -7,8 +7,8 @@ import polars as pl
 from ragbatch.metrics._bounds import LengthBounds
 from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 
 @register

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
@@ -16,8 +16,8 @@ from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 #: Completion budget of the statements step: the longest reply the schema allows
 #: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus

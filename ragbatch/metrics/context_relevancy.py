@@ -7,14 +7,14 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 #: The end of a sentence inside a line: one or more of ``.!?``, any closing quotes or
 #: brackets right after them, then whitespace and a character that is not a lowercase

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.answer_verdict import AnswerVerdictMetric
 from ragbatch.judge.metric import JudgeExample
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 TASK = """\
 Decide whether the answer repeats itself: whether it gives the same piece of information

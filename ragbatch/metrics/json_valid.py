@@ -10,9 +10,9 @@ from pydantic import Field, field_validator
 
 from ragbatch.metrics.cells import PyCell, frame_cells, missing
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.reasons import cut
-from ragbatch.registry import register
-from ragbatch.status import OK
+from ragbatch.core.reasons import cut
+from ragbatch.core.registry import register
+from ragbatch.core.status import OK
 
 
 class JsonValidParams(StrictParams):
@@ -193,7 +193,7 @@ def _schema_reason(error: Any, quote_values: bool = True) -> str:
     """Where and which schema keyword failed, e.g. ``JSON does not match schema at
     $.email: fails 'format' ("email")``. The validator's own message is not used: it
     quotes the failing value in full (any size, and possibly personal data); the schema's
-    side is cut to :data:`ragbatch.reasons.QUOTE_MAX_CHARS`. Without ``quote_values`` the
+    side is cut to :data:`ragbatch.core.reasons.QUOTE_MAX_CHARS`. Without ``quote_values`` the
     place is the keyword's location in the schema (``schema #/properties/email``): the
     JSON path can hold object keys of the answer (``$['jane@example.org']``)."""
     expected = cut(json.dumps(error.validator_value, ensure_ascii=False, default=str))

@@ -7,9 +7,9 @@ from pydantic import Field
 
 from ragbatch.metrics.cells import Guard, cell, missing, number_text
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.reasons import number_text as number_text_of
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.reasons import number_text as number_text_of
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 
 class LatencyParams(StrictParams):

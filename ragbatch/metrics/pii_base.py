@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.columns import ISSUES
+from ragbatch.core.columns import ISSUES
 from ragbatch.metrics.base import ModelMetric, StrictParams
 
 
@@ -56,7 +56,7 @@ class PiiMetric(ModelMetric):
 
         Parameters
         ----------
-        spec : ragbatch.config.PresidioEngine
+        spec : ragbatch.config.job.PresidioEngine
             The metric's engine spec (its ``score_threshold`` is quoted).
         supported : sequence of str
             Entity types the engine's detectors find.
@@ -99,7 +99,7 @@ class PiiMetric(ModelMetric):
             run with PII metrics never quotes the value); every other row gets the
             subclass's ``_cell``.
         """
-        from ragbatch.columns import NULLABLE_INPUTS
+        from ragbatch.core.columns import NULLABLE_INPUTS
         from ragbatch.metrics.cells import CELL_DTYPE, missing, python_cells
 
         column = self.inputs[0]

@@ -11,10 +11,10 @@ from pydantic import Field, field_validator
 
 from ragbatch.metrics.cells import PyCell, cell, details_json, missing, python_cells
 from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.regex_compat import Translation, translate
-from ragbatch.registry import register
-from ragbatch.status import ERROR, TIMEOUT
-from ragbatch.time_limit import TIMED_OUT, Failed, map_with_time_limit
+from ragbatch.core.regex_compat import Translation, translate
+from ragbatch.core.registry import register
+from ragbatch.core.status import ERROR, TIMEOUT
+from ragbatch.core.time_limit import TIMED_OUT, Failed, map_with_time_limit
 
 
 class RegexParams(StrictParams):
@@ -52,7 +52,7 @@ class Regex(ExpressionMetric):
 
     Notes
     -----
-    The pattern runs on Polars' Rust engine when :func:`ragbatch.regex_compat.translate`
+    The pattern runs on Polars' Rust engine when :func:`ragbatch.core.regex_compat.translate`
     can express it with exactly the same meaning; otherwise (look-around,
     backreferences, ``$`` before a final newline, ``\\b``, zero-width matches when
     counting, ...) it runs with Python ``re`` row by row. The run manifest records which
@@ -90,7 +90,7 @@ class Regex(ExpressionMetric):
     @property
     def regex_engine(self) -> str:
         """``"polars"`` when the pattern translates to Polars' regex dialect, else
-        ``"python-re"`` (:mod:`ragbatch.regex_compat`)."""
+        ``"python-re"`` (:mod:`ragbatch.core.regex_compat`)."""
         return "polars" if self.translation.rust_pattern is not None else "python-re"
 
     def manifest_info(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import polars as pl
 from ragbatch.metrics._bounds import LengthBounds
 from ragbatch.metrics.cells import cell, details_json, missing
 from ragbatch.metrics.base import Example, ExpressionMetric
-from ragbatch.registry import register
+from ragbatch.core.registry import register
 
 
 @register

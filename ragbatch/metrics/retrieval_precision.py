@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 
-from ragbatch.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
-from ragbatch.registry import register
-from ragbatch.status import MISSING_INPUT
+from ragbatch.core.registry import register
+from ragbatch.core.status import MISSING_INPUT
 
 TASK = """\
 For each retrieved context above, from [1] to [{n}], decide whether it is relevant to the

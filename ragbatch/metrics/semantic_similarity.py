@@ -19,13 +19,13 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from ragbatch.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
+from ragbatch.core.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
 from ragbatch.engines.sentence_transformers import LoadedModel
-from ragbatch.errors import EngineError
+from ragbatch.core.errors import EngineError
 from ragbatch.metrics.cells import CELL_DTYPE, Guard, PyCell, blank, missing, python_cells
 from ragbatch.metrics.base import Example, ModelMetric
-from ragbatch.registry import register
-from ragbatch.status import ERROR
+from ragbatch.core.registry import register
+from ragbatch.core.status import ERROR
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.models.catalogue import GgufWheelModel, get_model_source
 from ragbatch.models.convert import SAVE_DTYPE, check_convert_requirements, convert_gguf
 from ragbatch.models.store import (

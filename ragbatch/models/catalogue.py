@@ -11,7 +11,7 @@ import difflib
 
 from pydantic import BaseModel, ConfigDict
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 
 class GgufWheelModel(BaseModel):

@@ -13,7 +13,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from ragbatch.errors import RagbatchError
+from ragbatch.core.errors import RagbatchError
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ragbatch.errors import ConfigError, RagbatchError
+from ragbatch.core.errors import ConfigError, RagbatchError
 from ragbatch.models.catalogue import GgufWheelModel
 
 #: Bytes read at a time when hashing or copying.

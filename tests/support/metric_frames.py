@@ -7,7 +7,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from ragbatch.columns import CANONICAL_SCHEMA, ISSUES
+from ragbatch.core.columns import CANONICAL_SCHEMA, ISSUES
 
 
 def canonical_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:

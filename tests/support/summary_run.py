@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from ragbatch.config import JobConfig
-from ragbatch.runner import RunResult, run_job
+from ragbatch.config.job import JobConfig
+from ragbatch.pipeline.runner import RunResult, run_job
 
 PRECOMPOSED = "caf\u00e9"
 COMBINING = "cafe\u0301"

@@ -26,7 +26,7 @@ from typing import Annotated, Callable
 
 from pydantic import AfterValidator
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 #: Longest id. Leaves room in a 255-byte file name for ``run_id=`` and a judge suffix,
 #: and in a 1,024-byte object key for the rest of the path.

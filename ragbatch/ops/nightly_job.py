@@ -3,14 +3,14 @@ committed run, and tell a scheduler how it went (``ragbatch nightly``,
 ``python jobs/nightly.py``).
 
 The night is ``run_date`` (``--run-date``), else the config's ``run.run_date``, else
-yesterday in UTC (:func:`ragbatch.run_date.choose_run_date`); ``{run_date}`` placeholders
-in the config's URIs are filled in with it (:mod:`ragbatch.templating`). The run id is
+yesterday in UTC (:func:`ragbatch.core.run_date.choose_run_date`); ``{run_date}`` placeholders
+in the config's URIs are filled in with it (:mod:`ragbatch.config.templating`). The run id is
 ``--run-id``, else ``nightly-<YYYY-MM-DD>`` (:func:`nightly_run_id`), one per night, so
 that running a night again is safe: an attempt that failed is resumed (rows already
 scored are kept), and a night already committed is not run again (its report is written
 again and the exit code says what it found).
 
-Exit codes (:data:`ragbatch.exit_codes.EXIT_CODES`):
+Exit codes (:data:`ragbatch.core.exit_codes.EXIT_CODES`):
 
 ===  ==========================================================================
 0    the night is committed, and no metric regressed beyond the threshold
@@ -38,17 +38,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragbatch.config import InputSection, JobConfig
-from ragbatch.errors import (
-    ConfigError, InputError, InputNotFoundError, OutputError, RagbatchError, RunInProgressError,
+from ragbatch.config.job import InputSection, JobConfig
+from ragbatch.core.errors import (
+    ConfigError,
+    InputError,
+    InputNotFoundError,
+    OutputError,
+    RagbatchError,
+    RunInProgressError,
 )
-from ragbatch.exit_codes import (
-    EXIT_DEGENERATE, EXIT_FAILED, EXIT_INPUT_NOT_READY, EXIT_INVALID, EXIT_OK, EXIT_REGRESSION,
+from ragbatch.core.exit_codes import (
+    EXIT_DEGENERATE,
+    EXIT_FAILED,
+    EXIT_INPUT_NOT_READY,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_REGRESSION,
 )
-from ragbatch.ids import check_id
+from ragbatch.core.ids import check_id
 from ragbatch.io.probe import probe_output
-from ragbatch.run_date import choose_run_date
-from ragbatch.templating import fixed_prefix, render_config
+from ragbatch.core.run_date import choose_run_date
+from ragbatch.config.templating import fixed_prefix, render_config
 
 if TYPE_CHECKING:  # the run and the analysis load Ray and Polars: imported when used
     import polars as pl
@@ -56,7 +66,7 @@ if TYPE_CHECKING:  # the run and the analysis load Ray and Polars: imported when
     from ragbatch.analysis.compare import Comparison
     from ragbatch.analysis.nightly import NightlyReport
     from ragbatch.analysis.runs import CommittedRun
-    from ragbatch.runner import RunResult
+    from ragbatch.pipeline.runner import RunResult
 
 RUN_ID_PREFIX = "nightly-"
 
@@ -73,7 +83,7 @@ class NightlyOutcome:
     Attributes
     ----------
     exit_code : int
-        One of :data:`~ragbatch.exit_codes.EXIT_CODES`.
+        One of :data:`~ragbatch.core.exit_codes.EXIT_CODES`.
     night : datetime.date
         The run date.
     run_id : str
@@ -124,7 +134,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
                 report: bool = True, allow_uncalibrated: bool = False,
                 fail_on_degenerate: bool | None = None) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
-    :data:`~ragbatch.exit_codes.EXIT_CODES` name (they become the outcome's exit code and
+    :data:`~ragbatch.core.exit_codes.EXIT_CODES` name (they become the outcome's exit code and
     message).
 
     Parameters
@@ -135,7 +145,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         Directory of the config file (for ``binary`` callbacks).
     run_date : datetime.date, optional
         The night; default ``config.run.run_date``, else yesterday in UTC
-        (:func:`ragbatch.run_date.choose_run_date`).
+        (:func:`ragbatch.core.run_date.choose_run_date`).
     run_id : str, optional
         Default :func:`nightly_run_id`. A run id fixed in ``config.run.run_id`` is
         refused (every night would reuse it).
@@ -179,7 +189,7 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         probe_output(outcome.config.output.uri, outcome.config.output.storage_options)
         outcome.already_committed = _committed(outcome.config, night, outcome.run_id)
         if not outcome.already_committed:
-            from ragbatch.runner import run_job
+            from ragbatch.pipeline.runner import run_job
 
             outcome.result = run_job(config, run_id=outcome.run_id, address=address,
                                      config_dir=config_dir, allow_uncalibrated=allow_uncalibrated)

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 from ragbatch.metrics.base import Metric
 
 #: Never copied from a shipped package folder.

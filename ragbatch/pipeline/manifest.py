@@ -10,10 +10,10 @@ from typing import Any
 
 from ragbatch import __version__
 from ragbatch.io.write import OutputLayout, RunCheck
-from ragbatch.manifest_model import SCHEMA_VERSION, Manifest
-from ragbatch.plan import Plan
-from ragbatch.redact import redact
-from ragbatch.stages import StageKind
+from ragbatch.io.manifest_model import SCHEMA_VERSION, Manifest
+from ragbatch.pipeline.plan import Plan
+from ragbatch.core.redact import redact
+from ragbatch.core.stages import StageKind
 
 #: Distributions whose versions every manifest records (absent ones are skipped).
 PACKAGES = (
@@ -45,9 +45,9 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
                    summary: Any = None,
                    uri_templates: dict[str, str] | None = None) -> Manifest:
     """Assemble the manifest written as ``manifest.json``: a
-    :class:`~ragbatch.manifest_model.Manifest`.
+    :class:`~ragbatch.io.manifest_model.Manifest`.
 
-    Keys: ``schema_version`` (:data:`ragbatch.manifest_model.SCHEMA_VERSION`), ``run``
+    Keys: ``schema_version`` (:data:`ragbatch.io.manifest_model.SCHEMA_VERSION`), ``run``
     (id, name, date, times, and ``uri_templates``: the URI fields written with
     ``{run_date}`` placeholders, as written), ``config`` (as run: URIs rendered for the
     run date),
@@ -77,7 +77,7 @@ def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started
     :meth:`~ragbatch.analysis.summary.RunSummary.diagnostics_info`; empty without ``summary``).
 
     The sections built from what the user wrote (``run``, ``config``, ``input``,
-    ``output``, ``stages``, ``ray``) pass through :func:`ragbatch.redact.redact`: no
+    ``output``, ``stages``, ``ray``) pass through :func:`ragbatch.core.redact.redact`: no
     credential key's value and no URL's credentials reach the manifest (docs/secrets.md).
     """
     from ragbatch.io.read import input_fingerprint

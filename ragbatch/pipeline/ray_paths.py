@@ -33,7 +33,7 @@ def worker_pythonpath() -> str:
     """The workers' ``PYTHONPATH``: the folder this ragbatch (and ``udfs``) is imported
     from when that is a checkout rather than an installation, then this process's own
     ``PYTHONPATH``. Never the working folder or the config's folder."""
-    code_root = str(Path(__file__).resolve().parents[1])
+    code_root = str(Path(__file__).resolve().parents[2])
     paths = sysconfig.get_paths()
     installed = {str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")}
     own = [] if code_root in installed else [code_root]

@@ -5,7 +5,7 @@ A submission sends a working directory to the cluster through Ray's Job Submissi
 the job there with the cluster's ``python``, in one of two ways:
 
 * from the installed package (the default): the working directory is the config and the
-  user code its metrics import (:mod:`ragbatch.shipping`), put together in a temporary
+  user code its metrics import (:mod:`ragbatch.ops.shipping`), put together in a temporary
   folder, and the job runs ``python -m ragbatch run CONFIG --run-id ID --run-date D``
   (``nightly`` for a nightly run). The cluster must have ragbatch installed, in its image
   or through ``--pip``.
@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from ragbatch.config import JobConfig, load_config
-from ragbatch.errors import ClusterError, ConfigError, JobNotFoundError
-from ragbatch.exit_codes import EXIT_FAILED, EXIT_OK
-from ragbatch.ids import check_id
+from ragbatch.config.job import JobConfig, load_config
+from ragbatch.core.errors import ClusterError, ConfigError, JobNotFoundError
+from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_OK
+from ragbatch.core.ids import check_id
 from ragbatch.metrics.base import Metric
-from ragbatch.redact import redact_url
-from ragbatch.run_date import choose_run_date
+from ragbatch.core.redact import redact_url
+from ragbatch.core.run_date import choose_run_date
 
 #: Environment variables that give the job server's address, in order of precedence
 #: (after ``--address``); the same ones ``ray job submit`` reads.
@@ -84,7 +84,7 @@ class JobRequest:
         ``env_vars`` / ``pip`` when given.
     files : dict of str to Path
         Without a checkout: the working directory to assemble at submission (name at its
-        top -> local file or package folder; see :func:`ragbatch.shipping.job_files`).
+        top -> local file or package folder; see :func:`ragbatch.ops.shipping.job_files`).
         Empty when a checkout is shipped.
     metadata : dict of str to str
         Stored with the job (``ragbatch status`` prints it): config, run id, run date,
@@ -221,7 +221,7 @@ def _inside(config_file: Path, workdir: Path, config_path: str | Path) -> str:
 
 
 def _job_files(config_file: Path, metrics: list[Metric], search_dirs: tuple[Path, ...]) -> dict[str, Path]:
-    from ragbatch.shipping import job_files
+    from ragbatch.ops.shipping import job_files
 
     return job_files(config_file, metrics, search_dirs)
 
@@ -230,14 +230,14 @@ def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
                 nightly: bool) -> tuple[str, dt.date]:
     """The run id and run date the job gets, as ``ragbatch run`` / ``nightly`` choose them."""
     if nightly:
-        from ragbatch.nightly_job import nightly_run_id
+        from ragbatch.ops.nightly_job import nightly_run_id
 
         if config.run.run_id and not run_id:
             raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
                               "would reuse it); remove it (default: nightly-<run date>) or pass --run-id")
         night = choose_run_date(run_date, config.run.run_date, nightly=True)
         return _checked_run_id(run_id or nightly_run_id(night)), night
-    from ragbatch.runner import new_run_id
+    from ragbatch.pipeline.runner import new_run_id
 
     run_date = choose_run_date(run_date, config.run.run_date)
     return _checked_run_id(run_id or config.run.run_id or new_run_id()), run_date
@@ -247,9 +247,9 @@ def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...
              ships_local_files: bool) -> tuple[JobConfig, list[Metric]]:
     """Everything that can be checked here without the cluster; the config rendered for
     ``run_date``, and its metrics."""
-    from ragbatch.placement import accelerator_problems
-    from ragbatch.plan import build_metrics
-    from ragbatch.templating import render_config
+    from ragbatch.core.placement import accelerator_problems
+    from ragbatch.pipeline.plan import build_metrics
+    from ragbatch.config.templating import render_config
 
     rendered = render_config(config, run_date)
     location_problems = _local_uri_problems(rendered, ships_local_files)
@@ -424,7 +424,7 @@ def _runtime_env(request: JobRequest) -> Iterator[dict[str, Any]]:
     if not request.files:
         yield request.runtime_env
         return
-    from ragbatch.shipping import assemble
+    from ragbatch.ops.shipping import assemble
 
     with tempfile.TemporaryDirectory(prefix="ragbatch-job-") as folder:
         assemble(request.files, Path(folder))

@@ -10,7 +10,7 @@ import difflib
 import importlib
 from typing import TYPE_CHECKING
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from ragbatch.metrics.base import Metric

@@ -2,7 +2,7 @@
 
 ``ragbatch run``, ``nightly``, ``compare``, ``submit`` and the other commands return
 these; docs/commands.md lists which command returns which, and
-:mod:`ragbatch.nightly_job` says what each means for a scheduler of nightly runs.
+:mod:`ragbatch.ops.nightly_job` says what each means for a scheduler of nightly runs.
 """
 
 from __future__ import annotations

@@ -20,21 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from ragbatch.analysis.summary import RunSummary, summarize_run, summary_settings
-from ragbatch.config import JobConfig
-from ragbatch.errors import InputError, OutputError, RunInterrupted
-from ragbatch.ids import check_id
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import InputError, OutputError, RunInterrupted
+from ragbatch.core.ids import check_id
 from ragbatch.io.budget import check_error_budget
 from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
-from ragbatch.manifest import build_manifest
-from ragbatch.manifest_model import Manifest
-from ragbatch.plan import Plan, Stage, build_plan, preflight_engines
-from ragbatch.ray_paths import start_local_ray, worker_pythonpath
-from ragbatch.run_date import choose_run_date, today_utc
-from ragbatch.stages import StageKind
-from ragbatch.templating import placeholders, render_config, uri_templates
+from ragbatch.pipeline.manifest import build_manifest
+from ragbatch.io.manifest_model import Manifest
+from ragbatch.pipeline.plan import Plan, Stage, build_plan, preflight_engines
+from ragbatch.pipeline.ray_paths import start_local_ray, worker_pythonpath
+from ragbatch.core.run_date import choose_run_date, today_utc
+from ragbatch.core.stages import StageKind
+from ragbatch.config.templating import placeholders, render_config, uri_templates
 
 log = logging.getLogger("ragbatch")
 
@@ -55,7 +55,7 @@ class RunResult:
     manifest: Manifest
     timings: dict[str, float] = field(default_factory=dict)
     summary: RunSummary | None = None
-    #: The config as run: its URIs rendered for the run date (:mod:`ragbatch.templating`).
+    #: The config as run: its URIs rendered for the run date (:mod:`ragbatch.config.templating`).
     config: JobConfig | None = None
 
 
@@ -72,8 +72,8 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     Raises
     ------
     ConfigError, InputError
-        Before any metric runs, for problems :func:`ragbatch.plan.build_plan` finds, a
-        URI template that is not valid (:mod:`ragbatch.templating`), or a judge metric
+        Before any metric runs, for problems :func:`ragbatch.pipeline.plan.build_plan` finds, a
+        URI template that is not valid (:mod:`ragbatch.config.templating`), or a judge metric
         whose recorded agreement with human labels is missing or below the config's
         ``calibration.min_agreement`` (:func:`ragbatch.calibrate.guard.check_calibration`;
         ``allow_uncalibrated`` turns that into warnings); a human label (config ``labels``)
@@ -244,7 +244,7 @@ def prepare_import_paths(config_dir: str | Path | None) -> tuple[str, ...]:
 
 def ensure_ray(address: str | None) -> dict[str, Any]:
     """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally
-    (:func:`ragbatch.ray_paths.start_local_ray`: no user folder on the workers' module
+    (:func:`ragbatch.pipeline.ray_paths.start_local_ray`: no user folder on the workers' module
     path); return facts about the cluster for the manifest. An already initialised Ray
     is reused."""
     import ray
@@ -331,8 +331,8 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
 
 def check_fit(plan: Plan, *, started_locally: bool) -> None:
     """Check that the connected Ray cluster can hold every actor stage's smallest pool
-    (:func:`ragbatch.placement.fit_problems`) and still leaves one node a whole CPU for
-    the read, expression and write tasks (:func:`ragbatch.placement.read_task_problem`).
+    (:func:`ragbatch.core.placement.fit_problems`) and still leaves one node a whole CPU for
+    the read, expression and write tasks (:func:`ragbatch.core.placement.read_task_problem`).
 
     Raises
     ------
@@ -341,8 +341,8 @@ def check_fit(plan: Plan, *, started_locally: bool) -> None:
         Ray Data would wait forever). On a cluster the problems are logged as warnings
         instead, since an autoscaler may add the nodes.
     """
-    from ragbatch.errors import ConfigError
-    from ragbatch.placement import cluster_nodes, fit_problems, read_task_problem
+    from ragbatch.core.errors import ConfigError
+    from ragbatch.core.placement import cluster_nodes, fit_problems, read_task_problem
 
     demands, nodes = plan.demands(), cluster_nodes()
     problems = fit_problems(demands, nodes)
@@ -449,9 +449,9 @@ LEDGER_NAMESPACE = "ragbatch"
 
 
 def _own_error(exc: BaseException) -> Exception | None:
-    """The first :class:`~ragbatch.errors.RagbatchError` in ``exc``'s chain of causes
+    """The first :class:`~ragbatch.core.errors.RagbatchError` in ``exc``'s chain of causes
     (Ray keeps the original as ``cause`` on its task errors), or None."""
-    from ragbatch.errors import RagbatchError
+    from ragbatch.core.errors import RagbatchError
 
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]

@@ -1,6 +1,6 @@
 """The typed manifest: what ``manifest.json`` holds, as pydantic models.
 
-:func:`ragbatch.manifest.build_manifest` builds a :class:`Manifest`; the writer dumps it
+:func:`ragbatch.pipeline.manifest.build_manifest` builds a :class:`Manifest`; the writer dumps it
 (:meth:`Manifest.to_json_dict`), and every reader parses it with :func:`read_manifest` (or
 :meth:`Manifest.model_validate_json`) instead of indexing a dict by key.
 
@@ -9,7 +9,7 @@ Versions
 ``schema_version`` is :data:`SCHEMA_VERSION` (1). Manifests written before the field
 existed have the same layout without it, and read as version 1. A manifest with a
 version above :data:`SCHEMA_VERSION` was written by a newer ragbatch: reading it raises
-a :class:`~ragbatch.errors.InputError` that says to upgrade. Sections added to the layout
+a :class:`~ragbatch.core.errors.InputError` that says to upgrade. Sections added to the layout
 later read as empty from older manifests (their defaults below); keys this version does
 not know are kept as they are.
 
@@ -25,7 +25,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ragbatch.errors import InputError
+from ragbatch.core.errors import InputError
 
 #: The manifest layout this ragbatch writes and the newest it reads.
 SCHEMA_VERSION = 1
@@ -101,7 +101,7 @@ class JudgeTally(_Section):
 
 
 class JudgeInfo(_Section):
-    """The manifest's ``judge`` section (:func:`ragbatch.manifest.judge_summary`)."""
+    """The manifest's ``judge`` section (:func:`ragbatch.pipeline.manifest.judge_summary`)."""
 
     metrics: dict[str, JudgeTally] = Field(default_factory=dict)
     total: JudgeTally = Field(default_factory=JudgeTally)
@@ -120,7 +120,7 @@ class ResumeInfo(_Section):
 
 
 class FaultInfo(_Section):
-    """The manifest's ``faults`` section (:func:`ragbatch.manifest.fault_summary`)."""
+    """The manifest's ``faults`` section (:func:`ragbatch.pipeline.manifest.fault_summary`)."""
 
     error_budget: float = Field(0.01, description="fraction of input rows in [0, 1]")
     stages: dict[str, dict[str, int]] = Field(default_factory=dict)
@@ -164,7 +164,7 @@ class Manifest(_Section):
     The top-level keys, in the order written; each field's description is its line in
     docs/output-schema.md (:func:`manifest_doc_table`). The sections built from what the
     user wrote (``run``, ``config``, ``input``, ``output``, ``stages``, ``ray``) are
-    redacted before the model is built (:func:`ragbatch.manifest.build_manifest`).
+    redacted before the model is built (:func:`ragbatch.pipeline.manifest.build_manifest`).
 
     Raises
     ------

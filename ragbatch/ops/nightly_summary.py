@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ragbatch.exit_codes import EXIT_CODES, EXIT_INPUT_NOT_READY
-from ragbatch.nightly_job import NightlyOutcome
-from ragbatch.redact import redact_text
+from ragbatch.core.exit_codes import EXIT_CODES, EXIT_INPUT_NOT_READY
+from ragbatch.ops.nightly_job import NightlyOutcome
+from ragbatch.core.redact import redact_text
 
 
 def format_outcome(outcome: NightlyOutcome) -> str:
     """``outcome`` as text: a headline, the paths, one line per metric (cells, ``ok``
     cells, mean; the paired change against the previous run with its interval, marked
     when it regresses beyond the threshold, or when its judge result is degenerate) and the
-    exit line. URLs appear without credentials (:func:`ragbatch.redact.redact_text`)."""
+    exit line. URLs appear without credentials (:func:`ragbatch.core.redact.redact_text`)."""
     lines = [_headline(outcome)]
     if outcome.config is not None:
         lines.append(f"  input:      {outcome.config.input.uri}")

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from ragbatch.config import JobConfig, engine_adapter
+from ragbatch.config.job import JobConfig, engine_adapter
 from ragbatch.engines.registry import engine_of
-from ragbatch.errors import ConfigError, InputError
+from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
-from ragbatch.placement import StageDemand, accelerator_problems
-from ragbatch.registry import get_metric
-from ragbatch.stages import StageKind
+from ragbatch.core.placement import StageDemand, accelerator_problems
+from ragbatch.core.registry import get_metric
+from ragbatch.core.stages import StageKind
 
 
 @dataclass
@@ -89,8 +89,8 @@ class Plan:
         return [s for s in self.slice_names if s not in labels]
 
     def demands(self) -> list["StageDemand"]:
-        """What each actor stage asks of the cluster (:mod:`ragbatch.placement`)."""
-        from ragbatch.placement import stage_demand
+        """What each actor stage asks of the cluster (:mod:`ragbatch.core.placement`)."""
+        from ragbatch.core.placement import stage_demand
 
         return [stage_demand(s.name, s.engine) for s in self.stages if s.engine is not None]
 
@@ -178,7 +178,7 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
 
 def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
     """``pii_types`` the configured detectors cannot find, and unreadable NER models."""
-    from ragbatch.errors import EngineError
+    from ragbatch.core.errors import EngineError
     from ragbatch.metrics.pii_base import PiiMetric
 
     pii = [m for m in metrics if isinstance(m, PiiMetric)]
@@ -275,7 +275,7 @@ def preflight_engines(plan: Plan) -> None:
         A check failed (a server cannot be reached, refuses the key, or does not serve
         the model); the message starts with ``engines.<name>`` and names the cause.
     """
-    from ragbatch.errors import EngineError
+    from ragbatch.core.errors import EngineError
 
     for stage in plan.stages:
         if stage.kind is not StageKind.JUDGE:

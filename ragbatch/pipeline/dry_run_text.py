@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
-from ragbatch.dry_run import DryRun, JudgeStageEstimate, StagePlan
+from ragbatch.pipeline.dry_run import DryRun, JudgeStageEstimate, StagePlan
 from ragbatch.judge.estimate import MetricEstimate, StepEstimate
-from ragbatch.redact import redact_text
+from ragbatch.core.redact import redact_text
 
 _COLUMNS = ("rows", "calls", "cache hits", "prompt tokens", "completion <=", "too long")
 #: Width the stage lines are wrapped at.
@@ -27,7 +27,7 @@ def format_dry_run(result: DryRun) -> str:
         Several lines, no trailing newline. Judge figures are scaled from the sample to
         the whole input; each step says whether it is ``exact`` (counted on the sample)
         or ``assumed``. URLs appear without credentials
-        (:func:`ragbatch.redact.redact_text`).
+        (:func:`ragbatch.core.redact.redact_text`).
     """
     size = result.input_size
     exactness = "exact" if size.exact else "estimate"

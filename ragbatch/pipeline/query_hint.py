@@ -14,7 +14,7 @@ from typing import Any
 
 from ragbatch.io.fs import is_process_local
 from ragbatch.io.write import OutputLayout
-from ragbatch.redact import redact_url
+from ragbatch.core.redact import redact_url
 
 #: s3fs storage option -> the object_store key Polars reads, for options shown in full.
 _S3_PLAIN = {"endpoint_url": "aws_endpoint_url", "region_name": "aws_region",

@@ -10,10 +10,10 @@ Three fields may name the run date, so that one config serves every night
 ``{run_date}`` becomes the ISO date ``YYYY-MM-DD``; after a colon comes a strftime format
 made of date directives only (:data:`DATE_DIRECTIVES`). ``{{`` and ``}}`` are literal
 braces. Any other placeholder, a conversion (``!r``) or an unbalanced brace is a
-:class:`~ragbatch.errors.ConfigError` naming the field and the fix.
+:class:`~ragbatch.core.errors.ConfigError` naming the field and the fix.
 
 A config is rendered once, when its run's date is known (``ragbatch run``, ``validate``
-and ``nightly``; see :func:`ragbatch.runner.run_job`); the rendered URIs are what the run
+and ``nightly``; see :func:`ragbatch.pipeline.runner.run_job`); the rendered URIs are what the run
 reads, writes and records in its manifest.
 """
 
@@ -23,10 +23,10 @@ import datetime as dt
 import string
 from typing import TYPE_CHECKING
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ragbatch.config import JobConfig
+    from ragbatch.config.job import JobConfig
 
 #: Config fields whose text may hold placeholders (dotted paths into the config).
 TEMPLATED_FIELDS = ("input.uri", "output.uri", "cache.uri")

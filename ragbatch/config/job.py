@@ -16,7 +16,7 @@ Shape (see docs/config.md for every field)::
     labels:  {columns: {metric id: input column}, calibration: {uri, run_id, columns},
               estimator}   (human labels, docs/ppi.md)
 
-:func:`load_config` raises :class:`~ragbatch.errors.ConfigError` whose message lists every
+:func:`load_config` raises :class:`~ragbatch.core.errors.ConfigError` whose message lists every
 problem as ``<field path>: <what is wrong>; <what to do>``.
 """
 
@@ -31,9 +31,9 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
                       model_validator)
 
 from ragbatch.engines.registry import EngineType, engine_names, engine_types, on_change, register_engine
-from ragbatch.errors import ConfigError
-from ragbatch.ids import PathId
-from ragbatch.safe_yaml import MAX_YAML_BYTES, load_yaml
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.ids import PathId
+from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
@@ -45,7 +45,7 @@ class _Strict(BaseModel):
 class RunSection(_Strict):
     """``run``: naming of the run. ``run_date`` defaults to today (UTC); ``run_id`` is
     generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``; it
-    names directories, so it is checked as a path segment (:mod:`ragbatch.ids`), also
+    names directories, so it is checked as a path segment (:mod:`ragbatch.core.ids`), also
     when a field is assigned after loading. ``name`` is a label (manifest, reports) and
     never part of a path.
     ``error_budget`` (fraction in [0, 1], default 0.01) is the largest share of input rows
@@ -122,7 +122,7 @@ class MetricSpec(_Strict):
 
 
 class _StageResources(_Strict):
-    """Where and how wide an actor stage runs (see :mod:`ragbatch.placement`).
+    """Where and how wide an actor stage runs (see :mod:`ragbatch.core.placement`).
 
     ``num_gpus``/``num_cpus`` are per actor; ``concurrency`` is a fixed pool size or
     ``[min, max]`` for an autoscaling pool; ``batch_size`` is rows per call;
@@ -600,7 +600,7 @@ def load_config(path: str | Path) -> JobConfig:
     ------
     ConfigError
         The file is missing, is not YAML, or a field is invalid. Metric params are checked
-        separately by :func:`ragbatch.plan.build_plan`.
+        separately by :func:`ragbatch.pipeline.plan.build_plan`.
     """
     path = Path(path)
     return JobConfig.from_dict(read_yaml(path, "config file"), source=str(path))
@@ -613,7 +613,7 @@ def read_yaml(path: Path, what: str) -> Any:
     ------
     ConfigError
         ``path`` is not a file (the message calls it ``what``), is not valid YAML, or is
-        over a size or alias budget (:func:`ragbatch.safe_yaml.load_yaml`).
+        over a size or alias budget (:func:`ragbatch.config.safe_yaml.load_yaml`).
     """
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragbatch.config import JobConfig
+from ragbatch.config.job import JobConfig
 from ragbatch.io.sample import InputSize
 from ragbatch.judge.estimate import MetricEstimate
-from ragbatch.stages import StageKind
+from ragbatch.core.stages import StageKind
 
 #: Rows sampled by default.
 DEFAULT_SAMPLE_ROWS = 200
@@ -173,7 +173,7 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
     Raises
     ------
     ConfigError, InputError
-        As :func:`ragbatch.plan.build_plan` (the checks ``ragbatch validate`` makes).
+        As :func:`ragbatch.pipeline.plan.build_plan` (the checks ``ragbatch validate`` makes).
     EngineError
         With a pilot: the judge engine cannot be loaded.
     ValueError
@@ -182,7 +182,7 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
     import polars as pl
 
     from ragbatch.io.sample import sample_input
-    from ragbatch.plan import build_plan
+    from ragbatch.pipeline.plan import build_plan
 
     if sample_rows < 1:
         raise ValueError(f"--sample-rows must be at least 1, got {sample_rows}")
@@ -223,7 +223,7 @@ def _pilot(stage: Any, pilot_rows: int) -> Any:
     if pilot_rows == 0 or all(m.judge_steps == 1 for m in stage.metrics):
         return None
     from ragbatch.engines import load_judge_engine
-    from ragbatch.errors import EngineError
+    from ragbatch.core.errors import EngineError
     from ragbatch.judge.pilot import Pilot
 
     spec = stage.engine

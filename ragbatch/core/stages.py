@@ -11,7 +11,7 @@ from enum import StrEnum
 
 
 class StageKind(StrEnum):
-    """What runs a stage of the pipeline (:class:`ragbatch.plan.Stage`).
+    """What runs a stage of the pipeline (:class:`ragbatch.pipeline.plan.Stage`).
 
     A ``str`` enum: each member equals, formats as and serialises to its value
     (``"expression"``, ``"model"``, ``"pii"``, ``"judge"``), the text the manifest,

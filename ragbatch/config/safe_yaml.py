@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ragbatch.errors import ConfigError
+from ragbatch.core.errors import ConfigError
 
 #: Largest YAML file read as a config, in bytes (1 MiB).
 MAX_YAML_BYTES = 1 << 20
