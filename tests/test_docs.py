@@ -156,3 +156,25 @@ def test_relative_links_resolve(doc):
             elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
                 broken.append(f"{target}: no heading with anchor #{anchor}")
     assert not broken, f"{doc.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_readme_layout_lists_the_packages_and_folders():
+    """The README's layout tree names every package of ragbatch/ (in the layer order of
+    the import contract) and every top-level folder it lists exists."""
+    section = README[README.index("\n## Layout\n"):]
+    tree = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)]
+    listed_packages = [line.split()[0].rstrip("/") for line in tree.splitlines()
+                       if line.startswith("  ")]
+    packages = sorted(p.name for p in (ROOT / "ragbatch").iterdir()
+                      if (p / "__init__.py").is_file())
+    assert sorted(listed_packages) == packages
+    top = [line.split()[0].rstrip("/") for line in tree.splitlines()
+           if line and not line.startswith(" ")]
+    for folder in top:
+        assert (ROOT / folder).is_dir(), folder
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
+    contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = [name.strip().removeprefix("ragbatch.")
+              for layer in contract["contracts"][0]["layers"]
+              for name in re.split(r"[|:]", layer) if name.strip().startswith("ragbatch.")]
+    assert listed_packages == [p for p in layers if p in listed_packages]
