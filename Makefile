@@ -88,11 +88,11 @@ LINT_PATHS := ragbatch udfs tests benchmarks jobs notebooks
 FORMAT_PATHS := ragbatch udfs tests benchmarks jobs
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(FORMAT_PATHS)
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
-# `ruff format` (pyproject.toml [tool.ruff.format]). The code base is not formatted with it
-# yet: format-check fails until `make format` has been run and committed once; then add
-# format-check to lint.
+# `ruff format` (pyproject.toml [tool.ruff.format]); `make lint` fails on unformatted code.
 format: setup
 	$(BIN)/ruff format $(FORMAT_PATHS)
 

@@ -63,8 +63,16 @@ RUN_ID = "bench"
 SEED = 0
 DEFAULT_LIMIT = 24
 #: Measures shown in the table, in this order, when some row has a value for them.
-MAIN_MEASURES = ("accuracy", "kappa", "roc_auc", "brier", "ece", "spearman", "kendall",
-                 "pairwise_agreement")
+MAIN_MEASURES = (
+    "accuracy",
+    "kappa",
+    "roc_auc",
+    "brier",
+    "ece",
+    "spearman",
+    "kendall",
+    "pairwise_agreement",
+)
 
 
 # -- the judge ---------------------------------------------------------------------------
@@ -81,18 +89,29 @@ def judge_model(choice: str | None) -> Path:
             build_tiny_judge_model(TINY_MODEL)
         return TINY_MODEL
     if choice == "smollm2":
-        subprocess.run([sys.executable, "-m", "ragbatch", "models", "build", "smollm2",
-                        "--out", str(SMOLLM2)], cwd=ROOT, env=_env(0), check=True)
+        subprocess.run(
+            [sys.executable, "-m", "ragbatch", "models", "build", "smollm2", "--out", str(SMOLLM2)],
+            cwd=ROOT,
+            env=_env(0),
+            check=True,
+        )
         return SMOLLM2
     path = Path(choice).expanduser().resolve()
     if not (path / "config.json").is_file():
-        raise SystemExit(f"--judge-model {choice}: no config.json there; give a local Hugging Face "
-                         "model directory, or `smollm2`")
+        raise SystemExit(
+            f"--judge-model {choice}: no config.json there; give a local Hugging Face "
+            "model directory, or `smollm2`"
+        )
     return path
 
 
-def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
-                 max_tokens: int | None, grammar_backend: str | None = None) -> dict[str, Any]:
+def judge_engine(
+    engine: dict[str, Any],
+    model: str,
+    num_gpus: int,
+    max_tokens: int | None,
+    grammar_backend: str | None = None,
+) -> dict[str, Any]:
     """A copy of one judge engine section pointed at ``model``.
 
     With ``num_gpus`` > 0 the engine spans that many GPUs (``num_gpus`` and
@@ -108,7 +127,9 @@ def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
     spec = dict(engine, model=model)
     if num_gpus > 0:
         spec.update(num_gpus=num_gpus, tensor_parallel_size=num_gpus)
-        kwargs = {k: v for k, v in (spec.get("engine_kwargs") or {}).items() if k != "enforce_eager"}
+        kwargs = {
+            k: v for k, v in (spec.get("engine_kwargs") or {}).items() if k != "enforce_eager"
+        }
         spec["engine_kwargs"] = kwargs
         if spec.get("dtype") == "float32":
             spec.pop("dtype")
@@ -116,9 +137,13 @@ def judge_engine(engine: dict[str, Any], model: str, num_gpus: int,
     if max_tokens is not None:
         spec["max_tokens"] = max_tokens
     if grammar_backend is not None:
-        spec["engine_kwargs"] = {**(spec.get("engine_kwargs") or {}),
-                                 "structured_outputs_config": {"backend": grammar_backend,
-                                                               "disable_any_whitespace": True}}
+        spec["engine_kwargs"] = {
+            **(spec.get("engine_kwargs") or {}),
+            "structured_outputs_config": {
+                "backend": grammar_backend,
+                "disable_any_whitespace": True,
+            },
+        }
     return spec
 
 
@@ -148,19 +173,24 @@ def stratum_keys(frame: pl.DataFrame, columns: list[str]) -> list[str]:
     values = []
     for column in columns:
         if column not in frame.columns:
-            raise ValueError(f"label column {column!r} is not in the input; its columns: {frame.columns}")
+            raise ValueError(
+                f"label column {column!r} is not in the input; its columns: {frame.columns}"
+            )
         text = frame[column].cast(pl.String).str.strip_chars()
         missing = text.is_null() | (text == "")
         if missing.any():
-            raise ValueError(f"label column {column!r} has {int(missing.sum())} null or empty cell(s), "
-                             f"the first at input row {int(missing.arg_max())}; every sampled row "
-                             "needs a label: fill or drop them")
+            raise ValueError(
+                f"label column {column!r} has {int(missing.sum())} null or empty cell(s), "
+                f"the first at input row {int(missing.arg_max())}; every sampled row "
+                "needs a label: fill or drop them"
+            )
         values.append(text.to_list())
     return [" | ".join(row) for row in zip(*values)]
 
 
-def stratified_positions(frame: pl.DataFrame, columns: list[str], per_label: int,
-                         seed: int = SEED) -> tuple[list[int], dict[str, int]]:
+def stratified_positions(
+    frame: pl.DataFrame, columns: list[str], per_label: int, seed: int = SEED
+) -> tuple[list[int], dict[str, int]]:
     """Up to ``per_label`` rows of each stratum (:func:`stratum_keys`), drawn without
     replacement.
 
@@ -240,10 +270,17 @@ def sample_input(config: dict[str, Any], name: str, per_label: int, seed: int) -
     write_input(frame[positions], fmt, path)
     config["input"]["uri"] = str(path)
     config.pop("limit", None)
-    return {"seed": seed, "per_label": per_label, "label_columns": columns or
-            [config["pairs"].get("label_column", "pair_label")], "pairs": not columns,
-            "input_rows": frame.height, "rows": len(positions), "per_stratum": counts,
-            "positions": positions, "file": str(path)}
+    return {
+        "seed": seed,
+        "per_label": per_label,
+        "label_columns": columns or [config["pairs"].get("label_column", "pair_label")],
+        "pairs": not columns,
+        "input_rows": frame.height,
+        "rows": len(positions),
+        "per_stratum": counts,
+        "positions": positions,
+        "file": str(path),
+    }
 
 
 # -- the agreement table -----------------------------------------------------------------
@@ -258,11 +295,26 @@ def agreement_records(table: pl.DataFrame) -> list[dict[str, Any]]:
     for r in table.iter_rows(named=True):
         key = (r["judge"], r["metric"])
         if key not in records:
-            records[key] = {k: r[k] for k in ("judge", "metric", "label_column", "label_type",
-                                              "n_cells", "n_ok", "n_labelled")}
+            records[key] = {
+                k: r[k]
+                for k in (
+                    "judge",
+                    "metric",
+                    "label_column",
+                    "label_type",
+                    "n_cells",
+                    "n_ok",
+                    "n_labelled",
+                )
+            }
             records[key]["measures"] = {}
-        records[key]["measures"][r["measure"]] = {"n": r["n"], "value": r["value"], "low": r["ci_low"],
-                                                  "high": r["ci_high"], "reason": r["reason"]}
+        records[key]["measures"][r["measure"]] = {
+            "n": r["n"],
+            "value": r["value"],
+            "low": r["ci_low"],
+            "high": r["ci_high"],
+            "reason": r["reason"],
+        }
     return list(records.values())
 
 
@@ -279,8 +331,11 @@ def format_measure(m: dict[str, Any] | None) -> str:
 
 def measures_present(rows: list[dict[str, Any]]) -> list[str]:
     """The :data:`MAIN_MEASURES` that some row has a value for, in that order."""
-    return [name for name in MAIN_MEASURES
-            if any((r.get("measures", {}).get(name) or {}).get("value") is not None for r in rows)]
+    return [
+        name
+        for name in MAIN_MEASURES
+        if any((r.get("measures", {}).get(name) or {}).get("value") is not None for r in rows)
+    ]
 
 
 def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -289,21 +344,33 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     (unparsed replies, refusals); the config's judge calls, verdicts per second and wall
     seconds on its first row; one row with the error when it failed."""
     if result.get("error"):
-        return [{"config": result["config"], "metric": "", "note": f"error: {result['error']}",
-                 "wall_s": result.get("wall_s")}]
+        return [
+            {
+                "config": result["config"],
+                "metric": "",
+                "note": f"error: {result['error']}",
+                "wall_s": result.get("wall_s"),
+            }
+        ]
     records = result["agreement"]
     several = len({r["judge"] for r in records}) > 1
     rows = []
     for i, rec in enumerate(records):
         sizes = [m["n"] for m in rec["measures"].values() if m["n"] is not None]
-        row = {"config": result["config"], "n": max(sizes, default=None),
-               "metric": f"{rec['judge']}:{rec['metric']}" if several else rec["metric"],
-               "measures": rec["measures"]}
+        row = {
+            "config": result["config"],
+            "n": max(sizes, default=None),
+            "metric": f"{rec['judge']}:{rec['metric']}" if several else rec["metric"],
+            "measures": rec["measures"],
+        }
         if rec["n_ok"] < rec["n_cells"]:
             row["note"] = f"{rec['n_ok']} of {rec['n_cells']} verdicts ok"
         if i == 0:
-            row.update(judge_calls=result["judge_calls"], verdicts_per_s=result["verdicts_per_s"],
-                       wall_s=result["wall_s"])
+            row.update(
+                judge_calls=result["judge_calls"],
+                verdicts_per_s=result["verdicts_per_s"],
+                wall_s=result["wall_s"],
+            )
         rows.append(row)
     return rows
 
@@ -320,10 +387,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["config"], r.get("metric", ""), _num(r.get("n"), "d")]
-        cells += [format_measure(r.get("measures", {}).get(m)) if r.get("measures") else ""
-                  for m in measures]
-        cells += [_num(r.get("judge_calls"), "d"), _num(r.get("verdicts_per_s"), ".2f"),
-                  _num(r.get("wall_s"), ".1f")]
+        cells += [
+            format_measure(r.get("measures", {}).get(m)) if r.get("measures") else ""
+            for m in measures
+        ]
+        cells += [
+            _num(r.get("judge_calls"), "d"),
+            _num(r.get("verdicts_per_s"), ".2f"),
+            _num(r.get("wall_s"), ".1f"),
+        ]
         cells += [_num(r.get("raw_fraction"), ".3f")] * raw + [r.get("note") or ""] * notes
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     return "\n".join(lines)
@@ -343,16 +415,22 @@ def _env(num_gpus: int) -> dict[str, str]:
     return env
 
 
-def prepare_config(name: str, args: argparse.Namespace, model: Path, out: Path) -> tuple[dict, dict | None]:
+def prepare_config(
+    name: str, args: argparse.Namespace, model: Path, out: Path
+) -> tuple[dict, dict | None]:
     """The config copy of ``jobs/calibrate_<name>.yaml`` (judge engines, output root,
     input) and the sample record (None with ``--limit``)."""
     config = yaml.safe_load((ROOT / "jobs" / f"calibrate_{name}.yaml").read_text())
     config["output"]["uri"] = str(out)
     config["input"]["uri"] = str(ROOT / config["input"]["uri"])
     for judge in config["judges"]:
-        config["engines"][judge] = judge_engine(config["engines"][judge], str(model),
-                                                args.num_gpus, args.max_tokens,
-                                                args.grammar_backend)
+        config["engines"][judge] = judge_engine(
+            config["engines"][judge],
+            str(model),
+            args.num_gpus,
+            args.max_tokens,
+            args.grammar_backend,
+        )
     sample = None
     if args.per_label is not None:
         sample = sample_input(config, name, args.per_label, args.seed)
@@ -371,16 +449,25 @@ def read_results(out: Path) -> dict[str, Any]:
     for judge, run_id in manifest["scores_runs"].items():
         run = find_run(str(out), run_id).manifest
         run_ok = sum(int(c.get("ok", 0)) for c in run.counts.values())
-        runs[judge] = {"timings_s": run.timings_s, "judge_calls": run.judge.total.judge_calls,
-                       "counts": run.counts, "ok_cells": run_ok}
+        runs[judge] = {
+            "timings_s": run.timings_s,
+            "judge_calls": run.judge.total.judge_calls,
+            "counts": run.counts,
+            "ok_cells": run_ok,
+        }
         calls += runs[judge]["judge_calls"]
         ok += run_ok
         judged += manifest["timings"][f"judge_{judge}_s"]
-    return {"rows": manifest["labelled_input"]["rows"], "runs": runs, "judge_calls": calls,
-            "ok_cells": ok, "judge_runs_s": round(judged, 1),
-            "verdicts_per_s": round(ok / judged, 3) if judged else None,
-            "agreement_s": round(manifest["timings"]["total_s"] - judged, 2),
-            "agreement": agreement_records(cal.table("agreement"))}
+    return {
+        "rows": manifest["labelled_input"]["rows"],
+        "runs": runs,
+        "judge_calls": calls,
+        "ok_cells": ok,
+        "judge_runs_s": round(judged, 1),
+        "verdicts_per_s": round(ok / judged, 3) if judged else None,
+        "agreement_s": round(manifest["timings"]["total_s"] - judged, 2),
+        "agreement": agreement_records(cal.table("agreement")),
+    }
 
 
 def run_one(name: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -396,35 +483,65 @@ def run_one(name: str, args: argparse.Namespace, model: Path) -> dict[str, Any]:
         command += ["--limit", str(args.limit)]
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, env=_env(args.num_gpus), capture_output=True, text=True)
+    proc = subprocess.run(
+        command, cwd=ROOT, env=_env(args.num_gpus), capture_output=True, text=True
+    )
     wall = round(time.perf_counter() - t0, 1)
-    result = {"config": name, "limit": None if sample else args.limit, "sample": sample,
-              "metrics": [m["name"] for m in config["metrics"]], "wall_s": wall, "load_before": load}
+    result = {
+        "config": name,
+        "limit": None if sample else args.limit,
+        "sample": sample,
+        "metrics": [m["name"] for m in config["metrics"]],
+        "wall_s": wall,
+        "load_before": load,
+    }
     if proc.returncode != 0:
         lines = [x for x in proc.stderr.strip().splitlines() if x.strip()]
-        return {**result, "error": f"exit {proc.returncode}: {lines[-1] if lines else ''}"[:300],
-                "stderr_tail": proc.stderr[-3000:]}
+        return {
+            **result,
+            "error": f"exit {proc.returncode}: {lines[-1] if lines else ''}"[:300],
+            "stderr_tail": proc.stderr[-3000:],
+        }
     return {**result, **read_results(out), "stdout_tail": proc.stdout[-3000:]}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     rows = p.add_mutually_exclusive_group()
-    rows.add_argument("--limit", type=int, default=None,
-                      help=f"first N input rows per config (pairs count once; default {DEFAULT_LIMIT})")
-    rows.add_argument("--per-label", type=int, default=None, metavar="N",
-                      help="seeded stratified sample: up to N input rows per label value (pairs: N pairs)")
+    rows.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help=f"first N input rows per config (pairs count once; default {DEFAULT_LIMIT})",
+    )
+    rows.add_argument(
+        "--per-label",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seeded stratified sample: up to N input rows per label value (pairs: N pairs)",
+    )
     p.add_argument("--seed", type=int, default=SEED, help="seed of --per-label's sample")
     p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--judge-model", default=None,
-                   help="judge model directory, or `smollm2` (default: the tiny random test model)")
+    p.add_argument(
+        "--judge-model",
+        default=None,
+        help="judge model directory, or `smollm2` (default: the tiny random test model)",
+    )
     p.add_argument("--num-gpus", type=int, default=0, help="GPUs of the judge engine (0: CPU)")
     p.add_argument("--max-tokens", type=int, default=None, help="override the engines' max_tokens")
-    p.add_argument("--grammar-backend", choices=("xgrammar", "guidance"), default=None,
-                   help="structured-output backend of the judge engines (default: the "
-                        "config's, xgrammar)")
-    p.add_argument("--out", type=Path, default=DATA / "calibrate.json",
-                   help="JSON results; the markdown table goes next to it (.md)")
+    p.add_argument(
+        "--grammar-backend",
+        choices=("xgrammar", "guidance"),
+        default=None,
+        help="structured-output backend of the judge engines (default: the config's, xgrammar)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DATA / "calibrate.json",
+        help="JSON results; the markdown table goes next to it (.md)",
+    )
     args = p.parse_args(argv)
     if args.per_label is None and args.limit is None:
         args.limit = DEFAULT_LIMIT
@@ -439,21 +556,37 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = [row for r in results for row in table_rows(r)]
     markdown = markdown_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "machine": platform.platform(), "cpus": os.cpu_count(), "judge_model": str(model),
-        "num_gpus": args.num_gpus, "max_tokens": args.max_tokens,
-        "grammar_backend": args.grammar_backend, "limit": args.limit,
-        "per_label": args.per_label, "seed": args.seed, "results": results, "rows": rows},
-        indent=2, ensure_ascii=False) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "machine": platform.platform(),
+                "cpus": os.cpu_count(),
+                "judge_model": str(model),
+                "num_gpus": args.num_gpus,
+                "max_tokens": args.max_tokens,
+                "grammar_backend": args.grammar_backend,
+                "limit": args.limit,
+                "per_label": args.per_label,
+                "seed": args.seed,
+                "results": results,
+                "rows": rows,
+            },
+            indent=2,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
     args.out.with_suffix(".md").write_text(markdown + "\n")
     for r in results:
         if r.get("error"):
             print(f"{r['config']:<10} FAILED after {r['wall_s']:.1f} s: {r['error']}")
             continue
-        print(f"{r['config']:<10} {r['rows']:>5} rows  {len(r['metrics'])} metrics  "
-              f"wall {r['wall_s']:>7.1f} s  "
-              f"judge runs {r['judge_runs_s']:>7.1f} s  agreement {r['agreement_s']:>5.2f} s  "
-              f"(load {r['load_before']:.1f})")
+        print(
+            f"{r['config']:<10} {r['rows']:>5} rows  {len(r['metrics'])} metrics  "
+            f"wall {r['wall_s']:>7.1f} s  "
+            f"judge runs {r['judge_runs_s']:>7.1f} s  agreement {r['agreement_s']:>5.2f} s  "
+            f"(load {r['load_before']:.1f})"
+        )
     print()
     print(markdown)
     print(f"\nresults: {args.out} and {args.out.with_suffix('.md')}")

@@ -59,19 +59,34 @@ ROW_GROUP_ROWS = 100_000
 METRICS = [
     {"name": "answer_match", "params": {"text": "I don't know."}},
     {"name": "contains_text", "id": "mentions_data_model", "params": {"text": ["data", "model"]}},
-    {"name": "regex", "id": "two_citations",
-     "params": {"pattern": r"\[\d+\]", "expected_count": 2}},
+    {
+        "name": "regex",
+        "id": "two_citations",
+        "params": {"pattern": r"\[\d+\]", "expected_count": 2},
+    },
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 1500}},
     {"name": "context_length", "params": {"min_chars": 200, "max_chars": 1400}},
     {"name": "latency", "params": {"target_s": 5.0}},
     {"name": "exact_match", "params": {}},
     {"name": "json_valid", "params": {}},
 ]
-TONIC_IDS = ["answer_match", "mentions_data_model", "two_citations", "response_length",
-             "context_length", "latency"]
+TONIC_IDS = [
+    "answer_match",
+    "mentions_data_model",
+    "two_citations",
+    "response_length",
+    "context_length",
+    "latency",
+]
 METRIC_SETS = {"tonic6": METRICS[:6], "all8": METRICS}
-COLUMNS = {"row_id": "trace_id", "question": "question", "contexts": "contexts",
-           "answer": "answer", "reference": "reference", "latency_s": "latency_s"}
+COLUMNS = {
+    "row_id": "trace_id",
+    "question": "question",
+    "contexts": "contexts",
+    "answer": "answer",
+    "reference": "reference",
+    "latency_s": "latency_s",
+}
 
 
 def _metric_id(spec: dict) -> str:
@@ -80,13 +95,76 @@ def _metric_id(spec: dict) -> str:
 
 # --------------------------------------------------------------------------- data
 
-_SYLLABLES = ("ka", "to", "ri", "men", "sa", "lo", "de", "vin", "ter", "po", "al", "ex", "qua",
-              "ni", "ros", "bel", "um", "tra", "gen", "ol", "ces", "mar", "ti", "on", "ha", "re")
-_TOPIC_WORDS = ("data", "model", "pipeline", "table", "query", "cluster", "latency", "index",
-                "retrieval", "answer", "context", "token", "schema", "partition", "Paris",
-                "France", "Spark", "Delta", "Databricks", "vector", "embedding", "storage")
-_UNICODE_WORDS = ("café", "naïve", "Zürich", "東京", "数据", "🚀", "résumé", "straße", "Ωmega",
-                  "São Paulo", "Malmö", "niño", "Ελλάδα", "Москва", "✅", "€12")
+_SYLLABLES = (
+    "ka",
+    "to",
+    "ri",
+    "men",
+    "sa",
+    "lo",
+    "de",
+    "vin",
+    "ter",
+    "po",
+    "al",
+    "ex",
+    "qua",
+    "ni",
+    "ros",
+    "bel",
+    "um",
+    "tra",
+    "gen",
+    "ol",
+    "ces",
+    "mar",
+    "ti",
+    "on",
+    "ha",
+    "re",
+)
+_TOPIC_WORDS = (
+    "data",
+    "model",
+    "pipeline",
+    "table",
+    "query",
+    "cluster",
+    "latency",
+    "index",
+    "retrieval",
+    "answer",
+    "context",
+    "token",
+    "schema",
+    "partition",
+    "Paris",
+    "France",
+    "Spark",
+    "Delta",
+    "Databricks",
+    "vector",
+    "embedding",
+    "storage",
+)
+_UNICODE_WORDS = (
+    "café",
+    "naïve",
+    "Zürich",
+    "東京",
+    "数据",
+    "🚀",
+    "résumé",
+    "straße",
+    "Ωmega",
+    "São Paulo",
+    "Malmö",
+    "niño",
+    "Ελλάδα",
+    "Москва",
+    "✅",
+    "€12",
+)
 _REFUSALS = ("I don't know.", "I DON'T KNOW.", "I don't know.")
 
 
@@ -108,8 +186,9 @@ def _corpus(rng, n_words: int) -> bytes:
     rng.shuffle(weights)
     base = rng.choice(len(vocab), size=n_words, p=weights / weights.sum())
     words = vocab + list(_UNICODE_WORDS)
-    base = np.where(rng.random(n_words) < 0.02,
-                    len(vocab) + rng.integers(0, len(_UNICODE_WORDS), n_words), base)
+    base = np.where(
+        rng.random(n_words) < 0.02, len(vocab) + rng.integers(0, len(_UNICODE_WORDS), n_words), base
+    )
     punct = np.where(rng.random(n_words) < 1 / 14, 1, np.where(rng.random(n_words) < 1 / 11, 2, 0))
     capital = np.roll(punct == 1, 1)
     variants = []
@@ -142,12 +221,18 @@ def generate(n_rows: int, workdir: str | Path, seed: int = 20240601) -> dict:
     corpus = _corpus(rng, 4_000_000)
     spaces = np.flatnonzero(np.frombuffer(corpus, np.uint8) == 32)
     usable = int(np.searchsorted(spaces, len(corpus) - 4000))
-    schema = pa.schema([
-        ("trace_id", pa.string()), ("question", pa.string()),
-        ("contexts", pa.list_(pa.string())), ("answer", pa.string()),
-        ("reference", pa.string()), ("latency_s", pa.float64()),
-        ("app", pa.string()), ("model_version", pa.string()),
-    ])
+    schema = pa.schema(
+        [
+            ("trace_id", pa.string()),
+            ("question", pa.string()),
+            ("contexts", pa.list_(pa.string())),
+            ("answer", pa.string()),
+            ("reference", pa.string()),
+            ("latency_s", pa.float64()),
+            ("app", pa.string()),
+            ("model_version", pa.string()),
+        ]
+    )
     apps = np.array(["support-bot", "docs-search", "sales-assist", "hr-helpdesk", "dev-copilot"])
     versions = np.array(["2024-05-rc1", "2024-06", "2024-06-hotfix"])
 
@@ -173,8 +258,9 @@ def generate(n_rows: int, workdir: str | Path, seed: int = 20240601) -> dict:
                     answers[i] = _REFUSALS[i % len(_REFUSALS)].encode()
                 else:
                     body = answers[i][: len(answers[i]) // 3].decode("utf-8", "ignore")
-                    answers[i] = json.dumps({"answer": body, "sources": cites[i:i + 3]},
-                                            ensure_ascii=False).encode()
+                    answers[i] = json.dumps(
+                        {"answer": body, "sources": cites[i : i + 3]}, ensure_ascii=False
+                    ).encode()
             for i in np.flatnonzero(kind >= 0.03).tolist():
                 a = answers[i]
                 for j in range(cites[i]):
@@ -184,23 +270,27 @@ def generate(n_rows: int, workdir: str | Path, seed: int = 20240601) -> dict:
                 answers[i] = a
             same_ref = (rng.random(n) < 0.10).tolist()
             references = texts(rng.integers(300, 1501, n))
-            references = [b"\n" + a + b" " if same else r
-                          for a, r, same in zip(answers, references, same_ref)]
+            references = [
+                b"\n" + a + b" " if same else r for a, r, same in zip(answers, references, same_ref)
+            ]
             n_ctx = rng.integers(3, 6, n)
             offsets = np.concatenate([[0], np.cumsum(n_ctx)]).astype(np.int32)
             items = pa.array(texts(rng.integers(500, 1501, int(n_ctx.sum()))), pa.binary())
             contexts = pa.ListArray.from_arrays(pa.array(offsets), items.cast(pa.string()))
             latency = np.round(rng.lognormal(np.log(2.0), 0.6, n), 3)
-            table = pa.table({
-                "trace_id": pa.array([f"t{seed % 1000:03d}-{start + i:08d}" for i in range(n)]),
-                "question": pa.array(questions, pa.binary()).cast(pa.string()),
-                "contexts": contexts,
-                "answer": pa.array(answers, pa.binary()).cast(pa.string()),
-                "reference": pa.array(references, pa.binary()).cast(pa.string()),
-                "latency_s": pa.array(latency, pa.float64()),
-                "app": pa.array(apps[rng.integers(0, len(apps), n)]),
-                "model_version": pa.array(versions[rng.integers(0, len(versions), n)]),
-            }, schema=schema)
+            table = pa.table(
+                {
+                    "trace_id": pa.array([f"t{seed % 1000:03d}-{start + i:08d}" for i in range(n)]),
+                    "question": pa.array(questions, pa.binary()).cast(pa.string()),
+                    "contexts": contexts,
+                    "answer": pa.array(answers, pa.binary()).cast(pa.string()),
+                    "reference": pa.array(references, pa.binary()).cast(pa.string()),
+                    "latency_s": pa.array(latency, pa.float64()),
+                    "app": pa.array(apps[rng.integers(0, len(apps), n)]),
+                    "model_version": pa.array(versions[rng.integers(0, len(versions), n)]),
+                },
+                schema=schema,
+            )
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
     return describe_input(path, seed)
 
@@ -228,7 +318,9 @@ def describe_input(path: str | Path, seed: int | None = None) -> dict:
         "rows": n_rows,
         "row_groups": meta.num_row_groups,
         "file_bytes": path.stat().st_size,
-        "uncompressed_bytes": sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
+        "uncompressed_bytes": sum(
+            meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
+        ),
         "mean_chars": {
             "question": totals["question"] / n_rows,
             "answer": totals["answer"] / n_rows,
@@ -270,7 +362,9 @@ def python_loop(cols: dict[str, list], with_extra: bool) -> dict[str, list]:
     needles = ["data", "model"]
     pattern = re.compile(r"\[\d+\]")
     decoder = json.JSONDecoder(parse_constant=_no_constant)
-    out: dict[str, list] = {k: [] for k in TONIC_IDS + (["exact_match", "json_valid"] if with_extra else [])}
+    out: dict[str, list] = {
+        k: [] for k in TONIC_IDS + (["exact_match", "json_valid"] if with_extra else [])
+    }
     am, ct, rx, rl, cl, lt = (out[k] for k in TONIC_IDS)
     em, jv = (out["exact_match"], out["json_valid"]) if with_extra else (None, None)
     for answer, contexts, latency, reference in zip(
@@ -332,14 +426,21 @@ def measure_stage(input_path: str, peer_rows: int) -> tuple[dict, dict]:
     from ragbatch.pipeline.plan import build_metrics
     from udfs.expressions import expression_stage
 
-    cfg = JobConfig.from_dict({"input": {"uri": input_path, "columns": COLUMNS},
-                               "output": {"uri": "unused"}, "metrics": METRICS})
+    cfg = JobConfig.from_dict(
+        {
+            "input": {"uri": input_path, "columns": COLUMNS},
+            "output": {"uri": "unused"},
+            "metrics": METRICS,
+        }
+    )
     metrics, _, problems = build_metrics(cfg)
     assert not problems, problems
     by_set = {"tonic6": metrics[:6], "all8": metrics}
     slices = slice_columns(cfg.input, peek_schema(cfg.input))
     figures: dict = {
-        "read_normalize_s": 0.0, "rows": 0, "batches": 0,
+        "read_normalize_s": 0.0,
+        "rows": 0,
+        "batches": 0,
         "stage": {k: {"wall_s": 0.0, "cpu_s": 0.0} for k in by_set},
         "loop": {k: {"convert_s": 0.0, "loop_s": 0.0, "cpu_s": 0.0} for k in by_set},
         "polars_threads": pl.thread_pool_size(),
@@ -352,7 +453,10 @@ def measure_stage(input_path: str, peer_rows: int) -> tuple[dict, dict]:
     warm = first.slice(0, 2000)
     for chosen in by_set.values():
         expression_stage(warm, chosen)
-    python_loop({c: warm.column(c).to_pylist() for c in ("answer", "contexts", "latency_s", "reference")}, True)
+    python_loop(
+        {c: warm.column(c).to_pylist() for c in ("answer", "contexts", "latency_s", "reference")},
+        True,
+    )
     del first, warm
     # Two passes over the input, each reading it again: ragbatch's stage, then the
     # plain loop, so that neither runs amid the other's garbage (the loop creates and
@@ -406,7 +510,9 @@ def measure_stage(input_path: str, peer_rows: int) -> tuple[dict, dict]:
         lp["loop_only_rows_per_s"] = n / lp["loop_s"]
         lp["rows_per_cpu_s"] = n / lp["cpu_s"]
     figures["read_normalize_rows_per_s"] = n / figures["read_normalize_s"]
-    return figures, {k: {m: np.array(v, dtype=float) for m, v in d.items()} for k, d in scores.items()}
+    return figures, {
+        k: {m: np.array(v, dtype=float) for m, v in d.items()} for k, d in scores.items()
+    }
 
 
 # --------------------------------------------------------------------------- (b) Tonic Validate
@@ -418,8 +524,9 @@ def ensure_tonic_venv() -> Path:
     if not python.exists():
         print(f"creating {TONIC_VENV} with {TONIC_REQUIREMENT} ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(TONIC_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", TONIC_REQUIREMENT, "pyarrow"],
-                       check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", TONIC_REQUIREMENT, "pyarrow"], check=True
+        )
     return python
 
 
@@ -432,9 +539,14 @@ def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
     import pyarrow.parquet as pq
     from tonic_validate.classes.benchmark import BenchmarkItem
     from tonic_validate.classes.llm_response import LLMResponse
-    from tonic_validate.metrics import (AnswerMatchMetric, ContainsTextMetric,
-                                        ContextLengthMetric, LatencyMetric, RegexMetric,
-                                        ResponseLengthMetric)
+    from tonic_validate.metrics import (
+        AnswerMatchMetric,
+        ContainsTextMetric,
+        ContextLengthMetric,
+        LatencyMetric,
+        RegexMetric,
+        ResponseLengthMetric,
+    )
 
     metrics = [
         AnswerMatchMetric("answer_match", "I don't know.", case_sensitive=False),
@@ -458,28 +570,50 @@ def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
     scores: list[list[float]] = [[] for _ in metrics]
     parquet = pq.ParquetFile(input_path)
     # Warm-up on 2,000 rows, untimed, as for ragbatch.
-    warm = parquet.read_row_group(0, columns=["question", "answer", "reference", "contexts",
-                                              "latency_s"]).slice(0, 2000).to_pylist()
-    asyncio.run(score_all([
-        LLMResponse(llm_answer=r["answer"], llm_context_list=r["contexts"],
+    warm = (
+        parquet.read_row_group(
+            0, columns=["question", "answer", "reference", "contexts", "latency_s"]
+        )
+        .slice(0, 2000)
+        .to_pylist()
+    )
+    asyncio.run(
+        score_all(
+            [
+                LLMResponse(
+                    llm_answer=r["answer"],
+                    llm_context_list=r["contexts"],
                     benchmark_item=BenchmarkItem(question=r["question"], answer=r["reference"]),
-                    run_time=r["latency_s"])
-        for r in warm
-    ]))
+                    run_time=r["latency_s"],
+                )
+                for r in warm
+            ]
+        )
+    )
     for group in range(parquet.num_row_groups):
         if timings["rows"] >= rows:
             break
-        table = parquet.read_row_group(group, columns=["question", "answer", "reference",
-                                                        "contexts", "latency_s"])
+        table = parquet.read_row_group(
+            group, columns=["question", "answer", "reference", "contexts", "latency_s"]
+        )
         table = table.slice(0, rows - timings["rows"])
         t0, c0 = time.perf_counter(), time.process_time()
         cols = {c: table.column(c).to_pylist() for c in table.column_names}
         t1 = time.perf_counter()
         responses = [
-            LLMResponse(llm_answer=a, llm_context_list=c,
-                        benchmark_item=BenchmarkItem(question=q, answer=r), run_time=lat)
-            for q, a, r, c, lat in zip(cols["question"], cols["answer"], cols["reference"],
-                                       cols["contexts"], cols["latency_s"])
+            LLMResponse(
+                llm_answer=a,
+                llm_context_list=c,
+                benchmark_item=BenchmarkItem(question=q, answer=r),
+                run_time=lat,
+            )
+            for q, a, r, c, lat in zip(
+                cols["question"],
+                cols["answer"],
+                cols["reference"],
+                cols["contexts"],
+                cols["latency_s"],
+            )
         ]
         t2 = time.perf_counter()
         got = asyncio.run(score_all(responses))
@@ -492,12 +626,16 @@ def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
         for column, values in zip(scores, got):
             column.extend(values)
         del cols, responses, table
-    timings["versions"] = {p: metadata.version(p) for p in ("tonic-validate", "pydantic", "pyarrow")}
+    timings["versions"] = {
+        p: metadata.version(p) for p in ("tonic-validate", "pydantic", "pyarrow")
+    }
     timings["python"] = platform.python_version()
     out = Path(out_dir)
     # Columns named as the ragbatch metric ids (LatencyMetric calls itself "latency_metric").
-    pq.write_table(pa.table({mid: pa.array(v, pa.float64()) for mid, v in zip(TONIC_IDS, scores)}),
-                   out / "tonic_scores.parquet")
+    pq.write_table(
+        pa.table({mid: pa.array(v, pa.float64()) for mid, v in zip(TONIC_IDS, scores)}),
+        out / "tonic_scores.parquet",
+    )
     (out / "tonic_timings.json").write_text(json.dumps(timings, indent=2))
 
 
@@ -509,8 +647,21 @@ def measure_tonic(input_path: str, rows: int, workdir: Path) -> tuple[dict, dict
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", TONIC_VALIDATE_DO_NOT_TRACK="true")
     env.pop("PYTHONPATH", None)
     t0 = time.perf_counter()
-    subprocess.run([str(python), __file__, "--tonic-worker", "--input", input_path,
-                    "--peer-rows", str(rows), "--workdir", str(workdir)], check=True, env=env)
+    subprocess.run(
+        [
+            str(python),
+            __file__,
+            "--tonic-worker",
+            "--input",
+            input_path,
+            "--peer-rows",
+            str(rows),
+            "--workdir",
+            str(workdir),
+        ],
+        check=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     figures = json.loads((workdir / "tonic_timings.json").read_text())
     n = figures["rows"]
@@ -532,7 +683,7 @@ def agreement(scores: dict[str, dict], n: int) -> dict:
     out = {}
     names = list(scores)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             out[f"{a} vs {b}"] = {
                 m: int((~np.isclose(scores[a][m][:n], scores[b][m][:n], equal_nan=True)).sum())
                 for m in TONIC_IDS
@@ -567,12 +718,21 @@ def measure_floor(input_path: str, metric_ids: list[str], workdir: Path) -> dict
     out.mkdir(parents=True, exist_ok=True)
     dst = out / f"scores_{len(metric_ids)}.parquet"
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", FLOOR_SCRIPT, input_path, str(dst),
-                           ",".join(metric_ids)], check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_SCRIPT, input_path, str(dst), ",".join(metric_ids)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     read_s, write_s, rows = done.stdout.split()
-    return {"wall_s": wall, "read_s": float(read_s), "build_write_s": float(write_s),
-            "rows_written": int(rows), "file_bytes": dst.stat().st_size}
+    return {
+        "wall_s": wall,
+        "read_s": float(read_s),
+        "build_write_s": float(write_s),
+        "rows_written": int(rows),
+        "file_bytes": dst.stat().st_size,
+    }
 
 
 def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) -> dict:
@@ -589,8 +749,13 @@ def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) 
     config_path = workdir / f"job_{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     ragbatch = Path(sys.executable).with_name("ragbatch")
-    command = [str(ragbatch) if ragbatch.exists() else "ragbatch", "run", str(config_path),
-               "--run-id", "benchmark"]
+    command = [
+        str(ragbatch) if ragbatch.exists() else "ragbatch",
+        "run",
+        str(config_path),
+        "--run-id",
+        "benchmark",
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -617,8 +782,11 @@ def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) 
 
 
 def machine() -> dict:
-    info = {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+    info = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
@@ -660,13 +828,25 @@ def report(results: dict) -> str:
         per_cpu = f"{rows / cpu:10,.0f}" if cpu else f"{'':10s}"
         lines.append(f"{label:60s} {rows / seconds:10,.0f} {per_cpu} {seconds:8.2f}")
 
-    row("ragbatch read + normalize (not part of the stage)", n, results["stage"]["read_normalize_s"])
+    row(
+        "ragbatch read + normalize (not part of the stage)", n, results["stage"]["read_normalize_s"]
+    )
     for name, label in (("tonic6", "6 Tonic metrics"), ("all8", "8 metrics")):
         row(f"ragbatch expression stage, {label}", n, st[name]["wall_s"], st[name]["cpu_s"])
-        row(f"(a) Python loop, {label} (to_pylist + loop)", n, lp[name]["total_s"], lp[name]["cpu_s"])
+        row(
+            f"(a) Python loop, {label} (to_pylist + loop)",
+            n,
+            lp[name]["total_s"],
+            lp[name]["cpu_s"],
+        )
         row("    the loop alone", n, lp[name]["loop_s"])
     m = tv["rows"]
-    row("(b) Tonic Validate, 6 metrics (to_pylist + LLMResponse + score)", m, tv["total_s"], tv["cpu_s"])
+    row(
+        "(b) Tonic Validate, 6 metrics (to_pylist + LLMResponse + score)",
+        m,
+        tv["total_s"],
+        tv["cpu_s"],
+    )
     row("    LLMResponse + score", m, tv["construct_s"] + tv["score_s"])
     row("    score only", m, tv["score_s"])
     lines.append("")
@@ -682,21 +862,27 @@ def report(results: dict) -> str:
     med = results.get("medians")
     if med:
         label = f"ragbatch stage / (b) Tonic, 6 metrics, median of {med['repetitions']}:"
-        lines.append(f"{label:54s}{med['stage_vs_tonic']:6.1f} x   (stage "
-                     f"{med['stage_tonic6_wall_s']:.2f} s, Tonic {med['tonic_total_s']:.1f} s)")
+        lines.append(
+            f"{label:54s}{med['stage_vs_tonic']:6.1f} x   (stage "
+            f"{med['stage_tonic6_wall_s']:.2f} s, Tonic {med['tonic_total_s']:.1f} s)"
+        )
     lines += [
         "",
         f"{'end to end':10s} {'metrics':>7s} {'cells':>11s} {'floor (c) s':>11s} "
         f"{'ragbatch run s':>14s} {'ratio':>6s}",
     ]
     for name, e2e in results["end_to_end"].items():
-        lines.append(f"{name:10s} {len(METRIC_SETS[name]):7d} {e2e['run']['cells']:11,d} "
-                     f"{e2e['floor']['wall_s']:11.1f} {e2e['run']['wall_s']:14.1f} "
-                     f"{e2e['run_vs_floor']:6.2f}   (target <= 3)")
+        lines.append(
+            f"{name:10s} {len(METRIC_SETS[name]):7d} {e2e['run']['cells']:11,d} "
+            f"{e2e['floor']['wall_s']:11.1f} {e2e['run']['wall_s']:14.1f} "
+            f"{e2e['run_vs_floor']:6.2f}   (target <= 3)"
+        )
     lines.append("")
     for pair, diffs in results["agreement"].items():
         total = sum(diffs.values())
-        lines.append(f"rows with different scores, {pair}: {total}" + (f" {diffs}" if total else ""))
+        lines.append(
+            f"rows with different scores, {pair}: {total}" + (f" {diffs}" if total else "")
+        )
     return "\n".join(lines)
 
 
@@ -707,16 +893,21 @@ def _fastest_stage(stages: list[tuple[dict, dict]]) -> tuple[dict, dict]:
     for other, _ in stages[1:]:
         for group in ("stage", "loop"):
             for name, values in other[group].items():
-                if values["wall_s" if group == "stage" else "total_s"] < \
-                        figures[group][name]["wall_s" if group == "stage" else "total_s"]:
+                if (
+                    values["wall_s" if group == "stage" else "total_s"]
+                    < figures[group][name]["wall_s" if group == "stage" else "total_s"]
+                ):
                     figures[group][name] = values
         if other["read_normalize_s"] < figures["read_normalize_s"]:
             figures["read_normalize_s"] = other["read_normalize_s"]
             figures["read_normalize_rows_per_s"] = other["read_normalize_rows_per_s"]
     figures["repetitions"] = [
-        {"stage_tonic6_wall_s": f["stage"]["tonic6"]["wall_s"],
-         "stage_all8_wall_s": f["stage"]["all8"]["wall_s"],
-         "loop_tonic6_total_s": f["loop"]["tonic6"]["total_s"]} for f, _ in stages
+        {
+            "stage_tonic6_wall_s": f["stage"]["tonic6"]["wall_s"],
+            "stage_all8_wall_s": f["stage"]["all8"]["wall_s"],
+            "loop_tonic6_total_s": f["loop"]["tonic6"]["total_s"],
+        }
+        for f, _ in stages
     ]
     return figures, stages[0][1]
 
@@ -748,16 +939,33 @@ def _load() -> list[float] | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="synthetic rows (default 1,000,000)")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
-                        help="where the input, outputs and results go (default benchmarks/_data)")
-    parser.add_argument("--peer-rows", type=int, default=None,
-                        help="rows given to Tonic Validate and compared row by row (default: all)")
-    parser.add_argument("--sets", default="all8,tonic6",
-                        help="metric sets for the end-to-end runs (default all8,tonic6)")
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="synthetic rows (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=DEFAULT_WORKDIR,
+        help="where the input, outputs and results go (default benchmarks/_data)",
+    )
+    parser.add_argument(
+        "--peer-rows",
+        type=int,
+        default=None,
+        help="rows given to Tonic Validate and compared row by row (default: all)",
+    )
+    parser.add_argument(
+        "--sets",
+        default="all8,tonic6",
+        help="metric sets for the end-to-end runs (default all8,tonic6)",
+    )
     parser.add_argument("--skip-run", action="store_true", help="skip (c) and the ragbatch runs")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run every measurement this many times and keep the fastest (default 1)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement this many times and keep the fastest (default 1)",
+    )
     parser.add_argument("--tonic-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--input", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -771,9 +979,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     data = ensure_input(args.rows, workdir)
     input_path = data["path"]
-    results: dict = {"started": started, "machine": machine(), "versions": versions(),
-                     "input": data, "metrics": METRICS, "tonic_metrics": TONIC_IDS,
-                     "repeat": args.repeat, "load_average_at_start": _load()}
+    results: dict = {
+        "started": started,
+        "machine": machine(),
+        "versions": versions(),
+        "input": data,
+        "metrics": METRICS,
+        "tonic_metrics": TONIC_IDS,
+        "repeat": args.repeat,
+        "load_average_at_start": _load(),
+    }
     # End to end first, while this process is still small.
     results["end_to_end"] = {}
     if not args.skip_run:
@@ -781,20 +996,27 @@ def main(argv: list[str] | None = None) -> int:
             metrics = METRIC_SETS[name]
             floors, runs = [], []
             for rep in range(args.repeat):
-                print(f"(c) floor and ragbatch run, {name} ({rep + 1}/{args.repeat}) ...", flush=True)
+                print(
+                    f"(c) floor and ragbatch run, {name} ({rep + 1}/{args.repeat}) ...", flush=True
+                )
                 floors.append(measure_floor(input_path, [_metric_id(m) for m in metrics], workdir))
                 runs.append(measure_run(input_path, name, metrics, workdir))
             floor = min(floors, key=lambda f: f["wall_s"])
             run = min(runs, key=lambda r: r["wall_s"])
             results["end_to_end"][name] = {
-                "floor": floor, "run": run, "run_vs_floor": run["wall_s"] / floor["wall_s"],
+                "floor": floor,
+                "run": run,
+                "run_vs_floor": run["wall_s"] / floor["wall_s"],
                 "floor_wall_s_all": [f["wall_s"] for f in floors],
                 "run_wall_s_all": [r["wall_s"] for r in runs],
             }
     stages, tonics = [], []
     for rep in range(args.repeat):
-        print(f"timing ragbatch's expression stage and the plain Python loop "
-              f"({rep + 1}/{args.repeat}) ...", flush=True)
+        print(
+            f"timing ragbatch's expression stage and the plain Python loop "
+            f"({rep + 1}/{args.repeat}) ...",
+            flush=True,
+        )
         stages.append(measure_stage(input_path, peer_rows))
         print(f"timing Tonic Validate's metric classes ({rep + 1}/{args.repeat}) ...", flush=True)
         tonics.append(measure_tonic(input_path, peer_rows, workdir))
@@ -808,11 +1030,13 @@ def main(argv: list[str] | None = None) -> int:
     six = stage["stage"]["tonic6"]["rows_per_s"]
     results["ratios"] = {
         "stage_vs_loop": six / stage["loop"]["tonic6"]["rows_per_s"],
-        "stage_vs_loop_all8": stage["stage"]["all8"]["rows_per_s"] / stage["loop"]["all8"]["rows_per_s"],
+        "stage_vs_loop_all8": stage["stage"]["all8"]["rows_per_s"]
+        / stage["loop"]["all8"]["rows_per_s"],
         "stage_vs_tonic": six / tonic["rows_per_s"],
         "stage_vs_tonic_construct_score": six / tonic["construct_score_rows_per_s"],
         "stage_vs_tonic_score_only": six / tonic["score_rows_per_s"],
-        "stage_vs_tonic_per_cpu": stage["stage"]["tonic6"]["rows_per_cpu_s"] / tonic["rows_per_cpu_s"],
+        "stage_vs_tonic_per_cpu": stage["stage"]["tonic6"]["rows_per_cpu_s"]
+        / tonic["rows_per_cpu_s"],
     }
     results["medians"] = _medians(stages, tonics, stage["rows"])
     results["load_average_at_end"] = _load()

@@ -95,11 +95,15 @@ class Counters:
         self.tokenize_requests = 0
 
     def prometheus(self) -> str:
-        return "".join(f"{name} {value}\n" for name, value in (
-            ("vllm:request_success_total", self.requests),
-            ("vllm:prompt_tokens_total", self.prompt_tokens),
-            ("vllm:generation_tokens_total", self.completion_tokens),
-            ("instant:tokenize_requests_total", self.tokenize_requests)))
+        return "".join(
+            f"{name} {value}\n"
+            for name, value in (
+                ("vllm:request_success_total", self.requests),
+                ("vllm:prompt_tokens_total", self.prompt_tokens),
+                ("vllm:generation_tokens_total", self.completion_tokens),
+                ("instant:tokenize_requests_total", self.tokenize_requests),
+            )
+        )
 
 
 def prompt_tokens(messages: list[dict[str, Any]]) -> int:
@@ -127,27 +131,50 @@ def make_app(model: str, tokenize: bool = True, max_model_len: int = MAX_MODEL_L
         counters.requests += 1
         counters.prompt_tokens += prompt
         counters.completion_tokens += done
-        return web.json_response({
-            "id": f"instant-{counters.requests}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.get("model", model),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": done,
-                      "total_tokens": prompt + done},
-        })
+        return web.json_response(
+            {
+                "id": f"instant-{counters.requests}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", model),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": done,
+                    "total_tokens": prompt + done,
+                },
+            }
+        )
 
     async def count(request: web.Request) -> web.Response:
         if not tokenize:
             return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.json()
         counters.tokenize_requests += 1
-        return web.json_response({"count": prompt_tokens(body.get("messages", [])),
-                                  "max_model_len": max_model_len})
+        return web.json_response(
+            {"count": prompt_tokens(body.get("messages", [])), "max_model_len": max_model_len}
+        )
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": model, "object": "model", "owned_by": "instant",
-             "max_model_len": max_model_len}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model,
+                        "object": "model",
+                        "owned_by": "instant",
+                        "max_model_len": max_model_len,
+                    }
+                ],
+            }
+        )
 
     async def ok(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -156,10 +183,16 @@ def make_app(model: str, tokenize: bool = True, max_model_len: int = MAX_MODEL_L
         return web.Response(text=counters.prometheus())
 
     app = web.Application(client_max_size=64 << 20)
-    app.add_routes([web.post("/v1/chat/completions", completions), web.get("/v1/models", models),
-                    web.post("/tokenize", count),
-                    web.get("/health", ok), web.post("/reset_prefix_cache", ok),
-                    web.get("/metrics", metrics)])
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", completions),
+            web.get("/v1/models", models),
+            web.post("/tokenize", count),
+            web.get("/health", ok),
+            web.post("/reset_prefix_cache", ok),
+            web.get("/metrics", metrics),
+        ]
+    )
     return app
 
 
@@ -168,18 +201,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8011)
     p.add_argument("--model", default=MODEL, help=f"served model name (default {MODEL})")
-    p.add_argument("--no-tokenize", action="store_true",
-                   help="answer POST /tokenize with 404, as servers other than vLLM do")
-    p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN,
-                   help=f"context window to report, in tokens (default {MAX_MODEL_LEN})")
+    p.add_argument(
+        "--no-tokenize",
+        action="store_true",
+        help="answer POST /tokenize with 404, as servers other than vLLM do",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=MAX_MODEL_LEN,
+        help=f"context window to report, in tokens (default {MAX_MODEL_LEN})",
+    )
     args = p.parse_args(argv)
     from aiohttp import web
 
-    web.run_app(make_app(args.model, tokenize=not args.no_tokenize,
-                         max_model_len=args.max_model_len), host=args.host,
-                port=args.port, access_log=None,
-                print=lambda *_: print(f"instant judge at http://{args.host}:{args.port}/v1",
-                                       flush=True))
+    web.run_app(
+        make_app(args.model, tokenize=not args.no_tokenize, max_model_len=args.max_model_len),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=lambda *_: print(f"instant judge at http://{args.host}:{args.port}/v1", flush=True),
+    )
 
 
 if __name__ == "__main__":

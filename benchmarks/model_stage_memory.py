@@ -43,9 +43,13 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--rows", type=int, default=6400)
     parser.add_argument("--offset", type=int, default=20_000, help="first input row used")
-    parser.add_argument("--trim-interval", default=None, type=_interval,
-                        help="least seconds between malloc_trim(0) calls, 0 = every batch, "
-                             "'never'; default: the stage's")
+    parser.add_argument(
+        "--trim-interval",
+        default=None,
+        type=_interval,
+        help="least seconds between malloc_trim(0) calls, 0 = every batch, "
+        "'never'; default: the stage's",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -59,8 +63,11 @@ def main() -> None:
     torch.set_num_threads(1)
     table = ds.dataset(args.input, format="parquet", partitioning="hive").to_table()
     table = table.slice(args.offset, args.rows)
-    stage = ModelStage("minilm", {"type": "embedding", "num_gpus": 0, "batch_size": 64},
-                       [{"name": "semantic_similarity", "id": "semantic_similarity", "params": {}}])
+    stage = ModelStage(
+        "minilm",
+        {"type": "embedding", "num_gpus": 0, "batch_size": 64},
+        [{"name": "semantic_similarity", "id": "semantic_similarity", "params": {}}],
+    )
     if args.trim_interval is not None:
         stage.heap = HeapTrimmer(None if args.trim_interval == "never" else args.trim_interval)
     proc = psutil.Process()
@@ -69,10 +76,18 @@ def main() -> None:
         stage(table.slice(i, 64))
         if (i // 64) % 10 == 9:
             mem = proc.memory_full_info()
-            print(json.dumps({"rows": i + 64, "rss_gib": round(mem.rss / 2**30, 3),
-                              "uss_gib": round(mem.uss / 2**30, 3),
-                              "s": round(time.perf_counter() - start, 1),
-                              "trims": stage.heap.trims}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "rows": i + 64,
+                        "rss_gib": round(mem.rss / 2**30, 3),
+                        "uss_gib": round(mem.uss / 2**30, 3),
+                        "s": round(time.perf_counter() - start, 1),
+                        "trims": stage.heap.trims,
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+
 def _rows(path: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -60,32 +61,55 @@ def ragas(args) -> dict[str, Any]:
     from ragas.llms import llm_factory
     from ragas.metrics import Faithfulness, LLMContextRecall, ResponseRelevancy
 
-    client = AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0,
-                         timeout=600)
+    client = AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=600)
     llm = llm_factory(args.model, client=client, max_tokens=args.max_tokens, temperature=0.0)
     # evaluate() wraps a LangChain embeddings object in its LangchainEmbeddingsWrapper.
     embeddings = HuggingFaceEmbeddings(model_name=args.embedder_dir)
     rows = _rows(args.input)
-    dataset = EvaluationDataset.from_list([
-        {"user_input": r["question"], "retrieved_contexts": r["contexts"],
-         "response": r["answer"], "reference": r["reference"]} for r in rows])
+    dataset = EvaluationDataset.from_list(
+        [
+            {
+                "user_input": r["question"],
+                "retrieved_contexts": r["contexts"],
+                "response": r["answer"],
+                "reference": r["reference"],
+            }
+            for r in rows
+        ]
+    )
     metrics = [Faithfulness(), ResponseRelevancy(), LLMContextRecall()]
     config = RunConfig(max_workers=args.workers, max_retries=1, timeout=600)
     start = time.perf_counter()
-    result = evaluate(dataset, metrics=metrics, llm=llm, embeddings=embeddings,
-                      run_config=config, raise_exceptions=False, show_progress=False)
+    result = evaluate(
+        dataset,
+        metrics=metrics,
+        llm=llm,
+        embeddings=embeddings,
+        run_config=config,
+        raise_exceptions=False,
+        show_progress=False,
+    )
     eval_s = time.perf_counter() - start
     scores = result.scores  # one dict per row
     failed = {m.name: sum(_missing(s.get(m.name)) for s in scores) for m in metrics}
-    return {"eval_s": eval_s, "rows": len(rows), "failed": failed,
-            "parse_failures": sum(failed.values()), "judged_cells": len(rows) * len(metrics),
-            "settings": {"llm": "llm_factory(AsyncOpenAI)", "max_tokens": args.max_tokens,
-                         "temperature": 0.0, "run_config": {"max_workers": args.workers,
-                                                            "max_retries": 1, "timeout": 600},
-                         "client_max_retries": 0,
-                         "strictness": metrics[1].strictness},
-            "versions": _versions(("ragas", "openai", "instructor", "langchain-core",
-                                   "sentence-transformers", "torch"))}
+    return {
+        "eval_s": eval_s,
+        "rows": len(rows),
+        "failed": failed,
+        "parse_failures": sum(failed.values()),
+        "judged_cells": len(rows) * len(metrics),
+        "settings": {
+            "llm": "llm_factory(AsyncOpenAI)",
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "run_config": {"max_workers": args.workers, "max_retries": 1, "timeout": 600},
+            "client_max_retries": 0,
+            "strictness": metrics[1].strictness,
+        },
+        "versions": _versions(
+            ("ragas", "openai", "instructor", "langchain-core", "sentence-transformers", "torch")
+        ),
+    }
 
 
 # -- Tonic Validate -------------------------------------------------------------------------
@@ -102,39 +126,61 @@ def tonic(args) -> dict[str, Any]:
         import litellm
 
         os.environ["TIKTOKEN_CACHE_DIR"] = str(
-            Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers")
+            Path(litellm.__file__).parent / "litellm_core_utils" / "tokenizers"
+        )
     from tonic_validate import BenchmarkItem, LLMResponse, ValidateScorer
-    from tonic_validate.metrics import (AnswerSimilarityMetric, AugmentationAccuracyMetric,
-                                        ContainsTextMetric, ContextLengthMetric, RegexMetric,
-                                        ResponseLengthMetric, RetrievalPrecisionMetric)
+    from tonic_validate.metrics import (
+        AnswerSimilarityMetric,
+        AugmentationAccuracyMetric,
+        ContainsTextMetric,
+        ContextLengthMetric,
+        RegexMetric,
+        ResponseLengthMetric,
+        RetrievalPrecisionMetric,
+    )
 
-    llm_metrics = [AnswerSimilarityMetric(), RetrievalPrecisionMetric(),
-                   AugmentationAccuracyMetric()]
+    llm_metrics = [
+        AnswerSimilarityMetric(),
+        RetrievalPrecisionMetric(),
+        AugmentationAccuracyMetric(),
+    ]
     metrics = llm_metrics + [
         ResponseLengthMetric("response_length", min_length=1, max_length=1500),
         ContextLengthMetric("context_length", min_length=200, max_length=6000),
         ContainsTextMetric("mentions_data", ["data"], case_sensitive=False),
         RegexMetric("has_number", r"\d+", match_count=1),
     ]
-    scorer = ValidateScorer(metrics, model_evaluator=args.model, max_parsing_retries=1,
-                            max_llm_retries=1, quiet=True)
+    scorer = ValidateScorer(
+        metrics, model_evaluator=args.model, max_parsing_retries=1, max_llm_retries=1, quiet=True
+    )
     rows = _rows(args.input)
-    responses = [LLMResponse(llm_answer=r["answer"], llm_context_list=r["contexts"],
-                             benchmark_item=BenchmarkItem(question=r["question"],
-                                                          answer=r["reference"]))
-                 for r in rows]
+    responses = [
+        LLMResponse(
+            llm_answer=r["answer"],
+            llm_context_list=r["contexts"],
+            benchmark_item=BenchmarkItem(question=r["question"], answer=r["reference"]),
+        )
+        for r in rows
+    ]
     start = time.perf_counter()
     run = scorer.score_responses(responses, parallelism=args.workers)
     eval_s = time.perf_counter() - start
-    failed = {m.name: sum(_missing(d.scores.get(m.name)) for d in run.run_data)
-              for m in metrics}
-    return {"eval_s": eval_s, "rows": len(rows), "failed": failed,
-            "parse_failures": sum(failed[m.name] for m in llm_metrics),
-            "judged_cells": len(rows) * len(llm_metrics),
-            "settings": {"max_parsing_retries": 1, "max_llm_retries": 1,
-                         "parallelism": args.workers, "model_evaluator": args.model,
-                         "max_tokens": "server cap (Tonic sends none)"},
-            "versions": _versions(("tonic-validate", "openai", "litellm"))}
+    failed = {m.name: sum(_missing(d.scores.get(m.name)) for d in run.run_data) for m in metrics}
+    return {
+        "eval_s": eval_s,
+        "rows": len(rows),
+        "failed": failed,
+        "parse_failures": sum(failed[m.name] for m in llm_metrics),
+        "judged_cells": len(rows) * len(llm_metrics),
+        "settings": {
+            "max_parsing_retries": 1,
+            "max_llm_retries": 1,
+            "parallelism": args.workers,
+            "model_evaluator": args.model,
+            "max_tokens": "server cap (Tonic sends none)",
+        },
+        "versions": _versions(("tonic-validate", "openai", "litellm")),
+    }
 
 
 def run_worker(args) -> None:

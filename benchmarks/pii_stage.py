@@ -66,10 +66,12 @@ def quality(rows: list[dict]) -> list[dict]:
     engine = {"type": "presidio", "entity_types": "all"}
     supported = supported_entities(PresidioEngine(**engine))
     gold_types = sorted({s["entity_type"] for r in rows for s in r["spans"]})
-    metrics = [{"name": "answer_contains_pii", "id": t, "params": {"pii_types": [t]}}
-               for t in supported]
-    table = pa.table({"row_id": [str(i) for i in range(len(rows))],
-                      "answer": [r["full_text"] for r in rows]})
+    metrics = [
+        {"name": "answer_contains_pii", "id": t, "params": {"pii_types": [t]}} for t in supported
+    ]
+    table = pa.table(
+        {"row_id": [str(i) for i in range(len(rows))], "answer": [r["full_text"] for r in rows]}
+    )
     out = PiiStage("pii", engine, metrics)(table)
     report = []
     for entity in sorted(set(gold_types) | set(supported)):
@@ -83,16 +85,25 @@ def quality(rows: list[dict]) -> list[dict]:
         fn = sum(g and not f for g, f in zip(gold, found))
         if entity == "URL":  # the gold data labels web addresses DOMAIN_NAME
             domain = [any(s["entity_type"] == "DOMAIN_NAME" for s in r["spans"]) for r in rows]
-            extra = {"flagged_rows_with_gold_domain_name": sum(f and d for f, d in zip(found, domain))}
+            extra = {
+                "flagged_rows_with_gold_domain_name": sum(f and d for f, d in zip(found, domain))
+            }
         else:
             extra = {}
-        report.append({
-            **extra,
-            "entity_type": entity, "detectable": entity in supported, "gold_rows": sum(gold),
-            "flagged_rows": sum(found), "tp": tp, "fp": fp, "fn": fn,
-            "precision": round(tp / (tp + fp), 3) if tp + fp else None,
-            "recall": round(tp / (tp + fn), 3) if tp + fn else None,
-        })
+        report.append(
+            {
+                **extra,
+                "entity_type": entity,
+                "detectable": entity in supported,
+                "gold_rows": sum(gold),
+                "flagged_rows": sum(found),
+                "tp": tp,
+                "fp": fp,
+                "fn": fn,
+                "precision": round(tp / (tp + fp), 3) if tp + fp else None,
+                "recall": round(tp / (tp + fn), 3) if tp + fn else None,
+            }
+        )
     return report
 
 
@@ -117,8 +128,11 @@ def baseline_analyzer():
     engine.nlp = {"en": spacy.blank("en")}
     registry = RecognizerRegistry(supported_languages=["en"])
     registry.load_predefined_recognizers(languages=["en"])
-    registry.recognizers = [r for r in registry.recognizers
-                            if type(r).__name__ not in ("SpacyRecognizer", "EmailRecognizer")]
+    registry.recognizers = [
+        r
+        for r in registry.recognizers
+        if type(r).__name__ not in ("SpacyRecognizer", "EmailRecognizer")
+    ]
     registry.add_recognizer(LocalEmail())
     return AnalyzerEngine(registry=registry, nlp_engine=engine, supported_languages=["en"])
 
@@ -127,12 +141,21 @@ def speed(rows: list[dict], repeat: int, batch_size: int) -> dict:
     from udfs.pii import PiiStage
 
     texts = [r["full_text"] for r in rows]
-    stage = PiiStage("pii", {"type": "presidio", "entity_types": "all"},
-                     [{"name": "answer_contains_pii", "id": "pii", "params": {}}])
+    stage = PiiStage(
+        "pii",
+        {"type": "presidio", "entity_types": "all"},
+        [{"name": "answer_contains_pii", "id": "pii", "params": {}}],
+    )
     analyzer = baseline_analyzer()
-    batches = [pa.table({"row_id": [str(i) for i in range(s, min(s + batch_size, len(texts)))],
-                         "answer": texts[s:s + batch_size]})
-               for s in range(0, len(texts), batch_size)]
+    batches = [
+        pa.table(
+            {
+                "row_id": [str(i) for i in range(s, min(s + batch_size, len(texts)))],
+                "answer": texts[s : s + batch_size],
+            }
+        )
+        for s in range(0, len(texts), batch_size)
+    ]
 
     def run_stage() -> float:
         t = time.perf_counter()
@@ -156,36 +179,54 @@ def speed(rows: list[dict], repeat: int, batch_size: int) -> dict:
             (stage_s if fn is run_stage else base_s).append(fn())
     n = len(texts)
     stage_med, base_med = statistics.median(stage_s), statistics.median(base_s)
-    return {"rows": n, "batch_size": batch_size, "repeat": repeat,
-            "stage_s": stage_s, "baseline_s": base_s,
-            "stage_rows_per_s": round(n / stage_med, 1),
-            "baseline_rows_per_s": round(n / base_med, 1),
-            "stage_over_baseline": round(base_med / stage_med, 3)}
+    return {
+        "rows": n,
+        "batch_size": batch_size,
+        "repeat": repeat,
+        "stage_s": stage_s,
+        "baseline_s": base_s,
+        "stage_rows_per_s": round(n / stage_med, 1),
+        "baseline_rows_per_s": round(n / base_med, 1),
+        "stage_over_baseline": round(base_med / stage_med, 3),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "_data" / "pii_stage.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "_data" / "pii_stage.json"
+    )
     args = parser.parse_args()
     rows = load_rows()
-    report = {"machine": platform.platform(), "quality": quality(rows),
-              "speed": speed(rows, args.repeat, args.batch_size)}
-    print(f"{'entity type':20s} {'gold':>5s} {'flag':>5s} {'tp':>5s} {'fp':>5s} {'fn':>5s} "
-          f"{'P':>6s} {'R':>6s}")
+    report = {
+        "machine": platform.platform(),
+        "quality": quality(rows),
+        "speed": speed(rows, args.repeat, args.batch_size),
+    }
+    print(
+        f"{'entity type':20s} {'gold':>5s} {'flag':>5s} {'tp':>5s} {'fp':>5s} {'fn':>5s} "
+        f"{'P':>6s} {'R':>6s}"
+    )
     for q in report["quality"]:
         p = "-" if q["precision"] is None else f"{q['precision']:.3f}"
         r = "-" if q["recall"] is None else f"{q['recall']:.3f}"
         mark = "" if q["detectable"] else "  (not a type the default detectors report)"
-        print(f"{q['entity_type']:20s} {q['gold_rows']:5d} {q['flagged_rows']:5d} {q['tp']:5d} "
-              f"{q['fp']:5d} {q['fn']:5d} {p:>6s} {r:>6s}{mark}")
+        print(
+            f"{q['entity_type']:20s} {q['gold_rows']:5d} {q['flagged_rows']:5d} {q['tp']:5d} "
+            f"{q['fp']:5d} {q['fn']:5d} {p:>6s} {r:>6s}{mark}"
+        )
         if "flagged_rows_with_gold_domain_name" in q:
-            print(f"{'':20s} ({q['flagged_rows_with_gold_domain_name']} of the {q['flagged_rows']} "
-                  "URL rows hold a gold DOMAIN_NAME span)")
+            print(
+                f"{'':20s} ({q['flagged_rows_with_gold_domain_name']} of the {q['flagged_rows']} "
+                "URL rows hold a gold DOMAIN_NAME span)"
+            )
     s = report["speed"]
-    print(f"stage {s['stage_rows_per_s']} rows/s, baseline {s['baseline_rows_per_s']} rows/s, "
-          f"stage/baseline speed {s['stage_over_baseline']}x")
+    print(
+        f"stage {s['stage_rows_per_s']} rows/s, baseline {s['baseline_rows_per_s']} rows/s, "
+        f"stage/baseline speed {s['stage_over_baseline']}x"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2), encoding="utf-8")
 

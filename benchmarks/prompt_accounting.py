@@ -53,9 +53,11 @@ BATCH_ROWS = 64
 def tonic_templates() -> dict[str, str]:
     """Tonic Validate's three prompt texts, read from its own environment."""
     python = vs_peers.ensure_peer_venv("tonic")
-    code = ("import json; from tonic_validate.utils import llm_calls as c; print(json.dumps("
-            "{'sim': c.similarity_score_prompt(), 'rel': c.context_relevancy_prompt(), "
-            "'contains': c.answer_contains_context_prompt()}))")
+    code = (
+        "import json; from tonic_validate.utils import llm_calls as c; print(json.dumps("
+        "{'sim': c.similarity_score_prompt(), 'rel': c.context_relevancy_prompt(), "
+        "'contains': c.answer_contains_context_prompt()}))"
+    )
     out = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -63,12 +65,15 @@ def tonic_templates() -> dict[str, str]:
 def tonic_chats(row: dict[str, Any], t: dict[str, str]) -> list[list[dict[str, str]]]:
     """The 1 + 2K chats Tonic Validate sends for ``row`` when every reply parses, in its
     metrics' order."""
-    users = [t["sim"] + f"\nQUESTION: {row['question']}\nREFERENCE ANSWER: {row['reference']}"
-                        f"\nNEW ANSWER: {row['answer']}\n"]
+    users = [
+        t["sim"] + f"\nQUESTION: {row['question']}\nREFERENCE ANSWER: {row['reference']}"
+        f"\nNEW ANSWER: {row['answer']}\n"
+    ]
     users += [t["rel"] + f"\nQUESTION: {row['question']}\nCONTEXT: {c}\n" for c in row["contexts"]]
     users += [t["contains"] + f"\nANSWER: {row['answer']}\nCONTEXT: {c}\n" for c in row["contexts"]]
-    return [[{"role": "system", "content": TONIC_SYSTEM}, {"role": "user", "content": u}]
-            for u in users]
+    return [
+        [{"role": "system", "content": TONIC_SYSTEM}, {"role": "user", "content": u}] for u in users
+    ]
 
 
 def ragbatch_chats(row: dict[str, Any], metrics: list[Any]) -> list[list[dict[str, str]]]:
@@ -91,9 +96,9 @@ class PrefixCache:
     def served(self, ids: list[int]) -> int:
         """Tokens of ``ids`` served from the cache; then ``ids`` is cached."""
         g, k = self.block, 0
-        while (k + 1) * g <= len(ids) - 1 and tuple(ids[:(k + 1) * g]) in self.seen:
+        while (k + 1) * g <= len(ids) - 1 and tuple(ids[: (k + 1) * g]) in self.seen:
             k += 1
-        self.seen.update(tuple(ids[:j * g]) for j in range(1, len(ids) // g + 1))
+        self.seen.update(tuple(ids[: j * g]) for j in range(1, len(ids) // g + 1))
         return k * g
 
 
@@ -122,7 +127,7 @@ def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[st
     cache = PrefixCache(block)
     calls = total = computed = after = 0
     for start in range(0, len(rows), BATCH_ROWS):
-        batch = [chats_of(r) for r in rows[start:start + BATCH_ROWS]]
+        batch = [chats_of(r) for r in rows[start : start + BATCH_ROWS]]
         for m in range(max(len(c) for c in batch)):
             for chats in batch:
                 if m < len(chats):
@@ -132,22 +137,41 @@ def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[st
                     computed += len(ids) - cache.served(ids)
                     after += task_tokens(chats[m], encode, ids)
     n = len(rows)
-    return {"calls_per_row": calls / n, "prompt_tokens_per_row": total / n,
-            "computed_tokens_per_row": computed / n, "task_tokens_per_row": after / n}
+    return {
+        "calls_per_row": calls / n,
+        "prompt_tokens_per_row": total / n,
+        "computed_tokens_per_row": computed / n,
+        "task_tokens_per_row": after / n,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tokenizer", type=Path, default=vs_peers.DEFAULT_MODEL_DIR,
-                   help="a model directory with the judge's tokenizer and chat template "
-                        "(default: the tiny test model, built if missing)")
-    p.add_argument("--rows", type=int, default=1000,
-                   help="synthetic rows, the first of vs_peers.py's (default 1000)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=vs_peers.DEFAULT_MODEL_DIR,
+        help="a model directory with the judge's tokenizer and chat template "
+        "(default: the tiny test model, built if missing)",
+    )
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=1000,
+        help="synthetic rows, the first of vs_peers.py's (default 1000)",
+    )
     p.add_argument("--contexts-per-row", default="1,5", help="comma-separated (default 1,5)")
-    p.add_argument("--block-size", type=int, default=32,
-                   help="prefix-cache block in tokens (default 32; vLLM on a GPU: 16)")
-    p.add_argument("--metrics", default=",".join(TONIC_METRICS),
-                   help="ragbatch judge metrics (default Tonic Validate's three)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=32,
+        help="prefix-cache block in tokens (default 32; vLLM on a GPU: 16)",
+    )
+    p.add_argument(
+        "--metrics",
+        default=",".join(TONIC_METRICS),
+        help="ragbatch judge metrics (default Tonic Validate's three)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "_data" / "prompt_accounting.json")
     args = p.parse_args(argv)
 
@@ -164,28 +188,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return tok(text, add_special_tokens=False)["input_ids"]
 
     names = [m.strip() for m in args.metrics.split(",") if m.strip()]
-    metrics = [get_metric(n).from_params({"embedder": "embedder"} if n == "answer_relevancy" else None,
-                                         metric_id=n, engine="judge", where="--metrics")
-               for n in names]
+    metrics = [
+        get_metric(n).from_params(
+            {"embedder": "embedder"} if n == "answer_relevancy" else None,
+            metric_id=n,
+            engine="judge",
+            where="--metrics",
+        )
+        for n in names
+    ]
     templates = tonic_templates()
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "by_k": {}}
     for k in [int(x) for x in args.contexts_per_row.split(",")]:
-        base = vs_peers.build_rows(max(args.rows, 201), vs_peers.parse_args([]).context_chars,
-                                   1000, contexts_per_row=k)
+        base = vs_peers.build_rows(
+            max(args.rows, 201), vs_peers.parse_args([]).context_chars, 1000, contexts_per_row=k
+        )
         rows = base.slice(0, args.rows).to_pylist()
-        tools = {"tonic": account(rows, lambda r: tonic_chats(r, templates), encode, args.block_size),
-                 "ragbatch": account(rows, lambda r: ragbatch_chats(r, metrics), encode,
-                                     args.block_size)}
+        tools = {
+            "tonic": account(rows, lambda r: tonic_chats(r, templates), encode, args.block_size),
+            "ragbatch": account(
+                rows, lambda r: ragbatch_chats(r, metrics), encode, args.block_size
+            ),
+        }
         results["by_k"][str(k)] = tools
         for tool, f in tools.items():
-            print(f"K={k}  {tool:9s} calls/row {f['calls_per_row']:5.2f}  prompt tokens/row "
-                  f"{f['prompt_tokens_per_row']:8.1f}  computed (not from the cache) "
-                  f"{f['computed_tokens_per_row']:8.1f}"
-                  + (f"  after the shared block {f['task_tokens_per_row']:7.1f}"
-                     if f["task_tokens_per_row"] else ""), flush=True)
-        ratio = tools["tonic"]["computed_tokens_per_row"] / tools["ragbatch"]["computed_tokens_per_row"]
-        print(f"K={k}  Tonic Validate computes {ratio:.2f}x ragbatch's prompt tokens per row",
-              flush=True)
+            print(
+                f"K={k}  {tool:9s} calls/row {f['calls_per_row']:5.2f}  prompt tokens/row "
+                f"{f['prompt_tokens_per_row']:8.1f}  computed (not from the cache) "
+                f"{f['computed_tokens_per_row']:8.1f}"
+                + (
+                    f"  after the shared block {f['task_tokens_per_row']:7.1f}"
+                    if f["task_tokens_per_row"]
+                    else ""
+                ),
+                flush=True,
+            )
+        ratio = (
+            tools["tonic"]["computed_tokens_per_row"] / tools["ragbatch"]["computed_tokens_per_row"]
+        )
+        print(
+            f"K={k}  Tonic Validate computes {ratio:.2f}x ragbatch's prompt tokens per row",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")

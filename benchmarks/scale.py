@@ -58,21 +58,38 @@ ROWS_PER_FILE = 20_000
 #: Inputs larger than this (and a multiple of it) are copies of this size's files.
 REPLICATE_ABOVE = 1_000_000
 APPS = ("support-bot", "docs-search", "sales-assist", "hr-helpdesk", "dev-copilot")
-DEFAULT_SIZES = {"expression": [100_000, 1_000_000, 10_000_000],
-                 "similarity": [1_000, 10_000, 100_000]}
+DEFAULT_SIZES = {
+    "expression": [100_000, 1_000_000, 10_000_000],
+    "similarity": [1_000, 10_000, 100_000],
+}
 
 #: Text lengths in bytes, [low, high) per text, cut back to the previous space; contexts
 #: per row in [low, high].
 LENGTHS = {
-    "expression": {"question": (40, 121), "answer": (80, 321), "reference": (80, 321),
-                   "context": (150, 451), "contexts_per_row": (2, 3)},
-    "similarity": {"question": (40, 121), "answer": (60, 241), "reference": (60, 241),
-                   "context": (100, 201), "contexts_per_row": (1, 1)},
+    "expression": {
+        "question": (40, 121),
+        "answer": (80, 321),
+        "reference": (80, 321),
+        "context": (150, 451),
+        "contexts_per_row": (2, 3),
+    },
+    "similarity": {
+        "question": (40, 121),
+        "answer": (60, 241),
+        "reference": (60, 241),
+        "context": (100, 201),
+        "contexts_per_row": (1, 1),
+    },
 }
 #: No ``row_id``: ragbatch generates ``<file>:<row index>`` ids, unique in the copied
 #: inputs too. ``trace_id`` is then neither an input nor a slice.
-COLUMNS = {"question": "question", "contexts": "contexts", "answer": "answer",
-           "reference": "reference", "latency_s": "latency_s"}
+COLUMNS = {
+    "question": "question",
+    "contexts": "contexts",
+    "answer": "answer",
+    "reference": "reference",
+    "latency_s": "latency_s",
+}
 SLICES = ["app", "model_version"]
 
 
@@ -121,28 +138,39 @@ def _chunk(src: _TextSource, stage: str, start: int, n: int, seed: int):
     question = pc.binary_join_element_wise(src.texts(*size["question"], n), "?", "")
     answer = src.texts(*size["answer"], n)
     kind = rng.random(n)
-    answer = pc.if_else(pa.array(kind < 0.01), pa.scalar("I don't know."), pc.if_else(
-        pa.array(kind < 0.03), pc.binary_join_element_wise('{"answer": "', answer, '"}', ""),
-        pc.if_else(pa.array(kind < 0.33), pc.binary_join_element_wise(answer, " [1] and [2].", ""),
-                   answer)))
-    reference = pc.if_else(pa.array(rng.random(n) < 0.10), answer,
-                           src.texts(*size["reference"], n))
+    answer = pc.if_else(
+        pa.array(kind < 0.01),
+        pa.scalar("I don't know."),
+        pc.if_else(
+            pa.array(kind < 0.03),
+            pc.binary_join_element_wise('{"answer": "', answer, '"}', ""),
+            pc.if_else(
+                pa.array(kind < 0.33),
+                pc.binary_join_element_wise(answer, " [1] and [2].", ""),
+                answer,
+            ),
+        ),
+    )
+    reference = pc.if_else(pa.array(rng.random(n) < 0.10), answer, src.texts(*size["reference"], n))
     low, high = size["contexts_per_row"]
     per_row = rng.integers(low, high + 1, n)
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(per_row, out=offsets[1:])
     items = src.texts(*size["context"], int(offsets[-1]))
-    ids = np.char.add(f"s{seed % 1000:03d}-", np.char.zfill(
-        np.arange(start, start + n).astype(str), 9))
-    return pa.table({
-        "trace_id": pa.array(ids.tolist() if n < 1000 else ids, pa.string()),
-        "question": question,
-        "contexts": pa.ListArray.from_arrays(pa.array(offsets), items),
-        "answer": answer,
-        "reference": reference,
-        "latency_s": pa.array(np.round(rng.lognormal(np.log(2.0), 0.6, n), 3)),
-        "model_version": pa.array(np.array(["2024-06", "2024-07"])[rng.integers(0, 2, n)]),
-    })
+    ids = np.char.add(
+        f"s{seed % 1000:03d}-", np.char.zfill(np.arange(start, start + n).astype(str), 9)
+    )
+    return pa.table(
+        {
+            "trace_id": pa.array(ids.tolist() if n < 1000 else ids, pa.string()),
+            "question": question,
+            "contexts": pa.ListArray.from_arrays(pa.array(offsets), items),
+            "answer": answer,
+            "reference": reference,
+            "latency_s": pa.array(np.round(rng.lognormal(np.log(2.0), 0.6, n), 3)),
+            "model_version": pa.array(np.array(["2024-06", "2024-07"])[rng.integers(0, 2, n)]),
+        }
+    )
 
 
 def ensure_input(stage: str, rows: int, workdir: Path, seed: int = SEED) -> dict:
@@ -162,7 +190,8 @@ def ensure_input(stage: str, rows: int, workdir: Path, seed: int = SEED) -> dict
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("seed") == seed and meta.get("lengths") == json.loads(
-                json.dumps(LENGTHS[stage])):
+            json.dumps(LENGTHS[stage])
+        ):
             return meta
     shutil.rmtree(folder, ignore_errors=True)
     if rows > REPLICATE_ABOVE and rows % REPLICATE_ABOVE == 0:
@@ -187,10 +216,16 @@ def ensure_input(stage: str, rows: int, workdir: Path, seed: int = SEED) -> dict
         pq.write_table(table, path, row_group_size=n)
     files = sorted(folder.glob("app=*/*.parquet"))
     meta = {
-        "path": str(folder), "rows": rows, "seed": seed, "lengths": LENGTHS[stage],
-        "files": len(files), "file_bytes": sum(f.stat().st_size for f in files),
+        "path": str(folder),
+        "rows": rows,
+        "seed": seed,
+        "lengths": LENGTHS[stage],
+        "files": len(files),
+        "file_bytes": sum(f.stat().st_size for f in files),
         "arrow_bytes": uncompressed,
-        "mean_chars": {k: (v / n_contexts if k == "context" else v / rows) for k, v in chars.items()},
+        "mean_chars": {
+            k: (v / n_contexts if k == "context" else v / rows) for k, v in chars.items()
+        },
         "mean_contexts_per_row": n_contexts / rows,
         "generate_s": round(time.perf_counter() - t0, 1),
     }
@@ -214,10 +249,16 @@ def _replicate(stage: str, rows: int, workdir: Path, seed: int) -> dict:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
     files = sorted(folder.glob("app=*/*.parquet"))
-    meta = dict(base, path=str(folder), rows=rows, files=len(files),
-                file_bytes=sum(f.stat().st_size for f in files),
-                arrow_bytes=base["arrow_bytes"] * (rows // REPLICATE_ABOVE),
-                replicated_from=base["path"], generate_s=round(time.perf_counter() - t0, 1))
+    meta = dict(
+        base,
+        path=str(folder),
+        rows=rows,
+        files=len(files),
+        file_bytes=sum(f.stat().st_size for f in files),
+        arrow_bytes=base["arrow_bytes"] * (rows // REPLICATE_ABOVE),
+        replicated_from=base["path"],
+        generate_s=round(time.perf_counter() - t0, 1),
+    )
     (folder / "_meta.json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -225,20 +266,34 @@ def _replicate(stage: str, rows: int, workdir: Path, seed: int) -> dict:
 # --------------------------------------------------------------------------- job
 
 
-def job_config(stage: str, input_path: str, output: str, batch_size: int,
-               concurrency: int = 1, num_cpus: float = 1.0) -> dict:
+def job_config(
+    stage: str,
+    input_path: str,
+    output: str,
+    batch_size: int,
+    concurrency: int = 1,
+    num_cpus: float = 1.0,
+) -> dict:
     """The ``ragbatch run`` config of one stage (``concurrency`` similarity model actors of
     ``num_cpus`` each)."""
-    config = {"run": {"name": f"scale-{stage}"},
-              "input": {"uri": input_path, "columns": COLUMNS, "slice_columns": SLICES},
-              "output": {"uri": output}}
+    config = {
+        "run": {"name": f"scale-{stage}"},
+        "input": {"uri": input_path, "columns": COLUMNS, "slice_columns": SLICES},
+        "output": {"uri": output},
+    }
     if stage == "expression":
         config["metrics"] = METRICS
     else:
         config["metrics"] = [{"name": "semantic_similarity", "engine": "minilm"}]
-        config["engines"] = {"minilm": {"type": "embedding", "num_gpus": 0,
-                                        "num_cpus": num_cpus, "concurrency": concurrency,
-                                        "batch_size": batch_size}}
+        config["engines"] = {
+            "minilm": {
+                "type": "embedding",
+                "num_gpus": 0,
+                "num_cpus": num_cpus,
+                "concurrency": concurrency,
+                "batch_size": batch_size,
+            }
+        }
     return config
 
 
@@ -263,8 +318,17 @@ class MemorySampler(threading.Thread):
         self.timeline_s = timeline_s
         self.timeline: list[dict] = []
         self.halt = threading.Event()
-        self.peak = {k: 0 for k in ("driver_rss", "workers_rss", "total_rss",
-                                    "driver_pss", "workers_pss", "total_pss")}
+        self.peak = {
+            k: 0
+            for k in (
+                "driver_rss",
+                "workers_rss",
+                "total_rss",
+                "driver_pss",
+                "workers_pss",
+                "total_pss",
+            )
+        }
         self.samples = 0
         self.max_processes = 0
         self.load: list[float] = []
@@ -301,8 +365,14 @@ class MemorySampler(threading.Thread):
                 last_mark = time.monotonic()
                 self._mark(last_mark - start, [self.root, *children], [(d_rss, d_pss, d_uss), *w])
             w_rss, w_pss = sum(m[0] for m in w), sum(m[1] for m in w)
-            now = {"driver_rss": d_rss, "workers_rss": w_rss, "total_rss": d_rss + w_rss,
-                   "driver_pss": d_pss, "workers_pss": w_pss, "total_pss": d_pss + w_pss}
+            now = {
+                "driver_rss": d_rss,
+                "workers_rss": w_rss,
+                "total_rss": d_rss + w_rss,
+                "driver_pss": d_pss,
+                "workers_pss": w_pss,
+                "total_pss": d_pss + w_pss,
+            }
             for key, value in now.items():
                 self.peak[key] = max(self.peak[key], value)
             self.samples += 1
@@ -325,9 +395,15 @@ class MemorySampler(threading.Thread):
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
             known = self.pss_available  # without PSS/USS (no smaps access) say so: None
-            row.append({"pid": proc.pid, "title": title, "rss_mib": round(rss / mib),
-                        "pss_mib": round(pss / mib) if known else None,
-                        "uss_mib": round(uss / mib) if known else None})
+            row.append(
+                {
+                    "pid": proc.pid,
+                    "title": title,
+                    "rss_mib": round(rss / mib),
+                    "pss_mib": round(pss / mib) if known else None,
+                    "uss_mib": round(uss / mib) if known else None,
+                }
+            )
         self.timeline.append({"t_s": round(t_s), "processes": row})
 
     def stop(self) -> None:
@@ -343,16 +419,23 @@ def conservation(output: str, rows: int, metric_ids: list[str]) -> dict:
     con = duckdb.connect()
     con.execute("SET threads TO 2")
     total = con.execute(f"SELECT count(*) FROM read_parquet('{glob}')").fetchone()[0]
-    per_metric = dict(con.execute(
-        f"SELECT metric, count(DISTINCT row_id) FROM read_parquet('{glob}') GROUP BY 1"
-    ).fetchall())
+    per_metric = dict(
+        con.execute(
+            f"SELECT metric, count(DISTINCT row_id) FROM read_parquet('{glob}') GROUP BY 1"
+        ).fetchall()
+    )
     ok = total == rows * len(metric_ids) and per_metric == {m: rows for m in metric_ids}
     return {"score_rows": total, "distinct_row_ids_per_metric": per_metric, "ok": ok}
 
 
-_STAT_KEYS = ("function_body_time_s", "task_scheduling_time_s", "block_serialization_time_s",
-              "task_submission_backpressure_time", "task_worker_completion_time_s",
-              "num_tasks_finished")
+_STAT_KEYS = (
+    "function_body_time_s",
+    "task_scheduling_time_s",
+    "block_serialization_time_s",
+    "task_submission_backpressure_time",
+    "task_worker_completion_time_s",
+    "num_tasks_finished",
+)
 
 
 def ray_data_stats(log_text: str) -> dict:
@@ -394,17 +477,34 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
     rows = meta["rows"]
     output = workdir / "scale_out" / f"{stage}_{rows}"
     shutil.rmtree(output, ignore_errors=True)
-    config = job_config(stage, meta["path"], str(output), args.batch_size,
-                        args.concurrency, args.num_cpus)
+    config = job_config(
+        stage, meta["path"], str(output), args.batch_size, args.concurrency, args.num_cpus
+    )
     config_path = workdir / "scale" / f"job_{stage}_{rows}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     ragbatch = Path(sys.executable).with_name("ragbatch")
-    command = [str(ragbatch) if ragbatch.exists() else "ragbatch", "run", str(config_path),
-               "--run-id", "scale"]
+    command = [
+        str(ragbatch) if ragbatch.exists() else "ragbatch",
+        "run",
+        str(config_path),
+        "--run-id",
+        "scale",
+    ]
     profile = workdir / "scale" / f"driver_{stage}_{rows}.prof"
     if args.profile:
-        command = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "ragbatch",
-                   "run", str(config_path), "--run-id", "scale"]
+        command = [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(profile),
+            "-m",
+            "ragbatch",
+            "run",
+            str(config_path),
+            "--run-id",
+            "scale",
+        ]
     log = workdir / "scale" / f"run_{stage}_{rows}.log"
     for attempt in range(3):
         load_start = os.getloadavg()[0]
@@ -444,7 +544,8 @@ def run_once(stage: str, meta: dict, workdir: Path, args) -> dict:
         "ray_data": ray_data_stats(log.read_text(errors="replace")),
         "output_bytes": sum(f.stat().st_size for f in output.rglob("*.parquet")),
         "command": "ragbatch run {} --run-id scale".format(
-            config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path),
+            config_path.relative_to(ROOT) if config_path.is_relative_to(ROOT) else config_path
+        ),
         "profile": str(profile) if args.profile else None,
     }
 
@@ -480,8 +581,7 @@ def summarize(stage: str, sizes: dict[int, dict]) -> dict:
     return {
         "stage": stage,
         "exponent_wall": fit_exponent(rows, medians),
-        "exponent_execute": fit_exponent(
-            rows, [sizes[n]["median_execute_s"] for n in rows]),
+        "exponent_execute": fit_exponent(rows, [sizes[n]["median_execute_s"] for n in rows]),
         "linear_fit_wall": dict(zip(("fixed_s", "per_million_rows_s"), fit_linear(rows, medians))),
         "memory_key": key,
         "memory_ratio_largest_smallest": large[key] / small[key],
@@ -492,9 +592,11 @@ def summarize(stage: str, sizes: dict[int, dict]) -> dict:
 
 def report(result: dict) -> str:
     gib = 2**30
-    lines = [f"{'rows':>11s} {'runs':>4s} {'wall s':>8s} {'exec s':>8s} {'rows/s':>9s} "
-             f"{'drv RSS':>8s} {'wrk RSS':>8s} {'tot RSS':>8s} {'tot PSS':>8s} "
-             f"{'load':>5s} {'rows ok':>7s}"]
+    lines = [
+        f"{'rows':>11s} {'runs':>4s} {'wall s':>8s} {'exec s':>8s} {'rows/s':>9s} "
+        f"{'drv RSS':>8s} {'wrk RSS':>8s} {'tot RSS':>8s} {'tot PSS':>8s} "
+        f"{'load':>5s} {'rows ok':>7s}"
+    ]
     for n, s in sorted(result["sizes"].items(), key=lambda kv: int(kv[0])):
         p = s["median_peak"]
         lines.append(
@@ -503,15 +605,19 @@ def report(result: dict) -> str:
             f"{p['driver_rss'] / gib:8.2f} {p['workers_rss'] / gib:8.2f} "
             f"{p['total_rss'] / gib:8.2f} {p['total_pss'] / gib:8.2f} "
             f"{statistics.fmean(r['load_mean'] for r in s['runs']):5.1f} "
-            f"{str(all(r['conservation']['ok'] for r in s['runs'])):>7s}")
+            f"{str(all(r['conservation']['ok'] for r in s['runs'])):>7s}"
+        )
     sm = result["summary"]
-    lines += ["", f"fitted exponent of wall time vs rows: {sm['exponent_wall']:.3f} "
-              f"(execute phase only: {sm['exponent_execute']:.3f}); linear fit: "
-              f"{sm['linear_fit_wall']['fixed_s']:.1f} s + "
-              f"{sm['linear_fit_wall']['per_million_rows_s']:.1f} s per million rows",
-              f"peak memory, largest / smallest size ({sm['memory_key']}): "
-              f"{sm['memory_ratio_largest_smallest']:.2f} (target <= 1.5); driver RSS "
-              f"{sm['driver_rss_ratio']:.2f}, workers RSS {sm['workers_rss_ratio']:.2f}"]
+    lines += [
+        "",
+        f"fitted exponent of wall time vs rows: {sm['exponent_wall']:.3f} "
+        f"(execute phase only: {sm['exponent_execute']:.3f}); linear fit: "
+        f"{sm['linear_fit_wall']['fixed_s']:.1f} s + "
+        f"{sm['linear_fit_wall']['per_million_rows_s']:.1f} s per million rows",
+        f"peak memory, largest / smallest size ({sm['memory_key']}): "
+        f"{sm['memory_ratio_largest_smallest']:.2f} (target <= 1.5); driver RSS "
+        f"{sm['driver_rss_ratio']:.2f}, workers RSS {sm['workers_rss_ratio']:.2f}",
+    ]
     return "\n".join(lines)
 
 
@@ -522,15 +628,21 @@ def measure_size(stage: str, rows: int, workdir: Path, args) -> dict:
         print(f"{stage}: ragbatch run on {rows:,} rows ({len(runs) + 1}) ...", flush=True)
         runs.append(run_once(stage, meta, workdir, args))
         r = runs[-1]
-        print(f"  {r['wall_s']:.1f} s, peak total RSS {r['peak_bytes']['total_rss'] / 2**30:.2f} GiB,"
-              f" load {r['load_mean']:.1f}, rows conserved: {r['conservation']['ok']}", flush=True)
+        print(
+            f"  {r['wall_s']:.1f} s, peak total RSS {r['peak_bytes']['total_rss'] / 2**30:.2f} GiB,"
+            f" load {r['load_mean']:.1f}, rows conserved: {r['conservation']['ok']}",
+            flush=True,
+        )
         if r["wall_s"] >= args.min_single_s or len(runs) >= args.repeat:
             break
     peaks = {k: statistics.median(r["peak_bytes"][k] for r in runs) for k in runs[0]["peak_bytes"]}
-    return {"input": meta, "runs": runs,
-            "median_wall_s": statistics.median(r["wall_s"] for r in runs),
-            "median_execute_s": statistics.median(r["timings_s"]["execute_s"] for r in runs),
-            "median_peak": peaks}
+    return {
+        "input": meta,
+        "runs": runs,
+        "median_wall_s": statistics.median(r["wall_s"] for r in runs),
+        "median_execute_s": statistics.median(r["timings_s"]["execute_s"] for r in runs),
+        "median_peak": peaks,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -538,33 +650,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=sorted(DEFAULT_SIZES), required=True)
     parser.add_argument("--sizes", help="comma-separated row counts (default: the stage's three)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs of a size whose first run is shorter than --min-single-s")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs of a size whose first run is shorter than --min-single-s",
+    )
     parser.add_argument("--min-single-s", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=0.5, help="memory sampling period, s")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="similarity engine batch_size (rows per model call)")
-    parser.add_argument("--concurrency", type=int, default=1,
-                        help="similarity engine concurrency (model actors)")
-    parser.add_argument("--num-cpus", type=float, default=1.0,
-                        help="similarity engine num_cpus per actor (two 1-CPU actors on a "
-                             "2-CPU machine leave none for the read tasks: use 0.5)")
-    parser.add_argument("--profile", action="store_true",
-                        help="run the driver under cProfile (<workdir>/scale/driver_*.prof)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="similarity engine batch_size (rows per model call)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="similarity engine concurrency (model actors)"
+    )
+    parser.add_argument(
+        "--num-cpus",
+        type=float,
+        default=1.0,
+        help="similarity engine num_cpus per actor (two 1-CPU actors on a "
+        "2-CPU machine leave none for the read tasks: use 0.5)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the driver under cProfile (<workdir>/scale/driver_*.prof)",
+    )
     parser.add_argument("--generate-only", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of the results file name")
     args = parser.parse_args(argv)
     workdir = args.workdir.resolve()
-    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES[args.stage])
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES[args.stage]
     if args.generate_only:
         for n in sizes:
             print(json.dumps(ensure_input(args.stage, n, workdir)), flush=True)
         return 0
     results_path = workdir / f"scale_{args.stage}{args.tag}.json"
-    result = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(),
-              "versions": versions(), "load_at_start": _load(), "sizes": {}}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
+    result = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "versions": versions(),
+        "load_at_start": _load(),
+        "sizes": {},
+    }
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     result["commit"] = commit
     for n in sizes:
         result["sizes"][n] = measure_size(args.stage, n, workdir, args)

@@ -29,8 +29,10 @@ def main(n: int = 100_000, repeats: int = 3) -> None:
         limited = map_with_time_limit(match, answers, 2.0)
         best_limited = min(best_limited, time.perf_counter() - t)
         assert plain == limited
-    print(f"{n} answers: in-process {best_plain:.3f} s, time-limited {best_limited:.3f} s, "
-          f"ratio {best_limited / best_plain:.1f}x")
+    print(
+        f"{n} answers: in-process {best_plain:.3f} s, time-limited {best_limited:.3f} s, "
+        f"ratio {best_limited / best_plain:.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -37,27 +37,38 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "_data" / "vllm_cpu_engine.json"
 MODES = {"in-process": "0", "separate": "1"}
 #: The shape of a judge verdict: what the adapter's JSON-schema requests look like.
-SCHEMA = {"type": "object",
-          "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]},
-                         "reason": {"type": "string"}},
-          "required": ["verdict", "reason"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["yes", "no"]},
+        "reason": {"type": "string"},
+    },
+    "required": ["verdict", "reason"],
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=3, help="mirrored pairs of passes (default 3)")
-    p.add_argument("--requests", type=int, default=1024,
-                   help="requests timed per pass (default 1024)")
-    p.add_argument("--prompt-tokens", type=int, default=630,
-                   help="prompt length in tokens (default 630, about the judge prompts of "
-                        "vs_peers.py)")
-    p.add_argument("--max-tokens", type=int, default=32,
-                   help="reply cap, in tokens (default 32)")
-    p.add_argument("--max-num-seqs", type=int, default=32,
-                   help="requests the engine runs at once (default 32)")
-    p.add_argument("--bind", default="nobind",
-                   help="VLLM_CPU_OMP_THREADS_BIND of the children (default nobind; vLLM's "
-                        "own default is auto, which pins the worker's threads to cores)")
+    p.add_argument(
+        "--requests", type=int, default=1024, help="requests timed per pass (default 1024)"
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=630,
+        help="prompt length in tokens (default 630, about the judge prompts of vs_peers.py)",
+    )
+    p.add_argument("--max-tokens", type=int, default=32, help="reply cap, in tokens (default 32)")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=32, help="requests the engine runs at once (default 32)"
+    )
+    p.add_argument(
+        "--bind",
+        default="nobind",
+        help="VLLM_CPU_OMP_THREADS_BIND of the children (default nobind; vLLM's "
+        "own default is auto, which pins the worker's threads to cores)",
+    )
     p.add_argument("--threads", type=int, help="OMP_NUM_THREADS of the children")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--child", choices=sorted(MODES), help=argparse.SUPPRESS)
@@ -74,20 +85,34 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     started = time.perf_counter()
-    llm = LLM(model=str(args.model_dir), max_model_len=8192, max_num_seqs=args.max_num_seqs,
-              enforce_eager=True, seed=0,
-              structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+    llm = LLM(
+        model=str(args.model_dir),
+        max_model_len=8192,
+        max_num_seqs=args.max_num_seqs,
+        enforce_eager=True,
+        seed=0,
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+    )
     start_s = time.perf_counter() - started
     rng = random.Random(0)
     vocab = llm.get_tokenizer().vocab_size
 
     def batch(n: int) -> tuple[list, list]:
-        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab)
-                                                  for _ in range(args.prompt_tokens)])
-                   for _ in range(n)]
-        params = [SamplingParams(max_tokens=args.max_tokens, temperature=0.0, seed=i,
-                                 structured_outputs=StructuredOutputsParams(json=SCHEMA))
-                  for i in range(n)]
+        prompts = [
+            TokensPrompt(
+                prompt_token_ids=[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]
+            )
+            for _ in range(n)
+        ]
+        params = [
+            SamplingParams(
+                max_tokens=args.max_tokens,
+                temperature=0.0,
+                seed=i,
+                structured_outputs=StructuredOutputsParams(json=SCHEMA),
+            )
+            for i in range(n)
+        ]
         return prompts, params
 
     llm.generate(*batch(64), use_tqdm=False)  # warm-up: grammar compiled, buffers sized
@@ -95,13 +120,23 @@ def child(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
-    print("RESULT " + json.dumps({
-        "mode": args.child, "start_s": start_s, "seconds": seconds, "requests": len(outputs),
-        "requests_per_s": len(outputs) / seconds,
-        "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-        # of this (the calling) process; with separate processes the model runs in the
-        # worker, which inherits OMP_NUM_THREADS
-        "torch_threads": torch.get_num_threads()}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "mode": args.child,
+                "start_s": start_s,
+                "seconds": seconds,
+                "requests": len(outputs),
+                "requests_per_s": len(outputs) / seconds,
+                "completion_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+                # of this (the calling) process; with separate processes the model runs in the
+                # worker, which inherits OMP_NUM_THREADS
+                "torch_threads": torch.get_num_threads(),
+            }
+        ),
+        flush=True,
+    )
 
 
 def run_pass(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
@@ -110,9 +145,22 @@ def run_pass(mode: str, model_dir: Path, args: argparse.Namespace) -> dict:
     env = vllm_env(VLLM_ENABLE_V1_MULTIPROCESSING=MODES[mode], VLLM_CPU_OMP_THREADS_BIND=args.bind)
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
-    command = [sys.executable, __file__, "--child", mode, "--model-dir", str(model_dir),
-               "--requests", str(args.requests), "--prompt-tokens", str(args.prompt_tokens),
-               "--max-tokens", str(args.max_tokens), "--max-num-seqs", str(args.max_num_seqs)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--model-dir",
+        str(model_dir),
+        "--requests",
+        str(args.requests),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -140,31 +188,47 @@ def main(argv: list[str] | None = None) -> dict:
     for mode in order:
         result = run_pass(mode, model_dir, args) | {"load_average_1m": os.getloadavg()[0]}
         passes.append(result)
-        print(f"{mode:10s} {result['requests_per_s']:7.1f} requests/s "
-              f"({result['seconds']:.2f} s, engine start {result['start_s']:.1f} s, "
-              f"{result['completion_tokens']} completion tokens, "
-              f"{result['torch_threads']} torch threads, load {result['load_average_1m']:.2f})",
-              flush=True)
-    medians = {mode: statistics.median(p["requests_per_s"] for p in passes if p["mode"] == mode)
-               for mode in MODES}
-    starts = {mode: statistics.median(p["start_s"] for p in passes if p["mode"] == mode)
-              for mode in MODES}
+        print(
+            f"{mode:10s} {result['requests_per_s']:7.1f} requests/s "
+            f"({result['seconds']:.2f} s, engine start {result['start_s']:.1f} s, "
+            f"{result['completion_tokens']} completion tokens, "
+            f"{result['torch_threads']} torch threads, load {result['load_average_1m']:.2f})",
+            flush=True,
+        )
+    medians = {
+        mode: statistics.median(p["requests_per_s"] for p in passes if p["mode"] == mode)
+        for mode in MODES
+    }
+    starts = {
+        mode: statistics.median(p["start_s"] for p in passes if p["mode"] == mode) for mode in MODES
+    }
     ratio = medians["in-process"] / medians["separate"]
     # each mirrored pair's own ratio, which cancels drift of the machine between pairs
     pair_ratios = []
     for i in range(0, len(passes) - 1, 2):
-        rate = {p["mode"]: p["requests_per_s"] for p in passes[i:i + 2]}
+        rate = {p["mode"]: p["requests_per_s"] for p in passes[i : i + 2]}
         pair_ratios.append(rate["in-process"] / rate["separate"])
-    print(f"median requests/s: in-process {medians['in-process']:.1f}, separate "
-          f"{medians['separate']:.1f}; in-process / separate {ratio:.2f} (median of the "
-          f"pairs' ratios {statistics.median(pair_ratios):.2f}); median engine "
-          f"start: in-process {starts['in-process']:.1f} s, separate "
-          f"{starts['separate']:.1f} s", flush=True)
-    results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                        if v is not None},
-               "machine": machine(), "passes": passes, "median_requests_per_s": medians,
-               "median_start_s": starts, "pair_ratios": pair_ratios,
-               "in_process_over_separate": ratio}
+    print(
+        f"median requests/s: in-process {medians['in-process']:.1f}, separate "
+        f"{medians['separate']:.1f}; in-process / separate {ratio:.2f} (median of the "
+        f"pairs' ratios {statistics.median(pair_ratios):.2f}); median engine "
+        f"start: in-process {starts['in-process']:.1f} s, separate "
+        f"{starts['separate']:.1f} s",
+        flush=True,
+    )
+    results = {
+        "args": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if v is not None
+        },
+        "machine": machine(),
+        "passes": passes,
+        "median_requests_per_s": medians,
+        "median_start_s": starts,
+        "pair_ratios": pair_ratios,
+        "in_process_over_separate": ratio,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}", flush=True)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import polars as pl
 
-_REFUSAL_OPENINGS = r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)"
+_REFUSAL_OPENINGS = (
+    r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)"
+)
 
 
 def not_a_refusal(batch: pl.DataFrame) -> pl.Series:

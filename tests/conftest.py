@@ -18,21 +18,34 @@ pytest_plugins = ["support.s3_fixtures", "support.vllm_server", "support.nightly
 
 
 def pytest_addoption(parser):
-    parser.addoption("--real-judge", action="store_true", default=False,
-                     help="also run the tests marked real_judge: the real SmolLM2 judge on "
-                          "dozens of rows, which takes tens of minutes on a CPU")
-    parser.addoption("--release", action="store_true", default=False,
-                     help="also run the tests marked release: the heaviest end-to-end checks "
-                          "(extra clusters, killed processes, benchmark tools), each with a "
-                          "lighter sibling in the default suite (make test-release)")
+    parser.addoption(
+        "--real-judge",
+        action="store_true",
+        default=False,
+        help="also run the tests marked real_judge: the real SmolLM2 judge on "
+        "dozens of rows, which takes tens of minutes on a CPU",
+    )
+    parser.addoption(
+        "--release",
+        action="store_true",
+        default=False,
+        help="also run the tests marked release: the heaviest end-to-end checks "
+        "(extra clusters, killed processes, benchmark tools), each with a "
+        "lighter sibling in the default suite (make test-release)",
+    )
 
 
 #: Marker -> (command-line option that runs it, why it is skipped without that option).
 OPT_IN = {
-    "real_judge": ("--real-judge", "a long real-judge run on CPU; run it with --real-judge "
-                                   "(make test-real-judge)"),
-    "release": ("--release", "release check, covered more lightly in the default suite; run it "
-                             "with --release (make test-release)"),
+    "real_judge": (
+        "--real-judge",
+        "a long real-judge run on CPU; run it with --real-judge (make test-real-judge)",
+    ),
+    "release": (
+        "--release",
+        "release check, covered more lightly in the default suite; run it "
+        "with --release (make test-release)",
+    ),
 }
 
 
@@ -70,8 +83,13 @@ def ray_local():
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                      "PYTHONPATH": paths}},
+            runtime_env={
+                "env_vars": {
+                    "HF_HUB_OFFLINE": "1",
+                    "TRANSFORMERS_OFFLINE": "1",
+                    "PYTHONPATH": paths,
+                }
+            },
         )
     yield ray
 

@@ -33,10 +33,21 @@ class AnswerChars(ModelMetric):
 
     def compute(self, model, frame: pl.DataFrame) -> pl.Series:
         cells = [
-            {"score": None, "status": "missing_input", "reason": "answer is null",
-             "details": None, "model": None} if a is None else
-            {"score": float(len(a) + model), "status": "ok", "reason": None, "details": None,
-             "model": "chars"}
+            {
+                "score": None,
+                "status": "missing_input",
+                "reason": "answer is null",
+                "details": None,
+                "model": None,
+            }
+            if a is None
+            else {
+                "score": float(len(a) + model),
+                "status": "ok",
+                "reason": None,
+                "details": None,
+                "model": "chars",
+            }
             for a in frame.get_column("answer").to_list()
         ]
         return pl.Series(self.id, cells, dtype=CELL_DTYPE)
@@ -69,12 +80,14 @@ SPEC = {"type": "embedding"}  # validated only: CharStage loads no model
 
 
 def table() -> pa.Table:
-    return pa.table({
-        "row_id": ["a", "b", "c"],
-        "answer": ["cat", None, "猫🍕"],
-        "app": ["x", "y", "z"],
-        "_issues": pa.array([None, None, None], ISSUES_TYPE),
-    })
+    return pa.table(
+        {
+            "row_id": ["a", "b", "c"],
+            "answer": ["cat", None, "猫🍕"],
+            "app": ["x", "y", "z"],
+            "_issues": pa.array([None, None, None], ISSUES_TYPE),
+        }
+    )
 
 
 def chars(metric_id: str = "len", engine: str = "toy") -> AnswerChars:
@@ -91,8 +104,11 @@ def test_minimal_subclass_appends_cells_and_keeps_columns():
     assert out.schema.field(cell_column("len")).type == CELL_TYPE
     cells = out.column(cell_column("len")).to_pylist()
     # "cat" has 3 characters, "猫🍕" 2 (code points, not bytes).
-    assert [(c["score"], c["status"]) for c in cells] == [(3.0, "ok"), (None, "missing_input"),
-                                                           (2.0, "ok")]
+    assert [(c["score"], c["status"]) for c in cells] == [
+        (3.0, "ok"),
+        (None, "missing_input"),
+        (2.0, "ok"),
+    ]
     assert out.column(cell_column("len2")).to_pylist() == cells
     assert stage.heap.batches == 1
 
@@ -109,15 +125,18 @@ def test_failing_batch_gets_error_cells_through_the_guard():
 
 def test_batch_errors_that_are_not_batch_faults():
     stage = CharStage("toy", SPEC, [chars()])
-    with pytest.raises(ValueError, match=r"engine 'toy': batch lacks input column\(s\) \['answer'\]"):
+    with pytest.raises(
+        ValueError, match=r"engine 'toy': batch lacks input column\(s\) \['answer'\]"
+    ):
         stage(table().drop_columns(["answer"]))
     with pytest.raises(TypeError, match=r"^CharStage expects pyarrow\.Table batches, got list"):
         stage(table().to_pylist())
 
 
 def test_metrics_as_dicts_are_built_in_the_actor():
-    stage = CharStage("toy", {"type": "embedding"},
-                      [{"name": "semantic_similarity", "id": "sim", "params": {}}])
+    stage = CharStage(
+        "toy", {"type": "embedding"}, [{"name": "semantic_similarity", "id": "sim", "params": {}}]
+    )
     (metric,) = stage.metrics
     assert (metric.name, metric.id, metric.engine) == ("semantic_similarity", "sim", "toy")
 
@@ -126,8 +145,11 @@ def test_wrong_metrics_are_config_errors():
     with pytest.raises(ConfigError, match=r"^metrics\[0\]: exact_match is not a model metric$"):
         CharStage("toy", SPEC, [ExactMatch.from_params({}, metric_id="em")])
     assert issubclass(ExactMatch, ExpressionMetric)
-    with pytest.raises(ConfigError, match=r"^metrics\[1\]: len runs on engine 'other', not on "
-                                          r"engines\.toy"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^metrics\[1\]: len runs on engine 'other', not on "
+        r"engines\.toy",
+    ):
         CharStage("toy", SPEC, [chars("ok"), chars("len", engine="other")])
     with pytest.raises(ConfigError, match=r"engines\.toy\.batch_size"):
         CharStage("toy", {"type": "embedding", "batch_size": 0}, [chars()])

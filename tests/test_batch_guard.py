@@ -25,9 +25,12 @@ def _batch(ids):
 
 
 def _scored(batch):
-    cells = [{"score": 1.0, "status": "ok", "reason": None, "details": None, "model": "x"}] * batch.num_rows
-    return (batch.append_column(cell_column("m"), pa.array(cells, CELL_TYPE))
-            .append_column(judge_column("m"), pa.nulls(batch.num_rows, JUDGE_TYPE)))
+    cells = [
+        {"score": 1.0, "status": "ok", "reason": None, "details": None, "model": "x"}
+    ] * batch.num_rows
+    return batch.append_column(cell_column("m"), pa.array(cells, CELL_TYPE)).append_column(
+        judge_column("m"), pa.nulls(batch.num_rows, JUDGE_TYPE)
+    )
 
 
 class FlakyScorer:
@@ -64,8 +67,14 @@ def test_a_batch_that_fails_once_is_retried_in_the_actor(ray_local, ledger):
     assert scorer.calls == 2
     assert [c["status"] for c in out.column(cell_column("m")).to_pylist()] == ["ok", "ok"]
     faults = ray_local.get(ledger.faults.remote())["engine e"]
-    assert faults == {"batches": 1, "batch_starts": 1, "batch_retries": 1, "actors_lost": 0,
-                      "failed_batches": 0, "failed_rows": 0}
+    assert faults == {
+        "batches": 1,
+        "batch_starts": 1,
+        "batch_retries": 1,
+        "actors_lost": 0,
+        "failed_batches": 0,
+        "failed_rows": 0,
+    }
 
 
 def test_a_batch_that_keeps_failing_gets_error_cells_and_the_run_goes_on(ray_local, ledger):
@@ -76,8 +85,11 @@ def test_a_batch_that_keeps_failing_gets_error_cells_and_the_run_goes_on(ray_loc
     assert out.column_names == ["row_id", "answer", cell_column("m"), judge_column("m")]
     assert out.select(["row_id", "answer"]) == batch
     reason = "engine e: batch failed 2 times: RuntimeError: engine hiccup 2"
-    assert out.column(cell_column("m")).to_pylist() == [
-        {"score": None, "status": "error", "reason": reason, "details": None, "model": None}] * 3
+    assert (
+        out.column(cell_column("m")).to_pylist()
+        == [{"score": None, "status": "error", "reason": reason, "details": None, "model": None}]
+        * 3
+    )
     assert out.column(judge_column("m")).null_count == 3
     faults = ray_local.get(ledger.faults.remote())["engine e"]
     assert (faults["failed_batches"], faults["failed_rows"], faults["batch_retries"]) == (1, 3, 1)
@@ -93,7 +105,8 @@ def test_a_batch_whose_actors_died_twice_is_not_scored_again(ray_local, ledger):
     assert scorer.calls == 0 and MAX_LOST_STARTS == 2
     assert {c["reason"] for c in out.column(cell_column("m")).to_pylist()} == {
         "engine e: the worker died 2 times while scoring this batch of 2 rows; "
-        "its rows are not scored again"}
+        "its rows are not scored again"
+    }
     faults = ray_local.get(ledger.faults.remote())["engine e"]
     assert (faults["batch_starts"], faults["actors_lost"], faults["failed_rows"]) == (3, 2, 2)
 
@@ -101,9 +114,12 @@ def test_a_batch_whose_actors_died_twice_is_not_scored_again(ray_local, ledger):
 def test_failed_rows_past_the_error_budget_stop_the_run(ray_local, ledger):
     guard = BatchGuard("engine e", COLUMNS, ledger)  # budget 0.5 of 10 rows: 5 may fail
     guard.run(_batch(["r1", "r2", "r3", "r4", "r5"]), FlakyScorer(99))
-    with pytest.raises(RunError, match=r"6 of 10 rows \(60.0%\) are marked error by failed "
-                                       r"batches, over run.error_budget = 0.5; first reason: "
-                                       r"engine e: batch failed 2 times"):
+    with pytest.raises(
+        RunError,
+        match=r"6 of 10 rows \(60.0%\) are marked error by failed "
+        r"batches, over run.error_budget = 0.5; first reason: "
+        r"engine e: batch failed 2 times",
+    ):
         guard.run(_batch(["r6"]), FlakyScorer(99))
 
 
@@ -139,14 +155,24 @@ def test_a_second_attempt_of_a_running_run_id_is_refused(ray_local, tmp_path):
 
     src = tmp_path / "in.csv"
     src.write_text("a,ref\nyes,yes\nno,yes\n", encoding="utf-8")
-    config = JobConfig.from_dict({"input": {"uri": str(src), "columns": {"answer": "a", "reference": "ref"}},
-                                  "output": {"uri": str(tmp_path / "out")},
-                                  "metrics": [{"name": "exact_match"}]})
-    holder = ray_local.remote(num_cpus=0)(RunLedger).options(
-        name=f"{LEDGER_PREFIX}busy", namespace=LEDGER_NAMESPACE).remote()
+    config = JobConfig.from_dict(
+        {
+            "input": {"uri": str(src), "columns": {"answer": "a", "reference": "ref"}},
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [{"name": "exact_match"}],
+        }
+    )
+    holder = (
+        ray_local.remote(num_cpus=0)(RunLedger)
+        .options(name=f"{LEDGER_PREFIX}busy", namespace=LEDGER_NAMESPACE)
+        .remote()
+    )
     ray_local.get(holder.totals.remote())
-    with pytest.raises(OutputError, match=r"run 'busy' is already running on this Ray cluster "
-                                          r"\(actor 'ragbatch-ledger:busy'\)"):
+    with pytest.raises(
+        OutputError,
+        match=r"run 'busy' is already running on this Ray cluster "
+        r"\(actor 'ragbatch-ledger:busy'\)",
+    ):
         run_job(config, run_id="busy")
     ray_local.kill(holder)
     import time

@@ -46,8 +46,7 @@ def test_sample_rows_take_the_next_rows_documents_as_distractors(vs_peers, docum
     table = vs_peers.build_rows(3, 300, 40, contexts_per_row=3).to_pylist()
     assert [r["row_id"] for r in table] == ["ares-0", "ares-1", "ares-2"]
     for i, row in enumerate(table):
-        assert row["contexts"] == [documents[i][:40], documents[i + 1][:40],
-                                   documents[i + 2][:40]]
+        assert row["contexts"] == [documents[i][:40], documents[i + 1][:40], documents[i + 2][:40]]
         assert row["reference"] == row["answer"]
 
 
@@ -56,8 +55,11 @@ def test_more_contexts_keep_each_synthetic_rows_own_parts(vs_peers, documents):
     five = vs_peers.build_rows(400, 300, 300, contexts_per_row=5).to_pylist()
     assert len(five) == 400
     for a, b in zip(one, five):
-        assert (a["row_id"], a["question"], a["answer"]) == (b["row_id"], b["question"],
-                                                           b["answer"])
+        assert (a["row_id"], a["question"], a["answer"]) == (
+            b["row_id"],
+            b["question"],
+            b["answer"],
+        )
         assert b["contexts"][0] == a["contexts"][0]
         assert len(b["contexts"]) == 5
         for context in b["contexts"]:
@@ -98,29 +100,64 @@ def test_contexts_per_row_below_one_is_refused(vs_peers, capsys):
 
 def test_engine_settings_reach_ragbatch_vllm_job(vs_peers, tmp_path):
     cpu = vs_peers.parse_args([])
-    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", cpu,
-                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    job = vs_peers.ragbatch_config(
+        "vllm",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        cpu,
+        "http://127.0.0.1:1/v1",
+        tmp_path / "model",
+    )
     assert job["engines"]["judge"]["engine_kwargs"] == {
-        "enforce_eager": True, "max_num_seqs": 32, "block_size": 32}
+        "enforce_eager": True,
+        "max_num_seqs": 32,
+        "block_size": 32,
+    }
     gpu = vs_peers.parse_args(["--num-gpus", "1"])
-    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", gpu,
-                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    job = vs_peers.ragbatch_config(
+        "vllm",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        gpu,
+        "http://127.0.0.1:1/v1",
+        tmp_path / "model",
+    )
     assert job["engines"]["judge"]["engine_kwargs"] == {"enforce_eager": False}
 
 
 def test_grammar_backend_reaches_ragbatch_vllm_job_only_when_not_the_default(vs_peers, tmp_path):
     default = vs_peers.parse_args([])
     assert default.grammar_backend == "xgrammar"
-    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", default,
-                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    job = vs_peers.ragbatch_config(
+        "vllm",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        default,
+        "http://127.0.0.1:1/v1",
+        tmp_path / "model",
+    )
     assert "structured_outputs_config" not in job["engines"]["judge"]["engine_kwargs"]
     guidance = vs_peers.parse_args(["--grammar-backend", "guidance"])
-    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", guidance,
-                                   "http://127.0.0.1:1/v1", tmp_path / "model")
+    job = vs_peers.ragbatch_config(
+        "vllm",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        guidance,
+        "http://127.0.0.1:1/v1",
+        tmp_path / "model",
+    )
     assert job["engines"]["judge"]["engine_kwargs"]["structured_outputs_config"] == {
-        "backend": "guidance", "disable_any_whitespace": True}
-    openai = vs_peers.ragbatch_config("openai", tmp_path / "rows.parquet", tmp_path / "out",
-                                      guidance, "http://127.0.0.1:1/v1", None)
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+    }
+    openai = vs_peers.ragbatch_config(
+        "openai",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        guidance,
+        "http://127.0.0.1:1/v1",
+        None,
+    )
     assert "engine_kwargs" not in openai["engines"]["judge"]
 
 
@@ -133,11 +170,22 @@ def test_server_prefix_cache_is_emptied_between_runs(vs_peers, tiny_judge_model,
     args = vs_peers.parse_args(["--out", str(tmp_path / "out.json"), "--max-model-len", "1024"])
     proc, url = vs_peers.start_server(tiny_judge_model, args)
     try:
+
         def ask() -> dict[str, float]:
-            body = json.dumps({"model": vs_peers.SERVED_NAME, "max_tokens": 2, "messages": [
-                {"role": "user", "content": "the same question, asked again " * 12}]})
-            request = urllib.request.Request(url + "/chat/completions", data=body.encode(),
-                                             headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {
+                    "model": vs_peers.SERVED_NAME,
+                    "max_tokens": 2,
+                    "messages": [
+                        {"role": "user", "content": "the same question, asked again " * 12}
+                    ],
+                }
+            )
+            request = urllib.request.Request(
+                url + "/chat/completions",
+                data=body.encode(),
+                headers={"Content-Type": "application/json"},
+            )
             before = vs_peers.server_counters(url)
             urllib.request.urlopen(request, timeout=120).read()
             after = vs_peers.server_counters(url)
@@ -159,8 +207,14 @@ def test_smollm2_option_serves_and_runs_it_in_float32_on_a_cpu(vs_peers, smollm2
     cpu = vs_peers.parse_args(["--judge-model", "smollm2"])
     assert (cpu.model, cpu.dtype) == ("smollm2", "float32")
     assert vs_peers.JUDGE_MODELS["smollm2"][0]() == smollm2_model
-    job = vs_peers.ragbatch_config("vllm", tmp_path / "rows.parquet", tmp_path / "out", cpu,
-                                   "http://127.0.0.1:1/v1", smollm2_model)
+    job = vs_peers.ragbatch_config(
+        "vllm",
+        tmp_path / "rows.parquet",
+        tmp_path / "out",
+        cpu,
+        "http://127.0.0.1:1/v1",
+        smollm2_model,
+    )
     assert job["engines"]["judge"]["dtype"] == "float32"
     assert vs_peers.parse_args(["--judge-model", "smollm2", "--num-gpus", "1"]).dtype == "auto"
     tiny = vs_peers.parse_args([])
@@ -168,24 +222,43 @@ def test_smollm2_option_serves_and_runs_it_in_float32_on_a_cpu(vs_peers, smollm2
 
 
 def test_parse_failure_rate_is_failures_over_judge_cells(vs_peers):
-    run = {"wall_s": 10.0, "requests": 40, "prompt_tokens": 1, "completion_tokens": 1,
-           "parse_failures": 3, "judged_cells": 12}
+    run = {
+        "wall_s": 10.0,
+        "requests": 40,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "parse_failures": 3,
+        "judged_cells": 12,
+    }
     assert vs_peers.summarise([run], 2)["parse_failure_rate"] == 0.25
     assert vs_peers.summarise([run | {"judged_cells": None}], 2)["parse_failure_rate"] is None
 
 
 @pytest.mark.release
 @pytest.mark.slow
-def test_ragbatch_side_reports_smollm2_parse_failure_rate(vs_peers, smollm2_model, tmp_path,
-                                                         monkeypatch):
+def test_ragbatch_side_reports_smollm2_parse_failure_rate(
+    vs_peers, smollm2_model, tmp_path, monkeypatch
+):
     """ragbatch's own engine on SmolLM2 over three rows (the peers are not installed here):
     the rate the script reports is the share of parse_failure cells among the judge
     metrics' cells of the written scores."""
     import polars as pl
 
     monkeypatch.setattr(vs_peers, "WORK", tmp_path / "work")  # rows, job and output here
-    args = vs_peers.parse_args(["--judge-model", "smollm2", "--rows", "3", "--max-tokens", "96",
-                                "--sample-context-chars", "400", "--out", str(tmp_path / "o.json")])
+    args = vs_peers.parse_args(
+        [
+            "--judge-model",
+            "smollm2",
+            "--rows",
+            "3",
+            "--max-tokens",
+            "96",
+            "--sample-context-chars",
+            "400",
+            "--out",
+            str(tmp_path / "o.json"),
+        ]
+    )
     rows = vs_peers.write_rows(3, args)
     run = vs_peers.run_ragbatch("vllm", rows, 3, args, "http://127.0.0.1:1/v1", smollm2_model, "r0")
     out = vs_peers.artifact(args, "out_vllm_3")
@@ -193,4 +266,6 @@ def test_ragbatch_side_reports_smollm2_parse_failure_rate(vs_peers, smollm2_mode
     judged = scores.filter(pl.col("metric").is_in(vs_peers.JUDGE_METRICS))
     assert run["judged_cells"] == judged.height == 3 * len(vs_peers.JUDGE_METRICS)
     assert run["parse_failures"] == judged.filter(pl.col("status") == "parse_failure").height
-    assert vs_peers.summarise([run], 3)["parse_failure_rate"] == run["parse_failures"] / judged.height
+    assert (
+        vs_peers.summarise([run], 3)["parse_failure_rate"] == run["parse_failures"] / judged.height
+    )

@@ -11,8 +11,13 @@ from sklearn import metrics as skm
 
 from ragbatch.calibrate.config import CalibrationConfig, LabelSpec, calibration_from_dict
 from ragbatch.calibrate.labels import label_values
-from ragbatch.calibrate.measures import (Bootstrap, binary_measures, confusion, graded_measures,
-                                         pairwise_agreement)
+from ragbatch.calibrate.measures import (
+    Bootstrap,
+    binary_measures,
+    confusion,
+    graded_measures,
+    pairwise_agreement,
+)
 from ragbatch.calibrate.prepare import split_pairs
 from ragbatch.core.errors import ConfigError, InputError
 
@@ -30,10 +35,14 @@ def test_binary_measures_equal_scikit_learn(seed):
     human = (rng.random(60) < 0.4).astype(float)
     got = _by_name(binary_measures(score, human, 0.5, BOOT))
     verdict = (score >= 0.5).astype(int)
-    want = {"accuracy": skm.accuracy_score(human, verdict),
-            "precision": skm.precision_score(human, verdict),
-            "recall": skm.recall_score(human, verdict), "f1": skm.f1_score(human, verdict),
-            "kappa": skm.cohen_kappa_score(human, verdict), "roc_auc": skm.roc_auc_score(human, score)}
+    want = {
+        "accuracy": skm.accuracy_score(human, verdict),
+        "precision": skm.precision_score(human, verdict),
+        "recall": skm.recall_score(human, verdict),
+        "f1": skm.f1_score(human, verdict),
+        "kappa": skm.cohen_kappa_score(human, verdict),
+        "roc_auc": skm.roc_auc_score(human, score),
+    }
     for name, value in want.items():
         m = got[name]
         assert m.value == pytest.approx(value, abs=1e-12), name
@@ -80,15 +89,22 @@ def test_degenerate_cases_give_null_with_a_reason():
     assert got["precision"].value is None and got["precision"].reason
     # no ok cells at all
     for m in binary_measures(np.array([]), np.array([]), 0.5, BOOT) + graded_measures(
-            np.array([]), np.array([]), BOOT):
+        np.array([]), np.array([]), BOOT
+    ):
         assert m.n == 0 and m.value is None and m.ci_low is None and m.reason
     # constant judge scores: no correlation
     got = _by_name(graded_measures(np.full(4, 0.5), np.array([0, 1, 2, 3.0]), BOOT))
     assert got["spearman"].value is None and "same score" in got["spearman"].reason
     assert pairwise_agreement(np.array([]), np.array([]), BOOT).value is None
     # undefined in most resamples: value kept, interval null with the count
-    got = _by_name(binary_measures(np.array([0.9, 0.1, 0.9, 0.9]), np.array([1, 0, 1, 1.0]),
-                                   0.5, Bootstrap(resamples=50, seed=0)))
+    got = _by_name(
+        binary_measures(
+            np.array([0.9, 0.1, 0.9, 0.9]),
+            np.array([1, 0, 1, 1.0]),
+            0.5,
+            Bootstrap(resamples=50, seed=0),
+        )
+    )
     assert got["roc_auc"].value == 1.0
     if got["roc_auc"].ci_low is None:
         assert "resamples" in got["roc_auc"].reason
@@ -110,8 +126,18 @@ def test_label_values_map_threshold_and_errors():
     spec = LabelSpec(column="lab", values={"hateful": 1, "non-hateful": 0})
     assert label_values(text, spec, ids).to_list() == [1.0, 0.0, None, 1.0]
     graded = pl.Series("g", ["0.0", "0.3333", "1.0", ""])
-    assert label_values(graded, LabelSpec(column="g", type="graded"), ids).to_list() == [0.0, 0.3333, 1.0, None]
-    assert label_values(graded, LabelSpec(column="g", threshold=0.5), ids).to_list() == [0.0, 0.0, 1.0, None]
+    assert label_values(graded, LabelSpec(column="g", type="graded"), ids).to_list() == [
+        0.0,
+        0.3333,
+        1.0,
+        None,
+    ]
+    assert label_values(graded, LabelSpec(column="g", threshold=0.5), ids).to_list() == [
+        0.0,
+        0.0,
+        1.0,
+        None,
+    ]
     with pytest.raises(InputError, match=r"'lab', row 'b'.*'maybe'"):
         label_values(pl.Series("lab", ["hateful", "maybe", None, None]), spec, ids)
     with pytest.raises(InputError, match="is not 0 or 1"):
@@ -119,22 +145,30 @@ def test_label_values_map_threshold_and_errors():
 
 
 def _cal(**extra) -> CalibrationConfig:
-    data = {"input": {"uri": "x.jsonl", "columns": {"question": "q", "contexts": "k"}},
-            "output": {"uri": "out"}, "engines": {"j": {"kind": "openai", "base_url": "http://x/v1",
-                                                         "model": "m"}},
-            "judges": ["j"], "metrics": [{"name": "faithfulness"}],
-            "labels": {"faithfulness": {"column": "ok"}}, **extra}
+    data = {
+        "input": {"uri": "x.jsonl", "columns": {"question": "q", "contexts": "k"}},
+        "output": {"uri": "out"},
+        "engines": {"j": {"kind": "openai", "base_url": "http://x/v1", "model": "m"}},
+        "judges": ["j"],
+        "metrics": [{"name": "faithfulness"}],
+        "labels": {"faithfulness": {"column": "ok"}},
+        **extra,
+    }
     return calibration_from_dict(data)
 
 
 def test_pairs_split_one_row_into_labelled_answers():
-    frame = pl.DataFrame({"q": ["q1", "q2"], "k": ["k1", "k2"], "good": ["g1", "g2"],
-                          "bad": ["b1", "b2"]})
+    frame = pl.DataFrame(
+        {"q": ["q1", "q2"], "k": ["k1", "k2"], "good": ["g1", "g2"], "bad": ["b1", "b2"]}
+    )
     cal = _cal(pairs={"answers": {"good": 1, "bad": 0}, "label_column": "ok"})
     out = split_pairs(frame, cal)
     assert out.select("q", "answer", "ok", "pair_id", "pair_member").rows() == [
-        ("q1", "g1", 1.0, "0", "good"), ("q1", "b1", 0.0, "0", "bad"),
-        ("q2", "g2", 1.0, "1", "good"), ("q2", "b2", 0.0, "1", "bad")]
+        ("q1", "g1", 1.0, "0", "good"),
+        ("q1", "b1", 0.0, "0", "bad"),
+        ("q2", "g2", 1.0, "1", "good"),
+        ("q2", "b2", 0.0, "1", "bad"),
+    ]
 
 
 def test_config_errors_name_the_field():
@@ -152,15 +186,22 @@ def test_output_schema_doc_lists_every_calibration_column():
 
     from ragbatch.calibrate.output import SCHEMAS
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "output-schema.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "output-schema.md").read_text(
+        encoding="utf-8"
+    )
     section = doc.split("## Calibration tables\n", 1)[1]
-    tables = re.findall(r"\| column \| Parquet \(Arrow\) \| meaning \|\n\|---\|---\|---\|\n((?:\|.*\n)+)", section)
+    tables = re.findall(
+        r"\| column \| Parquet \(Arrow\) \| meaning \|\n\|---\|---\|---\|\n((?:\|.*\n)+)", section
+    )
     assert len(tables) == 3
     for name, body in zip(("agreement", "confusion", "disagreements"), tables):
-        rows = [[c.strip() for c in line.strip("|").split("|")] for line in body.strip().splitlines()]
+        rows = [
+            [c.strip() for c in line.strip("|").split("|")] for line in body.strip().splitlines()
+        ]
         assert [(r[0].strip("`"), r[1]) for r in rows] == [
             (f.name, {"string": "string", "int64": "int64", "double": "double"}[str(f.type)])
-            for f in SCHEMAS[name]], name
+            for f in SCHEMAS[name]
+        ], name
 
 
 @pytest.mark.parametrize("name", ["ares", "halueval", "hatecheck", "trec_dl"])
@@ -193,13 +234,24 @@ def test_shipped_calibration_configs_read_their_data_and_labels(name, monkeypatc
 def test_input_columns_named_like_scratch_columns_pass_through():
     # split_pairs sorted on scratch columns "__pair_pos"/"__member_pos" and dropped them,
     # overwriting and then dropping an input column of that name.
-    frame = pl.DataFrame({"q": ["q1", "q2"], "__pair_pos": ["u1", "u2"], "__member_pos": [7, 8],
-                          "__label": ["x", "y"], "good": ["g1", "g2"], "bad": ["b1", "b2"]})
+    frame = pl.DataFrame(
+        {
+            "q": ["q1", "q2"],
+            "__pair_pos": ["u1", "u2"],
+            "__member_pos": [7, 8],
+            "__label": ["x", "y"],
+            "good": ["g1", "g2"],
+            "bad": ["b1", "b2"],
+        }
+    )
     cal = _cal(pairs={"answers": {"good": 1, "bad": 0}, "label_column": "ok"})
     out = split_pairs(frame, cal)
     assert out.select("q", "__pair_pos", "__member_pos", "__label", "answer", "ok").rows() == [
-        ("q1", "u1", 7, "x", "g1", 1.0), ("q1", "u1", 7, "x", "b1", 0.0),
-        ("q2", "u2", 8, "y", "g2", 1.0), ("q2", "u2", 8, "y", "b2", 0.0)]
+        ("q1", "u1", 7, "x", "g1", 1.0),
+        ("q1", "u1", 7, "x", "b1", 0.0),
+        ("q2", "u2", 8, "y", "g2", 1.0),
+        ("q2", "u2", 8, "y", "b2", 0.0),
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -233,7 +285,8 @@ def test_hand_worked_ece_and_reliability_bins():
 
     assert reliability_bins(p, human) == [
         {"bin_low": 0.1, "bin_high": 0.2, "n": 2, "mean_p": pytest.approx(0.15), "observed": 0.5},
-        {"bin_low": 0.9, "bin_high": 1.0, "n": 2, "mean_p": pytest.approx(0.96), "observed": 1.0}]
+        {"bin_low": 0.9, "bin_high": 1.0, "n": 2, "mean_p": pytest.approx(0.96), "observed": 1.0},
+    ]
 
 
 def test_hard_verdicts_have_no_brier_or_ece():

@@ -20,8 +20,10 @@ ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotati
 
 def _write_config(tmp_path: Path, **overrides) -> Path:
     config = {
-        "input": {"uri": str(ARES), "columns": {"question": "Question", "contexts": "Document",
-                                               "answer": "Answer"}},
+        "input": {
+            "uri": str(ARES),
+            "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
+        },
         "output": {"uri": str(tmp_path / "out")},
         "metrics": [{"name": "response_length", "params": {"min_chars": 1}}],
     }
@@ -64,8 +66,9 @@ ENGINES = {
 def test_metrics_says_which_engine_each_metric_needs(capsys):
     code, out, _ = _run(capsys, "metrics", "--json")
     described = {d["name"]: d for d in json.loads(out)}
-    assert {name: (described[name]["engine"], described[name]["second_engine"])
-            for name in ENGINES} == ENGINES
+    assert {
+        name: (described[name]["engine"], described[name]["second_engine"]) for name in ENGINES
+    } == ENGINES
     # every metric says it: judges a judge engine, expressions none
     for d in described.values():
         assert {"engine", "second_engine"} <= set(d), d["name"]
@@ -75,8 +78,11 @@ def test_metrics_says_which_engine_each_metric_needs(capsys):
             assert d["engine"] == [] and d["second_engine"] == [], d["name"]
     code, out, _ = _run(capsys, "metrics")
     lines = out.splitlines()
-    engine_of = {lines[i].split("  [", 1)[0]: lines[i + 2].strip() for i, line in enumerate(lines)
-                 if "  [" in line and not line.startswith(" ")}
+    engine_of = {
+        lines[i].split("  [", 1)[0]: lines[i + 2].strip()
+        for i, line in enumerate(lines)
+        if "  [" in line and not line.startswith(" ")
+    }
     assert engine_of["faithfulness"] == "engine: vllm or openai"
     assert engine_of["answer_relevancy"] == "engine: vllm or openai, and embedding"
     assert engine_of["semantic_similarity"] == "engine: embedding or cross_encoder"
@@ -92,22 +98,39 @@ def test_validate_shipped_jobs(capsys, monkeypatch, job):
     assert "stage expressions:" in out and "writable" in out
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    ({"metrics": [{"name": "exact_mach"}]}, ["metrics[0].name", "did you mean 'exact_match'"]),
-    ({"metrics": [{"name": "regex", "params": {"pattern": "(a"}}]},
-     ["metrics[0].params.pattern", "invalid regular expression"]),
-    ({"metrics": [{"name": "response_length", "params": {"min_chars": 9, "max_chars": 2}}]},
-     ["metrics[0].params", "min_chars (9) is greater than max_chars (2)"]),
-    ({"metrics": [{"name": "exact_match"}]},
-     ["exact_match reads `reference`", "input.columns maps nothing to reference"]),
-    ({"metrics": [{"name": "regex", "params": {"pattern": "a"}},
-                  {"name": "regex", "params": {"pattern": "b"}}]},
-     ["metrics[1]: id 'regex' is already used by metrics[0]"]),
-    ({"metrics": [{"name": "semantic_similarity", "engine": "nope"}]},
-     ["metrics[0].engine: 'nope' is not defined under `engines`"]),
-    ({"metrics": []}, ["metrics: List should have at least 1 item"]),
-    ({"outptu": {"uri": "x"}}, ["outptu: unknown field (did you mean 'output'?)"]),
-])
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        ({"metrics": [{"name": "exact_mach"}]}, ["metrics[0].name", "did you mean 'exact_match'"]),
+        (
+            {"metrics": [{"name": "regex", "params": {"pattern": "(a"}}]},
+            ["metrics[0].params.pattern", "invalid regular expression"],
+        ),
+        (
+            {"metrics": [{"name": "response_length", "params": {"min_chars": 9, "max_chars": 2}}]},
+            ["metrics[0].params", "min_chars (9) is greater than max_chars (2)"],
+        ),
+        (
+            {"metrics": [{"name": "exact_match"}]},
+            ["exact_match reads `reference`", "input.columns maps nothing to reference"],
+        ),
+        (
+            {
+                "metrics": [
+                    {"name": "regex", "params": {"pattern": "a"}},
+                    {"name": "regex", "params": {"pattern": "b"}},
+                ]
+            },
+            ["metrics[1]: id 'regex' is already used by metrics[0]"],
+        ),
+        (
+            {"metrics": [{"name": "semantic_similarity", "engine": "nope"}]},
+            ["metrics[0].engine: 'nope' is not defined under `engines`"],
+        ),
+        ({"metrics": []}, ["metrics: List should have at least 1 item"]),
+        ({"outptu": {"uri": "x"}}, ["outptu: unknown field (did you mean 'output'?)"]),
+    ],
+)
 def test_bad_config_exits_2_with_field_named(capsys, tmp_path, overrides, fragments):
     code, out, err = _run(capsys, "validate", str(_write_config(tmp_path, **overrides)))
     assert code == 2
@@ -123,7 +146,9 @@ def test_missing_mapped_column_lists_existing_columns(capsys, tmp_path):
 
 
 def test_missing_input_path(capsys, tmp_path):
-    cfg = _write_config(tmp_path, input={"uri": str(tmp_path / "nope.tsv"), "columns": {"answer": "Answer"}})
+    cfg = _write_config(
+        tmp_path, input={"uri": str(tmp_path / "nope.tsv"), "columns": {"answer": "Answer"}}
+    )
     code, _, err = _run(capsys, "run", str(cfg))
     assert code == 2 and "nope.tsv" in err
 
@@ -146,13 +171,29 @@ def test_run_as_a_user_would(tmp_path):
     """`ragbatch run` in a fresh process, overriding the output, as the README shows."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
-         "--output", str(tmp_path / "out"), "--run-id", "cli-test"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(Path(sys.executable).with_name("ragbatch")),
+            "run",
+            "jobs/ares.yaml",
+            "--output",
+            str(tmp_path / "out"),
+            "--run-id",
+            "cli-test",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "run cli-test committed (200 rows x 6 metrics = 1200 cells)" in proc.stdout
-    manifest = tmp_path / "out/runs" / next((tmp_path / "out/runs").iterdir()).name / "run_id=cli-test/manifest.json"
+    manifest = (
+        tmp_path
+        / "out/runs"
+        / next((tmp_path / "out/runs").iterdir()).name
+        / "run_id=cli-test/manifest.json"
+    )
     assert json.loads(manifest.read_text())["rows"]["input"] == 200
 
 
@@ -164,9 +205,22 @@ def test_run_on_an_existing_cluster_via_address(ray_local, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("ragbatch")), "run", "jobs/ares.yaml",
-         "--output", str(tmp_path / "out"), "--run-id", "on-cluster", "--address", address],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(Path(sys.executable).with_name("ragbatch")),
+            "run",
+            "jobs/ares.yaml",
+            "--output",
+            str(tmp_path / "out"),
+            "--run-id",
+            "on-cluster",
+            "--address",
+            address,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Connecting to existing Ray cluster" in proc.stderr
@@ -178,13 +232,28 @@ def test_run_on_an_existing_cluster_via_address(ray_local, tmp_path):
 def test_unreachable_judge_server_fails_before_any_actor_starts(capsys, tmp_path):
     pytest.importorskip("openai")
     config = tmp_path / "job.yaml"
-    config.write_text(yaml.safe_dump({
-        "input": {"uri": str(REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"),
-                  "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"}},
-        "output": {"uri": str(tmp_path / "out")},
-        "engines": {"judge": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "judge"}},
-        "metrics": [{"name": "hate_speech", "engine": "judge"}],
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "input": {
+                    "uri": str(
+                        REPO
+                        / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
+                    ),
+                    "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
+                },
+                "output": {"uri": str(tmp_path / "out")},
+                "engines": {
+                    "judge": {
+                        "kind": "openai",
+                        "base_url": "http://127.0.0.1:9/v1",
+                        "model": "judge",
+                    }
+                },
+                "metrics": [{"name": "hate_speech", "engine": "judge"}],
+            }
+        )
+    )
     for command in ("validate", "run"):
         code, out, err = _run(capsys, command, str(config))
         assert code == 1, (command, out, err)

@@ -33,8 +33,11 @@ KUBERAY = CLUSTER / "kuberay"
 DOCKERFILE = CLUSTER / "Dockerfile"
 README = (CLUSTER / "README.md").read_text(encoding="utf-8")
 CRD_DIR = ROOT / "tests" / "data" / "kuberay"
-CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml",
-             "RayCronJob": "ray.io_raycronjobs.yaml"}
+CRD_FILES = {
+    "RayCluster": "ray.io_rayclusters.yaml",
+    "RayJob": "ray.io_rayjobs.yaml",
+    "RayCronJob": "ray.io_raycronjobs.yaml",
+}
 
 
 # Name limits the KubeRay v1.7.0 operator enforces (utils/constant.go): a RayJob's cluster
@@ -64,8 +67,11 @@ def _launcher() -> dict[str, Any]:
 
 
 def _manifests() -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{path.name}:{obj['kind']}", obj)
-            for path in sorted(KUBERAY.glob("*.yaml")) for obj in _docs(path)]
+    return [
+        (f"{path.name}:{obj['kind']}", obj)
+        for path in sorted(KUBERAY.glob("*.yaml"))
+        for obj in _docs(path)
+    ]
 
 
 def _by_kind(kind: str) -> dict[str, Any]:
@@ -88,9 +94,11 @@ def _cluster_specs() -> list[tuple[str, dict[str, Any]]]:
     """(where, RayClusterSpec) for every cluster spec the manifests carry."""
     job = _by_kind("RayJob")
     cron = _by_kind("RayCronJob")
-    return [("raycluster.yaml", _by_kind("RayCluster")["spec"]),
-            ("rayjob-nightly.yaml", job["spec"]["rayClusterSpec"]),
-            ("raycronjob-nightly.yaml", cron["spec"]["jobTemplate"]["rayClusterSpec"])]
+    return [
+        ("raycluster.yaml", _by_kind("RayCluster")["spec"]),
+        ("rayjob-nightly.yaml", job["spec"]["rayClusterSpec"]),
+        ("raycronjob-nightly.yaml", cron["spec"]["jobTemplate"]["rayClusterSpec"]),
+    ]
 
 
 def _groups(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -110,6 +118,7 @@ def crd_validators() -> dict[str, tuple[dict, Any]]:
 
 # --- every YAML file loads ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", sorted(CLUSTER.rglob("*.yaml")), ids=_rel)
 def test_yaml_loads(path):
     with open(path, encoding="utf-8") as f:
@@ -120,11 +129,16 @@ def test_yaml_loads(path):
 
 def test_expected_files_are_there():
     assert {p.name for p in KUBERAY.glob("*.yaml")} == {
-        "prerequisites.yaml", "raycluster.yaml", "rayjob-nightly.yaml", "raycronjob-nightly.yaml"}
+        "prerequisites.yaml",
+        "raycluster.yaml",
+        "rayjob-nightly.yaml",
+        "raycronjob-nightly.yaml",
+    }
     assert LAUNCHER.is_file() and DOCKERFILE.is_file()
 
 
 # --- the Ray cluster launcher config --------------------------------------------------------
+
 
 def _ray_validate(config: dict[str, Any]) -> None:
     # Ray's own check (jsonschema against ray/autoscaler/ray-schema.json, then the node-type
@@ -167,15 +181,26 @@ def ray_detected(monkeypatch) -> Callable[[dict[str, str]], dict[str, dict[str, 
     from ray.autoscaler._private.aws import node_provider
 
     records = list(_ec2_instance_types().values())
-    monkeypatch.setattr(node_provider, "list_ec2_instances", lambda region, credentials=None: records)
+    monkeypatch.setattr(
+        node_provider, "list_ec2_instances", lambda region, credentials=None: records
+    )
 
     def detect(instance_types: dict[str, str]) -> dict[str, dict[str, int]]:
-        config = {"provider": {"type": "aws", "region": "us-west-2"}, "head_node_type": "_head",
-                  "available_node_types": {name: {"node_config": {"InstanceType": itype}, "resources": {}}
-                                           for name, itype in {"_head": "m6i.large", **instance_types}.items()}}
+        config = {
+            "provider": {"type": "aws", "region": "us-west-2"},
+            "head_node_type": "_head",
+            "available_node_types": {
+                name: {"node_config": {"InstanceType": itype}, "resources": {}}
+                for name, itype in {"_head": "m6i.large", **instance_types}.items()
+            },
+        }
         filled = node_provider.AWSNodeProvider.fillout_available_node_types_resources(config)
-        return {name: {k: v for k, v in node["resources"].items() if k != "memory"}
-                for name, node in filled["available_node_types"].items() if name != "_head"}
+        return {
+            name: {k: v for k, v in node["resources"].items() if k != "memory"}
+            for name, node in filled["available_node_types"].items()
+            if name != "_head"
+        }
+
     return detect
 
 
@@ -194,6 +219,7 @@ def test_launcher_declared_resources_match_instance_types(ray_detected):
 
 def _set(path: str, value: Any) -> Callable[[Any], None]:
     """A change that sets the field at a dotted path ("a.b.0.c": numbers index lists)."""
+
     def step(node: Any, key: str) -> Any:
         return int(key) if isinstance(node, list) else key
 
@@ -202,19 +228,40 @@ def _set(path: str, value: Any) -> Callable[[Any], None]:
         for key in parents:
             obj = obj[step(obj, key)]
         obj[step(obj, last)] = value
+
     return change
 
 
-@pytest.mark.parametrize("change, error", [
-    (_set("max_worker", 3), "'max_worker' was unexpected"),
-    (_set("available_node_types.gpu_workers.min_worker", 1), "'min_worker' was unexpected"),
-    (_set("available_node_types.gpu_workers.min_workers", "one"), "'one' is not of type 'integer'"),
-    (_set("available_node_types.gpu_workers.resources.GPU", 0.5), "0.5 is not of type 'integer'"),
-    (_set("docker.imagee", "x"), "'imagee' was unexpected"),
-    (_set("available_node_types.cpu_workers.min_workers", 20), "smaller than the sum of `min_workers`"),
-    (_set("head_node_type", "gpu_head"), "must be one of `available_node_types`"),
-], ids=["top-level typo", "node-type typo", "wrong type", "fractional GPU", "docker typo",
-        "min over max", "unknown head type"])
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (_set("max_worker", 3), "'max_worker' was unexpected"),
+        (_set("available_node_types.gpu_workers.min_worker", 1), "'min_worker' was unexpected"),
+        (
+            _set("available_node_types.gpu_workers.min_workers", "one"),
+            "'one' is not of type 'integer'",
+        ),
+        (
+            _set("available_node_types.gpu_workers.resources.GPU", 0.5),
+            "0.5 is not of type 'integer'",
+        ),
+        (_set("docker.imagee", "x"), "'imagee' was unexpected"),
+        (
+            _set("available_node_types.cpu_workers.min_workers", 20),
+            "smaller than the sum of `min_workers`",
+        ),
+        (_set("head_node_type", "gpu_head"), "must be one of `available_node_types`"),
+    ],
+    ids=[
+        "top-level typo",
+        "node-type typo",
+        "wrong type",
+        "fractional GPU",
+        "docker typo",
+        "min over max",
+        "unknown head type",
+    ],
+)
 def test_launcher_validation_fails_on_bad_config(change, error):
     config = _launcher()
     change(config)
@@ -223,6 +270,7 @@ def test_launcher_validation_fails_on_bad_config(change, error):
 
 
 # --- the KubeRay manifests -----------------------------------------------------------------
+
 
 def test_crd_fixtures_match_their_checksums():
     source = (CRD_DIR / "SOURCE.md").read_text(encoding="utf-8")
@@ -235,42 +283,89 @@ def test_crd_fixtures_match_their_checksums():
 # Kubernetes core objects have no CRD; these schemas list the fields of the Kubernetes
 # API reference (core/v1 ServiceAccount, PersistentVolumeClaim) that a manifest may use,
 # with the same strictness as the CRD check.
-_META = {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
-    "name": {"type": "string"}, "namespace": {"type": "string"},
-    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-    "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}
+_META = {
+    "type": "object",
+    "required": ["name"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
 _QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": k8s_schema.QUANTITY}]}
 CORE_SCHEMAS = {
     "ServiceAccount": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata"],
-        "additionalProperties": False, "properties": {
-            "apiVersion": {"enum": ["v1"]}, "kind": {"enum": ["ServiceAccount"]}, "metadata": _META,
-            "automountServiceAccountToken": {"type": "boolean"},
-            "imagePullSecrets": {"type": "array", "items": {
-                "type": "object", "properties": {"name": {"type": "string"}},
-                "additionalProperties": False}},
-            "secrets": {"type": "array", "items": {"type": "object"}}}},
-    "PersistentVolumeClaim": {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False, "properties": {
-            "apiVersion": {"enum": ["v1"]}, "kind": {"enum": ["PersistentVolumeClaim"]},
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"enum": ["v1"]},
+            "kind": {"enum": ["ServiceAccount"]},
             "metadata": _META,
-            "spec": {"type": "object", "required": ["accessModes", "resources"],
-                     "additionalProperties": False, "properties": {
-                "accessModes": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {
-                    "enum": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"]}},
-                "resources": {"type": "object", "additionalProperties": False, "required": ["requests"],
-                              "properties": {
-                    "requests": {"type": "object", "required": ["storage"],
-                                 "additionalProperties": _QUANTITY},
-                    "limits": {"type": "object", "additionalProperties": _QUANTITY}}},
-                "storageClassName": {"type": "string"},
-                "volumeAttributesClassName": {"type": "string"},
-                "volumeMode": {"enum": ["Filesystem", "Block"]},
-                "volumeName": {"type": "string"},
-                "selector": {"type": "object"},
-                "dataSource": {"type": "object"},
-                "dataSourceRef": {"type": "object"}}}}},
+            "automountServiceAccountToken": {"type": "boolean"},
+            "imagePullSecrets": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}},
+                    "additionalProperties": False,
+                },
+            },
+            "secrets": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "PersistentVolumeClaim": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"enum": ["v1"]},
+            "kind": {"enum": ["PersistentVolumeClaim"]},
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["accessModes", "resources"],
+                "additionalProperties": False,
+                "properties": {
+                    "accessModes": {
+                        "type": "array",
+                        "minItems": 1,
+                        "uniqueItems": True,
+                        "items": {
+                            "enum": [
+                                "ReadWriteOnce",
+                                "ReadOnlyMany",
+                                "ReadWriteMany",
+                                "ReadWriteOncePod",
+                            ]
+                        },
+                    },
+                    "resources": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["requests"],
+                        "properties": {
+                            "requests": {
+                                "type": "object",
+                                "required": ["storage"],
+                                "additionalProperties": _QUANTITY,
+                            },
+                            "limits": {"type": "object", "additionalProperties": _QUANTITY},
+                        },
+                    },
+                    "storageClassName": {"type": "string"},
+                    "volumeAttributesClassName": {"type": "string"},
+                    "volumeMode": {"enum": ["Filesystem", "Block"]},
+                    "volumeName": {"type": "string"},
+                    "selector": {"type": "object"},
+                    "dataSource": {"type": "object"},
+                    "dataSourceRef": {"type": "object"},
+                },
+            },
+        },
+    },
 }
 
 
@@ -295,34 +390,81 @@ def _in_gpu_pod(path: str) -> str:
     return f"spec.rayClusterSpec.workerGroupSpecs.0.template.spec.{path}"
 
 
-@pytest.mark.parametrize("kind, change, expected", [
-    ("RayJob", _set("spec.shutdownAfterJobFinish", True),
-     "spec: Additional properties are not allowed ('shutdownAfterJobFinish' was unexpected)"),
-    ("RayJob", _set("spec.ttlSecondsAfterFinished", "600"),
-     "spec.ttlSecondsAfterFinished: '600' is not of type 'integer'"),
-    ("RayJob", _set("spec.ttlSecondsAfterFinished", 2**31),
-     "spec.ttlSecondsAfterFinished: 2147483648 is not a 'int32'"),
-    ("RayJob", _set(_in_gpu_pod("nodeSelektor"), {}),
-     "spec.rayClusterSpec.workerGroupSpecs[0].template.spec: Additional properties are not "
-     "allowed ('nodeSelektor' was unexpected)"),
-    ("RayJob", _set(_in_gpu_pod("volumes.1.name"), "models"),
-     "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.volumes: items 0 and 1 share the key"),
-    ("RayJob", _set(_in_gpu_pod("containers.0.resources.limits.cpu"), "7 cores"),
-     "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].resources.limits.cpu: "
-     "'7 cores' does not match"),
-    ("RayCluster", _set("spec.workerGroupSpecs.0.maxReplicas", "four"),
-     "spec.workerGroupSpecs[0].maxReplicas: 'four' is not of type 'integer'"),
-    ("RayCluster", _set("spec.autoscalerOptions.upscalingMode", "Fast"),
-     "spec.autoscalerOptions.upscalingMode: 'Fast' is not one of"),
-    ("RayCronJob", _set("spec.jobTemplate.entrypoints", "x"),
-     "spec.jobTemplate: Additional properties are not allowed ('entrypoints' was unexpected)"),
-    ("PersistentVolumeClaim", _set("spec.accessModes", ["ReadManyWrite"]),
-     "spec.accessModes[0]: 'ReadManyWrite' is not one of"),
-    ("ServiceAccount", _set("metadata.annotation", {}),
-     "metadata: Additional properties are not allowed ('annotation' was unexpected)"),
-], ids=["typo", "wrong type", "int32 overflow", "typo deep in the pod spec",
-        "duplicate list-map key", "bad quantity", "cluster wrong type", "bad enum",
-        "cron typo", "pvc bad enum", "service account typo"])
+@pytest.mark.parametrize(
+    "kind, change, expected",
+    [
+        (
+            "RayJob",
+            _set("spec.shutdownAfterJobFinish", True),
+            "spec: Additional properties are not allowed ('shutdownAfterJobFinish' was unexpected)",
+        ),
+        (
+            "RayJob",
+            _set("spec.ttlSecondsAfterFinished", "600"),
+            "spec.ttlSecondsAfterFinished: '600' is not of type 'integer'",
+        ),
+        (
+            "RayJob",
+            _set("spec.ttlSecondsAfterFinished", 2**31),
+            "spec.ttlSecondsAfterFinished: 2147483648 is not a 'int32'",
+        ),
+        (
+            "RayJob",
+            _set(_in_gpu_pod("nodeSelektor"), {}),
+            "spec.rayClusterSpec.workerGroupSpecs[0].template.spec: Additional properties are not "
+            "allowed ('nodeSelektor' was unexpected)",
+        ),
+        (
+            "RayJob",
+            _set(_in_gpu_pod("volumes.1.name"), "models"),
+            "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.volumes: items 0 and 1 share the key",
+        ),
+        (
+            "RayJob",
+            _set(_in_gpu_pod("containers.0.resources.limits.cpu"), "7 cores"),
+            "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].resources.limits.cpu: "
+            "'7 cores' does not match",
+        ),
+        (
+            "RayCluster",
+            _set("spec.workerGroupSpecs.0.maxReplicas", "four"),
+            "spec.workerGroupSpecs[0].maxReplicas: 'four' is not of type 'integer'",
+        ),
+        (
+            "RayCluster",
+            _set("spec.autoscalerOptions.upscalingMode", "Fast"),
+            "spec.autoscalerOptions.upscalingMode: 'Fast' is not one of",
+        ),
+        (
+            "RayCronJob",
+            _set("spec.jobTemplate.entrypoints", "x"),
+            "spec.jobTemplate: Additional properties are not allowed ('entrypoints' was unexpected)",
+        ),
+        (
+            "PersistentVolumeClaim",
+            _set("spec.accessModes", ["ReadManyWrite"]),
+            "spec.accessModes[0]: 'ReadManyWrite' is not one of",
+        ),
+        (
+            "ServiceAccount",
+            _set("metadata.annotation", {}),
+            "metadata: Additional properties are not allowed ('annotation' was unexpected)",
+        ),
+    ],
+    ids=[
+        "typo",
+        "wrong type",
+        "int32 overflow",
+        "typo deep in the pod spec",
+        "duplicate list-map key",
+        "bad quantity",
+        "cluster wrong type",
+        "bad enum",
+        "cron typo",
+        "pvc bad enum",
+        "service account typo",
+    ],
+)
 def test_schema_check_fails_on_bad_manifest(kind, change, expected, crd_validators):
     obj = copy.deepcopy(_by_kind(kind))
     change(obj)
@@ -332,10 +474,12 @@ def test_schema_check_fails_on_bad_manifest(kind, change, expected, crd_validato
 
 def test_embedded_copies_are_identical():
     cluster, job, cron = (_by_kind(k) for k in ("RayCluster", "RayJob", "RayCronJob"))
-    assert job["spec"]["rayClusterSpec"] == cluster["spec"], \
+    assert job["spec"]["rayClusterSpec"] == cluster["spec"], (
         "rayjob-nightly.yaml's rayClusterSpec differs from raycluster.yaml's spec"
-    assert cron["spec"]["jobTemplate"] == job["spec"], \
+    )
+    assert cron["spec"]["jobTemplate"] == job["spec"], (
         "raycronjob-nightly.yaml's jobTemplate differs from rayjob-nightly.yaml's spec"
+    )
 
 
 def test_operator_rules():
@@ -347,13 +491,16 @@ def test_operator_rules():
     for where, spec in _cluster_specs():
         for group_name, group in _groups(spec).items():
             start = group.get("rayStartParams", {})
-            assert not (group.get("resources") and {"num-cpus", "num-gpus", "memory", "resources"} & set(start)), \
-                f"{where} {group_name}: resources in both `resources` and rayStartParams"
+            assert not (
+                group.get("resources")
+                and {"num-cpus", "num-gpus", "memory", "resources"} & set(start)
+            ), f"{where} {group_name}: resources in both `resources` and rayStartParams"
             assert "labels" not in start, f"{where} {group_name}: use the `labels` field"
             assert group["template"]["spec"]["containers"], f"{where} {group_name}: no container"
             if group_name != "head":
-                assert 0 <= group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"], \
-                    f"{where} {group_name}: replicas out of [minReplicas, maxReplicas]"
+                assert (
+                    0 <= group["minReplicas"] <= group.get("replicas", 0) <= group["maxReplicas"]
+                ), f"{where} {group_name}: replicas out of [minReplicas, maxReplicas]"
     job = _by_kind("RayJob")["spec"]
     assert job["shutdownAfterJobFinishes"] is True and job["ttlSecondsAfterFinished"] >= 0
     assert job["activeDeadlineSeconds"] > 0
@@ -377,12 +524,19 @@ def test_cluster_layout_and_identity():
         assert int(limits["nvidia.com/gpu"]) >= 1, where
         assert [k for k in gpu["resources"] if k.startswith("accelerator_type:")], where
         assert any(t["key"] == "nvidia.com/gpu" for t in gpu["template"]["spec"]["tolerations"])
-        assert "nvidia.com/gpu" not in json.dumps(groups["cpu"]), f"{where}: GPU asked for by the CPU group"
+        assert "nvidia.com/gpu" not in json.dumps(groups["cpu"]), (
+            f"{where}: GPU asked for by the CPU group"
+        )
         for group_name, group in groups.items():
             pod = group["template"]["spec"]
-            assert pod["serviceAccountName"] == service_account["metadata"]["name"], (where, group_name)
+            assert pod["serviceAccountName"] == service_account["metadata"]["name"], (
+                where,
+                group_name,
+            )
             volumes = {v["name"]: v for v in pod["volumes"]}
-            mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/mnt/models"]
+            mounts = [
+                m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/mnt/models"
+            ]
             assert len(mounts) == 1 and mounts[0]["readOnly"] is True, (where, group_name)
             source = volumes[mounts[0]["name"]]["persistentVolumeClaim"]
             assert source == {"claimName": claim, "readOnly": True}, (where, group_name)
@@ -397,17 +551,23 @@ def test_kuberay_gpu_pods_fit_their_instance_type(ray_detected):
         pod = gpu["template"]["spec"]
         instance = pod["nodeSelector"]["node.kubernetes.io/instance-type"]
         detected = ray_detected({"gpu": instance})["gpu"]
-        declared_type = {k: int(v) for k, v in gpu["resources"].items() if k.startswith("accelerator_type:")}
-        assert declared_type == {k: v for k, v in detected.items() if k.startswith("accelerator_type:")}, where
+        declared_type = {
+            k: int(v) for k, v in gpu["resources"].items() if k.startswith("accelerator_type:")
+        }
+        assert declared_type == {
+            k: v for k, v in detected.items() if k.startswith("accelerator_type:")
+        }, where
         limits = pod["containers"][0]["resources"]["limits"]
         assert int(limits["nvidia.com/gpu"]) <= detected["GPU"], where
         assert float(limits["cpu"]) < detected["CPU"], where
         assert limits["memory"].endswith("Gi"), where
-        assert int(limits["memory"][:-2]) * 1024 < instances[instance]["MemoryInfo"]["SizeInMiB"], where
+        assert int(limits["memory"][:-2]) * 1024 < instances[instance]["MemoryInfo"]["SizeInMiB"], (
+            where
+        )
 
 
 CREDENTIAL_PATTERNS = [
-    re.compile(r"AKIA[0-9A-Z]{16}"),                                   # AWS access key id
+    re.compile(r"AKIA[0-9A-Z]{16}"),  # AWS access key id
     re.compile(r"(?i)aws_(secret_access_key|session_token)|secretKeyRef|ssh_private_key:"),
     re.compile(r"(?i)-----BEGIN [A-Z ]*PRIVATE KEY-----"),
 ]
@@ -415,19 +575,25 @@ CREDENTIAL_PATTERNS = [
 
 @pytest.mark.parametrize("path", [p for p in sorted(CLUSTER.rglob("*")) if p.is_file()], ids=_rel)
 def test_no_credentials_in_cluster_files(path):
-    text = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
-                     if not line.lstrip().startswith("#"))
+    text = "\n".join(
+        line
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if not line.lstrip().startswith("#")
+    )
     for pattern in CREDENTIAL_PATTERNS:
         assert not pattern.search(text), f"{_rel(path)}: {pattern.pattern}"
 
 
 # --- images, versions, files and commands ----------------------------------------------------
 
+
 def _dockerfile() -> dict[str, Any]:
     text = DOCKERFILE.read_text(encoding="utf-8")
-    return {"from": re.findall(r"^FROM\s+(\S+)", text, re.M),
-            "workdir": re.findall(r"^WORKDIR\s+(\S+)", text, re.M),
-            "ray_pin": re.findall(r'"ray\[[a-z,]+\]==([0-9.]+)"', text)}
+    return {
+        "from": re.findall(r"^FROM\s+(\S+)", text, re.M),
+        "workdir": re.findall(r"^WORKDIR\s+(\S+)", text, re.M),
+        "ray_pin": re.findall(r'"ray\[[a-z,]+\]==([0-9.]+)"', text),
+    }
 
 
 def _images() -> dict[str, set[str]]:
@@ -457,7 +623,9 @@ def test_one_image_everywhere_and_in_the_readme():
     assert re.fullmatch(r"[a-z0-9.-]+(:[0-9]+)?/[a-z0-9/._-]+:[\w.-]+", image), image
     for name in [image, *_dockerfile()["from"]]:
         assert f"`{name}`" in README or f" {name}" in README, f"{name} is not in cluster/README.md"
-    assert f"-t {image} ." in README, "the README's docker build does not tag the image the configs use"
+    assert f"-t {image} ." in README, (
+        "the README's docker build does not tag the image the configs use"
+    )
 
 
 def test_ray_and_python_versions_agree():
@@ -479,8 +647,10 @@ def test_rayjob_working_dir_is_the_images_copy():
 
 
 def _entrypoints() -> list[str]:
-    return [_by_kind("RayJob")["spec"]["entrypoint"],
-            _by_kind("RayCronJob")["spec"]["jobTemplate"]["entrypoint"]]
+    return [
+        _by_kind("RayJob")["spec"]["entrypoint"],
+        _by_kind("RayCronJob")["spec"]["jobTemplate"]["entrypoint"],
+    ]
 
 
 def test_entrypoints_are_in_the_readme():

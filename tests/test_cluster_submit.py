@@ -78,15 +78,32 @@ def workdir(tmp_path_factory) -> Path:
             writer.writerows(rows)
     config = {
         "run": {"name": "cluster-submit"},
-        "input": {"uri": "data/", "format": "csv", "contexts_format": "json",
-                  "columns": {"question": "reference_question", "contexts": "llm_context",
-                              "answer": "llm_answer", "reference": "reference_answer"}},
+        "input": {
+            "uri": "data/",
+            "format": "csv",
+            "contexts_format": "json",
+            "columns": {
+                "question": "reference_question",
+                "contexts": "llm_context",
+                "answer": "llm_answer",
+                "reference": "reference_answer",
+            },
+        },
         "output": {"uri": str(root / "out")},
-        "metrics": [{"name": "semantic_similarity", "engine": "minilm"},
-                    {"name": "exact_match", "params": {"case_sensitive": False}},
-                    {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}}],
-        "engines": {"minilm": {"type": "embedding", "num_cpus": 1, "concurrency": 1, "batch_size": 8,
-                               "resources": {STAGE_NODE_RESOURCE: 1}}},
+        "metrics": [
+            {"name": "semantic_similarity", "engine": "minilm"},
+            {"name": "exact_match", "params": {"case_sensitive": False}},
+            {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}},
+        ],
+        "engines": {
+            "minilm": {
+                "type": "embedding",
+                "num_cpus": 1,
+                "concurrency": 1,
+                "batch_size": 8,
+                "resources": {STAGE_NODE_RESOURCE: 1},
+            }
+        },
     }
     (work / "job.yaml").write_text(yaml.safe_dump(config))
     return work
@@ -120,8 +137,11 @@ def _in_process(monkeypatch, cwd: Path) -> None:
 
 
 def _check_run(output_root: Path, run_id: str, work: Path, second_node: str) -> None:
-    scores = pl.scan_parquet(f"{output_root}/scores/**/*.parquet", hive_partitioning=True) \
-        .filter(pl.col("run_id") == run_id).collect()
+    scores = (
+        pl.scan_parquet(f"{output_root}/scores/**/*.parquet", hive_partitioning=True)
+        .filter(pl.col("run_id") == run_id)
+        .collect()
+    )
     assert scores.height == 2 * ROWS_PER_SYSTEM * len(METRICS)
     assert scores["status"].unique().to_list() == ["ok"]
     by_cell = {(r["row_id"], r["metric"]): r["score"] for r in scores.iter_rows(named=True)}
@@ -133,7 +153,9 @@ def _check_run(output_root: Path, run_id: str, work: Path, second_node: str) -> 
     assert similarity.pop(SAME_AS_REFERENCE) == pytest.approx(1.0, abs=1e-5)
     assert all(0.0 <= s < 0.99 for s in similarity.values()), similarity
 
-    manifest = json.loads(next(output_root.glob(f"runs/run_date=*/run_id={run_id}/manifest.json")).read_text())
+    manifest = json.loads(
+        next(output_root.glob(f"runs/run_date=*/run_id={run_id}/manifest.json")).read_text()
+    )
     assert manifest["rows"]["input"] == 2 * ROWS_PER_SYSTEM
     assert manifest["placement"]["model:minilm"]["node_ids"] == [second_node]
 
@@ -143,14 +165,50 @@ def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, c
     env = _client_env()
     # Both at once: each polls its job to the end while the other's runs.
     via_ragbatch = subprocess.Popen(
-        [str(BIN / "ragbatch"), "submit", "job.yaml", "--address", cluster.dashboard_url,
-         "--working-dir", ".", "--wait", "--run-id", "via-ragbatch", "--run-date", "2026-11-28"],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            str(BIN / "ragbatch"),
+            "submit",
+            "job.yaml",
+            "--address",
+            cluster.dashboard_url,
+            "--working-dir",
+            ".",
+            "--wait",
+            "--run-id",
+            "via-ragbatch",
+            "--run-date",
+            "2026-11-28",
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     via_ray = subprocess.Popen(
-        [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard_url,
-         "--working-dir", str(workdir), "--submission-id", "rb-via-ray", "--",
-         "python", "jobs/run.py", "job.yaml", "--run-id", "via-ray"],
-        cwd=workdir.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            cluster.dashboard_url,
+            "--working-dir",
+            str(workdir),
+            "--submission-id",
+            "rb-via-ray",
+            "--",
+            "python",
+            "jobs/run.py",
+            "job.yaml",
+            "--run-id",
+            "via-ray",
+        ],
+        cwd=workdir.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out_a, err_a = via_ragbatch.communicate(timeout=400)
     out_b, err_b = via_ray.communicate(timeout=400)
     assert via_ragbatch.returncode == 0, out_a[-3000:] + err_a[-3000:]
@@ -159,7 +217,10 @@ def test_demo_job_through_ragbatch_submit_and_ray_job_submit(cluster, workdir, c
     output_root = workdir.parent / "out"
     job_line = next(line for line in out_a.splitlines() if line.startswith("submitted job "))
     job_id = job_line.split()[2]
-    assert f"  manifest:  {output_root}/runs/run_date=2026-11-28/run_id=via-ragbatch/manifest.json" in out_a
+    assert (
+        f"  manifest:  {output_root}/runs/run_date=2026-11-28/run_id=via-ragbatch/manifest.json"
+        in out_a
+    )
     assert f"  dashboard: {cluster.dashboard_url}/#/jobs/{job_id}" in out_a
     assert out_a.rstrip().endswith(f"job {job_id} SUCCEEDED: Job finished successfully.")
 
@@ -202,18 +263,25 @@ def test_nothing_is_submitted_for_a_broken_config(cluster, workdir, capsys, monk
     assert main(["submit", "broken.yaml", "--address", cluster.dashboard_url]) == 2
     assert "metrics[1].name" in capsys.readouterr().err
 
-    assert main(["submit", "job.yaml", "--output", "out/relative", "--address", cluster.dashboard_url]) == 2
+    assert (
+        main(["submit", "job.yaml", "--output", "out/relative", "--address", cluster.dashboard_url])
+        == 2
+    )
     assert "relative local path" in capsys.readouterr().err
 
     outside = workdir.parent / "outside.yaml"
     shutil.copy(workdir / "job.yaml", outside)
-    assert main(["submit", str(outside), "--working-dir", ".", "--address", cluster.dashboard_url]) == 2
+    assert (
+        main(["submit", str(outside), "--working-dir", ".", "--address", cluster.dashboard_url])
+        == 2
+    )
     assert "outside the working dir" in capsys.readouterr().err
     assert _jobs(cluster) == before
 
 
-def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tmp_path, capsys,
-                                                            monkeypatch):
+def test_working_dir_too_large_is_refused_before_submission(
+    cluster, workdir, tmp_path, capsys, monkeypatch
+):
     """The job server takes packages up to 100 MiB: a working dir with 101 MiB of random
     bytes (which do not compress) is refused, and nothing is submitted."""
     work = tmp_path / "big"
@@ -223,10 +291,14 @@ def test_working_dir_too_large_is_refused_before_submission(cluster, workdir, tm
     (work / "blob.bin").write_bytes(os.urandom(101 * 2**20))
     _in_process(monkeypatch, work)
     before = _jobs(cluster)
-    assert main(["submit", "job.yaml", "--working-dir", ".", "--address", cluster.dashboard_url]) == 2
+    assert (
+        main(["submit", "job.yaml", "--working-dir", ".", "--address", cluster.dashboard_url]) == 2
+    )
     err = capsys.readouterr().err
-    assert (f"working dir {work} is too large to ship: its zipped package exceeds the job "
-            "server's limit of 100 MiB") in err
+    assert (
+        f"working dir {work} is too large to ship: its zipped package exceeds the job "
+        "server's limit of 100 MiB"
+    ) in err
     assert ".rayignore" in err
     assert _jobs(cluster) == before
 
@@ -256,13 +328,36 @@ def test_wait_exits_with_the_jobs_own_status(cluster, workdir, tmp_path, capsys,
     _in_process(monkeypatch, workdir)
     markers = [tmp_path / f"injected-{i}" for i in range(4)]
     absent = f"data/absent/$(touch {markers[0]});touch {markers[1]}&&touch {markers[2]} #"
-    code = main(["submit", "job.yaml", "--working-dir", ".", "--input", absent,
-                 "--address", cluster.dashboard_url, "--wait", "--run-id", "absent-input"])
+    code = main(
+        [
+            "submit",
+            "job.yaml",
+            "--working-dir",
+            ".",
+            "--input",
+            absent,
+            "--address",
+            cluster.dashboard_url,
+            "--wait",
+            "--run-id",
+            "absent-input",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 2, out
     with pytest.raises(SystemExit) as refused:  # argparse refuses the id: exit 2
-        main(["submit", "job.yaml", "--working-dir", ".", "--run-id", f"x;touch {markers[3]}",
-              "--address", cluster.dashboard_url])
+        main(
+            [
+                "submit",
+                "job.yaml",
+                "--working-dir",
+                ".",
+                "--run-id",
+                f"x;touch {markers[3]}",
+                "--address",
+                cluster.dashboard_url,
+            ]
+        )
     assert refused.value.code == 2
     assert "--run-id" in capsys.readouterr().err
     assert [m for m in markers if m.exists()] == []
@@ -284,12 +379,15 @@ def test_nightly_submission_runs_jobs_nightly_for_the_night(workdir, monkeypatch
     root = config["output"]["uri"]
     config["output"]["uri"] = root + "/night={run_date:%Y%m%d}"
     (workdir / "nightly.yaml").write_text(yaml.safe_dump(config))
-    request = prepare_job(workdir / "nightly.yaml", working_dir=workdir, nightly=True,
-                          run_date=dt.date(2026, 11, 28))
-    assert request.entrypoint == ("python jobs/nightly.py nightly.yaml --run-id nightly-2026-11-28 "
-                                  "--run-date 2026-11-28")
-    assert request.output.manifest == (f"{root}/night=20261128/runs/run_date=2026-11-28/"
-                                       "run_id=nightly-2026-11-28/manifest.json")
+    request = prepare_job(
+        workdir / "nightly.yaml", working_dir=workdir, nightly=True, run_date=dt.date(2026, 11, 28)
+    )
+    assert request.entrypoint == (
+        "python jobs/nightly.py nightly.yaml --run-id nightly-2026-11-28 --run-date 2026-11-28"
+    )
+    assert request.output.manifest == (
+        f"{root}/night=20261128/runs/run_date=2026-11-28/run_id=nightly-2026-11-28/manifest.json"
+    )
 
     config["run"]["run_id"] = "fixed"
     (workdir / "nightly.yaml").write_text(yaml.safe_dump(config))
@@ -302,7 +400,9 @@ SHORT_ANSWER = 1200
 
 
 @pytest.mark.release
-def test_submit_from_a_folder_that_is_not_a_checkout(cluster, workdir, tmp_path, capsys, monkeypatch):
+def test_submit_from_a_folder_that_is_not_a_checkout(
+    cluster, workdir, tmp_path, capsys, monkeypatch
+):
     """What a user who installed ragbatch with pip has: a config and a ``binary`` callback
     module in a folder of their own, submitted from another folder. The input and output
     are absolute paths every node reaches (this machine's). The cluster finds the callback
@@ -310,38 +410,56 @@ def test_submit_from_a_folder_that_is_not_a_checkout(cluster, workdir, tmp_path,
     own = tmp_path / "my-evals"
     own.mkdir()
     (own / "answer_checks.py").write_text(
-        "def short(batch):\n"
-        f"    return batch['answer'].str.len_chars() < {SHORT_ANSWER}\n")
+        f"def short(batch):\n    return batch['answer'].str.len_chars() < {SHORT_ANSWER}\n"
+    )
     config = yaml.safe_load((workdir / "job.yaml").read_text())
     config["input"]["uri"] = str(workdir / "data")
     config["output"]["uri"] = str(tmp_path / "out")
-    config["metrics"] = [{"name": "exact_match", "params": {"case_sensitive": False}},
-                         {"name": "binary", "id": "short_answer",
-                          "params": {"callback": "answer_checks:short"}}]
+    config["metrics"] = [
+        {"name": "exact_match", "params": {"case_sensitive": False}},
+        {"name": "binary", "id": "short_answer", "params": {"callback": "answer_checks:short"}},
+    ]
     config.pop("engines")
     (own / "job.yaml").write_text(yaml.safe_dump(config))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     _in_process(monkeypatch, elsewhere)
 
-    code = main(["submit", str(own / "job.yaml"), "--address", cluster.dashboard_url, "--wait",
-                 "--run-id", "from-package", "--run-date", "2026-11-28"])
+    code = main(
+        [
+            "submit",
+            str(own / "job.yaml"),
+            "--address",
+            cluster.dashboard_url,
+            "--wait",
+            "--run-id",
+            "from-package",
+            "--run-date",
+            "2026-11-28",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     job_id = next(line for line in out.splitlines() if line.startswith("submitted job ")).split()[2]
     info = _client(cluster).get_job_info(job_id)
-    assert info.entrypoint == "python -m ragbatch run job.yaml --run-id from-package --run-date 2026-11-28"
+    assert (
+        info.entrypoint
+        == "python -m ragbatch run job.yaml --run-id from-package --run-date 2026-11-28"
+    )
     assert info.metadata["ragbatch_config"] == "job.yaml"
 
-    scores = pl.scan_parquet(f"{tmp_path}/out/scores/**/*.parquet", hive_partitioning=True).collect()
+    scores = pl.scan_parquet(
+        f"{tmp_path}/out/scores/**/*.parquet", hive_partitioning=True
+    ).collect()
     assert scores["status"].unique().to_list() == ["ok"]
     got = {(r["row_id"], r["metric"]): r["score"] for r in scores.iter_rows(named=True)}
     expected = {key: value for key, value in _expected(workdir).items() if key[1] == "exact_match"}
     for path in sorted((workdir / "data").glob("system=*/part.csv")):
         with path.open(newline="", encoding="utf-8") as fh:
             for i, row in enumerate(csv.DictReader(fh)):
-                expected[f"{path.parent.name}/part.csv:{i}", "short_answer"] = \
-                    float(len(row["llm_answer"]) < SHORT_ANSWER)
+                expected[f"{path.parent.name}/part.csv:{i}", "short_answer"] = float(
+                    len(row["llm_answer"]) < SHORT_ANSWER
+                )
     assert got == expected
     assert sorted(set(expected.values())) == [0.0, 1.0]
     manifest = tmp_path / "out/runs/run_date=2026-11-28/run_id=from-package/manifest.json"

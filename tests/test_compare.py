@@ -45,12 +45,19 @@ def _scipy_interval(diffs):
     diffs = np.sort(np.asarray(diffs, dtype=float))
     if np.all(diffs == diffs[0]):  # every resample has the same mean
         return float(diffs[0]), float(diffs[0])
-    res = stats.bootstrap((diffs,), np.mean, vectorized=True, method="percentile",
-                          n_resamples=N_RESAMPLES, random_state=np.random.default_rng(SEED))
+    res = stats.bootstrap(
+        (diffs,),
+        np.mean,
+        vectorized=True,
+        method="percentile",
+        n_resamples=N_RESAMPLES,
+        random_state=np.random.default_rng(SEED),
+    )
     return res.confidence_interval.low, res.confidence_interval.high
 
 
 # ----------------------------------------------------------------- pairing (no Ray)
+
 
 def test_pair_by_row_id_splits_common_and_leftover():
     pairs, left_b, left_c = pair_by_row_id(["a", "b", "c", "b"], ["c", "d", "a"])
@@ -61,16 +68,18 @@ def test_pair_by_row_id_splits_common_and_leftover():
 
 
 def test_content_keys_compare_values_exactly():
-    rows = pl.DataFrame({
-        "row_id": ["null", "empty", "nfd", "nfc", "list2", "list1", "cjk", "cjk2"],
-        "question": [None, "", "cafe\u0301", "caf\u00e9", "q", "q", "检索 😀", "检索 😀"],
-        "contexts": [["x"], ["x"], ["x"], ["x"], ["a", "b"], ["ab"], [], []],
-    })
+    rows = pl.DataFrame(
+        {
+            "row_id": ["null", "empty", "nfd", "nfc", "list2", "list1", "cjk", "cjk2"],
+            "question": [None, "", "cafe\u0301", "caf\u00e9", "q", "q", "检索 😀", "检索 😀"],
+            "contexts": [["x"], ["x"], ["x"], ["x"], ["a", "b"], ["ab"], [], []],
+        }
+    )
     keys = dict(content_keys(rows, ["question", "contexts"]).iter_rows())
-    assert keys["null"] != keys["empty"]        # null is not ""
-    assert keys["nfd"] != keys["nfc"]           # no Unicode normalization
-    assert keys["list2"] != keys["list1"]       # ["a", "b"] is not ["ab"]
-    assert keys["cjk"] == keys["cjk2"]          # equal values, equal keys
+    assert keys["null"] != keys["empty"]  # null is not ""
+    assert keys["nfd"] != keys["nfc"]  # no Unicode normalization
+    assert keys["list2"] != keys["list1"]  # ["a", "b"] is not ["ab"]
+    assert keys["cjk"] == keys["cjk2"]  # equal values, equal keys
     assert all(re.fullmatch(r"[0-9a-f]{64}", k) for k in keys.values())
     with pytest.raises(Exception, match="reference"):
         content_keys(rows, ["reference"])
@@ -86,34 +95,72 @@ def test_pair_by_content_pairs_unique_keys_and_reports_duplicates():
 
 # --------------------------------------------------------- comparison arithmetic (no Ray)
 
+
 def _scores(rows):
     """Long scores table from (row_id, metric, score, status, app)."""
-    return pl.DataFrame(rows, schema={"row_id": pl.String, "metric": pl.String, "score": pl.Float64,
-                                      "status": pl.String, "app": pl.String}, orient="row",
-                        ).with_columns(reason=pl.concat_str(pl.lit("why "), "row_id"))
+    return pl.DataFrame(
+        rows,
+        schema={
+            "row_id": pl.String,
+            "metric": pl.String,
+            "score": pl.Float64,
+            "status": pl.String,
+            "app": pl.String,
+        },
+        orient="row",
+    ).with_columns(reason=pl.concat_str(pl.lit("why "), "row_id"))
 
 
-BASE = _scores([
-    ("r1", "acc", 1.0, "ok", "检索"), ("r2", "acc", 1.0, "ok", "检索"), ("r3", "acc", 0.0, "ok", "😀"),
-    ("r4", "acc", 1.0, "ok", None), ("r5", "acc", 0.5, "ok", None), ("r6", "acc", 1.0, "ok", "😀"),
-    ("r1", "pii", 0.0, "ok", "检索"), ("r2", "pii", 0.0, "ok", "检索"), ("r3", "pii", 1.0, "ok", "😀"),
-    ("r4", "pii", 0.0, "ok", None), ("r5", "pii", 0.0, "ok", None), ("r6", "pii", 0.0, "ok", "😀"),
-    ("r1", "gone", 1.0, "ok", "检索"),
-])
-CAND = _scores([
-    ("r1", "acc", 0.0, "ok", "检索"), ("r2", "acc", 1.0, "ok", "检索"), ("r3", "acc", 0.0, "ok", "😀"),
-    ("r4", "acc", 0.0, "ok", None), ("r5", "acc", None, "timeout", None), ("r7", "acc", 1.0, "ok", "😀"),
-    ("r1", "pii", 1.0, "ok", "检索"), ("r2", "pii", 1.0, "ok", "检索"), ("r3", "pii", 1.0, "ok", "😀"),
-    ("r4", "pii", 1.0, "ok", None), ("r5", "pii", 1.0, "ok", None), ("r7", "pii", 0.0, "ok", "😀"),
-    ("r1", "new", 0.5, "ok", "检索"),
-])
+BASE = _scores(
+    [
+        ("r1", "acc", 1.0, "ok", "检索"),
+        ("r2", "acc", 1.0, "ok", "检索"),
+        ("r3", "acc", 0.0, "ok", "😀"),
+        ("r4", "acc", 1.0, "ok", None),
+        ("r5", "acc", 0.5, "ok", None),
+        ("r6", "acc", 1.0, "ok", "😀"),
+        ("r1", "pii", 0.0, "ok", "检索"),
+        ("r2", "pii", 0.0, "ok", "检索"),
+        ("r3", "pii", 1.0, "ok", "😀"),
+        ("r4", "pii", 0.0, "ok", None),
+        ("r5", "pii", 0.0, "ok", None),
+        ("r6", "pii", 0.0, "ok", "😀"),
+        ("r1", "gone", 1.0, "ok", "检索"),
+    ]
+)
+CAND = _scores(
+    [
+        ("r1", "acc", 0.0, "ok", "检索"),
+        ("r2", "acc", 1.0, "ok", "检索"),
+        ("r3", "acc", 0.0, "ok", "😀"),
+        ("r4", "acc", 0.0, "ok", None),
+        ("r5", "acc", None, "timeout", None),
+        ("r7", "acc", 1.0, "ok", "😀"),
+        ("r1", "pii", 1.0, "ok", "检索"),
+        ("r2", "pii", 1.0, "ok", "检索"),
+        ("r3", "pii", 1.0, "ok", "😀"),
+        ("r4", "pii", 1.0, "ok", None),
+        ("r5", "pii", 1.0, "ok", None),
+        ("r7", "pii", 0.0, "ok", "😀"),
+        ("r1", "new", 0.5, "ok", "检索"),
+    ]
+)
 
 
 @pytest.fixture(scope="module")
 def small_comparison():
-    pairs, left_b, left_c = pair_by_row_id(BASE["row_id"].unique().to_list(), CAND["row_id"].unique().to_list())
-    return compare_scores(BASE, CAND, Pairing(pairs, left_b, left_c), {"acc": True, "pii": False},
-                          by=["app"], top=2, threshold=0.3)
+    pairs, left_b, left_c = pair_by_row_id(
+        BASE["row_id"].unique().to_list(), CAND["row_id"].unique().to_list()
+    )
+    return compare_scores(
+        BASE,
+        CAND,
+        Pairing(pairs, left_b, left_c),
+        {"acc": True, "pii": False},
+        by=["app"],
+        top=2,
+        threshold=0.3,
+    )
 
 
 def test_paired_differences_by_hand_and_scipy(small_comparison):
@@ -123,7 +170,10 @@ def test_paired_differences_by_hand_and_scipy(small_comparison):
     # diffs r1 -1, r2 0, r3 0, r4 -1 -> mean -0.5; baseline mean 0.75, candidate 0.25
     assert (acc["n_pairs"], acc["n_status_changed"]) == (4, 1)
     assert acc["mean_diff"] == pytest.approx(-0.5)
-    assert (acc["baseline_mean"], acc["candidate_mean"]) == (pytest.approx(0.75), pytest.approx(0.25))
+    assert (acc["baseline_mean"], acc["candidate_mean"]) == (
+        pytest.approx(0.75),
+        pytest.approx(0.25),
+    )
     low, high = _scipy_interval([-1.0, 0.0, 0.0, -1.0])
     assert (acc["ci_low"], acc["ci_high"]) == (pytest.approx(low), pytest.approx(high))
     assert acc["significant"] is bool(high < 0) and acc["change"] == ("worse" if high < 0 else None)
@@ -139,14 +189,18 @@ def test_slices_include_cjk_emoji_and_null_values(small_comparison):
     acc = small_comparison.metrics.filter(pl.col("metric") == "acc", pl.col("slice") == "app")
     got = {r["slice_value"]: (r["n_pairs"], r["mean_diff"]) for r in acc.iter_rows(named=True)}
     # 检索: r1 -1, r2 0; 😀: r3 0 (r6 unpaired); null: r4 -1 (r5 status changed)
-    assert got == {"检索": (2, pytest.approx(-0.5)), "😀": (1, pytest.approx(0.0)),
-                   None: (1, pytest.approx(-1.0))}
+    assert got == {
+        "检索": (2, pytest.approx(-0.5)),
+        "😀": (1, pytest.approx(0.0)),
+        None: (1, pytest.approx(-1.0)),
+    }
 
 
 def test_moved_rows_status_changes_and_unshared_metrics(small_comparison):
     moved = small_comparison.moved
-    assert moved.filter(pl.col("metric") == "acc").select("baseline_row_id", "diff", "change").rows() == [
-        ("r1", -1.0, "worse"), ("r4", -1.0, "worse")]
+    assert moved.filter(pl.col("metric") == "acc").select(
+        "baseline_row_id", "diff", "change"
+    ).rows() == [("r1", -1.0, "worse"), ("r4", -1.0, "worse")]
     # top=2 keeps the first two of four pii moves (ties by row id)
     assert moved.filter(pl.col("metric") == "pii")["baseline_row_id"].to_list() == ["r1", "r2"]
     assert moved.row(0, named=True)["baseline_reason"] == "why r1"
@@ -154,15 +208,22 @@ def test_moved_rows_status_changes_and_unshared_metrics(small_comparison):
     assert small_comparison.status_changed_rows["baseline_row_id"].to_list() == ["r5"]
     assert small_comparison.pairing.only_baseline == ["r6"]
     assert small_comparison.pairing.only_candidate == ["r7"]
-    assert (small_comparison.metrics_only_baseline, small_comparison.metrics_only_candidate) == (["gone"], ["new"])
+    assert (small_comparison.metrics_only_baseline, small_comparison.metrics_only_candidate) == (
+        ["gone"],
+        ["new"],
+    )
 
 
 def test_regression_threshold_in_metric_units(small_comparison):
     # acc: -0.5 (if significant), pii: +0.8 on a lower-is-better metric = worse by 0.8
-    worse = set(small_comparison.metrics.filter(pl.col("slice").is_null(), pl.col("change") == "worse")["metric"])
+    worse = set(
+        small_comparison.metrics.filter(pl.col("slice").is_null(), pl.col("change") == "worse")[
+            "metric"
+        ]
+    )
     assert set(small_comparison.regressions(0.3)["metric"]) == worse
     assert set(small_comparison.regressions(0.6)["metric"]) == {"pii"}
-    assert small_comparison.regressions(0.8).height == 0   # "beyond": strictly larger
+    assert small_comparison.regressions(0.8).height == 0  # "beyond": strictly larger
     text = format_comparison(small_comparison)
     assert "REGRESSION beyond 0.3" in text and "only in baseline: r6" in text
 
@@ -179,29 +240,44 @@ def test_large_comparisons_stay_cheap_and_match_the_normal_approximation():
     base_flag, cand_flag = (rng.random(n) < 0.5).astype(float), (rng.random(n) < 0.45).astype(float)
 
     def table(sim, flag):
-        return pl.DataFrame({"row_id": ids * 2, "metric": ["sim"] * n + ["flag"] * n,
-                             "score": np.concatenate([sim, flag]), "status": ["ok"] * (2 * n),
-                             "reason": [None] * (2 * n)})
+        return pl.DataFrame(
+            {
+                "row_id": ids * 2,
+                "metric": ["sim"] * n + ["flag"] * n,
+                "score": np.concatenate([sim, flag]),
+                "status": ["ok"] * (2 * n),
+                "reason": [None] * (2 * n),
+            }
+        )
 
     pairs, _, _ = pair_by_row_id(ids, ids)
     start = time.perf_counter()
-    result = compare_scores(table(base_sim, base_flag), table(cand_sim, cand_flag), Pairing(pairs), {})
+    result = compare_scores(
+        table(base_sim, base_flag), table(cand_sim, cand_flag), Pairing(pairs), {}
+    )
     assert time.perf_counter() - start < 10
     sim = result.metrics.filter(pl.col("metric") == "sim").row(0, named=True)
     d = cand_sim - base_sim
-    half = 1.959963984540054 * d.std() / np.sqrt(n)   # population sd: the bootstrap's
+    half = 1.959963984540054 * d.std() / np.sqrt(n)  # population sd: the bootstrap's
     assert sim["ci_method"] == "normal" and sim["mean_diff"] == pytest.approx(d.mean())
-    assert (sim["ci_low"], sim["ci_high"]) == (pytest.approx(d.mean() - half), pytest.approx(d.mean() + half))
+    assert (sim["ci_low"], sim["ci_high"]) == (
+        pytest.approx(d.mean() - half),
+        pytest.approx(d.mean() + half),
+    )
     flag = result.metrics.filter(pl.col("metric") == "flag").row(0, named=True)
     d = cand_flag - base_flag
     half = 1.959963984540054 * d.std() / np.sqrt(n)
     assert flag["ci_method"] == "bootstrap"
-    assert flag["ci_low"] == pytest.approx(d.mean() - half, abs=0.002)  # bootstrap ~ normal at this n
+    assert flag["ci_low"] == pytest.approx(
+        d.mean() - half, abs=0.002
+    )  # bootstrap ~ normal at this n
     assert flag["significant"] and flag["change"] == "worse"
 
 
 def test_no_common_metric_and_bad_arguments():
-    empty = pl.DataFrame({"row_id": ["a"], "metric": ["x"], "score": [1.0], "status": ["ok"], "reason": [None]})
+    empty = pl.DataFrame(
+        {"row_id": ["a"], "metric": ["x"], "score": [1.0], "status": ["ok"], "reason": [None]}
+    )
     other = empty.with_columns(metric=pl.lit("y"))
     pairs, _, _ = pair_by_row_id(["a"], ["a"])
     result = compare_scores(empty, other, Pairing(pairs), {})
@@ -214,6 +290,7 @@ def test_no_common_metric_and_bad_arguments():
 
 
 # ------------------------------------------------------------- real runs of jobs/ares.yaml
+
 
 @pytest.fixture(scope="module")
 def expected_changes():
@@ -242,8 +319,19 @@ def expected_changes():
 def test_reexported_night_pairs_by_content_and_lists_leftovers(ares_nights, tmp_path):
     ids = ares_nights.run_ids
     out_json = tmp_path / "reexported.json"
-    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL],
-                              ids[REEXPORTED], "--fail-on-regression", "0", "--json", str(out_json)])
+    code, out, err = run_cli(
+        [
+            "compare",
+            "--output",
+            str(ares_nights.nightly),
+            ids[ORIGINAL],
+            ids[REEXPORTED],
+            "--fail-on-regression",
+            "0",
+            "--json",
+            str(out_json),
+        ]
+    )
     assert code == 0, err
     result = json.loads(out_json.read_text(encoding="utf-8"))
     pairing = result["pairing"]
@@ -251,19 +339,26 @@ def test_reexported_night_pairs_by_content_and_lists_leftovers(ares_nights, tmp_
     assert pairing["only_baseline_row_ids"] == sorted(row_id(i) for i in DROPPED)
     order = ares_nights.reexported_order
     assert pairing["only_candidate_row_ids"] == sorted(
-        row_id(k, REEXPORTED_NAME) for k, source in enumerate(order) if source == -1)
+        row_id(k, REEXPORTED_NAME) for k, source in enumerate(order) if source == -1
+    )
     assert len(pairing["only_candidate_row_ids"]) == N_NEW
     # Same answers: nothing moved, nothing flagged, the gate passes at threshold 0.
     assert result["regressions"] == [] and result["moved"] == [] and result["status_changes"] == []
-    assert all(m["mean_diff"] == 0 and not m["significant"] and m["n_pairs"] == 190
-               for m in result["metrics"])
+    assert all(
+        m["mean_diff"] == 0 and not m["significant"] and m["n_pairs"] == 190
+        for m in result["metrics"]
+    )
     assert "190 paired (0 by row_id, 190 by content hash of question, contexts, reference)" in out
     assert f"10 only in baseline, {N_NEW} only in candidate" in out
     assert "no metric regresses beyond 0" in out
     # Each content pair joins a re-exported row with the shipped row it came from.
-    result = compare_runs(find_run(str(ares_nights.nightly), ids[ORIGINAL]),
-                          find_run(str(ares_nights.nightly), ids[REEXPORTED]))
-    for base_id, cand_id in result.pairing.pairs.select("baseline_row_id", "candidate_row_id").iter_rows():
+    result = compare_runs(
+        find_run(str(ares_nights.nightly), ids[ORIGINAL]),
+        find_run(str(ares_nights.nightly), ids[REEXPORTED]),
+    )
+    for base_id, cand_id in result.pairing.pairs.select(
+        "baseline_row_id", "candidate_row_id"
+    ).iter_rows():
         assert cand_id.startswith(REEXPORTED_NAME + ":")
         assert base_id == row_id(order[int(cand_id.rsplit(":", 1)[1])])
 
@@ -275,19 +370,41 @@ def test_candidate_under_another_output_root(ares_nights, tmp_path):
     for table in ("scores", "summary", "runs"):
         part = f"{table}/run_date={REEXPORTED}/run_id={ids[REEXPORTED]}"
         shutil.copytree(ares_nights.nightly / part, other / part)
-    code, out, err = run_cli(["compare", "--output", str(ares_nights.nightly), "--candidate-output",
-                              str(other), ids[ORIGINAL], ids[REEXPORTED]])
+    code, out, err = run_cli(
+        [
+            "compare",
+            "--output",
+            str(ares_nights.nightly),
+            "--candidate-output",
+            str(other),
+            ids[ORIGINAL],
+            ids[REEXPORTED],
+        ]
+    )
     assert code == 0, err
     assert f"candidate: {ids[REEXPORTED]} ({REEXPORTED}, {other})" in out
     assert "190 paired" in out
 
 
 @pytest.mark.slow
-def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, expected_changes, tmp_path):
+def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(
+    ares_nights, expected_changes, tmp_path
+):
     ids = ares_nights.run_ids
     out_json = tmp_path / "altered.json"
-    argv = ["compare", "--output", str(ares_nights.nightly), ids[ORIGINAL], ids[ALTERED_NIGHT],
-            "--by", "Reaction", "--top", "50", "--json", str(out_json)]
+    argv = [
+        "compare",
+        "--output",
+        str(ares_nights.nightly),
+        ids[ORIGINAL],
+        ids[ALTERED_NIGHT],
+        "--by",
+        "Reaction",
+        "--top",
+        "50",
+        "--json",
+        str(out_json),
+    ]
     code, out, err = run_cli(argv + ["--fail-on-regression", "0.02"])
     assert code == 3, err
     result = json.loads(out_json.read_text(encoding="utf-8"))
@@ -310,8 +427,11 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, 
         moved = {r["baseline_row_id"] for r in result["moved"] if r["metric"] == metric}
         assert moved == expected["moved"]
         assert moved <= {row_id(i) for i in ALTERED}
-        status = {(r["baseline_status"], r["candidate_status"]): r["n"]
-                  for r in result["status_changes"] if r["metric"] == metric}
+        status = {
+            (r["baseline_status"], r["candidate_status"]): r["n"]
+            for r in result["status_changes"]
+            if r["metric"] == metric
+        }
         assert status == expected["status"]
     # Worked out from the replacement answers: every one is a refusal (not_a_refusal 1 -> 0
     # on the 20 non-empty ones) and none names Databricks; lengths stay within [1, 4000].
@@ -320,7 +440,9 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(ares_nights, 
     assert set(result["regressions"]) == flagged  # every flagged change here is a drop
     assert "REGRESSION beyond 0.02" in out and "not_a_refusal" in out
     # Slice lines cover the Reaction values and add up to the overall pairs.
-    by_reaction = [m for m in result["metrics"] if m["slice"] == "Reaction" and m["metric"] == "not_a_refusal"]
+    by_reaction = [
+        m for m in result["metrics"] if m["slice"] == "Reaction" and m["metric"] == "not_a_refusal"
+    ]
     assert sum(m["n_pairs"] for m in by_reaction) == overall["not_a_refusal"]["n_pairs"]
     # A threshold larger than every drop passes the gate.
     biggest = max(abs(overall[m]["mean_diff"]) for m in flagged)
@@ -336,7 +458,9 @@ def test_changed_input_is_not_read_again_and_rows_stay_unpaired(ares_nights):
     candidate = find_run(str(ares_nights.nightly), ids[REEXPORTED])
     path = candidate.manifest.input.uri
     before = os.stat(path)
-    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # input touched after the run
+    os.utime(
+        path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9)
+    )  # input touched after the run
     try:
         result = compare_runs(find_run(str(ares_nights.nightly), ids[ORIGINAL]), candidate)
     finally:
@@ -344,7 +468,10 @@ def test_changed_input_is_not_read_again_and_rows_stay_unpaired(ares_nights):
     counts = result.pairing.counts()
     assert (counts["row_id"], counts["content"]) == (0, 0)
     assert (counts["only_baseline"], counts["only_candidate"]) == (200, 190 + N_NEW)
-    assert "changed after run" in result.pairing.note and result.metrics["n_pairs"].to_list() == [0] * 6
+    assert (
+        "changed after run" in result.pairing.note
+        and result.metrics["n_pairs"].to_list() == [0] * 6
+    )
     assert "note: rows with different ids were not paired by content" in format_comparison(result)
 
 
@@ -375,7 +502,11 @@ def test_unknown_and_uncommitted_runs_exit_2(ares_nights, tmp_path):
     code, _, err = run_cli(["compare", "--output", str(root), first, "crashed-fake"])
     assert code == 2 and "'crashed-fake'" in err and "not committed" in err
     code, _, err = run_cli(["compare", "--output", str(root), first, "no-such-run"])
-    assert code == 2 and "no committed run 'no-such-run'" in err and ares_nights.run_ids[ALTERED_NIGHT] in err
+    assert (
+        code == 2
+        and "no committed run 'no-such-run'" in err
+        and ares_nights.run_ids[ALTERED_NIGHT] in err
+    )
     code, _, err = run_cli(["compare", "--output", str(tmp_path / "nothing"), first, first])
     assert code == 2 and "does not exist" in err
 
@@ -399,7 +530,11 @@ def test_nightly_report_and_comparison_with_the_previous_committed_run(ares_nigh
         assert comparison["candidate"]["run_id"] == run_id
         text = (folder / "comparison.txt").read_text(encoding="utf-8")
         assert text.startswith(f"baseline:  {comparison['baseline']['run_id']}")
-        worse = {m["metric"] for m in comparison["metrics"] if m["slice"] is None and m["change"] == "worse"}
+        worse = {
+            m["metric"]
+            for m in comparison["metrics"]
+            if m["slice"] is None and m["change"] == "worse"
+        }
         # the re-exported night pairs with the first by content (same answers: no change);
         # the altered night pairs with the re-exported one by content too
         assert comparison["pairing"]["content"] == 190 and comparison["pairing"]["row_id"] == 0
@@ -407,6 +542,7 @@ def test_nightly_report_and_comparison_with_the_previous_committed_run(ares_nigh
 
 
 # ------------------------------------------------- slice minimum and signed differences
+
 
 def _slice_scores(groups: dict[str, tuple[int, float, float]]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Baseline and candidate tables: per app, ``n`` rows scored ``b`` then ``c``."""
@@ -421,7 +557,9 @@ def _slice_scores(groups: dict[str, tuple[int, float, float]]) -> tuple[pl.DataF
 def test_a_slice_needs_min_pairs_to_be_flagged_and_differences_carry_their_sign():
     # "tiny": 2 pairs that both rose by 0.12 (interval [0.12, 0.12], excludes zero);
     # "big": 20 pairs that all fell by 0.05; "flat": 30 pairs unchanged.
-    base, cand = _slice_scores({"tiny": (2, 0.5, 0.62), "big": (20, 0.5, 0.45), "flat": (30, 0.3, 0.3)})
+    base, cand = _slice_scores(
+        {"tiny": (2, 0.5, 0.62), "big": (20, 0.5, 0.45), "flat": (30, 0.3, 0.3)}
+    )
     pairs, left_b, left_c = pair_by_row_id(base["row_id"].to_list(), cand["row_id"].to_list())
     pairing = Pairing(pairs, left_b, left_c)
     result = compare_scores(base, cand, pairing, {"acc": True}, by=["app"])
@@ -429,7 +567,11 @@ def test_a_slice_needs_min_pairs_to_be_flagged_and_differences_carry_their_sign(
     lines = {r["slice_value"]: r for r in result.metrics.iter_rows(named=True)}
     assert lines["tiny"]["n_pairs"] == 2 and lines["tiny"]["ci_low"] == pytest.approx(0.12)
     assert (lines["tiny"]["significant"], lines["tiny"]["change"]) == (False, None)
-    assert (lines["big"]["n_pairs"], lines["big"]["significant"], lines["big"]["change"]) == (20, True, "worse")
+    assert (lines["big"]["n_pairs"], lines["big"]["significant"], lines["big"]["change"]) == (
+        20,
+        True,
+        "worse",
+    )
     assert lines["flat"]["change"] is None
     # all rows: 52 pairs, mean (2 * 0.12 - 20 * 0.05) / 52; no minimum applies there
     assert lines[None]["n_pairs"] == 52

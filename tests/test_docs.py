@@ -16,8 +16,10 @@ from ragbatch.core.status import STATUSES
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 #: The reference the README links to: metrics, statuses and output columns live there.
-REFERENCE = README + "".join((ROOT / "docs" / name).read_text(encoding="utf-8")
-                             for name in ("metrics.md", "output.md", "config.md"))
+REFERENCE = README + "".join(
+    (ROOT / "docs" / name).read_text(encoding="utf-8")
+    for name in ("metrics.md", "output.md", "config.md")
+)
 
 
 def _table_rows(text: str) -> set[tuple[str, ...]]:
@@ -42,8 +44,9 @@ def _metric_section(name: str) -> str:
 @pytest.mark.parametrize("cls", all_metrics(), ids=lambda c: c.name)
 def test_metric_documented_with_its_policy(cls):
     overview = [r for r in _table_rows(METRICS_DOC) if r[0] == f"`{cls.name}`"]
-    assert overview and all(len(r) == 5 and r[1] == cls.kind for r in overview), \
+    assert overview and all(len(r) == 5 and r[1] == cls.kind for r in overview), (
         "missing from the metrics table"
+    )
     section = _metric_section(cls.name)
     rows = _table_rows(section)
     for case, outcome in cls.policy:
@@ -56,8 +59,8 @@ def test_metric_documented_with_its_policy(cls):
 def test_readme_lists_every_metric_with_its_definition():
     """The README's metrics table: one row per registered metric, its kind and its
     one-line summary as the class declares them, and no other metric."""
-    section = README[README.index("\n## Metrics\n"):]
-    section = section[:section.index("\n## ", 1)]
+    section = README[README.index("\n## Metrics\n") :]
+    section = section[: section.index("\n## ", 1)]
     listed = {r for r in _table_rows(section) if r[0].startswith("`")}
     assert listed == {(f"`{cls.name}`", cls.kind, cls.summary) for cls in all_metrics()}
 
@@ -66,10 +69,14 @@ def test_readme_lists_every_metric_with_its_definition():
 def test_policy_tables_elsewhere_match_the_metrics(doc):
     """docs/judges.md and docs/pii.md repeat their metrics' policies in one table; each
     row there must be the metric's own, and each metric there must have all its rows."""
-    policies = {cls.name: {(case, outcome) for case, outcome in cls.policy}
-                for cls in all_metrics()}
-    rows = {r for r in _table_rows((ROOT / "docs" / doc).read_text(encoding="utf-8"))
-            if len(r) == 3 and r[0].strip("`") in policies}
+    policies = {
+        cls.name: {(case, outcome) for case, outcome in cls.policy} for cls in all_metrics()
+    }
+    rows = {
+        r
+        for r in _table_rows((ROOT / "docs" / doc).read_text(encoding="utf-8"))
+        if len(r) == 3 and r[0].strip("`") in policies
+    }
     assert rows, f"no policy table in docs/{doc}"
     for name in {r[0].strip("`") for r in rows}:
         assert {r[1:] for r in rows if r[0] == f"`{name}`"} == policies[name], name
@@ -96,8 +103,7 @@ def test_readme_commands_are_what_ci_runs():
 
 #: The Markdown files whose relative links must resolve: the README, the reference in
 #: docs/ (benchmark studies included) and the benchmarks summary.
-LINKED_DOCS = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md",
-                      *(ROOT / "docs").rglob("*.md")])
+LINKED_DOCS = sorted([ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").rglob("*.md")])
 _FENCE = re.compile(r"^(```|~~~)")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -135,11 +141,15 @@ def test_anchor_slugs_follow_github():
     # worked out by hand from GitHub's rule
     path = ROOT / "docs" / "judges.md"
     assert "a-small-real-model-smollm2-135m-instruct" in _anchors(path)
-    assert "what-any-reason-may-hold-in-a-run-with-pii-metrics" in _anchors(ROOT / "docs" / "pii.md")
+    assert "what-any-reason-may-hold-in-a-run-with-pii-metrics" in _anchors(
+        ROOT / "docs" / "pii.md"
+    )
 
 
 def test_readme_is_short():
-    assert len(README.encode("utf-8")) < 16 * 1024, "README.md is the entry point; move detail to docs/"
+    assert len(README.encode("utf-8")) < 16 * 1024, (
+        "README.md is the entry point; move detail to docs/"
+    )
 
 
 @pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -161,20 +171,28 @@ def test_relative_links_resolve(doc):
 def test_readme_layout_lists_the_packages_and_folders():
     """The README's layout tree names every package of ragbatch/ (in the layer order of
     the import contract) and every top-level folder it lists exists."""
-    section = README[README.index("\n## Layout\n"):]
-    tree = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)]
-    listed_packages = [line.split()[0].rstrip("/") for line in tree.splitlines()
-                       if line.startswith("  ")]
-    packages = sorted(p.name for p in (ROOT / "ragbatch").iterdir()
-                      if (p / "__init__.py").is_file())
+    section = README[README.index("\n## Layout\n") :]
+    tree = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+    listed_packages = [
+        line.split()[0].rstrip("/") for line in tree.splitlines() if line.startswith("  ")
+    ]
+    packages = sorted(
+        p.name for p in (ROOT / "ragbatch").iterdir() if (p / "__init__.py").is_file()
+    )
     assert sorted(listed_packages) == packages
-    top = [line.split()[0].rstrip("/") for line in tree.splitlines()
-           if line and not line.startswith(" ")]
+    top = [
+        line.split()[0].rstrip("/")
+        for line in tree.splitlines()
+        if line and not line.startswith(" ")
+    ]
     for folder in top:
         assert (ROOT / folder).is_dir(), folder
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
     contract = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    layers = [name.strip().removeprefix("ragbatch.")
-              for layer in contract["contracts"][0]["layers"]
-              for name in re.split(r"[|:]", layer) if name.strip().startswith("ragbatch.")]
+    layers = [
+        name.strip().removeprefix("ragbatch.")
+        for layer in contract["contracts"][0]["layers"]
+        for name in re.split(r"[|:]", layer)
+        if name.strip().startswith("ragbatch.")
+    ]
     assert listed_packages == [p for p in layers if p in listed_packages]

@@ -34,10 +34,18 @@ JUDGE_METRICS = [m for m in all_metrics() if issubclass(m, JudgeMetric)]
 
 def test_assumed_statements_are_the_sentences():
     text = 'Delta tables keep history. Is it "time travel?" Yes!\nSee  VACUUM.'
-    assert assumed_statements(text) == ["Delta tables keep history.", 'Is it "time travel?"',
-                                        "Yes!", "See  VACUUM."]
+    assert assumed_statements(text) == [
+        "Delta tables keep history.",
+        'Is it "time travel?"',
+        "Yes!",
+        "See  VACUUM.",
+    ]
     assert assumed_statements("東京は大きい。人が多い！本当？ 🗼 Yes") == [
-        "東京は大きい。", "人が多い！", "本当？", "🗼 Yes"]
+        "東京は大きい。",
+        "人が多い！",
+        "本当？",
+        "🗼 Yes",
+    ]
     assert assumed_statements(None) == [] and assumed_statements(" \n ") == []
     assert len(assumed_statements("a. " * 30)) == 20  # the statements schema's maximum
     assert assumed_statements("x" * 500) == ["x" * 400]  # STATEMENT_MAX_CHARS
@@ -54,8 +62,10 @@ def _judge_steps(metric: JudgeMetric, example) -> int:
         except StopIteration:
             return steps
         steps += any(isinstance(r, Ask) for r in requests)
-        values = [r.parse(next(replies)) if isinstance(r, Ask) else np.asarray(next(embeddings))
-                  for r in requests]
+        values = [
+            r.parse(next(replies)) if isinstance(r, Ask) else np.asarray(next(embeddings))
+            for r in requests
+        ]
 
 
 @pytest.mark.parametrize("cls", JUDGE_METRICS, ids=[m.name for m in JUDGE_METRICS])
@@ -102,8 +112,9 @@ def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
         " 'vllm' in sys.modules)\n"
     )
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
@@ -113,25 +124,32 @@ def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
     flat = " ".join(text.split())  # whitespace and line wrapping aside
 
     # tonic_paul_graham: 6 CSV files, 330 rows, counted; expression tasks and a MiniLM pool
-    assert ("input examples/data/tonic_validate_paul_graham/: 6 read task(s), 330 rows "
-            "(exact, counted)") in flat
-    assert ("1. read 6 read task(s) as Ray tasks, normalized to the canonical columns "
-            "2. expressions exact_match, response_length, context_length, mentions_paul_graham, "
-            "one_sentence, not_a_refusal Ray tasks, no actors (one Polars pass per batch) "
-            "3. model:minilm semantic_similarity engine minilm (embedding); actors: 1 (fixed) "
-            "per actor: num_cpus=1, num_gpus=0, batch_size=64 4. write long scores table, "
-            f"staged under {out_a}/_staging/ and published on commit") in flat
+    assert (
+        "input examples/data/tonic_validate_paul_graham/: 6 read task(s), 330 rows (exact, counted)"
+    ) in flat
+    assert (
+        "1. read 6 read task(s) as Ray tasks, normalized to the canonical columns "
+        "2. expressions exact_match, response_length, context_length, mentions_paul_graham, "
+        "one_sentence, not_a_refusal Ray tasks, no actors (one Polars pass per batch) "
+        "3. model:minilm semantic_similarity engine minilm (embedding); actors: 1 (fixed) "
+        "per actor: num_cpus=1, num_gpus=0, batch_size=64 4. write long scores table, "
+        f"staged under {out_a}/_staging/ and published on commit"
+    ) in flat
 
     # ares_judge: one judge pool, autoscaling, with its embedder; 24 of 200 rows sampled
-    assert ("input examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv: "
-            "1 read task(s), 200 rows (exact, counted)") in flat
+    assert (
+        "input examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv: "
+        "1 read task(s), 200 rows (exact, counted)"
+    ) in flat
     assert "sample the first 24 rows; judge figures are scaled to all 200 rows (x8.33)" in flat
-    assert ("2. judge:judge faithfulness, answer_relevancy, context_relevancy, answer_consistency, "
-            "answer_consistency_binary, augmentation_accuracy, augmentation_precision, "
-            "retrieval_precision, duplication, hate_speech engine judge (vllm); actors: 1..3 "
-            "(autoscaling) per actor: num_cpus=1, num_gpus=0, batch_size=64, "
-            "tensor_parallel_size=1 each actor also loads the embedding engine(s) embedder "
-            "3. write") in flat
+    assert (
+        "2. judge:judge faithfulness, answer_relevancy, context_relevancy, answer_consistency, "
+        "answer_consistency_binary, augmentation_accuracy, augmentation_precision, "
+        "retrieval_precision, duplication, hate_speech engine judge (vllm); actors: 1..3 "
+        "(autoscaling) per actor: num_cpus=1, num_gpus=0, batch_size=64, "
+        "tensor_parallel_size=1 each actor also loads the embedding engine(s) embedder "
+        "3. write"
+    ) in flat
     assert "judge engine judge prompt tokens: counted with the tokenizer of" in flat
     parts = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
     table = {p[0]: p[1:] for p in parts}  # label -> basis, then the figures
@@ -148,20 +166,33 @@ def _judge_config(tmp_path: Path, base_url: str, tokenizer: Path, rows: int) -> 
     data = yaml.safe_load((REPO / "jobs/ares_judge.yaml").read_text())
     data["input"]["uri"] = str(_ares_rows(tmp_path, rows))
     data["output"]["uri"] = str(tmp_path / "out")
-    data["engines"] = {"judge": {
-        "kind": "openai", "base_url": base_url, "model": "tiny", "tokenizer": str(tokenizer),
-        "max_model_len": 8192, "max_concurrency": 8, "concurrency": 1, "batch_size": rows,
-        "request_timeout_s": 300, "max_tokens": 16,
-        # first attempts only: the estimate leaves parse retries out
-        "parse_retries": 0}}
-    data["metrics"] = [{"name": n, "engine": "judge"} for n in (
-        "retrieval_precision", "duplication", "faithfulness")]
+    data["engines"] = {
+        "judge": {
+            "kind": "openai",
+            "base_url": base_url,
+            "model": "tiny",
+            "tokenizer": str(tokenizer),
+            "max_model_len": 8192,
+            "max_concurrency": 8,
+            "concurrency": 1,
+            "batch_size": rows,
+            "request_timeout_s": 300,
+            "max_tokens": 16,
+            # first attempts only: the estimate leaves parse retries out
+            "parse_retries": 0,
+        }
+    }
+    data["metrics"] = [
+        {"name": n, "engine": "judge"}
+        for n in ("retrieval_precision", "duplication", "faithfulness")
+    ]
     return JobConfig.from_dict(data)
 
 
 @pytest.mark.release
-def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tiny_judge_model,
-                                                   tmp_path):
+def test_estimate_within_ten_percent_of_a_real_run(
+    ray_local, vllm_base_url, tiny_judge_model, tmp_path
+):
     from ragbatch.pipeline.dry_run import dry_run
     from ragbatch.pipeline.runner import run_job
 
@@ -191,10 +222,12 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
     assert first.calls == rows <= got["judge_calls"]
     assert got["prompt_tokens"] >= 0.9 * first.prompt_tokens
     errors["faithfulness"] = faith.total("prompt_tokens") / got["prompt_tokens"] - 1
-    print("estimate error of prompt tokens per metric:", json.dumps(
-        {k: f"{v:+.1%}" for k, v in errors.items()}),
+    print(
+        "estimate error of prompt tokens per metric:",
+        json.dumps({k: f"{v:+.1%}" for k, v in errors.items()}),
         f"faithfulness calls: estimated {faith.total('calls')}, made {got['judge_calls']};",
-        f"dry run {dry_s:.1f} s")
+        f"dry run {dry_s:.1f} s",
+    )
 
     # With a pilot on every sampled row (made before the run filled the judgment cache),
     # the second step is built from the judge's real first replies: the whole of
@@ -205,8 +238,10 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
     error = faith.total("prompt_tokens") / got["prompt_tokens"] - 1
     assert abs(error) <= 0.10, (faith.total("prompt_tokens"), got["prompt_tokens"])
     assert faith.total("calls") == got["judge_calls"]
-    print(f"faithfulness with a pilot of {rows} rows: {error:+.1%}; pilot spent "
-          f"{piloted.pilot.calls} calls")
+    print(
+        f"faithfulness with a pilot of {rows} rows: {error:+.1%}; pilot spent "
+        f"{piloted.pilot.calls} calls"
+    )
 
     # Run again as a dry run: the judgment cache now answers every first step (the cache
     # keys are rebuilt from the server's model card), so nothing is left to pay for.
@@ -220,11 +255,19 @@ def test_estimate_within_ten_percent_of_a_real_run(ray_local, vllm_base_url, tin
 def _faithfulness_sample():
     import polars as pl
 
-    return pl.DataFrame({
-        "row_id": ["a", "b", "c", "d"], "question": ["Where is Paris?"] * 2 + ["q3", "q4"],
-        "contexts": [["Paris is in France."], ["Paris is big."], ["x"], ["東京は大きい 🗼"]],
-        "answer": ["Paris is in France. It is big.", "Paris is in Japan.", "No idea.",
-                   "東京は日本にある。 Tokyo is big!"]})
+    return pl.DataFrame(
+        {
+            "row_id": ["a", "b", "c", "d"],
+            "question": ["Where is Paris?"] * 2 + ["q3", "q4"],
+            "contexts": [["Paris is in France."], ["Paris is big."], ["x"], ["東京は大きい 🗼"]],
+            "answer": [
+                "Paris is in France. It is big.",
+                "Paris is in Japan.",
+                "No idea.",
+                "東京は日本にある。 Tokyo is big!",
+            ],
+        }
+    )
 
 
 def _verdict_prompt_tokens(metric, row, statements, counter) -> int:
@@ -254,16 +297,21 @@ def test_pilot_replies_build_the_later_prompts():
     rows = sample.to_dicts()
     counter, probe = PromptCounter("chars/4", "test"), CacheProbe("off")
     spec = SimpleNamespace(max_tokens=None, batch_size=64)
-    replies = [json.dumps({"statements": ["Paris is in France."]}), json.dumps({"statements": []}),
-               ("length", '{"statements": ["No'),
-               json.dumps({"statements": ["東京は日本にある。", "Tokyo is big."]})]
+    replies = [
+        json.dumps({"statements": ["Paris is in France."]}),
+        json.dumps({"statements": []}),
+        ("length", '{"statements": ["No'),
+        json.dumps({"statements": ["東京は日本にある。", "Tokyo is big."]}),
+    ]
 
     pilot = Pilot(RecordedReplies(list(replies)), rows=4)
     [full] = estimate_stage([metric], spec, sample, counter, probe, None, pilot)
     first, second = full.steps
     assert (first.basis, first.calls, second.basis, second.calls) == ("exact", 4, "pilot", 2)
     real_a = _verdict_prompt_tokens(metric, rows[0], ["Paris is in France."], counter)
-    real_d = _verdict_prompt_tokens(metric, rows[3], ["東京は日本にある。", "Tokyo is big."], counter)
+    real_d = _verdict_prompt_tokens(
+        metric, rows[3], ["東京は日本にある。", "Tokyo is big."], counter
+    )
     assert second.prompt_tokens == real_a + real_d
     assert pilot.calls == 4  # the last step is never sent
 
@@ -271,9 +319,18 @@ def test_pilot_replies_build_the_later_prompts():
     # sentences) times real / assumed on rows a and b.
     pilot = Pilot(RecordedReplies(list(replies)), rows=2)
     [scaled] = estimate_stage([metric], spec, sample, counter, probe, None, pilot)
-    assumed = [_verdict_prompt_tokens(metric, r, s, counter) for r, s in zip(rows, (
-        ["Paris is in France.", "It is big."], ["Paris is in Japan."], ["No idea."],
-        ["東京は日本にある。", "Tokyo is big!"]))]
+    assumed = [
+        _verdict_prompt_tokens(metric, r, s, counter)
+        for r, s in zip(
+            rows,
+            (
+                ["Paris is in France.", "It is big."],
+                ["Paris is in Japan."],
+                ["No idea."],
+                ["東京は日本にある。", "Tokyo is big!"],
+            ),
+        )
+    ]
     step = scaled.steps[1]
     assert step.basis == "pilot-scaled"
     assert step.calls == round(4 * 1 / 2)
@@ -282,10 +339,13 @@ def test_pilot_replies_build_the_later_prompts():
 
 
 def _expression_config(uri: Path, fmt: str, tmp_path: Path) -> JobConfig:
-    return JobConfig.from_dict({
-        "input": {"uri": str(uri), "format": fmt, "columns": {"question": "q", "answer": "a"}},
-        "output": {"uri": str(tmp_path / "out")},
-        "metrics": [{"name": "response_length", "params": {"min_chars": 1, "max_chars": 10}}]})
+    return JobConfig.from_dict(
+        {
+            "input": {"uri": str(uri), "format": fmt, "columns": {"question": "q", "answer": "a"}},
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [{"name": "response_length", "params": {"min_chars": 1, "max_chars": 10}}],
+        }
+    )
 
 
 def test_input_rows_from_parquet_footers_and_estimated_from_bytes(tmp_path, monkeypatch):

@@ -49,11 +49,18 @@ def test_default_and_cap(layout, monkeypatch):
 
 def _cells(path, row_ids, metrics):
     n = len(row_ids)
-    pq.write_table(pa.table({
-        "row_id": pa.array(row_ids, pa.string()), "metric": pa.array(metrics, pa.string()),
-        "score": pa.array(np.ones(n)), "status": pa.array(["ok"] * n),
-        "model": pa.nulls(n, pa.string()),
-    }), path)
+    pq.write_table(
+        pa.table(
+            {
+                "row_id": pa.array(row_ids, pa.string()),
+                "metric": pa.array(metrics, pa.string()),
+                "score": pa.array(np.ones(n)),
+                "status": pa.array(["ok"] * n),
+                "model": pa.nulls(n, pa.string()),
+            }
+        ),
+        path,
+    )
     return str(path)
 
 
@@ -72,7 +79,10 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     message = str(err.value)
     assert "metric 'm1': 42 cells, expected 40" in message
     assert "metric 'm2': 41 cells, expected 40" in message
-    assert "2 (row_id, metric) pairs appear more than once, e.g. ('r3', 'm1') x3, ('r7', 'm2') x2" in message
+    assert (
+        "2 (row_id, metric) pairs appear more than once, e.g. ('r3', 'm1') x3, ('r7', 'm2') x2"
+        in message
+    )
     # Unique cells, but m2 scores a row id that m1 does not: 41 distinct row ids.
     c = _cells(tmp_path / "c.parquet", ids[:39] + ["extra"], ["m2"] * 40)
     with pytest.raises(ConservationError, match="41 distinct row ids in the scores, expected 40"):
@@ -80,8 +90,7 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     # A null row id repeated: listed after a non-null one repeated as often, as DuckDB
     # orders them in one grouping.
     e = _cells(tmp_path / "e.parquet", [None, "z", None, "z"], ["m1"] * 4)
-    with pytest.raises(ConservationError,
-                       match=r"e\.g\. \('z', 'm1'\) x2, \(None, 'm1'\) x2"):
+    with pytest.raises(ConservationError, match=r"e\.g\. \('z', 'm1'\) x2, \(None, 'm1'\) x2"):
         verify_run(layout, [e], ["m1"], 4)
     # Unicode and empty row ids count like any other.
     d = _cells(tmp_path / "d.parquet", ["", "日本", "e\u0301", "🙂"] * 2, ["m1"] * 4 + ["m2"] * 4)
@@ -98,24 +107,38 @@ def test_check_spills_and_still_counts(layout, tmp_path, monkeypatch):
     files = []
     for k, metric in enumerate(("m1", "m2")):
         path = tmp_path / f"part-{k}.parquet"
-        pq.write_table(pa.table({
-            "row_id": ids, "metric": pa.array(np.full(n, metric)),
-            "score": pc.if_else(ok, 1.0, pa.scalar(None, pa.float64())),
-            "status": pc.if_else(ok, "ok", "error"),
-            "model": pa.nulls(n, pa.string()),
-        }), path)
+        pq.write_table(
+            pa.table(
+                {
+                    "row_id": ids,
+                    "metric": pa.array(np.full(n, metric)),
+                    "score": pc.if_else(ok, 1.0, pa.scalar(None, pa.float64())),
+                    "status": pc.if_else(ok, "ok", "error"),
+                    "model": pa.nulls(n, pa.string()),
+                }
+            ),
+            path,
+        )
         files.append(str(path))
-    before = set(os.listdir(os.path.dirname(connect(layout).execute(
-        "SELECT current_setting('temp_directory')").fetchone()[0])))
+    before = set(
+        os.listdir(
+            os.path.dirname(
+                connect(layout).execute("SELECT current_setting('temp_directory')").fetchone()[0]
+            )
+        )
+    )
     check = verify_run(layout, files, ["m1", "m2"], n)
-    assert check.counts == {"m1": {"error": n // 10, "ok": n - n // 10},
-                            "m2": {"error": n // 10, "ok": n - n // 10}}
+    assert check.counts == {
+        "m1": {"error": n // 10, "ok": n - n // 10},
+        "m2": {"error": n // 10, "ok": n - n // 10},
+    }
     with pytest.raises(ConservationError, match="200000 cells, expected 200001"):
         verify_run(layout, files, ["m1", "m2"], n + 1)
     import gc
 
     gc.collect()
-    spill_root = os.path.dirname(connect(layout).execute(
-        "SELECT current_setting('temp_directory')").fetchone()[0])
+    spill_root = os.path.dirname(
+        connect(layout).execute("SELECT current_setting('temp_directory')").fetchone()[0]
+    )
     left = {d for d in set(os.listdir(spill_root)) - before if d.startswith("ragbatch-duckdb-")}
     assert left == set()

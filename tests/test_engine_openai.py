@@ -73,9 +73,16 @@ class FaultInjector:
     that were open at once.
     """
 
-    def __init__(self, upstream: str, *, rate_limit_first: int = 0, stall_s: float = 0.0,
-                 always_500: bool = False, hide_tokenize: bool = False,
-                 chat_reply: tuple[str, bytes] | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        rate_limit_first: int = 0,
+        stall_s: float = 0.0,
+        always_500: bool = False,
+        hide_tokenize: bool = False,
+        chat_reply: tuple[str, bytes] | None = None,
+    ):
         self.upstream = upstream.rstrip("/")
         self.rate_limit_first = rate_limit_first
         self.stall_s = stall_s
@@ -148,12 +155,30 @@ class FaultInjector:
             ctype, data = self.chat_reply
             self._send(h, 200, data, ctype)
         elif self.always_500:
-            self._reply(h, 500, {"error": {"message": "injected server failure",
-                                           "type": "server_error", "code": 500}})
+            self._reply(
+                h,
+                500,
+                {
+                    "error": {
+                        "message": "injected server failure",
+                        "type": "server_error",
+                        "code": 500,
+                    }
+                },
+            )
         elif n <= self.rate_limit_first:
-            self._reply(h, 429, {"error": {"message": "injected rate limit",
-                                           "type": "rate_limit_error", "code": 429}},
-                        headers={"Retry-After": "0"})
+            self._reply(
+                h,
+                429,
+                {
+                    "error": {
+                        "message": "injected rate limit",
+                        "type": "rate_limit_error",
+                        "code": 429,
+                    }
+                },
+                headers={"Retry-After": "0"},
+            )
         elif self.stall_s:
             time.sleep(self.stall_s)
             h.close_connection = True  # the client gave up long ago; drop the request
@@ -161,17 +186,27 @@ class FaultInjector:
             self._forward(h, body)
 
     def _forward(self, h: BaseHTTPRequestHandler, body: bytes | None) -> None:
-        headers = {k: v for k, v in h.headers.items()
-                   if k.lower() in ("content-type", "authorization", "accept")}
-        req = urllib.request.Request(self.upstream + h.path, data=body, headers=headers,
-                                     method=h.command)
+        headers = {
+            k: v
+            for k, v in h.headers.items()
+            if k.lower() in ("content-type", "authorization", "accept")
+        }
+        req = urllib.request.Request(
+            self.upstream + h.path, data=body, headers=headers, method=h.command
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as reply:
-                status, data, ctype = reply.status, reply.read(), reply.headers.get(
-                    "Content-Type", "application/json")
+                status, data, ctype = (
+                    reply.status,
+                    reply.read(),
+                    reply.headers.get("Content-Type", "application/json"),
+                )
         except urllib.error.HTTPError as err:
-            status, data, ctype = err.code, err.read(), err.headers.get(
-                "Content-Type", "application/json")
+            status, data, ctype = (
+                err.code,
+                err.read(),
+                err.headers.get("Content-Type", "application/json"),
+            )
         self._send(h, status, data, ctype)
 
     def _reply(self, h, status: int, payload: dict, headers: dict | None = None) -> None:
@@ -192,8 +227,15 @@ class FaultInjector:
 
 
 def _spec(base_url: str, **overrides) -> OpenAIEngine:
-    fields = dict(type="openai", base_url=base_url, model=SERVED_NAME, max_retries=2,
-                  backoff_s=0.05, request_timeout_s=60.0, max_concurrency=4)
+    fields = dict(
+        type="openai",
+        base_url=base_url,
+        model=SERVED_NAME,
+        max_retries=2,
+        backoff_s=0.05,
+        request_timeout_s=60.0,
+        max_concurrency=4,
+    )
     fields.update(overrides)
     return OpenAIEngine(**fields)
 
@@ -216,8 +258,12 @@ def test_load_reads_window_identity_and_tokenize(engine, vllm_base_url):
     assert engine.max_model_len == MAX_MODEL_LEN
     assert engine.model_id.startswith(f"{SERVED_NAME}@{vllm_base_url}#")  # + served path
     assert engine.token_counter == "server"
-    assert engine.sampling_key() == {"engine": "openai", "temperature": 0.0, "top_p": 1.0,
-                                     "structured_outputs": "vllm"}
+    assert engine.sampling_key() == {
+        "engine": "openai",
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "structured_outputs": "vllm",
+    }
 
 
 def test_choice_and_schema_replies_follow_the_spec(engine):
@@ -282,9 +328,15 @@ def test_too_long_prompt_is_caught_before_sending(engine, vllm_base_url, tiny_ju
 
 #: Texts of every kind the byte bound must hold for: ASCII, CJK, emoji (with a skin tone
 #: and a joiner), combining marks, Arabic, digits.
-BOUND_TEXTS = ["The Eiffel Tower is 330 m tall.", "东京塔高333米。答案正确吗？",
-               "👍🏽 👨‍👩‍👧 🎉" * 3, "e\u0301te\u0301 cafe\u0301 n\u0303", "برج إيفل في باريس",
-               "0123456789 " * 10, ""]
+BOUND_TEXTS = [
+    "The Eiffel Tower is 330 m tall.",
+    "东京塔高333米。答案正确吗？",
+    "👍🏽 👨‍👩‍👧 🎉" * 3,
+    "e\u0301te\u0301 cafe\u0301 n\u0303",
+    "برج إيفل في باريس",
+    "0123456789 " * 10,
+    "",
+]
 
 
 @pytest.mark.parametrize("text", BOUND_TEXTS, ids=range(len(BOUND_TEXTS)))
@@ -323,8 +375,9 @@ def test_prompt_plus_max_tokens_over_window_is_too_long(engine):
     prompt = _ask("hello there")
     (ok,) = engine.complete([prompt])
     window_left = MAX_MODEL_LEN - ok.prompt_tokens
-    (c,) = engine.complete([EngineRequest(prompt.messages,
-                                          OutputSpec.of_choice(["yes", "no"], window_left + 1))])
+    (c,) = engine.complete(
+        [EngineRequest(prompt.messages, OutputSpec.of_choice(["yes", "no"], window_left + 1))]
+    )
     assert c.status == "context_too_long" and c.prompt_tokens == ok.prompt_tokens
 
 
@@ -347,6 +400,7 @@ def test_concurrency_is_bounded_and_works_inside_an_event_loop(vllm_base_url):
     with FaultInjector(_upstream(vllm_base_url)) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, max_concurrency=2))
         try:
+
             async def caller():  # complete() is blocking but must not trip on a running loop
                 return eng.complete([_ask(f"q{i}", seed=i) for i in range(6)])
 
@@ -391,8 +445,9 @@ def test_engine_works_inside_a_ray_actor(ray_local, vllm_base_url):
 def test_rate_limited_requests_are_retried_honoring_retry_after(vllm_base_url):
     with FaultInjector(_upstream(vllm_base_url), rate_limit_first=2) as proxy:
         # A long backoff that Retry-After: 0 overrides: the test would take 10+ s otherwise.
-        eng = load_openai_engine(_spec(proxy.base_url, max_retries=3, backoff_s=5.0,
-                                       max_concurrency=1))
+        eng = load_openai_engine(
+            _spec(proxy.base_url, max_retries=3, backoff_s=5.0, max_concurrency=1)
+        )
         try:
             start = time.monotonic()
             (c,) = eng.complete([_ask("Is water wet?")])
@@ -408,8 +463,9 @@ def test_rate_limited_requests_are_retried_honoring_retry_after(vllm_base_url):
 
 def test_stalled_request_times_out(vllm_base_url):
     with FaultInjector(_upstream(vllm_base_url), stall_s=3.0) as proxy:
-        eng = load_openai_engine(_spec(proxy.base_url, request_timeout_s=0.5, max_retries=1,
-                                       backoff_s=0.0))
+        eng = load_openai_engine(
+            _spec(proxy.base_url, request_timeout_s=0.5, max_retries=1, backoff_s=0.0)
+        )
         try:
             start = time.monotonic()
             (c,) = eng.complete([_ask("Anyone there?")])
@@ -425,8 +481,9 @@ def test_stalled_request_times_out(vllm_base_url):
 
 def test_batch_timeout_marks_unfinished_requests(vllm_base_url):
     with FaultInjector(_upstream(vllm_base_url), stall_s=3.0) as proxy:
-        eng = load_openai_engine(_spec(proxy.base_url, request_timeout_s=10.0,
-                                       batch_timeout_s=0.5, max_retries=0))
+        eng = load_openai_engine(
+            _spec(proxy.base_url, request_timeout_s=10.0, batch_timeout_s=0.5, max_retries=0)
+        )
         try:
             start = time.monotonic()
             out = eng.complete([_ask("a"), _ask("b")])
@@ -460,29 +517,90 @@ def _reply_body(**fields) -> tuple[str, bytes]:
 _MESSAGE = {"role": "assistant", "content": "yes"}
 
 
-@pytest.mark.parametrize("reply, status, text, counts, error", [
-    # a well-formed reply, with the cached-token count vLLM adds
-    (_reply_body(choices=[{"message": _MESSAGE, "finish_reason": "stop"}],
-                 usage={"prompt_tokens": 12, "completion_tokens": 1,
-                        "prompt_tokens_details": {"cached_tokens": 8}}),
-     "ok", "yes", (12, 1, 8), None),
-    # counts of the wrong type or sign read as absent; the reply itself is used
-    (_reply_body(choices=[{"message": _MESSAGE, "finish_reason": "length"}],
-                 usage={"prompt_tokens": "12", "completion_tokens": -1,
-                        "prompt_tokens_details": {"cached_tokens": True}}),
-     "ok", "yes", (0, 0, None), None),
-    (_reply_body(choices=[{"message": _MESSAGE}], usage="none"), "ok", "yes", (0, 0, None), None),
-    (_reply_body(choices=[]), "judge_error", None, (0, 0, None), "no choices"),
-    (_reply_body(choices=["yes"]), "judge_error", None, (0, 0, None), "no content"),
-    (_reply_body(choices=[{"message": {"content": None, "refusal": "I cannot judge this"},
-                           "finish_reason": "stop"}]),
-     "judge_error", None, (0, 0, None), "refusal: 'I cannot judge this'"),
-    (_reply_body(choices=[{"message": {"content": 7}}]), "judge_error", None, (0, 0, None),
-     "no content"),
-    (("application/json", b"[1, 2]"), "judge_error", None, (0, 0, None), "not a JSON object"),
-    (("text/plain", "ок ✓ 好".encode()), "judge_error", None, (0, 0, None), "not a JSON object"),
-], ids=["well-formed", "bad-counts", "usage-not-object", "no-choices", "choice-not-object",
-        "refusal", "content-not-text", "json-array", "plain-text"])
+@pytest.mark.parametrize(
+    "reply, status, text, counts, error",
+    [
+        # a well-formed reply, with the cached-token count vLLM adds
+        (
+            _reply_body(
+                choices=[{"message": _MESSAGE, "finish_reason": "stop"}],
+                usage={
+                    "prompt_tokens": 12,
+                    "completion_tokens": 1,
+                    "prompt_tokens_details": {"cached_tokens": 8},
+                },
+            ),
+            "ok",
+            "yes",
+            (12, 1, 8),
+            None,
+        ),
+        # counts of the wrong type or sign read as absent; the reply itself is used
+        (
+            _reply_body(
+                choices=[{"message": _MESSAGE, "finish_reason": "length"}],
+                usage={
+                    "prompt_tokens": "12",
+                    "completion_tokens": -1,
+                    "prompt_tokens_details": {"cached_tokens": True},
+                },
+            ),
+            "ok",
+            "yes",
+            (0, 0, None),
+            None,
+        ),
+        (
+            _reply_body(choices=[{"message": _MESSAGE}], usage="none"),
+            "ok",
+            "yes",
+            (0, 0, None),
+            None,
+        ),
+        (_reply_body(choices=[]), "judge_error", None, (0, 0, None), "no choices"),
+        (_reply_body(choices=["yes"]), "judge_error", None, (0, 0, None), "no content"),
+        (
+            _reply_body(
+                choices=[
+                    {
+                        "message": {"content": None, "refusal": "I cannot judge this"},
+                        "finish_reason": "stop",
+                    }
+                ]
+            ),
+            "judge_error",
+            None,
+            (0, 0, None),
+            "refusal: 'I cannot judge this'",
+        ),
+        (
+            _reply_body(choices=[{"message": {"content": 7}}]),
+            "judge_error",
+            None,
+            (0, 0, None),
+            "no content",
+        ),
+        (("application/json", b"[1, 2]"), "judge_error", None, (0, 0, None), "not a JSON object"),
+        (
+            ("text/plain", "ок ✓ 好".encode()),
+            "judge_error",
+            None,
+            (0, 0, None),
+            "not a JSON object",
+        ),
+    ],
+    ids=[
+        "well-formed",
+        "bad-counts",
+        "usage-not-object",
+        "no-choices",
+        "choice-not-object",
+        "refusal",
+        "content-not-text",
+        "json-array",
+        "plain-text",
+    ],
+)
 def test_malformed_replies_become_judge_errors(vllm_base_url, reply, status, text, counts, error):
     with FaultInjector(_upstream(vllm_base_url), chat_reply=reply) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, max_retries=2))
@@ -501,8 +619,10 @@ def test_malformed_replies_become_judge_errors(vllm_base_url, reply, status, tex
 
 
 def test_client_errors_are_not_retried(engine):
-    bad = EngineRequest(messages=(Message("user", "hi"),),
-                        output=OutputSpec(json_schema="{\"type\": \"no-such-type\"}"))
+    bad = EngineRequest(
+        messages=(Message("user", "hi"),),
+        output=OutputSpec(json_schema="{\"type\": \"no-such-type\"}"),
+    )
     before = engine.stats()
     (c,) = engine.complete([bad])
     assert c.status == "judge_error" and "HTTP 400" in c.error

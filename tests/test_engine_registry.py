@@ -11,8 +11,13 @@ import pytest
 from ragbatch.calibrate.config import calibration_from_dict
 from ragbatch.config.job import JobConfig, JudgeSettings, OpenAIEngine, VllmEngine
 from ragbatch.engines import load_judge_engine
-from ragbatch.engines.registry import (EngineType, engine_names, engine_of, register_engine,
-                                       unregister_engine)
+from ragbatch.engines.registry import (
+    EngineType,
+    engine_names,
+    engine_of,
+    register_engine,
+    unregister_engine,
+)
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.judge.cache import cache_key
 from ragbatch.judge.cache_probe import engine_identities
@@ -58,9 +63,16 @@ def _fake_window(spec: FakeEchoSpec) -> tuple[int, str]:
 
 
 FAKE_TYPE = EngineType(
-    FAKE, FakeEchoSpec, "judge", FakeEchoEngine, "pip install fake-echo-backend",
-    packages=("numpy",), local_model=False, context_window=_fake_window,
-    preflight=lambda spec: PREFLIGHTS.append(spec.model))
+    FAKE,
+    FakeEchoSpec,
+    "judge",
+    FakeEchoEngine,
+    "pip install fake-echo-backend",
+    packages=("numpy",),
+    local_model=False,
+    context_window=_fake_window,
+    preflight=lambda spec: PREFLIGHTS.append(spec.model),
+)
 
 # -----------------------------------------------------------------------------------------
 
@@ -74,8 +86,12 @@ def fake_engine():
 
 
 def _config(engines: dict, metrics: list[dict]) -> dict:
-    return {"input": {"uri": "in.parquet"}, "output": {"uri": "/tmp/out"}, "engines": engines,
-            "metrics": metrics}
+    return {
+        "input": {"uri": "in.parquet"},
+        "output": {"uri": "/tmp/out"},
+        "engines": engines,
+        "metrics": metrics,
+    }
 
 
 FAKE_ENTRY = {"kind": FAKE, "model": "echo-1", "flavour": "salty"}
@@ -88,16 +104,27 @@ def test_built_in_engine_types_in_order():
 
 
 def test_fake_engine_validates_in_a_config_and_unregisters(fake_engine):
-    config = JobConfig.from_dict(_config({"j": FAKE_ENTRY}, [{"name": "faithfulness", "engine": "j"}]))
+    config = JobConfig.from_dict(
+        _config({"j": FAKE_ENTRY}, [{"name": "faithfulness", "engine": "j"}])
+    )
     spec = config.engines["j"]
     assert isinstance(spec, FakeEchoSpec) and spec.flavour == "salty" and spec.parse_retries == 1
     with pytest.raises(ConfigError) as err:
-        JobConfig.from_dict(_config({"j": {**FAKE_ENTRY, "flavor": "x"}}, [{"name": "faithfulness", "engine": "j"}]))
+        JobConfig.from_dict(
+            _config({"j": {**FAKE_ENTRY, "flavor": "x"}}, [{"name": "faithfulness", "engine": "j"}])
+        )
     assert "engines.j.flavor: unknown field (did you mean 'flavour'" in str(err.value)
     assert JudgeMetric.engine_types == ("vllm", "openai", FAKE)
-    calibration = calibration_from_dict({
-        "input": {"uri": "in.parquet"}, "output": {"uri": "/tmp/cal"}, "engines": {"j": FAKE_ENTRY},
-        "judges": ["j"], "metrics": [{"name": "faithfulness"}], "labels": {"faithfulness": {"column": "y"}}})
+    calibration = calibration_from_dict(
+        {
+            "input": {"uri": "in.parquet"},
+            "output": {"uri": "/tmp/cal"},
+            "engines": {"j": FAKE_ENTRY},
+            "judges": ["j"],
+            "metrics": [{"name": "faithfulness"}],
+            "labels": {"faithfulness": {"column": "y"}},
+        }
+    )
     assert isinstance(calibration.engines["j"], FakeEchoSpec)
 
     unregister_engine(FAKE)
@@ -112,7 +139,8 @@ def test_fake_engine_has_its_own_cache_identity(fake_engine, tmp_path):
     fake = FakeEchoSpec(type=FAKE, model="echo-1")
     identities, note = engine_identities("j", fake)
     assert [(i.model_id, i.sampling_key()) for i in identities] == [
-        ("fake-echo:echo-1", {"engine": FAKE, "flavour": "plain", "temperature": 0.0})]
+        ("fake-echo:echo-1", {"engine": FAKE, "flavour": "plain", "temperature": 0.0})
+    ]
     assert note == ""
     vllm, _ = engine_identities("v", VllmEngine(type="vllm", model=str(tmp_path), dtype="bfloat16"))
     assert len(vllm) == 1 and vllm[0].sampling_key()["engine"] == "vllm"
@@ -127,7 +155,9 @@ def test_fake_engine_has_its_own_cache_identity(fake_engine, tmp_path):
             def key() -> dict:
                 return {"kind": "text"}
 
-    assert cache_key(identities[0], metric_identity, _Ask(), 0) != cache_key(vllm[0], metric_identity, _Ask(), 0)
+    assert cache_key(identities[0], metric_identity, _Ask(), 0) != cache_key(
+        vllm[0], metric_identity, _Ask(), 0
+    )
 
 
 def test_fake_engine_loads_and_answers_the_judge_hooks(fake_engine):
@@ -141,12 +171,16 @@ def test_fake_engine_loads_and_answers_the_judge_hooks(fake_engine):
 
 
 def test_fake_engine_shows_in_the_plan_and_the_manifest(fake_engine):
-    config = JobConfig.from_dict(_config({"j": FAKE_ENTRY}, [{"name": "faithfulness", "engine": "j"}]))
+    config = JobConfig.from_dict(
+        _config({"j": FAKE_ENTRY}, [{"name": "faithfulness", "engine": "j"}])
+    )
     plan = build_plan(config, inspect_input=False)  # echo-1 is not a path: not checked
     [stage] = plan.stages
     described = stage.describe()
     assert (described["kind"], described["engine"]) == ("judge", "j")
-    assert described["engine_spec"]["type"] == FAKE and described["engine_spec"]["flavour"] == "salty"
+    assert (
+        described["engine_spec"]["type"] == FAKE and described["engine_spec"]["flavour"] == "salty"
+    )
     preflight_engines(plan)
     assert PREFLIGHTS == ["echo-1"]
     assert "numpy" in package_versions()
@@ -161,12 +195,19 @@ def test_unknown_engine_type_is_an_error_not_another_engine():
         engine_identities("x", Stranger())
     with pytest.raises(ValueError, match="not a judge engine"):
         load_judge_engine(Stranger())
-    assert engine_of(OpenAIEngine(type="openai", model="m", base_url="http://h/v1")).name == "openai"
+    assert (
+        engine_of(OpenAIEngine(type="openai", model="m", base_url="http://h/v1")).name == "openai"
+    )
 
 
 def test_missing_adapter_names_the_install_command():
-    entry = EngineType("fake_missing", _missing_spec(),
-                       "judge", "ragbatch_no_such_adapter:load", "pip install fake-missing-extra")
+    entry = EngineType(
+        "fake_missing",
+        _missing_spec(),
+        "judge",
+        "ragbatch_no_such_adapter:load",
+        "pip install fake-missing-extra",
+    )
     with pytest.raises(EngineError, match=r"install it with: pip install fake-missing-extra"):
         entry.load(None)
 

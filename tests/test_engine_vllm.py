@@ -46,8 +46,14 @@ VERDICT_SCHEMA = {
 
 
 def _spec(model, **overrides) -> VllmEngine:
-    fields = dict(type="vllm", model=str(model), max_model_len=WINDOW, temperature=1.0,
-                  seed=0, engine_kwargs={"enforce_eager": True})
+    fields = dict(
+        type="vllm",
+        model=str(model),
+        max_model_len=WINDOW,
+        temperature=1.0,
+        seed=0,
+        engine_kwargs={"enforce_eager": True},
+    )
     fields.update(overrides)
     return VllmEngine(**fields)
 
@@ -76,8 +82,14 @@ def engine(tiny_judge_model):
 def test_choice_reply_is_one_of_the_choices(engine):
     options = ("faithful", "unfaithful", "partly faithful")
     # A random model may spell a choice out byte by byte: leave room for that.
-    requests = [_request(f"Question {i}: is the answer supported?",
-                         OutputSpec.of_choice(options, max_tokens=32), seed=i) for i in range(4)]
+    requests = [
+        _request(
+            f"Question {i}: is the answer supported?",
+            OutputSpec.of_choice(options, max_tokens=32),
+            seed=i,
+        )
+        for i in range(4)
+    ]
     completions = engine.complete(requests)
     assert len(completions) == 4
     for completion in completions:
@@ -88,8 +100,10 @@ def test_choice_reply_is_one_of_the_choices(engine):
 
 
 def test_json_reply_parses_and_follows_the_schema(engine):
-    requests = [_request(f"Rate answer {i}.", _json(), seed=i, system="You are a strict judge.")
-                for i in range(2)]
+    requests = [
+        _request(f"Rate answer {i}.", _json(), seed=i, system="You are a strict judge.")
+        for i in range(2)
+    ]
     for completion in engine.complete(requests):
         assert completion.status == "ok", completion.error
         assert completion.finish_reason == "stop", completion.text
@@ -103,11 +117,15 @@ def test_bare_verdicts_fit_their_budget(engine, n):
     from ragbatch.judge.verdicts import verdicts_ask
     from ragbatch.metrics.retrieval_precision import TASK
 
-    row = {"question": "Which contexts matter?", "answer": "Some.",
-           "contexts": [f"c{i} 文🚀" for i in range(n)]}
+    row = {
+        "question": "Which contexts matter?",
+        "answer": "Some.",
+        "contexts": [f"c{i} 文🚀" for i in range(n)],
+    }
     ask = verdicts_ask(row, TASK, n, reasons=False, max_tokens_per_verdict=128)
-    completions = engine.complete([EngineRequest(ask.messages, ask.output, seed=s)
-                                   for s in range(3)])
+    completions = engine.complete(
+        [EngineRequest(ask.messages, ask.output, seed=s) for s in range(3)]
+    )
     for completion in completions:
         assert completion.status == "ok", completion.error
         assert completion.finish_reason == "stop", completion.text  # not cut at the budget
@@ -121,7 +139,8 @@ def test_prompt_tokens_are_those_of_the_chat_template(engine, tiny_judge_model):
     request = _request("Hello there.", OutputSpec.of_choice(["a", "b"]), system="Be brief.")
     ids = engine.prompt_token_ids(request)
     assert AutoTokenizer.from_pretrained(tiny_judge_model).decode(ids) == (
-        "<|bos|><|system|>Be brief.<|eos|><|user|>Hello there.<|eos|><|assistant|>")
+        "<|bos|><|system|>Be brief.<|eos|><|user|>Hello there.<|eos|><|assistant|>"
+    )
     assert engine.complete([request])[0].prompt_tokens == len(ids)
 
 
@@ -134,8 +153,9 @@ def test_too_long_prompt_is_refused_without_generating(engine):
     assert completion.status == "context_too_long"
     assert completion.prompt_tokens == n
     assert completion.text is None and completion.completion_tokens == 0
-    assert completion.error == (f"prompt of {n} tokens + 8 completion tokens exceeds "
-                                f"max_model_len {WINDOW}")
+    assert completion.error == (
+        f"prompt of {n} tokens + 8 completion tokens exceeds max_model_len {WINDOW}"
+    )
     assert engine.stats() == before  # nothing reached the engine
 
 
@@ -143,8 +163,9 @@ def test_window_boundary_counts_the_completion_budget(engine):
     base = _request("Is this on topic?", OutputSpec.of_choice(["yes", "no"]))
     n = len(engine.prompt_token_ids(base))
     fits = _request("Is this on topic?", OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n))
-    over = _request("Is this on topic?",
-                    OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n + 1))
+    over = _request(
+        "Is this on topic?", OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n + 1)
+    )
     short = _request("Short one.", OutputSpec.of_choice(["yes", "no"]))
     fit, too_long, ok = engine.complete([fits, over, short])
     assert fit.status == "ok" and fit.text in ("yes", "no")
@@ -163,12 +184,18 @@ def test_reply_cut_at_max_tokens_has_finish_reason_length(engine):
 
 
 def test_same_seed_gives_the_same_reply(engine):
-    output = OutputSpec.of_schema({"type": "object", "required": ["reason"],
-                                   "properties": {"reason": {"type": "string", "maxLength": 16}}},
-                                  max_tokens=40)
+    output = OutputSpec.of_schema(
+        {
+            "type": "object",
+            "required": ["reason"],
+            "properties": {"reason": {"type": "string", "maxLength": 16}},
+        },
+        max_tokens=40,
+    )
     request = _request("Rate the answer: Paris is in France.", output, seed=7)
-    first, second, other = engine.complete([request, request, _request(
-        "Rate the answer: Paris is in France.", output, seed=8)])
+    first, second, other = engine.complete(
+        [request, request, _request("Rate the answer: Paris is in France.", output, seed=8)]
+    )
     [again] = engine.complete([request])
     assert first.status == second.status == again.status == other.status == "ok"
     assert first.text == second.text == again.text
@@ -177,8 +204,9 @@ def test_same_seed_gives_the_same_reply(engine):
 
 def test_prefix_cache_is_reported(engine):
     context = " ".join(f"fact {i} is about topic {i % 7}." for i in range(25))
-    request = _request(f"Context: {context}\nIs fact 3 supported?",
-                       OutputSpec.of_choice(["yes", "no"]))
+    request = _request(
+        f"Context: {context}\nIs fact 3 supported?", OutputSpec.of_choice(["yes", "no"])
+    )
     before = engine.stats()
     assert set(before) == {"prefix_cache_queries", "prefix_cache_hits"}
     engine.complete([request])
@@ -197,8 +225,9 @@ def test_batch_timeout_aborts_unfinished_requests(engine):
     spec = engine.spec
     engine.spec = spec.model_copy(update={"batch_timeout_s": 1e-3})
     try:
-        completions = engine.complete([_request(f"Slow {i}", _json(max_tokens=200), seed=i)
-                                       for i in range(2)])
+        completions = engine.complete(
+            [_request(f"Slow {i}", _json(max_tokens=200), seed=i) for i in range(2)]
+        )
     finally:
         engine.spec = spec
     for completion in completions:
@@ -212,10 +241,12 @@ def test_batch_timeout_aborts_unfinished_requests(engine):
 
 def test_unsupported_schema_fails_only_its_own_request(engine):
     # xgrammar (the backend the adapter selects) rejects uniqueItems.
-    bad = OutputSpec.of_schema({"type": "array", "items": {"type": "integer"},
-                                "uniqueItems": True}, max_tokens=16)
-    good, broken = engine.complete([_request("fine", OutputSpec.of_choice(["yes", "no"])),
-                                    _request("broken", bad)])
+    bad = OutputSpec.of_schema(
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, max_tokens=16
+    )
+    good, broken = engine.complete(
+        [_request("fine", OutputSpec.of_choice(["yes", "no"])), _request("broken", bad)]
+    )
     assert good.status == "ok" and good.text in ("yes", "no")
     assert broken.status == "judge_error"
     assert "xgrammar" in broken.error
@@ -234,8 +265,13 @@ def test_model_id_and_sampling_key(engine, tiny_judge_model, tmp_path):
     assert engine.max_model_len == WINDOW
     key = engine.sampling_key()
     assert key.pop("dtype") in ("bfloat16", "float16", "float32")  # vLLM's pick for this CPU
-    assert key == {"engine": "vllm", "temperature": 1.0, "top_p": 1.0,
-                   "structured_outputs_backend": "xgrammar", "disable_any_whitespace": True}
+    assert key == {
+        "engine": "vllm",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "structured_outputs_backend": "xgrammar",
+        "disable_any_whitespace": True,
+    }
     json.dumps(engine.sampling_key())
     # what a dry run works out without loading: one of its guesses is the loaded engine's
     from ragbatch.engines.vllm import identities_without_loading
@@ -276,14 +312,18 @@ def vllm_env(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("cuda, preset, tensor_parallel, expected", [
-    (False, None, 1, "0"),   # no GPU, unset: the engine runs in this process
-    (False, "1", 1, "1"),    # the user's setting wins
-    (False, None, 2, None),  # several workers: vLLM's own default
-    (True, None, 1, None),   # a GPU: vLLM's own default (engine processes of its own)
-])
-def test_engine_runs_in_process_only_without_a_gpu(tiny_judge_model, vllm_env, cuda, preset,
-                                                   tensor_parallel, expected):
+@pytest.mark.parametrize(
+    "cuda, preset, tensor_parallel, expected",
+    [
+        (False, None, 1, "0"),  # no GPU, unset: the engine runs in this process
+        (False, "1", 1, "1"),  # the user's setting wins
+        (False, None, 2, None),  # several workers: vLLM's own default
+        (True, None, 1, None),  # a GPU: vLLM's own default (engine processes of its own)
+    ],
+)
+def test_engine_runs_in_process_only_without_a_gpu(
+    tiny_judge_model, vllm_env, cuda, preset, tensor_parallel, expected
+):
     import ragbatch.engines.vllm as adapter
 
     vllm_env.setattr(adapter, "_cuda_available", lambda: cuda)
@@ -291,8 +331,13 @@ def test_engine_runs_in_process_only_without_a_gpu(tiny_judge_model, vllm_env, c
     if preset is not None:
         vllm_env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
     with pytest.raises(EngineError, match="not installed"):
-        load_vllm_engine(_spec(tiny_judge_model, tensor_parallel_size=tensor_parallel,
-                               num_gpus=tensor_parallel if tensor_parallel > 1 else 0))
+        load_vllm_engine(
+            _spec(
+                tiny_judge_model,
+                tensor_parallel_size=tensor_parallel,
+                num_gpus=tensor_parallel if tensor_parallel > 1 else 0,
+            )
+        )
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == expected
 
 
@@ -332,8 +377,9 @@ def test_block_size_in_engine_kwargs_wins(tiny_judge_model):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_NO_USAGE_STATS", "1")
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        loaded = load_vllm_engine(_spec(tiny_judge_model,
-                                        engine_kwargs={"enforce_eager": True, "block_size": 128}))
+        loaded = load_vllm_engine(
+            _spec(tiny_judge_model, engine_kwargs={"enforce_eager": True, "block_size": 128})
+        )
         try:
             assert _block_size(loaded) == 128
             cached, common, _ = _prefix_hit_case(loaded, "given-128")

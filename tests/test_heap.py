@@ -43,8 +43,9 @@ PROBE = textwrap.dedent("""
 
 @needs_glibc
 def test_trim_returns_free_pages_between_live_blocks():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120
+    )
     m = json.loads(out.stdout)
     mib = {k: round(v / 2**20) for k, v in m.items() if type(v) is int and k != "kept"}
     assert m["trimmed"] is True and m["kept"] == 4000

@@ -38,28 +38,53 @@ SAFE = string.ascii_letters + string.digits + "-_."
 def oracle(value: str) -> bool:
     """The documented rule: 1..128 characters of ASCII letters, digits, '-', '_', '.',
     not starting with '.' or '-'."""
-    return (1 <= len(value) <= MAX_ID_LENGTH and all(c in SAFE for c in value)
-            and value[0] not in ".-")
+    return (
+        1 <= len(value) <= MAX_ID_LENGTH and all(c in SAFE for c in value) and value[0] not in ".-"
+    )
 
 
 #: Ids the issue names, and their relatives.
-NAMED_HOSTILE = ["..", ".", "../../../../../victim", "a/b", "/abs", "a\\b", "..\\x", "",
-                 ".hidden", "-rf", "nul\x00byte", "tab\there", "line\nbreak", "esc\x1b[0m",
-                 "café", "ｆｕｌｌ", "x" * (MAX_ID_LENGTH + 1), "x" * 100_000, "run id",
-                 "a%2Fb", "run?id", "run*id", "run:id"]
+NAMED_HOSTILE = [
+    "..",
+    ".",
+    "../../../../../victim",
+    "a/b",
+    "/abs",
+    "a\\b",
+    "..\\x",
+    "",
+    ".hidden",
+    "-rf",
+    "nul\x00byte",
+    "tab\there",
+    "line\nbreak",
+    "esc\x1b[0m",
+    "café",
+    "ｆｕｌｌ",
+    "x" * (MAX_ID_LENGTH + 1),
+    "x" * 100_000,
+    "run id",
+    "a%2Fb",
+    "run?id",
+    "run*id",
+    "run:id",
+]
 
 hostile_ids = st.one_of(
     st.sampled_from(NAMED_HOSTILE),
     # any text holding a character outside the alphabet
-    st.tuples(st.text(SAFE, max_size=20),
-              st.characters(blacklist_characters=SAFE, blacklist_categories=("Cs",)),
-              st.text(max_size=20)).map("".join),
+    st.tuples(
+        st.text(SAFE, max_size=20),
+        st.characters(blacklist_characters=SAFE, blacklist_categories=("Cs",)),
+        st.text(max_size=20),
+    ).map("".join),
     st.text(SAFE, min_size=MAX_ID_LENGTH + 1, max_size=MAX_ID_LENGTH + 300),
     st.tuples(st.sampled_from(".-"), st.text(SAFE, max_size=20)).map("".join),
     st.just(""),
 )
-QUICK = settings(max_examples=25, deadline=None,
-                 suppress_health_check=[HealthCheck.function_scoped_fixture])
+QUICK = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @given(st.one_of(st.text(max_size=140), st.text(SAFE, max_size=140), hostile_ids))
@@ -75,17 +100,24 @@ def test_check_id_matches_the_documented_rule(value):
         assert len(text) < 400  # a 100,000-character id is not echoed in full
 
 
-@pytest.mark.parametrize("value", ["20261129T190133Z-5a0775", "nightly-2026-11-28", "a..b",
-                                   "_x", "A.b-c_1", "x" * MAX_ID_LENGTH])
+@pytest.mark.parametrize(
+    "value",
+    ["20261129T190133Z-5a0775", "nightly-2026-11-28", "a..b", "_x", "A.b-c_1", "x" * MAX_ID_LENGTH],
+)
 def test_valid_ids_pass(value):
     assert check_id(value, "run id") == value
 
 
 # -- config -------------------------------------------------------------------------------
 
+
 def _job(**run) -> dict:
-    return {"run": run, "input": {"uri": str(ARES)}, "output": {"uri": "out"},
-            "metrics": [{"name": "response_length", "params": {"min_chars": 1}}]}
+    return {
+        "run": run,
+        "input": {"uri": str(ARES)},
+        "output": {"uri": "out"},
+        "metrics": [{"name": "response_length", "params": {"min_chars": 1}}],
+    }
 
 
 @given(hostile_ids)
@@ -126,18 +158,20 @@ def test_calibration_config_refuses_hostile_judge_names(value):
 
 # -- command line -------------------------------------------------------------------------
 
+
 def _argv_cases(config: str, value: str) -> list[tuple[list[str], str]]:
     """(argv, what argparse names) per run id argument; ``=`` and ``--`` keep an id that
     starts with ``-`` a value."""
-    return [(["run", config, f"--run-id={value}"], "--run-id"),
-            (["nightly", config, f"--run-id={value}"], "--run-id"),
-            (["submit", config, f"--run-id={value}"], "--run-id"),
-            (["calibrate", config, f"--run-id={value}"], "--run-id"),
-            (["report", "--output", "out", "-o", "r.html", "--", value], "RUN_ID"),
-            (["report", "--output", "out", "-o", "r.html", f"--baseline={value}", "ok"],
-             "--baseline"),
-            (["compare", "--output", "out", "--", value, "ok"], "BASELINE_RUN_ID"),
-            (["compare", "--output", "out", "--", "ok", value], "CANDIDATE_RUN_ID")]
+    return [
+        (["run", config, f"--run-id={value}"], "--run-id"),
+        (["nightly", config, f"--run-id={value}"], "--run-id"),
+        (["submit", config, f"--run-id={value}"], "--run-id"),
+        (["calibrate", config, f"--run-id={value}"], "--run-id"),
+        (["report", "--output", "out", "-o", "r.html", "--", value], "RUN_ID"),
+        (["report", "--output", "out", "-o", "r.html", f"--baseline={value}", "ok"], "--baseline"),
+        (["compare", "--output", "out", "--", value, "ok"], "BASELINE_RUN_ID"),
+        (["compare", "--output", "out", "--", "ok", value], "CANDIDATE_RUN_ID"),
+    ]
 
 
 @given(hostile_ids)
@@ -156,6 +190,7 @@ def test_every_run_id_argument_refuses_hostile_ids_with_exit_2(tmp_path, value):
 
 
 # -- API and composed ids -----------------------------------------------------------------
+
 
 @given(hostile_ids)
 @QUICK
@@ -199,9 +234,20 @@ def test_calibration_checks_each_judge_run_id_before_reading_anything(tmp_path):
 
 # -- deletes ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["{root}", "{root}/", "{root}/..", "{root}/../victim",
-                                  "{root}/run_id=x/../../victim", "{root}-sibling/x", "/",
-                                  "{root}/./"])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{root}",
+        "{root}/",
+        "{root}/..",
+        "{root}/../victim",
+        "{root}/run_id=x/../../victim",
+        "{root}-sibling/x",
+        "/",
+        "{root}/./",
+    ],
+)
 def test_delete_guard_refuses_paths_outside_the_owner(tmp_path, path):
     import fsspec
 
@@ -245,6 +291,7 @@ def test_delete_guard_accepts_what_lies_below(tmp_path):
 
 # -- the reproduction, end to end ---------------------------------------------------------
 
+
 def _ragbatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("ragbatch")
     return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
@@ -260,12 +307,26 @@ def test_reproduction_exits_2_and_touches_nothing_outside_the_root(tmp_path):
     victim.mkdir()
     (victim / "keep.txt").write_text("precious")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    run = _ragbatch("run", str(REPO / "jobs/ares.yaml"), "--output", str(work / "out"),
-                    "--run-id", "../../../../../victim", cwd=REPO)
+    run = _ragbatch(
+        "run",
+        str(REPO / "jobs/ares.yaml"),
+        "--output",
+        str(work / "out"),
+        "--run-id",
+        "../../../../../victim",
+        cwd=REPO,
+    )
     assert run.returncode == 2, run.stderr
     assert "argument --run-id: run id '../../../../../victim' starts with '.'" in run.stderr
-    night = _ragbatch("nightly", str(REPO / "jobs/ares.yaml"), "--output", str(work / "out"),
-                      "--run-id", "../../../../../victim", cwd=REPO)
+    night = _ragbatch(
+        "nightly",
+        str(REPO / "jobs/ares.yaml"),
+        "--output",
+        str(work / "out"),
+        "--run-id",
+        "../../../../../victim",
+        cwd=REPO,
+    )
     assert night.returncode == 2, night.stderr
     config = yaml.safe_load((REPO / "jobs/ares.yaml").read_text())
     config["run"]["run_id"] = "../../../../../victim"

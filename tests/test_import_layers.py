@@ -15,12 +15,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_imports_point_down_the_layers():
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, (
         "an import breaks the layers of [tool.importlinter] in pyproject.toml (move the "
         "code to the layer it belongs to, or pass what it needs in from above):\n"
-        + done.stdout[-4000:] + done.stderr[-2000:])
+        + done.stdout[-4000:]
+        + done.stderr[-2000:]
+    )
     assert ", 0 broken." in done.stdout
 
 
@@ -35,9 +38,16 @@ def test_a_broken_layer_is_reported(tmp_path):
     (tmp_path / ".importlinter").write_text(
         "[importlinter]\nroot_package = layered\n\n"
         "[importlinter:contract:layers]\nname = high over low\ntype = layers\n"
-        "layers =\n    layered.high\n    layered.low\n")
+        "layers =\n    layered.high\n    layered.low\n"
+    )
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    done = subprocess.run(
+        [str(lint), "--no-cache"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+    )
     assert done.returncode == 1
     assert "layered.low -> layered.high" in done.stdout

@@ -36,12 +36,23 @@ def _job(root: Path) -> Path:
     # the callback module beside the config: 0.6 s per batch keeps the run scoring
     shutil.copy(REPO / "tests" / "support" / "binary_callbacks.py", root / "binary_callbacks.py")
     config = root / "job.yaml"
-    config.write_text(yaml.safe_dump({
-        "run": {"name": "interrupt"},
-        "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
-        "output": {"uri": str(root / "out")},
-        "metrics": [{"name": "binary", "id": "digit", "params": {"callback": "binary_callbacks:slow_digit"}}],
-    }), encoding="utf-8")
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "interrupt"},
+                "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
+                "output": {"uri": str(root / "out")},
+                "metrics": [
+                    {
+                        "name": "binary",
+                        "id": "digit",
+                        "params": {"callback": "binary_callbacks:slow_digit"},
+                    }
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     return config
 
 
@@ -69,7 +80,9 @@ def test_ctrl_c_keeps_staged_scores_and_says_how_to_resume(tmp_path):
     assert not list(out.glob("runs/**/manifest.json"))
     assert list(staging.glob("scores/attempt=1/*.parquet"))
 
-    command = stderr.split("resume it (rows already scored are not scored again): ", 1)[1].splitlines()[0]
+    command = stderr.split("resume it (rows already scored are not scored again): ", 1)[
+        1
+    ].splitlines()[0]
     assert command == f"ragbatch run {config} --run-id ctrlc"
     again = run_ragbatch(shlex.split(command)[1:], cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -79,5 +92,6 @@ def test_ctrl_c_keeps_staged_scores_and_says_how_to_resume(tmp_path):
     assert len(scores) == N_FILES * ROWS_PER_FILE
     # every fourth answer has no digit: 0.0; the others 1.0
     assert sorted(r["score"] for r in scores) == sorted(
-        [0.0] * (N_FILES * ROWS_PER_FILE // 4) + [1.0] * (N_FILES * ROWS_PER_FILE * 3 // 4))
+        [0.0] * (N_FILES * ROWS_PER_FILE // 4) + [1.0] * (N_FILES * ROWS_PER_FILE * 3 // 4)
+    )
     assert not staging.exists()

@@ -18,8 +18,9 @@ from ragbatch.analysis.intervals import (
 )
 
 
-def _scipy_percentile(data, statistic, *, seed, n_resamples=N_RESAMPLES, confidence=0.95,
-                      paired=False):
+def _scipy_percentile(
+    data, statistic, *, seed, n_resamples=N_RESAMPLES, confidence=0.95, paired=False
+):
     result = stats.bootstrap(
         data,
         statistic,
@@ -34,6 +35,7 @@ def _scipy_percentile(data, statistic, *, seed, n_resamples=N_RESAMPLES, confide
 
 
 # ---------------------------------------------------------------- bootstrap of a mean
+
 
 @pytest.mark.parametrize("confidence", [0.8, 0.95, 0.99])
 def test_bootstrap_matches_scipy_with_the_same_generator(confidence):
@@ -109,9 +111,16 @@ def test_bootstrap_rejects_non_finite_and_bad_shapes(values, match):
         bootstrap_mean_ci(values)
 
 
-@pytest.mark.parametrize("kwargs", [{"confidence": 0.0}, {"confidence": 1.0},
-                                    {"confidence": 95}, {"n_resamples": 0},
-                                    {"n_resamples": 2.5}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"confidence": 0.0},
+        {"confidence": 1.0},
+        {"confidence": 95},
+        {"n_resamples": 0},
+        {"n_resamples": 2.5},
+    ],
+)
 def test_bootstrap_rejects_bad_parameters(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         bootstrap_mean_ci([1.0, 2.0], **kwargs)
@@ -133,14 +142,17 @@ def test_bootstrap_coverage_in_seeded_simulation():
 
 # ---------------------------------------------------------------- paired difference
 
+
 def test_paired_diff_matches_scipy_paired_bootstrap():
     rng = np.random.default_rng(3)
     baseline = rng.random(25)
     candidate = baseline + rng.normal(0.1, 0.05, size=25)
     diff, low, high = paired_bootstrap_diff_ci(baseline, candidate)
     ref_low, ref_high = _scipy_percentile(
-        (baseline, candidate), lambda a, b, axis: np.mean(b - a, axis=axis),
-        seed=SEED, paired=True,
+        (baseline, candidate),
+        lambda a, b, axis: np.mean(b - a, axis=axis),
+        seed=SEED,
+        paired=True,
     )
     assert diff == pytest.approx(float(np.mean(candidate - baseline)), rel=1e-12)
     assert low == pytest.approx(ref_low, rel=1e-9)
@@ -162,7 +174,8 @@ def test_paired_diff_is_narrower_than_unpaired_for_correlated_pairs():
     _, low, high = paired_bootstrap_diff_ci(baseline, candidate)
     # Unpaired: independent resamples of each arm (scipy, two-sample statistic).
     ref_low, ref_high = _scipy_percentile(
-        (baseline, candidate), lambda a, b, axis: np.mean(b, axis=axis) - np.mean(a, axis=axis),
+        (baseline, candidate),
+        lambda a, b, axis: np.mean(b, axis=axis) - np.mean(a, axis=axis),
         seed=SEED,
     )
     assert 0.0 < low < 0.2 < high
@@ -178,6 +191,7 @@ def test_paired_diff_empty_and_errors():
 
 
 # ---------------------------------------------------------------- Wilson interval
+
 
 def test_wilson_hand_worked_five_of_ten():
     # z = 1.959964, z² = 3.841459; centre = 0.5; half-width
@@ -240,6 +254,7 @@ def test_wilson_coverage_in_seeded_simulation():
 
 # ---------------------------------------------------------------- mean_ci (summaries)
 
+
 def test_mean_ci_is_bootstrap_mean_ci_for_small_samples():
     continuous = np.sort(np.random.default_rng(21).random(1200))  # > MAX_DISTINCT distinct
     few = np.sort(np.random.default_rng(22).integers(0, 3, size=200) / 2)  # n <= MAX_DISTINCT
@@ -268,8 +283,10 @@ def test_mean_ci_normal_path_hand_formula_and_scipy():
     mean, low, high, method = intervals.mean_ci(x)
     half = 1.959963984540054 * np.std(x) / math.sqrt(6000)
     assert method == intervals.NORMAL
-    assert (low, high) == (pytest.approx(x.mean() - half, rel=1e-12),
-                           pytest.approx(x.mean() + half, rel=1e-12))
+    assert (low, high) == (
+        pytest.approx(x.mean() - half, rel=1e-12),
+        pytest.approx(x.mean() + half, rel=1e-12),
+    )
     ref_low, ref_high = _scipy_percentile((x,), np.mean, seed=5)
     width = ref_high - ref_low
     assert abs(low - ref_low) < 0.1 * width and abs(high - ref_high) < 0.1 * width

@@ -79,7 +79,12 @@ def test_parquet_row_groups_split_into_tasks_with_row_offsets(tmp_path):
     tasks = plan_read(config, target_rows_per_task=25)
     assert [(t.row_groups, t.row_offset) for t in tasks] == [((0, 1), 0), ((2, 3), 20)]
     tasks = plan_read(config, target_rows_per_task=10)
-    assert [(t.row_groups, t.row_offset) for t in tasks] == [((0,), 0), ((1,), 10), ((2,), 20), ((3,), 30)]
+    assert [(t.row_groups, t.row_offset) for t in tasks] == [
+        ((0,), 0),
+        ((1,), 10),
+        ((2,), 20),
+        ((3,), 30),
+    ]
     parts = [read_task(t, config) for t in tasks]
     assert [p.num_rows for p in parts] == [10, 10, 10, 5]
     assert [p["i"][0].as_py() for p in parts] == [t.row_offset for t in tasks]
@@ -116,8 +121,11 @@ def test_hive_partition_values_are_unquoted_and_hive_null_is_null(tmp_path):
 def test_inconsistent_partition_levels_are_an_error(tmp_path):
     write_csv(tmp_path / "app=a" / "x.csv", "q\n1\n")
     write_csv(tmp_path / "y.csv", "q\n2\n")
-    with pytest.raises(InputError, match=r"hive partition directories differ.*"
-                                         r"app=a/x.csv has \['app'\] but y.csv has \[\]"):
+    with pytest.raises(
+        InputError,
+        match=r"hive partition directories differ.*"
+        r"app=a/x.csv has \['app'\] but y.csv has \[\]",
+    ):
         plan_read(cfg(tmp_path))
 
 
@@ -128,7 +136,9 @@ def test_jsonl_keeps_values_and_marks_mixed_columns(tmp_path):
         {"q": None, "answer": {"text": "x"}, "extra": True},
     ]
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n\n", encoding="utf-8")
+    path.write_text(
+        "\n".join(json.dumps(x, ensure_ascii=False) for x in lines) + "\n\n", encoding="utf-8"
+    )
     _, got = read_all(cfg(path))
     assert got.column_names == ["q", "answer", "n", "ctx", "extra", NONSTRING_COLUMN]
     assert got["q"].to_pylist() == ["héllo 世界 👋", "second", None]
@@ -149,7 +159,9 @@ def test_json_array_and_json_lines_with_json_extension(tmp_path):
         tasks, got = read_all(cfg(tmp_path / name))
         assert tasks[0].format == "json"
         assert got.to_pylist() == records
-    assert peek_schema(cfg(tmp_path / "arr.json")) == pa.schema([("q", pa.string()), ("k", pa.int64())])
+    assert peek_schema(cfg(tmp_path / "arr.json")) == pa.schema(
+        [("q", pa.string()), ("k", pa.int64())]
+    )
 
 
 def test_csv_reads_every_column_as_string_and_only_empty_as_null(tmp_path):
@@ -158,7 +170,9 @@ def test_csv_reads_every_column_as_string_and_only_empty_as_null(tmp_path):
         'id,q,latency\n007,"multi\nline, with comma",1.5\n008,,NA\n009,"",null\n',
     )
     _, got = read_all(cfg(path))
-    assert got.schema == pa.schema([("id", pa.string()), ("q", pa.string()), ("latency", pa.string())])
+    assert got.schema == pa.schema(
+        [("id", pa.string()), ("q", pa.string()), ("latency", pa.string())]
+    )
     assert got.to_pydict() == {
         "id": ["007", "008", "009"],
         "q": ["multi\nline, with comma", None, None],
@@ -274,8 +288,11 @@ def test_fingerprint_uses_metadata_only(tmp_path):
     tasks = plan_read(config)
     fp = input_fingerprint(config, tasks)
     assert fp["files"] == [
-        {"path": str(tmp_path / "b.csv"), "size": 4,
-         "etag_or_mtime": fp["files"][0]["etag_or_mtime"]}
+        {
+            "path": str(tmp_path / "b.csv"),
+            "size": 4,
+            "etag_or_mtime": fp["files"][0]["etag_or_mtime"],
+        }
     ]
     assert fp["files"][0]["etag_or_mtime"] is not None
     assert len(fp["sha256"]) == 64 and input_fingerprint(config, tasks) == fp
@@ -306,8 +323,14 @@ def test_ares_tsv_has_200_rows_and_8_columns():
     _, got = read_all(config)
     assert got.shape == (200, 8)
     assert got.column_names == [
-        "Reaction", "Sources", "Question", "Document", "Answer",
-        "Context_Relevance_Label", "Answer_Faithfulness_Label", "Answer_Relevance_Label",
+        "Reaction",
+        "Sources",
+        "Question",
+        "Document",
+        "Answer",
+        "Context_Relevance_Label",
+        "Answer_Faithfulness_Label",
+        "Answer_Relevance_Label",
     ]
     assert all(t == pa.string() for t in got.schema.types)
     with ARES.open(newline="", encoding="utf-8") as handle:
@@ -322,8 +345,12 @@ def test_tonic_directory_reads_six_runs_with_system_column():
     assert len(tasks) == 6
     assert got.num_rows == 330
     assert got.column_names == [
-        "reference_question", "reference_answer", "llm_answer", "llm_context",
-        "answer_similarity", "system",
+        "reference_question",
+        "reference_answer",
+        "llm_answer",
+        "llm_context",
+        "answer_similarity",
+        "system",
     ]
     counts = got.group_by("system").aggregate([("system", "count")]).to_pydict()
     assert dict(zip(counts["system"], counts["system_count"])) == {
@@ -335,8 +362,12 @@ def test_tonic_directory_reads_six_runs_with_system_column():
 def test_trulens_csv_contexts_are_excerpts():
     config = cfg(
         TRULENS,
-        columns={"question": "query", "contexts": "rag_context", "answer": "llm_answer",
-                 "reference": "expected_response"},
+        columns={
+            "question": "query",
+            "contexts": "rag_context",
+            "answer": "llm_answer",
+            "reference": "expected_response",
+        },
     )
     tasks, raw = read_all(config)
     assert raw.shape == (60, 37)
@@ -365,8 +396,10 @@ def test_empty_directory(tmp_path):
 
 def test_directory_without_data_files_lists_what_it_found(tmp_path):
     (tmp_path / "LICENSE").write_text("MIT")
-    with pytest.raises(InputError,
-                       match=r"no data files: the directory holds 1 file\(s\) \(0 hidden, e\.g\. LICENSE\)"):
+    with pytest.raises(
+        InputError,
+        match=r"no data files: the directory holds 1 file\(s\) \(0 hidden, e\.g\. LICENSE\)",
+    ):
         plan_read(cfg(tmp_path))
 
 
@@ -382,7 +415,9 @@ def test_mixed_formats_are_listed(tmp_path):
     with pytest.raises(InputError) as info:
         plan_read(cfg(tmp_path))
     message = str(info.value)
-    assert "mixes file formats (csv: 1 file(s), e.g. a.csv; jsonl: 2 file(s), e.g. b.jsonl)" in message
+    assert (
+        "mixes file formats (csv: 1 file(s), e.g. a.csv; jsonl: 2 file(s), e.g. b.jsonl)" in message
+    )
     assert "input.format" in message
     assert [t.file_key for t in plan_read(cfg(tmp_path, format="jsonl"))] == ["b.jsonl", "c.jsonl"]
 
@@ -409,7 +444,9 @@ def test_json_line_that_is_not_an_object(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"q": "a"}\n[1, 2]\n')
     config = cfg(path)
-    with pytest.raises(InputError, match=r"line 2: expected a JSON object \(one record per line\), got list"):
+    with pytest.raises(
+        InputError, match=r"line 2: expected a JSON object \(one record per line\), got list"
+    ):
         read_task(plan_read(config)[0], config)
 
 
@@ -437,7 +474,9 @@ def test_misencoded_jsonl(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"q": "a"}\n{"q": "caf\xe9"}\n')
     config = cfg(path)
-    with pytest.raises(InputError, match=r"byte 0xe9 at byte offset 21 \(line 2\).*input\.encoding"):
+    with pytest.raises(
+        InputError, match=r"byte 0xe9 at byte offset 21 \(line 2\).*input\.encoding"
+    ):
         read_task(plan_read(config)[0], config)
 
 

@@ -55,11 +55,16 @@ def test_csv_on_s3(s3_storage_options, s3_bucket):
 
 def test_partitioned_parquet_dataset_on_s3(s3_storage_options, s3_bucket):
     big = pa.table({"q": [f"q{i}" for i in range(30)]})
-    upload(s3_storage_options, {
-        f"{s3_bucket}/ds/day=2024-01-02/part-0.parquet": parquet_bytes(big, row_group_size=10),
-        f"{s3_bucket}/ds/day=2024-01-01/part-0.parquet": parquet_bytes(pa.table({"q": ["only"]})),
-        f"{s3_bucket}/ds/_SUCCESS": b"",
-    })
+    upload(
+        s3_storage_options,
+        {
+            f"{s3_bucket}/ds/day=2024-01-02/part-0.parquet": parquet_bytes(big, row_group_size=10),
+            f"{s3_bucket}/ds/day=2024-01-01/part-0.parquet": parquet_bytes(
+                pa.table({"q": ["only"]})
+            ),
+            f"{s3_bucket}/ds/_SUCCESS": b"",
+        },
+    )
     config = InputSection(uri=f"s3://{s3_bucket}/ds", storage_options=s3_storage_options)
     tasks = plan_read(config, target_rows_per_task=20)
     assert [(t.file_key, t.row_offset, t.row_groups) for t in tasks] == [
@@ -69,7 +74,10 @@ def test_partitioned_parquet_dataset_on_s3(s3_storage_options, s3_bucket):
     ]
     tables = [read_task(t, config) for t in tasks]
     assert [t.num_rows for t in tables] == [1, 20, 10]
-    assert tables[2].to_pydict() == {"q": [f"q{i}" for i in range(20, 30)], "day": ["2024-01-02"] * 10}
+    assert tables[2].to_pydict() == {
+        "q": [f"q{i}" for i in range(20, 30)],
+        "day": ["2024-01-02"] * 10,
+    }
     assert peek_schema(config) == pa.schema([("q", pa.string()), ("day", pa.string())])
     fingerprint = input_fingerprint(config, tasks)
     assert [f["path"] for f in fingerprint["files"]] == [
@@ -80,11 +88,14 @@ def test_partitioned_parquet_dataset_on_s3(s3_storage_options, s3_bucket):
 
 
 def test_glob_on_s3(s3_storage_options, s3_bucket):
-    upload(s3_storage_options, {
-        f"{s3_bucket}/g/a.jsonl": b'{"q": "a"}\n',
-        f"{s3_bucket}/g/b.jsonl": b'{"q": "b"}\n',
-        f"{s3_bucket}/g/c.csv": b"q\nc\n",
-    })
+    upload(
+        s3_storage_options,
+        {
+            f"{s3_bucket}/g/a.jsonl": b'{"q": "a"}\n',
+            f"{s3_bucket}/g/b.jsonl": b'{"q": "b"}\n',
+            f"{s3_bucket}/g/c.csv": b"q\nc\n",
+        },
+    )
     config = InputSection(uri=f"s3://{s3_bucket}/g/*.jsonl", storage_options=s3_storage_options)
     tasks = plan_read(config)
     assert [t.file_key for t in tasks] == ["a.jsonl", "b.jsonl"]
@@ -122,7 +133,9 @@ def test_bad_credentials_are_reported(s3_storage_options, s3_bucket):
 
 
 def test_s3_defaults_and_user_overrides(s3_storage_options):
-    fs, path = resolve("s3://b/k.csv", {**s3_storage_options, "config_kwargs": {"read_timeout": 99}})
+    fs, path = resolve(
+        "s3://b/k.csv", {**s3_storage_options, "config_kwargs": {"read_timeout": 99}}
+    )
     assert path == "b/k.csv"
     assert fs.retries == 2
     assert fs.config_kwargs["read_timeout"] == 99
@@ -133,6 +146,10 @@ def test_s3_defaults_and_user_overrides(s3_storage_options):
 
 
 def test_storage_error_advice_names_the_config_section():
-    error = describe_storage_error("s3://b/out", FileNotFoundError("NoSuchBucket"), section="output")
-    assert str(error) == ("s3://b/out: not found (NoSuchBucket); check that the bucket and path in "
-                          "output.uri exist and are spelled right")
+    error = describe_storage_error(
+        "s3://b/out", FileNotFoundError("NoSuchBucket"), section="output"
+    )
+    assert str(error) == (
+        "s3://b/out: not found (NoSuchBucket); check that the bucket and path in "
+        "output.uri exist and are spelled right"
+    )

@@ -70,7 +70,11 @@ def test_duplicate_rows_get_distinct_ids_and_ids_use_row_offset():
     raw = pa.table({"q": ["same", "same", "same"]})
     task = ReadTask("/d/p.parquet", "run=1/p.parquet", "parquet", row_offset=40, row_groups=(4,))
     out = normalize(raw, cfg(columns={"question": "q"}), task)
-    assert out["row_id"].to_pylist() == ["run=1/p.parquet:40", "run=1/p.parquet:41", "run=1/p.parquet:42"]
+    assert out["row_id"].to_pylist() == [
+        "run=1/p.parquet:40",
+        "run=1/p.parquet:41",
+        "run=1/p.parquet:42",
+    ]
 
 
 def test_row_ids_are_stable_across_two_reads(tmp_path):
@@ -79,8 +83,12 @@ def test_row_ids_are_stable_across_two_reads(tmp_path):
     config = InputSection(uri=str(path), columns={"question": "q"})
     runs = []
     for _ in range(2):
-        runs.append([normalize(read_task(t, config), config, t)["row_id"].to_pylist()
-                     for t in plan_read(config)])
+        runs.append(
+            [
+                normalize(read_task(t, config), config, t)["row_id"].to_pylist()
+                for t in plan_read(config)
+            ]
+        )
     assert runs[0] == runs[1] == [["t.csv:0", "t.csv:1", "t.csv:2"]]
 
 
@@ -94,7 +102,10 @@ def test_mapped_row_id_column_is_cast_to_string():
 @pytest.mark.parametrize(
     "ids, message",
     [
-        (["a", None, None], r"f\.csv: the row_id column 'id' is null in 2 row\(s\) \(first at row 1\)"),
+        (
+            ["a", None, None],
+            r"f\.csv: the row_id column 'id' is null in 2 row\(s\) \(first at row 1\)",
+        ),
         (["a", "b", "a"], r"f\.csv: the row_id column 'id' repeats 1 value\(s\) \(e\.g\. 'a'\)"),
     ],
 )
@@ -129,10 +140,12 @@ def test_text_passes_through_byte_identical():
 
 
 def test_large_string_and_dictionary_columns_are_text():
-    raw = pa.table({
-        "q": pa.array(["a", None], pa.large_string()),
-        "r": pa.array(["x", "x"]).dictionary_encode(),
-    })
+    raw = pa.table(
+        {
+            "q": pa.array(["a", None], pa.large_string()),
+            "r": pa.array(["x", "x"]).dictionary_encode(),
+        }
+    )
     out = normalize(raw, cfg(columns={"question": "q", "reference": "r"}), TASK)
     assert out["question"].to_pylist() == ["a", None]
     assert out["reference"].to_pylist() == ["x", "x"]
@@ -198,7 +211,9 @@ def test_latency_seconds_milliseconds_and_bad_values():
 
 
 def test_latency_numeric_columns():
-    raw = pa.table({"l": pa.array([1, 2, None], pa.int32()), "d": pa.array([1500, None, 2], pa.duration("ms"))})
+    raw = pa.table(
+        {"l": pa.array([1, 2, None], pa.int32()), "d": pa.array([1500, None, 2], pa.duration("ms"))}
+    )
     out = normalize(raw, cfg(columns={"latency_s": "l"}), TASK)
     assert out["latency_s"].to_pylist() == [1.0, 2.0, None]
     out = normalize(raw, cfg(columns={"latency_s": "d"}, latency_unit="ms"), TASK)
@@ -262,8 +277,10 @@ def test_contexts_json_list_of_objects():
     ]
     got, notes = contexts_of(values, contexts_field="excerpt")
     assert got == [["first", "second"], None, ["e"], None]
-    assert notes[1] == ("contexts: item 0 is an object without the field 'excerpt' "
-                        "(input.contexts_field); its keys: [\"page_content\", \"metadata\"]")
+    assert notes[1] == (
+        "contexts: item 0 is an object without the field 'excerpt' "
+        "(input.contexts_field); its keys: [\"page_content\", \"metadata\"]"
+    )
 
 
 def test_contexts_json_format_problems():
@@ -293,19 +310,25 @@ def test_contexts_list_columns():
     assert got == [["a", None], [], None] and notes == [None] * 3
     structs = pa.list_(pa.struct([("excerpt", pa.string()), ("score", pa.float64())]))
     got, notes = contexts_of(
-        [[{"excerpt": "e1", "score": 0.5}, None, {"excerpt": None, "score": 1.0}], [], None], structs
+        [[{"excerpt": "e1", "score": 0.5}, None, {"excerpt": None, "score": 1.0}], [], None],
+        structs,
     )
     assert got == [["e1", None, None], [], None] and notes == [None] * 3
     got, notes = contexts_of([[1, 2], None], pa.list_(pa.int64()))
     assert got == [None, None]
-    assert notes == ["contexts: item 0 is int (1); expected a string or an object with a text field", None]
+    assert notes == [
+        "contexts: item 0 is int (1); expected a string or an object with a text field",
+        None,
+    ]
 
 
 def test_contexts_list_format_rejects_strings():
     got, notes = contexts_of(['["a"]', None], contexts_format="list")
     assert got == [None, None]
-    assert notes == ["contexts: expected a list (input.contexts_format is 'list'), got a string "
-                     "('[\"a\"]')", None]
+    assert notes == [
+        "contexts: expected a list (input.contexts_format is 'list'), got a string ('[\"a\"]')",
+        None,
+    ]
 
 
 def test_contexts_from_numbers():
@@ -316,19 +339,33 @@ def test_contexts_from_numbers():
 
 def test_contexts_unicode_survives_json_decoding():
     items = ["漢字", "👩‍👩‍👧", "e\u0301", "tab\tin", "quote \" and \\ slash"]
-    got, _ = contexts_of([json.dumps(items, ensure_ascii=True), json.dumps(items, ensure_ascii=False)])
+    got, _ = contexts_of(
+        [json.dumps(items, ensure_ascii=True), json.dumps(items, ensure_ascii=False)]
+    )
     assert got == [items, items]
 
 
 def test_contexts_from_mixed_json_column(tmp_path):
     path = tmp_path / "t.jsonl"
-    rows = [{"c": ["a", "b"]}, {"c": "single"}, {"c": 5}, {"c": [{"excerpt": "e"}]}, {"c": "[\"j\"]"}]
+    rows = [
+        {"c": ["a", "b"]},
+        {"c": "single"},
+        {"c": 5},
+        {"c": [{"excerpt": "e"}]},
+        {"c": "[\"j\"]"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     config = InputSection(uri=str(path), columns={"contexts": "c"})
     task = plan_read(config)[0]
     out = normalize(read_task(task, config), config, task)
     assert out["contexts"].to_pylist() == [["a", "b"], ["single"], None, ["e"], ["j"]]
-    assert issues(out, "contexts") == [None, None, "contexts: expected a list or a string, got int (5)", None, None]
+    assert issues(out, "contexts") == [
+        None,
+        None,
+        "contexts: expected a list or a string, got int (5)",
+        None,
+        None,
+    ]
 
 
 def test_lone_surrogate_in_json_context_is_an_issue():
@@ -341,19 +378,32 @@ json_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), ma
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.one_of(st.none(), json_text), max_size=4), min_size=1, max_size=6),
-       st.booleans())
+@given(
+    st.lists(st.lists(st.one_of(st.none(), json_text), max_size=4), min_size=1, max_size=6),
+    st.booleans(),
+)
 def test_batch_json_decoding_matches_python(lists, ascii_only):
     encoded = [json.dumps(x, ensure_ascii=ascii_only) for x in lists]
     fast = _strict_json_lists(pa.array(encoded))
     assert fast is not None
-    assert fast.to_pylist() == [_parse_one(e, cfg(contexts_format="json"), quote)[0] for e in encoded] == lists
+    assert (
+        fast.to_pylist()
+        == [_parse_one(e, cfg(contexts_format="json"), quote)[0] for e in encoded]
+        == lists
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(st.none(), json_text,
-                          st.lists(st.one_of(json_text, st.integers(), st.none()), max_size=3).map(json.dumps)),
-                max_size=8))
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            json_text,
+            st.lists(st.one_of(json_text, st.integers(), st.none()), max_size=3).map(json.dumps),
+        ),
+        max_size=8,
+    )
+)
 def test_auto_contexts_never_lose_rows(values):
     got, notes = contexts_of(values)
     assert len(got) == len(values)
@@ -370,10 +420,16 @@ def test_auto_contexts_never_lose_rows(values):
 
 
 def test_unmapped_columns_become_slices_and_reserved_names_are_renamed():
-    schema = pa.schema([
-        ("q", pa.string()), ("metric", pa.string()), ("score", pa.float64()),
-        ("app", pa.string()), ("cell::x", pa.string()), ("input_metric", pa.int64()),
-    ])
+    schema = pa.schema(
+        [
+            ("q", pa.string()),
+            ("metric", pa.string()),
+            ("score", pa.float64()),
+            ("app", pa.string()),
+            ("cell::x", pa.string()),
+            ("input_metric", pa.int64()),
+        ]
+    )
     config = cfg(columns={"question": "q"})
     assert slice_columns(config, schema) == [
         ("metric", "input_input_metric"),
@@ -382,10 +438,24 @@ def test_unmapped_columns_become_slices_and_reserved_names_are_renamed():
         ("cell::x", "cell::x"),  # internal columns live under __ragbatch_, so this one is free
         ("input_metric", "input_metric"),
     ]
-    raw = pa.table({"q": ["a"], "metric": ["m"], "score": [1.0], "app": ["x"], "cell::x": ["c"],
-                    "input_metric": [3]})
+    raw = pa.table(
+        {
+            "q": ["a"],
+            "metric": ["m"],
+            "score": [1.0],
+            "app": ["x"],
+            "cell::x": ["c"],
+            "input_metric": [3],
+        }
+    )
     out = normalize(raw, config, TASK)
-    assert out.column_names[7:] == ["input_input_metric", "input_score", "app", "cell::x", "input_metric"]
+    assert out.column_names[7:] == [
+        "input_input_metric",
+        "input_score",
+        "app",
+        "cell::x",
+        "input_metric",
+    ]
     assert out.slice(0, 1).to_pylist()[0]["input_score"] == 1.0
 
 
@@ -401,8 +471,11 @@ def test_explicit_slice_columns_and_missing_ones():
 
 def test_missing_mapped_column_in_a_file():
     raw = pa.table({"q": ["a"]})
-    with pytest.raises(InputError, match=r"f\.csv: column 'ans' \(input\.columns\.answer\) "
-                                         r"is missing from this file; it has: 'q'"):
+    with pytest.raises(
+        InputError,
+        match=r"f\.csv: column 'ans' \(input\.columns\.answer\) "
+        r"is missing from this file; it has: 'q'",
+    ):
         normalize(raw, cfg(columns={"answer": "ans"}), TASK)
 
 
@@ -421,13 +494,15 @@ def test_check_columns_lists_available_columns():
 
 
 def test_check_columns_types():
-    schema = pa.schema([
-        ("n", pa.int64()),
-        ("s", pa.string()),
-        ("objs", pa.list_(pa.struct([("id", pa.int64()), ("body", pa.string())]))),
-        ("flag", pa.bool_()),
-        ("nested", pa.list_(pa.string())),
-    ])
+    schema = pa.schema(
+        [
+            ("n", pa.int64()),
+            ("s", pa.string()),
+            ("objs", pa.list_(pa.struct([("id", pa.int64()), ("body", pa.string())]))),
+            ("flag", pa.bool_()),
+            ("nested", pa.list_(pa.string())),
+        ]
+    )
     config = cfg(columns={"contexts": "n", "answer": "n", "latency_s": "flag", "row_id": "nested"})
     assert check_columns(config, schema) == [
         "input.columns.row_id: column 'nested' has type list<item: string>; row ids need strings or integers",
@@ -466,7 +541,9 @@ def test_sliced_and_chunked_input_gives_the_same_result():
 
 
 def test_object_items_take_the_first_text_field_with_a_value_in_every_path():
-    items = [[{"text": "a"}, {"excerpt": "b"}, {"text": None, "content": "c"}, {"text": None}, None]]
+    items = [
+        [{"text": "a"}, {"excerpt": "b"}, {"text": None, "content": "c"}, {"text": None}, None]
+    ]
     expected = [["a", "b", "c", None, None]]
     from_json, notes = contexts_of([json.dumps(items[0])])
     assert from_json == expected and notes == [None]

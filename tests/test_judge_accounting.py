@@ -42,13 +42,22 @@ LONG_ANSWER = "Paris is in France. " * 2000  # 40,000 characters: 10,000 tokens 
 
 
 def _frame(answers: list[str]) -> pl.DataFrame:
-    return pl.DataFrame({"row_id": [f"r{i}" for i in range(len(answers))],
-                         "question": ["Where is Paris?"] * len(answers),
-                         "contexts": [["Paris is in France."]] * len(answers),
-                         "answer": answers, "reference": [None] * len(answers)},
-                        schema={"row_id": pl.String, "question": pl.String,
-                                "contexts": pl.List(pl.String), "answer": pl.String,
-                                "reference": pl.String})
+    return pl.DataFrame(
+        {
+            "row_id": [f"r{i}" for i in range(len(answers))],
+            "question": ["Where is Paris?"] * len(answers),
+            "contexts": [["Paris is in France."]] * len(answers),
+            "answer": answers,
+            "reference": [None] * len(answers),
+        },
+        schema={
+            "row_id": pl.String,
+            "question": pl.String,
+            "contexts": pl.List(pl.String),
+            "answer": pl.String,
+            "reference": pl.String,
+        },
+    )
 
 
 def _tokens(request) -> int:
@@ -79,14 +88,22 @@ def test_refused_request_is_not_a_call_and_its_tokens_are_kept_apart(tmp_path):
     # The rerun: r0 comes from the cache (not calls); r1 is refused again, and only it.
     again = RecordedReplies([], max_model_len=WINDOW)
     again.model_id = engine.model_id
-    runner = JudgeRunner(again, [Faithfulness.from_params({})],
-                         cache=JudgmentCache(str(tmp_path / "cache"), {}, ["faithfulness"]))
+    runner = JudgeRunner(
+        again,
+        [Faithfulness.from_params({})],
+        cache=JudgmentCache(str(tmp_path / "cache"), {}, ["faithfulness"]),
+    )
     cells2, records2 = judge_frame(runner, _frame(answers))["faithfulness"]
     assert cells2 == cells and len(again.requests) == 1
     assert runner.take_tallies()["faithfulness"] == {
-        "judge_calls": 0, "cache_hits": 2, "prompt_tokens": 0, "completion_tokens": 0,
-        "cached_prompt_tokens": 0, "refused_too_long": 1,
-        "refused_prompt_tokens": _tokens(refused[0])}
+        "judge_calls": 0,
+        "cache_hits": 2,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "refused_too_long": 1,
+        "refused_prompt_tokens": _tokens(refused[0]),
+    }
     assert records2[0]["judge_calls"] == 0 and records2[0]["cache_hits"] == 2
 
 
@@ -103,7 +120,8 @@ def test_dry_run_estimate_and_pilot_count_refused_requests_apart():
 
     metric = Faithfulness.from_params({})
     sample = _frame(["Paris is in France.", LONG_ANSWER]).with_columns(
-        latency_s=pl.lit(None, pl.Float64))
+        latency_s=pl.lit(None, pl.Float64)
+    )
     counter = PromptCounter("chars/4", "test")
     spec = SimpleNamespace(max_tokens=16, batch_size=64)
     [alone] = estimate_stage([metric], spec, sample.head(1), counter, CacheProbe("off"), WINDOW)
@@ -132,17 +150,30 @@ E2E_WINDOW = 8192
 def _server_counters(base: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    return {name: int(float(value)) for name, value in
-            (line.split() for line in text.splitlines() if line and not line.startswith("#"))}
+    return {
+        name: int(float(value))
+        for name, value in (
+            line.split() for line in text.splitlines() if line and not line.startswith("#")
+        )
+    }
 
 
 @pytest.fixture
 def instant_judge(tmp_path):
     """The stand-in judge on a free loopback port, reporting a window of E2E_WINDOW."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "instant_judge.py"),
-                             "--port", str(port), "--max-model-len", str(E2E_WINDOW)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "instant_judge.py"),
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(E2E_WINDOW),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -163,18 +194,38 @@ def _job_dict(tmp_path: Path, base: str) -> dict:
     src = tmp_path / "in"
     if not src.exists():
         src.mkdir()
-        pq.write_table(pa.table({
-            "q": ["Where is Paris?", "What is the capital of Italy?", "Where is Paris?"],
-            "c": ["Paris is the capital of France.", "Rome is the capital of Italy.",
-                  "Paris is the capital of France."],
-            "a": ["Paris is in France.", "Rome.", LONG_ANSWER * 2],  # the last: 20,000 tokens
-        }), src / "rows.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "q": ["Where is Paris?", "What is the capital of Italy?", "Where is Paris?"],
+                    "c": [
+                        "Paris is the capital of France.",
+                        "Rome is the capital of Italy.",
+                        "Paris is the capital of France.",
+                    ],
+                    "a": [
+                        "Paris is in France.",
+                        "Rome.",
+                        LONG_ANSWER * 2,
+                    ],  # the last: 20,000 tokens
+                }
+            ),
+            src / "rows.parquet",
+        )
     return {
         "run": {"name": "accounting"},
         "input": {"uri": str(src), "columns": {"question": "q", "contexts": "c", "answer": "a"}},
         "output": {"uri": str(tmp_path / "out")},
-        "engines": {"judge": {"type": "openai", "base_url": f"{base}/v1", "model": "instant",
-                              "concurrency": 1, "batch_size": 8, "max_tokens": 256}},
+        "engines": {
+            "judge": {
+                "type": "openai",
+                "base_url": f"{base}/v1",
+                "model": "instant",
+                "concurrency": 1,
+                "batch_size": 8,
+                "max_tokens": 256,
+            }
+        },
         "metrics": [{"name": m, "engine": "judge"} for m in JUDGE_METRICS],
     }
 
@@ -184,9 +235,13 @@ def _cli_run(tmp_path: Path, base: str, run_id: str) -> tuple[dict, str, str]:
     stderr."""
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_job_dict(tmp_path, base)))
-    proc = subprocess.run([str(Path(sys.executable).with_name("ragbatch")), "run", str(config),
-                           "--run-id", run_id], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("ragbatch")), "run", str(config), "--run-id", run_id],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "out").glob(f"runs/*/run_id={run_id}/manifest.json")
     return json.loads(path.read_text()), proc.stdout, proc.stderr
@@ -206,7 +261,9 @@ def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp
     assert total["judge_calls"] == calls and total["prompt_tokens"] == tokens
     assert total["refused_too_long"] == len(JUDGE_METRICS)
     assert total["refused_prompt_tokens"] > len(JUDGE_METRICS) * E2E_WINDOW
-    assert all(first_manifest["judge"]["metrics"][m]["refused_too_long"] == 1 for m in JUDGE_METRICS)
+    assert all(
+        first_manifest["judge"]["metrics"][m]["refused_too_long"] == 1 for m in JUDGE_METRICS
+    )
     engine = first_manifest["judge"]["engines"]["judge"]
     assert engine["context_too_long"] == len(JUDGE_METRICS) and engine["prompt_tokens"] == tokens
     # The actor stage is placed with Ray Data's supported parameters: no deprecation
@@ -220,11 +277,17 @@ def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp
     for counter in ("vllm:request_success_total", "vllm:prompt_tokens_total"):
         assert after[counter] == served[counter], "a chat request reached the judge"
     assert second.manifest.judge.total.model_dump() == {
-        "judge_calls": 0, "cache_hits": calls, "prompt_tokens": 0, "completion_tokens": 0,
-        "cached_prompt_tokens": 0, "refused_too_long": len(JUDGE_METRICS),
-        "refused_prompt_tokens": total["refused_prompt_tokens"]}
+        "judge_calls": 0,
+        "cache_hits": calls,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_prompt_tokens": 0,
+        "refused_too_long": len(JUDGE_METRICS),
+        "refused_prompt_tokens": total["refused_prompt_tokens"],
+    }
     refused = duckdb.sql(
         f"SELECT metric, judge_calls, prompt_tokens FROM read_parquet("
         f"'{tmp_path}/out/scores/**/*.parquet', hive_partitioning=true) "
-        f"WHERE run_id = 'second' AND status = 'context_too_long' ORDER BY metric").fetchall()
+        f"WHERE run_id = 'second' AND status = 'context_too_long' ORDER BY metric"
+    ).fetchall()
     assert refused == [(m, 0, 0) for m in sorted(JUDGE_METRICS)]

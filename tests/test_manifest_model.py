@@ -24,15 +24,29 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "output-schema.md"
 #: A manifest as a run before ``schema_version`` wrote it (values made up, shape real).
 OLD = {
     "ragbatch_version": "0.9.0",
-    "run": {"id": "r1", "name": "demo", "date": "2026-11-28", "status": "committed",
-            "started_at": "2026-11-28T01:00:00+00:00", "finished_at": "2026-11-28T01:02:03+00:00",
-            "uri_templates": {"input.uri": "in/run_date={run_date}/"}},
+    "run": {
+        "id": "r1",
+        "name": "demo",
+        "date": "2026-11-28",
+        "status": "committed",
+        "started_at": "2026-11-28T01:00:00+00:00",
+        "finished_at": "2026-11-28T01:02:03+00:00",
+        "uri_templates": {"input.uri": "in/run_date={run_date}/"},
+    },
     "config": {"input": {"uri": "in/run_date=2026-11-28/", "storage_options": {"key": "***"}}},
-    "input": {"uri": "in/run_date=2026-11-28/", "read_tasks": 2, "rows": 3,
-              "fingerprint": {"sha256": "ab12", "files": [["a.parquet", 10, "e1"]]},
-              "slice_columns": [{"input": "App", "output": "app"}]},
-    "output": {"root": "out", "scores": "out/scores/x", "summary": "out/summary/x/summary.parquet",
-               "manifest": "out/runs/x/manifest.json"},
+    "input": {
+        "uri": "in/run_date=2026-11-28/",
+        "read_tasks": 2,
+        "rows": 3,
+        "fingerprint": {"sha256": "ab12", "files": [["a.parquet", 10, "e1"]]},
+        "slice_columns": [{"input": "App", "output": "app"}],
+    },
+    "output": {
+        "root": "out",
+        "scores": "out/scores/x",
+        "summary": "out/summary/x/summary.parquet",
+        "manifest": "out/runs/x/manifest.json",
+    },
     "stages": [{"kind": "expression", "metrics": ["exact_match"]}],
     "metrics": [{"id": "em", "name": "exact_match", "kind": "expression", "params": {}}],
     "models": {},
@@ -43,16 +57,45 @@ OLD = {
     "python": "3.12.3",
     "platform": "Linux-x86_64",
     "ray": {"address": "local", "started_locally": True},
-    "judge": {"metrics": {}, "total": {k: 0 for k in (
-        "judge_calls", "cache_hits", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-        "refused_too_long", "refused_prompt_tokens")}, "engines": {}},
+    "judge": {
+        "metrics": {},
+        "total": {
+            k: 0
+            for k in (
+                "judge_calls",
+                "cache_hits",
+                "prompt_tokens",
+                "completion_tokens",
+                "cached_prompt_tokens",
+                "refused_too_long",
+                "refused_prompt_tokens",
+            )
+        },
+        "engines": {},
+    },
     "pii": {},
-    "resume": {"attempt": 2, "resumed": True, "rows_reused": 1, "files_reused": 1,
-               "files_set_aside": 0},
-    "faults": {"error_budget": 0.01, "stages": {"engine m": {"batches": 1, "failed_rows": 0}},
-               "total": {"batches": 1, "failed_rows": 0}},
-    "placement": {"model:m": {"bundles": [{"CPU": 1.0}], "min_actors": 1, "max_actors": 2,
-                              "actors": 1, "actor_starts": 1, "node_ids": ["n1"]}},
+    "resume": {
+        "attempt": 2,
+        "resumed": True,
+        "rows_reused": 1,
+        "files_reused": 1,
+        "files_set_aside": 0,
+    },
+    "faults": {
+        "error_budget": 0.01,
+        "stages": {"engine m": {"batches": 1, "failed_rows": 0}},
+        "total": {"batches": 1, "failed_rows": 0},
+    },
+    "placement": {
+        "model:m": {
+            "bundles": [{"CPU": 1.0}],
+            "min_actors": 1,
+            "max_actors": 2,
+            "actors": 1,
+            "actor_starts": 1,
+            "node_ids": ["n1"],
+        }
+    },
     "summary": {"confidence": 0.95},
     "diagnostics": {},
 }
@@ -73,7 +116,9 @@ def test_an_old_manifest_reads_as_version_1_and_writes_back_the_same(tmp_path):
     assert manifest.metric_names == {"em": "exact_match"}
     written = manifest.to_json_dict()
     assert list(written) == ["schema_version", *OLD]
-    assert json.dumps({k: v for k, v in written.items() if k != "schema_version"}) == json.dumps(OLD)
+    assert json.dumps({k: v for k, v in written.items() if k != "schema_version"}) == json.dumps(
+        OLD
+    )
 
 
 def test_numbers_keep_their_json_type(tmp_path):
@@ -96,8 +141,11 @@ def test_sections_added_later_read_as_empty_and_unknown_keys_are_kept():
 
 def test_a_newer_schema_version_is_refused_with_the_fix(tmp_path):
     path = _write(tmp_path, {**OLD, "schema_version": SCHEMA_VERSION + 1})
-    with pytest.raises(InputError, match=rf"{re.escape(str(path))} cannot be read: schema_version: .*"
-                                         "newer than this ragbatch reads.*upgrade ragbatch"):
+    with pytest.raises(
+        InputError,
+        match=rf"{re.escape(str(path))} cannot be read: schema_version: .*"
+        "newer than this ragbatch reads.*upgrade ragbatch",
+    ):
         read_manifest(str(path))
 
 
@@ -108,8 +156,11 @@ def test_a_section_of_the_wrong_shape_is_named():
 
 
 def test_text_that_is_not_json_is_refused():
-    with pytest.raises(InputError, match=r"the manifest m\.json is not valid JSON \(.*\); the run "
-                                         "cannot be read"):
+    with pytest.raises(
+        InputError,
+        match=r"the manifest m\.json is not valid JSON \(.*\); the run "
+        "cannot be read",
+    ):
         parse_manifest("{", "m.json")
 
 
@@ -118,5 +169,8 @@ def test_the_doc_table_is_the_models():
     table = "\n".join(ln for ln in section.splitlines() if ln.startswith("|"))
     assert table == manifest_doc_table()
     keys = re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
-    assert keys == list(Manifest.model_fields) and keys[:2] == ["schema_version", "ragbatch_version"]
+    assert keys == list(Manifest.model_fields) and keys[:2] == [
+        "schema_version",
+        "ragbatch_version",
+    ]
     assert len(keys) == 23  # the 22 keys written before schema_version, and it

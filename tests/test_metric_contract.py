@@ -17,15 +17,35 @@ IDS = [m.name for m in METRICS]
 
 
 def test_registry_has_the_design_catalogue():
-    expected = {"answer_match", "exact_match", "contains_text", "regex", "response_length",
-                "context_length", "latency", "json_valid", "binary", "semantic_similarity",
-                # judge metrics: Tonic Validate's and Ragas'
-                "answer_similarity", "answer_consistency", "answer_consistency_binary",
-                "augmentation_accuracy", "augmentation_precision", "retrieval_precision",
-                "duplication", "hate_speech", "faithfulness", "answer_relevancy",
-                "context_relevancy", "context_precision", "context_recall",
-                # PII metrics, detected locally
-                "answer_contains_pii", "context_contains_pii"}
+    expected = {
+        "answer_match",
+        "exact_match",
+        "contains_text",
+        "regex",
+        "response_length",
+        "context_length",
+        "latency",
+        "json_valid",
+        "binary",
+        "semantic_similarity",
+        # judge metrics: Tonic Validate's and Ragas'
+        "answer_similarity",
+        "answer_consistency",
+        "answer_consistency_binary",
+        "augmentation_accuracy",
+        "augmentation_precision",
+        "retrieval_precision",
+        "duplication",
+        "hate_speech",
+        "faithfulness",
+        "answer_relevancy",
+        "context_relevancy",
+        "context_precision",
+        "context_recall",
+        # PII metrics, detected locally
+        "answer_contains_pii",
+        "context_contains_pii",
+    }
     assert expected <= set(IDS), sorted(expected - set(IDS))
 
 
@@ -42,8 +62,11 @@ def test_declarations(cls):
     assert described["name"] == cls.name and described["params"] is not None
 
 
-@pytest.mark.parametrize("cls", [m for m in METRICS if issubclass(m, ExpressionMetric)],
-                         ids=[m.name for m in METRICS if issubclass(m, ExpressionMetric)])
+@pytest.mark.parametrize(
+    "cls",
+    [m for m in METRICS if issubclass(m, ExpressionMetric)],
+    ids=[m.name for m in METRICS if issubclass(m, ExpressionMetric)],
+)
 def test_examples_hold_and_scores_in_range(cls):
     for ex in cls.examples:
         metric = cls.from_params(ex.params)
@@ -64,7 +87,9 @@ def test_examples_hold_and_scores_in_range(cls):
 SENTENCE_MODEL_METRICS = [m for m in METRICS if issubclass(m, ModelMetric) and m.kind == "model"]
 
 
-@pytest.mark.parametrize("cls", SENTENCE_MODEL_METRICS, ids=[m.name for m in SENTENCE_MODEL_METRICS])
+@pytest.mark.parametrize(
+    "cls", SENTENCE_MODEL_METRICS, ids=[m.name for m in SENTENCE_MODEL_METRICS]
+)
 def test_model_metric_examples_with_default_engine(cls):
     from pydantic import TypeAdapter
 

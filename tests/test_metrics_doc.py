@@ -15,7 +15,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 def test_committed_metrics_doc_is_the_generated_one():
     assert DOC.read_text(encoding="utf-8") == render_markdown(), (
-        f"docs/metrics.md differs from `ragbatch metrics --markdown`; run `{REGENERATE}`")
+        f"docs/metrics.md differs from `ragbatch metrics --markdown`; run `{REGENERATE}`"
+    )
 
 
 def test_metrics_markdown_command_prints_it(capsys):
@@ -39,18 +40,21 @@ def test_param_types_in_words():
 
 def test_sections_hold_params_range_source_and_policy():
     text = render_markdown([get_metric("latency"), get_metric("answer_similarity")])
-    latency = text[text.index("### `latency`"):text.index("### `answer_similarity`")]
+    latency = text[text.index("### `latency`") : text.index("### `answer_similarity`")]
     # LatencyParams: target_s: float = Field(5.0, ge=0); Tonic Validate LatencyMetric
-    assert "| `target_s` | number, >= 0 | `5.0` | largest latency that passes, in seconds |" in latency
+    assert (
+        "| `target_s` | number, >= 0 | `5.0` | largest latency that passes, in seconds |" in latency
+    )
     assert "- range: [0, 1], every ok score is 0.0 or 1.0; higher is better" in latency
     assert "- source: Tonic Validate LatencyMetric" in latency
     assert "| latency NaN or negative | missing_input (not a valid duration) |" in latency
-    similarity = text[text.index("### `answer_similarity`"):]
+    similarity = text[text.index("### `answer_similarity`") :]
     assert "- range: [0, 5], any value in the range; higher is better" in similarity
     assert "- engine: `vllm` or `openai`" in similarity
     # the overview table: one row per metric, in the order given
-    assert text.index("| `latency` | expression | latency_s | [0, 1] |") < \
-        text.index("| `answer_similarity` | judge | question, answer, reference | [0, 5] |")
+    assert text.index("| `latency` | expression | latency_s | [0, 1] |") < text.index(
+        "| `answer_similarity` | judge | question, answer, reference | [0, 5] |"
+    )
 
 
 def test_param_bounds_in_words():

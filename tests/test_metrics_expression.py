@@ -27,8 +27,14 @@ def scores(cells):
 
 
 def test_answer_match_case_insensitive_default():
-    rows = [{"answer": "Paris"}, {"answer": "PARIS"}, {"answer": "paris "}, {"answer": ""},
-            {"answer": None}, {"answer": "Paris"}]
+    rows = [
+        {"answer": "Paris"},
+        {"answer": "PARIS"},
+        {"answer": "paris "},
+        {"answer": ""},
+        {"answer": None},
+        {"answer": "Paris"},
+    ]
     got = scores(run_metric(metric("answer_match", text="paris"), rows))
     assert got == [(1.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK)]
 
@@ -60,15 +66,25 @@ def test_exact_match_strip_and_nulls():
 
 
 def test_exact_match_reason_from_normalizer_issue():
-    rows = [{"answer": None, "reference": "x",
-             "_issues": {"answer": "answer: expected a string, got int (42)"}}]
+    rows = [
+        {
+            "answer": None,
+            "reference": "x",
+            "_issues": {"answer": "answer: expected a string, got int (42)"},
+        }
+    ]
     cell = run_metric(metric("exact_match"), rows)[0]
     assert (cell["status"], cell["reason"]) == (MISSING, "answer: expected a string, got int (42)")
 
 
 def test_contains_text_list_and_reason():
-    rows = [{"answer": "Delta Lake runs on Databricks"}, {"answer": "Delta only"},
-            {"answer": ""}, {"answer": None}, {"answer": "DATABRICKS 🚀 delta lake"}]
+    rows = [
+        {"answer": "Delta Lake runs on Databricks"},
+        {"answer": "Delta only"},
+        {"answer": ""},
+        {"answer": None},
+        {"answer": "DATABRICKS 🚀 delta lake"},
+    ]
     cells = run_metric(metric("contains_text", text=["delta lake", "Databricks"]), rows)
     assert scores(cells) == [(1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK)]
     assert cells[1]["reason"] == "not found: 'delta lake', 'Databricks'"
@@ -79,17 +95,27 @@ def test_contains_text_case_sensitive_and_cjk():
     rows = [{"answer": "価格は🚀です"}, {"answer": "Spark"}]
     assert scores(run_metric(metric("contains_text", text="🚀"), rows)) == [(1.0, OK), (0.0, OK)]
     assert scores(run_metric(metric("contains_text", text="spark", case_sensitive=True), rows)) == [
-        (0.0, OK), (0.0, OK)]
+        (0.0, OK),
+        (0.0, OK),
+    ]
 
 
 def test_contains_text_case_mappings_beyond_one_to_one():
     # Worked by hand from the Unicode case mappings: the Kelvin sign lowercases to "k";
     # "İ" lowercases to "i" + U+0307 (so "is" is not in "İstanbul"'s lowercase, "i" is);
     # a capital sigma lowercases to final "ς" at the end of a word, else to "σ".
-    rows = [{"answer": "20 \u212a"}, {"answer": "İstanbul"}, {"answer": "ΟΔΟΣ"},
-            {"answer": "ΟΔΟΣ Α"}, {"answer": "ΣΟ"}, {"answer": "İ ΟΔΟΣ 20 K"}]
+    rows = [
+        {"answer": "20 \u212a"},
+        {"answer": "İstanbul"},
+        {"answer": "ΟΔΟΣ"},
+        {"answer": "ΟΔΟΣ Α"},
+        {"answer": "ΣΟ"},
+        {"answer": "İ ΟΔΟΣ 20 K"},
+    ]
+
     def run(text):
         return [s for s, _ in scores(run_metric(metric("contains_text", text=text), rows))]
+
     assert run("k") == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert run("K") == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert run("is") == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
@@ -121,7 +147,10 @@ def test_contains_text_case_classes():
     # a character that is not its own lowercase cannot be in a lowercased text outside
     # the special answers: the pattern matches nothing
     assert pl.Series(["K", "k", "Kk"]).str.contains(table.pattern("K")).to_list() == [
-        False, False, False]
+        False,
+        False,
+        False,
+    ]
 
 
 def test_case_table_covers_every_cased_character():
@@ -142,33 +171,67 @@ def test_contains_text_long_needles(n):
     assert [s for s, _ in scores(cells)] == [1.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("params, expected", [
-    ({"min_chars": 1, "max_chars": 4}, [(1.0, OK), (0.0, OK), (0.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
-    ({"min_chars": 0, "max_chars": 0}, [(0.0, OK), (0.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),
-    ({"max_chars": 4}, [(1.0, OK), (0.0, OK), (1.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)]),
-    ({"min_chars": 5}, [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)]),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        (
+            {"min_chars": 1, "max_chars": 4},
+            [(1.0, OK), (0.0, OK), (0.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)],
+        ),
+        (
+            {"min_chars": 0, "max_chars": 0},
+            [(0.0, OK), (0.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)],
+        ),
+        (
+            {"max_chars": 4},
+            [(1.0, OK), (0.0, OK), (1.0, OK), (1.0, OK), (NULL, MISSING), (1.0, OK)],
+        ),
+        (
+            {"min_chars": 5},
+            [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (0.0, OK)],
+        ),
+    ],
+)
 def test_response_length_bounds(params, expected):
     # lengths by hand: "abcd"=4, "abcdef"=6, ""=0, "e\u0301🚀数"=4 code points, null, "abcd" duplicate
-    rows = [{"answer": "abcd"}, {"answer": "abcdef"}, {"answer": ""},
-            {"answer": "e\u0301🚀数"}, {"answer": None}, {"answer": "abcd"}]
+    rows = [
+        {"answer": "abcd"},
+        {"answer": "abcdef"},
+        {"answer": ""},
+        {"answer": "e\u0301🚀数"},
+        {"answer": None},
+        {"answer": "abcd"},
+    ]
     cells = run_metric(metric("response_length", **params), rows)
     assert scores(cells) == expected
     assert [c["details"] for c in cells] == [
-        '{"length":4}', '{"length":6}', '{"length":0}', '{"length":4}', None, '{"length":4}']
+        '{"length":4}',
+        '{"length":6}',
+        '{"length":0}',
+        '{"length":4}',
+        None,
+        '{"length":4}',
+    ]
 
 
 def test_context_length_cases():
     rows = [
-        {"contexts": ["abc", "数据库"]},          # 3, 3
-        {"contexts": ["abc", "abcdefgh"]},        # 3, 8 -> #1 out
+        {"contexts": ["abc", "数据库"]},  # 3, 3
+        {"contexts": ["abc", "abcdefgh"]},  # 3, 8 -> #1 out
         {"contexts": []},
         {"contexts": None},
         {"contexts": ["abc", None]},
-        {"contexts": ["", "🚀🚀"]},               # 0, 2 -> #0 out
+        {"contexts": ["", "🚀🚀"]},  # 0, 2 -> #0 out
     ]
     cells = run_metric(metric("context_length", min_chars=1, max_chars=5), rows)
-    assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (NULL, MISSING), (NULL, MISSING), (0.0, OK)]
+    assert scores(cells) == [
+        (1.0, OK),
+        (0.0, OK),
+        (NULL, NA),
+        (NULL, MISSING),
+        (NULL, MISSING),
+        (0.0, OK),
+    ]
     assert cells[1]["reason"] == "#1 (8 chars) outside [1, 5]"
     assert cells[5]["reason"] == "#0 (0 chars) outside [1, 5]"
     assert cells[4]["reason"] == "contexts[1] is null"
@@ -180,32 +243,68 @@ def test_context_length_reason_lists_every_offender_in_order():
     # Rows with several offenders beside rows with one, a passing row between them, and
     # a duplicate row: each reason worked out by hand (e\u0301 is two code points).
     several = {"contexts": ["a", "abcdef", "ok", "🚀🚀🚀🚀🚀", "e\u0301"]}  # 1, 6, 2, 5, 2
-    rows = [several, {"contexts": ["abc"]}, {"contexts": ["数据库数据库"]}, several,
-            {"contexts": ["xx", "", "yy"]}]
+    rows = [
+        several,
+        {"contexts": ["abc"]},
+        {"contexts": ["数据库数据库"]},
+        several,
+        {"contexts": ["xx", "", "yy"]},
+    ]
     cells = run_metric(metric("context_length", min_chars=2, max_chars=4), rows)
     assert scores(cells) == [(0.0, OK), (1.0, OK), (0.0, OK), (0.0, OK), (0.0, OK)]
     assert [c["reason"] for c in cells] == [
-        "#0 (1 chars), #1 (6 chars), #3 (5 chars) outside [2, 4]", None,
+        "#0 (1 chars), #1 (6 chars), #3 (5 chars) outside [2, 4]",
+        None,
         "#0 (6 chars) outside [2, 4]",
         "#0 (1 chars), #1 (6 chars), #3 (5 chars) outside [2, 4]",
-        "#1 (0 chars) outside [2, 4]"]
+        "#1 (0 chars) outside [2, 4]",
+    ]
     assert cells[0]["details"] == '{"lengths":[1,6,2,5,2]}'
 
 
 def test_latency():
-    rows = [{"latency_s": 1.5}, {"latency_s": 2.0}, {"latency_s": 2.0000001}, {"latency_s": None},
-            {"latency_s": float("nan")}, {"latency_s": -0.1}, {"latency_s": float("inf")}]
+    rows = [
+        {"latency_s": 1.5},
+        {"latency_s": 2.0},
+        {"latency_s": 2.0000001},
+        {"latency_s": None},
+        {"latency_s": float("nan")},
+        {"latency_s": -0.1},
+        {"latency_s": float("inf")},
+    ]
     cells = run_metric(metric("latency", target_s=2.0), rows)
-    assert scores(cells) == [(1.0, OK), (1.0, OK), (0.0, OK), (NULL, MISSING), (NULL, MISSING),
-                             (NULL, MISSING), (0.0, OK)]
+    assert scores(cells) == [
+        (1.0, OK),
+        (1.0, OK),
+        (0.0, OK),
+        (NULL, MISSING),
+        (NULL, MISSING),
+        (NULL, MISSING),
+        (0.0, OK),
+    ]
     assert cells[5]["reason"] == "latency_s is negative (-0.1)"
 
 
 def test_json_valid_with_and_without_schema():
-    rows = [{"answer": '{"a": 1}'}, {"answer": "[1, 2"}, {"answer": "NaN"}, {"answer": ""},
-            {"answer": None}, {"answer": ' "数据" '}, {"answer": "```json\n{}\n```"}]
+    rows = [
+        {"answer": '{"a": 1}'},
+        {"answer": "[1, 2"},
+        {"answer": "NaN"},
+        {"answer": ""},
+        {"answer": None},
+        {"answer": ' "数据" '},
+        {"answer": "```json\n{}\n```"},
+    ]
     cells = run_metric(metric("json_valid"), rows)
-    assert scores(cells) == [(1.0, OK), (0.0, OK), (0.0, OK), (0.0, OK), (NULL, MISSING), (1.0, OK), (0.0, OK)]
+    assert scores(cells) == [
+        (1.0, OK),
+        (0.0, OK),
+        (0.0, OK),
+        (0.0, OK),
+        (NULL, MISSING),
+        (1.0, OK),
+        (0.0, OK),
+    ]
     assert cells[1]["reason"].startswith("not JSON: ")
     schema = {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}
     with_schema = run_metric(metric("json_valid", schema=schema), rows)
@@ -214,16 +313,19 @@ def test_json_valid_with_and_without_schema():
     assert "does not match schema" in with_schema[5]["reason"]
 
 
-@pytest.mark.parametrize("pattern, expected_count, answers, expected", [
-    ("(?i)databricks", None, ["Databricks", "none", "", None], [1.0, 0.0, 0.0, None]),
-    ("(?i)databricks", 2, ["databricks and DATABRICKS", "databricks"], [1.0, 0.0]),
-    (r"\w+", 2, ["x\u0301y", "数据 库"], [1.0, 1.0]),        # Python \w skips the combining mark
-    (r"(?<=a)b", 1, ["abab", "ab"], [0.0, 1.0]),             # look-behind: Python re path
-    (r"(\w)\1", None, ["aa", "ab"], [1.0, 0.0]),              # backreference
-    (r"end$", None, ["the end\n", "end."], [1.0, 0.0]),       # $ before a final newline
-    (r"🚀+", 1, ["go 🚀🚀 now", "🚀 🚀"], [1.0, 0.0]),
-    (r"a*", 3, ["baa"], [1.0]),                               # empty matches counted as Python does
-])
+@pytest.mark.parametrize(
+    "pattern, expected_count, answers, expected",
+    [
+        ("(?i)databricks", None, ["Databricks", "none", "", None], [1.0, 0.0, 0.0, None]),
+        ("(?i)databricks", 2, ["databricks and DATABRICKS", "databricks"], [1.0, 0.0]),
+        (r"\w+", 2, ["x\u0301y", "数据 库"], [1.0, 1.0]),  # Python \w skips the combining mark
+        (r"(?<=a)b", 1, ["abab", "ab"], [0.0, 1.0]),  # look-behind: Python re path
+        (r"(\w)\1", None, ["aa", "ab"], [1.0, 0.0]),  # backreference
+        (r"end$", None, ["the end\n", "end."], [1.0, 0.0]),  # $ before a final newline
+        (r"🚀+", 1, ["go 🚀🚀 now", "🚀 🚀"], [1.0, 0.0]),
+        (r"a*", 3, ["baa"], [1.0]),  # empty matches counted as Python does
+    ],
+)
 def test_regex_matches_python(pattern, expected_count, answers, expected):
     m = metric("regex", pattern=pattern, expected_count=expected_count)
     cells = run_metric(m, [{"answer": a} for a in answers])
@@ -240,26 +342,38 @@ def test_regex_engine_recorded():
 def test_regex_validate_notes_say_where_the_pattern_runs():
     assert metric("regex", pattern="(?i)databricks").validate_notes() == ["regex runs on polars"]
     assert metric("regex", pattern=r"(?<=a)b").validate_notes() == [
-        "regex runs on python-re (look-behind (?<=...) is not supported by Polars' regex engine)"]
+        "regex runs on python-re (look-behind (?<=...) is not supported by Polars' regex engine)"
+    ]
     assert metric("exact_match").validate_notes() == []
 
 
-@pytest.mark.parametrize("name, params, fragment", [
-    ("regex", {"pattern": "(unclosed"}, "invalid regular expression"),
-    ("regex", {"pattern": "a", "expected_count": -1}, "expected_count"),
-    ("response_length", {"min_chars": 5, "max_chars": 2}, "min_chars (5) is greater than max_chars (2)"),
-    ("response_length", {}, "set min_chars, max_chars or both"),
-    ("context_length", {"min_chars": -1}, "min_chars"),
-    ("contains_text", {"text": ["a", ""]}, "text[1] is empty"),
-    ("contains_text", {"text": []}, "at least one string"),
-    ("answer_match", {}, "params.text"),
-    ("answer_match", {"text": "x", "casesensitive": True}, "unknown param for answer_match"),
-    ("json_valid", {"schema": {"type": 5}}, "not a valid JSON Schema"),
-    ("binary", {"callback": "no_such_module_xyz:f"}, "cannot import module 'no_such_module_xyz'"),
-    ("binary", {"callback": "json"}, "must look like 'package.module:function'"),
-    ("binary", {"callback": "json:no_such_function"}, "has no attribute 'no_such_function'"),
-    ("latency", {"target_s": "soon"}, "target_s"),
-])
+@pytest.mark.parametrize(
+    "name, params, fragment",
+    [
+        ("regex", {"pattern": "(unclosed"}, "invalid regular expression"),
+        ("regex", {"pattern": "a", "expected_count": -1}, "expected_count"),
+        (
+            "response_length",
+            {"min_chars": 5, "max_chars": 2},
+            "min_chars (5) is greater than max_chars (2)",
+        ),
+        ("response_length", {}, "set min_chars, max_chars or both"),
+        ("context_length", {"min_chars": -1}, "min_chars"),
+        ("contains_text", {"text": ["a", ""]}, "text[1] is empty"),
+        ("contains_text", {"text": []}, "at least one string"),
+        ("answer_match", {}, "params.text"),
+        ("answer_match", {"text": "x", "casesensitive": True}, "unknown param for answer_match"),
+        ("json_valid", {"schema": {"type": 5}}, "not a valid JSON Schema"),
+        (
+            "binary",
+            {"callback": "no_such_module_xyz:f"},
+            "cannot import module 'no_such_module_xyz'",
+        ),
+        ("binary", {"callback": "json"}, "must look like 'package.module:function'"),
+        ("binary", {"callback": "json:no_such_function"}, "has no attribute 'no_such_function'"),
+        ("latency", {"target_s": "soon"}, "target_s"),
+    ],
+)
 def test_bad_params_name_the_field(name, params, fragment):
     with pytest.raises(ConfigError) as info:
         get_metric(name).from_params(params)
@@ -277,7 +391,9 @@ def test_binary_batch_callback():
     cells = run_metric(metric("binary", callback="support.binary_callbacks:answer_has_digit"), rows)
     assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (1.0, OK)]
     assert cells[2]["reason"] == "callback returned null"
-    seen = run_metric(metric("binary", callback="support.binary_callbacks:sees_canonical_columns"), rows)
+    seen = run_metric(
+        metric("binary", callback="support.binary_callbacks:sees_canonical_columns"), rows
+    )
     assert {c["score"] for c in seen} == {1.0}
 
 
@@ -292,9 +408,16 @@ def test_binary_batch_failures_become_error_cells():
 
 
 def test_binary_row_callback():
-    rows = [{"answer": "a", "reference": "x"}, {"answer": "a"}, {"answer": None},
-            {"answer": "raise"}, {"answer": "int"}]
-    cells = run_metric(metric("binary", callback="support.binary_callbacks:row_has_reference", mode="row"), rows)
+    rows = [
+        {"answer": "a", "reference": "x"},
+        {"answer": "a"},
+        {"answer": None},
+        {"answer": "raise"},
+        {"answer": "int"},
+    ]
+    cells = run_metric(
+        metric("binary", callback="support.binary_callbacks:row_has_reference", mode="row"), rows
+    )
     assert scores(cells) == [(1.0, OK), (0.0, OK), (NULL, NA), (NULL, ERROR), (NULL, ERROR)]
     assert "KeyError" in cells[3]["reason"]
     assert "expected True, False or None" in cells[4]["reason"]

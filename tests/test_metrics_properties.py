@@ -25,8 +25,9 @@ _ASSIGNED = st.characters(
 _SPECIAL = st.sampled_from(list("aAbB \n\t\x1c\u3000İıKſé\u0301数据🚀ΣσςẞßǅΩ0123.!?"))
 _TEXT = st.text(alphabet=st.one_of(_SPECIAL, _ASSIGNED), max_size=20)
 
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 #: The regex property compiles a pattern per example in both engines: fewer examples keep
 #: it within the suite's time (the translation's own cases are in test_regex_compat.py).
 REGEX_SETTINGS = settings(SETTINGS, max_examples=100)
@@ -34,7 +35,9 @@ REGEX_SETTINGS = settings(SETTINGS, max_examples=100)
 
 def _score(name, params, answers, **extra_cols):
     m = get_metric(name).from_params(params)
-    rows = [{"answer": a, **{k: v[i] for k, v in extra_cols.items()}} for i, a in enumerate(answers)]
+    rows = [
+        {"answer": a, **{k: v[i] for k, v in extra_cols.items()}} for i, a in enumerate(answers)
+    ]
     return [c["score"] for c in run_metric(m, rows)]
 
 
@@ -46,7 +49,9 @@ def test_answer_match_equals_python_lower(text, answers):
 
 
 @SETTINGS
-@given(answers=st.lists(_TEXT, min_size=1, max_size=5), refs=st.lists(_TEXT, min_size=5, max_size=5))
+@given(
+    answers=st.lists(_TEXT, min_size=1, max_size=5), refs=st.lists(_TEXT, min_size=5, max_size=5)
+)
 def test_exact_match_equals_python_strip(answers, refs):
     refs = refs[: len(answers)]
     got = _score("exact_match", {}, answers, reference=refs)
@@ -56,8 +61,10 @@ def test_exact_match_equals_python_strip(answers, refs):
 
 
 @SETTINGS
-@given(needles=st.lists(_TEXT.filter(bool), min_size=1, max_size=3),
-       answers=st.lists(_TEXT, min_size=1, max_size=5))
+@given(
+    needles=st.lists(_TEXT.filter(bool), min_size=1, max_size=3),
+    answers=st.lists(_TEXT, min_size=1, max_size=5),
+)
 def test_contains_text_equals_python_in(needles, answers):
     got = _score("contains_text", {"text": needles}, answers)
     assert got == [float(all(n.lower() in a.lower() for n in needles)) for a in answers]
@@ -66,7 +73,9 @@ def test_contains_text_equals_python_in(needles, answers):
 
 
 @SETTINGS
-@given(answers=st.lists(_TEXT, min_size=1, max_size=5), low=st.integers(0, 8), width=st.integers(0, 8))
+@given(
+    answers=st.lists(_TEXT, min_size=1, max_size=5), low=st.integers(0, 8), width=st.integers(0, 8)
+)
 def test_response_length_equals_python_len(answers, low, width):
     got = _score("response_length", {"min_chars": low, "max_chars": low + width}, answers)
     assert got == [float(low <= len(a) <= low + width) for a in answers]
@@ -87,10 +96,15 @@ def _context_length_reference(contexts, low, high):
 
 
 @SETTINGS
-@given(rows=st.lists(st.one_of(st.none(), st.lists(st.one_of(st.none(), _TEXT, _TEXT, _TEXT),
-                                                    max_size=5)),
-                     min_size=1, max_size=8),
-       low=st.integers(0, 6), width=st.integers(0, 6))
+@given(
+    rows=st.lists(
+        st.one_of(st.none(), st.lists(st.one_of(st.none(), _TEXT, _TEXT, _TEXT), max_size=5)),
+        min_size=1,
+        max_size=8,
+    ),
+    low=st.integers(0, 6),
+    width=st.integers(0, 6),
+)
 def test_context_length_equals_python_len(rows, low, width):
     # Repeat the rows so that every batch also holds exact duplicates.
     rows = rows + rows[:2]
@@ -102,11 +116,44 @@ def test_context_length_equals_python_len(rows, low, width):
 
 # Patterns are assembled from pieces so that every construct the translator handles, and
 # several it must refuse, show up often.
-_ATOMS = st.sampled_from([
-    "a", "b", "A", "İ", "ı", "ſ", "K", "é", "e\u0301", "数", "🚀", " ", r"\n", r"\x1c", ".",
-    r"\w", r"\W", r"\d", r"\s", r"\S", "[a-z]", "[^a ]", "[İı]", r"[\w.]", "(?:ab|a)", "(a|b)",
-    r"\b", "^", "$", r"\A", r"\Z", "(?<=a)", "(?=b)", r"(a)\1",
-])
+_ATOMS = st.sampled_from(
+    [
+        "a",
+        "b",
+        "A",
+        "İ",
+        "ı",
+        "ſ",
+        "K",
+        "é",
+        "e\u0301",
+        "数",
+        "🚀",
+        " ",
+        r"\n",
+        r"\x1c",
+        ".",
+        r"\w",
+        r"\W",
+        r"\d",
+        r"\s",
+        r"\S",
+        "[a-z]",
+        "[^a ]",
+        "[İı]",
+        r"[\w.]",
+        "(?:ab|a)",
+        "(a|b)",
+        r"\b",
+        "^",
+        "$",
+        r"\A",
+        r"\Z",
+        "(?<=a)",
+        "(?=b)",
+        r"(a)\1",
+    ]
+)
 _QUANT = st.sampled_from(["", "", "", "*", "+", "?", "{1,2}", "*?", "+?", "{2}"])
 _FLAGS = st.sampled_from(["", "", "(?i)", "(?s)", "(?m)", "(?a)", "(?i)(?m)"])
 
@@ -114,14 +161,17 @@ _FLAGS = st.sampled_from(["", "", "(?i)", "(?s)", "(?m)", "(?a)", "(?i)(?m)"])
 @st.composite
 def _patterns(draw):
     parts = draw(st.lists(st.tuples(_ATOMS, _QUANT), min_size=1, max_size=4))
-    body = "".join(a + (q if a not in ("^", "$", r"\A", r"\Z", r"\b", "(?<=a)", "(?=b)") else "")
-                   for a, q in parts)
+    body = "".join(
+        a + (q if a not in ("^", "$", r"\A", r"\Z", r"\b", "(?<=a)", "(?=b)") else "")
+        for a, q in parts
+    )
     return draw(_FLAGS) + body
 
 
 @REGEX_SETTINGS
-@given(pattern=_patterns(), answers=st.lists(_TEXT, min_size=1, max_size=4),
-       expected=st.integers(0, 3))
+@given(
+    pattern=_patterns(), answers=st.lists(_TEXT, min_size=1, max_size=4), expected=st.integers(0, 3)
+)
 def test_regex_metric_equals_python_re(pattern, answers, expected):
     try:
         compiled = re.compile(pattern)

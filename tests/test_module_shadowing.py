@@ -53,8 +53,13 @@ def _job(folder: Path, callback_module: str = "checks") -> Path:
         "run": {"name": "shadowing"},
         "input": {"uri": str(folder / "in.csv"), "columns": {"question": "q", "answer": "a"}},
         "output": {"uri": str(folder / "out")},
-        "metrics": [{"name": "binary", "id": "real_modules",
-                     "params": {"callback": f"{callback_module}:real_modules"}}],
+        "metrics": [
+            {
+                "name": "binary",
+                "id": "real_modules",
+                "params": {"callback": f"{callback_module}:real_modules"},
+            }
+        ],
     }
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -68,7 +73,9 @@ def test_run_and_report_use_real_modules_and_the_callback_runs_in_workers(tmp_pa
     proc = start_ragbatch(["run", str(config), "--run-id", "shadow", "--report"], cwd=tmp_path)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    scores = pl.read_parquet(tmp_path / "out" / "scores" / "**" / "*.parquet", hive_partitioning=True)
+    scores = pl.read_parquet(
+        tmp_path / "out" / "scores" / "**" / "*.parquet", hive_partitioning=True
+    )
     assert scores.select("metric", "status", "score").rows() == [("real_modules", "ok", 1.0)] * 3
     # validation imports the module in the driver without calling it: every call ran in
     # a Ray worker, where the module was found too
@@ -77,8 +84,10 @@ def test_run_and_report_use_real_modules_and_the_callback_runs_in_workers(tmp_pa
     report = next((tmp_path / "out" / "reports").rglob("report.html"))
     assert "real_modules" in report.read_text(encoding="utf-8")
 
-    again = run_ragbatch(["report", "--output", str(tmp_path / "out"), "shadow",
-                          "-o", str(tmp_path / "again.html")], cwd=tmp_path)
+    again = run_ragbatch(
+        ["report", "--output", str(tmp_path / "out"), "shadow", "-o", str(tmp_path / "again.html")],
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "real_modules" in (tmp_path / "again.html").read_text(encoding="utf-8")
 
@@ -111,6 +120,9 @@ def test_callback_not_in_the_folders_is_imported_by_name_with_a_clear_error(tmp_
 
     monkeypatch.setattr(callback_import, "_DIRS", ())  # restored after the test
     prepare_import_paths(tmp_path)
-    with pytest.raises(ValueError, match=r"module 'secrets' \(imported from .*secrets.py\) "
-                                         r"has no attribute 'no_such_function'"):
+    with pytest.raises(
+        ValueError,
+        match=r"module 'secrets' \(imported from .*secrets.py\) "
+        r"has no attribute 'no_such_function'",
+    ):
         load_callback("secrets:no_such_function")

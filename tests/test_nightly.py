@@ -39,36 +39,49 @@ NIGHT1, NIGHT2, WORSE = "2026-11-27", "2026-11-28", "2026-11-29"
 LINES = {NIGHT1: range(0, 16), NIGHT2: range(8, 24)}
 THRESHOLD = 0.05
 REFUSAL = "I don't know."
-METRICS = ["response_length", "context_length", "mentions_databricks", "cites_a_url",
-           "mentions_spark", "not_a_refusal"]
+METRICS = [
+    "response_length",
+    "context_length",
+    "mentions_databricks",
+    "cites_a_url",
+    "mentions_spark",
+    "not_a_refusal",
+]
 
 
 # ----------------------------------------------------------------- templates (no Ray)
 
-@pytest.mark.parametrize("template, expected", [
-    ("s3://t/run_date={run_date}/", "s3://t/run_date=2026-03-04/"),
-    ("s3://t/{run_date:%Y/%m/%d}/x.parquet", "s3://t/2026/03/04/x.parquet"),
-    ("out/{run_date:%G-W%V}/{run_date:%j}", "out/2026-W10/063"),
-    ("a/{{literal}}/{run_date:%Y%m%d}", "a/{literal}/20260304"),
-    ("plain/path/", "plain/path/"),
-    ("{run_date:%d %b %Y 100%%}", "04 Mar 2026 100%"),
-])
+
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("s3://t/run_date={run_date}/", "s3://t/run_date=2026-03-04/"),
+        ("s3://t/{run_date:%Y/%m/%d}/x.parquet", "s3://t/2026/03/04/x.parquet"),
+        ("out/{run_date:%G-W%V}/{run_date:%j}", "out/2026-W10/063"),
+        ("a/{{literal}}/{run_date:%Y%m%d}", "a/{literal}/20260304"),
+        ("plain/path/", "plain/path/"),
+        ("{run_date:%d %b %Y 100%%}", "04 Mar 2026 100%"),
+    ],
+)
 def test_render(template, expected):
     assert render(template, dt.date(2026, 3, 4)) == expected
 
 
-@pytest.mark.parametrize("template, fragments", [
-    ("x/{date}/", ["input.uri", "unknown placeholder {date}", "{run_date}", "{{"]),
-    ("x/{}/", ["unknown placeholder {}"]),
-    ("x/{run_date.year}/", ["unknown placeholder {run_date.year}"]),
-    ("x/{run_date/", ["input.uri", "malformed braces", "expected '}'"]),
-    ("x/run_date}/", ["malformed braces", "Single '}'"]),
-    ("x/{run_date!r}/", ["conversion (!r)"]),
-    ("x/{run_date:%H}/", ["%H, which is not a date directive"]),
-    ("x/{run_date:>10}/", ["holds no strftime directive"]),
-    ("x/{run_date:%Y%}/", ["ends with a lone %"]),
-    ("x/{run_date:{run_date}}/", ["nests a placeholder"]),
-])
+@pytest.mark.parametrize(
+    "template, fragments",
+    [
+        ("x/{date}/", ["input.uri", "unknown placeholder {date}", "{run_date}", "{{"]),
+        ("x/{}/", ["unknown placeholder {}"]),
+        ("x/{run_date.year}/", ["unknown placeholder {run_date.year}"]),
+        ("x/{run_date/", ["input.uri", "malformed braces", "expected '}'"]),
+        ("x/run_date}/", ["malformed braces", "Single '}'"]),
+        ("x/{run_date!r}/", ["conversion (!r)"]),
+        ("x/{run_date:%H}/", ["%H, which is not a date directive"]),
+        ("x/{run_date:>10}/", ["holds no strftime directive"]),
+        ("x/{run_date:%Y%}/", ["ends with a lone %"]),
+        ("x/{run_date:{run_date}}/", ["nests a placeholder"]),
+    ],
+)
 def test_bad_template_names_the_field_and_the_fix(template, fragments):
     with pytest.raises(ConfigError) as caught:
         render(template, dt.date(2026, 3, 4), "input.uri")
@@ -77,18 +90,27 @@ def test_bad_template_names_the_field_and_the_fix(template, fragments):
 
 
 def _config(**sections) -> JobConfig:
-    data = {"input": {"uri": "in/"}, "output": {"uri": "out/"},
-            "metrics": [{"name": "response_length", "params": {"min_chars": 1}}]}
+    data = {
+        "input": {"uri": "in/"},
+        "output": {"uri": "out/"},
+        "metrics": [{"name": "response_length", "params": {"min_chars": 1}}],
+    }
     data.update(sections)
     return JobConfig.from_dict(data)
 
 
 def test_render_config_fills_the_three_fields_and_the_run_date():
-    config = _config(input={"uri": "s3://in/{run_date:%Y/%m/%d}/"},
-                     output={"uri": "s3://out/{{x}}"}, cache={"uri": "s3://c/{run_date}"})
+    config = _config(
+        input={"uri": "s3://in/{run_date:%Y/%m/%d}/"},
+        output={"uri": "s3://out/{{x}}"},
+        cache={"uri": "s3://c/{run_date}"},
+    )
     rendered = render_config(config, dt.date(2026, 11, 28))
     assert (rendered.input.uri, rendered.output.uri, rendered.cache.uri) == (
-        "s3://in/2026/11/28/", "s3://out/{x}", "s3://c/2026-11-28")
+        "s3://in/2026/11/28/",
+        "s3://out/{x}",
+        "s3://c/2026-11-28",
+    )
     assert rendered.run.run_date == dt.date(2026, 11, 28)
     assert config.input.uri == "s3://in/{run_date:%Y/%m/%d}/"  # the original is left alone
     assert render_config(_config(), dt.date(2026, 1, 1)).cache.uri is None
@@ -96,7 +118,9 @@ def test_render_config_fills_the_three_fields_and_the_run_date():
 
 def test_every_bad_field_is_listed():
     with pytest.raises(ConfigError) as caught:
-        render_config(_config(input={"uri": "{day}"}, cache={"uri": "c/{run_date"}), dt.date(2026, 1, 1))
+        render_config(
+            _config(input={"uri": "{day}"}, cache={"uri": "c/{run_date"}), dt.date(2026, 1, 1)
+        )
     assert caught.value.problems[0].startswith("input.uri: unknown placeholder {day}")
     assert caught.value.problems[1].startswith("cache.uri: malformed braces")
 
@@ -110,9 +134,12 @@ def test_fixed_prefix():
 
 def test_yesterday_is_the_utc_date_before():
     # 00:30 in UTC+2 is 22:30 the day before in UTC: yesterday is two local days back.
-    assert yesterday_utc(dt.datetime(2026, 11, 28, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))) \
-        == dt.date(2026, 11, 26)
-    assert yesterday_utc(dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)) == dt.date(2026, 2, 28)
+    assert yesterday_utc(
+        dt.datetime(2026, 11, 28, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    ) == dt.date(2026, 11, 26)
+    assert yesterday_utc(dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)) == dt.date(
+        2026, 2, 28
+    )
     before = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date()
     assert yesterday_utc() in (before, before + dt.timedelta(days=1))
 
@@ -128,14 +155,25 @@ def test_the_outcome_fields_are_typed():
     from ragbatch.ops.nightly_job import NightlyOutcome
     from ragbatch.pipeline.runner import RunResult
 
-    names = {"Comparison": Comparison, "NightlyReport": NightlyReport, "pl": pl,
-             "CommittedRun": CommittedRun, "RunResult": RunResult}
+    names = {
+        "Comparison": Comparison,
+        "NightlyReport": NightlyReport,
+        "pl": pl,
+        "CommittedRun": CommittedRun,
+        "RunResult": RunResult,
+    }
     hints = typing.get_type_hints(NightlyOutcome, localns=names)
     assert typing.Any not in hints.values()
     assert (hints["result"], hints["run"], hints["baseline"]) == (
-        RunResult | None, CommittedRun | None, CommittedRun | None)
+        RunResult | None,
+        CommittedRun | None,
+        CommittedRun | None,
+    )
     assert (hints["comparison"], hints["report"], hints["regressions"]) == (
-        Comparison | None, NightlyReport | None, pl.DataFrame | None)
+        Comparison | None,
+        NightlyReport | None,
+        pl.DataFrame | None,
+    )
     # one definition of the exit codes, which the CLI and the nightly job both use
     assert ragbatch.cli.common.EXIT_DEGENERATE is ragbatch.core.exit_codes.EXIT_DEGENERATE
     assert sorted(ragbatch.core.exit_codes.EXIT_CODES) == [0, 1, 2, 3, 4, 5]
@@ -145,7 +183,9 @@ def test_the_outcome_fields_are_typed():
 def test_a_resumed_run_keeps_its_date_and_so_its_uris(tmp_path):
     """An attempt started on 11-27 left its staging state; a retry on 11-30 without a date
     takes 11-27, unless the output root itself depends on the date."""
-    config = _config(input={"uri": "in/run_date={run_date}/"}, output={"uri": str(tmp_path / "out")})
+    config = _config(
+        input={"uri": "in/run_date={run_date}/"}, output={"uri": str(tmp_path / "out")}
+    )
     Staging(OutputLayout.for_run(config.output, dt.date(2026, 11, 27), "r1")).begin("fp", ["m"])
     later = dt.datetime(2026, 11, 30, 1, 0, tzinfo=dt.timezone.utc)
     assert run_date_for(config, "r1", later) == dt.date(2026, 11, 27)
@@ -158,13 +198,16 @@ def test_a_resumed_run_keeps_its_date_and_so_its_uris(tmp_path):
 
 # ---------------------------------------------------------- command line, no Ray needed
 
+
 def test_validate_and_run_render_the_shipped_config(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     code, out, err = run_cli(["validate", str(CONFIG), "--run-date", NIGHT2])
     assert code == 0, err
     assert f"input  examples/data/nightly/run_date={NIGHT2}/: 1 read task(s)" in out
     # `run` renders too: a night that is not shipped is a missing input (exit 2 for run).
-    code, _, err = run_cli(["run", str(CONFIG), "--run-date", "2026-11-30", "--output", str(tmp_path)])
+    code, _, err = run_cli(
+        ["run", str(CONFIG), "--run-date", "2026-11-30", "--output", str(tmp_path)]
+    )
     assert code == 2 and "examples/data/nightly/run_date=2026-11-30/: not found" in err
 
 
@@ -173,14 +216,28 @@ def test_bad_template_exits_2(tmp_path):
     cfg["input"]["uri"] = "examples/data/nightly/{date}/"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    code, out, err = run_cli(["nightly", str(path), "--run-date", NIGHT1, "--output", str(tmp_path / "o")])
+    code, out, err = run_cli(
+        ["nightly", str(path), "--run-date", NIGHT1, "--output", str(tmp_path / "o")]
+    )
     assert code == 2
-    assert "input.uri: unknown placeholder {date}" in err and "exit 2: config or input problem" in out
+    assert (
+        "input.uri: unknown placeholder {date}" in err and "exit 2: config or input problem" in out
+    )
 
 
 def test_input_root_missing_is_a_config_problem_not_a_late_night(tmp_path):
-    code, _, err = run_cli(["nightly", str(CONFIG), "--run-date", NIGHT1, "--output", str(tmp_path / "o"),
-                            "--input", str(tmp_path / "no_such_root" / "run_date={run_date}") + "/"])
+    code, _, err = run_cli(
+        [
+            "nightly",
+            str(CONFIG),
+            "--run-date",
+            NIGHT1,
+            "--output",
+            str(tmp_path / "o"),
+            "--input",
+            str(tmp_path / "no_such_root" / "run_date={run_date}") + "/",
+        ]
+    )
     assert code == 2 and "no_such_root/run_date=2026-11-27" in err
 
 
@@ -190,29 +247,52 @@ def test_script_defaults_to_yesterday_and_exits_4_for_a_night_not_there_yet(tmp_
     (tmp_path / "traces").mkdir()
     before = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date()
     proc = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "nightly.py"), str(CONFIG), "--output", str(tmp_path / "o"),
-         "--input", str(tmp_path / "traces" / "run_date={run_date}") + "/"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])))
+        [
+            sys.executable,
+            str(REPO / "jobs" / "nightly.py"),
+            str(CONFIG),
+            "--output",
+            str(tmp_path / "o"),
+            "--input",
+            str(tmp_path / "traces" / "run_date={run_date}") + "/",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(
+            os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+        ),
+    )
     after = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).date()
     assert proc.returncode == 4, proc.stderr[-2000:]
     nights = {before.isoformat(), after.isoformat()}
     headline = proc.stdout.splitlines()[0]
-    assert any(headline.startswith(f"night {n}: run nightly-{n} not started: its input is not there yet")
-               for n in nights), proc.stdout
+    assert any(
+        headline.startswith(f"night {n}: run nightly-{n} not started: its input is not there yet")
+        for n in nights
+    ), proc.stdout
     assert "exit 4: this night's input is not there yet; retry later" in proc.stdout
     assert not (tmp_path / "o").exists()
 
 
 # ------------------------------------------------------------------- nights end to end
 
+
 def _expected_diffs(answers_before: list[str], answers_after: list[str]) -> dict[str, float]:
     """Mean paired change per answer metric, recomputed in plain Python."""
     out = {}
-    for metric in ("response_length", "mentions_databricks", "cites_a_url", "mentions_spark",
-                   "not_a_refusal"):
-        diffs = [expected_answer_cells(b)[metric][1] - expected_answer_cells(a)[metric][1]
-                 for a, b in zip(answers_before, answers_after)]
+    for metric in (
+        "response_length",
+        "mentions_databricks",
+        "cites_a_url",
+        "mentions_spark",
+        "not_a_refusal",
+    ):
+        diffs = [
+            expected_answer_cells(b)[metric][1] - expected_answer_cells(a)[metric][1]
+            for a, b in zip(answers_before, answers_after)
+        ]
         out[metric] = sum(diffs) / len(diffs)
     return out
 
@@ -235,15 +315,26 @@ def nights(ray_local, tmp_path_factory):
         mp.chdir(REPO)  # the shipped config names its input relative to the repository
         # The first night without the HTML report (seconds of matplotlib): the second
         # night's and the worse night's reports are checked.
-        got[NIGHT1] = run_cli(["nightly", str(CONFIG), "--run-date", NIGHT1, *common, "--no-report"])
+        got[NIGHT1] = run_cli(
+            ["nightly", str(CONFIG), "--run-date", NIGHT1, *common, "--no-report"]
+        )
         got[NIGHT2] = run_cli(["nightly", str(CONFIG), "--run-date", NIGHT2, *common])
-        got["again"] = run_cli(["nightly", str(CONFIG), "--run-date", NIGHT2, *common, "--no-report"])
+        got["again"] = run_cli(
+            ["nightly", str(CONFIG), "--run-date", NIGHT2, *common, "--no-report"]
+        )
         got["missing"] = run_cli(["nightly", str(CONFIG), "--run-date", "2026-11-30", *common])
         blocker = out / "reports" / f"run_date={WORSE}"
         blocker.parent.mkdir(parents=True, exist_ok=True)
         blocker.write_text("in the way")
-        worse_args = ["nightly", str(CONFIG), "--run-date", WORSE, *common,
-                      "--input", str(base / "worse" / "run_date={run_date}") + "/"]
+        worse_args = [
+            "nightly",
+            str(CONFIG),
+            "--run-date",
+            WORSE,
+            *common,
+            "--input",
+            str(base / "worse" / "run_date={run_date}") + "/",
+        ]
         got["worse_report_failed"] = run_cli(worse_args)
         blocker.unlink()
         got["worse"] = run_cli(worse_args)
@@ -251,7 +342,11 @@ def nights(ray_local, tmp_path_factory):
 
 
 def _manifest(out: Path, night: str) -> dict:
-    return json.loads((out / "runs" / f"run_date={night}" / f"run_id=nightly-{night}" / "manifest.json").read_text())
+    return json.loads(
+        (
+            out / "runs" / f"run_date={night}" / f"run_id=nightly-{night}" / "manifest.json"
+        ).read_text()
+    )
 
 
 def _reports(out: Path, night: str) -> Path:
@@ -262,14 +357,18 @@ def test_first_night_commits_with_nothing_to_compare(nights):
     out, got, _ = nights
     code, stdout, err = got[NIGHT1]
     assert code == 0, err[-3000:]
-    assert stdout.startswith(f"night {NIGHT1}: run nightly-{NIGHT1} committed (16 rows x 6 metrics = 96 cells)")
+    assert stdout.startswith(
+        f"night {NIGHT1}: run nightly-{NIGHT1} committed (16 rows x 6 metrics = 96 cells)"
+    )
     assert "compared:   none (the first committed run under this output root)" in stdout
     assert "exit 0: committed; no regression beyond the threshold" in stdout
     assert not (out / "reports" / f"run_date={NIGHT1}").exists()  # --no-report
     manifest = _manifest(out, NIGHT1)
     assert manifest["input"]["uri"] == f"examples/data/nightly/run_date={NIGHT1}/"
     assert manifest["config"]["input"]["uri"] == manifest["input"]["uri"]
-    assert manifest["run"]["uri_templates"] == {"input.uri": "examples/data/nightly/run_date={run_date}/"}
+    assert manifest["run"]["uri_templates"] == {
+        "input.uri": "examples/data/nightly/run_date={run_date}/"
+    }
     assert manifest["run"]["date"] == NIGHT1 and manifest["rows"]["input"] == 16
 
 
@@ -289,7 +388,10 @@ def test_second_night_is_compared_with_the_first(nights):
     assert set(overall) == set(METRICS)
     for m in overall.values():  # the same rows, the same answers: no change
         assert (m["n_pairs"], m["mean_diff"], m["change"]) == (shared, 0.0, None)
-    assert f"vs nightly-{NIGHT1} (paired)" in stdout and "+0.000 [+0.000, +0.000] over 8 pairs" in stdout
+    assert (
+        f"vs nightly-{NIGHT1} (paired)" in stdout
+        and "+0.000 [+0.000, +0.000] over 8 pairs" in stdout
+    )
     assert "exit 0: committed; no regression beyond the threshold" in stdout
 
 
@@ -297,7 +399,9 @@ def test_a_committed_night_is_not_run_again(nights):
     out, got, _ = nights
     code, stdout, err = got["again"]
     assert code == 0, err[-3000:]
-    assert stdout.startswith(f"night {NIGHT2}: run nightly-{NIGHT2} was already committed; not run again")
+    assert stdout.startswith(
+        f"night {NIGHT2}: run nightly-{NIGHT2} was already committed; not run again"
+    )
     assert len(list((out / "runs").glob(f"run_date={NIGHT2}/run_id=*/manifest.json"))) == 1
 
 
@@ -336,8 +440,10 @@ def test_regression_beyond_the_threshold_exits_3(nights):
     regressed = sorted(m for m, d in expected.items() if d < -THRESHOLD)
     assert regressed == ["mentions_databricks", "mentions_spark", "not_a_refusal"]
     assert sorted(m for m, r in overall.items() if r["change"] == "worse") == regressed
-    assert f"exit 3: committed, but a metric regressed beyond the threshold: regressed beyond " \
-           f"0.05 against run nightly-{NIGHT2}: " in stdout
+    assert (
+        f"exit 3: committed, but a metric regressed beyond the threshold: regressed beyond "
+        f"0.05 against run nightly-{NIGHT2}: " in stdout
+    )
     for metric in regressed:
         assert metric in stdout.rstrip().rsplit("\n", 1)[-1]
         line = next(x for x in stdout.splitlines() if x.startswith(metric + " "))
@@ -351,10 +457,14 @@ def test_shipped_nights_are_the_documented_lines_of_the_ares_tsv():
     lines = ARES_TSV.read_bytes().split(b"\r\n")
     source = (REPO / "examples/data/nightly/SOURCE.md").read_text()
     for night, rows in LINES.items():
-        shipped = (REPO / "examples/data/nightly" / f"run_date={night}" / f"ares-{night}.tsv").read_bytes()
+        shipped = (
+            REPO / "examples/data/nightly" / f"run_date={night}" / f"ares-{night}.tsv"
+        ).read_bytes()
         assert shipped == b"".join(x + b"\r\n" for x in [lines[0], *(lines[1 + i] for i in rows)])
         assert hashlib.sha256(shipped).hexdigest() in source
-    assert (REPO / "examples/data/nightly/LICENSE").read_bytes() == (ARES_TSV.parent / "LICENSE").read_bytes()
+    assert (REPO / "examples/data/nightly/LICENSE").read_bytes() == (
+        ARES_TSV.parent / "LICENSE"
+    ).read_bytes()
 
 
 # ------------------------------------------------------------ the judgment cache, 2 nights
@@ -366,17 +476,31 @@ CACHE_NIGHTS = {NIGHT1: (12, 24, 34), NIGHT2: (24, 34, 8)}
 def test_second_night_reuses_the_judgments_of_repeated_rows(ray_local, vllm_base_url, tmp_path):
     header, rows = read_ares()
     for night, lines in CACHE_NIGHTS.items():
-        write_tsv(tmp_path / "traces" / f"run_date={night}" / f"t-{night}.tsv", header,
-                  [rows[i] for i in lines])
+        write_tsv(
+            tmp_path / "traces" / f"run_date={night}" / f"t-{night}.tsv",
+            header,
+            [rows[i] for i in lines],
+        )
     config = {
         "run": {"name": "cache-nights"},
-        "input": {"uri": str(tmp_path / "traces" / "run_date={run_date}") + "/", "format": "tsv",
-                  "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
-                  "contexts_format": "text"},
+        "input": {
+            "uri": str(tmp_path / "traces" / "run_date={run_date}") + "/",
+            "format": "tsv",
+            "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
+            "contexts_format": "text",
+        },
         "output": {"uri": str(tmp_path / "out")},
-        "engines": {"judge": {"kind": "openai", "base_url": vllm_base_url, "model": "tiny",
-                              "concurrency": 1, "batch_size": 8, "max_tokens": 160,
-                              "request_timeout_s": 300}},
+        "engines": {
+            "judge": {
+                "kind": "openai",
+                "base_url": vllm_base_url,
+                "model": "tiny",
+                "concurrency": 1,
+                "batch_size": 8,
+                "max_tokens": 160,
+                "request_timeout_s": 300,
+            }
+        },
         "metrics": [{"name": "hate_speech", "engine": "judge"}],
     }
     path = tmp_path / "cache.yaml"
@@ -386,8 +510,11 @@ def test_second_night_reuses_the_judgments_of_repeated_rows(ray_local, vllm_base
         assert code == 0, err[-3000:]
 
     def cells(night: str) -> dict[int, dict]:
-        table = pl.from_arrow(pq.read_table(
-            tmp_path / "out" / "scores" / f"run_date={night}" / f"run_id=nightly-{night}"))
+        table = pl.from_arrow(
+            pq.read_table(
+                tmp_path / "out" / "scores" / f"run_date={night}" / f"run_id=nightly-{night}"
+            )
+        )
         by_line = {}
         for r in table.iter_rows(named=True):
             index = int(r["row_id"].rsplit(":", 1)[1])
@@ -398,13 +525,24 @@ def test_second_night_reuses_the_judgments_of_repeated_rows(ray_local, vllm_base
     shared = set(CACHE_NIGHTS[NIGHT1]) & set(CACHE_NIGHTS[NIGHT2])
     calls_of_shared = sum(first[i]["judge_calls"] for i in shared)
     assert calls_of_shared >= len(shared)
-    judge = json.loads((tmp_path / "out" / "runs" / f"run_date={NIGHT2}" / f"run_id=nightly-{NIGHT2}"
-                        / "manifest.json").read_text())["judge"]["total"]
+    judge = json.loads(
+        (
+            tmp_path
+            / "out"
+            / "runs"
+            / f"run_date={NIGHT2}"
+            / f"run_id=nightly-{NIGHT2}"
+            / "manifest.json"
+        ).read_text()
+    )["judge"]["total"]
     assert judge["cache_hits"] == calls_of_shared
     for i in shared:  # served from the cache: no call, the first night's judgment
         assert (second[i]["judge_calls"], second[i]["cache_hits"]) == (0, first[i]["judge_calls"])
         assert (second[i]["score"], second[i]["status"], second[i]["judge_reply"]) == (
-            first[i]["score"], first[i]["status"], first[i]["judge_reply"])
+            first[i]["score"],
+            first[i]["status"],
+            first[i]["judge_reply"],
+        )
     new = set(CACHE_NIGHTS[NIGHT2]) - shared
     assert judge["judge_calls"] == sum(second[i]["judge_calls"] for i in new) >= len(new)
     assert all(second[i]["cache_hits"] == 0 for i in new)

@@ -30,9 +30,15 @@ def _execute(name: str, output: Path, monkeypatch) -> dict:
     monkeypatch.setenv("RAGBATCH_OUTPUT", str(output))
     monkeypatch.delenv("RAGBATCH_RUN_ID", raising=False)
     notebook = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    text = "".join(o.get("text", "") for o in notebook.cells[-1].outputs if o.get("name") == "stdout")
+    NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
+    ).execute()
+    text = "".join(
+        o.get("text", "") for o in notebook.cells[-1].outputs if o.get("name") == "stdout"
+    )
     return json.loads(text.strip().splitlines()[-1])
 
 
@@ -43,8 +49,10 @@ def _night_means(reexported_order: list[int]) -> dict[str, list[float]]:
     answers = {
         NIGHTS[0]: [r[answer] for r in rows],
         REEXPORTED: [rows[i][answer] for i in reexported_order if i >= 0]
-                    + [rows[i][answer] for i in NEW_SOURCES],
-        ALTERED_NIGHT: [altered_answer(i) if i in ALTERED else r[answer] for i, r in enumerate(rows)],
+        + [rows[i][answer] for i in NEW_SOURCES],
+        ALTERED_NIGHT: [
+            altered_answer(i) if i in ALTERED else r[answer] for i, r in enumerate(rows)
+        ],
     }
     means: dict[str, list[float]] = {}
     for night in NIGHTS:
@@ -71,12 +79,15 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.mark.slow
 def test_single_night_notebook(ares_nights, monkeypatch):
     found = _execute("single_night", ares_nights.nightly, monkeypatch)
-    assert found["run_id"] == ares_nights.run_ids[ALTERED_NIGHT]   # the latest committed run
+    assert found["run_id"] == ares_nights.run_ids[ALTERED_NIGHT]  # the latest committed run
     empty = sum(1 for i in ALTERED if altered_answer(i) == "")
     assert found["cells"] == 200 * 6
     # 4 answer metrics are missing_input and the callback not_applicable on empty answers
-    assert found["status"] == {"ok": 1200 - 5 * empty, "missing_input": 4 * empty,
-                               "not_applicable": empty}
+    assert found["status"] == {
+        "ok": 1200 - 5 * empty,
+        "missing_input": 4 * empty,
+        "not_applicable": empty,
+    }
     # 10 worst ok cells for each of 6 metrics, plus the failed cells (up to 10) of the 4
     assert found["worst_rows"] == 6 * 10 + 4 * empty
 

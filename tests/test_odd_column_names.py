@@ -31,12 +31,18 @@ METRICS = [{"name": "response_length", "params": {"max_chars": 3}}, {"name": "ex
 
 
 def _config(src: Path, out: Path, **input_extra) -> JobConfig:
-    return JobConfig.from_dict({
-        "run": {"name": "odd-names"},
-        "input": {"uri": str(src), "columns": {"answer": "answer", "reference": "ref"}, **input_extra},
-        "output": {"uri": str(out)},
-        "metrics": METRICS,
-    })
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "odd-names"},
+            "input": {
+                "uri": str(src),
+                "columns": {"answer": "answer", "reference": "ref"},
+                **input_extra,
+            },
+            "output": {"uri": str(out)},
+            "metrics": METRICS,
+        }
+    )
 
 
 def _scores(result) -> tuple[list[str], list[list]]:
@@ -66,8 +72,9 @@ def test_pandas_index_column_is_skipped_and_the_run_commits(ray_local, tmp_path)
     ]
 
 
-@pytest.mark.parametrize("name", ["judge::response_length", "cell::exact_match", "judge::",
-                                  "__ragbatch", "_issues"])
+@pytest.mark.parametrize(
+    "name", ["judge::response_length", "cell::exact_match", "judge::", "__ragbatch", "_issues"]
+)
 def test_columns_named_like_internal_ones_pass_through(ray_local, tmp_path, name):
     src = tmp_path / "traces.jsonl"
     rows = [{"answer": "abcd", "ref": "abcd", name: "x"}, {"answer": "ok", "ref": "no", name: "y"}]
@@ -85,28 +92,45 @@ def test_columns_named_like_internal_ones_pass_through(ray_local, tmp_path, name
 
 
 def _write(fmt: str, path: Path, names: list[str]) -> Path:
-    table = pa.Table.from_arrays([pa.array(["abcd", "ok"]), pa.array(["abcd", "no"]),
-                                  pa.array(["x", "y"])], names=names)
+    table = pa.Table.from_arrays(
+        [pa.array(["abcd", "ok"]), pa.array(["abcd", "no"]), pa.array(["x", "y"])], names=names
+    )
     if fmt == "parquet":
         pq.write_table(table, path)
     elif fmt == "csv":
-        pd.DataFrame({n: table.column(i).to_pylist() for i, n in enumerate(names)}).to_csv(path, index=False)
+        pd.DataFrame({n: table.column(i).to_pylist() for i, n in enumerate(names)}).to_csv(
+            path, index=False
+        )
     else:
         rows = [dict(zip(names, r)) for r in zip(*(c.to_pylist() for c in table.columns))]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-@pytest.mark.parametrize("fmt, names, message", [
-    ("jsonl", ["answer", "ref", f"{INTERNAL_PREFIX}nonstring__"],
-     "'__ragbatch_nonstring__' start with '__ragbatch_'.*rename them in the input"),
-    ("csv", ["answer", "ref", f"{INTERNAL_PREFIX}cell::x"], "start with '__ragbatch_'"),
-    ("parquet", ["answer", "ref", f"{INTERNAL_PREFIX}judge::exact_match"], "start with '__ragbatch_'"),
-    ("jsonl", ["answer", "ref", ""], r"column 3 has an empty name \(''\); name it in the input"),
-    ("parquet", ["answer", "ref", ""], r"column 3 has an empty name"),
-    ("csv", ["answer", "ref", "  "], r"column 3 has a whitespace-only name \('  '\)"),
-    ("parquet", ["answer", "ref", "ref"], r"column name 'ref' appears 2 times"),
-])
+@pytest.mark.parametrize(
+    "fmt, names, message",
+    [
+        (
+            "jsonl",
+            ["answer", "ref", f"{INTERNAL_PREFIX}nonstring__"],
+            "'__ragbatch_nonstring__' start with '__ragbatch_'.*rename them in the input",
+        ),
+        ("csv", ["answer", "ref", f"{INTERNAL_PREFIX}cell::x"], "start with '__ragbatch_'"),
+        (
+            "parquet",
+            ["answer", "ref", f"{INTERNAL_PREFIX}judge::exact_match"],
+            "start with '__ragbatch_'",
+        ),
+        (
+            "jsonl",
+            ["answer", "ref", ""],
+            r"column 3 has an empty name \(''\); name it in the input",
+        ),
+        ("parquet", ["answer", "ref", ""], r"column 3 has an empty name"),
+        ("csv", ["answer", "ref", "  "], r"column 3 has a whitespace-only name \('  '\)"),
+        ("parquet", ["answer", "ref", "ref"], r"column name 'ref' appears 2 times"),
+    ],
+)
 def test_unusable_names_stop_validate_and_run_before_ray(tmp_path, capsys, fmt, names, message):
     src = _write(fmt, tmp_path / f"traces.{fmt}", names)
     config = _config(src, tmp_path / "out")

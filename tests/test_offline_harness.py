@@ -16,8 +16,9 @@ from support.offline import offline_env, read_blocked
 
 def _run_python(code: str, env: dict[str, str]) -> dict:
     """Run ``code`` in a fresh interpreter with ``env``; return the JSON it prints last."""
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -29,10 +29,12 @@ def _job(tmp_path: Path, output_uri: str, storage_options: dict | None = None) -
     """A valid one-metric job on a local 2-row input, writing to ``output_uri``."""
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"q": ["a", "b"], "a": ["x", "y"], "ref": ["x", "z"]}), src)
-    config = {"run": {"name": "probe"},
-              "input": {"uri": str(src), "columns": {"question": "q", "answer": "a", "reference": "ref"}},
-              "output": {"uri": output_uri, "storage_options": storage_options or {}},
-              "metrics": [{"name": "exact_match"}]}
+    config = {
+        "run": {"name": "probe"},
+        "input": {"uri": str(src), "columns": {"question": "q", "answer": "a", "reference": "ref"}},
+        "output": {"uri": output_uri, "storage_options": storage_options or {}},
+        "metrics": [{"name": "exact_match"}],
+    }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
@@ -84,9 +86,14 @@ def test_validate_refuses_a_read_only_directory(tmp_path):
     code = "import sys; from ragbatch.cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        done = subprocess.run([sys.executable, "-c", code, "validate", str(job)], env=env,
-                              capture_output=True, text=True, timeout=300,
-                              preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
+        done = subprocess.run(
+            [sys.executable, "-c", code, "validate", str(job)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            preexec_fn=_without_dac_override if os.geteuid() == 0 else None,
+        )
     finally:
         read_only.chmod(0o755)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -112,8 +119,9 @@ def test_validate_refuses_a_missing_bucket_with_exit_2(s3_storage_options, tmp_p
     uri = "s3://rb-no-such-output-bucket/eval"
     code, out, err = run_cli(["validate", str(_job(tmp_path, uri, s3_storage_options))])
     assert code == 2, (out, err)
-    assert (f"{uri}: cannot write under output.uri: bucket 'rb-no-such-output-bucket' does not "
-            "exist") in err
+    assert (
+        f"{uri}: cannot write under output.uri: bucket 'rb-no-such-output-bucket' does not exist"
+    ) in err
 
 
 def test_validate_probes_a_bucket_and_leaves_it_empty(s3_storage_options, s3_bucket, tmp_path):
@@ -132,8 +140,13 @@ def test_an_unreachable_endpoint_stays_retryable(tmp_path):
     from ragbatch.io.probe import probe_output
     from support.s3_fixtures import _free_port
 
-    options = {"endpoint_url": f"http://127.0.0.1:{_free_port()}", "key": "k", "secret": "s",
-               "retries": 1, "config_kwargs": {"retries": {"max_attempts": 0}}}
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{_free_port()}",
+        "key": "k",
+        "secret": "s",
+        "retries": 1,
+        "config_kwargs": {"retries": {"max_attempts": 0}},
+    }
     started = time.monotonic()
     with pytest.raises(OutputError) as info:
         probe_output("s3://rb-bucket/eval", options)

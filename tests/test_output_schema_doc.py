@@ -26,7 +26,9 @@ from support.summary_run import RUN_DATE, RUN_ID, small_run
 
 pytestmark = pytest.mark.slow
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "output-schema.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "output-schema.md").read_text(
+    encoding="utf-8"
+)
 DOC_ROOT = "out/ares"  # the output root the doc's queries name
 SLICES = ["app", "tier"]  # slice columns of the small run
 N_CELLS = 18  # 9 rows x 2 metrics
@@ -52,7 +54,9 @@ def _name(cell: str) -> str:
 
 
 def _blocks(lang: str) -> list[str]:
-    return [b.replace(DOC_ROOT, "{root}") for b in re.findall(rf"```{lang}\n(.*?)```", DOC, flags=re.S)]
+    return [
+        b.replace(DOC_ROOT, "{root}") for b in re.findall(rf"```{lang}\n(.*?)```", DOC, flags=re.S)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +80,16 @@ def root(run, tmp_path_factory) -> Path:
         shutil.copy(source, target)
     staged = copy / "_staging" / "run_id=staged" / "scores" / "attempt=1"
     staged.mkdir(parents=True)
-    shutil.copy(next((copy / "scores").glob(f"*/run_id={RUN_ID}/*.parquet")), staged / "part-0.parquet")
+    shutil.copy(
+        next((copy / "scores").glob(f"*/run_id={RUN_ID}/*.parquet")), staged / "part-0.parquet"
+    )
     return copy
 
 
 @pytest.fixture(scope="module")
 def frames(root):
     """The doc's Python block, run on the root: its namespace."""
-    block, = _blocks("python")
+    (block,) = _blocks("python")
     namespace: dict = {}
     exec(block.replace("{root}", str(root)), namespace)  # noqa: S102 - the doc's own code
     return namespace
@@ -97,10 +103,13 @@ def _sql(name: str, root: Path) -> str:
 
 def _duckdb_types(sql: str) -> dict[str, str]:
     select_all = re.sub(r"^SELECT .*?\nFROM", "SELECT *\nFROM", sql.split("\n", 1)[1], flags=re.S)
-    return {r[0]: r[1] for r in duckdb.sql(f"DESCRIBE {select_all.rstrip().rstrip(';')}").fetchall()}
+    return {
+        r[0]: r[1] for r in duckdb.sql(f"DESCRIBE {select_all.rstrip().rstrip(';')}").fetchall()
+    }
 
 
 # ------------------------------------------------------------------- tables vs files
+
 
 def test_scores_table_matches_the_written_files(run, root, frames):
     rows = _table("Scores table")
@@ -160,6 +169,7 @@ def test_manifest_table_lists_every_key_in_order(run):
 
 # ------------------------------------------------------------------- the queries
 
+
 def test_root_holds_uncommitted_files_the_queries_must_skip(root):
     def cells(pattern: str) -> int:
         return duckdb.sql(f"SELECT count(*) FROM read_parquet('{root}/{pattern}')").fetchall()[0][0]
@@ -178,10 +188,14 @@ def test_duckdb_scores_query_reads_only_the_committed_run(root):
 
 def test_duckdb_summary_query_reads_the_overall_rows_of_the_committed_run(run, root):
     got = duckdb.sql(_sql("committed summaries", root)).fetchall()
-    want = sorted((r["metric"], r["n_total"], r["n_ok"], r["mean"]) for r in
-                  pq.read_table(run.layout.summary_path).to_pylist() if r["slice_column"] is None)
+    want = sorted(
+        (r["metric"], r["n_total"], r["n_ok"], r["mean"])
+        for r in pq.read_table(run.layout.summary_path).to_pylist()
+        if r["slice_column"] is None
+    )
     assert [(str(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in got] == [
-        (RUN_DATE, RUN_ID, *w) for w in want]
+        (RUN_DATE, RUN_ID, *w) for w in want
+    ]
 
 
 def test_duckdb_manifest_query(root):

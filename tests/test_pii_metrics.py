@@ -56,13 +56,18 @@ def cells(out: pa.Table, metric_id: str) -> list[dict]:
 
 
 def answers_table(texts: list) -> pa.Table:
-    return pa.table({"row_id": [str(i) for i in range(len(texts))],
-                     "answer": pa.array(texts, pa.string())})
+    return pa.table(
+        {"row_id": [str(i) for i in range(len(texts))], "answer": pa.array(texts, pa.string())}
+    )
 
 
 def contexts_table(contexts: list) -> pa.Table:
-    return pa.table({"row_id": [str(i) for i in range(len(contexts))],
-                     CONTEXTS: pa.array(contexts, pa.list_(pa.string()))})
+    return pa.table(
+        {
+            "row_id": [str(i) for i in range(len(contexts))],
+            CONTEXTS: pa.array(contexts, pa.list_(pa.string())),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +75,10 @@ def gold_scores():
     """The gold rows and, per pattern type, the cells of ``answer_contains_pii`` limited
     to that type (one PII stage, all rows in one batch)."""
     rows = gold_rows()
-    metrics = [{"name": "answer_contains_pii", "id": t.lower(), "params": {"pii_types": [t]}}
-               for t in PATTERN_TYPES]
+    metrics = [
+        {"name": "answer_contains_pii", "id": t.lower(), "params": {"pii_types": [t]}}
+        for t in PATTERN_TYPES
+    ]
     metrics.append({"name": "answer_contains_pii", "id": "any", "params": {}})
     out = stage(metrics)(answers_table([r["full_text"] for r in rows]))
     return rows, out
@@ -140,27 +147,38 @@ def test_card_numbers_count_only_when_the_luhn_check_passes():
     numbers = []
     for prefix, length in (("4", 16), ("4", 19), ("51", 16), ("2221", 16), ("37", 15)):
         for _ in range(12):
-            numbers.append(prefix + "".join(rng.choice("0123456789")
-                                            for _ in range(length - len(prefix))))
+            numbers.append(
+                prefix + "".join(rng.choice("0123456789") for _ in range(length - len(prefix)))
+            )
     texts = [f"Please charge card {n} for the order." for n in numbers]
     texts += ["Card 4111 1111 1111 1111 works.", "Card 4111 1111 1111 1112 was declined."]
     expected = [luhn_valid(n) for n in numbers] + [True, False]
     assert 0 < sum(expected) < len(expected)
-    out = stage([{"name": "answer_contains_pii", "id": "cc",
-                  "params": {"pii_types": ["CREDIT_CARD"]}}])(answers_table(texts))
+    out = stage(
+        [{"name": "answer_contains_pii", "id": "cc", "params": {"pii_types": ["CREDIT_CARD"]}}]
+    )(answers_table(texts))
     assert [c["score"] == 1.0 for c in cells(out, "cc")] == expected
 
 
 def test_nulls_empty_unicode_and_duplicates():
     texts = [
-        None, "", "   \n",
+        None,
+        "",
+        "   \n",
         "请联系 张伟 zhang.wei@example.com 获取帮助 🚀",
         "Café Zoë: write to zoe\u0301@example.fr or call +33 1 42 68 53 00 📞",
         "Nothing personal here, just Unicode: 東京, naïve, e\u0301, 🤖.",
         "请联系 张伟 zhang.wei@example.com 获取帮助 🚀",
     ]
-    out = stage([{"name": "answer_contains_pii", "id": "pii",
-                  "params": {"pii_types": ["EMAIL_ADDRESS", "PHONE_NUMBER"]}}])(answers_table(texts))
+    out = stage(
+        [
+            {
+                "name": "answer_contains_pii",
+                "id": "pii",
+                "params": {"pii_types": ["EMAIL_ADDRESS", "PHONE_NUMBER"]},
+            }
+        ]
+    )(answers_table(texts))
     got = cells(out, "pii")
     assert [c["status"] for c in got] == ["missing_input"] + ["ok"] * 6
     assert got[0]["reason"] == "answer is null"
@@ -175,24 +193,36 @@ def test_nulls_empty_unicode_and_duplicates():
 
 def test_context_contains_pii_records_which_contexts():
     contexts = [
-        ["The office is closed on Sundays.", "Ask ops: 10.0.12.7 hosts the wiki.",
-         "Mail hr@example.com or hr2@example.com."],
+        [
+            "The office is closed on Sundays.",
+            "Ask ops: 10.0.12.7 hosts the wiki.",
+            "Mail hr@example.com or hr2@example.com.",
+        ],
         ["Nothing here.", "Still nothing."],
         [],
         None,
         [None, "  ", "Reach the server at 192.168.1.20."],
         ["Nothing here.", "Nothing here."],
     ]
-    out = stage([{"name": "context_contains_pii", "id": "ctx",
-                  "params": {"pii_types": ["EMAIL_ADDRESS", "IP_ADDRESS"]}}])(contexts_table(contexts))
+    out = stage(
+        [
+            {
+                "name": "context_contains_pii",
+                "id": "ctx",
+                "params": {"pii_types": ["EMAIL_ADDRESS", "IP_ADDRESS"]},
+            }
+        ]
+    )(contexts_table(contexts))
     got = cells(out, "ctx")
     assert [c["status"] for c in got] == ["ok", "ok", "ok", "missing_input", "ok", "ok"]
     assert [c["score"] for c in got] == [1.0, 0.0, 0.0, None, 1.0, 0.0]
     assert got[0]["reason"] == "EMAIL_ADDRESS x2, IP_ADDRESS x1 in contexts 1, 2"
     assert json.loads(got[0]["details"]) == {
         "types": {"EMAIL_ADDRESS": 2, "IP_ADDRESS": 1},
-        "contexts": [{"index": 1, "types": {"IP_ADDRESS": 1}},
-                     {"index": 2, "types": {"EMAIL_ADDRESS": 2}}],
+        "contexts": [
+            {"index": 1, "types": {"IP_ADDRESS": 1}},
+            {"index": 2, "types": {"EMAIL_ADDRESS": 2}},
+        ],
     }
     assert got[1]["reason"] == "no PII found"
     assert got[2]["reason"] == "contexts is an empty list: nothing to check"
@@ -213,10 +243,14 @@ def test_examples_of_both_metrics_hold():
 
 
 def plan_problems(metrics: list[dict], engines: dict | None = None) -> str:
-    config = JobConfig.from_dict({
-        "input": {"uri": "unused.jsonl", "columns": {"answer": "a", "contexts": "c"}},
-        "output": {"uri": "unused"}, "metrics": metrics, "engines": engines or {},
-    })
+    config = JobConfig.from_dict(
+        {
+            "input": {"uri": "unused.jsonl", "columns": {"answer": "a", "contexts": "c"}},
+            "output": {"uri": "unused"},
+            "metrics": metrics,
+            "engines": engines or {},
+        }
+    )
     with pytest.raises(ConfigError) as info:
         build_plan(config, inspect_input=False)
     return str(info.value)
@@ -226,32 +260,51 @@ def test_types_the_detectors_cannot_find_fail_validation():
     message = plan_problems([{"name": "answer_contains_pii", "params": {"pii_types": ["PERSON"]}}])
     assert "answer_contains_pii: pii_types ['PERSON'] cannot be found" in message
     assert "ner_model" in message and "EMAIL_ADDRESS" in message
-    message = plan_problems([{"name": "context_contains_pii", "engine": "pii",
-                              "params": {"pii_types": ["EMAIL", "URL", "EMAIL_ADDRESS"]}}],
-                            {"pii": {"type": "presidio"}})
+    message = plan_problems(
+        [
+            {
+                "name": "context_contains_pii",
+                "engine": "pii",
+                "params": {"pii_types": ["EMAIL", "URL", "EMAIL_ADDRESS"]},
+            }
+        ],
+        {"pii": {"type": "presidio"}},
+    )
     assert "pii_types ['EMAIL', 'URL'] cannot be found by engine 'pii'" in message
     assert "no recognizer reports EMAIL; URL is not in the engine's entity_types" in message
-    message = plan_problems([{"name": "answer_contains_pii", "params": {"pii_types": ["PHONE_NUMBER"]}}],
-                            {"pii": {"type": "presidio", "score_threshold": 0.5}})
+    message = plan_problems(
+        [{"name": "answer_contains_pii", "params": {"pii_types": ["PHONE_NUMBER"]}}],
+        {"pii": {"type": "presidio", "score_threshold": 0.5}},
+    )
     assert "PHONE_NUMBER scores at most 0.4, below score_threshold 0.5" in message
-    message = plan_problems([{"name": "answer_contains_pii"}],
-                            {"pii": {"type": "presidio", "language": "Klingon"}})
+    message = plan_problems(
+        [{"name": "answer_contains_pii"}], {"pii": {"type": "presidio", "language": "Klingon"}}
+    )
     assert "engines.pii: language 'klingon': spaCy has no such language" in message
-    message = plan_problems([{"name": "answer_contains_pii", "engine": "pii"}],
-                            {"pii": {"type": "presidio", "ner_model": "/no/such/model"}})
+    message = plan_problems(
+        [{"name": "answer_contains_pii", "engine": "pii"}],
+        {"pii": {"type": "presidio", "ner_model": "/no/such/model"}},
+    )
     assert "engines.pii: ner_model '/no/such/model' is not a directory" in message
     message = plan_problems([{"name": "answer_contains_pii", "params": {"pii_types": []}}])
     assert "pii_types is empty" in message
 
 
 def test_default_types_pass_validation():
-    config = JobConfig.from_dict({
-        "input": {"uri": "unused.jsonl", "columns": {"answer": "a"}},
-        "output": {"uri": "unused"},
-        "metrics": [{"name": "answer_contains_pii"},
-                    {"name": "answer_contains_pii", "id": "mail",
-                     "params": {"pii_types": ["email_address"]}}],
-    })
+    config = JobConfig.from_dict(
+        {
+            "input": {"uri": "unused.jsonl", "columns": {"answer": "a"}},
+            "output": {"uri": "unused"},
+            "metrics": [
+                {"name": "answer_contains_pii"},
+                {
+                    "name": "answer_contains_pii",
+                    "id": "mail",
+                    "params": {"pii_types": ["email_address"]},
+                },
+            ],
+        }
+    )
     plan = build_plan(config, inspect_input=False)
     assert [s.kind for s in plan.stages] == ["pii"]
     assert plan.metrics[1].params.pii_types == ["EMAIL_ADDRESS"]
@@ -268,17 +321,27 @@ def test_a_metric_does_not_depend_on_its_sibling_metrics():
         together = stage([phone, every], **engine)(answers_table(texts))
         assert alone == cells(together, "ph")
     default = stage([phone, every])(answers_table(texts))
-    assert cells(default, "ph")[0]["reason"] == cells(default, "all")[0]["reason"] == "PHONE_NUMBER x1"
+    assert (
+        cells(default, "ph")[0]["reason"] == cells(default, "all")[0]["reason"] == "PHONE_NUMBER x1"
+    )
     everything = stage([phone, every], entity_types="all")(answers_table(texts))
     assert cells(everything, "all")[0]["reason"] == "UK_NHS x1"
 
 
 def test_hidden_characters_do_not_hide_pii():
-    texts = ["mail ana\u200b@example.org today", "mail ana\x00bob@example.org",
-             "card ４１１１ １１１１ １１１１ １１１１ on file", "phone: 2\u200d1\u200d2 555 0198"]
+    texts = [
+        "mail ana\u200b@example.org today",
+        "mail ana\x00bob@example.org",
+        "card ４１１１ １１１１ １１１１ １１１１ on file",
+        "phone: 2\u200d1\u200d2 555 0198",
+    ]
     out = stage([{"name": "answer_contains_pii", "id": "m", "params": {}}])(answers_table(texts))
     assert [c["reason"] for c in cells(out, "m")] == [
-        "EMAIL_ADDRESS x1", "EMAIL_ADDRESS x1", "CREDIT_CARD x1", "PHONE_NUMBER x1"]
+        "EMAIL_ADDRESS x1",
+        "EMAIL_ADDRESS x1",
+        "CREDIT_CARD x1",
+        "PHONE_NUMBER x1",
+    ]
 
 
 def test_unreadable_inputs_are_not_quoted():
@@ -288,13 +351,22 @@ def test_unreadable_inputs_are_not_quoted():
     from ragbatch.io.schema import normalize
     from ragbatch.core.reasons import NOT_QUOTED
 
-    raw = pa.table({"a": pa.array([{"text": "Contact bob.leak@example.org"}, {"text": "fine"}]),
-                    "c": ['["card 4111 1111 1111 1111", broken', '["x@example.org"]']})
-    cfg = InputSection(uri="unused.jsonl", columns={"answer": "a", "contexts": "c"},
-                       contexts_format="json")
+    raw = pa.table(
+        {
+            "a": pa.array([{"text": "Contact bob.leak@example.org"}, {"text": "fine"}]),
+            "c": ['["card 4111 1111 1111 1111", broken', '["x@example.org"]'],
+        }
+    )
+    cfg = InputSection(
+        uri="unused.jsonl", columns={"answer": "a", "contexts": "c"}, contexts_format="json"
+    )
     table = normalize(raw, cfg, ReadTask("/d/f.jsonl", "f.jsonl", "jsonl"), quote_values=False)
-    out = stage([{"name": "answer_contains_pii", "id": "a", "params": {}},
-                 {"name": "context_contains_pii", "id": "c", "params": {}}])(table)
+    out = stage(
+        [
+            {"name": "answer_contains_pii", "id": "a", "params": {}},
+            {"name": "context_contains_pii", "id": "c", "params": {}},
+        ]
+    )(table)
     for cell in [cells(out, "a")[0], cells(out, "a")[1], cells(out, "c")[0]]:
         assert cell["status"] == "missing_input", cell
         assert "leak" not in cell["reason"] and "4111" not in cell["reason"], cell
@@ -307,17 +379,26 @@ def test_engine_choice_and_entity_types():
     from ragbatch.engines.presidio import supported_entities
 
     default = supported_entities(PresidioEngine(type="presidio"))
-    assert {"EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS",
-            "US_SSN"} <= set(default)
+    assert {
+        "EMAIL_ADDRESS",
+        "PHONE_NUMBER",
+        "CREDIT_CARD",
+        "IBAN_CODE",
+        "IP_ADDRESS",
+        "US_SSN",
+    } <= set(default)
     assert not {"URL", "DATE_TIME", "UUID", "MAC_ADDRESS", "UK_NHS"} & set(default)
     everything = supported_entities(PresidioEngine(type="presidio", entity_types="all"))
     assert {"URL", "DATE_TIME", "UK_NHS"} <= set(everything)
     assert PresidioEngine(type="presidio", language=" EN ").language == "en"
-    config = JobConfig.from_dict({
-        "input": {"uri": "unused.jsonl", "columns": {"answer": "a"}}, "output": {"uri": "unused"},
-        "metrics": [{"name": "answer_contains_pii"}],
-        "engines": {"strict": {"kind": "pii", "score_threshold": 0.5}},
-    })
+    config = JobConfig.from_dict(
+        {
+            "input": {"uri": "unused.jsonl", "columns": {"answer": "a"}},
+            "output": {"uri": "unused"},
+            "metrics": [{"name": "answer_contains_pii"}],
+            "engines": {"strict": {"kind": "pii", "score_threshold": 0.5}},
+        }
+    )
     plan = build_plan(config, inspect_input=False)
     assert plan.metrics[0].engine == "strict", "the one configured presidio engine is used"
 
@@ -325,8 +406,10 @@ def test_engine_choice_and_entity_types():
 def test_garbage_ner_model_is_a_clear_error(tmp_path):
     (tmp_path / "meta.json").write_text("{not json")
     (tmp_path / "config.cfg").write_text("")
-    message = plan_problems([{"name": "answer_contains_pii", "engine": "pii"}],
-                            {"pii": {"type": "presidio", "ner_model": str(tmp_path)}})
+    message = plan_problems(
+        [{"name": "answer_contains_pii", "engine": "pii"}],
+        {"pii": {"type": "presidio", "ner_model": str(tmp_path)}},
+    )
     assert f"engines.pii: ner_model '{tmp_path}': cannot read the labels from meta.json" in message
 
 

@@ -30,8 +30,11 @@ def hf_model(tmp_path_factory):
 
 
 def run(engine: dict, texts: list[str], types: list[str] | None) -> list[dict]:
-    stage = PiiStage("ner", {"type": "presidio", **engine},
-                     [{"name": "answer_contains_pii", "id": "m", "params": {"pii_types": types}}])
+    stage = PiiStage(
+        "ner",
+        {"type": "presidio", **engine},
+        [{"name": "answer_contains_pii", "id": "m", "params": {"pii_types": types}}],
+    )
     table = pa.table({"row_id": [str(i) for i in range(len(texts))], "answer": texts})
     return stage(table).column(CELL_PREFIX + "m").to_pylist()
 
@@ -46,11 +49,15 @@ def test_spacy_ner_finds_people_and_places(spacy_model):
     spec = PresidioEngine(type="presidio", **engine)
     assert {"PERSON", "LOCATION", "EMAIL_ADDRESS"} <= set(supported_entities(spec))
     assert describe_detectors(spec)["nlp"] == {
-        "backend": "spacy", "model": str(spacy_model),
-        "labels": {"GPE": "LOCATION", "PERSON": "PERSON"}}
-    texts = ["My name is Maria Lopez and I live in Lisbon.",
-             "The meeting is on the third floor.",
-             "My name is Maria Lopez and I live in Lisbon."]
+        "backend": "spacy",
+        "model": str(spacy_model),
+        "labels": {"GPE": "LOCATION", "PERSON": "PERSON"},
+    }
+    texts = [
+        "My name is Maria Lopez and I live in Lisbon.",
+        "The meeting is on the third floor.",
+        "My name is Maria Lopez and I live in Lisbon.",
+    ]
     got = run(engine, texts, ["PERSON", "LOCATION"])
     assert [c["score"] for c in got] == [1.0, 0.0, 1.0]
     assert json.loads(got[0]["details"]) == {"types": {"LOCATION": 1, "PERSON": 1}}
@@ -60,7 +67,9 @@ def test_spacy_ner_finds_people_and_places(spacy_model):
 
 def test_transformers_ner_runs_through_presidio(hf_model):
     engine = {"ner_model": str(hf_model)}
-    assert {"PERSON", "LOCATION"} <= set(supported_entities(PresidioEngine(type="presidio", **engine)))
+    assert {"PERSON", "LOCATION"} <= set(
+        supported_entities(PresidioEngine(type="presidio", **engine))
+    )
     # The model tags every token I-PER, so every non-blank text holds one PERSON span.
     got = run(engine, ["hello there", "call me", ""], ["PERSON"])
     assert [c["score"] for c in got] == [1.0, 1.0, 0.0]

@@ -59,7 +59,7 @@ def test_moments_merged_by_chunks_equal_whole() -> None:
     whole, parts = PairMoments(), PairMoments()
     whole.add(f, y)
     for lo in range(0, 1000, 137):
-        parts.add(f[lo:lo + 137], y[lo:lo + 137])
+        parts.add(f[lo : lo + 137], y[lo : lo + 137])
     assert parts.n == 1000
     assert parts.f.var() == pytest.approx(np.var(f, ddof=1), rel=1e-12)
     assert parts.y.mean == pytest.approx(y.mean(), rel=1e-12)
@@ -67,8 +67,14 @@ def test_moments_merged_by_chunks_equal_whole() -> None:
     assert whole.cov() == pytest.approx(parts.cov(), rel=1e-12)
 
 
-def _simulate(estimator: str, accuracy: float | None, reps: int = 2000, n: int = 100,
-              big_n: int = 1000, p: float = 0.3) -> tuple[float, float, float, float]:
+def _simulate(
+    estimator: str,
+    accuracy: float | None,
+    reps: int = 2000,
+    n: int = 100,
+    big_n: int = 1000,
+    p: float = 0.3,
+) -> tuple[float, float, float, float]:
     """Coverage of the true mean ``p`` and mean width, PPI and labels-only, over ``reps``
     seeded replications. Labels are Bernoulli(p); the judge agrees with the label with
     probability ``accuracy`` (None: the judge is a coin flip, independent of the label)."""
@@ -129,8 +135,11 @@ def test_one_labelled_row_has_estimates_but_no_interval() -> None:
 def test_every_row_labelled_gives_the_labels_mean() -> None:
     r = ppi_mean([], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0])
     assert r.ppi_lambda == 0.0
-    assert (r.ppi_mean, r.ppi_ci_low, r.ppi_ci_high) == (r.labels_mean, r.labels_ci_low,
-                                                         r.labels_ci_high)
+    assert (r.ppi_mean, r.ppi_ci_low, r.ppi_ci_high) == (
+        r.labels_mean,
+        r.labels_ci_low,
+        r.labels_ci_high,
+    )
     assert "labels-only mean" in r.reason
 
 

@@ -33,28 +33,41 @@ def _rows(n: int = 240, seed: int = 11) -> dict[str, list]:
     rng = np.random.default_rng(seed)
     refs = [WORDS[i] for i in rng.integers(0, len(WORDS), n)]
     same = rng.random(n) < 0.7
-    answers = [r.upper() if s and k % 2 else (r if s else r[::-1] + "x")
-               for k, (r, s) in enumerate(zip(refs, same))]
+    answers = [
+        r.upper() if s and k % 2 else (r if s else r[::-1] + "x")
+        for k, (r, s) in enumerate(zip(refs, same))
+    ]
     agree = rng.random(n) < 0.85
     labels = [float(s == a) if k < 80 else None for k, (s, a) in enumerate(zip(same, agree))]
     apps = ["a" if k % 2 else "b" for k in range(n)]
     if n > 81:
         apps[81], apps[3] = "c", "c"  # one unlabelled, one labelled row
-    return {"question": [f"q{k}" for k in range(n)], "answer": answers, "reference": refs,
-            "human_em": labels, "app": apps}
+    return {
+        "question": [f"q{k}" for k in range(n)],
+        "answer": answers,
+        "reference": refs,
+        "human_em": labels,
+        "app": apps,
+    }
 
 
 def _config(tmp_path, data, labels, estimator="ppi++"):
-    return JobConfig.from_dict({
-        "run": {"name": "ppi", "run_date": "2026-02-01"},
-        "input": {"uri": str(data), "columns": {"question": "question", "answer": "answer",
-                                                "reference": "reference"},
-                  "slice_columns": ["app"]},
-        "output": {"uri": str(tmp_path / "out")},
-        "metrics": [{"name": "exact_match", "params": {"case_sensitive": False}},
-                    {"name": "json_valid", "id": "unlabelled_metric"}],
-        "labels": {"columns": labels, "estimator": estimator},
-    })
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "ppi", "run_date": "2026-02-01"},
+            "input": {
+                "uri": str(data),
+                "columns": {"question": "question", "answer": "answer", "reference": "reference"},
+                "slice_columns": ["app"],
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [
+                {"name": "exact_match", "params": {"case_sensitive": False}},
+                {"name": "json_valid", "id": "unlabelled_metric"},
+            ],
+            "labels": {"columns": labels, "estimator": estimator},
+        }
+    )
 
 
 def _expected(f: np.ndarray, y: np.ndarray, tuned: bool) -> tuple[float, float, float, float]:
@@ -67,7 +80,7 @@ def _expected(f: np.ndarray, y: np.ndarray, tuned: bool) -> tuple[float, float, 
         cov = np.cov(fl, yl, ddof=1)[0, 1]
         lam = min(max((cov / n) / (u.var(ddof=1) / big_n + fl.var(ddof=1) / n), 0.0), 1.0)
     theta = lam * u.mean() + (yl - lam * fl).mean()
-    se = math.sqrt(lam ** 2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
+    se = math.sqrt(lam**2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
     return lam, theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0)
 
 
@@ -80,8 +93,12 @@ def runs(tmp_path_factory, ray_local):
     base = tmp_path_factory.mktemp("ppi_runs")
     data = base / "traces.parquet"
     pq.write_table(pa.table(_rows()), data)
-    return {e: run_job(_config(base, data, {"exact_match": "human_em"}, e),
-                       run_id=f"ppi-{e.replace('+', 'p')}") for e in ESTIMATORS}
+    return {
+        e: run_job(
+            _config(base, data, {"exact_match": "human_em"}, e), run_id=f"ppi-{e.replace('+', 'p')}"
+        )
+        for e in ESTIMATORS
+    }
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
@@ -99,11 +116,15 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     assert overall["mean"] == pytest.approx(f.mean())
     assert overall["ppi_lambda"] == pytest.approx(lam)
     assert (overall["ppi_mean"], overall["ppi_ci_low"], overall["ppi_ci_high"]) == pytest.approx(
-        (theta, low, high))
+        (theta, low, high)
+    )
     yl = y[~np.isnan(y)]
     half = Z * yl.std(ddof=1) / math.sqrt(yl.size)
-    assert (overall["labels_mean"], overall["labels_ci_low"], overall["labels_ci_high"]) == \
-        pytest.approx((yl.mean(), yl.mean() - half, yl.mean() + half))
+    assert (
+        overall["labels_mean"],
+        overall["labels_ci_low"],
+        overall["labels_ci_high"],
+    ) == pytest.approx((yl.mean(), yl.mean() - half, yl.mean() + half))
     assert overall["ppi_reason"] is None
     # an informative stand-in judge narrows the interval
     assert high - low < overall["labels_ci_high"] - overall["labels_ci_low"]
@@ -113,7 +134,8 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     row_a = next(r for r in summary if r["metric"] == "exact_match" and r["slice_value"] == "a")
     _, theta_a, low_a, high_a = _expected(f[apps == "a"], y[apps == "a"], estimator == "ppi++")
     assert (row_a["ppi_mean"], row_a["ppi_ci_low"], row_a["ppi_ci_high"]) == pytest.approx(
-        (theta_a, low_a, high_a))
+        (theta_a, low_a, high_a)
+    )
     row_c = next(r for r in summary if r["metric"] == "exact_match" and r["slice_value"] == "c")
     assert row_c["n_labelled"] == 1 and row_c["ppi_ci_low"] is None
     assert "an interval needs at least 2" in row_c["ppi_reason"]
@@ -130,8 +152,10 @@ def test_summary_reports_corrected_means(runs, estimator) -> None:
     from ragbatch.cli.run import _summary_text
 
     text = _summary_text(result.summary.table.to_pylist(), 0.95)
-    assert (f"  exact_match: {theta:.3f} [{low:.3f}, {high:.3f}]; labels only {yl.mean():.3f} "
-            f"[{yl.mean() - half:.3f}, {yl.mean() + half:.3f}] (80 labelled of 240 ok)") in text
+    assert (
+        f"  exact_match: {theta:.3f} [{low:.3f}, {high:.3f}]; labels only {yl.mean():.3f} "
+        f"[{yl.mean() - half:.3f}, {yl.mean() + half:.3f}] (80 labelled of 240 ok)"
+    ) in text
     assert "unlabelled_metric:" not in text
 
 
@@ -145,17 +169,27 @@ def test_compare_and_report_show_corrected_means(runs) -> None:
     baseline, candidate = find_run(root, "ppi-ppi"), find_run(root, "ppi-ppipp")
     expected = {}
     for label, result in (("baseline", runs["ppi"]), ("candidate", runs["ppi++"])):
-        row = next(r for r in pq.read_table(result.layout.summary_path).to_pylist()
-                   if r["metric"] == "exact_match" and r["slice_column"] is None)
+        row = next(
+            r
+            for r in pq.read_table(result.layout.summary_path).to_pylist()
+            if r["metric"] == "exact_match" and r["slice_column"] is None
+        )
         expected[label] = row
     comparison = compare_runs(baseline, candidate)
     corrected = comparison.corrected.to_dicts()
-    assert [(r["run"], r["metric"]) for r in corrected] == [("baseline", "exact_match"),
-                                                            ("candidate", "exact_match")]
+    assert [(r["run"], r["metric"]) for r in corrected] == [
+        ("baseline", "exact_match"),
+        ("candidate", "exact_match"),
+    ]
     for r in corrected:
         e = expected[r["run"]]
-        assert (r["ppi_mean"], r["ppi_ci_low"], r["ppi_lambda"], r["labels_mean"], r["n_labelled"]) \
-            == (e["ppi_mean"], e["ppi_ci_low"], e["ppi_lambda"], e["labels_mean"], 80)
+        assert (
+            r["ppi_mean"],
+            r["ppi_ci_low"],
+            r["ppi_lambda"],
+            r["labels_mean"],
+            r["n_labelled"],
+        ) == (e["ppi_mean"], e["ppi_ci_low"], e["ppi_lambda"], e["labels_mean"], 80)
     assert expected["baseline"]["ppi_lambda"] == 1.0 != expected["candidate"]["ppi_lambda"]
     text = format_comparison(comparison)
     assert "label-corrected means (prediction-powered inference" in text
@@ -170,19 +204,25 @@ def test_compare_and_report_show_corrected_means(runs) -> None:
     assert f"{c['labels_mean']:.3f} [{c['labels_ci_low']:.3f}, {c['labels_ci_high']:.3f}]" in html
 
 
-def _from_run_config(root: str, data, run_id: str = "ppi-ppi", params: dict | None = None,
-                     column: str = "human_em") -> JobConfig:
+def _from_run_config(
+    root: str, data, run_id: str = "ppi-ppi", params: dict | None = None, column: str = "human_em"
+) -> JobConfig:
     """A job over the same input, its labels taken from the labelled run ``run_id``."""
-    return JobConfig.from_dict({
-        "run": {"name": "ppi-from-run", "run_date": "2026-02-02"},
-        "input": {"uri": str(data), "columns": {"question": "question", "answer": "answer",
-                                                "reference": "reference"},
-                  "slice_columns": ["app"]},
-        "output": {"uri": root},
-        "metrics": [{"name": "exact_match", "params": params or {"case_sensitive": False}}],
-        "labels": {"calibration": {"uri": root, "run_id": run_id,
-                                   "columns": {"exact_match": column}}},
-    })
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "ppi-from-run", "run_date": "2026-02-02"},
+            "input": {
+                "uri": str(data),
+                "columns": {"question": "question", "answer": "answer", "reference": "reference"},
+                "slice_columns": ["app"],
+            },
+            "output": {"uri": root},
+            "metrics": [{"name": "exact_match", "params": params or {"case_sensitive": False}}],
+            "labels": {
+                "calibration": {"uri": root, "run_id": run_id, "columns": {"exact_match": column}}
+            },
+        }
+    )
 
 
 def test_labels_from_another_run(runs) -> None:
@@ -200,25 +240,30 @@ def test_labels_from_another_run(runs) -> None:
     cov = np.cov(fl, yl, ddof=1)[0, 1]
     lam = min(max((cov / n) / (u.var(ddof=1) / big_n + fl.var(ddof=1) / n), 0.0), 1.0)
     theta = lam * u.mean() + (yl - lam * fl).mean()
-    se = math.sqrt(lam ** 2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
+    se = math.sqrt(lam**2 * u.var(ddof=1) / big_n + (yl - lam * fl).var(ddof=1) / n)
     summary = pq.read_table(result.layout.summary_path).to_pylist()
     overall = next(r for r in summary if r["slice_column"] is None)
     assert overall["label_column"] == "human_em of run ppi-ppi"
     assert (overall["n_labelled"], overall["ppi_lambda"]) == (80, pytest.approx(lam))
     assert (overall["ppi_mean"], overall["ppi_ci_low"], overall["ppi_ci_high"]) == pytest.approx(
-        (theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0)))
+        (theta, max(theta - Z * se, 0.0), min(theta + Z * se, 1.0))
+    )
     assert overall["labels_mean"] == pytest.approx(yl.mean())
     sliced = [r for r in summary if r["slice_column"] == "app"]
-    assert sliced and all(r["ppi_mean"] is None and "overall mean only" in r["ppi_reason"]
-                          for r in sliced)
+    assert sliced and all(
+        r["ppi_mean"] is None and "overall mean only" in r["ppi_reason"] for r in sliced
+    )
     assert result.manifest.summary["labelled_runs"] == {"exact_match": "human_em of run ppi-ppi"}
 
 
 def test_labels_from_another_run_refused_when_they_do_not_fit(runs) -> None:
     root = runs["ppi"].config.output.uri
     data = runs["ppi"].config.input.uri
-    with pytest.raises(ConfigError, match=r"labels.calibration.columns.exact_match: run ppi-ppi "
-                                          r"computed 'exact_match' with params"):
+    with pytest.raises(
+        ConfigError,
+        match=r"labels.calibration.columns.exact_match: run ppi-ppi "
+        r"computed 'exact_match' with params",
+    ):
         run_job(_from_run_config(root, data, params={"case_sensitive": True}), run_id="ppi-x1")
     with pytest.raises(InputError, match=r"run ppi-ppi has no column 'human_emm'"):
         run_job(_from_run_config(root, data, column="human_emm"), run_id="ppi-x2")
@@ -244,27 +289,37 @@ def test_label_column_problems(tmp_path) -> None:
     rows["text_label"] = ["yes"] * 20
     data = tmp_path / "traces.parquet"
     pq.write_table(pa.table(rows), data)
-    with pytest.raises(InputError, match=r"labels.columns.exact_match: column 'text_label' has "
-                                         r"type string; labels need numbers or booleans"):
+    with pytest.raises(
+        InputError,
+        match=r"labels.columns.exact_match: column 'text_label' has "
+        r"type string; labels need numbers or booleans",
+    ):
         run_job(_config(tmp_path, data, {"exact_match": "text_label"}), run_id="ppi-type")
     with pytest.raises(InputError, match=r"column 'human_emm' does not exist"):
         run_job(_config(tmp_path, data, {"exact_match": "human_emm"}), run_id="ppi-missing")
-    with pytest.raises(ConfigError, match=r"labels: 'exact_matc' is not the id of any "
-                                          r"metric \(did you mean 'exact_match'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"labels: 'exact_matc' is not the id of any "
+        r"metric \(did you mean 'exact_match'\?\)",
+    ):
         _config(tmp_path, data, {"exact_matc": "human_em"})
 
 
 def test_cli_exits_2_on_a_bad_label(tmp_path) -> None:
     from support.cli_process import run_ragbatch
 
-    (tmp_path / "in.jsonl").write_text('{"answer": "a", "reference": "a", "h": 1}\n'
-                                       '{"answer": "b", "reference": "a", "h": 3}\n')
+    (tmp_path / "in.jsonl").write_text(
+        '{"answer": "a", "reference": "a", "h": 1}\n{"answer": "b", "reference": "a", "h": 3}\n'
+    )
     (tmp_path / "job.yaml").write_text(
         "input: {uri: in.jsonl, columns: {answer: answer, reference: reference}}\n"
         "output: {uri: out}\nmetrics: [{name: exact_match}]\n"
-        "labels: {columns: {exact_match: h}}\n")
+        "labels: {columns: {exact_match: h}}\n"
+    )
     done = run_ragbatch(["run", "job.yaml"], tmp_path)
     assert done.returncode == 2, done.stderr
-    assert ("labels.columns.exact_match: column 'h' holds 1 label(s) outside exact_match's range "
-            "[0, 1] (first: 3.0 at row in.jsonl:1)") in done.stderr
+    assert (
+        "labels.columns.exact_match: column 'h' holds 1 label(s) outside exact_match's range "
+        "[0, 1] (first: 3.0 at row in.jsonl:1)"
+    ) in done.stderr
     assert not (tmp_path / "out").exists()

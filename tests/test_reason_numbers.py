@@ -38,12 +38,15 @@ def test_latency_at_its_target_in_milliseconds_passes():
     assert (cell["score"], cell["reason"]) == (1.0, None)
 
 
-@pytest.mark.parametrize("latency, target, reason", [
-    (7.1000000000000005, 5.0, "7.1 s > target 5 s"),
-    (0.30000000000000004, 0.25, "0.3 s > target 0.25 s"),
-    (12.0, 0.1, "12 s > target 0.1 s"),
-    (1234567.125, 1e-07, "1234567.125 s > target 1e-07 s"),
-])
+@pytest.mark.parametrize(
+    "latency, target, reason",
+    [
+        (7.1000000000000005, 5.0, "7.1 s > target 5 s"),
+        (0.30000000000000004, 0.25, "0.3 s > target 0.25 s"),
+        (12.0, 0.1, "12 s > target 0.1 s"),
+        (1234567.125, 1e-07, "1234567.125 s > target 1e-07 s"),
+    ],
+)
 def test_latency_reason_has_no_float_noise(latency, target, reason):
     [cell] = run_metric(Latency.from_params({"target_s": target}), [{"latency_s": latency}])
     assert (cell["score"], cell["reason"]) == (0.0, reason)
@@ -56,9 +59,18 @@ def test_length_reasons_print_integers():
     assert cell["reason"] == "#0 (3 chars) outside [0, 2]"
 
 
-@pytest.mark.parametrize("value, text", [
-    (7.1000000000000005, "7.1"), (5.0, "5"), (5, "5"), (0.1 + 0.2, "0.3"), (1e-07, "1e-07"),
-    (float("inf"), "inf"), (-2.5, "-2.5"), (123456789012.5, "123456789012"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (7.1000000000000005, "7.1"),
+        (5.0, "5"),
+        (5, "5"),
+        (0.1 + 0.2, "0.3"),
+        (1e-07, "1e-07"),
+        (float("inf"), "inf"),
+        (-2.5, "-2.5"),
+        (123456789012.5, "123456789012"),
+    ],
+)
 def test_number_text(value, text):
     assert number_text(value) == text

@@ -13,9 +13,11 @@ from ragbatch.core.reasons import QUOTE_MAX_CHARS, quote
 
 SCHEMA = {
     "type": "object",
-    "properties": {"email": {"type": "string", "format": "email"},
-                   "items": {"type": "array", "items": {"type": "integer"}},
-                   "note": {"type": "string", "maxLength": 10}},
+    "properties": {
+        "email": {"type": "string", "format": "email"},
+        "items": {"type": "array", "items": {"type": "integer"}},
+        "note": {"type": "string", "maxLength": 10},
+    },
     "required": ["email"],
 }
 

@@ -45,12 +45,17 @@ def write_input(root: Path) -> Path:
     src = root / "in"
     src.mkdir()
     for f in range(N_FILES):
-        pq.write_table(pa.table({
-            "id": [f"f{f}-r{i}" for i in range(ROWS_PER_FILE)],
-            "q": [_question(f, i) for i in range(ROWS_PER_FILE)],
-            "a": [_answer(f, i) for i in range(ROWS_PER_FILE)],
-            "ref": [str(root)] * ROWS_PER_FILE,
-        }), src / f"part-{f}.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "id": [f"f{f}-r{i}" for i in range(ROWS_PER_FILE)],
+                    "q": [_question(f, i) for i in range(ROWS_PER_FILE)],
+                    "a": [_answer(f, i) for i in range(ROWS_PER_FILE)],
+                    "ref": [str(root)] * ROWS_PER_FILE,
+                }
+            ),
+            src / f"part-{f}.parquet",
+        )
     return src
 
 
@@ -62,23 +67,32 @@ def expected_scores() -> list[tuple]:
             answer = _answer(f, i)
             digit = float(any(ch.isdigit() for ch in answer))
             length = float(1 <= len(answer) <= MAX_CHARS)
-            cells += [(f"f{f}-r{i}", "digit", digit, "ok"),
-                      (f"f{f}-r{i}", "response_length", length, "ok")]
+            cells += [
+                (f"f{f}-r{i}", "digit", digit, "ok"),
+                (f"f{f}-r{i}", "response_length", length, "ok"),
+            ]
     return sorted(cells)
 
 
 def job(root: Path) -> JobConfig:
-    return JobConfig.from_dict({
-        "run": {"name": "recovery"},
-        "input": {"uri": str(root / "in"),
-                  "columns": {"row_id": "id", "question": "q", "answer": "a", "reference": "ref"}},
-        "output": {"uri": str(root / "out")},
-        "metrics": [
-            {"name": "binary", "id": "digit",
-             "params": {"callback": "support.binary_callbacks:flaky_digit", "mode": "row"}},
-            {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}},
-        ],
-    })
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "recovery"},
+            "input": {
+                "uri": str(root / "in"),
+                "columns": {"row_id": "id", "question": "q", "answer": "a", "reference": "ref"},
+            },
+            "output": {"uri": str(root / "out")},
+            "metrics": [
+                {
+                    "name": "binary",
+                    "id": "digit",
+                    "params": {"callback": "support.binary_callbacks:flaky_digit", "mode": "row"},
+                },
+                {"name": "response_length", "params": {"min_chars": 1, "max_chars": MAX_CHARS}},
+            ],
+        }
+    )
 
 
 def scored_since(root: Path, seen: int) -> tuple[list[str], int]:
@@ -92,15 +106,19 @@ def questions(f: int) -> list[str]:
 
 
 def staged(root: Path, run_id: str, attempt: int) -> list[Path]:
-    return sorted((root / "out" / "_staging" / f"run_id={run_id}" / "scores"
-                   / f"attempt={attempt}").glob("*.parquet"))
+    return sorted(
+        (root / "out" / "_staging" / f"run_id={run_id}" / "scores" / f"attempt={attempt}").glob(
+            "*.parquet"
+        )
+    )
 
 
 def committed(root: Path, run_id: str) -> list[tuple]:
     return duckdb.sql(
         f"SELECT row_id, metric, score, status FROM read_parquet("
         f"'{root}/out/scores/**/*.parquet', hive_partitioning=true) "
-        f"WHERE run_id = '{run_id}' ORDER BY ALL").fetchall()
+        f"WHERE run_id = '{run_id}' ORDER BY ALL"
+    ).fetchall()
 
 
 def manifest(root: Path, run_id: str) -> dict:
@@ -135,9 +153,13 @@ def test_error_cells_are_scored_again_on_resume_and_the_rest_reused(ray_local, t
     rescored, _ = scored_since(tmp_path, seen)
     assert rescored == questions(FLAKY_FILE)  # exactly the rows that had an error cell
     info = manifest(tmp_path, "flaky")["resume"]
-    assert info == {"attempt": 2, "resumed": True,
-                    "rows_reused": (N_FILES - 1) * ROWS_PER_FILE,  # 15
-                    "files_reused": N_FILES - 1, "files_set_aside": 1}
+    assert info == {
+        "attempt": 2,
+        "resumed": True,
+        "rows_reused": (N_FILES - 1) * ROWS_PER_FILE,  # 15
+        "files_reused": N_FILES - 1,
+        "files_set_aside": 1,
+    }
     assert committed(tmp_path, "flaky") == expected_scores()
     assert result.check.counts == {m: {"ok": N_FILES * ROWS_PER_FILE} for m in METRICS}
 
@@ -189,17 +211,25 @@ def layout(tmp_path):
 def _scores(path: Path, scores: list[float | None], statuses: list[str | None]) -> str:
     """A real score file: rows r0.. of metric m1 with the given scores and statuses."""
     n = len(scores)
-    pq.write_table(pa.table({
-        "row_id": [f"r{i}" for i in range(n)], "metric": ["m1"] * n,
-        "score": pa.array(scores, pa.float64()), "status": pa.array(statuses, pa.string()),
-        "model": pa.nulls(n, pa.string()),
-    }), path)
+    pq.write_table(
+        pa.table(
+            {
+                "row_id": [f"r{i}" for i in range(n)],
+                "metric": ["m1"] * n,
+                "score": pa.array(scores, pa.float64()),
+                "status": pa.array(statuses, pa.string()),
+                "model": pa.nulls(n, pa.string()),
+            }
+        ),
+        path,
+    )
     return str(path)
 
 
 def test_verify_run_accepts_scores_that_agree_with_their_status(layout, tmp_path):
-    path = _scores(tmp_path / "good.parquet", [1.0, 0.0, None, None],
-                   ["ok", "ok", "not_applicable", "error"])
+    path = _scores(
+        tmp_path / "good.parquet", [1.0, 0.0, None, None], ["ok", "ok", "not_applicable", "error"]
+    )
     check = verify_run(layout, [path], ["m1"], 4)
     assert check.counts == {"m1": {"error": 1, "not_applicable": 1, "ok": 2}}
 
@@ -207,19 +237,25 @@ def test_verify_run_accepts_scores_that_agree_with_their_status(layout, tmp_path
 @pytest.mark.parametrize("status", ["fine", "OK", "", None])
 def test_verify_run_refuses_a_status_outside_the_vocabulary(layout, tmp_path, status):
     path = _scores(tmp_path / "s.parquet", [1.0, None], ["ok", status])
-    with pytest.raises(ConservationError, match="statuses outside the vocabulary: "
-                                                 + repr([status]).replace("[", r"\[")
-                                                 .replace("]", r"\]")):
+    with pytest.raises(
+        ConservationError,
+        match="statuses outside the vocabulary: "
+        + repr([status]).replace("[", r"\[").replace("]", r"\]"),
+    ):
         verify_run(layout, [path], ["m1"], 2)
 
 
-@pytest.mark.parametrize("scores, statuses, n_bad", [
-    ([1.0, 0.0, 1.0], ["ok", "error", "ok"], 1),            # a score on a failed cell
-    ([1.0, None, None], ["ok", "ok", "parse_failure"], 1),  # ok without a score
-    ([0.0, None, 1.0], ["judge_error", "ok", "ok"], 2),     # both at once
-])
-def test_verify_run_refuses_a_score_that_disagrees_with_its_status(layout, tmp_path, scores,
-                                                                   statuses, n_bad):
+@pytest.mark.parametrize(
+    "scores, statuses, n_bad",
+    [
+        ([1.0, 0.0, 1.0], ["ok", "error", "ok"], 1),  # a score on a failed cell
+        ([1.0, None, None], ["ok", "ok", "parse_failure"], 1),  # ok without a score
+        ([0.0, None, 1.0], ["judge_error", "ok", "ok"], 2),  # both at once
+    ],
+)
+def test_verify_run_refuses_a_score_that_disagrees_with_its_status(
+    layout, tmp_path, scores, statuses, n_bad
+):
     path = _scores(tmp_path / "s.parquet", scores, statuses)
     with pytest.raises(ConservationError) as err:
         verify_run(layout, [path], ["m1"], 3)

@@ -29,9 +29,11 @@ def assert_agrees(pattern: str, text: str) -> tuple[Translation, Translation]:
     """Check both modes of ``pattern`` on ``text`` and return the translations."""
     counted = translate(pattern, count=True)
     if counted.rust_pattern is not None:
-        assert polars_count(counted.rust_pattern, text) == len(
-            re.findall(pattern, text)
-        ), (pattern, counted.rust_pattern, text)
+        assert polars_count(counted.rust_pattern, text) == len(re.findall(pattern, text)), (
+            pattern,
+            counted.rust_pattern,
+            text,
+        )
     searched = translate(pattern, count=False)
     if searched.rust_pattern is not None:
         assert polars_contains(searched.rust_pattern, text) == (
@@ -231,9 +233,7 @@ quantifiers = st.builds(
     st.sampled_from(["*", "+", "?", "{2}", "{1,3}", "{0,2}", "{2,}", "{,2}"]),
     st.booleans(),
 )
-group_openers = st.sampled_from(
-    ["(", "(?:", "(?i:", "(?-i:", "(?s:", "(?m:", "(?a:", "(?is:"]
-)
+group_openers = st.sampled_from(["(", "(?:", "(?i:", "(?-i:", "(?s:", "(?m:", "(?a:", "(?is:"])
 
 
 def _extend(inner):

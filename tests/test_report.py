@@ -17,16 +17,28 @@ from pathlib import Path
 import pytest
 
 from support.headless_chromium import HeadlessChromium
-from support.nightly_runs import ALTERED, ALTERED_NIGHT, ORIGINAL, altered_answer, read_ares, row_id, run_cli
+from support.nightly_runs import (
+    ALTERED,
+    ALTERED_NIGHT,
+    ORIGINAL,
+    altered_answer,
+    read_ares,
+    row_id,
+    run_cli,
+)
 from ragbatch.analysis.report import MAX_CHART_VALUES, TOP_ROWS
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-CSP = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
-       'style-src \'unsafe-inline\'">')
+CSP = (
+    '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
+    'style-src \'unsafe-inline\'">'
+)
 
-_IMAGES = ("Promise.all([...document.images].map(i => i.decode().then("
-           "() => [i.alt, i.naturalWidth], () => [i.alt, -1])))")
+_IMAGES = (
+    "Promise.all([...document.images].map(i => i.decode().then("
+    "() => [i.alt, i.naturalWidth], () => [i.alt, -1])))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +49,38 @@ def chromium():
 
 def _page(tmp_path: Path, name: str, body: str, head: str = "") -> str:
     path = tmp_path / name
-    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'>{head}<title>{name}</title>"
-                    f"</head><body>{body}</body></html>", encoding="utf-8")
+    path.write_text(
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'>{head}<title>{name}</title>"
+        f"</head><body>{body}</body></html>",
+        encoding="utf-8",
+    )
     return path.as_uri()
 
 
-@pytest.mark.parametrize("name, body, head, expected", [
-    ("script_error.html", "<p>x</p><script>notDefinedAnywhere();</script>", "",
-     "ReferenceError: notDefinedAnywhere is not defined"),
-    ("console_error.html", "<script>console.error('deliberate failure')</script>", "",
-     "console.error: deliberate failure"),
-    ("missing_image.html", "<img src='missing-chart.svg' alt='x'>", "", "missing-chart.svg"),
-    ("csp_blocked.html", "<script>document.title = 'ran'</script>", CSP, "Content Security Policy"),
-])
+@pytest.mark.parametrize(
+    "name, body, head, expected",
+    [
+        (
+            "script_error.html",
+            "<p>x</p><script>notDefinedAnywhere();</script>",
+            "",
+            "ReferenceError: notDefinedAnywhere is not defined",
+        ),
+        (
+            "console_error.html",
+            "<script>console.error('deliberate failure')</script>",
+            "",
+            "console.error: deliberate failure",
+        ),
+        ("missing_image.html", "<img src='missing-chart.svg' alt='x'>", "", "missing-chart.svg"),
+        (
+            "csp_blocked.html",
+            "<script>document.title = 'ran'</script>",
+            CSP,
+            "Content Security Policy",
+        ),
+    ],
+)
 def test_detector_reports_deliberate_faults(chromium, tmp_path, name, body, head, expected):
     result = chromium.open_page(_page(tmp_path, name, body, head), evaluate="document.title")
     assert any(expected in e for e in result.errors), result.errors
@@ -57,7 +88,9 @@ def test_detector_reports_deliberate_faults(chromium, tmp_path, name, body, head
 
 
 def test_detector_is_quiet_on_a_clean_page(chromium, tmp_path):
-    result = chromium.open_page(_page(tmp_path, "clean.html", "<p>检索 😀 cafe\u0301</p>"), evaluate="document.title")
+    result = chromium.open_page(
+        _page(tmp_path, "clean.html", "<p>检索 😀 cafe\u0301</p>"), evaluate="document.title"
+    )
     assert result.errors == [] and result.value == "clean.html"
 
 
@@ -66,16 +99,29 @@ def _chartable_slice_columns() -> list[str]:
     (an empty cell is null, counted as one value), from the raw TSV."""
     header, rows = read_ares()
     mapped = {"Question", "Document", "Answer"}
-    return [name for i, name in enumerate(header) if name not in mapped
-            and len({r[i] or None for r in rows}) <= MAX_CHART_VALUES]
+    return [
+        name
+        for i, name in enumerate(header)
+        if name not in mapped and len({r[i] or None for r in rows}) <= MAX_CHART_VALUES
+    ]
 
 
 @pytest.fixture(scope="module")
 def report_html(ares_nights, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     ids = ares_nights.run_ids
-    code, stdout, err = run_cli(["report", "--output", str(ares_nights.nightly), ids[ALTERED_NIGHT],
-                                 "--baseline", ids[ORIGINAL], "-o", str(out)])
+    code, stdout, err = run_cli(
+        [
+            "report",
+            "--output",
+            str(ares_nights.nightly),
+            ids[ALTERED_NIGHT],
+            "--baseline",
+            ids[ORIGINAL],
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 0, err
     assert f"compared with {ids[ORIGINAL]}" in stdout
     return out
@@ -83,18 +129,33 @@ def report_html(ares_nights, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_report_renders_in_chromium_without_errors(chromium, ares_nights, report_html, tmp_path):
-    result = chromium.open_page(report_html.as_uri(), screenshot=True, evaluate=(
-        f"Promise.all([{_IMAGES}, document.title, document.scripts.length, "
-        "document.getElementById('moved-rows').textContent])"))
+    result = chromium.open_page(
+        report_html.as_uri(),
+        screenshot=True,
+        evaluate=(
+            f"Promise.all([{_IMAGES}, document.title, document.scripts.length, "
+            "document.getElementById('moved-rows').textContent])"
+        ),
+    )
     images, title, n_scripts, moved_text = result.value
     assert result.errors == []
     # Every request is the file itself or an embedded data: chart: nothing from a network.
-    assert all(u == report_html.as_uri() or u.startswith("data:image/svg+xml") for u in result.requests)
-    metrics = ["response_length", "context_length", "mentions_databricks", "cites_a_url",
-               "mentions_spark", "not_a_refusal"]
-    expected = ({f"distribution of {m} scores" for m in metrics}
-                | {f"means by {c}" for c in _chartable_slice_columns()}
-                | {"cells by status", "paired differences by metric"})
+    assert all(
+        u == report_html.as_uri() or u.startswith("data:image/svg+xml") for u in result.requests
+    )
+    metrics = [
+        "response_length",
+        "context_length",
+        "mentions_databricks",
+        "cites_a_url",
+        "mentions_spark",
+        "not_a_refusal",
+    ]
+    expected = (
+        {f"distribution of {m} scores" for m in metrics}
+        | {f"means by {c}" for c in _chartable_slice_columns()}
+        | {"cells by status", "paired differences by metric"}
+    )
     assert sorted(alt for alt, _ in images) == sorted(expected)
     assert all(width > 0 for _, width in images), images
     # Answers holding markup and script were shown as text and never ran.
@@ -175,7 +236,9 @@ def test_texts_never_shown_next_to_a_pii_metric(ares_nights, monkeypatch):
         assert rows[index][header.index("Question")][:40] not in text
         assert altered_answer(index)[:20] not in text
     # The same rows keep their texts under a metric that is not about PII ...
-    other = html_lib.unescape(html.split("<h3><code>mentions_databricks</code>", 1)[1].split("<h3>", 1)[0])
+    other = html_lib.unescape(
+        html.split("<h3><code>mentions_databricks</code>", 1)[1].split("<h3>", 1)[0]
+    )
     assert "I'm sorry, I don't know. 我不知道 🤷" in other
     # ... and in the moved rows, every not_a_refusal line hides them.
     moved = html.split('id="moved-rows"', 1)[1].split("</table>", 1)[0]

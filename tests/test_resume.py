@@ -39,7 +39,11 @@ N_FILES, ROWS_PER_FILE = 12, 40
 METRICS = [
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 30}},
     {"name": "contains_text", "params": {"text": "7"}},
-    {"name": "binary", "id": "slow_digit", "params": {"callback": "support.binary_callbacks:slow_digit"}},
+    {
+        "name": "binary",
+        "id": "slow_digit",
+        "params": {"callback": "support.binary_callbacks:slow_digit"},
+    },
 ]
 
 
@@ -49,23 +53,35 @@ def write_input(root: Path) -> Path:
     src.mkdir()
     for f in range(N_FILES):
         answers = [f"answer {f}-{i} 数据🚀" if i % 5 else "dup row" for i in range(ROWS_PER_FILE)]
-        pq.write_table(pa.table({"q": [f"q{i}" for i in range(ROWS_PER_FILE)], "a": answers}),
-                       src / f"part-{f:02d}.parquet")
+        pq.write_table(
+            pa.table({"q": [f"q{i}" for i in range(ROWS_PER_FILE)], "a": answers}),
+            src / f"part-{f:02d}.parquet",
+        )
     return src
 
 
 def config_dict(src: Path, out: Path) -> dict:
-    return {"run": {"name": "resume"},
-            "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
-            "output": {"uri": str(out)}, "metrics": METRICS}
+    return {
+        "run": {"name": "resume"},
+        "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
+        "output": {"uri": str(out)},
+        "metrics": METRICS,
+    }
 
 
 def start(config_path: Path, run_id: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    )
     ragbatch = Path(sys.executable).with_name("ragbatch")
-    return subprocess.Popen([str(ragbatch), "run", str(config_path), "--run-id", run_id],
-                            env=env, cwd=config_path.parent, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [str(ragbatch), "run", str(config_path), "--run-id", run_id],
+        env=env,
+        cwd=config_path.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def committed_scores(out: Path, run_id: str | None = None) -> list[tuple]:
@@ -78,7 +94,8 @@ def committed_scores(out: Path, run_id: str | None = None) -> list[tuple]:
         f"SELECT s.run_id, row_id, metric, score, status, reason FROM read_parquet("
         f"'{out}/scores/**/*.parquet', hive_partitioning=true) s WHERE s.run_id IN ("
         f"SELECT run_id FROM read_json('{out}/runs/**/manifest.json', hive_partitioning=true)) "
-        f"{where} ORDER BY ALL").fetchall()
+        f"{where} ORDER BY ALL"
+    ).fetchall()
 
 
 def strip_run(rows: list[tuple]) -> list[tuple]:
@@ -90,7 +107,9 @@ def manifest(out: Path, run_id: str) -> dict:
     return json.loads(path.read_text())
 
 
-def wait_for_staged_file(out: Path, run_id: str, proc: subprocess.Popen, limit_s: float = 120) -> bool:
+def wait_for_staged_file(
+    out: Path, run_id: str, proc: subprocess.Popen, limit_s: float = 120
+) -> bool:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and proc.poll() is None:
         if list(out.glob(f"_staging/run_id={run_id}/scores/attempt=*/*.parquet")):
@@ -127,11 +146,15 @@ def test_killed_run_resumes_without_rescoring(reference, ray_local):
     process and a Ray start.)"""
     root, config_path, out, want = reference
     proc = start(config_path, "killed")
-    assert wait_for_staged_file(out, "killed", proc), "no score file was staged before the run ended"
+    assert wait_for_staged_file(out, "killed", proc), (
+        "no score file was staged before the run ended"
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert committed_scores(out, "killed") == []
-    assert not list(out.glob("scores/*/run_id=killed")) or not list(out.glob("scores/*/run_id=killed/*"))
+    assert not list(out.glob("scores/*/run_id=killed")) or not list(
+        out.glob("scores/*/run_id=killed/*")
+    )
 
     # Refused before any scoring (so in this process, on the session's Ray).
     changed = config_dict(root / "in", out)
@@ -160,8 +183,10 @@ def test_two_runs_into_one_root_at_the_same_time(reference):
         info = manifest(out, rid)
         assert info["rows"]["scores"] == len(want) and info["resume"]["attempt"] == 1
         assert not (out / "_staging" / f"run_id={rid}").exists()
-    started = sorted((manifest(out, r)["run"]["started_at"], manifest(out, r)["run"]["finished_at"])
-                     for r in ("reference", "twin"))
+    started = sorted(
+        (manifest(out, r)["run"]["started_at"], manifest(out, r)["run"]["finished_at"])
+        for r in ("reference", "twin")
+    )
     assert started[1][0] < started[0][1], "the two runs did not overlap in time"
 
 
@@ -201,14 +226,23 @@ def manifest_exists(out: Path, run_id: str) -> bool:
 def test_fingerprint_ignores_credentials_and_cache_but_not_metrics():
     from ragbatch.io.staging import run_fingerprint
 
-    base = {"run": {"run_id": "a", "run_date": "2026-11-30"},
-            "input": {"uri": "s3://t/in", "storage_options": {"key": "old"}},
-            "output": {"uri": "s3://t/out", "storage_options": {"secret": "old"}},
-            "metrics": [{"name": "latency"}], "cache": {"enabled": True}}
-    rotated = {**base, "run": {"run_id": "b"}, "cache": {"enabled": False},
-               "calibration": {"uri": "out/cal", "min_agreement": {"faithfulness": 0.5}},
-               "input": {"uri": "s3://t/in", "storage_options": {"key": "new"}},
-               "output": {"uri": "s3://t/out", "storage_options": {}}}
+    base = {
+        "run": {"run_id": "a", "run_date": "2026-11-30"},
+        "input": {"uri": "s3://t/in", "storage_options": {"key": "old"}},
+        "output": {"uri": "s3://t/out", "storage_options": {"secret": "old"}},
+        "metrics": [{"name": "latency"}],
+        "cache": {"enabled": True},
+    }
+    rotated = {
+        **base,
+        "run": {"run_id": "b"},
+        "cache": {"enabled": False},
+        "calibration": {"uri": "out/cal", "min_agreement": {"faithfulness": 0.5}},
+        "input": {"uri": "s3://t/in", "storage_options": {"key": "new"}},
+        "output": {"uri": "s3://t/out", "storage_options": {}},
+    }
     assert run_fingerprint(base, "f1") == run_fingerprint(rotated, "f1")
     assert run_fingerprint(base, "f1") != run_fingerprint(base, "f2")
-    assert run_fingerprint(base, "f1") != run_fingerprint({**base, "metrics": [{"name": "regex"}]}, "f1")
+    assert run_fingerprint(base, "f1") != run_fingerprint(
+        {**base, "metrics": [{"name": "regex"}]}, "f1"
+    )

@@ -15,8 +15,14 @@ LATE_EVENING_UTC = dt.datetime(2026, 11, 28, 0, 30, tzinfo=dt.timezone(dt.timede
 
 
 def _config(**run) -> JobConfig:
-    return JobConfig.from_dict({"input": {"uri": "in/"}, "output": {"uri": "out/"}, "run": run,
-                                "metrics": [{"name": "response_length", "params": {"min_chars": 1}}]})
+    return JobConfig.from_dict(
+        {
+            "input": {"uri": "in/"},
+            "output": {"uri": "out/"},
+            "run": run,
+            "metrics": [{"name": "response_length", "params": {"min_chars": 1}}],
+        }
+    )
 
 
 def test_the_default_is_the_utc_date_today_or_yesterday_for_a_night():

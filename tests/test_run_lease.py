@@ -63,9 +63,16 @@ wait_for("tried")
 
 
 def _python(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-c", HOLDER, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -78,15 +85,28 @@ def store(request, tmp_path):
     options = request.getfixturevalue("s3_storage_options")
     bucket = request.getfixturevalue("s3_bucket")
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-    return "s3", {**options, "skip_instance_cache": True}, fs, f"{bucket}/out/_staging/run_id=r/lease"
+    return (
+        "s3",
+        {**options, "skip_instance_cache": True},
+        fs,
+        f"{bucket}/out/_staging/run_id=r/lease",
+    )
 
 
 def _foreign(fs, folder: str, generation: int, expires_in: float, released: bool = False) -> None:
     """A lease file as an attempt on another machine writes it."""
     now = time.time()
-    record = {"generation": generation, "token": "f0f0", "host": "other-host", "pid": 4242,
-              "scope": "other-host||pid:[1]", "acquired_at": now - 600, "renewed_at": now - 10,
-              "expires_at": now + expires_in, "released": released}
+    record = {
+        "generation": generation,
+        "token": "f0f0",
+        "host": "other-host",
+        "pid": 4242,
+        "scope": "other-host||pid:[1]",
+        "acquired_at": now - 600,
+        "renewed_at": now - 10,
+        "expires_at": now + expires_in,
+        "released": released,
+    }
     fs.makedirs(folder, exist_ok=True)
     fs.pipe_file(f"{folder}/{generation:08d}.json", json.dumps(record).encode())
 
@@ -154,16 +174,20 @@ def test_processes_racing_for_one_lease_exactly_one_wins(store, tmp_path):
     protocol, options, fs, folder = store
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    procs = [_python(protocol, json.dumps(options), folder, str(barrier), "5", "hold")
-             for _ in range(5)]
+    procs = [
+        _python(protocol, json.dumps(options), folder, str(barrier), "5", "hold") for _ in range(5)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     lines = [out.strip() for out, _ in outs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     winners = [line for line in lines if line.startswith("won")]
     assert len(winners) == 1, lines
-    assert all(line.startswith("lost run 'raced' is being run by another attempt") or
-               line.startswith("lost run 'raced': other attempts kept taking")
-               for line in lines if not line.startswith("won")), lines
+    assert all(
+        line.startswith("lost run 'raced' is being run by another attempt")
+        or line.startswith("lost run 'raced': other attempts kept taking")
+        for line in lines
+        if not line.startswith("won")
+    ), lines
     fs.invalidate_cache(folder)
     assert len(fs.ls(folder, detail=False)) == 1
 
@@ -175,28 +199,44 @@ def test_a_crashed_holder_on_this_machine_is_taken_over_at_once(store, tmp_path)
     out, err = crashed.communicate(timeout=120)
     assert crashed.returncode == 9 and out.startswith("won 1"), err[-2000:]
     left = _record(fs, folder, 1)
-    assert left["pid"] == crashed.pid and not left["released"] and left["expires_at"] > time.time() + 60
+    assert (
+        left["pid"] == crashed.pid
+        and not left["released"]
+        and left["expires_at"] > time.time() + 60
+    )
     assert RunLease(fs, folder, "r").acquire().generation == 2
 
 
 # -- whole runs --------------------------------------------------------------------------
 
+
 def _input(root: Path, rows: int = 40, files: int = 4) -> Path:
     src = root / "in"
     src.mkdir()
     for f in range(files):
-        pq.write_table(pa.table({"q": [f"q{i}" for i in range(rows)],
-                                 "a": [f"answer {f}-{i}" for i in range(rows)]}),
-                       src / f"part-{f}.parquet")
+        pq.write_table(
+            pa.table(
+                {"q": [f"q{i}" for i in range(rows)], "a": [f"answer {f}-{i}" for i in range(rows)]}
+            ),
+            src / f"part-{f}.parquet",
+        )
     return src
 
 
 def _config(src: str, out: str, callback: str = "slow_digit", **run) -> dict:
-    return {"run": {"name": "lease", **run},
-            "input": {"uri": src, "columns": {"question": "q", "answer": "a"}},
-            "output": {"uri": out},
-            "metrics": [{"name": "response_length", "params": {"min_chars": 1}},
-                        {"name": "binary", "id": "cb", "params": {"callback": f"support.binary_callbacks:{callback}"}}]}
+    return {
+        "run": {"name": "lease", **run},
+        "input": {"uri": src, "columns": {"question": "q", "answer": "a"}},
+        "output": {"uri": out},
+        "metrics": [
+            {"name": "response_length", "params": {"min_chars": 1}},
+            {
+                "name": "binary",
+                "id": "cb",
+                "params": {"callback": f"support.binary_callbacks:{callback}"},
+            },
+        ],
+    }
 
 
 @pytest.mark.slow  # separate processes (two full `ragbatch run`s, each with its own Ray)
@@ -205,19 +245,32 @@ def test_two_concurrent_cli_runs_with_one_run_id_commit_once(tmp_path):
     out = tmp_path / "out"
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_config(str(src), str(out))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     exe = str(Path(sys.executable).with_name("ragbatch"))
-    procs = [subprocess.Popen([exe, "run", str(config), "--run-id", "same"], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [exe, "run", str(config), "--run-id", "same"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [(p, *p.communicate(timeout=600)) for p in procs]
     codes = sorted(p.returncode for p, _, _ in results)
     assert codes == [0, 2], [(p.returncode, err[-3000:]) for p, _, err in results]
-    (winner, w_out, _), = [r for r in results if r[0].returncode == 0]
-    (_, _, l_err), = [r for r in results if r[0].returncode == 2]
+    ((winner, w_out, _),) = [r for r in results if r[0].returncode == 0]
+    ((_, _, l_err),) = [r for r in results if r[0].returncode == 2]
     assert "run same committed" in w_out
-    assert (f"ragbatch: error: run 'same' is being run by another attempt: host "
-            f"{socket.gethostname()}, pid {winner.pid}, since ") in l_err
+    assert (
+        f"ragbatch: error: run 'same' is being run by another attempt: host "
+        f"{socket.gethostname()}, pid {winner.pid}, since "
+    ) in l_err
     assert "expires at" in l_err
     assert len(list(out.glob("runs/*/run_id=same/manifest.json"))) == 1
     assert not (out / "_staging").exists()  # the commit removed the prefix and _staging/
@@ -250,8 +303,9 @@ def test_lease_is_released_on_failure_and_staging_cleaned_on_commit(ray_local, t
     assert len(list(out.glob("runs/*/run_id=*/manifest.json"))) == 2
 
 
-def test_run_on_s3_leaves_no_staging_and_refuses_a_held_run_id(ray_local, s3_storage_options,
-                                                                s3_bucket, tmp_path):
+def test_run_on_s3_leaves_no_staging_and_refuses_a_held_run_id(
+    ray_local, s3_storage_options, s3_bucket, tmp_path
+):
     import s3fs
 
     from ragbatch.config.job import JobConfig
@@ -267,5 +321,7 @@ def test_run_on_s3_leaves_no_staging_and_refuses_a_held_run_id(ray_local, s3_sto
     run_job(config, run_id="free")
     fs.invalidate_cache()
     keys = fs.find(f"{s3_bucket}/eval")
-    assert [k for k in keys if "/_staging/" in k] == [f"{s3_bucket}/eval/_staging/run_id=held/lease/00000001.json"]
+    assert [k for k in keys if "/_staging/" in k] == [
+        f"{s3_bucket}/eval/_staging/run_id=held/lease/00000001.json"
+    ]
     assert any(k.endswith("run_id=free/manifest.json") for k in keys)

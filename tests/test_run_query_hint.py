@@ -25,17 +25,28 @@ EXPECTED = [("response_length", "ok", 3, pytest.approx(2 / 3))]
 
 def _config(folder: Path, output: dict) -> Path:
     data = folder / "in.csv"
-    data.write_text("q,a\n" + "".join(f"q{i},{a}\n" for i, a in enumerate(ANSWERS)), encoding="utf-8")
+    data.write_text(
+        "q,a\n" + "".join(f"q{i},{a}\n" for i, a in enumerate(ANSWERS)), encoding="utf-8"
+    )
     path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump({
-        "input": {"uri": str(data), "columns": {"question": "q", "answer": "a"}},
-        "output": output,
-        "metrics": [{"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}}],
-    }), encoding="utf-8")
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"uri": str(data), "columns": {"question": "q", "answer": "a"}},
+                "output": output,
+                "metrics": [
+                    {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}}
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
     return path
 
 
-def test_duckdb_query_of_a_relative_output_works_from_another_folder(ray_local, tmp_path, monkeypatch):
+def test_duckdb_query_of_a_relative_output_works_from_another_folder(
+    ray_local, tmp_path, monkeypatch
+):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     config = _config(tmp_path / "a", {"uri": "out"})  # relative to where the run starts
@@ -48,21 +59,29 @@ def test_duckdb_query_of_a_relative_output_works_from_another_folder(ray_local, 
     assert duckdb.connect().execute(sql).fetchall() == EXPECTED
 
 
-def test_polars_snippet_for_s3_output_runs_and_prints_no_secret(ray_local, tmp_path, s3_endpoint,
-                                                                s3_bucket):
-    options = {"endpoint_url": s3_endpoint, "key": S3_KEY, "secret": "s3cr3t-" + S3_SECRET,
-               "client_kwargs": {"region_name": "us-east-1"}}
+def test_polars_snippet_for_s3_output_runs_and_prints_no_secret(
+    ray_local, tmp_path, s3_endpoint, s3_bucket
+):
+    options = {
+        "endpoint_url": s3_endpoint,
+        "key": S3_KEY,
+        "secret": "s3cr3t-" + S3_SECRET,
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
     config = _config(tmp_path, {"uri": f"s3://{s3_bucket}/out", "storage_options": options})
     code, out, err = run_cli(["run", str(config), "--run-id", "hint-s3"])
     assert code == 0, err[-3000:]
     assert "s3cr3t" not in out and "DuckDB" not in out
     lines = out.splitlines()
     start = lines.index(next(line for line in lines if line.startswith("query it with Polars")))
-    snippet = "\n".join(line.strip() for line in lines[start + 1:start + 4])
-    assert f'"aws_endpoint_url": "{s3_endpoint}"' in snippet and '"aws_region": "us-east-1"' in snippet
+    snippet = "\n".join(line.strip() for line in lines[start + 1 : start + 4])
+    assert (
+        f'"aws_endpoint_url": "{s3_endpoint}"' in snippet and '"aws_region": "us-east-1"' in snippet
+    )
     assert '"aws_access_key_id": "..."' in snippet and '"aws_secret_access_key": "..."' in snippet
-    filled = (snippet.replace('"aws_access_key_id": "..."', f'"aws_access_key_id": "{S3_KEY}"')
-              .replace('"aws_secret_access_key": "..."', f'"aws_secret_access_key": "s3cr3t-{S3_SECRET}"'))
+    filled = snippet.replace(
+        '"aws_access_key_id": "..."', f'"aws_access_key_id": "{S3_KEY}"'
+    ).replace('"aws_secret_access_key": "..."', f'"aws_secret_access_key": "s3cr3t-{S3_SECRET}"')
     assert "..." not in filled
     namespace: dict = {}
     exec(re.sub(r"^(scores\.filter)", r"result = \1", filled, flags=re.M), namespace)

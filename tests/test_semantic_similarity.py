@@ -98,15 +98,22 @@ def write_tiny_bert(
 
 
 def frame(answers: list, references: list, issues: list | None = None) -> pl.DataFrame:
-    data = {"answer": pl.Series(answers, dtype=pl.String),
-            "reference": pl.Series(references, dtype=pl.String)}
+    data = {
+        "answer": pl.Series(answers, dtype=pl.String),
+        "reference": pl.Series(references, dtype=pl.String),
+    }
     if issues is not None:
         data[ISSUES] = pl.Series(issues, dtype=ISSUES_DTYPE)
     return pl.DataFrame(data)
 
 
-def cells(metric: SemanticSimilarity, model: LoadedModel, answers: list, references: list,
-          issues: list | None = None) -> list[dict]:
+def cells(
+    metric: SemanticSimilarity,
+    model: LoadedModel,
+    answers: list,
+    references: list,
+    issues: list | None = None,
+) -> list[dict]:
     out = metric.compute(model, frame(answers, references, issues))
     assert out.dtype == CELL_DTYPE
     assert len(out) == len(answers)
@@ -195,9 +202,7 @@ def test_embeddings_are_float32_unit_rows(minilm):
     assert minilm.embed([]).shape == (0, 384)
 
 
-@pytest.mark.parametrize(
-    "text", [CAT, REVENUE, "猫がマットの上に座った。", "I love pizza 🍕"]
-)
+@pytest.mark.parametrize("text", [CAT, REVENUE, "猫がマットの上に座った。", "I love pizza 🍕"])
 def test_identical_texts_score_near_one(metric, minilm, text):
     (cell,) = cells(metric, minilm, [text], [text])
     assert cell["status"] == "ok"
@@ -208,12 +213,17 @@ def test_identical_texts_score_near_one(metric, minilm, text):
     "reference, paraphrase, unrelated",
     [
         (CAT, CAT_PARAPHRASE, REVENUE),
-        ("Paris is the capital of France.", "France's capital city is Paris.",
-         "The mitochondria is the powerhouse of the cell."),
-        ("How do I reset my password?", "Steps to change a forgotten password",
-         "Best hiking trails near Denver"),
-        ("猫がマットの上に座った。", "猫がマットに座っていた。",
-         "四半期の売上は5%増加した。"),
+        (
+            "Paris is the capital of France.",
+            "France's capital city is Paris.",
+            "The mitochondria is the powerhouse of the cell.",
+        ),
+        (
+            "How do I reset my password?",
+            "Steps to change a forgotten password",
+            "Best hiking trails near Denver",
+        ),
+        ("猫がマットの上に座った。", "猫がマットに座っていた。", "四半期の売上は5%増加した。"),
     ],
 )
 def test_paraphrase_scores_above_unrelated(metric, minilm, reference, paraphrase, unrelated):
@@ -252,8 +262,13 @@ def test_cjk_and_emoji_give_valid_scores(metric, minilm, answer, reference):
 )
 def test_missing_inputs(metric, minilm, answer, reference, reason):
     (cell,) = cells(metric, minilm, [answer], [reference])
-    assert cell == {"score": None, "status": "missing_input", "reason": reason,
-                    "details": None, "model": minilm.model_id}
+    assert cell == {
+        "score": None,
+        "status": "missing_input",
+        "reason": reason,
+        "details": None,
+        "model": minilm.model_id,
+    }
 
 
 def test_null_reason_comes_from_issues(metric, minilm):
@@ -313,8 +328,15 @@ def test_negative_cosine_clips_to_zero(metric, minilm):
 
 @pytest.mark.parametrize(
     "cosine, score",
-    [(-1.0, 0.0), (-0.068, 0.0), (-0.0, 0.0), (0.0, 0.0), (0.42, 0.42), (1.0, 1.0),
-     (1.0000001, 1.0)],
+    [
+        (-1.0, 0.0),
+        (-0.068, 0.0),
+        (-0.0, 0.0),
+        (0.0, 0.0),
+        (0.42, 0.42),
+        (1.0, 1.0),
+        (1.0000001, 1.0),
+    ],
 )
 def test_cosine_to_score(cosine, score):
     assert cosine_to_score(cosine) == score
@@ -401,8 +423,11 @@ def test_embedding_engine_from_a_plain_transformers_directory(metric, tmp_path):
 def test_model_failure_gives_error_cells(metric, tmp_path, kind):
     # A tokenizer whose ids run past the model's embedding table: real models fail on it.
     path = write_tiny_bert(tmp_path / "broken", head=kind, model_vocab_size=8)
-    spec = (CrossEncoderEngine(type="cross_encoder", model=str(path)) if kind == "cross_encoder"
-            else EmbeddingEngine(type="embedding", model=str(path)))
+    spec = (
+        CrossEncoderEngine(type="cross_encoder", model=str(path))
+        if kind == "cross_encoder"
+        else EmbeddingEngine(type="embedding", model=str(path))
+    )
     model = load_model(spec)
     out = cells(metric, model, ["the cat sat", None, "paris is a city"], ["a mat", CAT, "france"])
     assert [c["status"] for c in out] == ["error", "missing_input", "error"]
@@ -417,8 +442,10 @@ def test_model_failure_gives_error_cells(metric, tmp_path, kind):
 
 def test_missing_model_path_names_the_path(tmp_path):
     missing_dir = tmp_path / "no" / "such-model"
-    for spec in (CrossEncoderEngine(type="cross_encoder", model=str(missing_dir)),
-                 EmbeddingEngine(type="embedding", model=str(missing_dir))):
+    for spec in (
+        CrossEncoderEngine(type="cross_encoder", model=str(missing_dir)),
+        EmbeddingEngine(type="embedding", model=str(missing_dir)),
+    ):
         with pytest.raises(EngineError, match="does not exist") as info:
             load_model(spec)
         assert str(missing_dir) in str(info.value)

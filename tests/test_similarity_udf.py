@@ -66,7 +66,9 @@ def run_through_ray(table: pa.Table, engine_name: str, spec: dict, metrics: list
             ModelStage,
             batch_format="pyarrow",
             fn_constructor_kwargs={
-                "engine_name": engine_name, "engine_spec": spec, "metrics": metrics,
+                "engine_name": engine_name,
+                "engine_spec": spec,
+                "metrics": metrics,
             },
             **stage_options(spec),
         )
@@ -110,8 +112,16 @@ def test_embedding_stage_through_ray(ray_local):
     assert_same_cells(sim, want)
     assert out.column(cell_column("sim_again")).to_pylist() == sim
     assert [c["status"] for c in sim] == [
-        "ok", "missing_input", "ok", "missing_input", "missing_input", "ok", "ok", "ok",
-        "missing_input", "ok",
+        "ok",
+        "missing_input",
+        "ok",
+        "missing_input",
+        "missing_input",
+        "ok",
+        "ok",
+        "ok",
+        "missing_input",
+        "ok",
     ]
     assert sim[1]["reason"] == "answer: not a string (int)"
     assert sim[0] == sim[5]
@@ -121,8 +131,12 @@ def test_embedding_stage_through_ray(ray_local):
 @pytest.mark.slow
 def test_cross_encoder_stage_through_ray(ray_local, tiny_cross_encoder_dir):
     table = canonical_table()
-    spec = {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir), "batch_size": 3,
-            "concurrency": [1, 1]}
+    spec = {
+        "type": "cross_encoder",
+        "model": str(tiny_cross_encoder_dir),
+        "batch_size": 3,
+        "concurrency": [1, 1],
+    }
     out = run_through_ray(table, "tiny", spec, METRICS[:1])
 
     assert out.column("row_id").to_pylist() == [r[0] for r in ROWS]
@@ -137,10 +151,16 @@ def test_cross_encoder_stage_through_ray(ray_local, tiny_cross_encoder_dir):
 def test_built_metrics_go_to_the_actors_as_a_run_passes_them(ray_local, tiny_cross_encoder_dir):
     # A run hands the stage the plan's Metric objects; Ray pickles them for each actor.
     table = canonical_table()
-    spec = {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir), "batch_size": 4,
-            "concurrency": 1}
-    metrics = [SemanticSimilarity.from_params({}, metric_id=mid, engine="tiny")
-               for mid in ("sim", "sim_again")]
+    spec = {
+        "type": "cross_encoder",
+        "model": str(tiny_cross_encoder_dir),
+        "batch_size": 4,
+        "concurrency": 1,
+    }
+    metrics = [
+        SemanticSimilarity.from_params({}, metric_id=mid, engine="tiny")
+        for mid in ("sim", "sim_again")
+    ]
     out = run_through_ray(table, "tiny", spec, metrics)
 
     assert out.column_names == table.column_names + [cell_column("sim"), cell_column("sim_again")]
@@ -167,8 +187,9 @@ def test_call_in_process_keeps_columns_and_rows(tiny_cross_encoder_dir):
 
 
 def test_actor_trims_heap_after_batches(tiny_cross_encoder_dir):
-    stage = ModelStage("tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)},
-                       METRICS[:1])
+    stage = ModelStage(
+        "tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)}, METRICS[:1]
+    )
     assert stage.heap.interval_s == TRIM_INTERVAL_S
     stage.heap = HeapTrimmer(interval_s=0)  # every batch, so the count is known
     table = canonical_table()
@@ -179,16 +200,18 @@ def test_actor_trims_heap_after_batches(tiny_cross_encoder_dir):
 
 
 def test_batch_without_issues_column(tiny_cross_encoder_dir):
-    stage = ModelStage("tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)},
-                       METRICS[:1])
+    stage = ModelStage(
+        "tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)}, METRICS[:1]
+    )
     out = stage(canonical_table().drop_columns(["_issues", "app", "row_id"]))
     cells = out.column(cell_column("sim")).to_pylist()
     assert cells[1]["reason"] == "answer is null"
 
 
 def test_missing_input_column_is_an_error(tiny_cross_encoder_dir):
-    stage = ModelStage("tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)},
-                       METRICS[:1])
+    stage = ModelStage(
+        "tiny", {"type": "cross_encoder", "model": str(tiny_cross_encoder_dir)}, METRICS[:1]
+    )
     with pytest.raises(ValueError, match="reference"):
         stage(canonical_table().drop_columns(["reference"]))
     with pytest.raises(TypeError, match="pyarrow"):
@@ -247,4 +270,3 @@ def test_actor_stage_blocks_are_cut_to_batches(ray_local):
     assert max(sizes) <= ACTOR_BLOCK_BATCHES * 4 and sum(sizes) == 1000
     assert len(sizes) >= 1000 // (ACTOR_BLOCK_BATCHES * 4)
     assert sorted(r["row_id"] for r in ds.iter_rows()) == sorted(table["row_id"].to_pylist())
-

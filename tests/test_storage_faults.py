@@ -29,23 +29,39 @@ METRICS = [
     {"name": "response_length", "params": {"min_chars": 1, "max_chars": 40}},
     {"name": "exact_match"},
     # 0.6 s per batch: the run is still reading and writing when the endpoint goes down.
-    {"name": "binary", "id": "digit", "params": {"callback": "support.binary_callbacks:slow_digit"}},
+    {
+        "name": "binary",
+        "id": "digit",
+        "params": {"callback": "support.binary_callbacks:slow_digit"},
+    },
 ]
 
 
 def _rows(file_index: int) -> list[dict]:
-    return [{"q": f"q{file_index}-{i}", "a": f"answer {i} é中👍" if i % 3 else "",
-             "ref": f"answer {i} é中👍"} for i in range(ROWS_PER_FILE)]
+    return [
+        {
+            "q": f"q{file_index}-{i}",
+            "a": f"answer {i} é中👍" if i % 3 else "",
+            "ref": f"answer {i} é中👍",
+        }
+        for i in range(ROWS_PER_FILE)
+    ]
 
 
 def _config(uri: str, out: str, options: dict | None) -> JobConfig:
     storage = {"storage_options": options} if options else {}
-    return JobConfig.from_dict({
-        "input": {"uri": uri, "format": "jsonl", **storage,
-                  "columns": {"question": "q", "answer": "a", "reference": "ref"}},
-        "output": {"uri": out, **storage},
-        "metrics": METRICS,
-    })
+    return JobConfig.from_dict(
+        {
+            "input": {
+                "uri": uri,
+                "format": "jsonl",
+                **storage,
+                "columns": {"question": "q", "answer": "a", "reference": "ref"},
+            },
+            "output": {"uri": out, **storage},
+            "metrics": METRICS,
+        }
+    )
 
 
 def _staged_files(bucket: str) -> int:
@@ -56,14 +72,17 @@ def _staged_files(bucket: str) -> int:
         for region in backend.values():
             store = region.buckets.get(bucket)
             if store is not None:
-                return sum(1 for k in store.keys.keys() if "/_staging/" in k and k.endswith(".parquet"))
+                return sum(
+                    1 for k in store.keys.keys() if "/_staging/" in k and k.endswith(".parquet")
+                )
     return 0
 
 
 def _cells(con, root: str) -> dict:
     rows = con.execute(
         f"SELECT row_id, metric, score, status, reason FROM read_parquet('{root}/scores/**/*.parquet', "
-        "hive_partitioning=true)").fetchall()
+        "hive_partitioning=true)"
+    ).fetchall()
     assert len(rows) == len({(r[0], r[1]) for r in rows})
     return {(r[0], r[1]): r[2:] for r in rows}
 
@@ -91,8 +110,9 @@ def test_endpoint_down_mid_run_is_retried_and_the_run_commits(ray_local, tmp_pat
 
     def run() -> None:
         try:
-            outcome["result"] = run_job(_config(f"s3://{bucket}/in/", f"s3://{bucket}/out", options),
-                                        run_id="outage")
+            outcome["result"] = run_job(
+                _config(f"s3://{bucket}/in/", f"s3://{bucket}/out", options), run_id="outage"
+            )
         except BaseException as exc:  # handed to the test thread
             outcome["error"] = exc
 
@@ -149,8 +169,9 @@ def test_refused_connection_is_transient_and_retried_until_the_last_attempt():
     from ragbatch.io.fs import is_transient, resolve, with_storage_retries
 
     port = _free_port()  # nothing listens here
-    fs, _ = resolve("s3://b/x", {"endpoint_url": f"http://127.0.0.1:{port}", "key": S3_KEY,
-                                 "secret": S3_SECRET})
+    fs, _ = resolve(
+        "s3://b/x", {"endpoint_url": f"http://127.0.0.1:{port}", "key": S3_KEY, "secret": S3_SECRET}
+    )
     calls = []
 
     def read():
@@ -185,12 +206,13 @@ def test_storage_error_patterns_are_added_without_a_warning_and_match_as_before(
         warnings.simplefilter("always")
         _retry_storage_errors(ctx)
     assert not [w for w in caught if "retried_io_errors" in str(w.message)]
-    added = ctx.retried_io_errors[len(defaults):]
-    assert ctx.retried_io_errors[:len(defaults)] == defaults
+    added = ctx.retried_io_errors[len(defaults) :]
+    assert ctx.retried_io_errors[: len(defaults)] == defaults
     assert added == [re.escape(t) for t in RETRIED_STORAGE_ERRORS]
     for text in RETRIED_STORAGE_ERRORS:
         message = f"OSError: An error occurred (x): {text} while writing part-0.parquet"
         assert any(matches_error(p, message) for p in added)
     # A bucket that does not exist is not retried.
-    assert not any(matches_error(p, "NoSuchBucket: The specified bucket does not exist")
-                   for p in added)
+    assert not any(
+        matches_error(p, "NoSuchBucket: The specified bucket does not exist") for p in added
+    )

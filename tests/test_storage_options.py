@@ -45,11 +45,15 @@ def _input(tmp_path, name: str, answers: list[str]) -> str:
 
 
 def _job(tmp_path, output_uri: str, options: dict) -> str:
-    config = {"run": {"name": "storage"},
-              "input": {"uri": _input(tmp_path, "baseline", BASELINE_ANSWERS),
-                        "columns": {"question": "q", "answer": "a", "reference": "ref"}},
-              "output": {"uri": output_uri, "storage_options": options},
-              "metrics": [{"name": "exact_match"}]}
+    config = {
+        "run": {"name": "storage"},
+        "input": {
+            "uri": _input(tmp_path, "baseline", BASELINE_ANSWERS),
+            "columns": {"question": "q", "answer": "a", "reference": "ref"},
+        },
+        "output": {"uri": output_uri, "storage_options": options},
+        "metrics": [{"name": "exact_match"}],
+    }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(config))
     return str(path)
@@ -66,12 +70,15 @@ def _ok(argv: list[str]) -> str:
 
 
 def _exact_match(comparison: dict) -> dict:
-    row, = [m for m in comparison["metrics"] if m["metric"] == "exact_match" and m["slice"] is None]
+    (row,) = [
+        m for m in comparison["metrics"] if m["metric"] == "exact_match" and m["slice"] is None
+    ]
     return row
 
 
-def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_storage_options,
-                                                   s3_endpoint, tmp_path):
+def test_analysis_commands_on_s3_with_options_only(
+    ray_local, bare_aws_env, s3_storage_options, s3_endpoint, tmp_path
+):
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_storage_options)
     first, second = "rb-first-store", "rb-second-store"
     for bucket in (first, second):
@@ -87,18 +94,27 @@ def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_s
     assert "comparison:" in out and "with base" in out
     fs.invalidate_cache()
     reports = fs.glob(f"{first}/eval/reports/run_date=*/run_id=cand/*")
-    assert sorted(p.rsplit("/", 1)[1] for p in reports) == ["comparison.json", "comparison.txt",
-                                                            "report.html"]
+    assert sorted(p.rsplit("/", 1)[1] for p in reports) == [
+        "comparison.json",
+        "comparison.txt",
+        "report.html",
+    ]
     published = json.loads(fs.cat([p for p in reports if p.endswith(".json")][0]))
     assert published["baseline"]["run_id"] == "base"
-    assert (_exact_match(published)["baseline_mean"], _exact_match(published)["candidate_mean"],
-            _exact_match(published)["mean_diff"], _exact_match(published)["n_pairs"]) == (0.5, 1.0, 0.5, 4)
+    assert (
+        _exact_match(published)["baseline_mean"],
+        _exact_match(published)["candidate_mean"],
+        _exact_match(published)["mean_diff"],
+        _exact_match(published)["n_pairs"],
+    ) == (0.5, 1.0, 0.5, 4)
 
     # nightly, on another bucket (through --output), with its comparison
     _ok(["nightly", job, "--output", other, "--run-date", "2026-01-01"])
     _ok(["nightly", job, "--output", other, "--run-date", "2026-01-02", "--input", candidate_input])
     fs.invalidate_cache()
-    nightly, = fs.glob(f"{second}/eval/reports/run_date=2026-01-02/run_id=nightly-2026-01-02/comparison.json")
+    (nightly,) = fs.glob(
+        f"{second}/eval/reports/run_date=2026-01-02/run_id=nightly-2026-01-02/comparison.json"
+    )
     assert _exact_match(json.loads(fs.cat(nightly)))["mean_diff"] == 0.5
 
     # report and compare: options on the command line only
@@ -107,9 +123,21 @@ def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_s
     _ok(["report", "--output", root, "cand", "--baseline", "base", "-o", str(html), *options])
     assert "cand" in html.read_text(encoding="utf-8") and "base" in html.read_text(encoding="utf-8")
     compared = tmp_path / "compare.json"
-    _ok(["compare", "--output", root, "base", "nightly-2026-01-02", "--candidate-output", other,
-         *options, *_flags("--candidate-storage-option", s3_storage_options),
-         "--json", str(compared)])
+    _ok(
+        [
+            "compare",
+            "--output",
+            root,
+            "base",
+            "nightly-2026-01-02",
+            "--candidate-output",
+            other,
+            *options,
+            *_flags("--candidate-storage-option", s3_storage_options),
+            "--json",
+            str(compared),
+        ]
+    )
     result = json.loads(compared.read_text())
     assert (result["candidate"]["root"], _exact_match(result)["mean_diff"]) == (other, 0.5)
 
@@ -121,8 +149,18 @@ def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_s
     started = time.monotonic()
     code, _, err = run_cli(["compare", "--output", root, "base", "cand"])
     assert code == 2 and root in err, err
-    code, _, err = run_cli(["compare", "--output", root, "base", "nightly-2026-01-02",
-                            "--candidate-output", other, *options])
+    code, _, err = run_cli(
+        [
+            "compare",
+            "--output",
+            root,
+            "base",
+            "nightly-2026-01-02",
+            "--candidate-output",
+            other,
+            *options,
+        ]
+    )
     assert code == 2 and other in err, err
     assert time.monotonic() - started < 60
 
@@ -130,12 +168,24 @@ def test_analysis_commands_on_s3_with_options_only(ray_local, bare_aws_env, s3_s
 def test_storage_option_flags_parse_to_nested_options():
     from ragbatch.io.options import parse_storage_option, storage_options_from
 
-    pairs = [parse_storage_option(t) for t in (
-        "endpoint_url=http://127.0.0.1:9000", "anon=false", "config_kwargs.connect_timeout=2",
-        "config_kwargs.retries.mode=standard", "secret='0123'", "token=")]
+    pairs = [
+        parse_storage_option(t)
+        for t in (
+            "endpoint_url=http://127.0.0.1:9000",
+            "anon=false",
+            "config_kwargs.connect_timeout=2",
+            "config_kwargs.retries.mode=standard",
+            "secret='0123'",
+            "token=",
+        )
+    ]
     assert storage_options_from(pairs, "--storage-option") == {
-        "endpoint_url": "http://127.0.0.1:9000", "anon": False, "secret": "0123", "token": "",
-        "config_kwargs": {"connect_timeout": 2, "retries": {"mode": "standard"}}}
+        "endpoint_url": "http://127.0.0.1:9000",
+        "anon": False,
+        "secret": "0123",
+        "token": "",
+        "config_kwargs": {"connect_timeout": 2, "retries": {"mode": "standard"}},
+    }
 
 
 @pytest.mark.parametrize("text", ["anon", "=1", "a..b=1", "client_kwargs={a: 1}"])
@@ -158,8 +208,12 @@ def test_storage_option_given_twice():
 def test_s3_retry_defaults_give_way_to_the_environment(monkeypatch):
     from ragbatch.io.fs import resolve
 
-    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s",
-               "skip_instance_cache": True}
+    options = {
+        "endpoint_url": "http://127.0.0.1:1",
+        "key": "k",
+        "secret": "s",
+        "skip_instance_cache": True,
+    }
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
     monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
     fs, _ = resolve("s3://bucket/x", options)

@@ -47,17 +47,27 @@ def _config(folder: Path, callback: str | None = None, name: str = "job.yaml", *
     metrics = [{"name": "exact_match"}]
     if callback:
         metrics.append({"name": "binary", "params": {"callback": callback}})
-    config = {"input": {"uri": str(folder / "data.csv"), "format": "csv",
-                        "columns": {"answer": "a", "reference": "r"}},
-              "output": {"uri": str(folder / "out")}, "metrics": metrics, **sections}
+    config = {
+        "input": {
+            "uri": str(folder / "data.csv"),
+            "format": "csv",
+            "columns": {"answer": "a", "reference": "r"},
+        },
+        "output": {"uri": str(folder / "out")},
+        "metrics": metrics,
+        **sections,
+    }
     path = folder / name
     path.write_text(yaml.safe_dump(config))
     return path
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_the_config_and_its_callback_module_go_and_nothing_else(tmp_path):
@@ -75,8 +85,12 @@ def test_the_config_and_its_callback_module_go_and_nothing_else(tmp_path):
     assert request.files == {"job.yaml": config, "shipcb_rows.py": cfg / "shipcb_rows.py"}
     assert request.entrypoint == "python -m ragbatch run job.yaml --run-id r1 --run-date 2026-11-28"
     assert "working_dir" not in request.runtime_env
-    assert request.metadata == {"ragbatch_config": "job.yaml", "ragbatch_run_id": "r1",
-                                "ragbatch_run_date": "2026-11-28", "ragbatch_output": str(cfg / "out")}
+    assert request.metadata == {
+        "ragbatch_config": "job.yaml",
+        "ragbatch_run_id": "r1",
+        "ragbatch_run_date": "2026-11-28",
+        "ragbatch_output": str(cfg / "out"),
+    }
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()
@@ -107,7 +121,9 @@ def test_a_callback_in_the_current_folder_goes_one_from_elsewhere_does_not(tmp_p
     (Path.cwd() / "shipcb_here.py").write_text(CALLBACK)
     config = _config(tmp_path / "project", "shipcb_here:long_enough")
     assert prepare_job(config, run_id="r1", run_date=DAY).files == {
-        "job.yaml": config, "shipcb_here.py": Path.cwd() / "shipcb_here.py"}
+        "job.yaml": config,
+        "shipcb_here.py": Path.cwd() / "shipcb_here.py",
+    }
 
     config = _config(tmp_path / "other", "string:capwords")
     assert prepare_job(config, run_id="r1", run_date=DAY).files == {"job.yaml": config}
@@ -131,11 +147,29 @@ def test_every_argument_of_the_entry_point_is_quoted(tmp_path, nightly, command)
     config = _config(tmp_path / "project", name="my job; touch pwned $(id).yaml")
     hostile_in = str(tmp_path / "in dir/$(touch pwned)`id`;rm -rf x 'q\"/")
     hostile_out = str(tmp_path / "out|tee x&&echo $HOME")
-    request = prepare_job(config, input_uri=hostile_in, output_uri=hostile_out, run_id="r1",
-                          run_date=DAY, nightly=nightly)
+    request = prepare_job(
+        config,
+        input_uri=hostile_in,
+        output_uri=hostile_out,
+        run_id="r1",
+        run_date=DAY,
+        nightly=nightly,
+    )
     assert shlex.split(request.entrypoint) == [
-        "python", "-m", "ragbatch", command, "my job; touch pwned $(id).yaml", "--run-id", "r1",
-        "--run-date", "2026-11-28", "--input", hostile_in, "--output", hostile_out]
+        "python",
+        "-m",
+        "ragbatch",
+        command,
+        "my job; touch pwned $(id).yaml",
+        "--run-id",
+        "r1",
+        "--run-date",
+        "2026-11-28",
+        "--input",
+        hostile_in,
+        "--output",
+        hostile_out,
+    ]
 
 
 @pytest.mark.parametrize("run_id", ["a;touch pwned", "a b", "$(id)", "a`id`", "x|y", "a&&b"])
@@ -148,10 +182,14 @@ def test_relative_local_inputs_need_a_checkout(tmp_path):
     """Nothing local but the config and its code is shipped: a relative input or
     calibration root would name the job's temporary folder. A checkout ships them."""
     config = _config(tmp_path / "project")
-    with pytest.raises(ConfigError, match=r"input.uri 'data/' is a relative local path.*--working-dir"):
+    with pytest.raises(
+        ConfigError, match=r"input.uri 'data/' is a relative local path.*--working-dir"
+    ):
         prepare_job(config, input_uri="data/", run_id="r1", run_date=DAY)
-    calibrated = _config(tmp_path / "calibrated", calibration={
-        "uri": "calib/", "min_agreement": {"exact_match": {"accuracy": 0.5}}})
+    calibrated = _config(
+        tmp_path / "calibrated",
+        calibration={"uri": "calib/", "min_agreement": {"exact_match": {"accuracy": 0.5}}},
+    )
     with pytest.raises(ConfigError, match="calibration.uri 'calib/' is a relative local path"):
         prepare_job(calibrated, run_id="r1", run_date=DAY)
 
@@ -159,9 +197,12 @@ def test_relative_local_inputs_need_a_checkout(tmp_path):
     (checkout / "jobs").mkdir(parents=True)
     (checkout / "jobs" / "run.py").write_text("")
     inside = _config(checkout / "configs")
-    request = prepare_job(inside, working_dir=checkout, input_uri="data/", run_id="r1", run_date=DAY)
-    assert request.entrypoint == ("python jobs/run.py configs/job.yaml --run-id r1 --run-date "
-                                  "2026-11-28 --input data/")
+    request = prepare_job(
+        inside, working_dir=checkout, input_uri="data/", run_id="r1", run_date=DAY
+    )
+    assert request.entrypoint == (
+        "python jobs/run.py configs/job.yaml --run-id r1 --run-date 2026-11-28 --input data/"
+    )
     assert request.files == {}
     assert request.runtime_env == {"excludes": [".git"], "working_dir": str(checkout)}
 
@@ -176,27 +217,48 @@ def test_written_locations_must_outlive_the_job(tmp_path):
 
 def test_a_folder_that_is_not_a_checkout_is_refused_as_working_dir(tmp_path):
     config = _config(tmp_path / "project")
-    with pytest.raises(ConfigError, match="has no jobs/run.py, so it is not a ragbatch checkout"
-                                          ".*leave --working-dir out"):
+    with pytest.raises(
+        ConfigError,
+        match="has no jobs/run.py, so it is not a ragbatch checkout.*leave --working-dir out",
+    ):
         prepare_job(config, working_dir=tmp_path / "project", run_id="r1", run_date=DAY)
 
 
 def test_credentials_stay_out_of_the_entry_point_metadata_and_printed_paths(tmp_path):
     with pytest.raises(ConfigError, match="--output: the URI carries a password"):
-        prepare_job(_config(tmp_path / "p1"), output_uri="s3://AKIAX:s3cr3t@bucket/evals",
-                    run_id="r1", run_date=DAY)
+        prepare_job(
+            _config(tmp_path / "p1"),
+            output_uri="s3://AKIAX:s3cr3t@bucket/evals",
+            run_id="r1",
+            run_date=DAY,
+        )
     with pytest.raises(ConfigError, match="--input: the URI carries a password"):
-        prepare_job(_config(tmp_path / "p2"), input_uri="https://me:s3cr3t@host/traces.csv",
-                    run_id="r1", run_date=DAY)
+        prepare_job(
+            _config(tmp_path / "p2"),
+            input_uri="https://me:s3cr3t@host/traces.csv",
+            run_id="r1",
+            run_date=DAY,
+        )
 
-    config = _config(tmp_path / "p3", output={"uri": "s3://AKIAX:s3cr3t@bucket/evals",
-                                              "storage_options": {"secret": "s3cr3t"}})
+    config = _config(
+        tmp_path / "p3",
+        output={"uri": "s3://AKIAX:s3cr3t@bucket/evals", "storage_options": {"secret": "s3cr3t"}},
+    )
     request = prepare_job(config, run_id="r1", run_date=DAY)
-    shown = " ".join([request.entrypoint, *request.metadata.values(), *vars(request.output).values(),
-                      repr(request.runtime_env)])
+    shown = " ".join(
+        [
+            request.entrypoint,
+            *request.metadata.values(),
+            *vars(request.output).values(),
+            repr(request.runtime_env),
+        ]
+    )
     assert "s3cr3t" not in shown and "AKIAX" not in shown
     assert request.metadata["ragbatch_output"] == "s3://bucket/evals"
-    assert request.output.manifest == "s3://bucket/evals/runs/run_date=2026-11-28/run_id=r1/manifest.json"
+    assert (
+        request.output.manifest
+        == "s3://bucket/evals/runs/run_date=2026-11-28/run_id=r1/manifest.json"
+    )
 
 
 def test_cli_exits_2_before_connecting(tmp_path, capsys):
@@ -208,6 +270,11 @@ def test_cli_exits_2_before_connecting(tmp_path, capsys):
 
 def test_python_dash_m_ragbatch_is_the_command():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "ragbatch", "submit", "--help"], env=env,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "ragbatch", "submit", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.startswith("usage: ragbatch submit")

@@ -50,8 +50,14 @@ def _scipy_bootstrap(values):
     values = np.sort(np.asarray(values, dtype=float))
     if values.size == 1:  # scipy needs two values; one value: every resample mean is it
         return values[0], values[0]
-    res = stats.bootstrap((values,), np.mean, vectorized=True, method="percentile",
-                          n_resamples=N_RESAMPLES, random_state=np.random.default_rng(SEED))
+    res = stats.bootstrap(
+        (values,),
+        np.mean,
+        vectorized=True,
+        method="percentile",
+        n_resamples=N_RESAMPLES,
+        random_state=np.random.default_rng(SEED),
+    )
     return res.confidence_interval.low, res.confidence_interval.high
 
 
@@ -73,10 +79,20 @@ EXPECTED = {
     ("latency", None): [(None, 9, 8, 6)],
     # app: by cells, most first; ties by text in byte order with null last; "e" + U+0301
     # (0x65) sorts before precomposed U+00E9 (0xC3 0xA9).
-    ("exact_match", "app"): [("检索", 3, 2, 1), ("😀 bot", 2, 2, 1), (None, 2, 2, 2),
-                             (COMBINING, 1, 1, 0), (PRECOMPOSED, 1, 1, 1)],
-    ("latency", "app"): [("检索", 3, 3, 2), ("😀 bot", 2, 1, 0), (None, 2, 2, 2),
-                         (COMBINING, 1, 1, 1), (PRECOMPOSED, 1, 1, 1)],
+    ("exact_match", "app"): [
+        ("检索", 3, 2, 1),
+        ("😀 bot", 2, 2, 1),
+        (None, 2, 2, 2),
+        (COMBINING, 1, 1, 0),
+        (PRECOMPOSED, 1, 1, 1),
+    ],
+    ("latency", "app"): [
+        ("检索", 3, 3, 2),
+        ("😀 bot", 2, 1, 0),
+        (None, 2, 2, 2),
+        (COMBINING, 1, 1, 1),
+        (PRECOMPOSED, 1, 1, 1),
+    ],
     ("exact_match", "tier"): [("1", 6, 6, 4), ("2", 3, 2, 1)],
     ("latency", "tier"): [("1", 6, 6, 5), ("2", 3, 2, 1)],
 }
@@ -114,7 +130,7 @@ def test_hand_worked_interval_values(rows):
     # exact_match overall: 5 passes of 8. Wilson at z = 1.959964: centre
     # (0.625 + z²/16) / (1 + z²/8) = 0.865091 / 1.480182 = 0.584449; half-width
     # z / 1.480182 * sqrt(0.625 * 0.375 / 8 + z² / 256) = 1.324137 * 0.210482 = 0.278707.
-    overall, = _pick(rows, "exact_match")
+    (overall,) = _pick(rows, "exact_match")
     assert overall["pass_rate_ci_low"] == pytest.approx(0.305742, abs=1e-6)
     assert overall["pass_rate_ci_high"] == pytest.approx(0.863156, abs=1e-6)
     # Null app: both rows pass, every resample mean is 1.
@@ -125,17 +141,17 @@ def test_hand_worked_interval_values(rows):
 def test_every_row_recomputed_from_the_scores_table(run, rows):
     # A second computation: group the committed scores with DuckDB, then scipy.
     con = duckdb.connect()
-    scores = (f"read_parquet('{run.layout.root}/scores/**/*.parquet', hive_partitioning = true)")
+    scores = f"read_parquet('{run.layout.root}/scores/**/*.parquet', hive_partitioning = true)"
     for r in rows:
         where = f"metric = '{r['metric']}' AND run_id = '{run.run_id}'"
         if r["slice_column"] is not None:
             cast = f"CAST(\"{r['slice_column']}\" AS VARCHAR)"
-            where += (f" AND {cast} IS NULL" if r["slice_value"] is None
-                      else f" AND {cast} = $value")
+            where += f" AND {cast} IS NULL" if r["slice_value"] is None else f" AND {cast} = $value"
         params = {"value": r["slice_value"]} if "$value" in where else {}
         n_total, values = con.execute(
             f"SELECT count(*), list(score) FILTER (WHERE status = 'ok') FROM {scores} WHERE {where}",
-            params).fetchall()[0]
+            params,
+        ).fetchall()[0]
         assert n_total == r["n_total"] and len(values or []) == r["n_ok"]
         low, high = _scipy_bootstrap(values)
         assert (r["mean_ci_low"], r["mean_ci_high"]) == (pytest.approx(low), pytest.approx(high))
@@ -144,24 +160,40 @@ def test_every_row_recomputed_from_the_scores_table(run, rows):
 def test_manifest_records_settings_and_slice_values(run):
     manifest = json.loads(Path(run.layout.manifest_path).read_text(encoding="utf-8"))
     summary = manifest["summary"]
-    assert (summary["confidence"], summary["n_resamples"], summary["seed"]) == (0.95, N_RESAMPLES, SEED)
+    assert (summary["confidence"], summary["n_resamples"], summary["seed"]) == (
+        0.95,
+        N_RESAMPLES,
+        SEED,
+    )
     assert summary["max_slice_values"] == 50
-    assert summary["slice_columns"] == {"app": {"values": 5, "pooled_values": 0},
-                                        "tier": {"values": 2, "pooled_values": 0}}
+    assert summary["slice_columns"] == {
+        "app": {"values": 5, "pooled_values": 0},
+        "tier": {"values": 2, "pooled_values": 0},
+    }
     assert "summary_s" in manifest["timings_s"]
 
 
 def test_values_beyond_the_cap_are_pooled(run):
     # Keep 2 app values: 检索 and 😀 bot; null, COMBINING and PRECOMPOSED are pooled.
     files = sorted(str(p) for p in Path(run.layout.scores_path).glob("*.parquet"))
-    summary = summarize_run(run.layout, files, [MetricInfo("exact_match", "exact_match", True)],
-                            ["app", "tier"], SummarySettings(max_slice_values=2))
+    summary = summarize_run(
+        run.layout,
+        files,
+        [MetricInfo("exact_match", "exact_match", True)],
+        ["app", "tier"],
+        SummarySettings(max_slice_values=2),
+    )
     app = _pick(summary.table.to_pylist(), "exact_match", "app")
     assert [(r["slice_value"], r["slice_other"], r["n_total"], r["n_ok"]) for r in app] == [
-        ("检索", False, 3, 2), ("😀 bot", False, 2, 2), (None, True, 4, 4)]
+        ("检索", False, 3, 2),
+        ("😀 bot", False, 2, 2),
+        (None, True, 4, 4),
+    ]
     assert app[2]["pass_rate"] == pytest.approx(3 / 4)  # null 2 of 2, COMBINING 0, PRECOMPOSED 1
-    assert summary.slice_columns == {"app": {"values": 5, "pooled_values": 3},
-                                     "tier": {"values": 2, "pooled_values": 0}}
+    assert summary.slice_columns == {
+        "app": {"values": 5, "pooled_values": 3},
+        "tier": {"values": 2, "pooled_values": 0},
+    }
     assert summary.manifest_info()["max_slice_values"] == 2
 
 
@@ -170,13 +202,20 @@ def test_cli_prints_overall_rows_only(rows):
     lines = text.splitlines()
     assert lines[0].split() == ["metric", "n", "ok", "mean", "95%", "CI", "other", "statuses"]
     assert len(lines) == 4  # header, rule, two metrics
-    overall, = _pick(rows, "exact_match")
-    assert lines[2].split() == ["exact_match", "9", "8", "0.625",
-                                f"[{overall['mean_ci_low']:.3f},", f"{overall['mean_ci_high']:.3f}]",
-                                "missing_input=1"]
+    (overall,) = _pick(rows, "exact_match")
+    assert lines[2].split() == [
+        "exact_match",
+        "9",
+        "8",
+        "0.625",
+        f"[{overall['mean_ci_low']:.3f},",
+        f"{overall['mean_ci_high']:.3f}]",
+        "missing_input=1",
+    ]
 
 
 # ------------------------------------------------------------- hand-made score tables
+
 
 def _view(tmp_path, table: pa.Table) -> duckdb.DuckDBPyConnection:
     path = tmp_path / "scores.parquet"
@@ -189,23 +228,36 @@ def _view(tmp_path, table: pa.Table) -> duckdb.DuckDBPyConnection:
 def test_non_boolean_metric_all_failed_group_and_float_slices(tmp_path):
     # Scores 0.2, 0.4, 0.9 for temp 0.5; two errors for temp null; a third metric row
     # keeps the view honest about metric filtering.
-    table = pa.table({
-        "metric": ["sim"] * 5 + ["other"],
-        "status": ["ok", "ok", "ok", "error", "timeout", "ok"],
-        "score": [0.4, 0.2, 0.9, None, None, 0.0],
-        "temp": pa.array([0.5, 0.5, 0.5, None, None, 0.5], pa.float64()),
-    })
-    summary = summarize_view(_view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)],
-                             ["temp"])
+    table = pa.table(
+        {
+            "metric": ["sim"] * 5 + ["other"],
+            "status": ["ok", "ok", "ok", "error", "timeout", "ok"],
+            "score": [0.4, 0.2, 0.9, None, None, 0.0],
+            "temp": pa.array([0.5, 0.5, 0.5, None, None, 0.5], pa.float64()),
+        }
+    )
+    summary = summarize_view(
+        _view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)], ["temp"]
+    )
     overall, half, null = summary.table.to_pylist()
-    assert (overall["n_total"], overall["n_ok"], overall["n_error"], overall["n_timeout"]) == (5, 3, 1, 1)
+    assert (overall["n_total"], overall["n_ok"], overall["n_error"], overall["n_timeout"]) == (
+        5,
+        3,
+        1,
+        1,
+    )
     assert overall["mean"] == pytest.approx(0.5)
     assert overall["pass_rate"] is None and overall["pass_rate_ci_low"] is None
     assert (half["slice_value"], half["n_ok"]) == ("0.5", 3)
     low, high = _scipy_bootstrap([0.4, 0.2, 0.9])
     assert (half["mean_ci_low"], half["mean_ci_high"]) == (pytest.approx(low), pytest.approx(high))
     # every cell failed: counted, but no mean and no interval
-    assert (null["slice_value"], null["slice_other"], null["n_total"], null["n_ok"]) == (None, False, 2, 0)
+    assert (null["slice_value"], null["slice_other"], null["n_total"], null["n_ok"]) == (
+        None,
+        False,
+        2,
+        0,
+    )
     assert null["mean"] is None and null["mean_ci_low"] is None and null["mean_ci_method"] is None
 
 
@@ -214,15 +266,19 @@ def test_large_groups_use_the_scalable_paths(tmp_path):
     n = 6000
     continuous = rng.random(n)
     passes = (rng.random(n) < 0.4).astype(float)
-    table = pa.table({
-        "metric": ["sim"] * n + ["flag"] * n,
-        "status": ["ok"] * (2 * n),
-        "score": np.concatenate([continuous, passes]),
-        "app": ["a"] * (2 * n),
-    })
-    summary = summarize_view(_view(tmp_path, table),
-                             [MetricInfo("sim", "semantic_similarity", False),
-                              MetricInfo("flag", "exact_match", True)], ["app"])
+    table = pa.table(
+        {
+            "metric": ["sim"] * n + ["flag"] * n,
+            "status": ["ok"] * (2 * n),
+            "score": np.concatenate([continuous, passes]),
+            "app": ["a"] * (2 * n),
+        }
+    )
+    summary = summarize_view(
+        _view(tmp_path, table),
+        [MetricInfo("sim", "semantic_similarity", False), MetricInfo("flag", "exact_match", True)],
+        ["app"],
+    )
     rows = summary.table.to_pylist()
     sim, flag = rows[0], rows[2]
     assert sim["mean_ci_method"] == "normal"
@@ -231,24 +287,42 @@ def test_large_groups_use_the_scalable_paths(tmp_path):
     assert flag["mean_ci_method"] == "bootstrap"  # two distinct values: multinomial draws
     k = int(passes.sum())
     low, high = _wilson(k, n)
-    assert (flag["pass_rate_ci_low"], flag["pass_rate_ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    assert (flag["pass_rate_ci_low"], flag["pass_rate_ci_high"]) == (
+        pytest.approx(low),
+        pytest.approx(high),
+    )
     # The bootstrap interval of a 0/1 mean is close to Wilson's at this size.
     assert flag["mean_ci_low"] == pytest.approx(low, abs=0.003)
     assert rows[1] == {**sim, "slice_column": "app", "slice_value": "a", "slice_other": False}
 
 
 def test_nan_ok_score_is_an_error_naming_the_metric(tmp_path):
-    table = pa.table({"metric": ["sim", "sim"], "status": ["ok", "ok"],
-                      "score": pa.array([0.5, float("nan")], pa.float64())})
+    table = pa.table(
+        {
+            "metric": ["sim", "sim"],
+            "status": ["ok", "ok"],
+            "score": pa.array([0.5, float("nan")], pa.float64()),
+        }
+    )
     with pytest.raises(OutputError, match="metric 'sim': 1 cells with status ok hold NaN"):
-        summarize_view(_view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)], [])
+        summarize_view(
+            _view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)], []
+        )
 
 
 def test_empty_scores_give_zero_counts(tmp_path):
-    table = pa.table({"metric": pa.array([], pa.string()), "status": pa.array([], pa.string()),
-                      "score": pa.array([], pa.float64()), "app": pa.array([], pa.string())})
-    summary = summarize_view(_view(tmp_path, table), [MetricInfo("m", "exact_match", True)], ["app"])
-    row, = summary.table.to_pylist()
+    table = pa.table(
+        {
+            "metric": pa.array([], pa.string()),
+            "status": pa.array([], pa.string()),
+            "score": pa.array([], pa.float64()),
+            "app": pa.array([], pa.string()),
+        }
+    )
+    summary = summarize_view(
+        _view(tmp_path, table), [MetricInfo("m", "exact_match", True)], ["app"]
+    )
+    (row,) = summary.table.to_pylist()
     assert row["n_total"] == 0 and row["mean"] is None and row["pass_rate"] is None
     assert summary.slice_columns == {"app": {"values": 0, "pooled_values": 0}}
 
@@ -270,11 +344,22 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
     rng.shuffle(order := np.arange(600))
     app, score = app[order], score[order]
     region = np.where(np.arange(600) % 3 == 0, "北", "südlich")
-    table = pa.table({"metric": ["sim"] * 600, "status": ["ok"] * 600, "score": score,
-                      "app": app, "region": region})
+    table = pa.table(
+        {
+            "metric": ["sim"] * 600,
+            "status": ["ok"] * 600,
+            "score": score,
+            "app": app,
+            "region": region,
+        }
+    )
     settings = SummarySettings(max_resample_n=50, max_distinct=4, n_resamples=300)
-    rows = summarize_view(_view(tmp_path, table), [MetricInfo("sim", "semantic_similarity", False)],
-                          ["app", "region"], settings).table.to_pylist()
+    rows = summarize_view(
+        _view(tmp_path, table),
+        [MetricInfo("sim", "semantic_similarity", False)],
+        ["app", "region"],
+        settings,
+    ).table.to_pylist()
     groups = {(None, None): score}
     groups.update({("app", v): score[app == v] for v in ("x", "y", "z")})
     groups.update({("region", v): score[region == v] for v in ("北", "südlich")})
@@ -282,15 +367,22 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
     methods = set()
     for row in rows:
         values = np.sort(groups[(row["slice_column"], row["slice_value"])])
-        mean, low, high, method = mean_ci(values, confidence=settings.confidence,
-                                          n_resamples=300, seed=settings.seed,
-                                          max_resample_n=50, max_distinct=4)
+        mean, low, high, method = mean_ci(
+            values,
+            confidence=settings.confidence,
+            n_resamples=300,
+            seed=settings.seed,
+            max_resample_n=50,
+            max_distinct=4,
+        )
         methods.add((row["slice_value"], method))
         assert row["mean_ci_method"] == method
         assert row["n_ok"] == values.size
         if method == "bootstrap":
-            assert (row["mean_ci_low"], row["mean_ci_high"]) == (pytest.approx(low, abs=1e-12),
-                                                                 pytest.approx(high, abs=1e-12))
+            assert (row["mean_ci_low"], row["mean_ci_high"]) == (
+                pytest.approx(low, abs=1e-12),
+                pytest.approx(high, abs=1e-12),
+            )
         else:
             assert (row["mean"], row["mean_ci_low"]) == (pytest.approx(mean), pytest.approx(low))
     assert {("x", "bootstrap"), ("y", "bootstrap"), ("z", "normal")} <= methods

@@ -42,8 +42,9 @@ def test_raising_and_dying_items_become_failures():
 
 def test_catastrophic_backtracking_in_python_re_is_cut_off():
     pattern = re.compile("(a|a)+$")  # 2^n ways to split n a's before the final 'b'
-    got = map_with_time_limit(lambda s: pattern.search(s) is not None,
-                              ["a" * 40 + "b", "aaa", "b"], 0.5)
+    got = map_with_time_limit(
+        lambda s: pattern.search(s) is not None, ["a" * 40 + "b", "aaa", "b"], 0.5
+    )
     assert got == [TIMED_OUT, True, False]
 
 

@@ -26,40 +26,62 @@ from ragbatch.metrics.faithfulness import Faithfulness
 from ragbatch.metrics.hate_speech import HateSpeech
 
 ln = math.log
-ROW = {"question": "Who wrote Hamlet?", "contexts": ["Hamlet is a play by Shakespeare."],
-       "answer": "Shakespeare wrote Hamlet. It was written in 1600.",
-       "reference": "William Shakespeare."}
+ROW = {
+    "question": "Who wrote Hamlet?",
+    "contexts": ["Hamlet is a play by Shakespeare."],
+    "answer": "Shakespeare wrote Hamlet. It was written in 1600.",
+    "reference": "William Shakespeare.",
+}
 STATEMENTS = '{"statements":["Shakespeare wrote Hamlet.","It was written in 1600."]}'
 #: Bare verdicts 1 then 0: p(1) = .6/(.6+.3) = 2/3 at the first, .2/(.8+.2) = 0.2 at the
 #: second; the whitespace alternative " " continues with no verdict and is left out.
-BARE = {"text": '{"verdicts":[1,0]}', "logprobs": [
-    ['{"', ln(0.99), []], ["verd", ln(0.9), []], ["icts", ln(0.9), []], ['":[', ln(0.9), []],
-    ["1", ln(0.6), [["1", ln(0.6)], ["0", ln(0.3)], [" ", ln(0.05)]]],
-    [",", ln(0.99), []],
-    ["0", ln(0.8), [["0", ln(0.8)], ["1", ln(0.2)]]],
-    ["]}", ln(0.99), []]]}
+BARE = {
+    "text": '{"verdicts":[1,0]}',
+    "logprobs": [
+        ['{"', ln(0.99), []],
+        ["verd", ln(0.9), []],
+        ["icts", ln(0.9), []],
+        ['":[', ln(0.9), []],
+        ["1", ln(0.6), [["1", ln(0.6)], ["0", ln(0.3)], [" ", ln(0.05)]]],
+        [",", ln(0.99), []],
+        ["0", ln(0.8), [["0", ln(0.8)], ["1", ln(0.2)]]],
+        ["]}", ln(0.99), []],
+    ],
+}
 #: A verdict inside a token that starts with the key's colon (prefix '":'): the
 #: alternatives '":true' and '":t' count for true, '":false' for false, and '":' (no
 #: verdict text yet) for neither: p(true) = (.5 + .1) / (.5 + .1 + .3) = 2/3.
-HATE = {"text": '{"reason":"It insults a group.","verdict":true}', "logprobs": [
-    ['{"reason":"', ln(0.9), []], ["It insults a group.", ln(0.5), []],
-    ['","verdict', ln(0.9), []],
-    ['":true', ln(0.5), [['":true', ln(0.5)], ['":false', ln(0.3)], ['":t', ln(0.1)],
-                         ['":', ln(0.05)]]],
-    ["}", ln(0.99), []]]}
+HATE = {
+    "text": '{"reason":"It insults a group.","verdict":true}',
+    "logprobs": [
+        ['{"reason":"', ln(0.9), []],
+        ["It insults a group.", ln(0.5), []],
+        ['","verdict', ln(0.9), []],
+        [
+            '":true',
+            ln(0.5),
+            [['":true', ln(0.5)], ['":false', ln(0.3)], ['":t', ln(0.1)], ['":', ln(0.05)]],
+        ],
+        ["}", ln(0.99), []],
+    ],
+}
 #: A rating 4 with p(3), p(4), p(5) = .3/.9, .5/.9, .1/.9: expected rating 3.4/.9.
-RATING = {"text": "4", "logprobs": [["4", ln(0.5), [["4", ln(0.5)], ["3", ln(0.3)],
-                                                     ["5", ln(0.1)], [" ", ln(0.05)]]]]}
+RATING = {
+    "text": "4",
+    "logprobs": [["4", ln(0.5), [["4", ln(0.5)], ["3", ln(0.3)], ["5", ln(0.1)], [" ", ln(0.05)]]]],
+}
 
 
 def _run(cls, replies, **params):
-    return run_example(cls, JudgeExample(inputs=ROW, replies=tuple(replies), score=None,
-                                         params=params))
+    return run_example(
+        cls, JudgeExample(inputs=ROW, replies=tuple(replies), score=None, params=params)
+    )
 
 
 def test_bare_verdicts_probability_score_by_hand():
-    cell, record, engine = _run(Faithfulness, [STATEMENTS, BARE], reasons=False,
-                                score="probability")
+    cell, record, engine = _run(
+        Faithfulness, [STATEMENTS, BARE], reasons=False, score="probability"
+    )
     assert engine.unused == 0
     assert engine.requests[0].output.logprobs == 0  # the statements step holds no verdict
     assert engine.requests[1].output.logprobs == 8
@@ -104,8 +126,9 @@ def test_probability_score_without_logprobs_is_a_judge_error_not_a_guess():
 
 def test_probabilities_lie_in_the_unit_interval():
     slots = VerdictSlots((("0", 0.0), ("1", 1.0)), key="verdicts", items=True)
-    completion = Completion("ok", text=BARE["text"],
-                            logprobs=tuple(TokenLogprob.from_list(t) for t in BARE["logprobs"]))
+    completion = Completion(
+        "ok", text=BARE["text"], logprobs=tuple(TokenLogprob.from_list(t) for t in BARE["logprobs"])
+    )
     for v in verdict_probabilities(completion, slots):
         assert all(0.0 <= p <= 1.0 for p in v.p.values())
         assert math.fsum(v.p.values()) == pytest.approx(1.0)
@@ -114,8 +137,11 @@ def test_probabilities_lie_in_the_unit_interval():
 
 def test_tokens_that_do_not_spell_the_reply_give_no_probabilities():
     slots = VerdictSlots((("0", 0.0), ("1", 1.0)), key="verdicts", items=True)
-    completion = Completion("ok", text='{"verdicts":[0,0]}',
-                            logprobs=tuple(TokenLogprob.from_list(t) for t in BARE["logprobs"]))
+    completion = Completion(
+        "ok",
+        text='{"verdicts":[0,0]}',
+        logprobs=tuple(TokenLogprob.from_list(t) for t in BARE["logprobs"]),
+    )
     with pytest.raises(NoConfidence, match="do not spell"):
         verdict_probabilities(completion, slots)
 
@@ -129,18 +155,29 @@ def test_choice_wrapped_by_a_response_format_server_is_located():
 def test_a_trailing_end_of_sequence_token_is_not_part_of_the_choice():
     """vLLM returns the logprobs of every generated token, the end-of-sequence token
     included, which the reply's text leaves out."""
-    tokens = (TokenLogprob("4", ln(0.5), (("4", ln(0.5)), ("3", ln(0.5)))),
-              TokenLogprob("</s>", ln(0.9), ()))
-    [v] = verdict_probabilities(Completion("ok", text="4", logprobs=tokens),
-                                VerdictSlots(tuple((r, float(r)) for r in "012345")))
+    tokens = (
+        TokenLogprob("4", ln(0.5), (("4", ln(0.5)), ("3", ln(0.5)))),
+        TokenLogprob("</s>", ln(0.9), ()),
+    )
+    [v] = verdict_probabilities(
+        Completion("ok", text="4", logprobs=tokens),
+        VerdictSlots(tuple((r, float(r)) for r in "012345")),
+    )
     assert (v.literal, v.p, v.expected) == ("4", {"4": 0.5, "3": 0.5}, 3.5)
 
 
 def test_cached_rerun_reproduces_scores_and_confidence(tmp_path):
     """The judgment cache (Parquet segments on disk) keeps the token logprobs."""
-    frame = pl.DataFrame([{"row_id": "r1", **ROW}], schema={
-        "row_id": pl.String, "question": pl.String, "contexts": pl.List(pl.String),
-        "answer": pl.String, "reference": pl.String})
+    frame = pl.DataFrame(
+        [{"row_id": "r1", **ROW}],
+        schema={
+            "row_id": pl.String,
+            "question": pl.String,
+            "contexts": pl.List(pl.String),
+            "answer": pl.String,
+            "reference": pl.String,
+        },
+    )
     metric = HateSpeech.from_params({"score": "probability"})
 
     def run(replies):

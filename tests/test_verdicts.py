@@ -15,27 +15,60 @@ from ragbatch.judge.parse import parse_verdicts, verdicts_schema
 from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS, ParseError
 from ragbatch.judge.recorded import run_example
 from ragbatch.judge.verdicts import (
-    BARE_VERDICT_MAX_TOKENS, REPLY_OVERHEAD_TOKENS, VerdictMetric, bare_verdicts_template,
+    BARE_VERDICT_MAX_TOKENS,
+    REPLY_OVERHEAD_TOKENS,
+    VerdictMetric,
+    bare_verdicts_template,
     verdicts_ask,
 )
 from ragbatch.metrics import retrieval_precision
 from ragbatch.core.registry import all_metrics
 
-VERDICT_METRICS = sorted((cls for cls in all_metrics() if issubclass(cls, VerdictMetric)),
-                         key=lambda cls: cls.name)
-ROW = {"row_id": "r1", "question": "When did Apollo 11 land?",
-       "contexts": ["Apollo 11 landed on 20 July 1969.", "月面着陸 🚀", "Cafe\u0301"],
-       "answer": "On 20 July 1969.", "reference": "20 July 1969."}
+VERDICT_METRICS = sorted(
+    (cls for cls in all_metrics() if issubclass(cls, VerdictMetric)), key=lambda cls: cls.name
+)
+ROW = {
+    "row_id": "r1",
+    "question": "When did Apollo 11 land?",
+    "contexts": ["Apollo 11 landed on 20 July 1969.", "月面着陸 🚀", "Cafe\u0301"],
+    "answer": "On 20 July 1969.",
+    "reference": "20 July 1969.",
+}
 #: Hand-written: the two reply schemas for two verdicts.
-REASONED_2 = {"type": "object", "required": ["verdicts"], "additionalProperties": False,
-              "properties": {"verdicts": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
-                  "type": "object", "required": ["reason", "verdict"],
-                  "additionalProperties": False,
-                  "properties": {"reason": {"type": "string", "maxLength": 300},
-                                 "verdict": {"type": "integer", "enum": [0, 1]}}}}}}
-BARE_2 = {"type": "object", "required": ["verdicts"], "additionalProperties": False,
-          "properties": {"verdicts": {"type": "array", "minItems": 2, "maxItems": 2,
-                                      "items": {"type": "integer", "enum": [0, 1]}}}}
+REASONED_2 = {
+    "type": "object",
+    "required": ["verdicts"],
+    "additionalProperties": False,
+    "properties": {
+        "verdicts": {
+            "type": "array",
+            "minItems": 2,
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "required": ["reason", "verdict"],
+                "additionalProperties": False,
+                "properties": {
+                    "reason": {"type": "string", "maxLength": 300},
+                    "verdict": {"type": "integer", "enum": [0, 1]},
+                },
+            },
+        }
+    },
+}
+BARE_2 = {
+    "type": "object",
+    "required": ["verdicts"],
+    "additionalProperties": False,
+    "properties": {
+        "verdicts": {
+            "type": "array",
+            "minItems": 2,
+            "maxItems": 2,
+            "items": {"type": "integer", "enum": [0, 1]},
+        }
+    },
+}
 #: Digest of every request the default-params worked examples of each metric send
 #: (messages and output spec) and of its cache identity, taken before the ``reasons``
 #: param existed (commit b3aa7f4) and equal after it: with the default nothing a judge
@@ -56,8 +89,13 @@ DEFAULT_DIGESTS = {
 
 def test_the_verdict_metrics():
     assert [cls.name for cls in VERDICT_METRICS] == [
-        "answer_consistency", "augmentation_accuracy", "context_precision", "context_recall",
-        "faithfulness", "retrieval_precision"]
+        "answer_consistency",
+        "augmentation_accuracy",
+        "context_precision",
+        "context_recall",
+        "faithfulness",
+        "retrieval_precision",
+    ]
 
 
 def test_bare_template_of_retrieval_precision_word_for_word():
@@ -84,8 +122,11 @@ def test_every_bare_task_asks_for_bare_verdicts_only(cls):
     assert examples, f"{cls.name}: no worked example with reasons: false"
     for example in examples:
         _, _, engine = run_example(cls, example)
-        verdict_prompts = [r.messages[-1].content for r in engine.requests
-                           if '"verdicts"' in r.messages[-1].content]
+        verdict_prompts = [
+            r.messages[-1].content
+            for r in engine.requests
+            if '"verdicts"' in r.messages[-1].content
+        ]
         assert verdict_prompts
         for prompt in verdict_prompts:
             task = prompt.split("## Task\n", 1)[1]
@@ -98,10 +139,13 @@ def test_row_text_that_looks_like_the_template_is_left_alone():
     # occurrences change, so the statement reaches the judge as it is.
     from ragbatch.metrics.faithfulness import VERDICTS_TASK
 
-    odd = ('Give one verdict, each with a one-sentence reason. Reply with JSON: '
-           '{"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}')
-    ask = verdicts_ask(ROW, VERDICTS_TASK, 1, reasons=False, max_tokens_per_verdict=100,
-                       statements=f"[1] {odd}")
+    odd = (
+        'Give one verdict, each with a one-sentence reason. Reply with JSON: '
+        '{"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}'
+    )
+    ask = verdicts_ask(
+        ROW, VERDICTS_TASK, 1, reasons=False, max_tokens_per_verdict=100, statements=f"[1] {odd}"
+    )
     task = ask.messages[-1].content.split("## Task\n", 1)[1]
     assert f"[1] {odd}" in task
     assert task.count('{"verdicts": [0 or 1, ...]}') == 1
@@ -117,11 +161,13 @@ def test_a_template_without_the_parts_is_refused():
 
 @pytest.mark.parametrize("n", [1, 3, 7])
 def test_reply_budget(n):
-    bare = verdicts_ask(ROW, retrieval_precision.TASK, n, reasons=False,
-                        max_tokens_per_verdict=128)
-    reasoned = verdicts_ask(ROW, retrieval_precision.TASK, n, reasons=True,
-                            max_tokens_per_verdict=128)
-    assert bare.output.max_tokens == 16 + 4 * n == REPLY_OVERHEAD_TOKENS + BARE_VERDICT_MAX_TOKENS * n
+    bare = verdicts_ask(ROW, retrieval_precision.TASK, n, reasons=False, max_tokens_per_verdict=128)
+    reasoned = verdicts_ask(
+        ROW, retrieval_precision.TASK, n, reasons=True, max_tokens_per_verdict=128
+    )
+    assert (
+        bare.output.max_tokens == 16 + 4 * n == REPLY_OVERHEAD_TOKENS + BARE_VERDICT_MAX_TOKENS * n
+    )
     assert reasoned.output.max_tokens == 16 + 128 * n
 
 
@@ -167,15 +213,17 @@ def test_verdict_requests_ask_for_token_logprobs(cls):
     assert all(r.output.key()["logprobs"] == VERDICT_TOP_LOGPROBS for r in verdict_steps)
 
 
-@pytest.mark.parametrize("cls", [c for c in VERDICT_METRICS if c.judge_steps == 2],
-                         ids=lambda cls: cls.name)
+@pytest.mark.parametrize(
+    "cls", [c for c in VERDICT_METRICS if c.judge_steps == 2], ids=lambda cls: cls.name
+)
 def test_reasons_change_only_the_verdict_step(cls):
     """Two-step metrics: with reasons on and off the first step's request is the same;
     the verdict step differs in its task and schema only after the shared block."""
     example = next(ex for ex in cls.judge_examples if ex.params == {"reasons": False})
     _, _, bare = run_example(cls, example)
-    on = type(example)(inputs=example.inputs, replies=example.replies[:1], score=None,
-                       status="parse_failure")
+    on = type(example)(
+        inputs=example.inputs, replies=example.replies[:1], score=None, status="parse_failure"
+    )
     _, _, reasoned = run_example(cls, on, parse_retries=0)
     assert bare.requests[0] == reasoned.requests[0]
     assert len(bare.requests) == 2
@@ -183,29 +231,40 @@ def test_reasons_change_only_the_verdict_step(cls):
 
 def test_a_verdict_metric_with_a_template_that_cannot_be_rewritten_fails_at_definition():
     with pytest.raises(ValueError, match="found 1 and 0"):
-        type("Broken", (VerdictMetric,), {
-            "verdict_templates": ("Judge each item, each with a one-sentence reason.",),
-            "program": lambda self, row: iter(())})
+        type(
+            "Broken",
+            (VerdictMetric,),
+            {
+                "verdict_templates": ("Judge each item, each with a one-sentence reason.",),
+                "program": lambda self, row: iter(()),
+            },
+        )
 
 
-@pytest.mark.parametrize(("text", "n", "expected"), [
-    ('{"verdicts": [1, 0, 1]}', 3, [1, 0, 1]),
-    ('{"verdicts":[0]}', 1, [0]),
-    ('{"verdicts": [1, 1]}', 2, [1, 1]),
-])
+@pytest.mark.parametrize(
+    ("text", "n", "expected"),
+    [
+        ('{"verdicts": [1, 0, 1]}', 3, [1, 0, 1]),
+        ('{"verdicts":[0]}', 1, [0]),
+        ('{"verdicts": [1, 1]}', 2, [1, 1]),
+    ],
+)
 def test_parse_bare_verdicts(text, n, expected):
     assert parse_verdicts(text, n, reasons=False) == expected
 
 
-@pytest.mark.parametrize(("text", "n", "message"), [
-    ('{"verdicts": [1, 0]}', 3, "expected 3 verdicts, got 2"),
-    ('{"verdicts": [2]}', 1, "is not one of"),
-    ('{"verdicts": ["1"]}', 1, "not of type 'integer'"),
-    ('{"verdicts": [true]}', 1, "not of type 'integer'"),
-    ('{"verdicts": [{"reason": "x", "verdict": 1}]}', 1, "not of type 'integer'"),
-    ('{"verdicts": [1], "reason": "x"}', 1, "Additional properties"),
-    ('{"verdicts": [1', 1, "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "n", "message"),
+    [
+        ('{"verdicts": [1, 0]}', 3, "expected 3 verdicts, got 2"),
+        ('{"verdicts": [2]}', 1, "is not one of"),
+        ('{"verdicts": ["1"]}', 1, "not of type 'integer'"),
+        ('{"verdicts": [true]}', 1, "not of type 'integer'"),
+        ('{"verdicts": [{"reason": "x", "verdict": 1}]}', 1, "not of type 'integer'"),
+        ('{"verdicts": [1], "reason": "x"}', 1, "Additional properties"),
+        ('{"verdicts": [1', 1, "not JSON"),
+    ],
+)
 def test_bad_bare_replies_are_parse_errors(text, n, message):
     with pytest.raises(ParseError, match=message):
         parse_verdicts(text, n, reasons=False)
@@ -233,6 +292,7 @@ def test_params_and_cache_identity(cls):
 def test_bad_reasons_param_names_the_param():
     with pytest.raises(ConfigError, match=r"metrics\[2\]\.params\.reasons"):
         retrieval_precision.RetrievalPrecision.from_params(
-            {"reasons": "sometimes"}, where="metrics[2].params")
+            {"reasons": "sometimes"}, where="metrics[2].params"
+        )
     with pytest.raises(ConfigError, match="known: reasons"):
         retrieval_precision.RetrievalPrecision.from_params({"reason": False})

@@ -30,8 +30,13 @@ DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presi
 #: actor busy long enough to be killed inside one.
 PII_INPUT = DATA / "tests__data__generated_small.json"
 PII_ROWS = 100
-TONIC = (Path(__file__).resolve().parent.parent / "examples" / "data" / "tonic_validate_paul_graham"
-         / "system=titan")
+TONIC = (
+    Path(__file__).resolve().parent.parent
+    / "examples"
+    / "data"
+    / "tonic_validate_paul_graham"
+    / "system=titan"
+)
 
 
 def _title(proc: psutil.Process) -> str | None:
@@ -48,8 +53,13 @@ def _title(proc: psutil.Process) -> str | None:
 SCAN_S, POLL_S = 0.2, 0.02
 
 
-def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300, times: int = 1,
-                    started: Callable[[], int] | None = None) -> None:
+def kill_busy_actor(
+    marker: str,
+    killed: list[int],
+    limit_s: float = 300,
+    times: int = 1,
+    started: Callable[[], int] | None = None,
+) -> None:
     """SIGKILL, ``times`` times, a process whose title names ``marker`` while it runs a
     batch (Ray titles an actor process after the task it runs: ``....submit``), each time
     a different one. Only this test
@@ -87,13 +97,19 @@ def kill_busy_actor(marker: str, killed: list[int], limit_s: float = 300, times:
 
 @pytest.mark.slow
 def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
-    config = JobConfig.from_dict({
-        "input": {"uri": str(PII_INPUT), "format": "json",
-                  "columns": {"answer": "full_text"}, "slice_columns": ["template_id"]},
-        "output": {"uri": str(tmp_path / "out")},
-        "engines": {"pii": {"type": "presidio", "batch_size": 8}},
-        "metrics": [{"name": "answer_contains_pii"}],
-    })
+    config = JobConfig.from_dict(
+        {
+            "input": {
+                "uri": str(PII_INPUT),
+                "format": "json",
+                "columns": {"answer": "full_text"},
+                "slice_columns": ["template_id"],
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "engines": {"pii": {"type": "presidio", "batch_size": 8}},
+            "metrics": [{"name": "answer_contains_pii"}],
+        }
+    )
     killed: list[int] = []
     killer = threading.Thread(target=kill_busy_actor, args=("PiiStage", killed), daemon=True)
     killer.start()
@@ -110,16 +126,21 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
 
     scores = duckdb.sql(
         f"SELECT row_id, score, status FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "
-        "hive_partitioning=true)").fetchall()
+        "hive_partitioning=true)"
+    ).fetchall()
     assert len(scores) == len({r[0] for r in scores}) == PII_ROWS
     assert {r[2] for r in scores} == {"ok"}
     # The same scores as the stage computes undisturbed, row by row.
     import json
 
-    texts = {f"{PII_INPUT.name}:{i}": row["full_text"]
-             for i, row in enumerate(json.loads(PII_INPUT.read_text(encoding="utf-8")))}
+    texts = {
+        f"{PII_INPUT.name}:{i}": row["full_text"]
+        for i, row in enumerate(json.loads(PII_INPUT.read_text(encoding="utf-8")))
+    }
     ids = sorted(texts)
-    stage = PiiStage("pii", {"type": "presidio"}, [{"name": "answer_contains_pii", "id": "m", "params": {}}])
+    stage = PiiStage(
+        "pii", {"type": "presidio"}, [{"name": "answer_contains_pii", "id": "m", "params": {}}]
+    )
     direct = stage(pa.table({"row_id": ids, "answer": [texts[i] for i in ids]}))
     want = dict(zip(ids, (c["score"] for c in direct.column(cell_column("m")).to_pylist())))
     assert {r[0]: r[1] for r in scores} == want
@@ -133,14 +154,22 @@ def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
     error budget allows it, commits them with the reason; the manifest counts the lost
     actors. (That rows with an error are scored again on a resume, and that the budget
     stops a run, is tested in test_bad_inputs.py and test_batch_guard.py.)"""
-    config = JobConfig.from_dict({
-        "run": {"error_budget": 1.0},
-        "input": {"uri": str(TONIC), "format": "csv",
-                  "columns": {"answer": "llm_answer", "reference": "reference_answer"}},
-        "output": {"uri": str(tmp_path / "out")},
-        "engines": {"minilm": {"type": "embedding", "batch_size": 64}},
-        "metrics": [{"name": "semantic_similarity", "engine": "minilm"}, {"name": "exact_match"}],
-    })
+    config = JobConfig.from_dict(
+        {
+            "run": {"error_budget": 1.0},
+            "input": {
+                "uri": str(TONIC),
+                "format": "csv",
+                "columns": {"answer": "llm_answer", "reference": "reference_answer"},
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "engines": {"minilm": {"type": "embedding", "batch_size": 64}},
+            "metrics": [
+                {"name": "semantic_similarity", "engine": "minilm"},
+                {"name": "exact_match"},
+            ],
+        }
+    )
     killed: list[int] = []
 
     ledgers: list = []
@@ -155,23 +184,35 @@ def test_batch_whose_actors_keep_dying_is_marked_error(ray_local, tmp_path):
                 return 0
         return ray.get(ledgers[0].faults.remote()).get("engine minilm", {}).get("batch_starts", 0)
 
-    killer = threading.Thread(target=kill_busy_actor, args=("ModelStage", killed),
-                              kwargs={"times": 2, "started": started}, daemon=True)
+    killer = threading.Thread(
+        target=kill_busy_actor,
+        args=("ModelStage", killed),
+        kwargs={"times": 2, "started": started},
+        daemon=True,
+    )
     killer.start()
     result = run_job(config, run_id="poison")
     killer.join(timeout=1)
     assert len(killed) == 2
     scores = duckdb.sql(
         f"SELECT row_id, metric, score, status, reason FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "
-        "hive_partitioning=true)").fetchall()
+        "hive_partitioning=true)"
+    ).fetchall()
     assert len(scores) == len({(r[0], r[1]) for r in scores}) == 110
-    reason = ("engine minilm: the worker died 2 times while scoring this batch of 55 rows; "
-              "its rows are not scored again")
+    reason = (
+        "engine minilm: the worker died 2 times while scoring this batch of 55 rows; "
+        "its rows are not scored again"
+    )
     assert {(r[3], r[4]) for r in scores if r[1] == "semantic_similarity"} == {("error", reason)}
     assert {r[3] for r in scores if r[1] == "exact_match"} == {"ok"}  # other stages unharmed
     faults = result.manifest.to_json_dict()["faults"]
     assert faults["error_budget"] == 1.0
     assert faults["stages"]["engine minilm"] == {
-        "batches": 1, "batch_starts": 3, "batch_retries": 0, "actors_lost": 2,
-        "failed_batches": 1, "failed_rows": 55}
+        "batches": 1,
+        "batch_starts": 3,
+        "batch_retries": 0,
+        "actors_lost": 2,
+        "failed_batches": 1,
+        "failed_rows": 55,
+    }
     assert result.manifest.counts["semantic_similarity"] == {"error": 55}

@@ -20,11 +20,14 @@ def _laughs(levels: int = 9, width: int = 10) -> str:
     lines = ['a0: &a0 "lol"']
     for k in range(1, levels + 1):
         lines.append(f"a{k}: &a{k} [{', '.join(f'*a{k - 1}' for _ in range(width))}]")
-    bomb = "\n".join(("          - " if k == 0 else "            ") + line
-                     for k, line in enumerate(lines))
-    return ("run: {name: bomb}\ninput: {uri: in.jsonl, columns: {answer: a}}\n"
-            "output: {uri: out}\nmetrics:\n  - name: json_valid\n    params:\n"
-            f"      schema:\n        type: object\n        examples:\n{bomb}\n")
+    bomb = "\n".join(
+        ("          - " if k == 0 else "            ") + line for k, line in enumerate(lines)
+    )
+    return (
+        "run: {name: bomb}\ninput: {uri: in.jsonl, columns: {answer: a}}\n"
+        "output: {uri: out}\nmetrics:\n  - name: json_valid\n    params:\n"
+        f"      schema:\n        type: object\n        examples:\n{bomb}\n"
+    )
 
 
 def test_alias_bomb_config_is_refused(tmp_path):

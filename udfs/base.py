@@ -137,8 +137,10 @@ def check_input_columns(engine_name: str, input_columns: Sequence[str], batch: p
     """Raise ``ValueError`` naming the engine when ``batch`` lacks an input column."""
     missing = [c for c in input_columns if c not in batch.column_names]
     if missing:
-        raise ValueError(f"engine {engine_name!r}: batch lacks input column(s) {missing}; "
-                         f"present: {batch.column_names}")
+        raise ValueError(
+            f"engine {engine_name!r}: batch lacks input column(s) {missing}; "
+            f"present: {batch.column_names}"
+        )
 
 
 def input_frame(input_columns: Sequence[str], batch: pa.Table) -> pl.DataFrame:
@@ -208,8 +210,13 @@ class ActorStage:
     #: The error for a metric of another class; ``{metric}`` is its name.
     wrong_metric: ClassVar[str] = "{metric} is not a metric of this stage"
 
-    def __init__(self, engine_name: str, engine_spec: dict[str, Any] | Any,
-                 metrics: Sequence[MetricEntry], ledger: Any = None) -> None:
+    def __init__(
+        self,
+        engine_name: str,
+        engine_spec: dict[str, Any] | Any,
+        metrics: Sequence[MetricEntry],
+        ledger: Any = None,
+    ) -> None:
         self.engine_name = engine_name
         report_placement(ledger, f"{self.kind.value}:{engine_name}")
         self.spec = parse_engine_spec(engine_name, engine_spec)
@@ -241,19 +248,28 @@ class ActorStage:
 
     def _metric(self, index: int, entry: MetricEntry) -> Metric:
         where = f"metrics[{index}]"
-        cls = type(entry) if isinstance(entry, Metric) else get_metric(entry["name"],
-                                                                         where=f"{where}.name")
+        cls = (
+            type(entry)
+            if isinstance(entry, Metric)
+            else get_metric(entry["name"], where=f"{where}.name")
+        )
         if not issubclass(cls, self.metric_class):
             raise ConfigError(f"{where}: {self.wrong_metric.format(metric=cls.name)}")
         if isinstance(entry, Metric):
             metric = entry
             if metric.engine != self.engine_name:
-                raise ConfigError(f"{where}: {metric.id} runs on engine {metric.engine!r}, not "
-                                  f"on engines.{self.engine_name}; give this stage only the "
-                                  "metrics of its engine")
+                raise ConfigError(
+                    f"{where}: {metric.id} runs on engine {metric.engine!r}, not "
+                    f"on engines.{self.engine_name}; give this stage only the "
+                    "metrics of its engine"
+                )
         else:
-            metric = cls.from_params(entry.get("params"), metric_id=entry.get("id") or cls.name,
-                                     engine=self.engine_name, where=f"{where}.params")
+            metric = cls.from_params(
+                entry.get("params"),
+                metric_id=entry.get("id") or cls.name,
+                engine=self.engine_name,
+                where=f"{where}.params",
+            )
         self.check_metric(where, metric)
         return metric
 

@@ -88,7 +88,9 @@ def _evaluate(frame: pl.DataFrame, exprs: list[pl.Expr], names: list[str]) -> li
 
     def one(i: int) -> pa.Array:
         start = time.perf_counter()
-        column = lazy.select(exprs[i]).collect(engine=_ENGINE).to_series().to_arrow().cast(CELL_TYPE)
+        column = (
+            lazy.select(exprs[i]).collect(engine=_ENGINE).to_series().to_arrow().cast(CELL_TYPE)
+        )
         _LAST_SECONDS[names[i]] = time.perf_counter() - start
         return column
 
@@ -103,8 +105,9 @@ def _pool() -> ThreadPoolExecutor:
     """The stage's thread pool (one per process), as many threads as Polars has."""
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=pl.thread_pool_size(),
-                                   thread_name_prefix="ragbatch-expr")
+        _POOL = ThreadPoolExecutor(
+            max_workers=pl.thread_pool_size(), thread_name_prefix="ragbatch-expr"
+        )
     return _POOL
 
 

@@ -64,7 +64,13 @@ def error_columns(batch: pa.Table, columns: list[tuple[str, pa.DataType]], reaso
     out = batch
     for name, type_ in columns:
         if type_ == CELL_TYPE:
-            cell = {"score": None, "status": ERROR, "reason": reason, "details": None, "model": None}
+            cell = {
+                "score": None,
+                "status": ERROR,
+                "reason": reason,
+                "details": None,
+                "model": None,
+            }
             array = pa.array([cell] * n, type=CELL_TYPE)
         else:
             array = pa.nulls(n, type=type_)
@@ -87,7 +93,9 @@ class BatchGuard:
         skips reporting, lost-start counting and the budget.
     """
 
-    def __init__(self, stage: str, columns: list[tuple[str, pa.DataType]], ledger: Any = None) -> None:
+    def __init__(
+        self, stage: str, columns: list[tuple[str, pa.DataType]], ledger: Any = None
+    ) -> None:
         self.stage = stage
         self.columns = columns
         self.ledger = ledger
@@ -107,8 +115,10 @@ class BatchGuard:
         key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
         lost = self._call("batch_started", key, self.actor) or 0
         if lost >= MAX_LOST_STARTS:
-            reason = (f"{self.stage}: the worker died {lost} times while scoring this batch "
-                      f"of {batch.num_rows} rows; its rows are not scored again")
+            reason = (
+                f"{self.stage}: the worker died {lost} times while scoring this batch "
+                f"of {batch.num_rows} rows; its rows are not scored again"
+            )
             return self._fail(batch, key, 0, reason)
         last: Exception | None = None
         for attempt in range(BATCH_ATTEMPTS):
@@ -118,17 +128,28 @@ class BatchGuard:
                 raise
             except Exception as exc:  # noqa: BLE001 - isolated to this batch
                 last = exc
-                log.warning("%s: batch of %d rows failed (attempt %d of %d): %s: %s", self.stage,
-                            batch.num_rows, attempt + 1, BATCH_ATTEMPTS, type(exc).__name__, exc)
+                log.warning(
+                    "%s: batch of %d rows failed (attempt %d of %d): %s: %s",
+                    self.stage,
+                    batch.num_rows,
+                    attempt + 1,
+                    BATCH_ATTEMPTS,
+                    type(exc).__name__,
+                    exc,
+                )
                 if _engine_dead(exc):
-                    log.error("%s: the engine is dead; ending this actor so that it is replaced",
-                              self.stage)
+                    log.error(
+                        "%s: the engine is dead; ending this actor so that it is replaced",
+                        self.stage,
+                    )
                     os._exit(1)
                 continue
             self._finish(key, attempt, 0, None)
             return out
-        reason = (f"{self.stage}: batch failed {BATCH_ATTEMPTS} times: "
-                  f"{type(last).__name__}: {str(last)[:500]}")
+        reason = (
+            f"{self.stage}: batch failed {BATCH_ATTEMPTS} times: "
+            f"{type(last).__name__}: {str(last)[:500]}"
+        )
         return self._fail(batch, key, BATCH_ATTEMPTS - 1, reason)
 
     def _fail(self, batch: pa.Table, key: str, retries: int, reason: str) -> pa.Table:
@@ -139,8 +160,10 @@ class BatchGuard:
     def _finish(self, key: str, retries: int, failed_rows: int, reason: str | None) -> None:
         stop = self._call("batch_finished", key, self.actor, retries, failed_rows, reason)
         if stop:
-            raise RunError(f"the run stopped: {stop}. Fix the cause, or raise run.error_budget "
-                           "to let the run commit with these rows marked error")
+            raise RunError(
+                f"the run stopped: {stop}. Fix the cause, or raise run.error_budget "
+                "to let the run commit with these rows marked error"
+            )
 
     def _call(self, method: str, *args: Any) -> Any:
         if self.ledger is None:

@@ -77,11 +77,16 @@ class JudgeStage(ActorStage):
     metric_class: ClassVar[type[Metric]] = JudgeMetric
     wrong_metric: ClassVar[str] = "{metric} is not a judge metric"
 
-    def __init__(self, engine_name: str, engine_spec: dict[str, Any],
-                 metrics: Sequence[MetricEntry],
-                 embedders: dict[str, dict[str, Any]] | None = None,
-                 cache: dict[str, Any] | None = None, ledger: Any = None,
-                 run_ledger: Any = None) -> None:
+    def __init__(
+        self,
+        engine_name: str,
+        engine_spec: dict[str, Any],
+        metrics: Sequence[MetricEntry],
+        embedders: dict[str, dict[str, Any]] | None = None,
+        cache: dict[str, Any] | None = None,
+        ledger: Any = None,
+        run_ledger: Any = None,
+    ) -> None:
         self._embedder_specs = embedders or {}
         self._cache_location = cache
         super().__init__(engine_name, engine_spec, metrics, ledger=run_ledger)
@@ -96,14 +101,24 @@ class JudgeStage(ActorStage):
         from ragbatch.engines import load_judge_engine
 
         cache = self._cache_location
-        self.cache = (JudgmentCache(cache["uri"], cache.get("storage_options") or {},
-                                    [m.name for m in self.metrics]) if cache else None)
+        self.cache = (
+            JudgmentCache(
+                cache["uri"], cache.get("storage_options") or {}, [m.name for m in self.metrics]
+            )
+            if cache
+            else None
+        )
         with engine_errors(self.engine_name):
             self.engine = load_judge_engine(self.spec)
-        self.runner = JudgeRunner(self.engine, self.metrics,
-                                  embedders=self._embedders(self._embedder_specs),
-                                  cache=self.cache, parse_retries=self.spec.parse_retries,
-                                  seed=self.spec.seed, max_tokens=self.spec.max_tokens)
+        self.runner = JudgeRunner(
+            self.engine,
+            self.metrics,
+            embedders=self._embedders(self._embedder_specs),
+            cache=self.cache,
+            parse_retries=self.spec.parse_retries,
+            seed=self.spec.seed,
+            max_tokens=self.spec.max_tokens,
+        )
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
@@ -111,7 +126,9 @@ class JudgeStage(ActorStage):
         out = {}
         for name in dict.fromkeys(n for m in self.metrics for n in m.embedders()):
             if name not in specs:
-                raise ConfigError(f"engines.{name}: embedding engine used by a judge metric is not defined")
+                raise ConfigError(
+                    f"engines.{name}: embedding engine used by a judge metric is not defined"
+                )
             try:
                 model = load_model(parse_engine_spec(name, specs[name]))
             except EngineError as exc:
@@ -122,8 +139,11 @@ class JudgeStage(ActorStage):
     def output_columns(self) -> list[tuple[str, pa.DataType]]:
         """Per metric ``__ragbatch_cell::<id>`` (:data:`CELL_TYPE`) and
         ``__ragbatch_judge::<id>`` (:data:`JUDGE_TYPE`)."""
-        return [(name, type_) for m in self.metrics
-                for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))]
+        return [
+            (name, type_)
+            for m in self.metrics
+            for name, type_ in ((cell_column(m.id), CELL_TYPE), (judge_column(m.id), JUDGE_TYPE))
+        ]
 
     def check_columns(self, batch: pa.Table) -> None:
         """Nothing: a batch is judged on the columns of :data:`JUDGE_INPUTS` it has."""
@@ -139,9 +159,14 @@ class JudgeStage(ActorStage):
         results = judge_frame(self.runner, frame)
         for metric in self.metrics:
             cells, records = results[metric.id]
-            yield cell_column(metric.id), pl.Series(cells, dtype=CELL_DTYPE).to_arrow().cast(CELL_TYPE)
-            yield (judge_column(metric.id),
-                   pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE))
+            yield (
+                cell_column(metric.id),
+                pl.Series(cells, dtype=CELL_DTYPE).to_arrow().cast(CELL_TYPE),
+            )
+            yield (
+                judge_column(metric.id),
+                pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE),
+            )
 
     def batch_done(self, batch: pa.Table) -> None:
         """Flush the judgment cache and report the batch's totals to the judge ledger."""
@@ -154,12 +179,19 @@ class JudgeStage(ActorStage):
         tallies = self.runner.take_tallies()
         if self.ledger is None:
             return
-        key = batch.column("row_id")[0].as_py() if batch.num_rows and "row_id" in batch.column_names else None
+        key = (
+            batch.column("row_id")[0].as_py()
+            if batch.num_rows and "row_id" in batch.column_names
+            else None
+        )
         import ray
 
         # Waited for, so that every batch's report is in before the driver reads the totals.
-        ray.get(self.ledger.record.remote(self.engine_name, key, tallies, self.engine.stats(),
-                                          self.actor_key))
+        ray.get(
+            self.ledger.record.remote(
+                self.engine_name, key, tallies, self.engine.stats(), self.actor_key
+            )
+        )
 
 
 class JudgeLedger:
@@ -175,8 +207,14 @@ class JudgeLedger:
         self._batches: dict[tuple[str, Any], dict[str, dict[str, int]]] = {}
         self._engines: dict[str, dict[str, dict[str, Any]]] = {}
 
-    def record(self, engine: str, batch_key: Any, tallies: dict[str, dict[str, int]],
-               stats: dict[str, Any], actor_key: str) -> None:
+    def record(
+        self,
+        engine: str,
+        batch_key: Any,
+        tallies: dict[str, dict[str, int]],
+        stats: dict[str, Any],
+        actor_key: str,
+    ) -> None:
         self._batches[(engine, batch_key)] = tallies
         self._engines.setdefault(engine, {})[actor_key] = stats
 

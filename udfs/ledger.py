@@ -66,10 +66,14 @@ class RunLedger:
         """Per actor stage: ``actors`` (distinct actor ids), ``actor_starts`` (restarts
         of a dead actor included) and ``node_ids`` (sorted, distinct) of the nodes they
         ran on."""
-        return {stage: {"actors": len(actors),
-                        "actor_starts": sum(len(nodes) for nodes in actors.values()),
-                        "node_ids": sorted({n for nodes in actors.values() for n in nodes})}
-                for stage, actors in sorted(self._actors.items())}
+        return {
+            stage: {
+                "actors": len(actors),
+                "actor_starts": sum(len(nodes) for nodes in actors.values()),
+                "node_ids": sorted({n for nodes in actors.values() for n in nodes}),
+            }
+            for stage, actors in sorted(self._actors.items())
+        }
 
     # -- batches -------------------------------------------------------------------------------
 
@@ -81,8 +85,9 @@ class RunLedger:
         batch.starts.append(actor)
         return lost
 
-    def batch_finished(self, stage: str, key: str, actor: str, retries: int,
-                       failed_rows: int, reason: str | None) -> str | None:
+    def batch_finished(
+        self, stage: str, key: str, actor: str, retries: int, failed_rows: int, reason: str | None
+    ) -> str | None:
         """Record that ``actor`` finished batch ``key``: scored (``failed_rows`` 0) or with
         ``failed_rows`` rows marked ``error`` for ``reason``. Return a message when the
         rows marked ``error`` so far exceed the error budget of the input's row count
@@ -106,9 +111,11 @@ class RunLedger:
         n_failed = self._failed_rows
         if not n_failed or n_failed <= self._budget * n_rows:
             return None
-        return (f"{n_failed} of {n_rows} rows ({n_failed / n_rows:.1%}) are marked error by "
-                f"failed batches, over run.error_budget = {self._budget:g}; first reason: "
-                f"{self._first_reason}")
+        return (
+            f"{n_failed} of {n_rows} rows ({n_failed / n_rows:.1%}) are marked error by "
+            f"failed batches, over run.error_budget = {self._budget:g}; first reason: "
+            f"{self._first_reason}"
+        )
 
     def faults(self) -> dict[str, dict[str, int]]:
         """Per stage: ``batches`` (distinct), ``batch_starts``, ``batch_retries``
@@ -117,9 +124,20 @@ class RunLedger:
         ``failed_batches`` and ``failed_rows`` (rows marked ``error``)."""
         out: dict[str, dict[str, int]] = {}
         for (stage, _), batch in self._batches.items():
-            s = out.setdefault(stage, dict.fromkeys(
-                ("batches", "batch_starts", "batch_retries", "actors_lost", "failed_batches",
-                 "failed_rows"), 0))
+            s = out.setdefault(
+                stage,
+                dict.fromkeys(
+                    (
+                        "batches",
+                        "batch_starts",
+                        "batch_retries",
+                        "actors_lost",
+                        "failed_batches",
+                        "failed_rows",
+                    ),
+                    0,
+                ),
+            )
             s["batches"] += 1
             s["batch_starts"] += len(batch.starts)
             s["batch_retries"] += batch.retries
@@ -134,9 +152,11 @@ def describe_faults(faults: dict[str, dict[str, Any]]) -> str:
     lines = []
     for stage, f in sorted(faults.items()):
         if f["actors_lost"] or f["batch_retries"] or f["failed_batches"]:
-            lines.append(f"{stage}: {f['actors_lost']} actors lost mid-batch, "
-                         f"{f['batch_retries']} in-process retries, {f['failed_batches']} "
-                         f"batches ({f['failed_rows']} rows) marked error")
+            lines.append(
+                f"{stage}: {f['actors_lost']} actors lost mid-batch, "
+                f"{f['batch_retries']} in-process retries, {f['failed_batches']} "
+                f"batches ({f['failed_rows']} rows) marked error"
+            )
     return "\n".join(lines)
 
 

@@ -70,8 +70,10 @@ class PiiStage(ActorStage):
     def check_spec(self) -> None:
         """Raise ``ConfigError`` unless the engine is a ``presidio`` engine."""
         if not isinstance(self.spec, PresidioEngine):
-            raise ConfigError(f"engines.{self.engine_name}: the PII stage needs a presidio engine, "
-                              f"got type {self.spec.type!r}")
+            raise ConfigError(
+                f"engines.{self.engine_name}: the PII stage needs a presidio engine, "
+                f"got type {self.spec.type!r}"
+            )
 
     def load(self) -> None:
         """Build the analyzer (:attr:`detector`) and check every metric's ``pii_types``
@@ -85,8 +87,9 @@ class PiiStage(ActorStage):
         with engine_errors(self.engine_name):
             self.detector = PiiDetector(self.spec)
         why = partial(unsupported_reason, self.spec)
-        problems = [p for m in self.metrics
-                    for p in m.check_engine(self.spec, self.detector.entities, why)]
+        problems = [
+            p for m in self.metrics for p in m.check_engine(self.spec, self.detector.entities, why)
+        ]
         if problems:
             raise ConfigError(problems)
         # Every supported type is looked for, whatever the metrics select: which type a
@@ -107,9 +110,15 @@ class PiiStage(ActorStage):
         found = dict(zip(texts, self.detector.find(texts, self.entities)))
         for text, result in found.items():
             if isinstance(result, str):
-                logger.warning("engines.%s: PII detection failed on a text of %d chars: %s",
-                               self.engine_name, len(text), result)
+                logger.warning(
+                    "engines.%s: PII detection failed on a text of %d chars: %s",
+                    self.engine_name,
+                    len(text),
+                    result,
+                )
         results = PiiResults(found, self.detector.model_id)
         for metric in self.metrics:
-            yield cell_column(metric.id), cell_array(metric.id, metric.compute(results, frame),
-                                                     batch.num_rows)
+            yield (
+                cell_column(metric.id),
+                cell_array(metric.id, metric.compute(results, frame), batch.num_rows),
+            )

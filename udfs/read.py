@@ -11,9 +11,14 @@ from ragbatch.io.read import ReadTask, read_task
 from ragbatch.io.schema import normalize
 
 
-def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
-               slices: list[tuple[str, str]], ledger: Any = None,
-               quote_values: bool = True) -> pa.Table:
+def read_stage(
+    batch: pa.Table,
+    tasks: list[ReadTask],
+    input_cfg: InputSection,
+    slices: list[tuple[str, str]],
+    ledger: Any = None,
+    quote_values: bool = True,
+) -> pa.Table:
     """Read and normalize the read tasks whose indices are in ``batch["task"]``.
 
     Returns canonical rows (``ragbatch.core.columns.CANONICAL_SCHEMA`` plus the planned
@@ -26,8 +31,9 @@ def read_stage(batch: pa.Table, tasks: list[ReadTask], input_cfg: InputSection,
     tables = []
     for index in batch.column("task").to_pylist():
         task = tasks[index]
-        table = normalize(read_task(task, input_cfg), input_cfg, task, slices=slices,
-                          quote_values=quote_values)
+        table = normalize(
+            read_task(task, input_cfg), input_cfg, task, slices=slices, quote_values=quote_values
+        )
         if ledger is not None:
             import ray
 

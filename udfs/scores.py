@@ -40,8 +40,12 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     input text columns the batch still carries are not read.
     """
     if metric_ids:
-        wanted = {ROW_ID, *slices, *(cell_column(m) for m in metric_ids),
-                  *(judge_column(m) for m in metric_ids)}
+        wanted = {
+            ROW_ID,
+            *slices,
+            *(cell_column(m) for m in metric_ids),
+            *(judge_column(m) for m in metric_ids),
+        }
         frame = polars_frame(batch, [c for c in batch.column_names if c in wanted])
     else:
         frame = polars_frame(batch, batch.column_names)
@@ -61,7 +65,9 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     ]
     long = pl.concat(parts, how="vertical") if parts else frame.clear()
     if long.height != frame.height * len(metric_ids):
-        raise RuntimeError(f"{long.height} score rows for {frame.height} rows x {len(metric_ids)} metrics")
+        raise RuntimeError(
+            f"{long.height} score rows for {frame.height} rows x {len(metric_ids)} metrics"
+        )
     return to_arrow(long)
 
 

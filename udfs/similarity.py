@@ -88,5 +88,7 @@ class ModelStage(ActorStage):
         """
         for metric in self.metrics:
             assert isinstance(metric, ModelMetric)
-            yield cell_column(metric.id), cell_array(metric.id, metric.compute(self.model, frame),
-                                                     batch.num_rows)
+            yield (
+                cell_column(metric.id),
+                cell_array(metric.id, metric.compute(self.model, frame), batch.num_rows),
+            )

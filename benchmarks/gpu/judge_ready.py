@@ -57,9 +57,18 @@ SMOKE = {"configs": "hatecheck", "per_label": 1, "judge_rows": 2, "max_tokens": 
 
 def calibrate_command(args: argparse.Namespace, name: str, out: Path) -> list[str]:
     """``benchmarks/calibrate.py`` on config ``name`` with the model under test."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--configs", name,
-               "--per-label", str(args.per_label), "--num-gpus", str(args.num_gpus),
-               "--out", str(out)]
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "calibrate.py"),
+        "--configs",
+        name,
+        "--per-label",
+        str(args.per_label),
+        "--num-gpus",
+        str(args.num_gpus),
+        "--out",
+        str(out),
+    ]
     if args.model:
         command += ["--judge-model", args.model]
     if args.max_tokens is not None:
@@ -69,18 +78,31 @@ def calibrate_command(args: argparse.Namespace, name: str, out: Path) -> list[st
 
 def throughput_command(args: argparse.Namespace, out_dir: Path) -> list[str]:
     """The judge half of ``benchmarks/gpu/run.py`` with the model under test."""
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "run.py"), "--skip-similarity",
-               "--num-gpus", str(args.num_gpus), "--out-dir", str(out_dir)]
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu" / "run.py"),
+        "--skip-similarity",
+        "--num-gpus",
+        str(args.num_gpus),
+        "--out-dir",
+        str(out_dir),
+    ]
     if args.model:
         command += ["--judge-model", args.model]
-    for flag, value in (("--judge-rows", args.judge_rows), ("--max-tokens", args.max_tokens),
-                        ("--judge-batch-rows", args.judge_batch_rows), ("--repeats", args.repeats)):
+    for flag, value in (
+        ("--judge-rows", args.judge_rows),
+        ("--max-tokens", args.max_tokens),
+        ("--judge-batch-rows", args.judge_batch_rows),
+        ("--repeats", args.repeats),
+    ):
         if value is not None:
             command += [flag, str(value)]
     return command
 
 
-def run_part(part: str, command: list[str], result_json: Path, timeout_s: float | None) -> dict[str, Any]:
+def run_part(
+    part: str, command: list[str], result_json: Path, timeout_s: float | None
+) -> dict[str, Any]:
     """Run one part, its output going to ``<parts dir>/<part>.log``; ``rc``, ``wall_s``
     (seconds, the whole child process), ``error`` (None when it exited 0) and ``result``
     (its JSON file, None when it wrote none)."""
@@ -91,8 +113,9 @@ def run_part(part: str, command: list[str], result_json: Path, timeout_s: float 
     with log.open("w") as out:
         # its own session, so that a part stopped at its timeout takes its Ray and vLLM
         # processes with it
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -107,8 +130,16 @@ def run_part(part: str, command: list[str], result_json: Path, timeout_s: float 
     else:
         error = None if rc == 0 else f"exit {rc}: {last_line(tail)}"[:300]
     print(f"[{part}] {'ok' if error is None else error} ({wall:.1f} s)", flush=True)
-    return {"part": part, "command": command, "rc": rc, "wall_s": wall, "error": error,
-            "result": result, "log": str(log), "log_tail": tail}
+    return {
+        "part": part,
+        "command": command,
+        "rc": rc,
+        "wall_s": wall,
+        "error": error,
+        "result": result,
+        "log": str(log),
+        "log_tail": tail,
+    }
 
 
 def last_line(text: str) -> str:
@@ -132,8 +163,14 @@ def calibrate_rows(part: dict[str, Any]) -> list[dict[str, Any]]:
     name = part["part"].split(":", 1)[1]
     results = (part.get("result") or {}).get("results") or []
     if not results:
-        return [{"config": name, "metric": "", "wall_s": part["wall_s"],
-                 "note": f"error: {part['error'] or 'no results written'}"}]
+        return [
+            {
+                "config": name,
+                "metric": "",
+                "wall_s": part["wall_s"],
+                "note": f"error: {part['error'] or 'no results written'}",
+            }
+        ]
     return [row for r in results for row in bench.table_rows(r)]
 
 
@@ -141,16 +178,28 @@ def throughput_rows(part: dict[str, Any]) -> list[dict[str, Any]]:
     """Table rows of the ``throughput`` part: one per judge batch size run.py ran."""
     runs = (part.get("result") or {}).get("judge") or []
     if not runs:
-        return [{"config": "ARES, judge stage vs raw vLLM", "metric": "", "wall_s": part["wall_s"],
-                 "note": f"error: {part['error'] or 'no judge results written'}"}]
+        return [
+            {
+                "config": "ARES, judge stage vs raw vLLM",
+                "metric": "",
+                "wall_s": part["wall_s"],
+                "note": f"error: {part['error'] or 'no judge results written'}",
+            }
+        ]
     rows = []
     for i, run in enumerate(runs):
-        rows.append({"config": f"ARES, judge stage ({run['batch_rows']} rows/call) vs raw vLLM",
-                     "metric": ", ".join(run["metrics"]), "n": run["rows"],
-                     "judge_calls": run["requests"],
-                     "verdicts_per_s": round(run["rows"] * len(run["metrics"]) / run["stage_s"], 3),
-                     "raw_fraction": run["ratio"], "wall_s": part["wall_s"] if i == 0 else None,
-                     "note": f"error: {part['error']}" if part["error"] and i == 0 else ""})
+        rows.append(
+            {
+                "config": f"ARES, judge stage ({run['batch_rows']} rows/call) vs raw vLLM",
+                "metric": ", ".join(run["metrics"]),
+                "n": run["rows"],
+                "judge_calls": run["requests"],
+                "verdicts_per_s": round(run["rows"] * len(run["metrics"]) / run["stage_s"], 3),
+                "raw_fraction": run["ratio"],
+                "wall_s": part["wall_s"] if i == 0 else None,
+                "note": f"error: {part['error']}" if part["error"] and i == 0 else "",
+            }
+        )
     return rows
 
 
@@ -168,23 +217,47 @@ def merge(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="judge model directory (required without --cpu-smoke)")
-    p.add_argument("--num-gpus", type=int, default=None,
-                   help="GPUs of the judge (default 1; 0 with --cpu-smoke)")
-    p.add_argument("--per-label", type=int, default=None,
-                   help="calibration rows per label value (pairs: pairs) per config (default 200)")
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=None,
+        help="GPUs of the judge (default 1; 0 with --cpu-smoke)",
+    )
+    p.add_argument(
+        "--per-label",
+        type=int,
+        default=None,
+        help="calibration rows per label value (pairs: pairs) per config (default 200)",
+    )
     p.add_argument("--configs", default=None, help="comma list (default: all four shipped configs)")
-    p.add_argument("--judge-rows", type=int, default=None, help="run.py's ARES rows (default: run.py's)")
-    p.add_argument("--judge-batch-rows", default=None, help="run.py's rows per stage call (comma list)")
+    p.add_argument(
+        "--judge-rows", type=int, default=None, help="run.py's ARES rows (default: run.py's)"
+    )
+    p.add_argument(
+        "--judge-batch-rows", default=None, help="run.py's rows per stage call (comma list)"
+    )
     p.add_argument("--repeats", type=int, default=None, help="run.py's timed passes per side")
     p.add_argument("--max-tokens", type=int, default=None, help="judge max_tokens in every part")
-    p.add_argument("--part-timeout", type=float, default=None, metavar="S",
-                   help="seconds after which a part is stopped and noted as failed (default: none)")
+    p.add_argument(
+        "--part-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after which a part is stopped and noted as failed (default: none)",
+    )
     p.add_argument("--skip-calibrate", action="store_true")
     p.add_argument("--skip-throughput", action="store_true")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="CPU, tiny random model, hatecheck only, a few rows: checks the code paths")
-    p.add_argument("--out", type=Path, default=OUT_DIR / "judge_ready.json",
-                   help="JSON results; the markdown table goes next to it (.md)")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="CPU, tiny random model, hatecheck only, a few rows: checks the code paths",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=OUT_DIR / "judge_ready.json",
+        help="JSON results; the markdown table goes next to it (.md)",
+    )
     args = p.parse_args(argv)
     if args.cpu_smoke:
         for name, value in SMOKE.items():
@@ -208,16 +281,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.skip_calibrate:
         for name in args.configs.split(","):
             out = PARTS_DIR / f"calibrate_{name}.json"
-            parts.append(run_part(f"calibrate:{name}", calibrate_command(args, name, out), out,
-                                  args.part_timeout))
+            parts.append(
+                run_part(
+                    f"calibrate:{name}", calibrate_command(args, name, out), out, args.part_timeout
+                )
+            )
     if not args.skip_throughput:
-        parts.append(run_part("throughput", throughput_command(args, PARTS_DIR),
-                              PARTS_DIR / "gpu_results.json", args.part_timeout))
+        parts.append(
+            run_part(
+                "throughput",
+                throughput_command(args, PARTS_DIR),
+                PARTS_DIR / "gpu_results.json",
+                args.part_timeout,
+            )
+        )
     rows = merge(parts)
     markdown = bench.markdown_table(rows)
-    report = {"model": args.model, "num_gpus": args.num_gpus, "per_label": args.per_label,
-              "cpu_smoke": args.cpu_smoke, "cpus": os.cpu_count(),
-              "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "parts": parts, "rows": rows}
+    report = {
+        "model": args.model,
+        "num_gpus": args.num_gpus,
+        "per_label": args.per_label,
+        "cpu_smoke": args.cpu_smoke,
+        "cpus": os.cpu_count(),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "parts": parts,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     args.out.with_suffix(".md").write_text(markdown + "\n")

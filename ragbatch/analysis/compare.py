@@ -59,11 +59,20 @@ _CELL_COLUMNS = (C.ROW_ID, "metric", "score", "status", "reason")
 MIN_SLICE_PAIRS = 20
 
 METRIC_SCHEMA = {
-    "metric": pl.String, "slice": pl.String, "slice_value": pl.String,
-    "higher_is_better": pl.Boolean, "n_pairs": pl.Int64, "n_status_changed": pl.Int64,
-    "baseline_mean": pl.Float64, "candidate_mean": pl.Float64, "mean_diff": pl.Float64,
-    "ci_low": pl.Float64, "ci_high": pl.Float64, "ci_method": pl.String,
-    "significant": pl.Boolean, "change": pl.String,
+    "metric": pl.String,
+    "slice": pl.String,
+    "slice_value": pl.String,
+    "higher_is_better": pl.Boolean,
+    "n_pairs": pl.Int64,
+    "n_status_changed": pl.Int64,
+    "baseline_mean": pl.Float64,
+    "candidate_mean": pl.Float64,
+    "mean_diff": pl.Float64,
+    "ci_low": pl.Float64,
+    "ci_high": pl.Float64,
+    "ci_method": pl.String,
+    "significant": pl.Boolean,
+    "change": pl.String,
 }
 
 
@@ -128,21 +137,40 @@ class Comparison:
         threshold``."""
         t = threshold if threshold is not None else (self.threshold or 0.0)
         return self.metrics.filter(
-            pl.col("slice").is_null() & (pl.col("change") == WORSE) & (pl.col("mean_diff").abs() > t))
+            pl.col("slice").is_null()
+            & (pl.col("change") == WORSE)
+            & (pl.col("mean_diff").abs() > t)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-ready Python objects (dates and ids as strings)."""
+
         def run(r: CommittedRun | None) -> dict[str, Any] | None:
-            return None if r is None else {"root": r.root, "run_id": r.run_id,
-                                           "run_date": r.run_date.isoformat(), "name": r.name}
+            return (
+                None
+                if r is None
+                else {
+                    "root": r.root,
+                    "run_id": r.run_id,
+                    "run_date": r.run_date.isoformat(),
+                    "name": r.name,
+                }
+            )
+
         return {
-            "baseline": run(self.baseline), "candidate": run(self.candidate),
-            "confidence": self.confidence, "threshold": self.threshold, "by": self.by,
+            "baseline": run(self.baseline),
+            "candidate": run(self.candidate),
+            "confidence": self.confidence,
+            "threshold": self.threshold,
+            "by": self.by,
             "min_pairs": self.min_pairs,
-            "pairing": {**self.pairing.counts(), "match_on": list(self.pairing.match_on),
-                        "note": self.pairing.note,
-                        "only_baseline_row_ids": self.pairing.only_baseline,
-                        "only_candidate_row_ids": self.pairing.only_candidate},
+            "pairing": {
+                **self.pairing.counts(),
+                "match_on": list(self.pairing.match_on),
+                "note": self.pairing.note,
+                "only_baseline_row_ids": self.pairing.only_baseline,
+                "only_candidate_row_ids": self.pairing.only_candidate,
+            },
             "metrics_only_baseline": self.metrics_only_baseline,
             "metrics_only_candidate": self.metrics_only_candidate,
             "metrics": self.metrics.to_dicts(),
@@ -165,17 +193,27 @@ def metric_directions(*runs: CommittedRun) -> dict[str, bool]:
 
 
 def _cells(scores: pl.DataFrame, by: Sequence[str], prefix: str) -> pl.DataFrame:
-    cols = [pl.col(C.ROW_ID).cast(pl.String), pl.col("metric").cast(pl.String),
-            pl.col("score").cast(pl.Float64), pl.col("status").cast(pl.String),
-            pl.col("reason").cast(pl.String)]
-    cols += [pl.col(s).cast(pl.String) if s in scores.columns else pl.lit(None, pl.String).alias(s)
-             for s in by]
+    cols = [
+        pl.col(C.ROW_ID).cast(pl.String),
+        pl.col("metric").cast(pl.String),
+        pl.col("score").cast(pl.Float64),
+        pl.col("status").cast(pl.String),
+        pl.col("reason").cast(pl.String),
+    ]
+    cols += [
+        pl.col(s).cast(pl.String) if s in scores.columns else pl.lit(None, pl.String).alias(s)
+        for s in by
+    ]
     frame = scores.select(cols)
     return frame.rename({c: f"{prefix}{c}" for c in frame.columns if c != "metric"})
 
 
-def paired_cells(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame,
-                 pairs: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+def paired_cells(
+    baseline_scores: pl.DataFrame,
+    candidate_scores: pl.DataFrame,
+    pairs: pl.DataFrame,
+    by: Sequence[str] = (),
+) -> pl.DataFrame:
     """One row per (pair, metric computed by both runs).
 
     Returns
@@ -187,40 +225,65 @@ def paired_cells(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame,
     """
     b = _cells(baseline_scores, by, "baseline_")
     c = _cells(candidate_scores, by, "candidate_")
-    joined = (pairs.select("baseline_row_id", "candidate_row_id")
-              .join(b, on="baseline_row_id", how="inner")
-              .join(c, on=["candidate_row_id", "metric"], how="inner"))
+    joined = (
+        pairs.select("baseline_row_id", "candidate_row_id")
+        .join(b, on="baseline_row_id", how="inner")
+        .join(c, on=["candidate_row_id", "metric"], how="inner")
+    )
     return joined.with_columns(
         pl.coalesce(f"baseline_{s}", f"candidate_{s}").alias(s) for s in by
     ).drop([f"{side}_{s}" for side in ("baseline", "candidate") for s in by])
 
 
-def _stats(group: pl.DataFrame, *, confidence: float, n_resamples: int, seed: int,
-           higher_is_better: bool, min_pairs: int = 0) -> dict[str, Any]:
+def _stats(
+    group: pl.DataFrame,
+    *,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+    higher_is_better: bool,
+    min_pairs: int = 0,
+) -> dict[str, Any]:
     both_ok = group.filter((pl.col("baseline_status") == OK) & (pl.col("candidate_status") == OK))
     b = both_ok["baseline_score"].to_numpy().astype(np.float64)
     c = both_ok["candidate_score"].to_numpy().astype(np.float64)
-    diff, low, high, method = mean_ci(np.sort(c - b), confidence=confidence,
-                                      n_resamples=n_resamples, seed=seed)
+    diff, low, high, method = mean_ci(
+        np.sort(c - b), confidence=confidence, n_resamples=n_resamples, seed=seed
+    )
     significant = low is not None and (low > 0 or high < 0) and len(both_ok) >= min_pairs
     change = None
     if significant:
         change = BETTER if (diff > 0) == higher_is_better else WORSE
     return {
-        "higher_is_better": higher_is_better, "n_pairs": len(both_ok),
+        "higher_is_better": higher_is_better,
+        "n_pairs": len(both_ok),
         "n_status_changed": int((group["baseline_status"] != group["candidate_status"]).sum()),
         "baseline_mean": float(b.mean()) if b.size else None,
         "candidate_mean": float(c.mean()) if c.size else None,
-        "mean_diff": diff, "ci_low": low, "ci_high": high, "ci_method": method,
-        "significant": bool(significant), "change": change,
+        "mean_diff": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "ci_method": method,
+        "significant": bool(significant),
+        "change": change,
     }
 
 
-def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame, pairing: Pairing,
-                   higher_is_better: dict[str, bool], *, by: Sequence[str] = (),
-                   metrics: Sequence[str] | None = None, confidence: float = CONFIDENCE,
-                   n_resamples: int = N_RESAMPLES, seed: int = SEED, top: int = TOP_ROWS,
-                   threshold: float | None = None, min_pairs: int = MIN_SLICE_PAIRS) -> Comparison:
+def compare_scores(
+    baseline_scores: pl.DataFrame,
+    candidate_scores: pl.DataFrame,
+    pairing: Pairing,
+    higher_is_better: dict[str, bool],
+    *,
+    by: Sequence[str] = (),
+    metrics: Sequence[str] | None = None,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    top: int = TOP_ROWS,
+    threshold: float | None = None,
+    min_pairs: int = MIN_SLICE_PAIRS,
+) -> Comparison:
     """Compare two scores tables over paired rows (see the module notes).
 
     Parameters
@@ -254,12 +317,18 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
     """
     for s in by:
         if s not in baseline_scores.columns and s not in candidate_scores.columns:
-            slices = sorted(set(baseline_scores.columns) - set(_CELL_COLUMNS) - set(C.SCORES_COLUMNS))
-            raise InputError(f"--by {s!r}: no such slice column in either run; slice columns: "
-                             f"{', '.join(slices) or 'none'}")
+            slices = sorted(
+                set(baseline_scores.columns) - set(_CELL_COLUMNS) - set(C.SCORES_COLUMNS)
+            )
+            raise InputError(
+                f"--by {s!r}: no such slice column in either run; slice columns: "
+                f"{', '.join(slices) or 'none'}"
+            )
     if threshold is not None and threshold < 0:
-        raise InputError(f"--fail-on-regression {threshold}: the threshold must be >= 0 (in "
-                         "the metric's units, e.g. 0.02)")
+        raise InputError(
+            f"--fail-on-regression {threshold}: the threshold must be >= 0 (in "
+            "the metric's units, e.g. 0.02)"
+        )
     if min_pairs < 1:
         raise InputError(f"--min-pairs {min_pairs}: must be at least 1")
     b_metrics = list(dict.fromkeys(baseline_scores["metric"].to_list()))
@@ -270,53 +339,133 @@ def compare_scores(baseline_scores: pl.DataFrame, candidate_scores: pl.DataFrame
     lines: list[dict[str, Any]] = []
     for metric in common:
         mcells = cells.filter(pl.col("metric") == metric)
-        kwargs = dict(confidence=confidence, n_resamples=n_resamples, seed=seed,
-                      higher_is_better=higher_is_better.get(metric, True))
-        lines.append({"metric": metric, "slice": None, "slice_value": None, **_stats(mcells, **kwargs)})
+        kwargs = dict(
+            confidence=confidence,
+            n_resamples=n_resamples,
+            seed=seed,
+            higher_is_better=higher_is_better.get(metric, True),
+        )
+        lines.append(
+            {"metric": metric, "slice": None, "slice_value": None, **_stats(mcells, **kwargs)}
+        )
         for s in by:
-            for (value,), group in sorted(mcells.group_by([s]), key=lambda g: (g[0][0] is None, g[0][0] or "")):
-                lines.append({"metric": metric, "slice": s, "slice_value": value,
-                              **_stats(group, **kwargs, min_pairs=min_pairs)})
-    table = pl.DataFrame(lines, schema=METRIC_SCHEMA) if lines else pl.DataFrame(schema=METRIC_SCHEMA)
+            for (value,), group in sorted(
+                mcells.group_by([s]), key=lambda g: (g[0][0] is None, g[0][0] or "")
+            ):
+                lines.append(
+                    {
+                        "metric": metric,
+                        "slice": s,
+                        "slice_value": value,
+                        **_stats(group, **kwargs, min_pairs=min_pairs),
+                    }
+                )
+    table = (
+        pl.DataFrame(lines, schema=METRIC_SCHEMA) if lines else pl.DataFrame(schema=METRIC_SCHEMA)
+    )
     moved, status_counts, status_rows = _rows(cells, common, higher_is_better, by, top)
-    return Comparison(table, moved, status_counts, status_rows, pairing, list(by),
-                      [m for m in b_metrics if m not in c_metrics],
-                      sorted(c_metrics - set(b_metrics)), confidence, threshold, min_pairs)
+    return Comparison(
+        table,
+        moved,
+        status_counts,
+        status_rows,
+        pairing,
+        list(by),
+        [m for m in b_metrics if m not in c_metrics],
+        sorted(c_metrics - set(b_metrics)),
+        confidence,
+        threshold,
+        min_pairs,
+    )
 
 
-def _rows(cells: pl.DataFrame, metrics: list[str], higher_is_better: dict[str, bool],
-          by: Sequence[str], top: int) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def _rows(
+    cells: pl.DataFrame,
+    metrics: list[str],
+    higher_is_better: dict[str, bool],
+    by: Sequence[str],
+    top: int,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     cells = cells.filter(pl.col("metric").is_in(metrics))
-    sign = pl.col("metric").replace_strict({m: (1.0 if higher_is_better.get(m, True) else -1.0)
-                                            for m in metrics}, default=1.0, return_dtype=pl.Float64)
+    sign = pl.col("metric").replace_strict(
+        {m: (1.0 if higher_is_better.get(m, True) else -1.0) for m in metrics},
+        default=1.0,
+        return_dtype=pl.Float64,
+    )
     both_ok = (pl.col("baseline_status") == OK) & (pl.col("candidate_status") == OK)
     diff = pl.col("candidate_score") - pl.col("baseline_score")
-    moved = (cells.filter(both_ok & (diff != 0))
-             .with_columns(diff.alias("diff"))
-             .with_columns(pl.when(pl.col("diff") * sign > 0).then(pl.lit(BETTER))
-                           .otherwise(pl.lit(WORSE)).alias("change"))
-             .sort([pl.col("diff").abs(), "baseline_row_id"], descending=[True, False])
-             .group_by("metric", maintain_order=True).head(top)
-             .select("metric", "baseline_row_id", "candidate_row_id", "baseline_score",
-                     "candidate_score", "diff", "change", "baseline_reason", "candidate_reason", *by))
+    moved = (
+        cells.filter(both_ok & (diff != 0))
+        .with_columns(diff.alias("diff"))
+        .with_columns(
+            pl.when(pl.col("diff") * sign > 0)
+            .then(pl.lit(BETTER))
+            .otherwise(pl.lit(WORSE))
+            .alias("change")
+        )
+        .sort([pl.col("diff").abs(), "baseline_row_id"], descending=[True, False])
+        .group_by("metric", maintain_order=True)
+        .head(top)
+        .select(
+            "metric",
+            "baseline_row_id",
+            "candidate_row_id",
+            "baseline_score",
+            "candidate_score",
+            "diff",
+            "change",
+            "baseline_reason",
+            "candidate_reason",
+            *by,
+        )
+    )
     order = {m: i for i, m in enumerate(metrics)}
-    moved = moved.sort(pl.col("metric").replace_strict(order, return_dtype=pl.Int64), maintain_order=True)
+    moved = moved.sort(
+        pl.col("metric").replace_strict(order, return_dtype=pl.Int64), maintain_order=True
+    )
     changed = cells.filter(pl.col("baseline_status") != pl.col("candidate_status"))
-    counts = (changed.group_by("metric", "baseline_status", "candidate_status").len("n")
-              .with_columns(pl.col("n").cast(pl.Int64))
-              .sort(pl.col("metric").replace_strict(order, return_dtype=pl.Int64),
-                    "baseline_status", "candidate_status"))
-    rows = (changed.sort("baseline_row_id").group_by("metric", maintain_order=True).head(top)
-            .select("metric", "baseline_row_id", "candidate_row_id", "baseline_status",
-                    "candidate_status", "baseline_reason", "candidate_reason", *by)
-            .sort(pl.col("metric").replace_strict(order, return_dtype=pl.Int64), maintain_order=True))
+    counts = (
+        changed.group_by("metric", "baseline_status", "candidate_status")
+        .len("n")
+        .with_columns(pl.col("n").cast(pl.Int64))
+        .sort(
+            pl.col("metric").replace_strict(order, return_dtype=pl.Int64),
+            "baseline_status",
+            "candidate_status",
+        )
+    )
+    rows = (
+        changed.sort("baseline_row_id")
+        .group_by("metric", maintain_order=True)
+        .head(top)
+        .select(
+            "metric",
+            "baseline_row_id",
+            "candidate_row_id",
+            "baseline_status",
+            "candidate_status",
+            "baseline_reason",
+            "candidate_reason",
+            *by,
+        )
+        .sort(pl.col("metric").replace_strict(order, return_dtype=pl.Int64), maintain_order=True)
+    )
     return moved, counts, rows
 
 
-def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequence[str] = (),
-                 match_on: Sequence[str] = DEFAULT_MATCH_ON, confidence: float = CONFIDENCE,
-                 n_resamples: int = N_RESAMPLES, seed: int = SEED, top: int = TOP_ROWS,
-                 threshold: float | None = None, min_pairs: int = MIN_SLICE_PAIRS) -> Comparison:
+def compare_runs(
+    baseline: CommittedRun,
+    candidate: CommittedRun,
+    *,
+    by: Sequence[str] = (),
+    match_on: Sequence[str] = DEFAULT_MATCH_ON,
+    confidence: float = CONFIDENCE,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = SEED,
+    top: int = TOP_ROWS,
+    threshold: float | None = None,
+    min_pairs: int = MIN_SLICE_PAIRS,
+) -> Comparison:
     """Load two committed runs, pair their rows and compare them (:func:`compare_scores`).
 
     Raises
@@ -327,8 +476,10 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
     """
     for s in by:
         if s not in baseline.slice_columns and s not in candidate.slice_columns:
-            raise InputError(f"--by {s!r}: no such slice column in either run; slice columns: "
-                             f"{', '.join(baseline.slice_columns) or 'none'}")
+            raise InputError(
+                f"--by {s!r}: no such slice column in either run; slice columns: "
+                f"{', '.join(baseline.slice_columns) or 'none'}"
+            )
 
     def columns(run: CommittedRun) -> list[str]:
         wanted = [c for c in dict.fromkeys([*by, *match_on]) if c in run.slice_columns]
@@ -338,9 +489,19 @@ def compare_runs(baseline: CommittedRun, candidate: CommittedRun, *, by: Sequenc
     c_scores = load_scores(candidate, columns(candidate))
     pairing = pair_runs(baseline, candidate, b_scores, c_scores, match_on)
     result = compare_scores(
-        b_scores, c_scores, pairing, metric_directions(baseline, candidate), by=by,
-        metrics=list(baseline.metric_names) or None, confidence=confidence,
-        n_resamples=n_resamples, seed=seed, top=top, threshold=threshold, min_pairs=min_pairs)
+        b_scores,
+        c_scores,
+        pairing,
+        metric_directions(baseline, candidate),
+        by=by,
+        metrics=list(baseline.metric_names) or None,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+        top=top,
+        threshold=threshold,
+        min_pairs=min_pairs,
+    )
     result.baseline, result.candidate = baseline, candidate
     result.corrected = corrected_means([("baseline", baseline), ("candidate", candidate)])
     return result

@@ -22,12 +22,16 @@ def _short(text: str | None, limit: int = _REASON_CHARS) -> str:
 def pairing_line(comparison: Comparison) -> str:
     """``rows: N paired (a by row_id, b by content hash), x only in baseline, ...``."""
     c = comparison.pairing.counts()
-    line = (f"rows: {c['row_id'] + c['content']} paired ({c['row_id']} by row_id, "
-            f"{c['content']} by content hash of {', '.join(comparison.pairing.match_on)}), "
-            f"{c['only_baseline']} only in baseline, {c['only_candidate']} only in candidate")
+    line = (
+        f"rows: {c['row_id'] + c['content']} paired ({c['row_id']} by row_id, "
+        f"{c['content']} by content hash of {', '.join(comparison.pairing.match_on)}), "
+        f"{c['only_baseline']} only in baseline, {c['only_candidate']} only in candidate"
+    )
     if c["ambiguous_baseline"] or c["ambiguous_candidate"]:
-        line += (f" (of these, {c['ambiguous_baseline']} + {c['ambiguous_candidate']} have "
-                 "a content hash that is not unique)")
+        line += (
+            f" (of these, {c['ambiguous_baseline']} + {c['ambiguous_candidate']} have "
+            "a content hash that is not unique)"
+        )
     return line
 
 
@@ -42,17 +46,23 @@ def format_comparison(comparison: Comparison, *, max_ids: int = 10) -> str:
         out.append(f"candidate: {comparison.candidate.describe()}")
     out.append(pairing_line(comparison))
     pairing = comparison.pairing
-    for label, ids in (("only in baseline", pairing.only_baseline),
-                       ("only in candidate", pairing.only_candidate)):
+    for label, ids in (
+        ("only in baseline", pairing.only_baseline),
+        ("only in candidate", pairing.only_candidate),
+    ):
         if ids:
             more = f" (+{len(ids) - max_ids} more)" if len(ids) > max_ids else ""
             out.append(f"  {label}: {', '.join(ids[:max_ids])}{more}")
     if pairing.note:
         out.append(f"note: {pairing.note}")
     if comparison.metrics_only_baseline:
-        out.append(f"metrics only in baseline (not compared): {', '.join(comparison.metrics_only_baseline)}")
+        out.append(
+            f"metrics only in baseline (not compared): {', '.join(comparison.metrics_only_baseline)}"
+        )
     if comparison.metrics_only_candidate:
-        out.append(f"metrics only in candidate (not compared): {', '.join(comparison.metrics_only_candidate)}")
+        out.append(
+            f"metrics only in candidate (not compared): {', '.join(comparison.metrics_only_candidate)}"
+        )
     out.append("")
     out.extend(_metric_table(comparison))
     if comparison.corrected.height:
@@ -60,22 +70,30 @@ def format_comparison(comparison: Comparison, *, max_ids: int = 10) -> str:
     if comparison.status_changes.height:
         out += ["", "status changes (paired cells whose status differs):"]
         for r in comparison.status_changes.iter_rows(named=True):
-            out.append(f"  {r['metric']}: {r['baseline_status']} -> {r['candidate_status']}: {r['n']}")
+            out.append(
+                f"  {r['metric']}: {r['baseline_status']} -> {r['candidate_status']}: {r['n']}"
+            )
         for r in comparison.status_changed_rows.iter_rows(named=True):
-            out.append(f"    {r['metric']}  {_row(r)}  {r['baseline_status']} -> "
-                       f"{r['candidate_status']}  reason: {_short(r['candidate_reason'])}")
+            out.append(
+                f"    {r['metric']}  {_row(r)}  {r['baseline_status']} -> "
+                f"{r['candidate_status']}  reason: {_short(r['candidate_reason'])}"
+            )
     if comparison.moved.height:
         out += ["", "rows that moved most (paired cells ok in both runs):"]
         for r in comparison.moved.iter_rows(named=True):
-            out.append(f"  {r['metric']}  {_row(r)}  {r['baseline_score']:.3f} -> "
-                       f"{r['candidate_score']:.3f} ({r['change']})")
+            out.append(
+                f"  {r['metric']}  {_row(r)}  {r['baseline_score']:.3f} -> "
+                f"{r['candidate_score']:.3f} ({r['change']})"
+            )
             out.append(f"      baseline reason: {_short(r['baseline_reason'])}")
             out.append(f"      candidate reason: {_short(r['candidate_reason'])}")
     if comparison.threshold is not None:
         regressions = comparison.regressions()
         out.append("")
         if regressions.height:
-            names = ", ".join(f"{r['metric']} ({r['mean_diff']:+.3f})" for r in regressions.iter_rows(named=True))
+            names = ", ".join(
+                f"{r['metric']} ({r['mean_diff']:+.3f})" for r in regressions.iter_rows(named=True)
+            )
             out.append(f"REGRESSION beyond {comparison.threshold:g}: {names}")
         else:
             out.append(f"no metric regresses beyond {comparison.threshold:g}")
@@ -92,13 +110,17 @@ def _metric_table(comparison: Comparison) -> list[str]:
     table = comparison.metrics
     if not table.height:
         return ["no metric computed by both runs"]
-    labels = ["(all rows)" if r["slice"] is None else f"{r['slice']}={r['slice_value']}"
-              for r in table.iter_rows(named=True)]
+    labels = [
+        "(all rows)" if r["slice"] is None else f"{r['slice']}={r['slice_value']}"
+        for r in table.iter_rows(named=True)
+    ]
     mwidth = max(12, *(len(m) for m in table["metric"].to_list()))
     swidth = min(40, max(12, *(len(s) for s in labels)))
     level = f"{comparison.confidence:.0%} interval"
-    header = (f"{'metric':<{mwidth}}  {'slice':<{swidth}} {'pairs':>6} {'baseline':>9} "
-              f"{'candidate':>9} {'diff':>9}  {level:<20} change")
+    header = (
+        f"{'metric':<{mwidth}}  {'slice':<{swidth}} {'pairs':>6} {'baseline':>9} "
+        f"{'candidate':>9} {'diff':>9}  {level:<20} change"
+    )
     lines = [header, "-" * len(header)]
     previous = None
     for label, r in zip(labels, table.iter_rows(named=True)):
@@ -108,19 +130,29 @@ def _metric_table(comparison: Comparison) -> list[str]:
         change = f"{r['change']} *" if r["change"] else ""
         if _too_few(r, comparison.min_pairs):
             change = f"(fewer than {comparison.min_pairs} pairs: not flagged)"
-        lines.append(f"{name:<{mwidth}}  {_short(label, swidth):<{swidth}} {r['n_pairs']:>6} "
-                     f"{_num(r['baseline_mean'])} {_num(r['candidate_mean'])} "
-                     f"{_num(r['mean_diff'], sign='+')}  {interval:<20} {change}".rstrip())
-    lines.append(f"* the change's {level} excludes zero (paired bootstrap over rows ok in both runs)")
+        lines.append(
+            f"{name:<{mwidth}}  {_short(label, swidth):<{swidth}} {r['n_pairs']:>6} "
+            f"{_num(r['baseline_mean'])} {_num(r['candidate_mean'])} "
+            f"{_num(r['mean_diff'], sign='+')}  {interval:<20} {change}".rstrip()
+        )
+    lines.append(
+        f"* the change's {level} excludes zero (paired bootstrap over rows ok in both runs)"
+    )
     if comparison.by:
-        lines.append(f"  a slice needs at least {comparison.min_pairs} pairs to be flagged (--min-pairs)")
+        lines.append(
+            f"  a slice needs at least {comparison.min_pairs} pairs to be flagged (--min-pairs)"
+        )
     return lines
 
 
 def _too_few(r: dict, min_pairs: int) -> bool:
     """A slice line whose interval excludes zero but that has too few pairs to flag."""
-    return (r["slice"] is not None and r["n_pairs"] < min_pairs and r["ci_low"] is not None
-            and (r["ci_low"] > 0 or r["ci_high"] < 0))
+    return (
+        r["slice"] is not None
+        and r["n_pairs"] < min_pairs
+        and r["ci_low"] is not None
+        and (r["ci_low"] > 0 or r["ci_high"] < 0)
+    )
 
 
 def _corrected_table(comparison: Comparison) -> list[str]:
@@ -128,18 +160,24 @@ def _corrected_table(comparison: Comparison) -> list[str]:
     level = f"{comparison.confidence:.0%}"
     table = comparison.corrected
     mwidth = max(12, *(len(m) for m in table["metric"].to_list()))
-    header = (f"{'metric':<{mwidth}}  {'run':<9} {'labels':>6} {'mean':>7}  {'labels mean [' + level + ']':<26}"
-              f"  {'corrected mean [' + level + ']':<26}  lambda")
-    lines = ["label-corrected means (prediction-powered inference, docs/ppi.md):", header,
-             "-" * len(header)]
+    header = (
+        f"{'metric':<{mwidth}}  {'run':<9} {'labels':>6} {'mean':>7}  {'labels mean [' + level + ']':<26}"
+        f"  {'corrected mean [' + level + ']':<26}  lambda"
+    )
+    lines = [
+        "label-corrected means (prediction-powered inference, docs/ppi.md):",
+        header,
+        "-" * len(header),
+    ]
     for r in table.iter_rows(named=True):
         labels = estimate_text(r["labels_mean"], r["labels_ci_low"], r["labels_ci_high"])
         ppi = estimate_text(r["ppi_mean"], r["ppi_ci_low"], r["ppi_ci_high"])
         lam = "-" if r["ppi_lambda"] is None else f"{r['ppi_lambda']:.2f}"
-        line = (f"{r['metric']:<{mwidth}}  {r['run']:<9} {r['n_labelled']:>6} {_num(r['mean'], 7)}  "
-                f"{labels:<26}  {ppi:<26}  {lam}")
+        line = (
+            f"{r['metric']:<{mwidth}}  {r['run']:<9} {r['n_labelled']:>6} {_num(r['mean'], 7)}  "
+            f"{labels:<26}  {ppi:<26}  {lam}"
+        )
         if r["ppi_reason"]:
             line += f"  ({_short(r['ppi_reason'], 80)})"
         lines.append(line)
     return lines
-

@@ -16,11 +16,23 @@ from ragbatch.analysis.runs import CommittedRun, load_summary
 
 #: Columns of :func:`corrected_means`, with their types.
 CORRECTED_SCHEMA = {
-    "run": pl.String, "run_id": pl.String, "metric": pl.String, "label_column": pl.String,
-    "n_ok": pl.Int64, "n_labelled": pl.Int64, "mean": pl.Float64, "mean_ci_low": pl.Float64,
-    "mean_ci_high": pl.Float64, "labels_mean": pl.Float64, "labels_ci_low": pl.Float64,
-    "labels_ci_high": pl.Float64, "ppi_mean": pl.Float64, "ppi_ci_low": pl.Float64,
-    "ppi_ci_high": pl.Float64, "ppi_lambda": pl.Float64, "ppi_reason": pl.String,
+    "run": pl.String,
+    "run_id": pl.String,
+    "metric": pl.String,
+    "label_column": pl.String,
+    "n_ok": pl.Int64,
+    "n_labelled": pl.Int64,
+    "mean": pl.Float64,
+    "mean_ci_low": pl.Float64,
+    "mean_ci_high": pl.Float64,
+    "labels_mean": pl.Float64,
+    "labels_ci_low": pl.Float64,
+    "labels_ci_high": pl.Float64,
+    "ppi_mean": pl.Float64,
+    "ppi_ci_low": pl.Float64,
+    "ppi_ci_high": pl.Float64,
+    "ppi_lambda": pl.Float64,
+    "ppi_reason": pl.String,
 }
 
 
@@ -37,9 +49,11 @@ def corrected_rows(summary: pl.DataFrame, run: str, run_id: str) -> pl.DataFrame
     if "label_column" not in summary.columns:
         return pl.DataFrame(schema=CORRECTED_SCHEMA)
     rows = summary.filter(pl.col("slice_column").is_null() & pl.col("label_column").is_not_null())
-    return rows.select(pl.lit(run, pl.String).alias("run"), pl.lit(run_id, pl.String).alias("run_id"),
-                       *(pl.col(c).cast(t) for c, t in CORRECTED_SCHEMA.items()
-                         if c not in ("run", "run_id")))
+    return rows.select(
+        pl.lit(run, pl.String).alias("run"),
+        pl.lit(run_id, pl.String).alias("run_id"),
+        *(pl.col(c).cast(t) for c, t in CORRECTED_SCHEMA.items() if c not in ("run", "run_id")),
+    )
 
 
 def corrected_means(runs: Sequence[tuple[str, CommittedRun]]) -> pl.DataFrame:
@@ -64,9 +78,11 @@ def corrected_lines(rows: Sequence[dict], confidence: float) -> list[str]:
     level = f"{confidence:.0%}"
     lines = ["", f"corrected by human labels (prediction-powered, {level} intervals; docs/ppi.md):"]
     for r in labelled:
-        line = (f"  {r['metric']}: {estimate_text(r['ppi_mean'], r['ppi_ci_low'], r['ppi_ci_high'])}"
-                f"; labels only {estimate_text(r['labels_mean'], r['labels_ci_low'], r['labels_ci_high'])}"
-                f" ({r['n_labelled']} labelled of {r['n_ok']} ok)")
+        line = (
+            f"  {r['metric']}: {estimate_text(r['ppi_mean'], r['ppi_ci_low'], r['ppi_ci_high'])}"
+            f"; labels only {estimate_text(r['labels_mean'], r['labels_ci_low'], r['labels_ci_high'])}"
+            f" ({r['n_labelled']} labelled of {r['n_ok']} ok)"
+        )
         if r["ppi_reason"]:
             line += f"; {r['ppi_reason']}"
         lines.append(line)

@@ -37,13 +37,34 @@ from ragbatch.core.status import CONTEXT_TOO_LONG, MISSING_INPUT, OK, PARSE_FAIL
 
 #: A reason that, lower-cased and stripped of spaces, quotes and end punctuation, is one
 #: of these says nothing beyond the verdict.
-VERDICT_WORDS: tuple[str, ...] = ("", "true", "false", "yes", "no", "1", "0", "1.0", "0.0",
-                                  "none", "null", "n/a", "verdict", "reason")
+VERDICT_WORDS: tuple[str, ...] = (
+    "",
+    "true",
+    "false",
+    "yes",
+    "no",
+    "1",
+    "0",
+    "1.0",
+    "0.0",
+    "none",
+    "null",
+    "n/a",
+    "verdict",
+    "reason",
+)
 
 #: The measure columns :func:`health_measures` adds to each summary row, in order.
-MEASURES: tuple[str, ...] = ("modal_score", "modal_share", "empty_extraction_share",
-                             "junk_reason_share", "reason_modal_share", "parse_failure_share",
-                             "context_too_long_share", "position_gap")
+MEASURES: tuple[str, ...] = (
+    "modal_score",
+    "modal_share",
+    "empty_extraction_share",
+    "junk_reason_share",
+    "reason_modal_share",
+    "parse_failure_share",
+    "context_too_long_share",
+    "position_gap",
+)
 
 
 @dataclass(frozen=True)
@@ -59,20 +80,48 @@ class _Check:
 
 #: The checks, in the order their reasons are listed.
 CHECKS: tuple[_Check, ...] = (
-    _Check("modal_share", "modal_share_max", "n_ok", "constant score {modal_score:g} on "
-           "{share:.0%} of ok cells"),
-    _Check("empty_extraction_share", "empty_extraction_max", "n_extracted",
-           "empty extraction on {share:.0%} of cells"),
-    _Check("junk_reason_share", "junk_reason_max", "n_reasons",
-           "empty or verdict-only reasons on {share:.0%} of ok cells"),
-    _Check("reason_modal_share", "reason_modal_share_max", "n_reasons",
-           "one reason repeated on {share:.0%} of ok cells"),
-    _Check("parse_failure_share", "parse_failure_max", "n_judged",
-           "parse failures on {share:.0%} of judged cells"),
-    _Check("context_too_long_share", "context_too_long_max", "n_judged",
-           "context_too_long on {share:.0%} of judged cells"),
-    _Check("position_gap", "position_gap_max", "n_lists",
-           "verdicts depend on list position (first half minus second half {share:+.2f})"),
+    _Check(
+        "modal_share",
+        "modal_share_max",
+        "n_ok",
+        "constant score {modal_score:g} on {share:.0%} of ok cells",
+    ),
+    _Check(
+        "empty_extraction_share",
+        "empty_extraction_max",
+        "n_extracted",
+        "empty extraction on {share:.0%} of cells",
+    ),
+    _Check(
+        "junk_reason_share",
+        "junk_reason_max",
+        "n_reasons",
+        "empty or verdict-only reasons on {share:.0%} of ok cells",
+    ),
+    _Check(
+        "reason_modal_share",
+        "reason_modal_share_max",
+        "n_reasons",
+        "one reason repeated on {share:.0%} of ok cells",
+    ),
+    _Check(
+        "parse_failure_share",
+        "parse_failure_max",
+        "n_judged",
+        "parse failures on {share:.0%} of judged cells",
+    ),
+    _Check(
+        "context_too_long_share",
+        "context_too_long_max",
+        "n_judged",
+        "context_too_long on {share:.0%} of judged cells",
+    ),
+    _Check(
+        "position_gap",
+        "position_gap_max",
+        "n_lists",
+        "verdicts depend on list position (first half minus second half {share:+.2f})",
+    ),
 )
 
 
@@ -87,25 +136,37 @@ def _cell_facts(health: HealthFields) -> str:
     if health.extraction:
         empty = f"json_array_length(details, {_path(health.extraction)}) = 0"
         if health.extraction_void:
-            void = f"coalesce(TRY_CAST(json_extract(details, {_path(health.extraction_void)}) " \
-                   "AS BOOLEAN), false)"
+            void = (
+                f"coalesce(TRY_CAST(json_extract(details, {_path(health.extraction_void)}) "
+                "AS BOOLEAN), false)"
+            )
             empty = f"({empty} OR {void})"
-        extraction = f"CASE WHEN json_extract(details, {_path(health.extraction)}) IS NOT NULL " \
-                     f"THEN {empty} END"
+        extraction = (
+            f"CASE WHEN json_extract(details, {_path(health.extraction)}) IS NOT NULL "
+            f"THEN {empty} END"
+        )
     reason = "NULL::VARCHAR"
     if health.reason:
-        reason = (f"CASE WHEN status = '{OK}' THEN trim(lower(json_extract_string(details, "
-                  f"{_path(health.reason)})), ' \t\n\r\"''.!,;:') END")
+        reason = (
+            f"CASE WHEN status = '{OK}' THEN trim(lower(json_extract_string(details, "
+            f"{_path(health.reason)})), ' \t\n\r\"''.!,;:') END"
+        )
     verdicts = "NULL::INTEGER[]"
     if health.verdicts:
-        verdicts = (f"CASE WHEN status = '{OK}' THEN TRY_CAST(json_extract(details, "
-                    f"{_path(health.verdicts)}) AS INTEGER[]) END")
+        verdicts = (
+            f"CASE WHEN status = '{OK}' THEN TRY_CAST(json_extract(details, "
+            f"{_path(health.verdicts)}) AS INTEGER[]) END"
+        )
     return f"{extraction} AS extraction_empty, {reason} AS reason, {verdicts} AS verdicts"
 
 
-def health_measures(con: duckdb.DuckDBPyConnection, table: str, metric_id: str,
-                    health: HealthFields, groupings: Sequence[tuple[Any, str]]
-                    ) -> dict[tuple, dict[str, Any]]:
+def health_measures(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    metric_id: str,
+    health: HealthFields,
+    groupings: Sequence[tuple[Any, str]],
+) -> dict[tuple, dict[str, Any]]:
     """The health measures of one judge metric per group.
 
     Parameters
@@ -128,18 +189,24 @@ def health_measures(con: duckdb.DuckDBPyConnection, table: str, metric_id: str,
         cell the measure counts) and the denominators ``n_ok``, ``n_extracted``,
         ``n_reasons``, ``n_judged``, ``n_lists`` (int).
     """
-    con.execute(f"CREATE OR REPLACE TEMP TABLE health_cells AS SELECT *, "
-                f"{_cell_facts(health)} FROM {table} WHERE metric = ?", [metric_id]).fetchall()
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE health_cells AS SELECT *, "
+        f"{_cell_facts(health)} FROM {table} WHERE metric = ?",
+        [metric_id],
+    ).fetchall()
     con.execute(
         "CREATE OR REPLACE TEMP TABLE health_lists AS SELECT *, len(verdicts) // 2 AS half, "
         "CASE WHEN len(verdicts) >= 2 THEN list_sum(list_slice(verdicts, 1, len(verdicts) // 2)) "
         "END AS first_ones, CASE WHEN len(verdicts) >= 2 THEN list_sum(list_slice(verdicts, "
         "len(verdicts) - len(verdicts) // 2 + 1, len(verdicts))) END AS second_ones "
-        "FROM health_cells").fetchall()
+        "FROM health_cells"
+    ).fetchall()
     junk = ", ".join(f"'{w}'" for w in VERDICT_WORDS)
     out: dict[tuple, dict[str, Any]] = {}
     for key, code in groupings:
-        counts = _fetch(con, f"""
+        counts = _fetch(
+            con,
+            f"""
             SELECT {code} AS code,
               count(*) FILTER (WHERE status = '{OK}') AS n_ok,
               count(extraction_empty) AS n_extracted,
@@ -152,7 +219,8 @@ def health_measures(con: duckdb.DuckDBPyConnection, table: str, metric_id: str,
               count(first_ones) AS n_lists,
               sum(first_ones) AS first_ones, sum(half) FILTER (WHERE first_ones IS NOT NULL)
                 AS half_items, sum(second_ones) AS second_ones
-            FROM health_lists GROUP BY ALL""")
+            FROM health_lists GROUP BY ALL""",
+        )
         modal = _modal(con, code, "score", f"status = '{OK}'")
         reasons = _modal(con, code, "reason", "reason IS NOT NULL")
         for c, row in counts.items():
@@ -166,8 +234,9 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str) -> dict[Any, dict[str, Any]
     return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
 
 
-def _modal(con: duckdb.DuckDBPyConnection, code: str, column: str,
-           where: str) -> dict[Any, tuple[Any, int]]:
+def _modal(
+    con: duckdb.DuckDBPyConnection, code: str, column: str, where: str
+) -> dict[Any, tuple[Any, int]]:
     """Per group code: the most common value of ``column`` among the rows matching
     ``where`` (ties: the smallest value) and its count."""
     rows = con.execute(f"""
@@ -183,8 +252,9 @@ def _share(part: Any, whole: Any) -> float | None:
     return float(part) / float(whole) if whole else None
 
 
-def _measures(row: dict[str, Any], modal: tuple[Any, int] | None,
-              reason: tuple[Any, int] | None) -> dict[str, Any]:
+def _measures(
+    row: dict[str, Any], modal: tuple[Any, int] | None, reason: tuple[Any, int] | None
+) -> dict[str, Any]:
     half = row["half_items"]
     gap = None
     if half:
@@ -198,12 +268,15 @@ def _measures(row: dict[str, Any], modal: tuple[Any, int] | None,
         "parse_failure_share": _share(row["n_parse_failure"], row["n_judged"]),
         "context_too_long_share": _share(row["n_context_too_long"], row["n_judged"]),
         "position_gap": gap,
-        **{k: int(row[k] or 0) for k in ("n_ok", "n_extracted", "n_reasons", "n_judged", "n_lists")},
+        **{
+            k: int(row[k] or 0) for k in ("n_ok", "n_extracted", "n_reasons", "n_judged", "n_lists")
+        },
     }
 
 
-def degenerate_reasons(measures: dict[str, Any], health: HealthFields,
-                       thresholds: Any) -> list[str]:
+def degenerate_reasons(
+    measures: dict[str, Any], health: HealthFields, thresholds: Any
+) -> list[str]:
     """Why a group's result is degenerate under ``thresholds``; empty when it is not.
 
     Parameters
@@ -227,8 +300,11 @@ def degenerate_reasons(measures: dict[str, Any], health: HealthFields,
         value = measures.get(check.measure)
         if value is None or measures.get(check.denominator, 0) < thresholds.min_cells:
             continue
-        if check.measure == "modal_share" and health.usual_score is not None \
-                and measures["modal_score"] == health.usual_score:
+        if (
+            check.measure == "modal_share"
+            and health.usual_score is not None
+            and measures["modal_score"] == health.usual_score
+        ):
             continue
         limit = getattr(thresholds, check.threshold)
         if abs(value) > limit:
@@ -249,5 +325,7 @@ def degenerate_metrics(summary: Any) -> dict[str, str]:
     """
     if "degenerate" not in summary.columns:
         return {}
-    rows = summary.filter(summary["slice_column"].is_null() & summary["degenerate"].fill_null(False))
+    rows = summary.filter(
+        summary["slice_column"].is_null() & summary["degenerate"].fill_null(False)
+    )
     return {r["metric"]: r["degenerate_reasons"] or "" for r in rows.iter_rows(named=True)}

@@ -81,15 +81,25 @@ def load_inputs(run: CommittedRun, row_ids: Iterable[str] | None = None) -> RunI
         tasks = plan_read(section)
         current = input_fingerprint(section, tasks)["sha256"]
         if recorded and current != recorded:
-            return RunInputs(None, f"the input {section.uri} changed after run {run.run_id} "
-                                   "(its fingerprint differs from the manifest's), so its "
-                                   "texts are not shown")
+            return RunInputs(
+                None,
+                f"the input {section.uri} changed after run {run.run_id} "
+                "(its fingerprint differs from the manifest's), so its "
+                "texts are not shown",
+            )
         tables = [normalize(read_task(task, section), section, task, slices=[]) for task in tasks]
     except (RagbatchError, ValueError) as exc:
         return RunInputs(None, f"the input of run {run.run_id} could not be read again: {exc}")
     frames = [pl.from_arrow(t.select(list(INPUT_COLUMNS))) for t in tables]
-    rows = pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame(
-        schema={c: (pl.List(pl.String) if c == C.CONTEXTS else pl.String) for c in INPUT_COLUMNS})
+    rows = (
+        pl.concat(frames, how="vertical_relaxed")
+        if frames
+        else pl.DataFrame(
+            schema={
+                c: (pl.List(pl.String) if c == C.CONTEXTS else pl.String) for c in INPUT_COLUMNS
+            }
+        )
+    )
     if row_ids is not None:
         rows = rows.filter(pl.col(C.ROW_ID).is_in(list(row_ids)))
     return RunInputs(rows)

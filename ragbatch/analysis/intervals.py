@@ -207,8 +207,9 @@ class MeanCIStream:
         As in :func:`mean_ci`.
     """
 
-    def __init__(self, *, max_resample_n: int = BOOTSTRAP_MAX_N,
-                 max_distinct: int = MAX_DISTINCT) -> None:
+    def __init__(
+        self, *, max_resample_n: int = BOOTSTRAP_MAX_N, max_distinct: int = MAX_DISTINCT
+    ) -> None:
         self.max_resample_n = max_resample_n
         self.max_distinct = max_distinct
         self.n = 0
@@ -245,8 +246,9 @@ class MeanCIStream:
         if self._values is not None:
             self._values = self._values + [chunk] if total <= self.max_resample_n else None
 
-    def result(self, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES,
-               seed: int = SEED) -> tuple[float | None, float | None, float | None, str | None]:
+    def result(
+        self, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = SEED
+    ) -> tuple[float | None, float | None, float | None, str | None]:
         """``(mean, low, high, method)`` as :func:`mean_ci` returns them."""
         n, mean = self.n, self.mean
         if n == 0:
@@ -306,9 +308,7 @@ def paired_bootstrap_diff_ci(
             f"baseline has {a.size} values and candidate has {b.size}: a paired interval "
             "needs one candidate value per baseline value, aligned by row"
         )
-    return bootstrap_mean_ci(
-        b - a, confidence=confidence, n_resamples=n_resamples, seed=seed
-    )
+    return bootstrap_mean_ci(b - a, confidence=confidence, n_resamples=n_resamples, seed=seed)
 
 
 def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> Interval:
@@ -407,5 +407,9 @@ def _check_confidence(confidence: float) -> None:
 
 
 def _check_n_resamples(n_resamples: int) -> None:
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
+    if (
+        isinstance(n_resamples, bool)
+        or not isinstance(n_resamples, (int, np.integer))
+        or n_resamples < 1
+    ):
         raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")

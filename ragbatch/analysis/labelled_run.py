@@ -56,16 +56,21 @@ def labelled_run_moments(plan: Any) -> dict[str, tuple[str, PairMoments]]:
     columns = list(dict.fromkeys(section.columns.values()))
     missing = [c for c in columns if c not in run.slice_columns]
     if missing:
-        raise InputError(f"labels.calibration.columns: run {run.run_id} has no column "
-                         f"{', '.join(map(repr, missing))}; its columns: "
-                         f"{', '.join(run.slice_columns) or 'none'}")
+        raise InputError(
+            f"labels.calibration.columns: run {run.run_id} has no column "
+            f"{', '.join(map(repr, missing))}; its columns: "
+            f"{', '.join(run.slice_columns) or 'none'}"
+        )
     scores = load_scores(run, ["metric", "score", "status", "model", *columns])
     out = {}
     for metric_id, column in section.columns.items():
         metric = by_id[metric_id]
         _check_same_metric(run, metric, scores.filter(pl.col("metric") == metric_id), plan)
-        cells = scores.filter((pl.col("metric") == metric_id) & (pl.col("status") == OK)
-                              & pl.col(column).is_not_null())
+        cells = scores.filter(
+            (pl.col("metric") == metric_id)
+            & (pl.col("status") == OK)
+            & pl.col(column).is_not_null()
+        )
         y = _labels(cells[column], metric_id, column, metric.score_range, run.run_id)
         pairs = PairMoments()
         pairs.add(cells["score"].cast(pl.Float64).to_numpy(), y)
@@ -73,22 +78,27 @@ def labelled_run_moments(plan: Any) -> dict[str, tuple[str, PairMoments]]:
     return out
 
 
-def _labels(column: pl.Series, metric_id: str, name: str, bounds: Sequence[float],
-            run_id: str) -> np.ndarray:
+def _labels(
+    column: pl.Series, metric_id: str, name: str, bounds: Sequence[float], run_id: str
+) -> np.ndarray:
     """The labels as float64, checked to be numbers in ``bounds``."""
     where = f"labels.calibration.columns.{metric_id}: column {name!r} of run {run_id}"
     if column.dtype == pl.Boolean:
         column = column.cast(pl.Float64)
     if not column.dtype.is_numeric():
-        raise InputError(f"{where} has type {column.dtype}; labels need numbers or booleans "
-                         "on the metric's scale")
+        raise InputError(
+            f"{where} has type {column.dtype}; labels need numbers or booleans "
+            "on the metric's scale"
+        )
     y = column.cast(pl.Float64).to_numpy()
     low, high = bounds
     bad = ~((y >= low) & (y <= high))
     if bad.any():
-        raise InputError(f"{where} holds {int(bad.sum())} label(s) outside {metric_id}'s range "
-                         f"[{low:g}, {high:g}] (first: {float(y[bad][0])!r}); labels are on the "
-                         "metric's own scale")
+        raise InputError(
+            f"{where} holds {int(bad.sum())} label(s) outside {metric_id}'s range "
+            f"[{low:g}, {high:g}] (first: {float(y[bad][0])!r}); labels are on the "
+            "metric's own scale"
+        )
     return y
 
 
@@ -97,14 +107,18 @@ def _check_same_metric(run: CommittedRun, metric: Any, cells: pl.DataFrame, plan
     where = f"labels.calibration.columns.{metric.id}"
     entry = run.manifest.metric_info(metric.id)
     if entry is None:
-        raise ConfigError(f"{where}: run {run.run_id} has no metric {metric.id!r}; its metrics: "
-                          f"{', '.join(run.metric_names) or 'none'}")
+        raise ConfigError(
+            f"{where}: run {run.run_id} has no metric {metric.id!r}; its metrics: "
+            f"{', '.join(run.metric_names) or 'none'}"
+        )
     mine = metric.manifest_info()
     for key in ("name", "params"):
         if entry.get(key) != mine[key]:
-            raise ConfigError(f"{where}: run {run.run_id} computed {metric.id!r} with {key} "
-                              f"{entry.get(key)!r}, this run with {mine[key]!r}; labels correct "
-                              "only the same metric")
+            raise ConfigError(
+                f"{where}: run {run.run_id} computed {metric.id!r} with {key} "
+                f"{entry.get(key)!r}, this run with {mine[key]!r}; labels correct "
+                "only the same metric"
+            )
     if metric.engine is None or metric.kind != "judge":
         return
     from ragbatch.judge.cache_probe import engine_identities
@@ -113,9 +127,13 @@ def _check_same_metric(run: CommittedRun, metric: Any, cells: pl.DataFrame, plan
     models = {i.model_id for i in identities}
     theirs = set(cells["model"].drop_nulls().unique().to_list())
     if not models:
-        raise ConfigError(f"{where}: the judge model of engine {metric.engine!r} cannot be "
-                          f"identified ({why}), so it cannot be matched with run {run.run_id}'s")
+        raise ConfigError(
+            f"{where}: the judge model of engine {metric.engine!r} cannot be "
+            f"identified ({why}), so it cannot be matched with run {run.run_id}'s"
+        )
     if not theirs or not theirs <= models:
-        raise ConfigError(f"{where}: run {run.run_id} judged {metric.id!r} with "
-                          f"{sorted(theirs) or 'no model'}, this run with {sorted(models)}; "
-                          "labels correct only the same judge")
+        raise ConfigError(
+            f"{where}: run {run.run_id} judged {metric.id!r} with "
+            f"{sorted(theirs) or 'no model'}, this run with {sorted(models)}; "
+            "labels correct only the same judge"
+        )

@@ -69,9 +69,17 @@ def metric_facts(*runs: CommittedRun) -> dict[str, MetricFacts]:
             try:
                 cls = get_metric(name)
             except RagbatchError:
-                out[mid] = MetricFacts(mid, name, str(entry.get("kind") or ""), False, True, None, False)
+                out[mid] = MetricFacts(
+                    mid, name, str(entry.get("kind") or ""), False, True, None, False
+                )
                 continue
-            out[mid] = MetricFacts(mid, name, str(entry.get("kind") or cls.kind), bool(cls.boolean),
-                                   bool(cls.higher_is_better),
-                                   (float(cls.score_range[0]), float(cls.score_range[1])), True)
+            out[mid] = MetricFacts(
+                mid,
+                name,
+                str(entry.get("kind") or cls.kind),
+                bool(cls.boolean),
+                bool(cls.higher_is_better),
+                (float(cls.score_range[0]), float(cls.score_range[1])),
+                True,
+            )
     return out

@@ -65,9 +65,12 @@ def _write_text(run: CommittedRun, path: str, text: str) -> None:
         fh.write(text)
 
 
-def compare_with_previous(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
-                          threshold: float | None = None
-                          ) -> tuple[CommittedRun, CommittedRun | None, Comparison | None]:
+def compare_with_previous(
+    root: str,
+    run_id: str,
+    storage_options: dict[str, Any] | None = None,
+    threshold: float | None = None,
+) -> tuple[CommittedRun, CommittedRun | None, Comparison | None]:
     """Committed run ``run_id`` under ``root``, the previous committed run and their
     comparison (both None for the first run under ``root``); nothing is written.
 
@@ -83,15 +86,18 @@ def compare_with_previous(root: str, run_id: str, storage_options: dict[str, Any
     """
     run = find_run(root, run_id, storage_options)
     baseline = previous_run(run, storage_options)
-    comparison = (compare_runs(baseline, run, threshold=threshold)
-                  if baseline is not None else None)
+    comparison = compare_runs(baseline, run, threshold=threshold) if baseline is not None else None
     return run, baseline, comparison
 
 
-def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | None = None,
-                     threshold: float | None = None,
-                     calibration_options: dict[str, Any] | None = None,
-                     calibration_section: CalibrationSection | None = None) -> NightlyReport:
+def write_run_report(
+    root: str,
+    run_id: str,
+    storage_options: dict[str, Any] | None = None,
+    threshold: float | None = None,
+    calibration_options: dict[str, Any] | None = None,
+    calibration_section: CalibrationSection | None = None,
+) -> NightlyReport:
     """Write the report of committed run ``run_id`` under ``root`` and, when there is a
     previous committed run, the comparison with it (see the module notes for paths).
 
@@ -125,9 +131,13 @@ def write_run_report(root: str, run_id: str, storage_options: dict[str, Any] | N
         A file cannot be written.
     """
     run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold)
-    html = build_report(run, baseline, comparison=comparison,
-                        calibration_options=calibration_options,
-                        calibration_section=calibration_section)
+    html = build_report(
+        run,
+        baseline,
+        comparison=comparison,
+        calibration_options=calibration_options,
+        calibration_section=calibration_section,
+    )
     out = NightlyReport(run, _uri(run, f"{run.reports_path}/{REPORT_FILE}"), baseline, comparison)
     _write_text(run, f"{run.reports_path}/{REPORT_FILE}", html)
     if comparison is not None:

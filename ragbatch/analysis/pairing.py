@@ -35,7 +35,11 @@ DEFAULT_MATCH_ON: tuple[str, ...] = (C.QUESTION, C.CONTEXTS, C.REFERENCE)
 BY_ROW_ID = "row_id"
 BY_CONTENT = "content"
 
-_PAIR_SCHEMA = {"baseline_row_id": pl.String, "candidate_row_id": pl.String, "matched_by": pl.String}
+_PAIR_SCHEMA = {
+    "baseline_row_id": pl.String,
+    "candidate_row_id": pl.String,
+    "matched_by": pl.String,
+}
 
 
 @dataclass
@@ -70,15 +74,19 @@ class Pairing:
         """``{"row_id": n, "content": n, "only_baseline": n, "only_candidate": n,
         "ambiguous_baseline": n, "ambiguous_candidate": n}``."""
         by = dict(self.pairs.group_by("matched_by").len().iter_rows())
-        return {BY_ROW_ID: int(by.get(BY_ROW_ID, 0)), BY_CONTENT: int(by.get(BY_CONTENT, 0)),
-                "only_baseline": len(self.only_baseline),
-                "only_candidate": len(self.only_candidate),
-                "ambiguous_baseline": len(self.ambiguous_baseline),
-                "ambiguous_candidate": len(self.ambiguous_candidate)}
+        return {
+            BY_ROW_ID: int(by.get(BY_ROW_ID, 0)),
+            BY_CONTENT: int(by.get(BY_CONTENT, 0)),
+            "only_baseline": len(self.only_baseline),
+            "only_candidate": len(self.only_candidate),
+            "ambiguous_baseline": len(self.ambiguous_baseline),
+            "ambiguous_candidate": len(self.ambiguous_candidate),
+        }
 
 
-def pair_by_row_id(baseline_ids: Sequence[str], candidate_ids: Sequence[str]
-                   ) -> tuple[pl.DataFrame, list[str], list[str]]:
+def pair_by_row_id(
+    baseline_ids: Sequence[str], candidate_ids: Sequence[str]
+) -> tuple[pl.DataFrame, list[str], list[str]]:
     """Pair equal row ids.
 
     Returns
@@ -89,8 +97,14 @@ def pair_by_row_id(baseline_ids: Sequence[str], candidate_ids: Sequence[str]
     """
     base, cand = set(baseline_ids), set(candidate_ids)
     common = sorted(base & cand)
-    pairs = pl.DataFrame({"baseline_row_id": common, "candidate_row_id": common,
-                          "matched_by": [BY_ROW_ID] * len(common)}, schema=_PAIR_SCHEMA)
+    pairs = pl.DataFrame(
+        {
+            "baseline_row_id": common,
+            "candidate_row_id": common,
+            "matched_by": [BY_ROW_ID] * len(common),
+        },
+        schema=_PAIR_SCHEMA,
+    )
     return pairs, sorted(base - cand), sorted(cand - base)
 
 
@@ -117,18 +131,23 @@ def content_keys(rows: pl.DataFrame, match_on: Sequence[str]) -> pl.DataFrame:
     """
     missing = [c for c in match_on if c not in rows.columns]
     if missing:
-        raise InputError(f"--match-on: column(s) {missing} are not in the rows; available: "
-                         f"{sorted(c for c in rows.columns if c != C.ROW_ID)}")
+        raise InputError(
+            f"--match-on: column(s) {missing} are not in the rows; available: "
+            f"{sorted(c for c in rows.columns if c != C.ROW_ID)}"
+        )
     keys = []
     for values in rows.select(list(match_on)).iter_rows():
         blob = json.dumps(list(values), ensure_ascii=False, default=str)
         keys.append(hashlib.sha256(blob.encode("utf-8")).hexdigest())
-    return pl.DataFrame({"row_id": rows[C.ROW_ID].cast(pl.String), "key": keys},
-                        schema={"row_id": pl.String, "key": pl.String})
+    return pl.DataFrame(
+        {"row_id": rows[C.ROW_ID].cast(pl.String), "key": keys},
+        schema={"row_id": pl.String, "key": pl.String},
+    )
 
 
-def pair_by_content(baseline: pl.DataFrame, candidate: pl.DataFrame, match_on: Sequence[str]
-                    ) -> tuple[pl.DataFrame, list[str], list[str]]:
+def pair_by_content(
+    baseline: pl.DataFrame, candidate: pl.DataFrame, match_on: Sequence[str]
+) -> tuple[pl.DataFrame, list[str], list[str]]:
     """Pair rows whose content keys are equal and unique on both sides.
 
     Parameters
@@ -149,11 +168,16 @@ def pair_by_content(baseline: pl.DataFrame, candidate: pl.DataFrame, match_on: S
     counts = b_count.join(c_count, on="key", how="inner")
     unique = counts.filter((pl.col("n_b") == 1) & (pl.col("n_c") == 1)).select("key")
     clash = counts.filter((pl.col("n_b") > 1) | (pl.col("n_c") > 1)).select("key")
-    pairs = (b.join(unique, on="key").join(c, on="key", suffix="_c")
-             .select(pl.col("row_id").alias("baseline_row_id"),
-                     pl.col("row_id_c").alias("candidate_row_id"),
-                     pl.lit(BY_CONTENT).alias("matched_by"))
-             .sort("baseline_row_id"))
+    pairs = (
+        b.join(unique, on="key")
+        .join(c, on="key", suffix="_c")
+        .select(
+            pl.col("row_id").alias("baseline_row_id"),
+            pl.col("row_id_c").alias("candidate_row_id"),
+            pl.lit(BY_CONTENT).alias("matched_by"),
+        )
+        .sort("baseline_row_id")
+    )
     amb_b = sorted(b.join(clash, on="key")["row_id"].to_list())
     amb_c = sorted(c.join(clash, on="key")["row_id"].to_list())
     return pairs.cast(_PAIR_SCHEMA), amb_b, amb_c
@@ -174,13 +198,15 @@ def check_match_on(match_on: Sequence[str], *runs: CommittedRun) -> None:
                 raise InputError(
                     f"--match-on {name!r}: not an input column of run {run.run_id}; use "
                     f"{', '.join(c for c in INPUT_COLUMNS if c != C.ROW_ID)} or one of its "
-                    f"slice columns ({', '.join(run.slice_columns) or 'none'})")
+                    f"slice columns ({', '.join(run.slice_columns) or 'none'})"
+                )
     if not match_on:
         raise InputError("--match-on needs at least one column")
 
 
-def _content_rows(run: CommittedRun, scores: pl.DataFrame, ids: list[str],
-                  match_on: Sequence[str]) -> tuple[pl.DataFrame | None, str | None]:
+def _content_rows(
+    run: CommittedRun, scores: pl.DataFrame, ids: list[str], match_on: Sequence[str]
+) -> tuple[pl.DataFrame | None, str | None]:
     """``row_id`` plus the ``match_on`` columns for ``ids``: canonical columns read again
     from the input, slice columns from the scores table."""
     frame = pl.DataFrame({C.ROW_ID: ids}, schema={C.ROW_ID: pl.String})
@@ -192,14 +218,22 @@ def _content_rows(run: CommittedRun, scores: pl.DataFrame, ids: list[str],
         frame = frame.join(inputs.rows.select(C.ROW_ID, *canonical), on=C.ROW_ID, how="left")
     slices = [c for c in match_on if c not in INPUT_COLUMNS]
     if slices:
-        values = (scores.filter(pl.col(C.ROW_ID).is_in(ids)).group_by(C.ROW_ID)
-                  .agg(pl.col(s).first() for s in slices))
+        values = (
+            scores.filter(pl.col(C.ROW_ID).is_in(ids))
+            .group_by(C.ROW_ID)
+            .agg(pl.col(s).first() for s in slices)
+        )
         frame = frame.join(values, on=C.ROW_ID, how="left")
     return frame, None
 
 
-def pair_runs(baseline: CommittedRun, candidate: CommittedRun, baseline_scores: pl.DataFrame,
-              candidate_scores: pl.DataFrame, match_on: Sequence[str] = DEFAULT_MATCH_ON) -> Pairing:
+def pair_runs(
+    baseline: CommittedRun,
+    candidate: CommittedRun,
+    baseline_scores: pl.DataFrame,
+    candidate_scores: pl.DataFrame,
+    match_on: Sequence[str] = DEFAULT_MATCH_ON,
+) -> Pairing:
     """Pair the rows of two committed runs: equal row ids first, then content keys for the
     rows left over on both sides (see the module notes).
 
@@ -227,8 +261,9 @@ def pair_runs(baseline: CommittedRun, candidate: CommittedRun, baseline_scores: 
     """
     match_on = tuple(match_on)
     check_match_on(match_on, baseline, candidate)
-    pairs, b_left, c_left = pair_by_row_id(baseline_scores[C.ROW_ID].unique().to_list(),
-                                           candidate_scores[C.ROW_ID].unique().to_list())
+    pairs, b_left, c_left = pair_by_row_id(
+        baseline_scores[C.ROW_ID].unique().to_list(), candidate_scores[C.ROW_ID].unique().to_list()
+    )
     if not (b_left and c_left):
         return Pairing(pairs, b_left, c_left, match_on=match_on)
     b_rows, b_note = _content_rows(baseline, baseline_scores, b_left, match_on)
@@ -241,5 +276,9 @@ def pair_runs(baseline: CommittedRun, candidate: CommittedRun, baseline_scores: 
     paired_c = set(by_content["candidate_row_id"].to_list())
     return Pairing(
         pl.concat([pairs, by_content]),
-        [r for r in b_left if r not in paired_b], [r for r in c_left if r not in paired_c],
-        amb_b, amb_c, match_on)
+        [r for r in b_left if r not in paired_b],
+        [r for r in c_left if r not in paired_c],
+        amb_b,
+        amb_c,
+        match_on,
+    )

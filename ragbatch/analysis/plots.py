@@ -22,12 +22,22 @@ from matplotlib.figure import Figure
 
 from ragbatch.core.status import STATUSES
 
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "ragbatch-report", "font.size": 9,
-       "axes.spines.top": False, "axes.spines.right": False, "text.parse_math": False}
+_RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "ragbatch-report",
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "text.parse_math": False,
+}
 
 #: One colour per status, in :data:`ragbatch.core.status.STATUSES` order (ok first).
-STATUS_COLOURS = dict(zip(STATUSES, ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e", "#a05195",
-                                     "#665191", "#2f4b7c", "#8c2d04")))
+STATUS_COLOURS = dict(
+    zip(
+        STATUSES,
+        ("#4c9f70", "#b8b8b8", "#e0a030", "#d0605e", "#a05195", "#665191", "#2f4b7c", "#8c2d04"),
+    )
+)
 
 
 def data_uri(svg: str) -> str:
@@ -40,13 +50,19 @@ def data_uri(svg: str) -> str:
 def _svg(fig: Figure, tight: bool = True) -> str:
     """The figure as SVG text; ``tight`` crops to the drawn area (costs a second draw)."""
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight" if tight else None,
-                metadata={"Date": None})
+    fig.savefig(
+        buffer, format="svg", bbox_inches="tight" if tight else None, metadata={"Date": None}
+    )
     return buffer.getvalue()
 
 
-def score_distribution(scores: Sequence[float], *, title: str, boolean: bool,
-                       value_range: tuple[float, float] | None = None) -> str:
+def score_distribution(
+    scores: Sequence[float],
+    *,
+    title: str,
+    boolean: bool,
+    value_range: tuple[float, float] | None = None,
+) -> str:
     """Histogram of one metric's ``ok`` scores.
 
     Parameters
@@ -124,9 +140,16 @@ def status_breakdown(counts: dict[str, dict[str, int]]) -> str:
         return _svg(fig)
 
 
-def interval_dots(labels: Sequence[str], estimates: Sequence[float | None],
-                  lows: Sequence[float | None], highs: Sequence[float | None], *, title: str,
-                  xlabel: str, zero_line: bool = False) -> str:
+def interval_dots(
+    labels: Sequence[str],
+    estimates: Sequence[float | None],
+    lows: Sequence[float | None],
+    highs: Sequence[float | None],
+    *,
+    title: str,
+    xlabel: str,
+    zero_line: bool = False,
+) -> str:
     """One dot per label with a horizontal error bar from ``low`` to ``high``.
 
     Used for per-slice means (with their confidence intervals) and for a comparison's
@@ -148,8 +171,16 @@ def interval_dots(labels: Sequence[str], estimates: Sequence[float | None],
         y = np.arange(n)
         ok = ~np.isnan(est)
         err = np.vstack([np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)])
-        ax.errorbar(est[ok], y[ok], xerr=err[:, ok], fmt="o", color="#4c72b0", ecolor="#7f7f7f",
-                    capsize=3, markersize=4)
+        ax.errorbar(
+            est[ok],
+            y[ok],
+            xerr=err[:, ok],
+            fmt="o",
+            color="#4c72b0",
+            ecolor="#7f7f7f",
+            capsize=3,
+            markersize=4,
+        )
         if zero_line:
             ax.axvline(0.0, color="#d0605e", linewidth=1)
         ax.set_yticks(y, [_clip(label, 40) for label in labels])
@@ -163,9 +194,15 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | None]],
-                lows: dict[str, Sequence[float | None]], highs: dict[str, Sequence[float | None]],
-                *, title: str, ranges: dict[str, tuple[float, float] | None] | None = None) -> str:
+def slice_panel(
+    labels: Sequence[str],
+    estimates: dict[str, Sequence[float | None]],
+    lows: dict[str, Sequence[float | None]],
+    highs: dict[str, Sequence[float | None]],
+    *,
+    title: str,
+    ranges: dict[str, tuple[float, float] | None] | None = None,
+) -> str:
     """Small multiples: one panel per metric, one dot with its interval per slice value.
 
     Parameters
@@ -195,8 +232,14 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
     width, height = left_in + 3.0 * ncols + 0.3 * (ncols - 1) + 0.2, nrows * (panel_h + 0.75) + 0.4
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(width, height))
-        fig.subplots_adjust(left=left_in / width, right=1 - 0.2 / width, top=1 - 0.75 / height,
-                            bottom=0.45 / height, wspace=0.3 / 3.0, hspace=0.75 / panel_h)
+        fig.subplots_adjust(
+            left=left_in / width,
+            right=1 - 0.2 / width,
+            top=1 - 0.75 / height,
+            bottom=0.45 / height,
+            wspace=0.3 / 3.0,
+            hspace=0.75 / panel_h,
+        )
         axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
         y = np.arange(rows)
         for index, ax in enumerate(axes.flat):
@@ -208,9 +251,19 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
             lo = np.array([np.nan if v is None else v for v in lows[mid]], dtype=float)
             hi = np.array([np.nan if v is None else v for v in highs[mid]], dtype=float)
             ok = ~np.isnan(est)
-            err = np.vstack([np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)])
-            ax.errorbar(est[ok], y[ok], xerr=err[:, ok], fmt="o", color="#4c72b0",
-                        ecolor="#7f7f7f", capsize=3, markersize=4)
+            err = np.vstack(
+                [np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)]
+            )
+            ax.errorbar(
+                est[ok],
+                y[ok],
+                xerr=err[:, ok],
+                fmt="o",
+                color="#4c72b0",
+                ecolor="#7f7f7f",
+                capsize=3,
+                markersize=4,
+            )
             ax.set_title(_clip(mid, 30))
             span = (ranges or {}).get(mid)
             if span is not None:
@@ -222,8 +275,9 @@ def slice_panel(labels: Sequence[str], estimates: dict[str, Sequence[float | Non
         return _svg(fig, tight=False)
 
 
-def reliability_diagram(mean_p: Sequence[float], observed: Sequence[float], counts: Sequence[int],
-                        *, title: str) -> str:
+def reliability_diagram(
+    mean_p: Sequence[float], observed: Sequence[float], counts: Sequence[int], *, title: str
+) -> str:
     """Reliability diagram of a judge's probabilities against human labels.
 
     Parameters
@@ -251,8 +305,9 @@ def reliability_diagram(mean_p: Sequence[float], observed: Sequence[float], coun
         ax.plot([0, 1], [0, 1], color="#b8b8b8", linestyle="--", linewidth=1)
         ax.plot(x, y, marker="o", color="#4c72b0")
         for xi, yi, n in zip(x, y, counts):
-            ax.annotate(str(int(n)), (xi, yi), textcoords="offset points", xytext=(4, -10),
-                        fontsize=7)
+            ax.annotate(
+                str(int(n)), (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7
+            )
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel("judge's probability of 1")

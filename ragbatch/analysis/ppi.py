@@ -151,9 +151,14 @@ class PPIResult:
     reason: str | None = None
 
 
-def ppi_from_moments(unlabelled: Moments, labelled: PairMoments, *,
-                     estimator: str = DEFAULT_ESTIMATOR, confidence: float = CONFIDENCE,
-                     bounds: tuple[float, float] | None = None) -> PPIResult:
+def ppi_from_moments(
+    unlabelled: Moments,
+    labelled: PairMoments,
+    *,
+    estimator: str = DEFAULT_ESTIMATOR,
+    confidence: float = CONFIDENCE,
+    bounds: tuple[float, float] | None = None,
+) -> PPIResult:
     """The PPI (or PPI++) mean and the labels-only mean from moments.
 
     Parameters
@@ -192,36 +197,59 @@ def ppi_from_moments(unlabelled: Moments, labelled: PairMoments, *,
     clip = _clipper(bounds)
     if n < 2:
         theta = labelled.y.mean + (unlabelled.mean - labelled.f.mean if big_n else 0.0)
-        return PPIResult(n, big_n, labels_mean=clip(labelled.y.mean), ppi_mean=clip(theta),
-                         ppi_lambda=1.0 if big_n else 0.0,
-                         reason="1 labelled row has an ok score; an interval needs at least 2")
+        return PPIResult(
+            n,
+            big_n,
+            labels_mean=clip(labelled.y.mean),
+            ppi_mean=clip(theta),
+            ppi_lambda=1.0 if big_n else 0.0,
+            reason="1 labelled row has an ok score; an interval needs at least 2",
+        )
     z = NormalDist().inv_cdf((1 + confidence) / 2)
     var_f, var_y, cov = labelled.f.var(), labelled.y.var(), labelled.cov()
     y_half = z * math.sqrt(var_y / n)
     reason = None
     if big_n < 2:
         lam = 0.0
-        reason = (f"{big_n} unlabelled row(s) with an ok score; under 2 the estimate is the "
-                  "labels-only mean")
+        reason = (
+            f"{big_n} unlabelled row(s) with an ok score; under 2 the estimate is the "
+            "labels-only mean"
+        )
     elif estimator == "ppi":
         lam = 1.0
     else:
         lam = _tuned_lambda(cov, var_f, unlabelled.var(), n, big_n)
     var_u = unlabelled.var() if big_n > 1 else 0.0
-    theta = lam * unlabelled.mean + labelled.y.mean - lam * labelled.f.mean if big_n else labelled.y.mean
+    theta = (
+        lam * unlabelled.mean + labelled.y.mean - lam * labelled.f.mean
+        if big_n
+        else labelled.y.mean
+    )
     var_rect = max(var_y - 2 * lam * cov + lam * lam * var_f, 0.0)
     half = z * math.sqrt(lam * lam * var_u / max(big_n, 1) + var_rect / n)
     return PPIResult(
-        n, big_n,
-        labels_mean=clip(labelled.y.mean), labels_ci_low=clip(labelled.y.mean - y_half),
+        n,
+        big_n,
+        labels_mean=clip(labelled.y.mean),
+        labels_ci_low=clip(labelled.y.mean - y_half),
         labels_ci_high=clip(labelled.y.mean + y_half),
-        ppi_mean=clip(theta), ppi_ci_low=clip(theta - half), ppi_ci_high=clip(theta + half),
-        ppi_lambda=lam, reason=reason)
+        ppi_mean=clip(theta),
+        ppi_ci_low=clip(theta - half),
+        ppi_ci_high=clip(theta + half),
+        ppi_lambda=lam,
+        reason=reason,
+    )
 
 
-def ppi_mean(judge_unlabelled: np.ndarray, judge_labelled: np.ndarray, labels: np.ndarray, *,
-             estimator: str = DEFAULT_ESTIMATOR, confidence: float = CONFIDENCE,
-             bounds: tuple[float, float] | None = None) -> PPIResult:
+def ppi_mean(
+    judge_unlabelled: np.ndarray,
+    judge_labelled: np.ndarray,
+    labels: np.ndarray,
+    *,
+    estimator: str = DEFAULT_ESTIMATOR,
+    confidence: float = CONFIDENCE,
+    bounds: tuple[float, float] | None = None,
+) -> PPIResult:
     """:func:`ppi_from_moments` on arrays.
 
     Parameters
@@ -245,8 +273,9 @@ def ppi_mean(judge_unlabelled: np.ndarray, judge_labelled: np.ndarray, labels: n
     unlabelled, labelled = Moments(), PairMoments()
     unlabelled.add(u)
     labelled.add(f, y)
-    return ppi_from_moments(unlabelled, labelled, estimator=estimator, confidence=confidence,
-                            bounds=bounds)
+    return ppi_from_moments(
+        unlabelled, labelled, estimator=estimator, confidence=confidence, bounds=bounds
+    )
 
 
 def _tuned_lambda(cov: float, var_f: float, var_u: float, n: int, big_n: int) -> float:

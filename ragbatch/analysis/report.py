@@ -83,51 +83,85 @@ def _summary(run: CommittedRun) -> tuple[pl.DataFrame, list[str]]:
     slices and intervals were added get null columns and a note."""
     summary = load_summary(run)
     notes = []
-    wanted = {"slice_column": pl.String, "slice_value": pl.String, "slice_other": pl.Boolean,
-              "mean_ci_low": pl.Float64, "mean_ci_high": pl.Float64, "mean_ci_method": pl.String,
-              "pass_rate": pl.Float64, "pass_rate_ci_low": pl.Float64, "pass_rate_ci_high": pl.Float64}
+    wanted = {
+        "slice_column": pl.String,
+        "slice_value": pl.String,
+        "slice_other": pl.Boolean,
+        "mean_ci_low": pl.Float64,
+        "mean_ci_high": pl.Float64,
+        "mean_ci_method": pl.String,
+        "pass_rate": pl.Float64,
+        "pass_rate_ci_low": pl.Float64,
+        "pass_rate_ci_high": pl.Float64,
+    }
     missing = [c for c in wanted if c not in summary.columns]
     if missing:
-        notes.append("This run's summary predates per-slice rows and intervals; they are not shown.")
+        notes.append(
+            "This run's summary predates per-slice rows and intervals; they are not shown."
+        )
         summary = summary.with_columns(pl.lit(None, wanted[c]).alias(c) for c in missing)
     return summary, notes
 
 
 def _facts(run: CommittedRun, baseline: CommittedRun | None) -> list[tuple[str, str]]:
     m = run.manifest
-    rows = [("run id", run.run_id), ("run date", run.run_date.isoformat()), ("name", run.name),
-            ("output root", redact_url(run.root)),
-            ("input", redact_url(m.input.uri)),
-            ("rows", str(m.rows.input)),
-            ("metrics", ", ".join(run.metric_names)),
-            ("started", m.run.started_at),
-            ("finished", m.run.finished_at),
-            ("ragbatch", m.ragbatch_version)]
+    rows = [
+        ("run id", run.run_id),
+        ("run date", run.run_date.isoformat()),
+        ("name", run.name),
+        ("output root", redact_url(run.root)),
+        ("input", redact_url(m.input.uri)),
+        ("rows", str(m.rows.input)),
+        ("metrics", ", ".join(run.metric_names)),
+        ("started", m.run.started_at),
+        ("finished", m.run.finished_at),
+        ("ragbatch", m.ragbatch_version),
+    ]
     if baseline is not None:
         rows.append(("baseline", baseline.describe()))
-    rows.append(("report generated", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
+    rows.append(
+        ("report generated", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    )
     return rows
 
 
-def _metric_rows(summary: pl.DataFrame, scores: pl.DataFrame,
-                 facts: dict[str, MetricFacts]) -> list[dict[str, Any]]:
+def _metric_rows(
+    summary: pl.DataFrame, scores: pl.DataFrame, facts: dict[str, MetricFacts]
+) -> list[dict[str, Any]]:
     overall = summary.filter(pl.col("slice_column").is_null())
     out = []
     for r in overall.iter_rows(named=True):
-        f = facts.get(r["metric"]) or MetricFacts(r["metric"], r.get("metric_name") or r["metric"],
-                                                  "", False, True, None, False)
+        f = facts.get(r["metric"]) or MetricFacts(
+            r["metric"], r.get("metric_name") or r["metric"], "", False, True, None, False
+        )
         ok = scores.filter((pl.col("metric") == r["metric"]) & (pl.col("status") == OK))["score"]
-        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES
-                          if s != OK and r.get(f"n_{s}"))
-        pass_rate = "-" if r["pass_rate"] is None else (
-            f"{r['pass_rate']:.3f} {_interval(r['pass_rate_ci_low'], r['pass_rate_ci_high'])}")
-        chart = plots.score_distribution(ok.to_list(), title=r["metric"], boolean=f.boolean,
-                                         value_range=f.score_range)
-        out.append({"id": r["metric"], "name": f.name, "higher_is_better": f.higher_is_better,
-                    "n_total": r["n_total"], "n_ok": r["n_ok"], "mean": _num(r["mean"]),
-                    "interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
-                    "pass_rate": pass_rate, "other": other or "-", "chart": _data_uri(chart),
-                    "health": _health_text(r), "degenerate": bool(r.get("degenerate"))})
+        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES if s != OK and r.get(f"n_{s}"))
+        pass_rate = (
+            "-"
+            if r["pass_rate"] is None
+            else (
+                f"{r['pass_rate']:.3f} {_interval(r['pass_rate_ci_low'], r['pass_rate_ci_high'])}"
+            )
+        )
+        chart = plots.score_distribution(
+            ok.to_list(), title=r["metric"], boolean=f.boolean, value_range=f.score_range
+        )
+        out.append(
+            {
+                "id": r["metric"],
+                "name": f.name,
+                "higher_is_better": f.higher_is_better,
+                "n_total": r["n_total"],
+                "n_ok": r["n_ok"],
+                "mean": _num(r["mean"]),
+                "interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
+                "pass_rate": pass_rate,
+                "other": other or "-",
+                "chart": _data_uri(chart),
+                "health": _health_text(r),
+                "degenerate": bool(r.get("degenerate")),
+            }
+        )
     return out
 
 
@@ -143,14 +177,23 @@ def _health_text(row: dict[str, Any]) -> str:
 
 def _corrected_section(summary: pl.DataFrame, run: CommittedRun) -> list[dict[str, Any]]:
     """The rows of the report's table of label-corrected means (empty without labels)."""
-    return [{"metric": r["metric"], "label_column": r["label_column"], "n_ok": r["n_ok"],
-             "n_labelled": r["n_labelled"], "mean": _num(r["mean"]),
-             "mean_interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
-             "labels_mean": _num(r["labels_mean"]),
-             "labels_interval": _interval(r["labels_ci_low"], r["labels_ci_high"]),
-             "ppi_mean": _num(r["ppi_mean"]), "ppi_interval": _interval(r["ppi_ci_low"], r["ppi_ci_high"]),
-             "ppi_lambda": _num(r["ppi_lambda"], 2), "note": r["ppi_reason"] or ""}
-            for r in corrected_rows(summary, "run", run.run_id).iter_rows(named=True)]
+    return [
+        {
+            "metric": r["metric"],
+            "label_column": r["label_column"],
+            "n_ok": r["n_ok"],
+            "n_labelled": r["n_labelled"],
+            "mean": _num(r["mean"]),
+            "mean_interval": _interval(r["mean_ci_low"], r["mean_ci_high"]),
+            "labels_mean": _num(r["labels_mean"]),
+            "labels_interval": _interval(r["labels_ci_low"], r["labels_ci_high"]),
+            "ppi_mean": _num(r["ppi_mean"]),
+            "ppi_interval": _interval(r["ppi_ci_low"], r["ppi_ci_high"]),
+            "ppi_lambda": _num(r["ppi_lambda"], 2),
+            "note": r["ppi_reason"] or "",
+        }
+        for r in corrected_rows(summary, "run", run.run_id).iter_rows(named=True)
+    ]
 
 
 def _slice_label(row: dict[str, Any]) -> str:
@@ -159,8 +202,12 @@ def _slice_label(row: dict[str, Any]) -> str:
     return "(null)" if row["slice_value"] is None else str(row["slice_value"])
 
 
-def _slice_sections(summary: pl.DataFrame, metric_ids: list[str], facts: dict[str, MetricFacts],
-                    counts: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+def _slice_sections(
+    summary: pl.DataFrame,
+    metric_ids: list[str],
+    facts: dict[str, MetricFacts],
+    counts: dict[str, dict[str, int]],
+) -> list[dict[str, Any]]:
     """Per slice column: chart (few values), table, and how many values it has; ``counts``
     is the manifest's ``summary.slice_columns`` (column -> values, pooled_values)."""
     sliced = summary.filter(pl.col("slice_column").is_not_null())
@@ -168,45 +215,81 @@ def _slice_sections(summary: pl.DataFrame, metric_ids: list[str], facts: dict[st
     for (column,), group in sliced.group_by(["slice_column"], maintain_order=True):
         first = group.filter(pl.col("metric") == metric_ids[0]) if metric_ids else group
         labels = [_slice_label(r) for r in first.iter_rows(named=True)]
-        by_metric = {mid: {_slice_label(r): r for r in group.filter(pl.col("metric") == mid).iter_rows(named=True)}
-                     for mid in metric_ids}
+        by_metric = {
+            mid: {
+                _slice_label(r): r
+                for r in group.filter(pl.col("metric") == mid).iter_rows(named=True)
+            }
+            for mid in metric_ids
+        }
         rows = []
         for label in labels:
             cells = []
             for mid in metric_ids:
                 r = by_metric[mid].get(label)
-                cells.append("-" if r is None or r["mean"] is None else
-                             f"{r['mean']:.3f} {_interval(r['mean_ci_low'], r['mean_ci_high'])} ({r['n_ok']})")
+                cells.append(
+                    "-"
+                    if r is None or r["mean"] is None
+                    else f"{r['mean']:.3f} {_interval(r['mean_ci_low'], r['mean_ci_high'])} ({r['n_ok']})"
+                )
             rows.append({"label": label, "cells": cells})
         chart = None
         if 0 < len(labels) <= MAX_CHART_VALUES:
+
             def column_of(key: str) -> dict[str, list[float | None]]:
-                return {mid: [(by_metric[mid].get(lab) or {}).get(key) for lab in labels]
-                        for mid in metric_ids}
-            chart = _data_uri(plots.slice_panel(labels, column_of("mean"), column_of("mean_ci_low"),
-                                                column_of("mean_ci_high"), title=f"mean by {column}",
-                                                ranges={m: f.score_range for m, f in facts.items()}))
+                return {
+                    mid: [(by_metric[mid].get(lab) or {}).get(key) for lab in labels]
+                    for mid in metric_ids
+                }
+
+            chart = _data_uri(
+                plots.slice_panel(
+                    labels,
+                    column_of("mean"),
+                    column_of("mean_ci_low"),
+                    column_of("mean_ci_high"),
+                    title=f"mean by {column}",
+                    ranges={m: f.score_range for m, f in facts.items()},
+                )
+            )
         known = counts.get(column) or {}
         n_values = int(known.get("values", len([lab for lab in labels if lab != "(other values)"])))
         pooled = int(known.get("pooled_values", 0))
-        sections.append({"column": column, "n_values": n_values, "pooled": pooled,
-                         "chart": chart, "rows": rows, "metric_ids": metric_ids,
-                         "open": len(labels) <= MAX_CHART_VALUES})
+        sections.append(
+            {
+                "column": column,
+                "n_values": n_values,
+                "pooled": pooled,
+                "chart": chart,
+                "rows": rows,
+                "metric_ids": metric_ids,
+                "open": len(labels) <= MAX_CHART_VALUES,
+            }
+        )
     return sections
 
 
 def _status_section(summary: pl.DataFrame) -> dict[str, Any]:
     overall = summary.filter(pl.col("slice_column").is_null())
-    counts = {r["metric"]: {s: int(r.get(f"n_{s}") or 0) for s in STATUSES}
-              for r in overall.iter_rows(named=True)}
+    counts = {
+        r["metric"]: {s: int(r.get(f"n_{s}") or 0) for s in STATUSES}
+        for r in overall.iter_rows(named=True)
+    }
     totals = {s: sum(c[s] for c in counts.values()) for s in STATUSES}
-    line = (f"{sum(totals.values())} cells: {totals[OK]} ok; parse failures {totals['parse_failure']}, "
-            f"timeouts {totals['timeout']}, missing inputs {totals['missing_input']}, "
-            f"judge errors {totals['judge_error']}, context too long {totals['context_too_long']}, "
-            f"errors {totals['error']}, not applicable {totals['not_applicable']}.")
-    return {"status_line": line, "status_chart": _data_uri(plots.status_breakdown(counts)),
-            "statuses": list(STATUSES),
-            "status_rows": [{"metric": m, "counts": [c[s] for s in STATUSES]} for m, c in counts.items()]}
+    line = (
+        f"{sum(totals.values())} cells: {totals[OK]} ok; parse failures {totals['parse_failure']}, "
+        f"timeouts {totals['timeout']}, missing inputs {totals['missing_input']}, "
+        f"judge errors {totals['judge_error']}, context too long {totals['context_too_long']}, "
+        f"errors {totals['error']}, not applicable {totals['not_applicable']}."
+    )
+    return {
+        "status_line": line,
+        "status_chart": _data_uri(plots.status_breakdown(counts)),
+        "statuses": list(STATUSES),
+        "status_rows": [
+            {"metric": m, "counts": [c[s] for s in STATUSES]} for m, c in counts.items()
+        ],
+    }
 
 
 def _contexts_text(contexts: Any) -> str:
@@ -219,15 +302,18 @@ def _contexts_text(contexts: Any) -> str:
     return "\n".join(shown) if shown else "(no contexts)"
 
 
-def _worst(scores: pl.DataFrame, facts: dict[str, MetricFacts], metric_ids: list[str],
-           top: int) -> list[tuple[str, pl.DataFrame, str]]:
+def _worst(
+    scores: pl.DataFrame, facts: dict[str, MetricFacts], metric_ids: list[str], top: int
+) -> list[tuple[str, pl.DataFrame, str]]:
     """Per metric: the rows to list and a one-line summary."""
     out = []
     for mid in metric_ids:
         f = facts.get(mid)
         higher = f.higher_is_better if f else True
         cells = scores.filter(pl.col("metric") == mid)
-        ok = cells.filter(pl.col("status") == OK).sort(["score", C.ROW_ID], descending=[not higher, False])
+        ok = cells.filter(pl.col("status") == OK).sort(
+            ["score", C.ROW_ID], descending=[not higher, False]
+        )
         failed = cells.filter(pl.col("status").is_in(_FAILED)).sort(C.ROW_ID)
         worst_ok = ok.head(top)
         line = f"{ok.height} ok cells"
@@ -240,75 +326,129 @@ def _worst(scores: pl.DataFrame, facts: dict[str, MetricFacts], metric_ids: list
     return out
 
 
-def _worst_sections(run: CommittedRun, scores: pl.DataFrame, facts: dict[str, MetricFacts],
-                    top: int) -> tuple[list[dict[str, Any]], list[str]]:
+def _worst_sections(
+    run: CommittedRun, scores: pl.DataFrame, facts: dict[str, MetricFacts], top: int
+) -> tuple[list[dict[str, Any]], list[str]]:
     listed = _worst(scores, facts, list(dict.fromkeys(scores["metric"].to_list())), top)
     ids = {r for _, rows, _ in listed for r in rows[C.ROW_ID].to_list()}
     inputs = load_inputs(run, ids) if ids else None
-    texts = {} if inputs is None or inputs.rows is None else {
-        r[C.ROW_ID]: r for r in inputs.rows.iter_rows(named=True)}
-    notes = [] if inputs is None or inputs.note is None else [f"Inputs are not shown: {inputs.note}."]
+    texts = (
+        {}
+        if inputs is None or inputs.rows is None
+        else {r[C.ROW_ID]: r for r in inputs.rows.iter_rows(named=True)}
+    )
+    notes = (
+        [] if inputs is None or inputs.note is None else [f"Inputs are not shown: {inputs.note}."]
+    )
     sections = []
     for mid, rows, line in listed:
         pii = bool(facts.get(mid) and facts[mid].pii)
         entries = []
         for r in rows.iter_rows(named=True):
             t = texts.get(r[C.ROW_ID], {})
-            entries.append({
-                "row_id": r[C.ROW_ID], "score": _num(r["score"]), "status": r["status"],
-                "question": _clip(t.get(C.QUESTION)) if t else "(not available)",
-                "answer": _clip(t.get(C.ANSWER)) if t else "(not available)",
-                "contexts": _contexts_text(t.get(C.CONTEXTS)) if t else "(not available)",
-                "reason": _clip(r.get("reason")) if r.get("reason") is not None else "",
-                "judge_reply": _clip(r.get("judge_reply")) if r.get("judge_reply") is not None else "",
-            })
+            entries.append(
+                {
+                    "row_id": r[C.ROW_ID],
+                    "score": _num(r["score"]),
+                    "status": r["status"],
+                    "question": _clip(t.get(C.QUESTION)) if t else "(not available)",
+                    "answer": _clip(t.get(C.ANSWER)) if t else "(not available)",
+                    "contexts": _contexts_text(t.get(C.CONTEXTS)) if t else "(not available)",
+                    "reason": _clip(r.get("reason")) if r.get("reason") is not None else "",
+                    "judge_reply": _clip(r.get("judge_reply"))
+                    if r.get("judge_reply") is not None
+                    else "",
+                }
+            )
         sections.append({"metric": mid, "summary": line, "pii": pii, "rows": entries})
     return sections, notes
 
 
-def _comparison_section(comparison: Comparison, baseline: CommittedRun, run: CommittedRun,
-                        facts: dict[str, MetricFacts]) -> dict[str, Any]:
+def _comparison_section(
+    comparison: Comparison, baseline: CommittedRun, run: CommittedRun, facts: dict[str, MetricFacts]
+) -> dict[str, Any]:
     overall = comparison.metrics.filter(pl.col("slice").is_null())
-    rows = [{"metric": r["metric"], "n_pairs": r["n_pairs"], "baseline_mean": _num(r["baseline_mean"]),
-             "candidate_mean": _num(r["candidate_mean"]),
-             "mean_diff": "-" if r["mean_diff"] is None else f"{r['mean_diff']:+.3f}",
-             "interval": _interval(r["ci_low"], r["ci_high"]), "change": r["change"],
-             "n_status_changed": r["n_status_changed"]} for r in overall.iter_rows(named=True)]
+    rows = [
+        {
+            "metric": r["metric"],
+            "n_pairs": r["n_pairs"],
+            "baseline_mean": _num(r["baseline_mean"]),
+            "candidate_mean": _num(r["candidate_mean"]),
+            "mean_diff": "-" if r["mean_diff"] is None else f"{r['mean_diff']:+.3f}",
+            "interval": _interval(r["ci_low"], r["ci_high"]),
+            "change": r["change"],
+            "n_status_changed": r["n_status_changed"],
+        }
+        for r in overall.iter_rows(named=True)
+    ]
     chart = None
     if overall.height:
-        chart = _data_uri(plots.interval_dots(
-            overall["metric"].to_list(), overall["mean_diff"].to_list(), overall["ci_low"].to_list(),
-            overall["ci_high"].to_list(), title="this run minus baseline",
-            xlabel="mean paired difference", zero_line=True))
+        chart = _data_uri(
+            plots.interval_dots(
+                overall["metric"].to_list(),
+                overall["mean_diff"].to_list(),
+                overall["ci_low"].to_list(),
+                overall["ci_high"].to_list(),
+                title="this run minus baseline",
+                xlabel="mean paired difference",
+                zero_line=True,
+            )
+        )
     moved = comparison.moved
     b_inputs = load_inputs(baseline, moved["baseline_row_id"].to_list()) if moved.height else None
     c_inputs = load_inputs(run, moved["candidate_row_id"].to_list()) if moved.height else None
-    b_text = {} if b_inputs is None or b_inputs.rows is None else {
-        r[C.ROW_ID]: r for r in b_inputs.rows.iter_rows(named=True)}
-    c_text = {} if c_inputs is None or c_inputs.rows is None else {
-        r[C.ROW_ID]: r for r in c_inputs.rows.iter_rows(named=True)}
-    notes = [f"Inputs of the moved rows are not shown: {i.note}." for i in (b_inputs, c_inputs)
-             if i is not None and i.note]
+    b_text = (
+        {}
+        if b_inputs is None or b_inputs.rows is None
+        else {r[C.ROW_ID]: r for r in b_inputs.rows.iter_rows(named=True)}
+    )
+    c_text = (
+        {}
+        if c_inputs is None or c_inputs.rows is None
+        else {r[C.ROW_ID]: r for r in c_inputs.rows.iter_rows(named=True)}
+    )
+    notes = [
+        f"Inputs of the moved rows are not shown: {i.note}."
+        for i in (b_inputs, c_inputs)
+        if i is not None and i.note
+    ]
     if comparison.pairing.note:
         notes.append(comparison.pairing.note)
     moved_rows = []
     for r in moved.iter_rows(named=True):
         b, c = b_text.get(r["baseline_row_id"], {}), c_text.get(r["candidate_row_id"], {})
-        row = r["baseline_row_id"] if r["baseline_row_id"] == r["candidate_row_id"] else \
-            f"{r['baseline_row_id']} / {r['candidate_row_id']}"
-        moved_rows.append({
-            "metric": r["metric"], "row": row, "change": r["change"],
-            "scores": f"{r['baseline_score']:.3f} → {r['candidate_score']:.3f}",
-            "pii": bool(facts.get(r["metric"]) and facts[r["metric"]].pii),
-            "question": _clip((c or b).get(C.QUESTION)) if (c or b) else "(not available)",
-            "baseline_answer": _clip(b.get(C.ANSWER)) if b else "(not available)",
-            "candidate_answer": _clip(c.get(C.ANSWER)) if c else "(not available)",
-            "baseline_reason": _clip(r["baseline_reason"]) if r["baseline_reason"] is not None else "-",
-            "candidate_reason": _clip(r["candidate_reason"]) if r["candidate_reason"] is not None else "-",
-        })
-    return {"baseline": baseline.describe(), "pairing": pairing_line(comparison), "notes": notes,
-            "chart": chart, "rows": rows, "status_changes": comparison.status_changes.to_dicts(),
-            "moved": moved_rows}
+        row = (
+            r["baseline_row_id"]
+            if r["baseline_row_id"] == r["candidate_row_id"]
+            else f"{r['baseline_row_id']} / {r['candidate_row_id']}"
+        )
+        moved_rows.append(
+            {
+                "metric": r["metric"],
+                "row": row,
+                "change": r["change"],
+                "scores": f"{r['baseline_score']:.3f} → {r['candidate_score']:.3f}",
+                "pii": bool(facts.get(r["metric"]) and facts[r["metric"]].pii),
+                "question": _clip((c or b).get(C.QUESTION)) if (c or b) else "(not available)",
+                "baseline_answer": _clip(b.get(C.ANSWER)) if b else "(not available)",
+                "candidate_answer": _clip(c.get(C.ANSWER)) if c else "(not available)",
+                "baseline_reason": _clip(r["baseline_reason"])
+                if r["baseline_reason"] is not None
+                else "-",
+                "candidate_reason": _clip(r["candidate_reason"])
+                if r["candidate_reason"] is not None
+                else "-",
+            }
+        )
+    return {
+        "baseline": baseline.describe(),
+        "pairing": pairing_line(comparison),
+        "notes": notes,
+        "chart": chart,
+        "rows": rows,
+        "status_changes": comparison.status_changes.to_dicts(),
+        "moved": moved_rows,
+    }
 
 
 #: Builds the report's calibration section from the run and the calibration root's fsspec
@@ -317,10 +457,15 @@ def _comparison_section(comparison: Comparison, baseline: CommittedRun, run: Com
 CalibrationSection = Callable[[CommittedRun, "dict[str, Any] | None"], "dict[str, Any] | None"]
 
 
-def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top: int = TOP_ROWS,
-                 comparison: Comparison | None = None,
-                 calibration_options: dict[str, Any] | None = None,
-                 calibration_section: CalibrationSection | None = None) -> str:
+def build_report(
+    run: CommittedRun,
+    baseline: CommittedRun | None = None,
+    *,
+    top: int = TOP_ROWS,
+    comparison: Comparison | None = None,
+    calibration_options: dict[str, Any] | None = None,
+    calibration_section: CalibrationSection | None = None,
+) -> str:
     """Render the HTML report of ``run``.
 
     Parameters
@@ -363,13 +508,25 @@ def build_report(run: CommittedRun, baseline: CommittedRun | None = None, *, top
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     metrics = _metric_rows(summary, scores, facts)
     return env.from_string(TEMPLATE).render(
-        version=__version__, run=run, facts=_facts(run, baseline),
+        version=__version__,
+        run=run,
+        facts=_facts(run, baseline),
         degenerate=[m["id"] for m in metrics if m["degenerate"]],
         notes=[redact_text(n) for n in notes + worst_notes],
         confidence_label=f"{confidence:.0%}",
-        metrics=metrics, slices=_slice_sections(summary, metric_ids, facts,
-                               run.manifest.summary.get("slice_columns") or {}),
+        metrics=metrics,
+        slices=_slice_sections(
+            summary, metric_ids, facts, run.manifest.summary.get("slice_columns") or {}
+        ),
         corrected=_corrected_section(summary, run),
-        **_status_section(summary), comparison=section, worst=worst, top=top, clip=CLIP,
-        calibration=(calibration_section(run, calibration_options)
-                     if calibration_section is not None else None))
+        **_status_section(summary),
+        comparison=section,
+        worst=worst,
+        top=top,
+        clip=CLIP,
+        calibration=(
+            calibration_section(run, calibration_options)
+            if calibration_section is not None
+            else None
+        ),
+    )

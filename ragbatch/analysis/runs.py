@@ -24,7 +24,9 @@ from ragbatch.io.write import MANIFEST_FILE, OutputLayout
 from ragbatch.io.manifest_model import Manifest, read_manifest
 from ragbatch.core.redact import drop_redacted, redact_url
 
-_MANIFEST_PATH = re.compile(r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$")
+_MANIFEST_PATH = re.compile(
+    r"/runs/run_date=(\d{4}-\d{2}-\d{2})/run_id=([^/]+)/" + re.escape(MANIFEST_FILE) + "$"
+)
 
 
 @dataclass
@@ -157,8 +159,9 @@ def list_runs(root: str, storage_options: dict[str, Any] | None = None) -> list[
     fs, base = _open_root(root, storage_options)
     try:
         if not fs.exists(base):
-            raise InputError(f"output root {root} does not exist; pass the output.uri the runs "
-                             "were written to")
+            raise InputError(
+                f"output root {root} does not exist; pass the output.uri the runs were written to"
+            )
         paths = fs.glob(f"{base}/runs/run_date=*/run_id=*/{MANIFEST_FILE}")
     except InputError:
         raise
@@ -169,9 +172,17 @@ def list_runs(root: str, storage_options: dict[str, Any] | None = None) -> list[
         match = _MANIFEST_PATH.search("/" + path.lstrip("/"))
         if not match:
             continue
-        runs.append(CommittedRun(root, dt.date.fromisoformat(match.group(1)), match.group(2),
-                                 _read_manifest(fs, path, root), fs, base,
-                                 dict(storage_options or {})))
+        runs.append(
+            CommittedRun(
+                root,
+                dt.date.fromisoformat(match.group(1)),
+                match.group(2),
+                _read_manifest(fs, path, root),
+                fs,
+                base,
+                dict(storage_options or {}),
+            )
+        )
     return sorted(runs, key=CommittedRun.sort_key)
 
 
@@ -202,18 +213,24 @@ def find_run(root: str, run_id: str, storage_options: dict[str, Any] | None = No
         raise InputError(
             f"run {run_id!r} under {root} is not committed (it has only a staging prefix: it "
             "is still running or it crashed); resume it with `ragbatch run CONFIG --run-id "
-            f"{run_id}` or pick a committed run")
+            f"{run_id}` or pick a committed run"
+        )
     latest = ", ".join(r.run_id for r in runs[-5:]) or "none"
     raise InputError(f"no committed run {run_id!r} under {root}; latest committed runs: {latest}")
 
 
-def previous_run(run: CommittedRun, storage_options: dict[str, Any] | None = None) -> CommittedRun | None:
+def previous_run(
+    run: CommittedRun, storage_options: dict[str, Any] | None = None
+) -> CommittedRun | None:
     """The latest committed run under ``run``'s root that sorts before ``run`` (by run date,
     then start time, then run id), or None when ``run`` is the first. The root is listed
     with ``storage_options``, by default the ones ``run`` was found with."""
     options = run.storage_options if storage_options is None else storage_options
-    earlier = [r for r in list_runs(run.root, options)
-               if r.run_id != run.run_id and r.sort_key() < run.sort_key()]
+    earlier = [
+        r
+        for r in list_runs(run.root, options)
+        if r.run_id != run.run_id and r.sort_key() < run.sort_key()
+    ]
     return earlier[-1] if earlier else None
 
 
@@ -243,8 +260,10 @@ def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataF
     except FileNotFoundError:
         files = []
     if not files:
-        raise InputError(f"run {run.describe()} has a manifest but no score files under "
-                         f"{run.scores_path}; its scores were removed")
+        raise InputError(
+            f"run {run.describe()} has a manifest but no score files under "
+            f"{run.scores_path}; its scores were removed"
+        )
     tables = []
     for path in files:
         with run.fs.open(path, "rb") as fh:

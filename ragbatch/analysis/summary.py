@@ -107,7 +107,9 @@ SUMMARY_SCHEMA = pa.schema(
 )
 
 #: The summary columns of the label-corrected estimates (null for a metric without labels).
-PPI_COLUMNS: tuple[str, ...] = tuple(SUMMARY_SCHEMA.names[SUMMARY_SCHEMA.names.index("label_column"):])
+PPI_COLUMNS: tuple[str, ...] = tuple(
+    SUMMARY_SCHEMA.names[SUMMARY_SCHEMA.names.index("label_column") :]
+)
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,7 @@ class MetricInfo:
         """From a :class:`ragbatch.metrics.base.Metric` instance."""
         health = metric.health if getattr(metric, "kind", None) == "judge" else None
         low, high = metric.score_range
-        return cls(metric.id, metric.name, bool(metric.boolean), (float(low), float(high)),
-                   health)
+        return cls(metric.id, metric.name, bool(metric.boolean), (float(low), float(high)), health)
 
 
 @dataclass(frozen=True)
@@ -199,14 +200,14 @@ class RunSummary:
         return {
             **asdict(self.settings),
             "mean_interval": "percentile bootstrap of the mean (normal approximation for "
-                             "groups over max_resample_n values with over max_distinct "
-                             "distinct values; see mean_ci_method)",
+            "groups over max_resample_n values with over max_distinct "
+            "distinct values; see mean_ci_method)",
             "pass_rate_interval": "Wilson score interval",
             "slice_columns": self.slice_columns,
             "labels": self.labels,
             "labelled_runs": self.labelled_runs,
             "ppi_interval": "central-limit interval of the prediction-powered mean "
-                            "(docs/ppi.md); labels_ci_*: of the labels' mean",
+            "(docs/ppi.md); labels_ci_*: of the labels' mean",
         }
 
     def overall(self) -> list[dict[str, Any]]:
@@ -226,9 +227,11 @@ class RunSummary:
             if r["degenerate"] is None:
                 continue
             reasons = r["degenerate_reasons"]
-            metrics[r["metric"]] = {"degenerate": r["degenerate"],
-                                    "reasons": reasons.split("; ") if reasons else [],
-                                    **{m: r[m] for m in MEASURES}}
+            metrics[r["metric"]] = {
+                "degenerate": r["degenerate"],
+                "reasons": reasons.split("; ") if reasons else [],
+                **{m: r[m] for m in MEASURES},
+            }
         return {"thresholds": self.diagnostics.model_dump(mode="json"), "metrics": metrics}
 
 
@@ -240,11 +243,16 @@ def summary_settings(config: Any) -> SummarySettings:
     return SummarySettings(ppi_estimator=config.labels.estimator)
 
 
-def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any],
-                  slices: Sequence[str], settings: SummarySettings | None = None,
-                  diagnostics: DiagnosticsSection | None = None,
-                  labels: dict[str, str] | None = None,
-                  labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
+def summarize_run(
+    layout: OutputLayout,
+    files: list[str],
+    metrics: Sequence[Any],
+    slices: Sequence[str],
+    settings: SummarySettings | None = None,
+    diagnostics: DiagnosticsSection | None = None,
+    labels: dict[str, str] | None = None,
+    labelled_runs: dict[str, tuple[str, PairMoments]] | None = None,
+) -> RunSummary:
     """Summarize the score files ``files`` (paths on ``layout.fs``) of one run.
 
     Parameters
@@ -282,22 +290,33 @@ def summarize_run(layout: OutputLayout, files: list[str], metrics: Sequence[Any]
     read = list(dict.fromkeys([*slices, *labels.values()]))
     columns = ", ".join(["metric", "status", "score", "details", *(_quote(c) for c in read)])
     if files:
-        con.execute(f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
-                    f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
-                    ).fetchall()
+        con.execute(
+            f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
+            f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+        ).fetchall()
     else:
-        empty = ", ".join(["NULL::VARCHAR metric", "NULL::VARCHAR status", "NULL::DOUBLE score",
-                           "NULL::VARCHAR details",
-                           *(f"NULL::VARCHAR {_quote(c)}" for c in read)])
+        empty = ", ".join(
+            [
+                "NULL::VARCHAR metric",
+                "NULL::VARCHAR status",
+                "NULL::DOUBLE score",
+                "NULL::VARCHAR details",
+                *(f"NULL::VARCHAR {_quote(c)}" for c in read),
+            ]
+        )
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
     return summarize_view(con, metrics, slices, settings, diagnostics, labels, labelled_runs)
 
 
-def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slices: Sequence[str],
-                   settings: SummarySettings | None = None,
-                   diagnostics: DiagnosticsSection | None = None,
-                   labels: dict[str, str] | None = None,
-                   labelled_runs: dict[str, tuple[str, PairMoments]] | None = None) -> RunSummary:
+def summarize_view(
+    con: duckdb.DuckDBPyConnection,
+    metrics: Sequence[Any],
+    slices: Sequence[str],
+    settings: SummarySettings | None = None,
+    diagnostics: DiagnosticsSection | None = None,
+    labels: dict[str, str] | None = None,
+    labelled_runs: dict[str, tuple[str, PairMoments]] | None = None,
+) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
     ``con`` (columns ``metric``, ``status``, ``score``, ``slices``, the label columns of
     ``labels`` and, for the judge health measures, ``details``: without it they count no
@@ -309,21 +328,27 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
     judged = [i.id for i in infos if i.health is not None]
-    _code_cells(con, slices, kept, settings.max_slice_values, judged,
-                list(dict.fromkeys(labels.values())))
+    _code_cells(
+        con, slices, kept, settings.max_slice_values, judged, list(dict.fromkeys(labels.values()))
+    )
     counts = _counts(con, len(slices))
     groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(len(slices))]
     rows = []
     for info in infos:
         streams = _ok_streams(con, info.id, len(slices), settings)
-        health = {} if info.health is None else health_measures(con, "coded", info.id,
-                                                                info.health, groupings)
-        corrected = _corrected_fields(con, info, labels.get(info.id), labelled_runs.get(info.id),
-                                      len(slices), settings)
+        health = (
+            {}
+            if info.health is None
+            else health_measures(con, "coded", info.id, info.health, groupings)
+        )
+        corrected = _corrected_fields(
+            con, info, labels.get(info.id), labelled_runs.get(info.id), len(slices), settings
+        )
 
         def row(column: str | None, value: str | None, other: bool | None, key: tuple) -> dict:
-            out = _row(info, column, value, other, counts.get((info.id, *key)),
-                       streams.get(key), settings)
+            out = _row(
+                info, column, value, other, counts.get((info.id, *key)), streams.get(key), settings
+            )
             return {**out, **corrected(key), **_health_columns(info, health.get(key), diagnostics)}
 
         rows.append(row(None, None, None, (None, None)))
@@ -334,24 +359,35 @@ def summarize_view(con: duckdb.DuckDBPyConnection, metrics: Sequence[Any], slice
             for code, value in groups:
                 rows.append(row(column, value, code == settings.max_slice_values, (i, code)))
     table = pa.Table.from_pylist(rows, schema=SUMMARY_SCHEMA)
-    return RunSummary(table, settings, slice_info, diagnostics, dict(labels),
-                      {m: d for m, (d, _) in labelled_runs.items()})
+    return RunSummary(
+        table,
+        settings,
+        slice_info,
+        diagnostics,
+        dict(labels),
+        {m: d for m, (d, _) in labelled_runs.items()},
+    )
 
 
-def _health_columns(info: MetricInfo, measures: dict[str, Any] | None,
-                    thresholds: DiagnosticsSection) -> dict[str, Any]:
+def _health_columns(
+    info: MetricInfo, measures: dict[str, Any] | None, thresholds: DiagnosticsSection
+) -> dict[str, Any]:
     """The health columns of one summary row: null for a metric without diagnostics;
     for a judge metric's group without cells, null measures and ``degenerate`` false."""
     if info.health is None:
         return {**dict.fromkeys(MEASURES), "degenerate": None, "degenerate_reasons": None}
     measures = measures or {}
     reasons = degenerate_reasons(measures, info.health, thresholds)
-    return {**{m: measures.get(m) for m in MEASURES}, "degenerate": bool(reasons),
-            "degenerate_reasons": "; ".join(reasons) or None}
+    return {
+        **{m: measures.get(m) for m in MEASURES},
+        "degenerate": bool(reasons),
+        "degenerate_reasons": "; ".join(reasons) or None,
+    }
 
 
-def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
-                  cap: int) -> tuple[list[list[str | None]], dict[str, dict[str, int]]]:
+def _slice_values(
+    con: duckdb.DuckDBPyConnection, slices: Sequence[str], cap: int
+) -> tuple[list[list[str | None]], dict[str, dict[str, int]]]:
     """Per slice column, the values that get their own rows (most frequent first) and
     the counts for the manifest."""
     kept: list[list[str | None]] = []
@@ -362,7 +398,7 @@ def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
             f"SELECT {text} AS v, count(*) AS c FROM s GROUP BY v "
             f"ORDER BY c DESC, v ASC NULLS LAST LIMIT {cap + 1}"
         ).fetchall()
-        distinct, = con.execute(
+        (distinct,) = con.execute(
             f"SELECT count(DISTINCT {text}) + (count(*) FILTER (WHERE {text} IS NULL) > 0)::INT "
             "FROM s"
         ).fetchall()[0]
@@ -372,19 +408,33 @@ def _slice_values(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
     return kept, info
 
 
-def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
-                kept: list[list[str | None]], cap: int, judged: Sequence[str] = (),
-                labels: Sequence[str] = ()) -> None:
+def _code_cells(
+    con: duckdb.DuckDBPyConnection,
+    slices: Sequence[str],
+    kept: list[list[str | None]],
+    cap: int,
+    judged: Sequence[str] = (),
+    labels: Sequence[str] = (),
+) -> None:
     """Table ``coded``: metric, status, score, ``details`` (of the metrics in ``judged``
     only; null for the others), per slice column ``g<i>``, the index of the cell's slice
     value among the kept values (``cap`` for a pooled value), and each label column under
     its own name, as DOUBLE (booleans 0/1)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
-        con.register(f"kept{i}", pa.table({"v": pa.array(kept[i], pa.string()),
-                                           "code": pa.array(range(len(kept[i])), pa.int32())}))
-        joins.append(f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
-                     f"IS NOT DISTINCT FROM kept{i}.v")
+        con.register(
+            f"kept{i}",
+            pa.table(
+                {
+                    "v": pa.array(kept[i], pa.string()),
+                    "code": pa.array(range(len(kept[i])), pa.int32()),
+                }
+            ),
+        )
+        joins.append(
+            f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
+            f"IS NOT DISTINCT FROM kept{i}.v"
+        )
         codes.append(f"coalesce(kept{i}.code, {cap})::INTEGER AS g{i}")
     has_details = "details" in {d[0] for d in con.execute("SELECT * FROM s LIMIT 0").description}
     details = "NULL::VARCHAR"
@@ -392,8 +442,9 @@ def _code_cells(con: duckdb.DuckDBPyConnection, slices: Sequence[str],
         con.register("judged_ids", pa.table({"id": pa.array(list(judged), pa.string())}))
         details = "CASE WHEN s.metric IN (SELECT id FROM judged_ids) THEN s.details END"
     label_columns = [f"CAST(s.{_quote(c)} AS DOUBLE) AS {_quote(c)}" for c in labels]
-    select = ", ".join(["s.metric", "s.status", "s.score", f"{details} AS details", *codes,
-                        *label_columns])
+    select = ", ".join(
+        ["s.metric", "s.status", "s.score", f"{details} AS details", *codes, *label_columns]
+    )
     con.execute(f"CREATE TEMP TABLE coded AS SELECT {select} FROM s {' '.join(joins)}").fetchall()
 
 
@@ -419,8 +470,9 @@ def _counts(con: duckdb.DuckDBPyConnection, n_slices: int) -> dict[tuple, dict[s
 CHUNK_ROWS: int = 1 << 20
 
 
-def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
-                settings: SummarySettings) -> dict[tuple, MeanCIStream]:
+def _ok_streams(
+    con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int, settings: SummarySettings
+) -> dict[tuple, MeanCIStream]:
     """One :class:`MeanCIStream` per group of a metric's ``ok`` scores: key
     ``(None, None)`` for all of them, ``(i, code)`` per slice column ``i`` and value code.
 
@@ -434,14 +486,17 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
         An ``ok`` score is NaN or infinite.
     """
     columns = ", ".join(["score", *(f"g{i}" for i in range(n_slices))])
-    reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
-                     "ORDER BY score", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
+    reader = con.sql(
+        f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' ORDER BY score",
+        params=[metric_id],
+    ).to_arrow_reader(CHUNK_ROWS)
     streams: dict[tuple, MeanCIStream] = {}
 
     def add(key: tuple, scores: np.ndarray) -> None:
         if key not in streams:
-            streams[key] = MeanCIStream(max_resample_n=settings.max_resample_n,
-                                        max_distinct=settings.max_distinct)
+            streams[key] = MeanCIStream(
+                max_resample_n=settings.max_resample_n, max_distinct=settings.max_distinct
+            )
         streams[key].add(scores)
 
     bad = 0
@@ -462,7 +517,8 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
     if bad:
         raise OutputError(
             f"metric {metric_id!r}: {bad} cells with status ok hold NaN or an infinite score, "
-            "so the summary cannot be computed; the metric must give such rows an error status")
+            "so the summary cannot be computed; the metric must give such rows an error status"
+        )
     return streams
 
 
@@ -470,15 +526,18 @@ def _ok_streams(con: duckdb.DuckDBPyConnection, metric_id: str, n_slices: int,
 GroupKey = tuple
 
 
-def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str | None,
-                   n_slices: int) -> dict[GroupKey, tuple[Moments, PairMoments]]:
+def _label_moments(
+    con: duckdb.DuckDBPyConnection, metric_id: str, label: str | None, n_slices: int
+) -> dict[GroupKey, tuple[Moments, PairMoments]]:
     """Per group of a metric's ``ok`` cells: moments of the judge scores of unlabelled
     cells, and of (score, label) over labelled ones (``label`` None: every cell is
     unlabelled), read in batches of :data:`CHUNK_ROWS`."""
     label_sql = "NULL::DOUBLE" if label is None else _quote(label)
     columns = ", ".join(["score", label_sql, *(f"g{i}" for i in range(n_slices))])
-    reader = con.sql(f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' "
-                     "AND isfinite(score)", params=[metric_id]).to_arrow_reader(CHUNK_ROWS)
+    reader = con.sql(
+        f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' AND isfinite(score)",
+        params=[metric_id],
+    ).to_arrow_reader(CHUNK_ROWS)
     out: dict[GroupKey, tuple[Moments, PairMoments]] = {}
 
     def add(key: GroupKey, f: np.ndarray, y: np.ndarray) -> None:
@@ -499,20 +558,38 @@ def _label_moments(con: duckdb.DuckDBPyConnection, metric_id: str, label: str | 
     return out
 
 
-def _corrected_fields(con: duckdb.DuckDBPyConnection, info: MetricInfo, label: str | None,
-                      labelled_run: tuple[str, PairMoments] | None, n_slices: int,
-                      settings: SummarySettings) -> Callable[[GroupKey], dict[str, Any]]:
+def _corrected_fields(
+    con: duckdb.DuckDBPyConnection,
+    info: MetricInfo,
+    label: str | None,
+    labelled_run: tuple[str, PairMoments] | None,
+    n_slices: int,
+    settings: SummarySettings,
+) -> Callable[[GroupKey], dict[str, Any]]:
     """Group key -> the :data:`PPI_COLUMNS` of that summary row: from the label column
     ``label`` of this run's scores, from ``labelled_run``'s pairs (overall row only), or
     all null."""
+
     def fields(description: str, unlabelled: Moments, labelled: PairMoments) -> dict[str, Any]:
-        r = ppi_from_moments(unlabelled, labelled, estimator=settings.ppi_estimator,
-                             confidence=settings.confidence, bounds=info.score_range)
-        return {"label_column": description, "n_labelled": r.n_labelled,
-                "labels_mean": r.labels_mean, "labels_ci_low": r.labels_ci_low,
-                "labels_ci_high": r.labels_ci_high, "ppi_mean": r.ppi_mean,
-                "ppi_ci_low": r.ppi_ci_low, "ppi_ci_high": r.ppi_ci_high,
-                "ppi_lambda": r.ppi_lambda, "ppi_reason": r.reason}
+        r = ppi_from_moments(
+            unlabelled,
+            labelled,
+            estimator=settings.ppi_estimator,
+            confidence=settings.confidence,
+            bounds=info.score_range,
+        )
+        return {
+            "label_column": description,
+            "n_labelled": r.n_labelled,
+            "labels_mean": r.labels_mean,
+            "labels_ci_low": r.labels_ci_low,
+            "labels_ci_high": r.labels_ci_high,
+            "ppi_mean": r.ppi_mean,
+            "ppi_ci_low": r.ppi_ci_low,
+            "ppi_ci_high": r.ppi_ci_high,
+            "ppi_lambda": r.ppi_lambda,
+            "ppi_reason": r.reason,
+        }
 
     if label is not None:
         groups = _label_moments(con, info.id, label, n_slices)
@@ -521,30 +598,49 @@ def _corrected_fields(con: duckdb.DuckDBPyConnection, info: MetricInfo, label: s
         description, pairs = labelled_run
         unlabelled = _label_moments(con, info.id, None, 0).get((None, None), (Moments(),))[0]
         overall = fields(description, unlabelled, pairs)
-        per_slice = {**dict.fromkeys(PPI_COLUMNS), "label_column": description,
-                     "ppi_reason": "labels from another run correct the overall mean only"}
+        per_slice = {
+            **dict.fromkeys(PPI_COLUMNS),
+            "label_column": description,
+            "ppi_reason": "labels from another run correct the overall mean only",
+        }
         return lambda key: overall if key == (None, None) else per_slice
     return lambda key: dict.fromkeys(PPI_COLUMNS)
 
 
-def _row(info: MetricInfo, column: str | None, value: str | None, other: bool | None,
-         counts: dict[str, int] | None, stream: MeanCIStream | None,
-         settings: SummarySettings) -> dict[str, Any]:
+def _row(
+    info: MetricInfo,
+    column: str | None,
+    value: str | None,
+    other: bool | None,
+    counts: dict[str, int] | None,
+    stream: MeanCIStream | None,
+    settings: SummarySettings,
+) -> dict[str, Any]:
     """One summary row; ``stream`` holds the group's ``ok`` scores (None: there are none)."""
     counts = counts or {"n_total": 0, "n_pass": 0, **{f"n_{s}": 0 for s in STATUSES}}
     stream = stream or MeanCIStream()
-    mean, low, high, method = stream.result(confidence=settings.confidence,
-                                            n_resamples=settings.n_resamples, seed=settings.seed)
+    mean, low, high, method = stream.result(
+        confidence=settings.confidence, n_resamples=settings.n_resamples, seed=settings.seed
+    )
     rate = rate_low = rate_high = None
     if info.boolean:
-        rate, rate_low, rate_high = wilson_interval(int(counts["n_pass"]), int(counts[f"n_{OK}"]),
-                                                    settings.confidence)
+        rate, rate_low, rate_high = wilson_interval(
+            int(counts["n_pass"]), int(counts[f"n_{OK}"]), settings.confidence
+        )
     return {
-        "metric": info.id, "metric_name": info.name, "slice_column": column,
-        "slice_value": value, "slice_other": other,
+        "metric": info.id,
+        "metric_name": info.name,
+        "slice_column": column,
+        "slice_value": value,
+        "slice_other": other,
         **{k: int(v) for k, v in counts.items() if k != "n_pass"},
-        "mean": mean, "mean_ci_low": low, "mean_ci_high": high, "mean_ci_method": method,
-        "pass_rate": rate, "pass_rate_ci_low": rate_low, "pass_rate_ci_high": rate_high,
+        "mean": mean,
+        "mean_ci_low": low,
+        "mean_ci_high": high,
+        "mean_ci_method": method,
+        "pass_rate": rate,
+        "pass_rate_ci_low": rate_low,
+        "pass_rate_ci_high": rate_high,
     }
 
 

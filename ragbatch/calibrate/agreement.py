@@ -12,9 +12,15 @@ import polars as pl
 
 from ragbatch.calibrate.config import LabelSpec
 from ragbatch.calibrate.labels import label_values
-from ragbatch.calibrate.measures import (Bootstrap, Measure, binary_measures, confusion,
-                                         graded_measures, pairwise_agreement,
-                                         reliability_bins)
+from ragbatch.calibrate.measures import (
+    Bootstrap,
+    Measure,
+    binary_measures,
+    confusion,
+    graded_measures,
+    pairwise_agreement,
+    reliability_bins,
+)
 from ragbatch.calibrate.prepare import PAIR_ID
 from ragbatch.core.columns import internal
 from ragbatch.judge.metric import JudgeMetric
@@ -56,9 +62,18 @@ def label_column_in(scores: pl.DataFrame, column: str) -> str:
     raise KeyError(f"label column {column!r} is not in the scores table")
 
 
-def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec, *,
-                     judge: str, scores_run_id: str, boot: Bootstrap, top: int,
-                     texts: pl.DataFrame | None = None, pairs: bool = False) -> MetricAgreement:
+def metric_agreement(
+    scores: pl.DataFrame,
+    metric: JudgeMetric,
+    spec: LabelSpec,
+    *,
+    judge: str,
+    scores_run_id: str,
+    boot: Bootstrap,
+    top: int,
+    texts: pl.DataFrame | None = None,
+    pairs: bool = False,
+) -> MetricAgreement:
     """Measures, confusion matrix and largest disagreements of one metric.
 
     Parameters
@@ -89,15 +104,22 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     label_col = label_column_in(cells, spec.column)
     cells = cells.with_columns(label_values(cells[label_col], spec, cells["row_id"]).alias(_LABEL))
     # in row-id order, so that the resamples do not depend on the order of score files
-    usable = cells.filter((pl.col("status") == OK) & pl.col(_LABEL).is_not_null()
-                          & pl.col("score").is_not_null()).sort("row_id")
+    usable = cells.filter(
+        (pl.col("status") == OK) & pl.col(_LABEL).is_not_null() & pl.col("score").is_not_null()
+    ).sort("row_id")
     models = cells["model"].drop_nulls()
     base = {
-        "judge": judge, "model": models.mode().sort()[0] if models.len() else None,
-        "metric": metric.id, "metric_name": metric.name, "metric_version": metric.version,
-        "prompt_version": prompt_version(metric), "label_column": spec.column,
-        "label_type": spec.type, "scores_run_id": scores_run_id,
-        "n_cells": cells.height, "n_ok": int((cells["status"] == OK).sum()),
+        "judge": judge,
+        "model": models.mode().sort()[0] if models.len() else None,
+        "metric": metric.id,
+        "metric_name": metric.name,
+        "metric_version": metric.version,
+        "prompt_version": prompt_version(metric),
+        "label_column": spec.column,
+        "label_type": spec.type,
+        "scores_run_id": scores_run_id,
+        "n_cells": cells.height,
+        "n_ok": int((cells["status"] == OK).sum()),
         "n_labelled": int(cells[_LABEL].is_not_null().sum()),
     }
     score = usable["score"].to_numpy().astype(np.float64)
@@ -109,9 +131,21 @@ def metric_agreement(scores: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
         if probabilities and score.size:
             out.reliability = [{**_ident(base), **b} for b in reliability_bins(score, human)]
         counts = confusion(score, human, spec.judge_threshold)
-        for human_value, judge_value, key in ((0, 0, "tn"), (0, 1, "fp"), (1, 0, "fn"), (1, 1, "tp")):
-            out.confusion.append({**_ident(base), "human": human_value, "judge_verdict": judge_value,
-                                  "n": counts[key], "judge_threshold": spec.judge_threshold})
+        for human_value, judge_value, key in (
+            (0, 0, "tn"),
+            (0, 1, "fp"),
+            (1, 0, "fn"),
+            (1, 1, "tp"),
+        ):
+            out.confusion.append(
+                {
+                    **_ident(base),
+                    "human": human_value,
+                    "judge_verdict": judge_value,
+                    "n": counts[key],
+                    "judge_threshold": spec.judge_threshold,
+                }
+            )
     else:
         found = graded_measures(score, human, boot)
     if pairs and PAIR_ID in cells.columns:
@@ -128,13 +162,21 @@ def scores_are_probabilities(metric: JudgeMetric) -> bool:
 
 
 def _ident(base: dict[str, Any]) -> dict[str, Any]:
-    return {k: base[k] for k in ("judge", "model", "metric", "metric_name", "prompt_version",
-                                 "scores_run_id")}
+    return {
+        k: base[k]
+        for k in ("judge", "model", "metric", "metric_name", "prompt_version", "scores_run_id")
+    }
 
 
 def _measure_row(m: Measure) -> dict[str, Any]:
-    return {"measure": m.name, "n": m.n, "value": m.value, "ci_low": m.ci_low,
-            "ci_high": m.ci_high, "reason": m.reason}
+    return {
+        "measure": m.name,
+        "n": m.n,
+        "value": m.value,
+        "ci_low": m.ci_low,
+        "ci_high": m.ci_high,
+        "reason": m.reason,
+    }
 
 
 def _pairwise(usable: pl.DataFrame, cells: pl.DataFrame, boot: Bootstrap) -> Measure:
@@ -145,8 +187,14 @@ def _pairwise(usable: pl.DataFrame, cells: pl.DataFrame, boot: Bootstrap) -> Mea
     return pairwise_agreement(joined["score"].to_numpy(), joined["score_r"].to_numpy(), boot)
 
 
-def _disagreements(usable: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
-                   base: dict[str, Any], top: int, texts: pl.DataFrame | None) -> list[dict[str, Any]]:
+def _disagreements(
+    usable: pl.DataFrame,
+    metric: JudgeMetric,
+    spec: LabelSpec,
+    base: dict[str, Any],
+    top: int,
+    texts: pl.DataFrame | None,
+) -> list[dict[str, Any]]:
     """The ``top`` rows whose score (scaled to [0, 1] by the metric's range) is farthest
     from the label (binary: as is; graded: scaled by the labels' observed range)."""
     if top == 0 or usable.height == 0:
@@ -158,17 +206,30 @@ def _disagreements(usable: pl.DataFrame, metric: JudgeMetric, spec: LabelSpec,
     else:
         lmin, lmax = usable[_LABEL].min(), usable[_LABEL].max()
         target = ((pl.col(_LABEL) - lmin) / (lmax - lmin)) if lmax > lmin else pl.lit(0.5)
-    ranked = (usable.with_columns((scaled - target).abs().alias(_DISTANCE))
-              .sort([_DISTANCE, "row_id"], descending=[True, False]).head(top))
+    ranked = (
+        usable.with_columns((scaled - target).abs().alias(_DISTANCE))
+        .sort([_DISTANCE, "row_id"], descending=[True, False])
+        .head(top)
+    )
     if texts is not None:
         ranked = ranked.join(texts, on="row_id", how="left")
     rows = []
     for rank, r in enumerate(ranked.iter_rows(named=True), start=1):
-        rows.append({**_ident(base), "rank": rank, "row_id": r["row_id"],
-                     "pair_id": r.get(PAIR_ID), "label": r[_LABEL], "score": r["score"],
-                     "distance": r[_DISTANCE], "reason": r.get("reason"),
-                     "judge_reply": _cut(r.get("judge_reply")), "question": _cut(r.get("question")),
-                     "answer": _cut(r.get("answer"))})
+        rows.append(
+            {
+                **_ident(base),
+                "rank": rank,
+                "row_id": r["row_id"],
+                "pair_id": r.get(PAIR_ID),
+                "label": r[_LABEL],
+                "score": r["score"],
+                "distance": r[_DISTANCE],
+                "reason": r.get("reason"),
+                "judge_reply": _cut(r.get("judge_reply")),
+                "question": _cut(r.get("question")),
+                "answer": _cut(r.get("answer")),
+            }
+        )
     return rows
 
 

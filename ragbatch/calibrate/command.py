@@ -39,8 +39,9 @@ class CalibrationResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def judge_job(cal: CalibrationConfig, judge: str, input_uri: str, row_id: str,
-              answer: str | None) -> JobConfig:
+def judge_job(
+    cal: CalibrationConfig, judge: str, input_uri: str, row_id: str, answer: str | None
+) -> JobConfig:
     """The job config one judge runs: the labelled Parquet as input (every column kept as
     a slice column), the calibration's metrics on engine ``judge``, its engines, output
     root and judgment cache."""
@@ -55,11 +56,16 @@ def judge_job(cal: CalibrationConfig, judge: str, input_uri: str, row_id: str,
         slices = list(dict.fromkeys([*slices, *extra]))
     data = {
         "run": {"name": f"{cal.name}:{judge}", "error_budget": 1.0},
-        "input": InputSection(uri=input_uri, format="parquet", columns=ColumnMapping(**columns),
-                              contexts_format=cal.input.contexts_format,
-                              contexts_field=cal.input.contexts_field, slice_columns=slices,
-                              latency_unit=cal.input.latency_unit,
-                              storage_options=cal.output.storage_options).model_dump(),
+        "input": InputSection(
+            uri=input_uri,
+            format="parquet",
+            columns=ColumnMapping(**columns),
+            contexts_format=cal.input.contexts_format,
+            contexts_field=cal.input.contexts_field,
+            slice_columns=slices,
+            latency_unit=cal.input.latency_unit,
+            storage_options=cal.output.storage_options,
+        ).model_dump(),
         "output": cal.output.model_dump(),
         "metrics": [{**m.model_dump(), "engine": judge} for m in cal.metrics],
         "engines": {k: v.model_dump() for k, v in cal.engines.items()},
@@ -68,9 +74,14 @@ def judge_job(cal: CalibrationConfig, judge: str, input_uri: str, row_id: str,
     return JobConfig.from_dict(data, source=f"calibration job of judge {judge}")
 
 
-def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
-                    run_date: dt.date | None = None, address: str | None = None,
-                    config_dir: str | Path | None = None) -> CalibrationResult:
+def run_calibration(
+    cal: CalibrationConfig,
+    *,
+    run_id: str | None = None,
+    run_date: dt.date | None = None,
+    address: str | None = None,
+    config_dir: str | Path | None = None,
+) -> CalibrationResult:
     """Run every judge of ``cal`` over its labelled rows and commit the agreement tables.
 
     Each judge's scores are an ordinary run (``ragbatch run``'s pipeline, UDFs, judgment
@@ -106,8 +117,12 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
         layout.write_table(input_path, labelled.frame.to_arrow())
     input_uri = layout.uri(input_path)
     boot = Bootstrap(cal.bootstrap.resamples, cal.bootstrap.seed, cal.bootstrap.confidence)
-    tables: dict[str, list[dict[str, Any]]] = {"agreement": [], "confusion": [], "disagreements": [],
-                                               "reliability": []}
+    tables: dict[str, list[dict[str, Any]]] = {
+        "agreement": [],
+        "confusion": [],
+        "disagreements": [],
+        "reliability": [],
+    }
     scores_ids: dict[str, str] = {}
     timings: dict[str, float] = {}
     texts = _texts(labelled)
@@ -122,19 +137,34 @@ def run_calibration(cal: CalibrationConfig, *, run_id: str | None = None,
         _add_agreement(tables, cal, job, load_scores(committed), judge, scores_run_id, boot, texts)
     timings["total_s"] = time.perf_counter() - t0
     manifest = {
-        "run_id": run_id, "run_date": run_date.isoformat(), "name": cal.name,
-        "started_at": started.isoformat(), "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "ragbatch_version": __version__, "config": redact(cal.model_dump(mode="json")),
+        "run_id": run_id,
+        "run_date": run_date.isoformat(),
+        "name": cal.name,
+        "started_at": started.isoformat(),
+        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "ragbatch_version": __version__,
+        "config": redact(cal.model_dump(mode="json")),
         "labelled_input": {"uri": redact(input_uri), "rows": labelled.frame.height},
-        "scores_runs": scores_ids, "bootstrap": cal.bootstrap.model_dump(), "timings": timings,
+        "scores_runs": scores_ids,
+        "bootstrap": cal.bootstrap.model_dump(),
+        "timings": timings,
     }
-    path = write_calibration(cal.output.uri, cal.output.storage_options, run_date, run_id,
-                             tables, manifest)
-    return CalibrationResult(run_id, run_date, layout.uri(path), scores_ids, tables, manifest, timings)
+    path = write_calibration(
+        cal.output.uri, cal.output.storage_options, run_date, run_id, tables, manifest
+    )
+    return CalibrationResult(
+        run_id, run_date, layout.uri(path), scores_ids, tables, manifest, timings
+    )
 
 
-def _committed_judge_run(cal: CalibrationConfig, job: JobConfig, run_id: str, judge: str,
-                         address: str | None, config_dir: str | Path | None) -> Any:
+def _committed_judge_run(
+    cal: CalibrationConfig,
+    job: JobConfig,
+    run_id: str,
+    judge: str,
+    address: str | None,
+    config_dir: str | Path | None,
+) -> Any:
     """The committed run of ``judge``'s scores in calibration ``run_id``: the one already
     there, else the one ``job`` commits now (:func:`ragbatch.pipeline.runner.run_job`)."""
     from ragbatch.analysis.runs import find_run
@@ -151,9 +181,16 @@ def _committed_judge_run(cal: CalibrationConfig, job: JobConfig, run_id: str, ju
         return find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
 
 
-def _add_agreement(tables: dict[str, list[dict[str, Any]]], cal: CalibrationConfig,
-                   job: JobConfig, scores: pl.DataFrame, judge: str, scores_run_id: str,
-                   boot: Bootstrap, texts: pl.DataFrame) -> None:
+def _add_agreement(
+    tables: dict[str, list[dict[str, Any]]],
+    cal: CalibrationConfig,
+    job: JobConfig,
+    scores: pl.DataFrame,
+    judge: str,
+    scores_run_id: str,
+    boot: Bootstrap,
+    texts: pl.DataFrame,
+) -> None:
     """Append each metric of ``job`` (one judge's) to the ``agreement``, ``confusion``,
     ``disagreements`` and ``reliability`` rows of ``tables``
     (:func:`ragbatch.calibrate.agreement.metric_agreement` on its ``scores``)."""
@@ -162,9 +199,17 @@ def _add_agreement(tables: dict[str, list[dict[str, Any]]], cal: CalibrationConf
     metrics, _, _ = build_metrics(job)
     pairs = cal.pairs is not None and PAIR_ID in scores.columns
     for metric in metrics:
-        found = metric_agreement(scores, metric, cal.labels[metric.id], judge=judge,
-                                 scores_run_id=scores_run_id, boot=boot,
-                                 top=cal.top_disagreements, texts=texts, pairs=pairs)
+        found = metric_agreement(
+            scores,
+            metric,
+            cal.labels[metric.id],
+            judge=judge,
+            scores_run_id=scores_run_id,
+            boot=boot,
+            top=cal.top_disagreements,
+            texts=texts,
+            pairs=pairs,
+        )
         tables["agreement"] += found.measures
         tables["confusion"] += found.confusion
         tables["disagreements"] += found.disagreements

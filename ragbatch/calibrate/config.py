@@ -74,7 +74,9 @@ class LabelSpec(_Strict):
     @model_validator(mode="after")
     def _threshold_binary_only(self) -> "LabelSpec":
         if self.threshold is not None and self.type != "binary":
-            raise ValueError("threshold applies to binary labels only; remove it or set type: binary")
+            raise ValueError(
+                "threshold applies to binary labels only; remove it or set type: binary"
+            )
         return self
 
 
@@ -119,20 +121,26 @@ class CalibrationConfig(_Strict):
             if spec is None:
                 problems.append(f"judges[{i}]: {judge!r} is not defined under `engines`")
             elif spec.type not in engine_names("judge"):
-                problems.append(f"judges[{i}]: engine {judge!r} is of type {spec.type!r}; a judge "
-                                f"must be a {' or '.join(engine_names('judge'))} engine")
+                problems.append(
+                    f"judges[{i}]: engine {judge!r} is of type {spec.type!r}; a judge "
+                    f"must be a {' or '.join(engine_names('judge'))} engine"
+                )
         ids = [m.metric_id for m in self.metrics]
         for i, m in enumerate(self.metrics):
             if m.engine is not None:
-                problems.append(f"metrics[{i}].engine: leave it out; each engine under `judges` "
-                                "runs every metric")
+                problems.append(
+                    f"metrics[{i}].engine: leave it out; each engine under `judges` "
+                    "runs every metric"
+                )
         for mid in self.labels:
             if mid not in ids:
                 problems.append(f"labels.{mid}: no metric has id {mid!r}; metric ids: {ids}")
         for i, mid in enumerate(ids):
             if mid not in self.labels:
-                problems.append(f"metrics[{i}]: metric {mid!r} has no entry under `labels`; "
-                                "add one naming its label column")
+                problems.append(
+                    f"metrics[{i}]: metric {mid!r} has no entry under `labels`; "
+                    "add one naming its label column"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -21,8 +21,17 @@ from ragbatch.judge.metric import JudgeMetric
 log = logging.getLogger("ragbatch")
 
 #: Measures a minimum may name.
-MEASURES = ("accuracy", "precision", "recall", "f1", "kappa", "roc_auc", "spearman", "kendall",
-            "pairwise_agreement")
+MEASURES = (
+    "accuracy",
+    "precision",
+    "recall",
+    "f1",
+    "kappa",
+    "roc_auc",
+    "spearman",
+    "kendall",
+    "pairwise_agreement",
+)
 
 
 def engine_model_ids(engine_name: str, spec: Any) -> tuple[set[str], str]:
@@ -66,36 +75,53 @@ def calibration_problems(plan: Any) -> list[str]:
             ids_cache[metric.engine] = engine_model_ids(metric.engine, plan.engines[metric.engine])
         models, why = ids_cache[metric.engine]
         if not models:
-            problems += [f"{mid}: the judge model of engine {metric.engine!r} cannot be "
-                         f"identified ({why}), so no calibration can be matched"] * len(minimums)
+            problems += [
+                f"{mid}: the judge model of engine {metric.engine!r} cannot be "
+                f"identified ({why}), so no calibration can be matched"
+            ] * len(minimums)
             continue
         problems += _metric_problems(metric, minimums, table, models, calibration.run_id)
     return problems
 
 
-def _config_problems(min_agreement: dict[str, dict[str, float]], by_id: dict[str, Any]) -> list[str]:
+def _config_problems(
+    min_agreement: dict[str, dict[str, float]], by_id: dict[str, Any]
+) -> list[str]:
     """``calibration.min_agreement`` entries that name no metric, a metric that is not a
     judge metric, or an unknown measure; one sentence each."""
     bad = []
     for mid, minimums in min_agreement.items():
         if mid not in by_id:
-            bad.append(f"calibration.min_agreement.{mid}: no metric has this id; ids: {sorted(by_id)}")
+            bad.append(
+                f"calibration.min_agreement.{mid}: no metric has this id; ids: {sorted(by_id)}"
+            )
         elif not isinstance(by_id[mid], JudgeMetric):
             bad.append(f"calibration.min_agreement.{mid}: {by_id[mid].name} is not a judge metric")
-        bad += [f"calibration.min_agreement.{mid}.{measure}: unknown measure; use one of "
-                f"{', '.join(MEASURES)}" for measure in minimums if measure not in MEASURES]
+        bad += [
+            f"calibration.min_agreement.{mid}.{measure}: unknown measure; use one of "
+            f"{', '.join(MEASURES)}"
+            for measure in minimums
+            if measure not in MEASURES
+        ]
     return bad
 
 
-def _metric_problems(metric: JudgeMetric, minimums: dict[str, float], table: pl.DataFrame,
-                     models: set[str], calibration_run_id: str) -> list[str]:
+def _metric_problems(
+    metric: JudgeMetric,
+    minimums: dict[str, float],
+    table: pl.DataFrame,
+    models: set[str],
+    calibration_run_id: str,
+) -> list[str]:
     """The measures of one judge metric whose recorded agreement (rows of the
     ``agreement`` table for the metric's prompt version and any of ``models``) is
     missing, undefined or below its minimum; one sentence each."""
     version = prompt_version(metric)
     rows = table.filter((pl.col("prompt_version") == version) & pl.col("model").is_in(list(models)))
-    where = (f"{metric.id} (judge model {sorted(models)[0]}, prompt version {version}) in "
-             f"calibration {calibration_run_id}")
+    where = (
+        f"{metric.id} (judge model {sorted(models)[0]}, prompt version {version}) in "
+        f"calibration {calibration_run_id}"
+    )
     problems = []
     for measure, minimum in minimums.items():
         problem = _measure_problem(rows.filter(pl.col("measure") == measure), measure, minimum)
@@ -112,8 +138,10 @@ def _measure_problem(found: pl.DataFrame, measure: str, minimum: float) -> str |
     values = found["value"].drop_nulls()
     if values.len() == 0:
         reason = found["reason"].drop_nulls()
-        return (f"{measure} is undefined ({reason[0] if reason.len() else 'no value'}); "
-                f"minimum {minimum}")
+        return (
+            f"{measure} is undefined ({reason[0] if reason.len() else 'no value'}); "
+            f"minimum {minimum}"
+        )
     if values.min() < minimum:
         return f"{measure} {values.min():.3f} is below the minimum {minimum}"
     return None
@@ -149,7 +177,12 @@ def check_calibration(plan: Any, allow: bool = False) -> list[str]:
         for p in problems:
             log.warning("calibration guard (proceeding anyway): %s", p)
         return problems
-    raise ConfigError([*problems, "the run uses judge metrics without the agreement with human "
-                       "labels that calibration.min_agreement asks for; calibrate them "
-                       "(`ragbatch calibrate`), lower the minimum, or pass --allow-uncalibrated "
-                       "(or set calibration.proceed: true) to run anyway"])
+    raise ConfigError(
+        [
+            *problems,
+            "the run uses judge metrics without the agreement with human "
+            "labels that calibration.min_agreement asks for; calibrate them "
+            "(`ragbatch calibrate`), lower the minimum, or pass --allow-uncalibrated "
+            "(or set calibration.proceed: true) to run anyway",
+        ]
+    )

@@ -40,22 +40,41 @@ def label_values(column: pl.Series, spec: LabelSpec, row_ids: pl.Series) -> pl.S
         lookup = {str(k).strip(): float(v) for k, v in spec.values.items()}
         values = text.replace_strict(lookup, default=None, return_dtype=pl.Float64)
         bad = text.is_not_null() & values.is_null()
-        _raise_if(bad, text, row_ids, spec.column,
-                  f"is not a key of labels.<metric>.values ({sorted(lookup)}); add it there")
+        _raise_if(
+            bad,
+            text,
+            row_ids,
+            spec.column,
+            f"is not a key of labels.<metric>.values ({sorted(lookup)}); add it there",
+        )
     else:
         values = text.cast(pl.Float64, strict=False)
         bad = text.is_not_null() & (values.is_null() | values.is_nan())
-        _raise_if(bad, text, row_ids, spec.column,
-                  "is not a number; give a `values` table that maps label text to numbers")
+        _raise_if(
+            bad,
+            text,
+            row_ids,
+            spec.column,
+            "is not a number; give a `values` table that maps label text to numbers",
+        )
     if spec.type == "binary":
         if spec.threshold is not None:
-            values = pl.when(values.is_null()).then(None).otherwise(
-                (values >= spec.threshold).cast(pl.Float64)).alias(column.name)
+            values = (
+                pl.when(values.is_null())
+                .then(None)
+                .otherwise((values >= spec.threshold).cast(pl.Float64))
+                .alias(column.name)
+            )
             values = pl.select(values).to_series()
         else:
             bad = values.is_not_null() & ~values.is_in([0.0, 1.0])
-            _raise_if(bad, text, row_ids, spec.column,
-                      "is not 0 or 1; set a `threshold` or a `values` table, or type: graded")
+            _raise_if(
+                bad,
+                text,
+                row_ids,
+                spec.column,
+                "is not 0 or 1; set a `threshold` or a `values` table, or type: graded",
+            )
     return values.alias(column.name)
 
 
@@ -63,5 +82,7 @@ def _raise_if(bad: pl.Series, text: pl.Series, row_ids: pl.Series, column: str, 
     if not bad.any():
         return
     i = int(bad.arg_max())
-    raise InputError(f"label column {column!r}, row {row_ids[i]!r}: value {text[i]!r} {what} "
-                     f"({int(bad.sum())} such rows)")
+    raise InputError(
+        f"label column {column!r}, row {row_ids[i]!r}: value {text[i]!r} {what} "
+        f"({int(bad.sum())} such rows)"
+    )

@@ -177,11 +177,15 @@ def ece(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> tuple[float |
     total = 0.0
     for b in np.unique(index):
         inside = index == b
-        total += inside.sum() / human.size * abs(float(human[inside].mean()) - float(p[inside].mean()))
+        total += (
+            inside.sum() / human.size * abs(float(human[inside].mean()) - float(p[inside].mean()))
+        )
     return float(total), None
 
 
-def reliability_bins(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> list[dict[str, float]]:
+def reliability_bins(
+    p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS
+) -> list[dict[str, float]]:
     """The reliability diagram's points: per non-empty bin of :func:`ece`, ``bin_low``,
     ``bin_high``, ``n``, ``mean_p`` (mean probability) and ``observed`` (share of
     label 1).
@@ -194,9 +198,16 @@ def reliability_bins(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> 
     """
     p, human = _pair_vectors(p, human)
     index = _bin_index(p, bins)
-    return [{"bin_low": b / bins, "bin_high": (b + 1) / bins, "n": int((index == b).sum()),
-             "mean_p": float(p[index == b].mean()), "observed": float(human[index == b].mean())}
-            for b in np.unique(index)]
+    return [
+        {
+            "bin_low": b / bins,
+            "bin_high": (b + 1) / bins,
+            "n": int((index == b).sum()),
+            "mean_p": float(p[index == b].mean()),
+            "observed": float(human[index == b].mean()),
+        }
+        for b in np.unique(index)
+    ]
 
 
 def _constant(x: np.ndarray) -> bool:
@@ -241,8 +252,13 @@ def pairwise_value(better: np.ndarray, worse: np.ndarray) -> tuple[float | None,
 # ------------------------------------------------------------------ with intervals
 
 
-def _with_interval(name: str, fn: Callable[[np.ndarray, np.ndarray], tuple[float | None, str | None]],
-                   a: np.ndarray, b: np.ndarray, boot: Bootstrap) -> Measure:
+def _with_interval(
+    name: str,
+    fn: Callable[[np.ndarray, np.ndarray], tuple[float | None, str | None]],
+    a: np.ndarray,
+    b: np.ndarray,
+    boot: Bootstrap,
+) -> Measure:
     """``fn(a, b)`` with its percentile-bootstrap interval over resampled positions."""
     n = a.size
     value, reason = fn(a, b) if n else (None, "no rows with both an ok score and a label")
@@ -258,15 +274,26 @@ def _with_interval(name: str, fn: Callable[[np.ndarray, np.ndarray], tuple[float
             if v is not None:
                 draws.append(v)
     if len(draws) * 2 < boot.resamples:
-        return Measure(name, n, float(value), None, None,
-                       f"undefined in {boot.resamples - len(draws)} of {boot.resamples} resamples")
+        return Measure(
+            name,
+            n,
+            float(value),
+            None,
+            None,
+            f"undefined in {boot.resamples - len(draws)} of {boot.resamples} resamples",
+        )
     tail = (1.0 - boot.confidence) / 2.0
     low, high = np.quantile(np.asarray(draws), [tail, 1.0 - tail])
     return Measure(name, n, float(value), float(low), float(high))
 
 
-def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
-                    boot: Bootstrap, probabilities: bool = False) -> list[Measure]:
+def binary_measures(
+    score: np.ndarray,
+    human: np.ndarray,
+    threshold: float,
+    boot: Bootstrap,
+    probabilities: bool = False,
+) -> list[Measure]:
     """Every binary-label measure with its interval.
 
     Parameters
@@ -296,14 +323,23 @@ def binary_measures(score: np.ndarray, human: np.ndarray, threshold: float,
     """
     score, human = _pair_vectors(score, human)
     if not np.isin(human, (0.0, 1.0)).all():
-        raise ValueError("binary measures need human labels of 0 or 1; map them with `values` "
-                         "or `threshold` in the calibration config")
+        raise ValueError(
+            "binary measures need human labels of 0 or 1; map them with `values` "
+            "or `threshold` in the calibration config"
+        )
     if probabilities and not ((score >= 0.0) & (score <= 1.0)).all():
         raise ValueError("probabilities must lie in [0, 1]")
     verdict = (score >= threshold).astype(np.float64)
-    out = [_with_interval(name, fn, verdict, human, boot)
-           for name, fn in (("accuracy", accuracy), ("precision", precision), ("recall", recall),
-                            ("f1", f1), ("kappa", kappa))]
+    out = [
+        _with_interval(name, fn, verdict, human, boot)
+        for name, fn in (
+            ("accuracy", accuracy),
+            ("precision", precision),
+            ("recall", recall),
+            ("f1", f1),
+            ("kappa", kappa),
+        )
+    ]
     out.append(_with_interval("roc_auc", roc_auc, score, human, boot))
     for name, fn in (("brier", brier), ("ece", ece)):
         if probabilities:
@@ -328,8 +364,10 @@ def graded_measures(score: np.ndarray, human: np.ndarray, boot: Bootstrap) -> li
         In the order of :data:`GRADED_MEASURES`.
     """
     score, human = _pair_vectors(score, human)
-    return [_with_interval("spearman", spearman, score, human, boot),
-            _with_interval("kendall", kendall, score, human, boot)]
+    return [
+        _with_interval("spearman", spearman, score, human, boot),
+        _with_interval("kendall", kendall, score, human, boot),
+    ]
 
 
 def pairwise_agreement(better: np.ndarray, worse: np.ndarray, boot: Bootstrap) -> Measure:
@@ -359,7 +397,11 @@ def _pair_vectors(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"score and label vectors must be 1-D of equal length, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"score and label vectors must be 1-D of equal length, got {a.shape} and {b.shape}"
+        )
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
-        raise ValueError("scores and labels must be finite; drop rows that are not ok or unlabelled")
+        raise ValueError(
+            "scores and labels must be finite; drop rows that are not ok or unlabelled"
+        )
     return a, b

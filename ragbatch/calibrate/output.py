@@ -32,31 +32,77 @@ MANIFEST = "manifest.json"
 
 #: Column types of each table (an empty table keeps its columns).
 SCHEMAS: dict[str, pa.Schema] = {
-    "agreement": pa.schema([
-        ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
-        ("metric_name", pa.string()), ("metric_version", pa.int64()),
-        ("prompt_version", pa.string()), ("label_column", pa.string()),
-        ("label_type", pa.string()), ("scores_run_id", pa.string()), ("n_cells", pa.int64()),
-        ("n_ok", pa.int64()), ("n_labelled", pa.int64()), ("measure", pa.string()),
-        ("n", pa.int64()), ("value", pa.float64()), ("ci_low", pa.float64()),
-        ("ci_high", pa.float64()), ("reason", pa.string())]),
-    "confusion": pa.schema([
-        ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
-        ("metric_name", pa.string()), ("prompt_version", pa.string()),
-        ("scores_run_id", pa.string()), ("human", pa.int64()), ("judge_verdict", pa.int64()),
-        ("n", pa.int64()), ("judge_threshold", pa.float64())]),
-    "reliability": pa.schema([
-        ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
-        ("metric_name", pa.string()), ("prompt_version", pa.string()),
-        ("scores_run_id", pa.string()), ("bin_low", pa.float64()), ("bin_high", pa.float64()),
-        ("n", pa.int64()), ("mean_p", pa.float64()), ("observed", pa.float64())]),
-    "disagreements": pa.schema([
-        ("judge", pa.string()), ("model", pa.string()), ("metric", pa.string()),
-        ("metric_name", pa.string()), ("prompt_version", pa.string()),
-        ("scores_run_id", pa.string()), ("rank", pa.int64()), ("row_id", pa.string()),
-        ("pair_id", pa.string()), ("label", pa.float64()), ("score", pa.float64()),
-        ("distance", pa.float64()), ("reason", pa.string()), ("judge_reply", pa.string()),
-        ("question", pa.string()), ("answer", pa.string())]),
+    "agreement": pa.schema(
+        [
+            ("judge", pa.string()),
+            ("model", pa.string()),
+            ("metric", pa.string()),
+            ("metric_name", pa.string()),
+            ("metric_version", pa.int64()),
+            ("prompt_version", pa.string()),
+            ("label_column", pa.string()),
+            ("label_type", pa.string()),
+            ("scores_run_id", pa.string()),
+            ("n_cells", pa.int64()),
+            ("n_ok", pa.int64()),
+            ("n_labelled", pa.int64()),
+            ("measure", pa.string()),
+            ("n", pa.int64()),
+            ("value", pa.float64()),
+            ("ci_low", pa.float64()),
+            ("ci_high", pa.float64()),
+            ("reason", pa.string()),
+        ]
+    ),
+    "confusion": pa.schema(
+        [
+            ("judge", pa.string()),
+            ("model", pa.string()),
+            ("metric", pa.string()),
+            ("metric_name", pa.string()),
+            ("prompt_version", pa.string()),
+            ("scores_run_id", pa.string()),
+            ("human", pa.int64()),
+            ("judge_verdict", pa.int64()),
+            ("n", pa.int64()),
+            ("judge_threshold", pa.float64()),
+        ]
+    ),
+    "reliability": pa.schema(
+        [
+            ("judge", pa.string()),
+            ("model", pa.string()),
+            ("metric", pa.string()),
+            ("metric_name", pa.string()),
+            ("prompt_version", pa.string()),
+            ("scores_run_id", pa.string()),
+            ("bin_low", pa.float64()),
+            ("bin_high", pa.float64()),
+            ("n", pa.int64()),
+            ("mean_p", pa.float64()),
+            ("observed", pa.float64()),
+        ]
+    ),
+    "disagreements": pa.schema(
+        [
+            ("judge", pa.string()),
+            ("model", pa.string()),
+            ("metric", pa.string()),
+            ("metric_name", pa.string()),
+            ("prompt_version", pa.string()),
+            ("scores_run_id", pa.string()),
+            ("rank", pa.int64()),
+            ("row_id", pa.string()),
+            ("pair_id", pa.string()),
+            ("label", pa.float64()),
+            ("score", pa.float64()),
+            ("distance", pa.float64()),
+            ("reason", pa.string()),
+            ("judge_reply", pa.string()),
+            ("question", pa.string()),
+            ("answer", pa.string()),
+        ]
+    ),
 }
 
 
@@ -89,8 +135,14 @@ def calibration_path(base: str, run_date: dt.date, run_id: str) -> str:
     return f"{base.rstrip('/')}/calibration/run_date={run_date.isoformat()}/run_id={run_id}"
 
 
-def write_calibration(root: str, storage_options: dict[str, Any], run_date: dt.date, run_id: str,
-                      tables: dict[str, list[dict[str, Any]]], manifest: dict[str, Any]) -> str:
+def write_calibration(
+    root: str,
+    storage_options: dict[str, Any],
+    run_date: dt.date,
+    run_id: str,
+    tables: dict[str, list[dict[str, Any]]],
+    manifest: dict[str, Any],
+) -> str:
     """Write the tables, then the manifest (the commit); return the directory's URI.
 
     Raises
@@ -101,7 +153,9 @@ def write_calibration(root: str, storage_options: dict[str, Any], run_date: dt.d
     fs, base = resolve(root, storage_options)
     path = calibration_path(base, run_date, run_id)
     if fs.exists(f"{path}/{MANIFEST}"):
-        raise OutputError(f"calibration {run_id!r} is already committed under {root}; pass a new --run-id")
+        raise OutputError(
+            f"calibration {run_id!r} is already committed under {root}; pass a new --run-id"
+        )
     fs.makedirs(path, exist_ok=True)
     for name in TABLES:
         table = pa.Table.from_pylist(tables.get(name, []), schema=SCHEMAS[name])
@@ -113,7 +167,9 @@ def write_calibration(root: str, storage_options: dict[str, Any], run_date: dt.d
     return path
 
 
-def list_calibrations(root: str, storage_options: dict[str, Any] | None = None) -> list[CalibrationRun]:
+def list_calibrations(
+    root: str, storage_options: dict[str, Any] | None = None
+) -> list[CalibrationRun]:
     """Every committed calibration under ``root``, oldest first (by run date, start
     time, run id)."""
     fs, base = resolve(root, storage_options or {})
@@ -126,12 +182,15 @@ def list_calibrations(root: str, storage_options: dict[str, Any] | None = None) 
         with fs.open(manifest_path, "r", encoding="utf-8") as fh:
             manifest = json.load(fh)
         found.append(CalibrationRun(root, run_date, run_id, manifest, fs, path))
-    return sorted(found, key=lambda c: (c.run_date.isoformat(), str(c.manifest.get("started_at", "")),
-                                        c.run_id))
+    return sorted(
+        found,
+        key=lambda c: (c.run_date.isoformat(), str(c.manifest.get("started_at", "")), c.run_id),
+    )
 
 
-def find_calibration(root: str, run_id: str | None = None,
-                     storage_options: dict[str, Any] | None = None) -> CalibrationRun:
+def find_calibration(
+    root: str, run_id: str | None = None, storage_options: dict[str, Any] | None = None
+) -> CalibrationRun:
     """The committed calibration ``run_id`` under ``root``, or the latest one.
 
     Raises
@@ -144,6 +203,8 @@ def find_calibration(root: str, run_id: str | None = None,
         runs = [c for c in runs if c.run_id == run_id]
     if not runs:
         which = f"calibration {run_id!r} not found" if run_id else "no committed calibration"
-        raise InputError(f"{which} under {root}; run `ragbatch calibrate` with output.uri "
-                         f"{root} first, or fix calibration.uri / calibration.run_id")
+        raise InputError(
+            f"{which} under {root}; run `ragbatch calibrate` with output.uri "
+            f"{root} first, or fix calibration.uri / calibration.run_id"
+        )
     return runs[-1]

@@ -110,17 +110,26 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
     pairs = cal.pairs
     missing = [c for c in pairs.answers if c not in frame.columns]
     if missing:
-        raise InputError(f"pairs.answers names column(s) {missing} that the input does not have; "
-                         f"its columns: {frame.columns}")
-    clash = [c for c in (pairs.answer_column, pairs.label_column, PAIR_ID, PAIR_MEMBER)
-             if c in frame.columns and c not in pairs.answers]
+        raise InputError(
+            f"pairs.answers names column(s) {missing} that the input does not have; "
+            f"its columns: {frame.columns}"
+        )
+    clash = [
+        c
+        for c in (pairs.answer_column, pairs.label_column, PAIR_ID, PAIR_MEMBER)
+        if c in frame.columns and c not in pairs.answers
+    ]
     if clash:
-        raise ConfigError(f"pairs: column name(s) {clash} already exist in the input; set "
-                          "pairs.answer_column / pairs.label_column to new names")
+        raise ConfigError(
+            f"pairs: column name(s) {clash} already exist in the input; set "
+            "pairs.answer_column / pairs.label_column to new names"
+        )
     if pairs.id_column is not None:
         if pairs.id_column not in frame.columns:
-            raise InputError(f"pairs.id_column {pairs.id_column!r} is not an input column; "
-                             f"its columns: {frame.columns}")
+            raise InputError(
+                f"pairs.id_column {pairs.id_column!r} is not an input column; "
+                f"its columns: {frame.columns}"
+            )
         pair_id = pl.col(pairs.id_column).cast(pl.String)
     else:
         pair_id = pl.int_range(pl.len()).cast(pl.String)
@@ -128,12 +137,15 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
     keep = [c for c in base.columns if c not in pairs.answers]
     parts = []
     for order, (column, label) in enumerate(pairs.answers.items()):
-        parts.append(base.select(
-            *keep,
-            pl.col(column).cast(pl.String).alias(pairs.answer_column),
-            pl.lit(float(label), dtype=pl.Float64).alias(pairs.label_column),
-            pl.lit(column).alias(PAIR_MEMBER),
-            pl.lit(order).alias(_MEMBER_POS)))
+        parts.append(
+            base.select(
+                *keep,
+                pl.col(column).cast(pl.String).alias(pairs.answer_column),
+                pl.lit(float(label), dtype=pl.Float64).alias(pairs.label_column),
+                pl.lit(column).alias(PAIR_MEMBER),
+                pl.lit(order).alias(_MEMBER_POS),
+            )
+        )
     out = pl.concat(parts).sort(_PAIR_POS, _MEMBER_POS)
     return out.drop(_PAIR_POS, _MEMBER_POS)
 
@@ -141,5 +153,7 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
 def _check_labels(frame: pl.DataFrame, cal: CalibrationConfig) -> None:
     for mid, spec in cal.labels.items():
         if spec.column not in frame.columns:
-            raise InputError(f"labels.{mid}.column: {spec.column!r} is not a column of the "
-                             f"labelled input; its columns: {frame.columns}")
+            raise InputError(
+                f"labels.{mid}.column: {spec.column!r} is not a column of the "
+                f"labelled input; its columns: {frame.columns}"
+            )

@@ -22,8 +22,9 @@ def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
-                        ) -> dict[str, Any] | None:
+def calibration_section(
+    run: Any, storage_options: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The agreement rows that apply to ``run``'s judge metrics, or None.
 
     Parameters
@@ -53,16 +54,25 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
     guard = config.get("calibration") or {}
     root = guard.get("uri") or run.root
     if storage_options is None:
-        storage_options = (run.storage_options if root == run.root
-                           else recorded_storage_options(guard.get("storage_options")))
+        storage_options = (
+            run.storage_options
+            if root == run.root
+            else recorded_storage_options(guard.get("storage_options"))
+        )
     try:
         cal = find_calibration(root, guard.get("run_id"), storage_options)
         table = cal.table("agreement")
     except InputError:
         return None
     except Exception as exc:  # noqa: BLE001 - an optional section: the report goes on without it
-        log.warning("report of run %s: no calibration section; the calibration under %s "
-                    "cannot be read: %s: %s", run.run_id, root, type(exc).__name__, exc)
+        log.warning(
+            "report of run %s: no calibration section; the calibration under %s "
+            "cannot be read: %s: %s",
+            run.run_id,
+            root,
+            type(exc).__name__,
+            exc,
+        )
         return None
     minimums = guard.get("min_agreement") or {}
     models = run.manifest.models
@@ -72,26 +82,46 @@ def calibration_section(run: Any, storage_options: dict[str, Any] | None = None
         if m.get("kind") != "judge":
             continue
         if own:
-            found = table.filter((pl.col("scores_run_id") == run.run_id) & (pl.col("metric") == m["id"]))
+            found = table.filter(
+                (pl.col("scores_run_id") == run.run_id) & (pl.col("metric") == m["id"])
+            )
         else:
             version = _prompt_version(m)
             if version is None:
                 continue
-            found = table.filter((pl.col("prompt_version") == version)
-                                 & pl.col("model").is_in(list(models.get(m["id"]) or [])))
+            found = table.filter(
+                (pl.col("prompt_version") == version)
+                & pl.col("model").is_in(list(models.get(m["id"]) or []))
+            )
         for r in found.iter_rows(named=True):
             minimum = (minimums.get(m["id"]) or {}).get(r["measure"])
             below = minimum is not None and (r["value"] is None or r["value"] < minimum)
-            rows.append({"metric": m["id"], "judge": r["judge"], "model": r["model"],
-                         "measure": r["measure"], "n": r["n"], "value": _num(r["value"]),
-                         "interval": (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
-                                      if r["ci_low"] is not None else ""),
-                         "minimum": "" if minimum is None else f"{minimum:g}", "below": below,
-                         "note": r["reason"] or ""})
+            rows.append(
+                {
+                    "metric": m["id"],
+                    "judge": r["judge"],
+                    "model": r["model"],
+                    "measure": r["measure"],
+                    "n": r["n"],
+                    "value": _num(r["value"]),
+                    "interval": (
+                        f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
+                        if r["ci_low"] is not None
+                        else ""
+                    ),
+                    "minimum": "" if minimum is None else f"{minimum:g}",
+                    "below": below,
+                    "note": r["reason"] or "",
+                }
+            )
     if not rows:
         return None
-    return {"run_id": cal.run_id, "root": redact_url(root), "rows": rows,
-            "reliability": _reliability_charts(cal, rows)}
+    return {
+        "run_id": cal.run_id,
+        "root": redact_url(root),
+        "rows": rows,
+        "reliability": _reliability_charts(cal, rows),
+    }
 
 
 def _reliability_charts(cal: Any, rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -107,10 +137,16 @@ def _reliability_charts(cal: Any, rows: list[dict[str, Any]]) -> list[dict[str, 
         return []
     charts = []
     for metric, judge in dict.fromkeys((r["metric"], r["judge"]) for r in rows):
-        found = bins.filter((pl.col("metric") == metric) & (pl.col("judge") == judge)).sort("bin_low")
+        found = bins.filter((pl.col("metric") == metric) & (pl.col("judge") == judge)).sort(
+            "bin_low"
+        )
         if found.height:
-            svg = plots.reliability_diagram(found["mean_p"].to_list(), found["observed"].to_list(),
-                                            found["n"].to_list(), title=f"{metric} ({judge})")
+            svg = plots.reliability_diagram(
+                found["mean_p"].to_list(),
+                found["observed"].to_list(),
+                found["n"].to_list(),
+                title=f"{metric} ({judge})",
+            )
             charts.append({"metric": metric, "judge": judge, "chart": plots.data_uri(svg)})
     return charts
 
@@ -121,8 +157,12 @@ def _prompt_version(entry: dict[str, Any]) -> str | None:
 
     try:
         cls = get_metric(entry["name"])
-        metric = cls.from_params(entry.get("params") or {}, metric_id=entry["id"],
-                                 engine=entry.get("engine"), where="metric")
+        metric = cls.from_params(
+            entry.get("params") or {},
+            metric_id=entry["id"],
+            engine=entry.get("engine"),
+            where="metric",
+        )
     except (ConfigError, KeyError):
         return None
     return prompt_version(metric)

@@ -23,11 +23,14 @@ def agreement_text(rows: list[dict[str, Any]], confidence: float) -> str:
     ci = f"{confidence:.0%} CI"
     jw = max([5, *(len(r["judge"]) for r in rows)])
     mw = max([6, *(len(r["metric"]) for r in rows)])
-    header = f"{'judge':<{jw}}  {'metric':<{mw}}  {'measure':<18} {'n':>6} {'value':>7}  {ci:<17} note"
+    header = (
+        f"{'judge':<{jw}}  {'metric':<{mw}}  {'measure':<18} {'n':>6} {'value':>7}  {ci:<17} note"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
-        interval = (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
-                    if r["ci_low"] is not None else "")
-        lines.append(f"{r['judge']:<{jw}}  {r['metric']:<{mw}}  {r['measure']:<18} {r['n']:>6} "
-                     f"{_num(r['value']):>7}  {interval:<17} {r['reason'] or ''}".rstrip())
+        interval = f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r["ci_low"] is not None else ""
+        lines.append(
+            f"{r['judge']:<{jw}}  {r['metric']:<{mw}}  {r['measure']:<18} {r['n']:>6} "
+            f"{_num(r['value']):>7}  {interval:<17} {r['reason'] or ''}".rstrip()
+        )
     return "\n".join(lines)

@@ -1,5 +1,4 @@
-"""``ragbatch compare`` and ``ragbatch report``: two committed runs compared; a run's HTML report.
-"""
+"""``ragbatch compare`` and ``ragbatch report``: two committed runs compared; a run's HTML report."""
 
 from __future__ import annotations
 
@@ -23,38 +22,81 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
     from ragbatch.analysis.pairing import DEFAULT_MATCH_ON
 
     p = sub.add_parser("compare", help="compare two committed runs row by row (paired bootstrap)")
-    p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
-                   help="output root of the baseline run (and of the candidate unless --candidate-output)")
+    p.add_argument(
+        "--output",
+        dest="output_uri",
+        required=True,
+        metavar="URI",
+        help="output root of the baseline run (and of the candidate unless --candidate-output)",
+    )
     p.add_argument("--candidate-output", metavar="URI", help="output root of the candidate run")
     _add_storage_option_args(p, "--output", "--candidate-output")
     p.add_argument("baseline", type=_RUN_ID, metavar="BASELINE_RUN_ID")
     p.add_argument("candidate", type=_RUN_ID, metavar="CANDIDATE_RUN_ID")
-    p.add_argument("--by", action="append", default=[], metavar="SLICE",
-                   help="also compare per value of this slice column (repeatable)")
-    p.add_argument("--min-pairs", type=_positive_int, default=MIN_SLICE_PAIRS, metavar="N",
-                   help="fewest pairs a --by slice needs for its change to be flagged; fewer "
-                        "pairs give too narrow an interval (default %(default)s)")
-    p.add_argument("--match-on", type=_column_list, default=DEFAULT_MATCH_ON, metavar="COLS",
-                   help="comma-separated columns whose content pairs rows with different row ids "
-                        f"(default: {','.join(DEFAULT_MATCH_ON)})")
-    p.add_argument("--fail-on-regression", type=float, metavar="THRESHOLD",
-                   help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant, "
-                        "worse, and larger than THRESHOLD in the metric's units")
-    p.add_argument("--confidence", type=_confidence, default=0.95, help="interval level (default 0.95)")
-    p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
-    p.add_argument("--json", dest="json_path", metavar="FILE", help="also write the comparison as JSON")
+    p.add_argument(
+        "--by",
+        action="append",
+        default=[],
+        metavar="SLICE",
+        help="also compare per value of this slice column (repeatable)",
+    )
+    p.add_argument(
+        "--min-pairs",
+        type=_positive_int,
+        default=MIN_SLICE_PAIRS,
+        metavar="N",
+        help="fewest pairs a --by slice needs for its change to be flagged; fewer "
+        "pairs give too narrow an interval (default %(default)s)",
+    )
+    p.add_argument(
+        "--match-on",
+        type=_column_list,
+        default=DEFAULT_MATCH_ON,
+        metavar="COLS",
+        help="comma-separated columns whose content pairs rows with different row ids "
+        f"(default: {','.join(DEFAULT_MATCH_ON)})",
+    )
+    p.add_argument(
+        "--fail-on-regression",
+        type=float,
+        metavar="THRESHOLD",
+        help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant, "
+        "worse, and larger than THRESHOLD in the metric's units",
+    )
+    p.add_argument(
+        "--confidence", type=_confidence, default=0.95, help="interval level (default 0.95)"
+    )
+    p.add_argument(
+        "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
+    )
+    p.add_argument(
+        "--json", dest="json_path", metavar="FILE", help="also write the comparison as JSON"
+    )
 
 
 def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a committed run")
-    p.add_argument("--output", dest="output_uri", required=True, metavar="URI",
-                   help="output root the run was written to")
+    p.add_argument(
+        "--output",
+        dest="output_uri",
+        required=True,
+        metavar="URI",
+        help="output root the run was written to",
+    )
     p.add_argument("run_id", type=_RUN_ID, metavar="RUN_ID")
-    p.add_argument("--baseline", type=_RUN_ID, metavar="RUN_ID", help="compare with this committed run")
-    p.add_argument("--baseline-output", metavar="URI", help="output root of the baseline (default: --output)")
+    p.add_argument(
+        "--baseline", type=_RUN_ID, metavar="RUN_ID", help="compare with this committed run"
+    )
+    p.add_argument(
+        "--baseline-output", metavar="URI", help="output root of the baseline (default: --output)"
+    )
     _add_storage_option_args(p, "--output", "--baseline-output")
-    p.add_argument("-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML")
-    p.add_argument("--top", type=_positive_int, default=10, help="rows listed per metric (default 10)")
+    p.add_argument(
+        "-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML"
+    )
+    p.add_argument(
+        "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -65,9 +107,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     candidate_root, candidate_options = _other_root(args, "candidate")
     baseline = find_run(args.output_uri, args.baseline, _storage_options(args))
     candidate = find_run(candidate_root, args.candidate, candidate_options)
-    result = compare_runs(baseline, candidate, by=args.by, match_on=args.match_on,
-                          confidence=args.confidence, top=args.top,
-                          threshold=args.fail_on_regression, min_pairs=args.min_pairs)
+    result = compare_runs(
+        baseline,
+        candidate,
+        by=args.by,
+        match_on=args.match_on,
+        confidence=args.confidence,
+        top=args.top,
+        threshold=args.fail_on_regression,
+        min_pairs=args.min_pairs,
+    )
     print(format_comparison(result))
     if args.json_path:
         Path(args.json_path).write_text(result.to_json() + "\n", encoding="utf-8")
@@ -88,6 +137,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         baseline = find_run(baseline_root, args.baseline, baseline_options)
     html = build_report(run, baseline, top=args.top, calibration_section=calibration_section)
     Path(args.report_path).write_text(html, encoding="utf-8")
-    print(f"report of run {run.run_id} written to {args.report_path}"
-          + (f" (compared with {baseline.run_id})" if baseline else ""))
+    print(
+        f"report of run {run.run_id} written to {args.report_path}"
+        + (f" (compared with {baseline.run_id})" if baseline else "")
+    )
     return EXIT_OK

@@ -1,5 +1,4 @@
-"""Exit codes and the argument types and helpers the commands share.
-"""
+"""Exit codes and the argument types and helpers the commands share."""
 
 from __future__ import annotations
 
@@ -16,28 +15,46 @@ _RUN_ID = id_argument("run id")
 
 
 def _add_degenerate_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fail-on-degenerate", action="store_true", default=None,
-                   help=f"exit {EXIT_DEGENERATE} when the run commits but a judge metric's result "
-                        "is degenerate (a constant judge, empty extractions, junk reasons...; "
-                        "thresholds: the config's diagnostics section; default: "
-                        "diagnostics.fail_on_degenerate)")
+    p.add_argument(
+        "--fail-on-degenerate",
+        action="store_true",
+        default=None,
+        help=f"exit {EXIT_DEGENERATE} when the run commits but a judge metric's result "
+        "is degenerate (a constant judge, empty extractions, junk reasons...; "
+        "thresholds: the config's diagnostics section; default: "
+        "diagnostics.fail_on_degenerate)",
+    )
 
 
 def _add_storage_option_args(p: argparse.ArgumentParser, root_flag: str, other_flag: str) -> None:
     """``--storage-option`` for ``root_flag``'s root and ``--<other>-storage-option`` for
     ``other_flag``'s (:func:`_storage_options` reads them; docs/storage.md)."""
-    form = ("repeatable; VALUE is read as YAML (anon=false is a bool), a dotted KEY nests "
-            "(client_kwargs.region_name=eu-west-1); the AWS_*/GOOGLE_* environment applies "
-            "to what is not given")
-    p.add_argument("--storage-option", dest="storage_option", action="append", default=[],
-                   type=_storage_option, metavar="KEY=VALUE",
-                   help=f"fsspec storage option of the {root_flag} root ({form})")
+    form = (
+        "repeatable; VALUE is read as YAML (anon=false is a bool), a dotted KEY nests "
+        "(client_kwargs.region_name=eu-west-1); the AWS_*/GOOGLE_* environment applies "
+        "to what is not given"
+    )
+    p.add_argument(
+        "--storage-option",
+        dest="storage_option",
+        action="append",
+        default=[],
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help=f"fsspec storage option of the {root_flag} root ({form})",
+    )
     other = other_flag.removesuffix("-output").lstrip("-")
-    p.add_argument(f"--{other}-storage-option", dest=f"{other}_storage_option", action="append",
-                   default=[], type=_storage_option, metavar="KEY=VALUE",
-                   help=f"storage option of the {other_flag} root, as --storage-option; only "
-                        f"these apply there (default: none; without {other_flag} the "
-                        f"{root_flag} root and its options are used)")
+    p.add_argument(
+        f"--{other}-storage-option",
+        dest=f"{other}_storage_option",
+        action="append",
+        default=[],
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help=f"storage option of the {other_flag} root, as --storage-option; only "
+        f"these apply there (default: none; without {other_flag} the "
+        f"{root_flag} root and its options are used)",
+    )
 
 
 def _storage_option(text: str) -> tuple[tuple[str, ...], object]:
@@ -65,8 +82,10 @@ def _storage_options(args: argparse.Namespace, other: str | None = None) -> dict
         return storage_options_from(args.storage_option, "--storage-option")
     pairs = getattr(args, f"{other}_storage_option")
     if pairs and not getattr(args, f"{other}_output"):
-        raise ConfigError(f"--{other}-storage-option applies to the --{other}-output root; "
-                          f"add --{other}-output, or give the options with --storage-option")
+        raise ConfigError(
+            f"--{other}-storage-option applies to the --{other}-output root; "
+            f"add --{other}-output, or give the options with --storage-option"
+        )
     return storage_options_from(pairs, f"--{other}-storage-option")
 
 

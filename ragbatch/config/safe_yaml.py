@@ -47,12 +47,16 @@ def load_yaml(data: bytes, where: str) -> Any:
         nodes, holds a recursive anchor, is not UTF-8, or is not valid YAML.
     """
     if len(data) > MAX_YAML_BYTES:
-        raise ConfigError(f"{where}: {len(data):,} bytes is over the {MAX_YAML_BYTES:,}-byte limit "
-                          "for a YAML config; keep large data (schemas, labels) in files it names")
+        raise ConfigError(
+            f"{where}: {len(data):,} bytes is over the {MAX_YAML_BYTES:,}-byte limit "
+            "for a YAML config; keep large data (schemas, labels) in files it names"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not UTF-8 text (byte offset {exc.start}); save it as UTF-8") from None
+        raise ConfigError(
+            f"{where}: not UTF-8 text (byte offset {exc.start}); save it as UTF-8"
+        ) from None
     try:
         _check_aliases(text, where)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -71,7 +75,8 @@ def _check_aliases(text: str, where: str) -> None:
             if aliases > MAX_YAML_ALIASES:
                 raise ConfigError(
                     f"{where}: more than {MAX_YAML_ALIASES:,} YAML aliases (*name); a config "
-                    "needs few, write the values out or split the file")
+                    "needs few, write the values out or split the file"
+                )
 
 
 def _check_expansion(root: yaml.Node, where: str) -> None:
@@ -89,8 +94,10 @@ def _check_expansion(root: yaml.Node, where: str) -> None:
         if key in sizes:
             return sizes[key]
         if key in on_path:
-            raise ConfigError(f"{where}: a YAML anchor refers to itself (line "
-                              f"{node.start_mark.line + 1}); configs cannot be recursive")
+            raise ConfigError(
+                f"{where}: a YAML anchor refers to itself (line "
+                f"{node.start_mark.line + 1}); configs cannot be recursive"
+            )
         on_path.add(key)
         total = 1
         if isinstance(node, yaml.SequenceNode):
@@ -104,7 +111,8 @@ def _check_expansion(root: yaml.Node, where: str) -> None:
             if total > MAX_YAML_NODES:
                 raise ConfigError(
                     f"{where}: the YAML expands to more than {MAX_YAML_NODES:,} values once its "
-                    "aliases (*name) are copied (nested anchors); write the values out instead")
+                    "aliases (*name) are copied (nested anchors); write the values out instead"
+                )
         on_path.discard(key)
         sizes[key] = total
         return total

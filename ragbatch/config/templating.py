@@ -38,8 +38,10 @@ RUN_DATE = "run_date"
 #: day: a run date has none) and ``%%``.
 DATE_DIRECTIVES = frozenset("aAwdbBmyYjUWGuV%")
 
-_HELP = ("the only placeholder is {run_date} (ISO date) or {run_date:FORMAT} with a strftime "
-         "FORMAT such as %Y/%m/%d; write {{ and }} for literal braces")
+_HELP = (
+    "the only placeholder is {run_date} (ISO date) or {run_date:FORMAT} with a strftime "
+    "FORMAT such as %Y/%m/%d; write {{ and }} for literal braces"
+)
 
 
 def _parse(text: str, field: str) -> list[tuple[str, str | None]]:
@@ -54,12 +56,19 @@ def _parse(text: str, field: str) -> list[tuple[str, str | None]]:
         if name is None:
             out.append((literal, None))
             continue
-        shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+        shown = (
+            "{"
+            + name
+            + (f"!{conversion}" if conversion else "")
+            + (f":{spec}" if spec else "")
+            + "}"
+        )
         if name != RUN_DATE:
             raise ConfigError(f"{field}: unknown placeholder {shown} in {text!r}; {_HELP}")
         if conversion:
-            raise ConfigError(f"{field}: {shown} in {text!r} has a conversion (!{conversion}); "
-                              f"drop it: {_HELP}")
+            raise ConfigError(
+                f"{field}: {shown} in {text!r} has a conversion (!{conversion}); drop it: {_HELP}"
+            )
         _check_format(spec or "", shown, text, field)
         out.append((literal, spec or ""))
     return out
@@ -69,26 +78,32 @@ def _check_format(spec: str, shown: str, text: str, field: str) -> None:
     if not spec:
         return
     if "{" in spec or "}" in spec:
-        raise ConfigError(f"{field}: {shown} in {text!r} nests a placeholder in its format; {_HELP}")
+        raise ConfigError(
+            f"{field}: {shown} in {text!r} nests a placeholder in its format; {_HELP}"
+        )
     directives = []
     i = 0
     while i < len(spec):
         if spec[i] == "%":
             code = spec[i + 1] if i + 1 < len(spec) else ""
             if not code:
-                raise ConfigError(f"{field}: the format of {shown} in {text!r} ends with a lone "
-                                  "%; write %% for a percent sign")
+                raise ConfigError(
+                    f"{field}: the format of {shown} in {text!r} ends with a lone "
+                    "%; write %% for a percent sign"
+                )
             if code not in DATE_DIRECTIVES:
                 raise ConfigError(
                     f"{field}: {shown} in {text!r} uses %{code}, which is not a date directive; "
-                    f"use %Y, %m, %d, %j, %V, %G, %u, %a, %A, %b, %B, %y, %U, %W, %w or %%")
+                    f"use %Y, %m, %d, %j, %V, %G, %u, %a, %A, %b, %B, %y, %U, %W, %w or %%"
+                )
             directives.append(code)
             i += 2
         else:
             i += 1
     if not [d for d in directives if d != "%"]:
-        raise ConfigError(f"{field}: the format of {shown} in {text!r} holds no strftime "
-                          f"directive; {_HELP}")
+        raise ConfigError(
+            f"{field}: the format of {shown} in {text!r} holds no strftime directive; {_HELP}"
+        )
 
 
 def placeholders(text: str, field: str = "uri") -> list[str]:
@@ -131,9 +146,11 @@ def render(text: str, run_date: dt.date, field: str = "uri") -> str:
     >>> render("s3://t/{run_date:%Y/%m/%d}/x.{{json}}", dt.date(2026, 1, 2))
     's3://t/2026/01/02/x.{json}'
     """
-    return "".join(literal + ("" if spec is None else
-                              run_date.isoformat() if spec == "" else run_date.strftime(spec))
-                   for literal, spec in _parse(text, field))
+    return "".join(
+        literal
+        + ("" if spec is None else run_date.isoformat() if spec == "" else run_date.strftime(spec))
+        for literal, spec in _parse(text, field)
+    )
 
 
 def fixed_prefix(text: str, field: str = "uri") -> str | None:

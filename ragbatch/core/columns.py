@@ -108,7 +108,9 @@ SCORES_COLUMNS: tuple[str, ...] = (
 #: Names an input slice column may not keep; a clashing slice column is renamed with
 #: :data:`SLICE_RENAME_PREFIX`.
 RESERVED: frozenset[str] = frozenset(
-    set(CANONICAL) | {ISSUES, "metric", "run_id", "run_date"} | {n for n, _ in CELL_FIELDS}
+    set(CANONICAL)
+    | {ISSUES, "metric", "run_id", "run_date"}
+    | {n for n, _ in CELL_FIELDS}
     | {n for n, _ in JUDGE_FIELDS}
 )
 SLICE_RENAME_PREFIX = "input_"

@@ -18,8 +18,10 @@ class ConfigError(RagbatchError):
         if isinstance(problems, str):
             problems = [problems]
         self.problems = list(problems)
-        text = self.problems[0] if len(self.problems) == 1 else "\n".join(
-            f"  - {p}" for p in self.problems
+        text = (
+            self.problems[0]
+            if len(self.problems) == 1
+            else "\n".join(f"  - {p}" for p in self.problems)
         )
         if len(self.problems) > 1:
             text = f"{len(self.problems)} problems in the config:\n{text}"

@@ -89,8 +89,11 @@ class HeapTrimmer:
         Trims made so far (stays 0 where the C library has no ``malloc_trim``).
     """
 
-    def __init__(self, interval_s: float | None = TRIM_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        interval_s: float | None = TRIM_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if interval_s is not None and interval_s < 0:
             raise ValueError(f"interval_s must be >= 0 or None (never), got {interval_s}")
         self.interval_s = interval_s

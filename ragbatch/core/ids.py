@@ -37,8 +37,10 @@ ID_ALPHABET = "ASCII letters, digits, '-', '_' and '.'"
 
 _ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
-_RULE = (f"use 1 to {MAX_ID_LENGTH} {ID_ALPHABET}, starting with a letter, a digit or '_' "
-         "(it names a directory under the output root)")
+_RULE = (
+    f"use 1 to {MAX_ID_LENGTH} {ID_ALPHABET}, starting with a letter, a digit or '_' "
+    "(it names a directory under the output root)"
+)
 
 
 def id_problem(value: object) -> str | None:
@@ -129,6 +131,7 @@ def id_argument(what: str) -> Callable[[str], str]:
         Returns its argument unchanged, or raises ``argparse.ArgumentTypeError`` (argparse
         then prints the message and exits with status 2).
     """
+
     def parse(text: str) -> str:
         problem = id_problem(text)
         if problem is not None:

@@ -165,8 +165,11 @@ def actor_remote_args(bundles: list[dict[str, float]]) -> dict[str, Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     group = ray.util.placement_group(bundles, strategy="STRICT_PACK")
-    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-        group, placement_group_capture_child_tasks=True)}
+    return {
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            group, placement_group_capture_child_tasks=True
+        )
+    }
 
 
 def known_accelerator_types() -> list[str]:
@@ -188,8 +191,10 @@ def accelerator_problems(engines: dict[str, Any]) -> list[str]:
         if value not in known:
             close = difflib.get_close_matches(value, known, n=3, cutoff=0.5)
             hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-            problems.append(f"engines.{name}.accelerator_type: {value!r} is not an accelerator "
-                            f"type Ray knows{hint}; see ray.util.accelerators for the names")
+            problems.append(
+                f"engines.{name}.accelerator_type: {value!r} is not an accelerator "
+                f"type Ray knows{hint}; see ray.util.accelerators for the names"
+            )
     return problems
 
 
@@ -208,9 +213,14 @@ def cluster_nodes() -> list[Node]:
     """The alive nodes of the Ray cluster this process is connected to."""
     import ray
 
-    return [Node(n["NodeID"], {k: float(v) for k, v in n.get("Resources", {}).items()
-                               if not k.startswith("node:")})
-            for n in ray.nodes() if n.get("Alive")]
+    return [
+        Node(
+            n["NodeID"],
+            {k: float(v) for k, v in n.get("Resources", {}).items() if not k.startswith("node:")},
+        )
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
 
 
 def nodes_at(address: str) -> list[Node]:
@@ -229,10 +239,18 @@ def nodes_at(address: str) -> list[Node]:
         if address.startswith(("http://", "https://")):
             from ray.util.state import list_nodes
 
-            return [Node(n.node_id, {k: float(v) for k, v in (n.resources_total or {}).items()
-                                     if not k.startswith("node:")})
-                    for n in list_nodes(address=address, limit=10_000, raise_on_missing_output=False)
-                    if n.state == "ALIVE"]
+            return [
+                Node(
+                    n.node_id,
+                    {
+                        k: float(v)
+                        for k, v in (n.resources_total or {}).items()
+                        if not k.startswith("node:")
+                    },
+                )
+                for n in list_nodes(address=address, limit=10_000, raise_on_missing_output=False)
+                if n.state == "ALIVE"
+            ]
         import ray
 
         if ray.is_initialized():
@@ -245,9 +263,11 @@ def nodes_at(address: str) -> list[Node]:
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to reach the cluster
-        raise ConfigError(f"--address {address}: cannot read the cluster's nodes: "
-                          f"{type(exc).__name__}: {str(exc)[:300]}; check the address (a "
-                          "dashboard URL such as http://head:8265, or head:6379)") from None
+        raise ConfigError(
+            f"--address {address}: cannot read the cluster's nodes: "
+            f"{type(exc).__name__}: {str(exc)[:300]}; check the address (a "
+            "dashboard URL such as http://head:8265, or head:6379)"
+        ) from None
 
 
 def local_nodes() -> list[Node]:
@@ -281,6 +301,7 @@ def _actors_fitting(need: dict[str, float], have: dict[str, float]) -> int:
 def _describe(resources: dict[str, float]) -> str:
     def amount(v: float) -> str:
         return f"{v:g}"
+
     return "{" + ", ".join(f"{k}: {amount(v)}" for k, v in sorted(resources.items())) + "}"
 
 
@@ -313,25 +334,32 @@ def fit_problems(demands: Iterable[StageDemand], nodes: list[Node]) -> list[str]
         need = d.per_actor
         capacity = sum(_actors_fitting(need, n.resources) for n in nodes)
         if not any(_fits(need, n.resources) for n in nodes):
-            problems.append(f"stage {d.stage}: one actor needs {_describe(need)}, but no node has "
-                            f"that; the largest amounts on one node: {_largest(need, nodes)}")
+            problems.append(
+                f"stage {d.stage}: one actor needs {_describe(need)}, but no node has "
+                f"that; the largest amounts on one node: {_largest(need, nodes)}"
+            )
         elif capacity < d.min_actors:
-            problems.append(f"stage {d.stage}: concurrency asks for at least {d.min_actors} actors "
-                            f"of {_describe(need)}, but the nodes hold {capacity} at most")
+            problems.append(
+                f"stage {d.stage}: concurrency asks for at least {d.min_actors} actors "
+                f"of {_describe(need)}, but the nodes hold {capacity} at most"
+            )
     if problems:
         return problems
     free, left_out = _pack(demands, nodes)
     if left_out is not None:
         total = _sum(x.per_actor for x in demands for _ in range(x.min_actors))
-        return [f"the actor stages together need {_describe(total)} for their smallest "
-                f"pools ({', '.join(f'{x.stage} x{x.min_actors}' for x in demands)}), "
-                f"but the nodes cannot hold them all at once; stage {left_out.stage} is left "
-                "without room. Lower concurrency or num_cpus/num_gpus, or add nodes"]
+        return [
+            f"the actor stages together need {_describe(total)} for their smallest "
+            f"pools ({', '.join(f'{x.stage} x{x.min_actors}' for x in demands)}), "
+            f"but the nodes cannot hold them all at once; stage {left_out.stage} is left "
+            "without room. Lower concurrency or num_cpus/num_gpus, or add nodes"
+        ]
     return problems
 
 
-def _pack(demands: list[StageDemand],
-          nodes: list[Node]) -> tuple[dict[str, dict[str, float]], StageDemand | None]:
+def _pack(
+    demands: list[StageDemand], nodes: list[Node]
+) -> tuple[dict[str, dict[str, float]], StageDemand | None]:
     """Place every stage's smallest pool first-fit, largest GPU need first: the resources
     left on each node, and the first stage that found no room (None when all fit)."""
     free = {n.node_id: dict(n.resources) for n in nodes}
@@ -391,8 +419,10 @@ def read_task_problem(demands: Iterable[StageDemand], nodes: list[Node]) -> str 
         return None
     total = sum(n.resources.get("CPU", 0.0) for n in nodes)
     spare = free_cpus_after(demands, nodes)
-    return (f"the actor stages' smallest pools hold {round(total - spare, _PRECISION):g} of the "
-            f"{total:g} CPUs and leave no node a whole CPU ({max(spare, 0):g} left in all): "
-            "the read, expression and write tasks need 1 CPU each on one node and would wait "
-            "for the actors forever. Lower an engine's concurrency or its num_cpus (fractions "
-            "such as 0.5 are allowed)")
+    return (
+        f"the actor stages' smallest pools hold {round(total - spare, _PRECISION):g} of the "
+        f"{total:g} CPUs and leave no node a whole CPU ({max(spare, 0):g} left in all): "
+        "the read, expression and write tasks need 1 CPU each on one node and would wait "
+        "for the actors forever. Lower an engine's concurrency or its num_cpus (fractions "
+        "such as 0.5 are allowed)"
+    )

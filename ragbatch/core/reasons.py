@@ -44,7 +44,11 @@ def quote(value: Any, allowed: bool = True) -> str:
     """
     if not allowed:
         return NOT_QUOTED
-    text = repr(value) if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = (
+        repr(value)
+        if isinstance(value, str)
+        else json.dumps(value, ensure_ascii=False, default=str)
+    )
     return cut(text)
 
 

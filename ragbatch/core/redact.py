@@ -33,10 +33,24 @@ REDACTED = "***"
 #: A key holding one of these words anywhere in its name holds a credential
 #: (``aws_secret_access_key``, ``client_secret``, ``sas_token``, ``aws_session_token``,
 #: ``X-Amz-Security-Token``, ``Authorization``, ``X-Amz-Credential``, ``sig``).
-CREDENTIAL_WORDS = frozenset({
-    "secret", "password", "passwd", "pwd", "passphrase", "token", "credential",
-    "credentials", "authorization", "cookie", "apikey", "signature", "sig", "sas",
-})
+CREDENTIAL_WORDS = frozenset(
+    {
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "passphrase",
+        "token",
+        "credential",
+        "credentials",
+        "authorization",
+        "cookie",
+        "apikey",
+        "signature",
+        "sig",
+        "sas",
+    }
+)
 #: A key whose last word is one of these holds a credential (``key``, ``api_key``,
 #: ``account_key``, ``private_key``, ``X-Api-Key``, ``auth``, ``db_pass``); a key
 #: where the word comes earlier (``key_prefix``, ``api_key_env``) does not.
@@ -44,8 +58,9 @@ CREDENTIAL_LAST_WORDS = frozenset({"key", "keys", "auth", "pass"})
 #: Whole key names (words joined with ``_``) that hold credentials without such a word:
 #: connection strings, and the ids that name a key (an access key id is half of the
 #: pair that signs requests, recorded nowhere else).
-CREDENTIAL_NAMES = frozenset({"connection_string", "conn_str", "dsn", "aws_access_key_id",
-                              "access_key_id", "private_key_id"})
+CREDENTIAL_NAMES = frozenset(
+    {"connection_string", "conn_str", "dsn", "aws_access_key_id", "access_key_id", "private_key_id"}
+)
 
 _CAMEL = (re.compile(r"([A-Z]+)([A-Z][a-z])"), re.compile(r"([a-z0-9])([A-Z])"))
 #: fsspec's chain separator: ``::`` before a protocol (not the ``::`` of an IPv6 host).
@@ -81,8 +96,11 @@ def is_credential_key(name: Any) -> bool:
     words = key_words(name)
     if not words:
         return False
-    return (any(w in CREDENTIAL_WORDS for w in words) or words[-1] in CREDENTIAL_LAST_WORDS
-            or "_".join(words) in CREDENTIAL_NAMES)
+    return (
+        any(w in CREDENTIAL_WORDS for w in words)
+        or words[-1] in CREDENTIAL_LAST_WORDS
+        or "_".join(words) in CREDENTIAL_NAMES
+    )
 
 
 def redact_url(url: str) -> str:

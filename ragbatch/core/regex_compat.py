@@ -82,8 +82,7 @@ _BOUNDARY_REASON = (
     "\\w differs from Python's (e.g. combining marks)"
 )
 _DOLLAR_REASON = (
-    "'$' without MULTILINE also matches just before a final newline in "
-    "Python but not in " + _ENGINE
+    "'$' without MULTILINE also matches just before a final newline in Python but not in " + _ENGINE
 )
 _SCOPED_TYPE_REASON = (
     "a scoped (?a:...) or (?u:...) group: Python checks the first character "
@@ -355,9 +354,7 @@ def _rust_class(ranges: tuple[tuple[int, int], ...]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _code_point_ranges(
-    python_pattern: str, flags: int
-) -> tuple[tuple[int, int], ...]:
+def _code_point_ranges(python_pattern: str, flags: int) -> tuple[tuple[int, int], ...]:
     """Code point ranges that Python's one-character ``python_pattern`` accepts.
 
     The universe string lists every code point in order, so a maximal run of

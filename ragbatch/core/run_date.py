@@ -26,8 +26,9 @@ def yesterday_utc(now: dt.datetime | None = None) -> dt.date:
     return today_utc(now) - dt.timedelta(days=1)
 
 
-def choose_run_date(*given: dt.date | None, nightly: bool = False,
-                    now: dt.datetime | None = None) -> dt.date:
+def choose_run_date(
+    *given: dt.date | None, nightly: bool = False, now: dt.datetime | None = None
+) -> dt.date:
     """The run date: the first of ``given`` that is not None, else the default.
 
     Parameters

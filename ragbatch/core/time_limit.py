@@ -43,8 +43,9 @@ class _TimedOut:
 TIMED_OUT: Any = _TimedOut()
 
 
-def map_with_time_limit(fn: Callable[[Any], Any], items: Sequence[Any],
-                        limit_s: float) -> list[Any]:
+def map_with_time_limit(
+    fn: Callable[[Any], Any], items: Sequence[Any], limit_s: float
+) -> list[Any]:
     """``[fn(x) for x in items]``, with each call limited to ``limit_s`` seconds.
 
     Parameters
@@ -86,8 +87,9 @@ FLUSH_S = 0.01
 CHUNK = 512
 
 
-def _run_child(fn: Callable[[Any], Any], items: Sequence[Any], start: int, limit_s: float,
-               chunked: bool) -> tuple[list[Any], bool]:
+def _run_child(
+    fn: Callable[[Any], Any], items: Sequence[Any], start: int, limit_s: float, chunked: bool
+) -> tuple[list[Any], bool]:
     """Results of ``items[start:]`` from one child, up to the first item that times out
     or kills the child; and whether a chunked child stalled or died (nothing is known
     about the items it had not reported)."""
@@ -124,8 +126,9 @@ def _run_child(fn: Callable[[Any], Any], items: Sequence[Any], start: int, limit
     return out, stalled
 
 
-def _serve(fn: Callable[[Any], Any], items: Sequence[Any], start: int, sender: Any,
-           chunked: bool) -> None:
+def _serve(
+    fn: Callable[[Any], Any], items: Sequence[Any], start: int, sender: Any, chunked: bool
+) -> None:
     try:
         buffer: list[tuple[str, Any]] = []
         last = time.monotonic()

@@ -110,8 +110,7 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 from ragbatch.config.job import OpenAIEngine
 from ragbatch.core.errors import EngineError
-from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
-                                     TokenLogprob)
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.redact import redact_url
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
@@ -166,8 +165,14 @@ class _Counters:
 class _Failure(Exception):
     """One failed attempt, classified."""
 
-    def __init__(self, message: str, retryable: bool, timed_out: bool = False,
-                 retry_after: float | None = None, context: bool = False):
+    def __init__(
+        self,
+        message: str,
+        retryable: bool,
+        timed_out: bool = False,
+        retry_after: float | None = None,
+        context: bool = False,
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.timed_out = timed_out
@@ -180,8 +185,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="ragbatch-openai-engine",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="ragbatch-openai-engine", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
@@ -301,7 +307,8 @@ class OpenAIJudgeEngine(JudgeEngine):
         api_key = _api_key(spec)
         read = spec.request_timeout_s
         self._timeout = self._openai.Timeout(
-            read, connect=min(CONNECT_TIMEOUT_S, read or CONNECT_TIMEOUT_S))
+            read, connect=min(CONNECT_TIMEOUT_S, read or CONNECT_TIMEOUT_S)
+        )
         self._counters = _Counters()
         self._tokenizer: Any = None
         self.token_counter = "none"
@@ -320,8 +327,12 @@ class OpenAIJudgeEngine(JudgeEngine):
         except BaseException:
             self.close()
             raise
-        logger.info("openai engine %s: max_model_len=%d, prompt tokens counted by %s",
-                    self.model_id, self.max_model_len, self.token_counter)
+        logger.info(
+            "openai engine %s: max_model_len=%d, prompt tokens counted by %s",
+            self.model_id,
+            self.max_model_len,
+            self.token_counter,
+        )
 
     # ------------------------------------------------------------------ loading
 
@@ -331,14 +342,16 @@ class OpenAIJudgeEngine(JudgeEngine):
         # One semaphore for the engine, so that complete() calls from several threads
         # together stay within max_concurrency.
         self._semaphore = asyncio.Semaphore(self.spec.max_concurrency)
-        return self._openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key,
-                                        max_retries=0, timeout=self._timeout)
+        return self._openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=api_key, max_retries=0, timeout=self._timeout
+        )
 
     async def _probe_model(self) -> dict[str, Any]:
         openai = self._openai
         try:
             page = await self._client.models.list(
-                timeout=self._openai.Timeout(LOAD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+                timeout=self._openai.Timeout(LOAD_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+            )
             cards = [m.model_dump() for m in page.data]
         except openai.APIStatusError as exc:
             raise EngineError(
@@ -389,12 +402,16 @@ class OpenAIJudgeEngine(JudgeEngine):
         try:
             count = await self._server_count([{"role": "user", "content": "ping"}])
         except Exception as exc:
-            logger.info("no usable /tokenize endpoint at %s (%s); prompt lengths are checked "
-                        "by the server", _server_root(self.public_url), _describe_exception(exc))
+            logger.info(
+                "no usable /tokenize endpoint at %s (%s); prompt lengths are checked by the server",
+                _server_root(self.public_url),
+                _describe_exception(exc),
+            )
             return False
         try:  # some chat templates refuse a system message
-            pair = await self._server_count([{"role": "system", "content": "ping"},
-                                             {"role": "user", "content": "ping"}])
+            pair = await self._server_count(
+                [{"role": "system", "content": "ping"}, {"role": "user", "content": "ping"}]
+            )
         except Exception:
             pair = 0
         self._chat_overhead = max(count, pair)
@@ -444,8 +461,12 @@ class OpenAIJudgeEngine(JudgeEngine):
         ``"logprobs": false`` when the engine asks for none (its cached replies hold no
         logprobs, so they must not serve an engine that asks); the seed travels with each
         request."""
-        key = {"engine": "openai", "temperature": self.spec.temperature,
-               "top_p": self.spec.top_p, "structured_outputs": self.spec.structured_outputs}
+        key = {
+            "engine": "openai",
+            "temperature": self.spec.temperature,
+            "top_p": self.spec.top_p,
+            "structured_outputs": self.spec.structured_outputs,
+        }
         if not self.spec.logprobs:
             key["logprobs"] = False
         return key
@@ -498,8 +519,9 @@ class OpenAIJudgeEngine(JudgeEngine):
         budget = self.spec.batch_timeout_s
         deadline = None if budget is None else loop.time() + budget
         self._counters.requests += len(requests)
-        tasks = [asyncio.ensure_future(self._complete_one(r, semaphore, deadline))
-                 for r in requests]
+        tasks = [
+            asyncio.ensure_future(self._complete_one(r, semaphore, deadline)) for r in requests
+        ]
         done, pending = await asyncio.wait(tasks, timeout=budget)
         for task in pending:
             task.cancel()
@@ -508,8 +530,12 @@ class OpenAIJudgeEngine(JudgeEngine):
         out: list[Completion] = []
         for task in tasks:
             if task in pending or task.cancelled():
-                out.append(Completion(status=TIMEOUT, error=(
-                    f"no reply within batch_timeout_s={budget} s for the whole batch")))
+                out.append(
+                    Completion(
+                        status=TIMEOUT,
+                        error=(f"no reply within batch_timeout_s={budget} s for the whole batch"),
+                    )
+                )
             elif task.exception() is not None:
                 exc = task.exception()
                 out.append(Completion(status=JUDGE_ERROR, error=_describe_exception(exc)))
@@ -540,17 +566,21 @@ class OpenAIJudgeEngine(JudgeEngine):
             return output.max_tokens + CHOICE_WRAPPER_TOKENS
         return output.max_tokens
 
-    async def _complete_one(self, request: EngineRequest, semaphore: asyncio.Semaphore,
-                            deadline: float | None) -> Completion:
+    async def _complete_one(
+        self, request: EngineRequest, semaphore: asyncio.Semaphore, deadline: float | None
+    ) -> Completion:
         messages = [m.as_dict() for m in request.messages]
         max_tokens = self._max_tokens(request.output)
         async with semaphore:
             prompt_tokens = await self._count_prompt(messages, max_tokens)
             if prompt_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
                 return Completion(
-                    status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens,
-                    error=(f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
-                           f"that exceeds max_model_len={self.max_model_len}"),
+                    status=CONTEXT_TOO_LONG,
+                    prompt_tokens=prompt_tokens,
+                    error=(
+                        f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
+                        f"that exceeds max_model_len={self.max_model_len}"
+                    ),
                 )
             body = self._request_body(request, messages)
             return await self._send_with_retries(body, request, prompt_tokens or 0, deadline)
@@ -573,9 +603,9 @@ class OpenAIJudgeEngine(JudgeEngine):
         # The client's generic POST: same connection pool and API key; an absolute URL
         # replaces base_url, since vLLM serves /tokenize outside /v1.
         body = await self._client.post(
-            _server_root(self.base_url) + "/tokenize", cast_to=object,
-            body={"model": self.spec.model, "messages": messages,
-                  "add_generation_prompt": True},
+            _server_root(self.base_url) + "/tokenize",
+            cast_to=object,
+            body={"model": self.spec.model, "messages": messages, "add_generation_prompt": True},
         )
         if not isinstance(body, dict):
             raise ValueError(f"reply is not a JSON object: {body!r:.200}")
@@ -587,14 +617,17 @@ class OpenAIJudgeEngine(JudgeEngine):
             count = len(tokens)
         return count
 
-    def _request_body(self, request: EngineRequest,
-                      messages: list[dict[str, str]]) -> dict[str, Any]:
+    def _request_body(
+        self, request: EngineRequest, messages: list[dict[str, str]]
+    ) -> dict[str, Any]:
         """The JSON body of the chat-completions request."""
         output = request.output
         body: dict[str, Any] = {
-            "model": self.spec.model, "messages": messages,
+            "model": self.spec.model,
+            "messages": messages,
             "max_tokens": self._max_tokens(output),
-            "temperature": self.spec.temperature, "top_p": self.spec.top_p,
+            "temperature": self.spec.temperature,
+            "top_p": self.spec.top_p,
             "seed": request.seed,
         }
         if self.spec.structured_outputs == "vllm":
@@ -614,8 +647,13 @@ class OpenAIJudgeEngine(JudgeEngine):
             body["top_logprobs"] = output.logprobs
         return body
 
-    async def _send_with_retries(self, body: dict[str, Any], request: EngineRequest,
-                                 prompt_tokens: int, deadline: float | None) -> Completion:
+    async def _send_with_retries(
+        self,
+        body: dict[str, Any],
+        request: EngineRequest,
+        prompt_tokens: int,
+        deadline: float | None,
+    ) -> Completion:
         loop = asyncio.get_running_loop()
         attempts = self.spec.max_retries + 1
         failure: _Failure | None = None
@@ -630,30 +668,37 @@ class OpenAIJudgeEngine(JudgeEngine):
             else:
                 return self._to_completion(reply, request)
             if failure.context:
-                return Completion(status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens,
-                                  error=str(failure))
+                return Completion(
+                    status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens, error=str(failure)
+                )
             if not failure.retryable or attempt == attempts - 1:
                 break
             wait = failure.retry_after
             if wait is None:
-                wait = self.spec.backoff_s * 2 ** attempt * random.uniform(0.5, 1.5)
+                wait = self.spec.backoff_s * 2**attempt * random.uniform(0.5, 1.5)
             if deadline is not None and loop.time() + wait >= deadline:
                 break
             await asyncio.sleep(wait)
         assert failure is not None
         tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
         if failure.timed_out:
-            return Completion(status=TIMEOUT, prompt_tokens=prompt_tokens, error=(
-                f"no reply within request_timeout_s={self.spec.request_timeout_s} s "
-                f"({tries})"))
-        return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
-                          error=f"{failure} ({tries})")
+            return Completion(
+                status=TIMEOUT,
+                prompt_tokens=prompt_tokens,
+                error=(
+                    f"no reply within request_timeout_s={self.spec.request_timeout_s} s ({tries})"
+                ),
+            )
+        return Completion(
+            status=JUDGE_ERROR, prompt_tokens=prompt_tokens, error=f"{failure} ({tries})"
+        )
 
     def _classify(self, exc: BaseException) -> _Failure:
         openai = self._openai
         if isinstance(exc, openai.APITimeoutError):
-            return _Failure(f"timed out: {_describe_exception(exc)}", retryable=True,
-                            timed_out=True)
+            return _Failure(
+                f"timed out: {_describe_exception(exc)}", retryable=True, timed_out=True
+            )
         if isinstance(exc, openai.APIConnectionError):
             return _Failure(f"connection error: {_describe_exception(exc)}", retryable=True)
         if isinstance(exc, openai.APIStatusError):
@@ -661,19 +706,21 @@ class OpenAIJudgeEngine(JudgeEngine):
             message = _status_message(exc)
             text = f"HTTP {status}: {message}"
             if status == 429 or status >= 500:
-                return _Failure(text, retryable=True,
-                                retry_after=_parse_retry_after(exc.response.headers))
+                return _Failure(
+                    text, retryable=True, retry_after=_parse_retry_after(exc.response.headers)
+                )
             if status in (400, 413, 422) and _CONTEXT_MESSAGE.search(message):
                 return _Failure(text, retryable=False, context=True)
             return _Failure(text, retryable=False)
-        return _Failure(f"bad reply from the server: {_describe_exception(exc)}",
-                        retryable=False)
+        return _Failure(f"bad reply from the server: {_describe_exception(exc)}", retryable=False)
 
     def _to_completion(self, reply: Any, request: EngineRequest) -> Completion:
         """The completion of a chat-completions reply body (parsed JSON)."""
         if not isinstance(reply, dict):
-            return Completion(status=JUDGE_ERROR,
-                              error=f"bad reply from the server: not a JSON object: {reply!r:.200}")
+            return Completion(
+                status=JUDGE_ERROR,
+                error=f"bad reply from the server: not a JSON object: {reply!r:.200}",
+            )
         usage = _mapping(reply.get("usage"))
         prompt_tokens = _count(usage.get("prompt_tokens"))
         completion_tokens = _count(usage.get("completion_tokens"))
@@ -682,26 +729,42 @@ class OpenAIJudgeEngine(JudgeEngine):
         choices = reply.get("choices")
         first = _mapping(choices[0]) if isinstance(choices, list) and choices else None
         if first is None:
-            return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
-                              completion_tokens=completion_tokens, cached_prompt_tokens=cached,
-                              error="bad reply from the server: no choices")
+            return Completion(
+                status=JUDGE_ERROR,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cached_prompt_tokens=cached,
+                error="bad reply from the server: no choices",
+            )
         message = _mapping(first.get("message"))
         text = message.get("content")
         finish = first.get("finish_reason")
         finish = finish if isinstance(finish, str) else None
         if not isinstance(text, str):
             refusal = message.get("refusal")
-            return Completion(status=JUDGE_ERROR, prompt_tokens=prompt_tokens,
-                              completion_tokens=completion_tokens, cached_prompt_tokens=cached,
-                              finish_reason=finish,
-                              error=f"the reply has no content (refusal: {refusal!r})")
-        if (self.spec.structured_outputs == "response_format" and request.output.choice
-                is not None and finish == "stop"):
+            return Completion(
+                status=JUDGE_ERROR,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cached_prompt_tokens=cached,
+                finish_reason=finish,
+                error=f"the reply has no content (refusal: {refusal!r})",
+            )
+        if (
+            self.spec.structured_outputs == "response_format"
+            and request.output.choice is not None
+            and finish == "stop"
+        ):
             text = _unwrap_choice(text)
-        return Completion(status=OK, text=text, finish_reason=finish,
-                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          cached_prompt_tokens=cached,
-                          logprobs=_token_logprobs(first) if request.output.logprobs else None)
+        return Completion(
+            status=OK,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_prompt_tokens=cached,
+            logprobs=_token_logprobs(first) if request.output.logprobs else None,
+        )
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -727,10 +790,11 @@ def _token_logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...] | None:
         token, logprob = item.get("token"), item.get("logprob")
         if not isinstance(token, str) or not isinstance(logprob, (int, float)):
             return None
-        top = [(_mapping(t).get("token"), _mapping(t).get("logprob"))
-               for t in item.get("top_logprobs") or []]
-        top = [(t, float(v)) for t, v in top
-               if isinstance(t, str) and isinstance(v, (int, float))]
+        top = [
+            (_mapping(t).get("token"), _mapping(t).get("logprob"))
+            for t in item.get("top_logprobs") or []
+        ]
+        top = [(t, float(v)) for t, v in top if isinstance(t, str) and isinstance(v, (int, float))]
         out.append(TokenLogprob(token, float(logprob), tuple(top)))
     return tuple(out)
 

@@ -54,8 +54,19 @@ CARD_IIN_PATTERN = (
 
 #: Words that label a phone number when they stand right before it.
 PHONE_LABELS = (
-    "phone", "telephone", "tel", "mobile", "cell", "cellphone", "fax", "call me on",
-    "call me at", "call", "whatsapp", "sms", "text me at",
+    "phone",
+    "telephone",
+    "tel",
+    "mobile",
+    "cell",
+    "cellphone",
+    "fax",
+    "call me on",
+    "call me at",
+    "call",
+    "whatsapp",
+    "sms",
+    "text me at",
 )
 
 #: Presidio recognizers that only read entities from the NLP engine's own NER; they are
@@ -126,7 +137,9 @@ def resolve_overlaps(findings: Sequence[Finding]) -> list[Finding]:
     for f in findings:
         rank = (f.score, f.end - f.start)
         beaten = any(
-            g.entity_type != f.entity_type and g.start < f.end and f.start < g.end
+            g.entity_type != f.entity_type
+            and g.start < f.end
+            and f.start < g.end
             and (g.score, g.end - g.start) > rank
             for g in findings
         )
@@ -160,16 +173,20 @@ def ner_labels(model_dir: str | Path, backend: str = "auto") -> tuple[str, list[
     """
     path = Path(model_dir).expanduser()
     if not path.is_dir():
-        raise EngineError(f"ner_model {str(model_dir)!r} is not a directory; give a local "
-                          "spaCy pipeline or transformers model directory")
+        raise EngineError(
+            f"ner_model {str(model_dir)!r} is not a directory; give a local "
+            "spaCy pipeline or transformers model directory"
+        )
     if backend == "auto":
         if (path / "meta.json").is_file() and (path / "config.cfg").is_file():
             backend = "spacy"
         elif (path / "config.json").is_file():
             backend = "transformers"
         else:
-            raise EngineError(f"ner_model {str(path)!r} holds neither a spaCy pipeline "
-                              "(meta.json, config.cfg) nor a transformers model (config.json)")
+            raise EngineError(
+                f"ner_model {str(path)!r} holds neither a spaCy pipeline "
+                "(meta.json, config.cfg) nor a transformers model (config.json)"
+            )
     name = "meta.json" if backend == "spacy" else "config.json"
     try:
         data = json.loads((path / name).read_text(encoding="utf-8"))
@@ -178,8 +195,10 @@ def ner_labels(model_dir: str | Path, backend: str = "auto") -> tuple[str, list[
         else:
             raw = [str(v) for v in (data.get("id2label") or {}).values()]
     except (OSError, ValueError, AttributeError) as exc:
-        raise EngineError(f"ner_model {str(path)!r}: cannot read the labels from {name} "
-                          f"({type(exc).__name__}: {exc}); is it a {backend} model directory?") from None
+        raise EngineError(
+            f"ner_model {str(path)!r}: cannot read the labels from {name} "
+            f"({type(exc).__name__}: {exc}); is it a {backend} model directory?"
+        ) from None
     if not raw:
         raise EngineError(f"ner_model {str(path)!r}: {name} lists no entity labels")
     labels = [re.sub(r"^[BIELSU]-", "", label) for label in raw]
@@ -214,8 +233,7 @@ def _offline_email_recognizer(language: str) -> Any:
     from presidio_analyzer.predefined_recognizers import EmailRecognizer
 
     # The bundled public-suffix snapshot only: no suffix-list URLs, no cache directory.
-    extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None,
-                                    fallback_to_snapshot=True)
+    extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None, fallback_to_snapshot=True)
 
     class OfflineEmailRecognizer(EmailRecognizer):
         """Presidio's email recognizer with its domain check kept on this machine."""
@@ -232,15 +250,17 @@ def _card_iin_recognizer(language: str) -> Any:
 
     return CreditCardRecognizer(
         patterns=[Pattern("card number (issuer ranges)", CARD_IIN_PATTERN, 0.3)],
-        supported_language=language, name="CardIssuerRangeRecognizer",
+        supported_language=language,
+        name="CardIssuerRangeRecognizer",
     )
 
 
 def _labelled_phone_recognizer(language: str) -> Any:
     from presidio_analyzer import LocalRecognizer, RecognizerResult
 
-    labels = "|".join(re.escape(w).replace(r"\ ", r"\s+")
-                      for w in sorted(PHONE_LABELS, key=len, reverse=True))
+    labels = "|".join(
+        re.escape(w).replace(r"\ ", r"\s+") for w in sorted(PHONE_LABELS, key=len, reverse=True)
+    )
     candidate = re.compile(
         rf"(?i)\b(?:{labels})\b[ \t]*(?:number|no\.?|#)?[ \t]*[:.]?\s{{0,2}}"
         r"(?P<number>\+?\(?\d[\d\-. ()]{5,22}\d)(?![\d\w])"
@@ -263,15 +283,25 @@ def _labelled_phone_recognizer(language: str) -> Any:
                 digits = sum(ch.isdigit() for ch in number)
                 if not 7 <= digits <= 15 or date_like.match(number):
                     continue
-                results.append(RecognizerResult(
-                    "PHONE_NUMBER", match.start("number"), match.end("number"), self.SCORE,
-                    recognition_metadata={RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
-                                          RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id},
-                ))
+                results.append(
+                    RecognizerResult(
+                        "PHONE_NUMBER",
+                        match.start("number"),
+                        match.end("number"),
+                        self.SCORE,
+                        recognition_metadata={
+                            RecognizerResult.RECOGNIZER_NAME_KEY: self.name,
+                            RecognizerResult.RECOGNIZER_IDENTIFIER_KEY: self.id,
+                        },
+                    )
+                )
             return results
 
-    return LabelledPhoneRecognizer(supported_entities=["PHONE_NUMBER"],
-                                   supported_language=language, name="LabelledPhoneRecognizer")
+    return LabelledPhoneRecognizer(
+        supported_entities=["PHONE_NUMBER"],
+        supported_language=language,
+        name="LabelledPhoneRecognizer",
+    )
 
 
 def _quiet_presidio() -> None:
@@ -292,8 +322,11 @@ def _pattern_recognizers(spec: PresidioEngine) -> list[Any]:
     replaced = (*_NLP_RECOGNIZERS, "EmailRecognizer", "PhoneRecognizer")
     out = [r for r in registry.recognizers if type(r).__name__ not in replaced]
     out.append(_offline_email_recognizer(spec.language))
-    out.append(PhoneRecognizer(supported_language=spec.language,
-                               supported_regions=tuple(spec.phone_regions)))
+    out.append(
+        PhoneRecognizer(
+            supported_language=spec.language, supported_regions=tuple(spec.phone_regions)
+        )
+    )
     out.append(_labelled_phone_recognizer(spec.language))
     out.append(_card_iin_recognizer(spec.language))
     return out
@@ -327,8 +360,10 @@ def _check_language(language: str) -> None:
     try:
         spacy.util.get_lang_class(language)
     except Exception:  # noqa: BLE001 - spaCy raises ImportError or its own error
-        raise EngineError(f"language {language!r}: spaCy has no such language; use an ISO "
-                          "639-1 code such as en, de or es") from None
+        raise EngineError(
+            f"language {language!r}: spaCy has no such language; use an ISO "
+            "639-1 code such as en, de or es"
+        ) from None
 
 
 def reachable_entities(spec: PresidioEngine) -> dict[str, float]:
@@ -338,8 +373,7 @@ def reachable_entities(spec: PresidioEngine) -> dict[str, float]:
     best = _max_scores(_pattern_recognizers(spec))
     backend, mapping = ner_entities(spec)
     for entity in mapping.values():
-        best[entity] = max(best.get(entity, 0.0),
-                           _SPACY_NER_SCORE if backend == "spacy" else 1.0)
+        best[entity] = max(best.get(entity, 0.0), _SPACY_NER_SCORE if backend == "spacy" else 1.0)
     return best
 
 
@@ -377,8 +411,10 @@ def unsupported_reason(spec: PresidioEngine, entity: str) -> str:
     """Why ``entity`` is not among :func:`supported_entities` (for error messages)."""
     best = reachable_entities(spec)
     if entity in best and best[entity] < spec.score_threshold:
-        return (f"{entity} scores at most {best[entity]:g}, below score_threshold "
-                f"{spec.score_threshold:g}")
+        return (
+            f"{entity} scores at most {best[entity]:g}, below score_threshold "
+            f"{spec.score_threshold:g}"
+        )
     if entity in best:
         return f"{entity} is not in the engine's entity_types"
     if entity in ("PERSON", "LOCATION", "ORGANIZATION", "NRP"):
@@ -403,8 +439,11 @@ def describe_detectors(spec: PresidioEngine) -> dict[str, Any]:
     return {
         "language": spec.language,
         "score_threshold": spec.score_threshold,
-        "nlp": ("blank spaCy tokenizer" if backend is None
-                else {"backend": backend, "model": spec.ner_model, "labels": mapping}),
+        "nlp": (
+            "blank spaCy tokenizer"
+            if backend is None
+            else {"backend": backend, "model": spec.ner_model, "labels": mapping}
+        ),
         "recognizers": recognizers,
         "entities": supported_entities(spec),
         "entity_types": spec.entity_types,
@@ -452,13 +491,16 @@ class PiiDetector:
         if backend is not None:
             registry.add_recognizer(self._ner_recognizer(spec, backend, mapping))
         self.analyzer = AnalyzerEngine(
-            registry=registry, nlp_engine=nlp_engine, supported_languages=[spec.language],
+            registry=registry,
+            nlp_engine=nlp_engine,
+            supported_languages=[spec.language],
             default_score_threshold=spec.score_threshold,
         )
         self.entities = supported_entities(spec)
         version = metadata.version("presidio-analyzer")
         self.model_id = f"presidio-analyzer=={version}" + (
-            f"+ner:{spec.ner_model}" if backend else "")
+            f"+ner:{spec.ner_model}" if backend else ""
+        )
 
     @staticmethod
     def _nlp_engine(spec: PresidioEngine, backend: str | None, mapping: dict[str, str]) -> Any:
@@ -470,9 +512,12 @@ class PiiDetector:
             _, labels = ner_labels(model_path, "spacy")
             config = NerModelConfiguration(
                 model_to_presidio_entity_mapping=mapping,
-                labels_to_ignore=[label for label in labels if label not in mapping])
-            engine = SpacyNlpEngine(models=[{"lang_code": spec.language, "model_name": model_path}],
-                                    ner_model_configuration=config)
+                labels_to_ignore=[label for label in labels if label not in mapping],
+            )
+            engine = SpacyNlpEngine(
+                models=[{"lang_code": spec.language, "model_name": model_path}],
+                ner_model_configuration=config,
+            )
             try:
                 engine.nlp = {spec.language: spacy.load(model_path)}
             except Exception as exc:  # noqa: BLE001 - any load failure is reported the same way
@@ -482,7 +527,9 @@ class PiiDetector:
         try:
             blank = spacy.blank(spec.language)
         except Exception as exc:  # noqa: BLE001
-            raise EngineError(f"language {spec.language!r}: spaCy has no tokenizer for it: {exc}") from exc
+            raise EngineError(
+                f"language {spec.language!r}: spaCy has no tokenizer for it: {exc}"
+            ) from exc
         blank.max_length = 50_000_000  # a tokenizer alone: long texts cost time, not memory
         engine.nlp = {spec.language: blank}
         return engine
@@ -498,14 +545,18 @@ class PiiDetector:
 
         try:
             recognizer = HuggingFaceNerRecognizer(
-                supported_entities=entities, supported_language=spec.language,
+                supported_entities=entities,
+                supported_language=spec.language,
                 model_name=str(Path(spec.ner_model).expanduser()),  # type: ignore[arg-type]
-                label_mapping=mapping, threshold=spec.score_threshold, device="cpu",
+                label_mapping=mapping,
+                threshold=spec.score_threshold,
+                device="cpu",
             )
             recognizer.load()
         except Exception as exc:  # noqa: BLE001
-            raise EngineError(f"ner_model {spec.ner_model!r}: transformers cannot load it: "
-                              f"{exc}") from exc
+            raise EngineError(
+                f"ner_model {spec.ner_model!r}: transformers cannot load it: {exc}"
+            ) from exc
         return recognizer
 
     def find(self, texts: Sequence[str], entities: Sequence[str]) -> list[list[Finding] | str]:
@@ -533,15 +584,24 @@ class PiiDetector:
         for text in unique:
             try:
                 results = self.analyzer.analyze(
-                    cleaned[text], language=self.spec.language, entities=list(entities),
+                    cleaned[text],
+                    language=self.spec.language,
+                    entities=list(entities),
                     nlp_artifacts=artifacts.get(cleaned[text]),
                 )
             except Exception as exc:  # noqa: BLE001 - a per-text failure becomes that row's status
                 found[text] = f"{type(exc).__name__}: {exc}"
                 continue
-            findings = [Finding(r.entity_type, r.start, r.end, float(r.score),
-                                (r.recognition_metadata or {}).get("recognizer_name", ""))
-                        for r in results]
+            findings = [
+                Finding(
+                    r.entity_type,
+                    r.start,
+                    r.end,
+                    float(r.score),
+                    (r.recognition_metadata or {}).get("recognizer_name", ""),
+                )
+                for r in results
+            ]
             found[text] = sorted(resolve_overlaps(findings), key=lambda f: (f.start, f.end))
         return [found[t] for t in texts]
 
@@ -550,8 +610,12 @@ class PiiDetector:
         failure, empty, so that each text is processed (and fails) on its own."""
         engine = self.analyzer.nlp_engine
         try:
-            return {text: art for text, art in engine.process_batch(
-                texts, language=self.spec.language, batch_size=64)}
+            return {
+                text: art
+                for text, art in engine.process_batch(
+                    texts, language=self.spec.language, batch_size=64
+                )
+            }
         except Exception as exc:  # noqa: BLE001
             logger.warning("PII: batched NLP pass failed (%s); analyzing texts one by one", exc)
             return {}

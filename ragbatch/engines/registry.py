@@ -99,12 +99,16 @@ class EngineType:
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_KINDS:
-            raise ValueError(f"engine type {self.name!r}: stage {self.stage!r} is not one of "
-                             f"{', '.join(STAGE_KINDS)}")
+            raise ValueError(
+                f"engine type {self.name!r}: stage {self.stage!r} is not one of "
+                f"{', '.join(STAGE_KINDS)}"
+            )
         tag = getattr(self.spec, "model_fields", {}).get("type")
         if tag is None or getattr(tag.annotation, "__args__", None) != (self.name,):
-            raise ValueError(f"engine type {self.name!r}: {self.spec.__name__} needs a field "
-                             f"`type: Literal[{self.name!r}]`")
+            raise ValueError(
+                f"engine type {self.name!r}: {self.spec.__name__} needs a field "
+                f"`type: Literal[{self.name!r}]`"
+            )
 
     def _hook(self, ref: Hook) -> Callable[..., Any] | None:
         if ref is None or callable(ref):
@@ -113,8 +117,10 @@ class EngineType:
         try:
             loaded = importlib.import_module(module)
         except ImportError as exc:
-            raise EngineError(f"engine type {self.name!r} needs a package that is not "
-                              f"installed ({exc}); install it with: {self.install}") from None
+            raise EngineError(
+                f"engine type {self.name!r} needs a package that is not "
+                f"installed ({exc}); install it with: {self.install}"
+            ) from None
         return getattr(loaded, attr)
 
     def load(self, spec: Any) -> Any:
@@ -190,8 +196,10 @@ def register_engine(entry: EngineType) -> EngineType:
     if existing is not None:
         if existing == entry:
             return entry
-        raise ValueError(f"engine type {entry.name!r} registered twice ({existing.spec.__name__} "
-                         f"and {entry.spec.__name__})")
+        raise ValueError(
+            f"engine type {entry.name!r} registered twice ({existing.spec.__name__} "
+            f"and {entry.spec.__name__})"
+        )
     _REGISTRY[entry.name] = entry
     _changed()
     return entry
@@ -228,8 +236,10 @@ def engine_type(name: str, where: str = "engine") -> EngineType:
     except KeyError:
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
         hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ConfigError(f"{where}: unknown engine type {name!r}{hint}; the engine types are "
-                          f"{', '.join(_REGISTRY)}") from None
+        raise ConfigError(
+            f"{where}: unknown engine type {name!r}{hint}; the engine types are "
+            f"{', '.join(_REGISTRY)}"
+        ) from None
 
 
 def engine_of(spec: Any) -> EngineType:

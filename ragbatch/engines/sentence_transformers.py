@@ -90,8 +90,7 @@ class LoadedModel:
 
     def __repr__(self) -> str:
         return (
-            f"LoadedModel(kind={self.kind!r}, model_id={self.model_id!r}, "
-            f"device={self.device!r})"
+            f"LoadedModel(kind={self.kind!r}, model_id={self.model_id!r}, device={self.device!r})"
         )
 
     def embed(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
@@ -170,8 +169,7 @@ class LoadedModel:
     def _require(self, kind: EngineKind, method: str) -> None:
         if self.kind != kind:
             raise EngineError(
-                f"{method}() works on {kind} models only; {self.model_id} was loaded as "
-                f"{self.kind}"
+                f"{method}() works on {kind} models only; {self.model_id} was loaded as {self.kind}"
             )
 
 
@@ -277,7 +275,8 @@ def _load_embedding(spec: EmbeddingEngine, device: str) -> LoadedModel:
     st = _import("sentence_transformers")
     backend = _construct(
         lambda: st.SentenceTransformer(str(path), device=device, local_files_only=True),
-        "embedding", path,
+        "embedding",
+        path,
     )
     return LoadedModel(
         backend, kind="embedding", model_id=model_id, device=device, batch_size=spec.batch_size
@@ -298,7 +297,10 @@ def _load_cross_encoder(spec: CrossEncoderEngine, device: str) -> LoadedModel:
             "STS or relevance cross-encoder"
         )
     return LoadedModel(
-        backend, kind="cross_encoder", model_id=model_dir_id(path), device=device,
+        backend,
+        kind="cross_encoder",
+        model_id=model_dir_id(path),
+        device=device,
         batch_size=spec.batch_size,
     )
 

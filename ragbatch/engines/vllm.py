@@ -101,8 +101,7 @@ from typing import Any, Sequence
 
 from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
-from ragbatch.judge.protocol import (Completion, EngineRequest, JudgeEngine, OutputSpec,
-                                     TokenLogprob)
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -175,8 +174,15 @@ class VllmJudgeEngine(JudgeEngine):
     timing to act on; a single request is bounded by its ``max_tokens``.
     """
 
-    def __init__(self, llm: Any, spec: VllmEngine, model_id: str, max_model_len: int,
-                 structured_outputs: dict[str, Any], dtype: str):
+    def __init__(
+        self,
+        llm: Any,
+        spec: VllmEngine,
+        model_id: str,
+        max_model_len: int,
+        structured_outputs: dict[str, Any],
+        dtype: str,
+    ):
         self._llm = llm
         self.spec = spec
         self.model_id = model_id
@@ -207,8 +213,9 @@ class VllmJudgeEngine(JudgeEngine):
             Whatever the tokenizer raises (for example a template that rejects a role).
         """
         messages = [m.as_dict() for m in request.messages]
-        text = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                   tokenize=False)
+        text = self._tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _sampling_params(self, request: EngineRequest) -> Any:
@@ -277,8 +284,10 @@ class VllmJudgeEngine(JudgeEngine):
                 results[i] = Completion(
                     CONTEXT_TOO_LONG,
                     prompt_tokens=len(ids),
-                    error=(f"prompt of {len(ids)} tokens + {request.output.max_tokens} "
-                           f"completion tokens exceeds max_model_len {self.max_model_len}"),
+                    error=(
+                        f"prompt of {len(ids)} tokens + {request.output.max_tokens} "
+                        f"completion tokens exceeds max_model_len {self.max_model_len}"
+                    ),
                 )
                 continue
             to_run.append((i, ids))
@@ -288,8 +297,9 @@ class VllmJudgeEngine(JudgeEngine):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _generate(self, requests: Sequence[EngineRequest],
-                  to_run: list[tuple[int, list[int]]]) -> list[Completion]:
+    def _generate(
+        self, requests: Sequence[EngineRequest], to_run: list[tuple[int, list[int]]]
+    ) -> list[Completion]:
         """Run ``to_run`` (request index, prompt ids) through the engine; completions in
         the order of ``to_run``."""
         lengths = [len(ids) for _, ids in to_run]
@@ -300,18 +310,26 @@ class VllmJudgeEngine(JudgeEngine):
         timed_out, failure = self._run_until_finished(request_ids, pending, out, lengths, start)
         if pending:
             if timed_out:
-                status, error = TIMEOUT, (
-                    f"batch of {len(to_run)} requests ran past batch_timeout_s="
-                    f"{self.spec.batch_timeout_s:g} (aborted after "
-                    f"{time.monotonic() - start:.1f} s)")
+                status, error = (
+                    TIMEOUT,
+                    (
+                        f"batch of {len(to_run)} requests ran past batch_timeout_s="
+                        f"{self.spec.batch_timeout_s:g} (aborted after "
+                        f"{time.monotonic() - start:.1f} s)"
+                    ),
+                )
             else:
                 status, error = JUDGE_ERROR, failure
             for k in pending:
                 out[k] = Completion(status, prompt_tokens=lengths[k], error=error)
         return out  # type: ignore[return-value]
 
-    def _enqueue(self, requests: Sequence[EngineRequest], to_run: list[tuple[int, list[int]]],
-                 out: list[Completion | None]) -> list[str | None]:
+    def _enqueue(
+        self,
+        requests: Sequence[EngineRequest],
+        to_run: list[tuple[int, list[int]]],
+        out: list[Completion | None],
+    ) -> list[str | None]:
         """Add ``to_run`` to the engine: all at once, or one by one when vLLM refuses the
         batch. Returns the id vLLM gave each request (``enqueue``'s return value), None
         for a request it refused, whose ``judge_error`` completion goes into ``out``."""
@@ -322,21 +340,31 @@ class VllmJudgeEngine(JudgeEngine):
             params = [self._sampling_params(requests[i]) for i, _ in to_run]
             return list(self._llm.enqueue(prompts, params, use_tqdm=False))
         except Exception as batch_exc:
-            logger.info("vLLM refused a batch of %d requests (%s); adding them one by one",
-                        len(to_run), _describe(batch_exc))
+            logger.info(
+                "vLLM refused a batch of %d requests (%s); adding them one by one",
+                len(to_run),
+                _describe(batch_exc),
+            )
         request_ids: list[str | None] = [None] * len(to_run)
         for k, (i, _) in enumerate(to_run):
             try:
-                request_ids[k] = self._llm.enqueue([prompts[k]], [self._sampling_params(requests[i])],
-                                                   use_tqdm=False)[0]
+                request_ids[k] = self._llm.enqueue(
+                    [prompts[k]], [self._sampling_params(requests[i])], use_tqdm=False
+                )[0]
             except Exception as exc:
-                out[k] = Completion(JUDGE_ERROR, prompt_tokens=len(to_run[k][1]),
-                                    error=_describe(exc))
+                out[k] = Completion(
+                    JUDGE_ERROR, prompt_tokens=len(to_run[k][1]), error=_describe(exc)
+                )
         return request_ids
 
-    def _run_until_finished(self, request_ids: list[str | None], pending: set[int],
-                            out: list[Completion | None], lengths: list[int],
-                            start: float) -> tuple[bool, str | None]:
+    def _run_until_finished(
+        self,
+        request_ids: list[str | None],
+        pending: set[int],
+        out: list[Completion | None],
+        lengths: list[int],
+        start: float,
+    ) -> tuple[bool, str | None]:
         """Step the engine until the ``pending`` requests (positions in ``request_ids``)
         have finished, the batch time limit has passed or the engine fails; finished
         requests leave ``pending`` and get their completion in ``out``. Requests still
@@ -349,16 +377,25 @@ class VllmJudgeEngine(JudgeEngine):
             return self._step_loop(index, pending, out, lengths, start)
         except Exception as exc:  # the engine failed mid-run: the unfinished requests fail
             failure = _describe(exc)
-            logger.warning("vLLM failed with %d of %d requests unfinished: %s",
-                           len(pending), len(request_ids), failure)
+            logger.warning(
+                "vLLM failed with %d of %d requests unfinished: %s",
+                len(pending),
+                len(request_ids),
+                failure,
+            )
             return False, failure
         finally:
             if pending:
                 self._abort([request_ids[k] for k in pending])
 
-    def _step_loop(self, index: dict[str, int], pending: set[int],
-                   out: list[Completion | None], lengths: list[int],
-                   start: float) -> tuple[bool, str | None]:
+    def _step_loop(
+        self,
+        index: dict[str, int],
+        pending: set[int],
+        out: list[Completion | None],
+        lengths: list[int],
+        start: float,
+    ) -> tuple[bool, str | None]:
         """The loop ``LLM.generate`` runs, plus the time limit: one ``engine.step()`` at a
         time while requests are pending. Returns as :meth:`_run_until_finished`."""
         engine = self._llm.llm_engine
@@ -408,8 +445,10 @@ class VllmJudgeEngine(JudgeEngine):
             metrics = self._llm.get_metrics()
         except Exception:
             return {}
-        names = {"vllm:prefix_cache_queries": "prefix_cache_queries",
-                 "vllm:prefix_cache_hits": "prefix_cache_hits"}
+        names = {
+            "vllm:prefix_cache_queries": "prefix_cache_queries",
+            "vllm:prefix_cache_hits": "prefix_cache_hits",
+        }
         found: dict[str, Any] = {}
         for metric in metrics:
             key = names.get(getattr(metric, "name", None))
@@ -458,8 +497,13 @@ def sampling_settings(spec: VllmEngine, structured: dict[str, Any], dtype: str) 
 #: try each.
 RUN_DTYPES = ("bfloat16", "float16", "float32")
 #: ``dtype`` spellings vLLM accepts, and the dtype each one runs in.
-_DTYPE_ALIASES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16",
-                  "float32": "float32", "float": "float32"}
+_DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "float": "float32",
+}
 
 
 def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, Any]]]:
@@ -485,7 +529,9 @@ def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, An
     :data:`DEFAULT_STRUCTURED_OUTPUTS`), assuming vLLM keeps them as given.
     """
     model_id = _model_id(spec)
-    structured = dict(spec.engine_kwargs.get("structured_outputs_config", DEFAULT_STRUCTURED_OUTPUTS))
+    structured = dict(
+        spec.engine_kwargs.get("structured_outputs_config", DEFAULT_STRUCTURED_OUTPUTS)
+    )
     dtype = _DTYPE_ALIASES.get(str(spec.dtype).lower())
     dtypes = (dtype,) if dtype else RUN_DTYPES
     return [(model_id, sampling_settings(spec, structured, d)) for d in dtypes]
@@ -532,8 +578,9 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     """
     local = _local_path(spec.model)
     if local is not None and not local.is_dir():
-        raise EngineError(f"judge model directory {spec.model!r} does not exist "
-                          f"(engine type vllm, field model)")
+        raise EngineError(
+            f"judge model directory {spec.model!r} does not exist (engine type vllm, field model)"
+        )
     cuda = _cuda_available()
     for name, value in _cpu_environment_defaults(spec, cuda).items():
         os.environ.setdefault(name, value)
@@ -542,16 +589,19 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         llm = vllm.LLM(**_llm_kwargs(spec, cuda))
     except Exception as exc:
         _cleanup_vllm()  # a half-started engine may hold a process group or memory
-        raise EngineError(f"vLLM could not load judge model {spec.model!r}: "
-                          f"{_describe(exc)}") from exc
+        raise EngineError(
+            f"vLLM could not load judge model {spec.model!r}: {_describe(exc)}"
+        ) from exc
     model_config = llm.llm_engine.model_config
     max_model_len = int(model_config.max_model_len)
     dtype = str(model_config.dtype).removeprefix("torch.")
-    engine = VllmJudgeEngine(llm, spec, _model_id(spec), max_model_len,
-                             _structured_settings(llm), dtype)
+    engine = VllmJudgeEngine(
+        llm, spec, _model_id(spec), max_model_len, _structured_settings(llm), dtype
+    )
     _check_chat_template(engine)
-    logger.info("vLLM judge %s loaded (max_model_len %d, dtype %s)", engine.model_id,
-                max_model_len, dtype)
+    logger.info(
+        "vLLM judge %s loaded (max_model_len %d, dtype %s)", engine.model_id, max_model_len, dtype
+    )
     return engine
 
 
@@ -598,13 +648,17 @@ def _import_vllm(cuda: bool) -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise EngineError(f"the vllm judge engine needs vLLM, which is not installed "
-                          f"({exc}); install it with: {install}") from exc
+        raise EngineError(
+            f"the vllm judge engine needs vLLM, which is not installed "
+            f"({exc}); install it with: {install}"
+        ) from exc
     except Exception as exc:  # a broken install, e.g. torchvision built for another torch
         hint = ""
         if "torchvision" in str(exc):
-            hint = ("; torchvision does not match the installed torch: "
-                    "pip uninstall -y torchvision torchaudio torchcodec")
+            hint = (
+                "; torchvision does not match the installed torch: "
+                "pip uninstall -y torchvision torchaudio torchcodec"
+            )
         raise EngineError(f"vLLM cannot be imported: {_describe(exc)}{hint}") from exc
     return vllm
 
@@ -647,13 +701,16 @@ def _check_chat_template(engine: VllmJudgeEngine) -> None:
     """Render a one-message chat; close ``engine`` and raise :class:`EngineError` when its
     tokenizer cannot."""
     try:
-        engine.prompt_token_ids(EngineRequest(
-            messages=(_probe_message(),), output=OutputSpec.of_choice(["a"])))
+        engine.prompt_token_ids(
+            EngineRequest(messages=(_probe_message(),), output=OutputSpec.of_choice(["a"]))
+        )
     except Exception as exc:
         engine.close()
-        raise EngineError(f"the tokenizer of judge model {engine.spec.model!r} cannot render a "
-                          f"chat: {_describe(exc)}; use a chat (instruct) model or a "
-                          f"tokenizer with a chat template") from exc
+        raise EngineError(
+            f"the tokenizer of judge model {engine.spec.model!r} cannot render a "
+            f"chat: {_describe(exc)}; use a chat (instruct) model or a "
+            f"tokenizer with a chat template"
+        ) from exc
 
 
 def model_files_id(model_dir: Path | None, tokenizer_dir: Path | None = None) -> str:
@@ -680,8 +737,10 @@ def model_files_id(model_dir: Path | None, tokenizer_dir: Path | None = None) ->
     if model_dir is None and tokenizer_dir is None:
         return "0" * 12
     digest = hashlib.sha256()
-    for role, folder, names in (("model", model_dir, MODEL_ID_FILES),
-                                ("tokenizer", tokenizer_dir, TOKENIZER_ID_FILES)):
+    for role, folder, names in (
+        ("model", model_dir, MODEL_ID_FILES),
+        ("tokenizer", tokenizer_dir, TOKENIZER_ID_FILES),
+    ):
         if folder is None:
             continue
         for name in names:
@@ -721,8 +780,13 @@ def _output_index(request_ids: list[str | None]) -> dict[str, int]:
     return index
 
 
-def _collect_finished(results: Sequence[Any], index: dict[str, int], pending: set[int],
-                      out: list[Completion | None], lengths: list[int]) -> None:
+def _collect_finished(
+    results: Sequence[Any],
+    index: dict[str, int],
+    pending: set[int],
+    out: list[Completion | None],
+    lengths: list[int],
+) -> None:
     """Take the finished requests of one engine step (``vllm.RequestOutput``) out of
     ``pending`` and put their completions into ``out``; outputs of unknown, already
     collected or unfinished requests are skipped."""
@@ -737,15 +801,21 @@ def _collect_finished(results: Sequence[Any], index: dict[str, int], pending: se
 def _completion(result: Any, prompt_tokens: int) -> Completion:
     """A :class:`Completion` from a finished ``vllm.RequestOutput``."""
     if not result.outputs:
-        return Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens,
-                          error="vLLM returned no output for the request")
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            error="vLLM returned no output for the request",
+        )
     choice = result.outputs[0]
     cached = getattr(result, "num_cached_tokens", None)
     finish = choice.finish_reason
     if finish not in ("stop", "length"):
-        return Completion(JUDGE_ERROR, prompt_tokens=prompt_tokens,
-                          completion_tokens=len(choice.token_ids),
-                          error=f"vLLM finished the request with reason {finish!r}")
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(choice.token_ids),
+            error=f"vLLM finished the request with reason {finish!r}",
+        )
     return Completion(
         OK,
         text=choice.text,
@@ -768,20 +838,25 @@ def _token_logprobs(choice: Any) -> tuple[TokenLogprob, ...] | None:
         chosen = entry.get(token_id) if entry else None
         if chosen is None:
             return None
-        top = sorted(((lp.decoded_token or "", float(lp.logprob)) for lp in entry.values()),
-                     key=lambda item: -item[1])
+        top = sorted(
+            ((lp.decoded_token or "", float(lp.logprob)) for lp in entry.values()),
+            key=lambda item: -item[1],
+        )
         out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), tuple(top)))
     return tuple(out)
 
 
 def _structured_settings(llm: Any) -> dict[str, Any]:
     """The structured-output settings the engine runs with."""
-    config = getattr(getattr(llm.llm_engine, "vllm_config", None), "structured_outputs_config",
-                     None)
+    config = getattr(
+        getattr(llm.llm_engine, "vllm_config", None), "structured_outputs_config", None
+    )
     if config is None:
         return {"backend": "auto", "disable_any_whitespace": False}
-    return {"backend": str(getattr(config, "backend", "auto")),
-            "disable_any_whitespace": bool(getattr(config, "disable_any_whitespace", False))}
+    return {
+        "backend": str(getattr(config, "backend", "auto")),
+        "disable_any_whitespace": bool(getattr(config, "disable_any_whitespace", False)),
+    }
 
 
 def _cleanup_vllm() -> None:

@@ -32,16 +32,20 @@ def check_error_budget(layout: OutputLayout, files: list[str], n_rows: int, budg
     con = connect(layout)
     source = f"read_parquet({file_list(layout, files)}, hive_partitioning=false)"
     n_error = con.execute(
-        f"SELECT count(DISTINCT row_id) FROM {source} WHERE status = '{ERROR}'").fetchone()[0]
+        f"SELECT count(DISTINCT row_id) FROM {source} WHERE status = '{ERROR}'"
+    ).fetchone()[0]
     if n_error <= budget * n_rows:
         return
     reasons = con.execute(
         f"SELECT metric, reason, count(*) n, min(row_id) FROM {source} WHERE status = '{ERROR}' "
-        "GROUP BY ALL ORDER BY n DESC, metric LIMIT 3").fetchall()
-    listed = "\n".join(f"  - {n} x {metric}: {reason} (e.g. row {row})"
-                       for metric, reason, n, row in reasons)
+        "GROUP BY ALL ORDER BY n DESC, metric LIMIT 3"
+    ).fetchall()
+    listed = "\n".join(
+        f"  - {n} x {metric}: {reason} (e.g. row {row})" for metric, reason, n, row in reasons
+    )
     raise RunError(
         f"run {layout.run_id} is not committed: {n_error} of {n_rows} rows ({n_error / n_rows:.1%}) "
         f"have status error on some metric, over run.error_budget = {budget:g}. Most common:\n"
         f"{listed}\nFix the cause and run again with the same --run-id (rows with an error "
-        "are scored again, the rest are kept), or raise run.error_budget to commit them as errors.")
+        "are scored again, the rest are kept), or raise run.error_budget to commit them as errors."
+    )

@@ -59,7 +59,9 @@ S3_DEFAULTS: dict[str, Any] = {
 _S3_OWN_KEYS = ("retries",)
 
 
-def resolve(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+def resolve(
+    uri: str, storage_options: dict[str, Any] | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """Turn a URI into a filesystem and the path inside it.
 
     Parameters
@@ -204,8 +206,14 @@ _UNREACHABLE = {
     "ConnectionError",
     "gaierror",
 }
-_DENIED_WORDS = ("access denied", "accessdenied", "forbidden", "invalidaccesskeyid",
-                 "signaturedoesnotmatch", "unable to locate credentials")
+_DENIED_WORDS = (
+    "access denied",
+    "accessdenied",
+    "forbidden",
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "unable to locate credentials",
+)
 _NOT_FOUND_WORDS = ("nosuchbucket", "nosuchkey", "does not exist", "not found")
 
 
@@ -245,8 +253,11 @@ def describe_storage_error(uri: str, exc: BaseException, section: str = "input")
             f"and {section}.storage_options.endpoint_url, or raise "
             f"{section}.storage_options.config_kwargs.connect_timeout/read_timeout"
         )
-    if names & _UNREACHABLE or _errno(exc) in (errno.ECONNREFUSED, errno.EHOSTUNREACH,
-                                                errno.ENETUNREACH):
+    if names & _UNREACHABLE or _errno(exc) in (
+        errno.ECONNREFUSED,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+    ):
         return InputError(
             f"{uri}: cannot reach the storage endpoint ({detail}); check "
             f"{section}.storage_options.endpoint_url (scheme, host, port) and that the service is up"
@@ -292,9 +303,18 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 #: Exception class names and error codes of storage failures worth retrying: the service
 #: could not be reached or did not answer in time, or it asked the client to slow down.
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-              "TooManyRequestsException", "ServiceUnavailable", "InternalError",
-              "RequestTimeout", "503", "500"}
+_THROTTLED = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "503",
+    "500",
+}
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -302,12 +322,22 @@ def is_transient(exc: BaseException) -> bool:
     unreachable or the connection dropped, a timeout, throttling or a 5xx reply. Not
     found, access denied and anything else are permanent."""
     names = _class_names(exc)
-    if names & _DENIED or names & _NOT_FOUND or isinstance(exc, (PermissionError, FileNotFoundError)):
+    if (
+        names & _DENIED
+        or names & _NOT_FOUND
+        or isinstance(exc, (PermissionError, FileNotFoundError))
+    ):
         return False
     if names & (_TIMEOUT | _UNREACHABLE | _THROTTLED):
         return True
-    return _errno(exc) in (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
-                           errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE)
+    return _errno(exc) in (
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ETIMEDOUT,
+        errno.EPIPE,
+    )
 
 
 def is_not_found(exc: BaseException | None) -> bool:
@@ -324,8 +354,13 @@ STORAGE_ATTEMPTS = 8
 STORAGE_MAX_BACKOFF_S = 16.0
 
 
-def with_storage_retries(fn: Callable[[], T], what: str, *, attempts: int = STORAGE_ATTEMPTS,
-                         max_backoff_s: float = STORAGE_MAX_BACKOFF_S) -> T:
+def with_storage_retries(
+    fn: Callable[[], T],
+    what: str,
+    *,
+    attempts: int = STORAGE_ATTEMPTS,
+    max_backoff_s: float = STORAGE_MAX_BACKOFF_S,
+) -> T:
     """``fn()``, tried again with exponential backoff while it fails with a transient
     storage error (:func:`is_transient`).
 
@@ -352,8 +387,15 @@ def with_storage_retries(fn: Callable[[], T], what: str, *, attempts: int = STOR
         except Exception as exc:
             if attempt + 1 >= attempts or not is_transient(exc):
                 raise
-            wait = min(2.0 ** attempt, max_backoff_s) * random.uniform(0.8, 1.2)
-            log.warning("%s failed (%s: %s); attempt %d of %d in %.1f s", what,
-                        type(exc).__name__, _short(exc, 200), attempt + 2, attempts, wait)
+            wait = min(2.0**attempt, max_backoff_s) * random.uniform(0.8, 1.2)
+            log.warning(
+                "%s failed (%s: %s); attempt %d of %d in %.1f s",
+                what,
+                type(exc).__name__,
+                _short(exc, 200),
+                attempt + 2,
+                attempts,
+                wait,
+            )
             time.sleep(wait)
     raise AssertionError("unreachable")

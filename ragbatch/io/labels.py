@@ -46,20 +46,30 @@ def label_problems(config: "JobConfig", schema: pa.Schema) -> list[str]:
         where = f"labels.columns.{metric_id}"
         if column not in schema.names:
             listed = ", ".join(repr(n) for n in schema.names)
-            problems.append(f"{where}: column {column!r} does not exist in the input; the input "
-                            f"has: {listed}")
+            problems.append(
+                f"{where}: column {column!r} does not exist in the input; the input has: {listed}"
+            )
         elif column in mapped:
-            problems.append(f"{where}: column {column!r} is mapped as input.columns."
-                            f"{mapped[column]}; labels need a column of their own")
+            problems.append(
+                f"{where}: column {column!r} is mapped as input.columns."
+                f"{mapped[column]}; labels need a column of their own"
+            )
         elif not _label_type(schema.field(column).type):
-            problems.append(f"{where}: column {column!r} has type {schema.field(column).type}; "
-                            "labels need numbers or booleans (null where a row is unlabelled)")
+            problems.append(
+                f"{where}: column {column!r} has type {schema.field(column).type}; "
+                "labels need numbers or booleans (null where a row is unlabelled)"
+            )
     return problems
 
 
 def _label_type(t: pa.DataType) -> bool:
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-            or pa.types.is_boolean(t) or pa.types.is_null(t))
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_null(t)
+    )
 
 
 def check_label_values(plan: "PlannedInput") -> dict[str, int]:
@@ -103,12 +113,14 @@ def check_label_values(plan: "PlannedInput") -> dict[str, int]:
             out = present & ~((values >= low) & (values <= high))
             if out.any():
                 first = int(np.flatnonzero(out)[0])
-                entry = bad.setdefault(metric_id, [0, f"{task.file_key}:{task.row_offset + first}",
-                                                   values[first]])
+                entry = bad.setdefault(
+                    metric_id, [0, f"{task.file_key}:{task.row_offset + first}", values[first]]
+                )
                 entry[0] += int(out.sum())
     if bad:
-        raise InputError("\n".join(_out_of_range(config.labels.columns[m], m, ranges[m], *bad[m])
-                                    for m in bad))
+        raise InputError(
+            "\n".join(_out_of_range(config.labels.columns[m], m, ranges[m], *bad[m]) for m in bad)
+        )
     return counts
 
 
@@ -127,12 +139,15 @@ def _nan_mask(column: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(pc.fill_null(pc.is_nan(column), False).to_numpy(zero_copy_only=False), bool)
 
 
-def _out_of_range(column: str, metric_id: str, bounds: Sequence[float], count: int, row: str,
-                  value: float) -> str:
+def _out_of_range(
+    column: str, metric_id: str, bounds: Sequence[float], count: int, row: str, value: float
+) -> str:
     low, high = bounds
-    return (f"labels.columns.{metric_id}: column {column!r} holds {count} label(s) outside "
-            f"{metric_id}'s range [{low:g}, {high:g}] (first: {float(value)!r} at row {row}); labels "
-            "are on the metric's own scale: rescale them, or leave a row unlabelled with a null")
+    return (
+        f"labels.columns.{metric_id}: column {column!r} holds {count} label(s) outside "
+        f"{metric_id}'s range [{low:g}, {high:g}] (first: {float(value)!r} at row {row}); labels "
+        "are on the metric's own scale: rescale them, or leave a row unlabelled with a null"
+    )
 
 
 def _label_table(task: ReadTask, config: "JobConfig", columns: list[str]) -> pa.Table:

@@ -53,8 +53,10 @@ def _process_scope() -> str:
     last two where Linux tells them), so that a pid is only judged on its own machine
     and container."""
     parts = [socket.gethostname()]
-    for read in (lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
-                 lambda: os.readlink("/proc/self/ns/pid")):
+    for read in (
+        lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
+        lambda: os.readlink("/proc/self/ns/pid"),
+    ):
         try:
             parts.append(read())
         except OSError:
@@ -103,20 +105,44 @@ class LeaseRecord:
     @classmethod
     def new(cls, generation: int, ttl_s: float) -> "LeaseRecord":
         now = time.time()
-        return cls(generation, secrets.token_hex(8), socket.gethostname(), os.getpid(),
-                   _process_scope(), now, now, now + ttl_s)
+        return cls(
+            generation,
+            secrets.token_hex(8),
+            socket.gethostname(),
+            os.getpid(),
+            _process_scope(),
+            now,
+            now,
+            now + ttl_s,
+        )
 
     def to_bytes(self) -> bytes:
         data = asdict(self)
         data.pop("unreadable")
-        data.update({f"{k}_utc": _when(data[k]) for k in ("acquired_at", "renewed_at", "expires_at")})
+        data.update(
+            {f"{k}_utc": _when(data[k]) for k in ("acquired_at", "renewed_at", "expires_at")}
+        )
         return (json.dumps(data, indent=2) + "\n").encode("utf-8")
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "LeaseRecord":
         raw = json.loads(data)
-        return cls(**{k: raw[k] for k in ("generation", "token", "host", "pid", "scope",
-                                          "acquired_at", "renewed_at", "expires_at", "released")})
+        return cls(
+            **{
+                k: raw[k]
+                for k in (
+                    "generation",
+                    "token",
+                    "host",
+                    "pid",
+                    "scope",
+                    "acquired_at",
+                    "renewed_at",
+                    "expires_at",
+                    "released",
+                )
+            }
+        )
 
     def live(self, now: float) -> bool:
         """Whether the holder may still be running: not released, not expired, and not a
@@ -128,11 +154,15 @@ class LeaseRecord:
     def describe(self) -> str:
         """``host H, pid P, since T; its lease expires at E unless renewed``."""
         if self.unreadable:
-            return (f"an attempt that is writing lease generation {self.generation}; it "
-                    f"expires at {_when(self.expires_at)} unless renewed")
-        return (f"host {self.host}, pid {self.pid}, since {_when(self.acquired_at)}; its "
-                f"lease expires at {_when(self.expires_at)} unless renewed (every "
-                f"{RENEW_EVERY_S:g} s while it runs)")
+            return (
+                f"an attempt that is writing lease generation {self.generation}; it "
+                f"expires at {_when(self.expires_at)} unless renewed"
+            )
+        return (
+            f"host {self.host}, pid {self.pid}, since {_when(self.acquired_at)}; its "
+            f"lease expires at {_when(self.expires_at)} unless renewed (every "
+            f"{RENEW_EVERY_S:g} s while it runs)"
+        )
 
 
 class RunLease:
@@ -151,8 +181,15 @@ class RunLease:
         Default :data:`LEASE_TTL_S` and :data:`RENEW_EVERY_S`.
     """
 
-    def __init__(self, fs: Any, folder: str, run_id: str, uri: Callable[[str], str] = str,
-                 ttl_s: float | None = None, renew_every_s: float | None = None):
+    def __init__(
+        self,
+        fs: Any,
+        folder: str,
+        run_id: str,
+        uri: Callable[[str], str] = str,
+        ttl_s: float | None = None,
+        renew_every_s: float | None = None,
+    ):
         self.fs, self.folder, self.run_id, self.uri = fs, folder.rstrip("/"), run_id, uri
         self.ttl_s = LEASE_TTL_S if ttl_s is None else ttl_s
         self.renew_every_s = RENEW_EVERY_S if renew_every_s is None else renew_every_s
@@ -193,19 +230,25 @@ class RunLease:
                 raise RunInProgressError(
                     f"run {self.run_id!r} is being run by another attempt: {holder.describe()}; "
                     f"wait for it to end (a crashed attempt's lease lapses), or pass a new "
-                    f"--run-id (lease: {self.uri(self.path(top))})")
+                    f"--run-id (lease: {self.uri(self.path(top))})"
+                )
             record = LeaseRecord.new(top + 1, self.ttl_s)
             try:
                 self.fs.pipe_file(self.path(record.generation), record.to_bytes(), mode="create")
             except FileExistsError:
                 continue  # another attempt took this generation first: look again
             if holder is not None:
-                log.info("run %s: took over the lease of an attempt that ended (%s)",
-                         self.run_id, holder.describe())
+                log.info(
+                    "run %s: took over the lease of an attempt that ended (%s)",
+                    self.run_id,
+                    holder.describe(),
+                )
             self.record = record
             return record
-        raise RunInProgressError(f"run {self.run_id!r}: other attempts kept taking its lease "
-                                 f"({self.uri(self.folder)}); try again, or pass a new --run-id")
+        raise RunInProgressError(
+            f"run {self.run_id!r}: other attempts kept taking its lease "
+            f"({self.uri(self.folder)}); try again, or pass a new --run-id"
+        )
 
     def check(self) -> None:
         """Confirm that this attempt still holds the lease (before it commits).
@@ -221,7 +264,8 @@ class RunLease:
         if lost is not None:
             raise RunInProgressError(
                 f"run {self.run_id!r}: this attempt lost its lease (it was not renewed in "
-                f"time) to {lost}; it is not committed")
+                f"time) to {lost}; it is not committed"
+            )
 
     def _lost_reason(self) -> str | None:
         """Who took this attempt's lease over (as :meth:`LeaseRecord.describe` says), or
@@ -267,8 +311,9 @@ class RunLease:
             modified = self.fs.modified(path).timestamp()
         except FileNotFoundError:
             return None
-        return LeaseRecord(generation, "", "?", 0, "", modified, modified, modified + self.ttl_s,
-                           unreadable=True)
+        return LeaseRecord(
+            generation, "", "?", 0, "", modified, modified, modified + self.ttl_s, unreadable=True
+        )
 
     # -- renewing and ending ---------------------------------------------------------------
 
@@ -278,8 +323,9 @@ class RunLease:
         if self.record is None or self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._renew_loop, daemon=True,
-                                        name=f"ragbatch-lease-{self.run_id}")
+        self._thread = threading.Thread(
+            target=self._renew_loop, daemon=True, name=f"ragbatch-lease-{self.run_id}"
+        )
         self._thread.start()
 
     def _renew_loop(self) -> None:
@@ -295,14 +341,22 @@ class RunLease:
                         return
                     self._write(renewed=True)
             except Exception as exc:  # noqa: BLE001 - try again next time; check() decides
-                log.warning("run %s: could not renew its lease (%s); trying again in %g s",
-                            self.run_id, exc, self.renew_every_s)
+                log.warning(
+                    "run %s: could not renew its lease (%s); trying again in %g s",
+                    self.run_id,
+                    exc,
+                    self.renew_every_s,
+                )
 
     def _write(self, *, renewed: bool = False, released: bool = False) -> None:
         now = time.time()
         assert self.record is not None
-        self.record = replace(self.record, renewed_at=now if renewed else self.record.renewed_at,
-                              expires_at=now if released else now + self.ttl_s, released=released)
+        self.record = replace(
+            self.record,
+            renewed_at=now if renewed else self.record.renewed_at,
+            expires_at=now if released else now + self.ttl_s,
+            released=released,
+        )
         self.fs.pipe_file(self.path(self.record.generation), self.record.to_bytes())
 
     def release(self, *, write: bool = True) -> None:
@@ -322,6 +376,10 @@ class RunLease:
                 if write and self._lost_to is None and self._lost_reason() is None:
                     self._write(released=True)
             except Exception as exc:  # noqa: BLE001 - it lapses at its expiry instead
-                log.warning("run %s: could not release its lease (%s); it lapses at %s",
-                            self.run_id, exc, _when(self.record.expires_at))
+                log.warning(
+                    "run %s: could not release its lease (%s); it lapses at %s",
+                    self.run_id,
+                    exc,
+                    _when(self.record.expires_at),
+                )
             self.record = None

@@ -184,8 +184,9 @@ def discover(cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[InputFi
     if has_magic(root):
         listing = _list_glob(fs, cfg.uri, root)
         if not listing:
-            raise InputNotFoundError(f"{cfg.uri}: the glob matched no files; check the pattern "
-                                     "in input.uri")
+            raise InputNotFoundError(
+                f"{cfg.uri}: the glob matched no files; check the pattern in input.uri"
+            )
         return fs, _select(cfg, listing, _glob_base(root), what="the glob matched")
     try:
         info = storage_call(cfg.uri, fs.info, root)

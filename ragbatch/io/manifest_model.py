@@ -47,8 +47,10 @@ class RunInfo(_Section):
     started_at: str = Field("", description="ISO 8601 with offset, UTC")
     finished_at: str = Field("", description="ISO 8601 with offset, UTC")
     uri_templates: dict[str, str] = Field(
-        default_factory=dict, description="URI field -> its value as written, with "
-        "``{run_date}`` placeholders; empty when none")
+        default_factory=dict,
+        description="URI field -> its value as written, with "
+        "``{run_date}`` placeholders; empty when none",
+    )
 
 
 class SliceColumn(_Section):
@@ -64,9 +66,13 @@ class InputInfo(_Section):
     uri: str
     read_tasks: int
     rows: int
-    fingerprint: dict[str, Any] = Field(default_factory=dict, description=(
-        "files, sizes, ETags or modification times, and their ``sha256`` "
-        "(:func:`ragbatch.io.read.input_fingerprint`)"))
+    fingerprint: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "files, sizes, ETags or modification times, and their ``sha256`` "
+            "(:func:`ragbatch.io.read.input_fingerprint`)"
+        ),
+    )
     slice_columns: list[SliceColumn] = Field(default_factory=list)
 
 
@@ -105,8 +111,10 @@ class JudgeInfo(_Section):
 
     metrics: dict[str, JudgeTally] = Field(default_factory=dict)
     total: JudgeTally = Field(default_factory=JudgeTally)
-    engines: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
-        "per engine its counters; for vLLM the prefix-cache hit rate in [0, 1]"))
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=("per engine its counters; for vLLM the prefix-cache hit rate in [0, 1]"),
+    )
 
 
 class ResumeInfo(_Section):
@@ -138,24 +146,32 @@ class StagePlacement(_Section):
     node_ids: list[str] = Field(default_factory=list)
 
 
-_JUDGE = ("per judge metric and in total: `judge_calls` (requests the engine served), "
-          "`cache_hits`, `prompt_tokens`, `completion_tokens`, `cached_prompt_tokens` (of the "
-          "served requests), `refused_too_long` (requests refused as `context_too_long`, never "
-          "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
-          "judges.md)")
-_FAULTS = ("`error_budget`; `stages`: per actor stage (`engine <name>`) `batches`, "
-           "`batch_starts`, `batch_retries` (in-process), `actors_lost` (died holding a batch; "
-           "replaced), `failed_batches`, `failed_rows` (marked `error`); `total`: their sums")
-_PLACEMENT = ("per actor stage (plan name: `model:<engine>`, `pii:<engine>`, `judge:<engine>`): "
-              "`bundles` (the resources one actor holds: `CPU`, `GPU`, `accelerator_type:<type>`, "
-              "custom resources; one bundle per GPU for a tensor-parallel vLLM engine), "
-              "`min_actors`, `max_actors`, `actors` (distinct actors), `actor_starts` (Ray "
-              "restarts a dead actor under its id), `node_ids` (Ray node ids the actors ran on)")
-_SUMMARY = ("the summary's settings (`confidence`, `n_resamples`, `seed`, `max_slice_values`, "
-            "`max_resample_n`, `max_distinct`, `ppi_estimator`), the interval methods, per slice "
-            "column its number of distinct `values` and `pooled_values`, and the human labels: "
-            "`labels` (metric id -> label column) and `labelled_runs` (metric id -> labels taken "
-            "from another run; [ppi.md](ppi.md))")
+_JUDGE = (
+    "per judge metric and in total: `judge_calls` (requests the engine served), "
+    "`cache_hits`, `prompt_tokens`, `completion_tokens`, `cached_prompt_tokens` (of the "
+    "served requests), `refused_too_long` (requests refused as `context_too_long`, never "
+    "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
+    "judges.md)"
+)
+_FAULTS = (
+    "`error_budget`; `stages`: per actor stage (`engine <name>`) `batches`, "
+    "`batch_starts`, `batch_retries` (in-process), `actors_lost` (died holding a batch; "
+    "replaced), `failed_batches`, `failed_rows` (marked `error`); `total`: their sums"
+)
+_PLACEMENT = (
+    "per actor stage (plan name: `model:<engine>`, `pii:<engine>`, `judge:<engine>`): "
+    "`bundles` (the resources one actor holds: `CPU`, `GPU`, `accelerator_type:<type>`, "
+    "custom resources; one bundle per GPU for a tensor-parallel vLLM engine), "
+    "`min_actors`, `max_actors`, `actors` (distinct actors), `actor_starts` (Ray "
+    "restarts a dead actor under its id), `node_ids` (Ray node ids the actors ran on)"
+)
+_SUMMARY = (
+    "the summary's settings (`confidence`, `n_resamples`, `seed`, `max_slice_values`, "
+    "`max_resample_n`, `max_distinct`, `ppi_estimator`), the interval methods, per slice "
+    "column its number of distinct `values` and `pooled_values`, and the human labels: "
+    "`labels` (metric id -> label column) and `labelled_runs` (metric id -> labels taken "
+    "from another run; [ppi.md](ppi.md))"
+)
 
 
 class Manifest(_Section):
@@ -173,53 +189,81 @@ class Manifest(_Section):
         :data:`SCHEMA_VERSION` (:func:`read_manifest` turns both into an InputError).
     """
 
-    schema_version: int = Field(SCHEMA_VERSION, description=(
-        "layout version of this manifest (absent in manifests written before it: read as 1)"))
+    schema_version: int = Field(
+        SCHEMA_VERSION,
+        description=(
+            "layout version of this manifest (absent in manifests written before it: read as 1)"
+        ),
+    )
     ragbatch_version: str = Field(description="version of ragbatch that wrote the run")
-    run: RunInfo = Field(description=(
-        "`id`, `name`, `date`, `status` (`committed`), `started_at`, `finished_at` (ISO 8601, "
-        "UTC), `uri_templates` (the URI fields written with `{run_date}`, as written; empty "
-        "when none)"))
-    config: dict[str, Any] = Field(description=(
-        "the job config as run (URIs with the run date filled in), every credential redacted "
-        "([secrets.md](secrets.md))"))
-    input: InputInfo = Field(description=(
-        "`uri`, `read_tasks`, `rows`, `fingerprint` (files, sizes, ETags or modification "
-        "times, hashed), `slice_columns` (input and output names)"))
-    output: OutputInfo = Field(description=(
-        "`root`, and the URIs of `scores`, `summary` and `manifest`"))
-    stages: list[dict[str, Any]] = Field(description=(
-        "the stages that ran, with their metrics and engines"))
-    metrics: list[dict[str, Any]] = Field(description=(
-        "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for `regex`)"))
+    run: RunInfo = Field(
+        description=(
+            "`id`, `name`, `date`, `status` (`committed`), `started_at`, `finished_at` (ISO 8601, "
+            "UTC), `uri_templates` (the URI fields written with `{run_date}`, as written; empty "
+            "when none)"
+        )
+    )
+    config: dict[str, Any] = Field(
+        description=(
+            "the job config as run (URIs with the run date filled in), every credential redacted "
+            "([secrets.md](secrets.md))"
+        )
+    )
+    input: InputInfo = Field(
+        description=(
+            "`uri`, `read_tasks`, `rows`, `fingerprint` (files, sizes, ETags or modification "
+            "times, hashed), `slice_columns` (input and output names)"
+        )
+    )
+    output: OutputInfo = Field(
+        description=("`root`, and the URIs of `scores`, `summary` and `manifest`")
+    )
+    stages: list[dict[str, Any]] = Field(
+        description=("the stages that ran, with their metrics and engines")
+    )
+    metrics: list[dict[str, Any]] = Field(
+        description=(
+            "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for `regex`)"
+        )
+    )
     models: dict[str, list[str]] = Field(description="metric id -> model ids that scored it")
     counts: dict[str, dict[str, int]] = Field(description="metric id -> status -> cells")
     rows: RowCounts = Field(description="`input` rows and `scores` cells")
-    timings_s: dict[str, float] = Field(description=(
-        "seconds spent planning, executing, verifying, summarizing, in total"))
+    timings_s: dict[str, float] = Field(
+        description=("seconds spent planning, executing, verifying, summarizing, in total")
+    )
     packages: dict[str, str] = Field(description="distribution -> version")
     python: str = Field(description="Python version")
     platform: str = Field(description="operating system and machine")
     ray: dict[str, Any] = Field(description="the Ray cluster's address and resources")
     judge: JudgeInfo = Field(default_factory=JudgeInfo, description=_JUDGE)
-    pii: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
-        "per PII engine, the detectors that ran (see pii.md)"))
-    resume: ResumeInfo = Field(default_factory=ResumeInfo, description=(
-        "`attempt`, `resumed`, `rows_reused`, `files_reused`, `files_set_aside`"))
+    pii: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description=("per PII engine, the detectors that ran (see pii.md)")
+    )
+    resume: ResumeInfo = Field(
+        default_factory=ResumeInfo,
+        description=("`attempt`, `resumed`, `rows_reused`, `files_reused`, `files_set_aside`"),
+    )
     faults: FaultInfo = Field(default_factory=FaultInfo, description=_FAULTS)
     placement: dict[str, StagePlacement] = Field(default_factory=dict, description=_PLACEMENT)
     summary: dict[str, Any] = Field(default_factory=dict, description=_SUMMARY)
-    diagnostics: dict[str, Any] = Field(default_factory=dict, description=(
-        "`thresholds` (the config's `diagnostics` section as run) and `metrics`: per judge "
-        "metric its all-rows `degenerate`, `reasons` (a list) and health measures "
-        "([judges.md](judges.md#judge-health))"))
+    diagnostics: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "`thresholds` (the config's `diagnostics` section as run) and `metrics`: per judge "
+            "metric its all-rows `degenerate`, `reasons` (a list) and health measures "
+            "([judges.md](judges.md#judge-health))"
+        ),
+    )
 
     @field_validator("schema_version")
     @classmethod
     def _known_version(cls, value: int) -> int:
         if value > SCHEMA_VERSION:
-            raise ValueError(f"schema_version {value} is newer than this ragbatch reads "
-                             f"({SCHEMA_VERSION}); upgrade ragbatch to read this run")
+            raise ValueError(
+                f"schema_version {value} is newer than this ragbatch reads "
+                f"({SCHEMA_VERSION}); upgrade ragbatch to read this run"
+            )
         if value < 1:
             raise ValueError(f"schema_version {value}: versions start at 1")
         return value
@@ -275,13 +319,16 @@ def parse_manifest(text: str, source: str) -> Manifest:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"the manifest {source} is not valid JSON ({exc}); the run cannot be "
-                         "read") from None
+        raise InputError(
+            f"the manifest {source} is not valid JSON ({exc}); the run cannot be read"
+        ) from None
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        )
         raise InputError(f"the manifest {source} cannot be read: {problems}") from None
 
 

@@ -44,7 +44,8 @@ def refuse_internal_names(names: Iterable[str], where: str) -> None:
         raise InputError(
             f"{where}: column name(s) {', '.join(repr(n) for n in clashing)} start with "
             f"{INTERNAL_PREFIX!r}, which ragbatch keeps for its own columns; rename them in the "
-            "input")
+            "input"
+        )
 
 
 def unusable_names(names: list[str], used: Iterable[str]) -> list[str]:
@@ -73,9 +74,11 @@ def unusable_names(names: list[str], used: Iterable[str]) -> list[str]:
             problems.append(
                 f"input: column {position} has {'an empty' if not name else 'a whitespace-only'} "
                 f"name ({name!r}); name it in the input, or set input.slice_columns to the "
-                "columns to keep (it is then not read)")
+                "columns to keep (it is then not read)"
+            )
         elif counts[name] > 1:
             problems.append(
                 f"input: column name {name!r} appears {counts[name]} times; give each column a "
-                "distinct name in the input, or set input.slice_columns to leave it out")
+                "distinct name in the input, or set input.slice_columns to leave it out"
+            )
     return problems

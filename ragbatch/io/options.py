@@ -45,15 +45,19 @@ def parse_storage_option(text: str) -> tuple[tuple[str, ...], Any]:
     key, sep, raw = text.partition("=")
     keys = tuple(key.strip().split("."))
     if not sep or not all(keys):
-        raise ValueError(f"expected KEY=VALUE (KEY may be dotted, e.g. "
-                         f"client_kwargs.region_name=eu-west-1), got {text!r}")
+        raise ValueError(
+            f"expected KEY=VALUE (KEY may be dotted, e.g. "
+            f"client_kwargs.region_name=eu-west-1), got {text!r}"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError:
         value = raw
     if isinstance(value, (dict, list)):
-        raise ValueError(f"{text!r}: the value must be a single value; give nested keys "
-                         "with dots (client_kwargs.region_name=eu-west-1), one flag each")
+        raise ValueError(
+            f"{text!r}: the value must be a single value; give nested keys "
+            "with dots (client_kwargs.region_name=eu-west-1), one flag each"
+        )
     return keys, value
 
 
@@ -84,10 +88,14 @@ def storage_options_from(pairs: Iterable[tuple[tuple[str, ...], Any]], flag: str
         for depth, key in enumerate(keys[:-1]):
             node = node.setdefault(key, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{flag} {'.'.join(keys)}: {'.'.join(keys[:depth + 1])} "
-                                  "already has a value; give it either a value or nested keys")
+                raise ConfigError(
+                    f"{flag} {'.'.join(keys)}: {'.'.join(keys[: depth + 1])} "
+                    "already has a value; give it either a value or nested keys"
+                )
         if keys[-1] in node:
-            raise ConfigError(f"{flag} {'.'.join(keys)} is given twice (or is also a parent "
-                              "of nested keys); give each key once")
+            raise ConfigError(
+                f"{flag} {'.'.join(keys)} is given twice (or is also a parent "
+                "of nested keys); give each key once"
+            )
         node[keys[-1]] = value
     return options

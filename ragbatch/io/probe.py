@@ -35,8 +35,9 @@ def probe_path(base: str) -> str:
     return f"{base.rstrip('/')}/{STAGING}/{PROBE_PREFIX}{uuid.uuid4().hex}"
 
 
-def probe_output(uri: str, storage_options: dict[str, Any] | None = None,
-                 section: str = "output") -> str:
+def probe_output(
+    uri: str, storage_options: dict[str, Any] | None = None, section: str = "output"
+) -> str:
     """Write and delete one probe object under the output root ``uri``.
 
     Parameters
@@ -96,8 +97,9 @@ def _missing_dirs(fs: Any, path: str) -> list[str]:
     return missing
 
 
-def probe_error(uri: str, fs: Any, base: str, exc: BaseException,
-                section: str = "output") -> OutputError:
+def probe_error(
+    uri: str, fs: Any, base: str, exc: BaseException, section: str = "output"
+) -> OutputError:
     """The error :func:`probe_output` raises for ``exc``, a failure to write or delete
     under the root ``uri`` (``base`` is its path in ``fs``).
 
@@ -113,9 +115,11 @@ def probe_error(uri: str, fs: Any, base: str, exc: BaseException,
         return OutputError(
             f"{uri}: cannot write to the storage service now ({detail}); it is unreachable, "
             f"timed out or throttling: check {section}.storage_options.endpoint_url and the "
-            "network, or try again later")
-    return OutputNotWritableError(f"{uri}: cannot write under {section}.uri: "
-                                  f"{_why(fs, base, exc, section)} ({detail})")
+            "network, or try again later"
+        )
+    return OutputNotWritableError(
+        f"{uri}: cannot write under {section}.uri: {_why(fs, base, exc, section)} ({detail})"
+    )
 
 
 def _why(fs: Any, base: str, exc: BaseException, section: str) -> str:
@@ -123,17 +127,26 @@ def _why(fs: Any, base: str, exc: BaseException, section: str) -> str:
     if isinstance(fs, LocalFileSystem):
         blocker = _file_above(fs, base)
         if blocker is not None:
-            return (f"{blocker} is a regular file, not a directory; set {section}.uri to a "
-                    "directory (or a path that does not exist yet) that no file is in the way of")
+            return (
+                f"{blocker} is a regular file, not a directory; set {section}.uri to a "
+                "directory (or a path that does not exist yet) that no file is in the way of"
+            )
     elif is_not_found(exc):
         bucket = base.split("/", 1)[0]
-        return (f"bucket {bucket!r} does not exist (or these credentials cannot see it); "
-                f"create it, or fix {section}.uri / {section}.storage_options")
-    if isinstance(exc, PermissionError) or getattr(exc, "errno", None) in (errno.EACCES,
-                                                                         errno.EPERM, errno.EROFS):
-        return (f"permission denied; set {section}.uri to a location this account may write "
-                f"and delete in, or fix its permissions or the credentials "
-                f"({section}.storage_options, or the environment)")
+        return (
+            f"bucket {bucket!r} does not exist (or these credentials cannot see it); "
+            f"create it, or fix {section}.uri / {section}.storage_options"
+        )
+    if isinstance(exc, PermissionError) or getattr(exc, "errno", None) in (
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+    ):
+        return (
+            f"permission denied; set {section}.uri to a location this account may write "
+            f"and delete in, or fix its permissions or the credentials "
+            f"({section}.storage_options, or the environment)"
+        )
     return f"fix {section}.uri or {section}.storage_options"
 
 

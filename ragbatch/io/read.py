@@ -47,15 +47,37 @@ from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 from ragbatch.io.names import refuse_internal_names
-from ragbatch.io.listing import (COMPRESSION_BY_EXTENSION, FORMAT_BY_EXTENSION, InputFile,
-                                 discover, display_path, split_extension, storage_call)
-from ragbatch.io.text_formats import (DELIMITERS, NONSTRING_COLUMN, PEEK_BYTES, peek_text,
-                                      read_delimited, read_json)
+from ragbatch.io.listing import (
+    COMPRESSION_BY_EXTENSION,
+    FORMAT_BY_EXTENSION,
+    InputFile,
+    discover,
+    display_path,
+    split_extension,
+    storage_call,
+)
+from ragbatch.io.text_formats import (
+    DELIMITERS,
+    NONSTRING_COLUMN,
+    PEEK_BYTES,
+    peek_text,
+    read_delimited,
+    read_json,
+)
 
 __all__ = [
-    "COMPRESSION_BY_EXTENSION", "FORMAT_BY_EXTENSION", "HIVE_NULL", "NONSTRING_COLUMN",
-    "PEEK_BYTES", "ReadTask", "input_fingerprint", "peek_schema", "plan_read", "read_task",
-    "read_task_head", "split_extension",
+    "COMPRESSION_BY_EXTENSION",
+    "FORMAT_BY_EXTENSION",
+    "HIVE_NULL",
+    "NONSTRING_COLUMN",
+    "PEEK_BYTES",
+    "ReadTask",
+    "input_fingerprint",
+    "peek_schema",
+    "plan_read",
+    "read_task",
+    "read_task_head",
+    "split_extension",
 ]
 
 #: Hive's spelling of a null partition value.
@@ -138,7 +160,9 @@ def plan_read(cfg: InputSection, target_rows_per_task: int = 100_000) -> list[Re
     return tasks
 
 
-def _row_group_counts(fs: fsspec.AbstractFileSystem, files: list[InputFile]) -> dict[str, list[int]]:
+def _row_group_counts(
+    fs: fsspec.AbstractFileSystem, files: list[InputFile]
+) -> dict[str, list[int]]:
     def count(item: InputFile) -> list[int]:
         meta = _parquet_metadata(fs, item.path)
         return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -157,7 +181,9 @@ def _parquet_tasks(item: InputFile, counts: list[int], target: int) -> list[Read
     start = rows = offset = 0
     for index, n in enumerate(counts):
         if group and rows + n > target:
-            tasks.append(ReadTask(item.path, item.key, "parquet", start, tuple(group), item.partition))
+            tasks.append(
+                ReadTask(item.path, item.key, "parquet", start, tuple(group), item.partition)
+            )
             start, group, rows = offset, [], 0
         group.append(index)
         rows += n
@@ -169,8 +195,17 @@ def _parquet_tasks(item: InputFile, counts: list[int], target: int) -> list[Read
 # --------------------------------------------------------------------------- fingerprint
 
 
-_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified",
-                 "last_modified", "updated", "created")
+_VERSION_KEYS = (
+    "ETag",
+    "etag",
+    "generation",
+    "md5Hash",
+    "mtime",
+    "LastModified",
+    "last_modified",
+    "updated",
+    "created",
+)
 
 
 def input_fingerprint(cfg: InputSection, tasks: list[ReadTask]) -> dict:
@@ -291,8 +326,11 @@ def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table
         with fs.open(task.path, "rb") as handle:
             parquet = pq.ParquetFile(handle)
             refuse_internal_names(parquet.schema_arrow.names, where)
-            groups = (list(task.row_groups) if task.row_groups is not None
-                      else list(range(parquet.num_row_groups)))
+            groups = (
+                list(task.row_groups)
+                if task.row_groups is not None
+                else list(range(parquet.num_row_groups))
+            )
             parts, rows = [], 0
             for group in groups:
                 if rows >= max_rows:
@@ -354,8 +392,10 @@ def _add_partitions(table: pa.Table, partition: tuple[tuple[str, str], ...]) -> 
     for key, value in partition:
         if key in table.column_names:
             continue  # the file's own column wins over the directory name
-        column = pa.nulls(table.num_rows, pa.string()) if value == HIVE_NULL else (
-            pa.array([value] * table.num_rows, pa.string())
+        column = (
+            pa.nulls(table.num_rows, pa.string())
+            if value == HIVE_NULL
+            else (pa.array([value] * table.num_rows, pa.string()))
         )
         table = table.append_column(pa.field(key, pa.string()), column)
     return table

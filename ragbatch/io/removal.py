@@ -50,8 +50,10 @@ def ensure_under(owner: str, path: str) -> str:
     """
     root, target = _normal(owner).rstrip("/"), _normal(path)
     if not root or root in (".", "/") or not target.startswith(root + "/"):
-        raise OutputError(f"refusing to delete {path!r}: it is not inside {owner!r}, the "
-                          "prefix this step owns (nothing was deleted)")
+        raise OutputError(
+            f"refusing to delete {path!r}: it is not inside {owner!r}, the "
+            "prefix this step owns (nothing was deleted)"
+        )
     return target
 
 

@@ -103,8 +103,7 @@ def sample_input(plan: "PlannedInput", max_rows: int) -> InputSample:
         if raw.num_rows:
             parts.append(normalize(raw, cfg, task, plan.slices, quote_values=plan.quote_values))
             taken += raw.num_rows
-    table = (pa.concat_tables(parts, promote_options="permissive") if parts
-             else pa.table({}))
+    table = pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
     return InputSample(table, _size(plan, counted))
 
 
@@ -124,13 +123,22 @@ def _size(plan: "PlannedInput", counted: dict[str, int]) -> InputSize:
             counted[path] = read_task(by_task[path], cfg).num_rows
         unread = []
     rows += sum(counted.values())
-    how = " and ".join(part for part, present in (("Parquet footers", parquet),
-                                                   ("counted", counted)) if present) or "counted"
+    how = (
+        " and ".join(
+            part
+            for part, present in (("Parquet footers", parquet), ("counted", counted))
+            if present
+        )
+        or "counted"
+    )
     if not unread:
         return InputSize(rows, True, how)
     read_bytes = sum(sizes[p] for p in counted)
     per_row = read_bytes / max(sum(counted.values()), 1)
     guess = round(sum(sizes[p] for p in unread) / per_row) if per_row else 0
-    return InputSize(rows + guess, False,
-                     f"{how}; {len(unread)} of {len(text)} text files estimated from their "
-                     f"size at {per_row:,.0f} bytes per row")
+    return InputSize(
+        rows + guess,
+        False,
+        f"{how}; {len(unread)} of {len(text)} text files estimated from their "
+        f"size at {per_row:,.0f} bytes per row",
+    )

@@ -47,7 +47,14 @@ from ragbatch.io.names import unusable_names
 from ragbatch.io.read import NONSTRING_COLUMN, ReadTask
 
 #: Object keys tried, in order, for a context's text when ``input.contexts_field`` is unset.
-CONTEXT_TEXT_FIELDS: tuple[str, ...] = ("text", "content", "page_content", "excerpt", "chunk", "document")
+CONTEXT_TEXT_FIELDS: tuple[str, ...] = (
+    "text",
+    "content",
+    "page_content",
+    "excerpt",
+    "chunk",
+    "document",
+)
 
 _TEXT_COLUMNS = (C.QUESTION, C.ANSWER, C.REFERENCE)
 _LIST_OF_STRINGS = pa.list_(pa.string())
@@ -116,8 +123,10 @@ def check_columns(cfg: InputSection, schema: pa.Schema) -> list[str]:
     """
     names = [n for n in schema.names if n != NONSTRING_COLUMN]
     if not names:
-        return [f"input.uri: {cfg.uri} has no columns at all (an empty file: 0 bytes, or no "
-                "header line); check that it is the file you meant and that it was written completely"]
+        return [
+            f"input.uri: {cfg.uri} has no columns at all (an empty file: 0 bytes, or no "
+            "header line); check that it is the file you meant and that it was written completely"
+        ]
     problems: list[str] = []
     for canonical in C.CANONICAL:
         column = getattr(cfg.columns, canonical)
@@ -167,8 +176,10 @@ def _contexts_type_problem(t: pa.DataType, cfg: InputSection) -> str | None:
         return None
     if _is_text(t):
         if cfg.contexts_format == "list":
-            return (f"has type {t} but input.contexts_format is 'list'; use 'auto', 'json' "
-                    "(JSON-encoded lists) or 'text' (one context per value)")
+            return (
+                f"has type {t} but input.contexts_format is 'list'; use 'auto', 'json' "
+                "(JSON-encoded lists) or 'text' (one context per value)"
+            )
         return None
     if not _is_list(t):
         return f"has type {t}; contexts need a list of strings, a JSON-encoded list or a string"
@@ -179,10 +190,15 @@ def _contexts_type_problem(t: pa.DataType, cfg: InputSection) -> str | None:
         keys = [item.field(i).name for i in range(item.num_fields)]
         fields = _text_fields(keys, cfg.contexts_field)
         if not fields:
-            wanted = (repr(cfg.contexts_field) if cfg.contexts_field
-                      else "any of " + ", ".join(CONTEXT_TEXT_FIELDS))
-            return (f"holds objects without {wanted} (their fields: {', '.join(keys)}); set "
-                    "input.contexts_field to the field holding the text")
+            wanted = (
+                repr(cfg.contexts_field)
+                if cfg.contexts_field
+                else "any of " + ", ".join(CONTEXT_TEXT_FIELDS)
+            )
+            return (
+                f"holds objects without {wanted} (their fields: {', '.join(keys)}); set "
+                "input.contexts_field to the field holding the text"
+            )
         for field in fields:
             field_type = item.field(field).type
             if not (_is_text(field_type) or pa.types.is_null(field_type)):
@@ -191,8 +207,9 @@ def _contexts_type_problem(t: pa.DataType, cfg: InputSection) -> str | None:
     return f"has type {t}; contexts need a list of strings or of objects with a text field"
 
 
-def slice_columns(cfg: InputSection, schema: pa.Schema,
-                  extra: Sequence[str] = ()) -> list[tuple[str, str]]:
+def slice_columns(
+    cfg: InputSection, schema: pa.Schema, extra: Sequence[str] = ()
+) -> list[tuple[str, str]]:
     """The input columns that pass through, with their output names.
 
     Parameters
@@ -256,7 +273,9 @@ class _Issues:
 
     def to_array(self) -> pa.StructArray:
         arrays = [
-            pa.array(self.notes[name], pa.string()) if name in self.notes else pa.nulls(self.n, pa.string())
+            pa.array(self.notes[name], pa.string())
+            if name in self.notes
+            else pa.nulls(self.n, pa.string())
             for name in C.NULLABLE_INPUTS
         ]
         return pa.StructArray.from_arrays(arrays, fields=list(C.ISSUES_TYPE))
@@ -321,17 +340,20 @@ def normalize(
     for canonical in _TEXT_COLUMNS:
         source = _source(raw, cfg, canonical, task)
         out[canonical] = (
-            pa.nulls(n, pa.string()) if source is None
+            pa.nulls(n, pa.string())
+            if source is None
             else _text(canonical, source, marks.get(getattr(cfg.columns, canonical), set()), issues)
         )
     source = _source(raw, cfg, C.CONTEXTS, task)
     out[C.CONTEXTS] = (
-        pa.nulls(n, _LIST_OF_STRINGS) if source is None
+        pa.nulls(n, _LIST_OF_STRINGS)
+        if source is None
         else _contexts(source, marks.get(cfg.columns.contexts, set()), cfg, issues)
     )
     source = _source(raw, cfg, C.LATENCY_S, task)
     out[C.LATENCY_S] = (
-        pa.nulls(n, pa.float64()) if source is None
+        pa.nulls(n, pa.float64())
+        if source is None
         else _latency(source, marks.get(cfg.columns.latency_s, set()), cfg, issues)
     )
     out[C.ISSUES] = issues.to_array()
@@ -342,8 +364,10 @@ def _assemble(raw: pa.Table, out: dict[str, pa.Array], slices: list[tuple[str, s
     fields = list(C.CANONICAL_SCHEMA)
     arrays: list[pa.ChunkedArray] = [pa.chunked_array([out[f.name]], f.type) for f in fields]
     for source, name in slices:
-        column = raw.column(source) if source in raw.column_names else pa.chunked_array(
-            [pa.nulls(raw.num_rows)]
+        column = (
+            raw.column(source)
+            if source in raw.column_names
+            else pa.chunked_array([pa.nulls(raw.num_rows)])
         )
         fields.append(pa.field(name, column.type))
         arrays.append(column)
@@ -440,11 +464,19 @@ def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> p
         strings = pc.cast(source, pa.string())
         for row in sorted(marked):
             value = json.loads(strings[row].as_py())
-            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})")
+            issues.add(
+                column,
+                row,
+                f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})",
+            )
         return _blank_rows(strings, marked)
     for row, value in enumerate(source.to_pylist()):
         if value is not None:
-            issues.add(column, row, f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})")
+            issues.add(
+                column,
+                row,
+                f"{column}: expected a string, got {_kind(value)} ({issues.preview(value)})",
+            )
     return pa.nulls(n, pa.string())
 
 
@@ -471,8 +503,11 @@ def _latency(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Iss
     else:
         for row, value in enumerate(source.to_pylist()):
             if value is not None:
-                issues.add(C.LATENCY_S, row,
-                           f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})")
+                issues.add(
+                    C.LATENCY_S,
+                    row,
+                    f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})",
+                )
         return pa.nulls(n, pa.float64())
     if per_second != 1:
         seconds = pc.divide(seconds, float(per_second))
@@ -484,15 +519,20 @@ def _parse_numbers(strings: pa.Array, marked: set[int], issues: _Issues) -> pa.A
     for row in sorted(marked):  # JSON text of a non-string value: numbers are fine
         value = json.loads(strings[row].as_py())
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            issues.add(C.LATENCY_S, row,
-                       f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})")
+            issues.add(
+                C.LATENCY_S,
+                row,
+                f"latency_s: expected a number, got {_kind(value)} ({issues.preview(value)})",
+            )
             rejected.add(row)
     strings = _blank_rows(strings, rejected)
     trimmed = pc.utf8_trim_whitespace(strings)
     numeric = pc.match_substring_regex(trimmed, _NUMBER)
     bad = pc.fill_null(pc.invert(numeric), False)
     for row in pc.indices_nonzero(bad).to_pylist():
-        issues.add(C.LATENCY_S, row, f"latency_s: {issues.preview(strings[row].as_py())} is not a number")
+        issues.add(
+            C.LATENCY_S, row, f"latency_s: {issues.preview(strings[row].as_py())} is not a number"
+        )
     return pc.cast(pc.if_else(bad, pa.scalar(None, pa.string()), trimmed), pa.float64())
 
 
@@ -522,8 +562,12 @@ def _contexts(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Is
         return _contexts_from_strings(pc.cast(source, pa.string()), marked, cfg, issues)
     for row, value in enumerate(source.to_pylist()):
         if value is not None:
-            issues.add(C.CONTEXTS, row, f"contexts: expected a list or a string, got "
-                                        f"{_kind(value)} ({issues.preview(value)})")
+            issues.add(
+                C.CONTEXTS,
+                row,
+                f"contexts: expected a list or a string, got "
+                f"{_kind(value)} ({issues.preview(value)})",
+            )
     return pa.nulls(n, _LIST_OF_STRINGS)
 
 
@@ -554,13 +598,16 @@ def _struct_items(source: pa.Array, cfg: InputSection) -> pa.Array | None:
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return None  # the caller falls back to the item-by-item path
     lists = pa.concat_arrays([lists])  # offset 0, as from_arrays with a mask needs
-    candidates = [pc.cast(pc.struct_field(lists.values, [keys.index(f)]), pa.string()) for f in fields]
+    candidates = [
+        pc.cast(pc.struct_field(lists.values, [keys.index(f)]), pa.string()) for f in fields
+    ]
     values = candidates[0] if len(candidates) == 1 else pc.coalesce(*candidates)
     return pa.ListArray.from_arrays(lists.offsets, values, mask=lists.is_null())
 
 
-def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSection,
-                           issues: _Issues) -> pa.Array:
+def _contexts_from_strings(
+    strings: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues
+) -> pa.Array:
     fmt = cfg.contexts_format
     n = len(strings)
     valid = pc.is_valid(strings)
@@ -578,8 +625,9 @@ def _contexts_from_strings(strings: pa.Array, marked: set[int], cfg: InputSectio
     special = sorted(marked) + (pc.indices_nonzero(valid).to_pylist() if fmt == "list" else [])
     special = sorted(set(special))
     if special:
-        rows = [_special_context(strings[r].as_py(), r in marked, cfg, issues.preview)
-                for r in special]
+        rows = [
+            _special_context(strings[r].as_py(), r in marked, cfg, issues.preview) for r in special
+        ]
         parts.append((special, _to_arrow(rows, issues, special)))
     base = _split(strings, cfg.contexts_delimiter) if fmt == "delimited" else _wrap(strings)
     return _overlay(base, parts)
@@ -619,8 +667,9 @@ def _overlay(base: pa.Array, parts: list[tuple[list[int], pa.Array]]) -> pa.Arra
     return merged.take(pa.array(indices, pa.int64()))
 
 
-def _parse_json_contexts(strings: pa.Array, rows: list[int], cfg: InputSection,
-                         issues: _Issues) -> pa.Array:
+def _parse_json_contexts(
+    strings: pa.Array, rows: list[int], cfg: InputSection, issues: _Issues
+) -> pa.Array:
     subset = strings if len(rows) == len(strings) else strings.take(pa.array(rows, pa.int64()))
     fast = _strict_json_lists(subset)
     if fast is not None:
@@ -648,7 +697,9 @@ def _strict_json_lists(values: pa.Array) -> pa.Array | None:
         table = pajson.read_json(
             pa.BufferReader(buffer),
             # blocks parse in parallel; each must hold at least one whole line
-            read_options=pajson.ReadOptions(block_size=min(max(4 << 20, 2 * longest + 64), 2**31 - 1)),
+            read_options=pajson.ReadOptions(
+                block_size=min(max(4 << 20, 2 * longest + 64), 2**31 - 1)
+            ),
             parse_options=pajson.ParseOptions(
                 explicit_schema=schema, newlines_in_values=True, unexpected_field_behavior="error"
             ),
@@ -662,8 +713,9 @@ def _strict_json_lists(values: pa.Array) -> pa.Array | None:
 
 def _concatenated(strings: pa.StringArray) -> pa.Buffer:
     """All values of a null-free string array back to back, without copying."""
-    offsets = pa.Array.from_buffers(pa.int32(), len(strings) + 1, [None, strings.buffers()[1]],
-                                    offset=strings.offset)
+    offsets = pa.Array.from_buffers(
+        pa.int32(), len(strings) + 1, [None, strings.buffers()[1]], offset=strings.offset
+    )
     start, end = offsets[0].as_py(), offsets[len(strings)].as_py()
     return strings.buffers()[2].slice(start, end - start)
 
@@ -698,8 +750,10 @@ def _special_context(text: str, nonstring: bool, cfg: InputSection, preview: Pre
         if isinstance(value, list):
             return _items(value, cfg, preview)
         return None, f"contexts: expected a list or a string, got {_kind(value)} ({preview(value)})"
-    return None, (f"contexts: expected a list (input.contexts_format is 'list'), got a string "
-                  f"({preview(text)})")
+    return None, (
+        f"contexts: expected a list (input.contexts_format is 'list'), got a string "
+        f"({preview(text)})"
+    )
 
 
 def _items(values: list, cfg: InputSection, preview: Preview) -> Row:
@@ -713,32 +767,43 @@ def _items(values: list, cfg: InputSection, preview: Preview) -> Row:
                 return None, problem
             texts.append(text)
         else:
-            return None, (f"contexts: item {index} is {_kind(item)} ({preview(item)}); expected "
-                          "a string or an object with a text field")
+            return None, (
+                f"contexts: item {index} is {_kind(item)} ({preview(item)}); expected "
+                "a string or an object with a text field"
+            )
     return texts, None
 
 
-def _object_text(item: dict, index: int, configured: str | None,
-                 preview: Preview) -> tuple[str | None, str | None]:
+def _object_text(
+    item: dict, index: int, configured: str | None, preview: Preview
+) -> tuple[str | None, str | None]:
     """An object item's text: the first candidate key with a non-null value."""
     fields = _text_fields(list(item), configured)
     if not fields:
         keys = preview(list(item))
         if configured is not None:
-            return None, (f"contexts: item {index} is an object without the field {configured!r} "
-                          f"(input.contexts_field); its keys: {keys}")
-        return None, (f"contexts: item {index} is an object with none of the fields "
-                      f"{', '.join(CONTEXT_TEXT_FIELDS)} (its keys: {keys}); set "
-                      "input.contexts_field")
+            return None, (
+                f"contexts: item {index} is an object without the field {configured!r} "
+                f"(input.contexts_field); its keys: {keys}"
+            )
+        return None, (
+            f"contexts: item {index} is an object with none of the fields "
+            f"{', '.join(CONTEXT_TEXT_FIELDS)} (its keys: {keys}); set "
+            "input.contexts_field"
+        )
     field = next((f for f in fields if item[f] is not None), fields[0])
     value = item[field]
     if value is None or isinstance(value, str):
         return value, None
-    return None, (f"contexts: item {index} field {field!r} is {_kind(value)} ({preview(value)}), "
-                  "expected a string")
+    return None, (
+        f"contexts: item {index} field {field!r} is {_kind(value)} ({preview(value)}), "
+        "expected a string"
+    )
 
 
-def _to_arrow(rows: list[Row | None], issues: _Issues, positions: list[int] | None = None) -> pa.Array:
+def _to_arrow(
+    rows: list[Row | None], issues: _Issues, positions: list[int] | None = None
+) -> pa.Array:
     """list<string> array from per-row results, recording each row's issue."""
     values: list[list | None] = []
     for k, row in enumerate(rows):
@@ -752,7 +817,9 @@ def _to_arrow(rows: list[Row | None], issues: _Issues, positions: list[int] | No
         return _drop_bad_unicode(values, issues, positions)
 
 
-def _drop_bad_unicode(values: list[list | None], issues: _Issues, positions: list[int] | None) -> pa.Array:
+def _drop_bad_unicode(
+    values: list[list | None], issues: _Issues, positions: list[int] | None
+) -> pa.Array:
     cleaned: list[list | None] = []
     for k, texts in enumerate(values):
         try:
@@ -760,8 +827,11 @@ def _drop_bad_unicode(values: list[list | None], issues: _Issues, positions: lis
                 (text or "").encode("utf-8")
             cleaned.append(texts)
         except UnicodeEncodeError:
-            issues.add(C.CONTEXTS, positions[k] if positions else k,
-                       "contexts: an item holds an unpaired UTF-16 surrogate escape (e.g. \\ud800), "
-                       "which is not valid Unicode")
+            issues.add(
+                C.CONTEXTS,
+                positions[k] if positions else k,
+                "contexts: an item holds an unpaired UTF-16 surrogate escape (e.g. \\ud800), "
+                "which is not valid Unicode",
+            )
             cleaned.append(None)
     return pa.array(cleaned, _LIST_OF_STRINGS)

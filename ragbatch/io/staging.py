@@ -147,7 +147,9 @@ class Staging:
             self.lease.release()
             if isinstance(exc, RagbatchError) or not isinstance(exc, Exception):
                 raise
-            raise OutputError(str(describe_storage_error(self.layout.root, exc, section="output"))) from None
+            raise OutputError(
+                str(describe_storage_error(self.layout.root, exc, section="output"))
+            ) from None
         self.lease.start_renewing()
         return resume
 
@@ -158,23 +160,33 @@ class Staging:
             self._remove_prefix()
             raise OutputError(
                 f"run {self.layout.run_id!r} is already committed under {self.layout.root} "
-                f"({self.layout.uri(self.layout.manifest_path)}); pass a new --run-id")
+                f"({self.layout.uri(self.layout.manifest_path)}); pass a new --run-id"
+            )
         state = self._read_state()
         if state is None:
             if self.fs.exists(self.layout.scores_path):
                 raise OutputError(
                     f"run {self.layout.run_id!r} has scores but no manifest under "
                     f"{self.layout.root} ({self.layout.uri(self.layout.scores_path)}), "
-                    "written by a version without staging; remove them or pass a new --run-id")
-            self._write_state({"run_id": self.layout.run_id, "fingerprint": fingerprint,
-                               "run_date": self.layout.run_date.isoformat(), "attempts": 1,
-                               "accepted": [], "started_at": _now()})
+                    "written by a version without staging; remove them or pass a new --run-id"
+                )
+            self._write_state(
+                {
+                    "run_id": self.layout.run_id,
+                    "fingerprint": fingerprint,
+                    "run_date": self.layout.run_date.isoformat(),
+                    "attempts": 1,
+                    "accepted": [],
+                    "started_at": _now(),
+                }
+            )
             return Resume(attempt=1)
         if state["fingerprint"] != fingerprint:
             raise OutputError(
                 f"run {self.layout.run_id!r} under {self.layout.root} was started with a "
                 "different config or input, so its partial scores cannot be reused; pass a "
-                f"new --run-id, or delete {self.layout.uri(self.root)} to start it over")
+                f"new --run-id, or delete {self.layout.uri(self.root)} to start it over"
+            )
         self.attempt = int(state["attempts"]) + 1
         self._undo_partial_publish()
         resume = self._scan(state, metric_ids)
@@ -230,9 +242,11 @@ class Staging:
                 broken.append(path)
                 continue
             per_row: dict[str, set[str]] = {}
-            for row_id, metric, status in zip(table.column("row_id").to_pylist(),
-                                              table.column("metric").to_pylist(),
-                                              table.column("status").to_pylist()):
+            for row_id, metric, status in zip(
+                table.column("row_id").to_pylist(),
+                table.column("metric").to_pylist(),
+                table.column("status").to_pylist(),
+            ):
                 # A cell with status error is not done: a resume scores its row again.
                 per_row.setdefault(row_id, set()).update(() if status == ERROR else (metric,))
             cells[path] = per_row
@@ -251,8 +265,14 @@ class Staging:
         set_aside = sorted(set(files) - accepted)
         for path in set_aside:
             remove_under(self.fs, self.root, path)
-        log.info("resume of run %s (attempt %d): %d rows reused from %d files; %d files set aside",
-                 self.layout.run_id, self.attempt, len(done), len(accepted), len(set_aside))
+        log.info(
+            "resume of run %s (attempt %d): %d rows reused from %d files; %d files set aside",
+            self.layout.run_id,
+            self.attempt,
+            len(done),
+            len(accepted),
+            len(set_aside),
+        )
         return Resume(self.attempt, done, sorted(accepted), set_aside)
 
     def _files(self, path: str) -> list[str]:
@@ -287,14 +307,22 @@ class Staging:
         for i, path in enumerate(files):
             dest = f"{target}/part-{i:05d}.parquet"
             retry(lambda: self.fs.mv(path, dest), f"move {path}")
-        retry(lambda: self.layout.write_table(self.layout.summary_path, summary), "write the summary")
-        retry(lambda: self.layout.write_json(self.layout.manifest_path, manifest.to_json_dict()),
-              "write the manifest")
+        retry(
+            lambda: self.layout.write_table(self.layout.summary_path, summary), "write the summary"
+        )
+        retry(
+            lambda: self.layout.write_json(self.layout.manifest_path, manifest.to_json_dict()),
+            "write the manifest",
+        )
         try:
             self._remove_prefix()
         except Exception as exc:  # noqa: BLE001 - the run is committed; leftovers are harmless
-            log.warning("run %s committed, but its staging prefix %s was not removed: %s",
-                        self.layout.run_id, self.root, exc)
+            log.warning(
+                "run %s committed, but its staging prefix %s was not removed: %s",
+                self.layout.run_id,
+                self.root,
+                exc,
+            )
 
     def close(self) -> None:
         """End this attempt's hold on the run: stop renewing the lease and mark it
@@ -333,7 +361,8 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
         raise OutputNotWritableError(
             f"{root}: cannot write under output.uri: bucket {bucket!r} does not exist (or "
             "these credentials cannot see it); create it, or fix output.uri / "
-            "output.storage_options")
+            "output.storage_options"
+        )
 
 
 def _now() -> str:

@@ -53,8 +53,11 @@ def peek_text(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str)
         text = _decode(data, encoding, where)
         names = _csv_header(text, DELIMITERS[fmt], where)
         if _has_index_column(names):
-            log.warning("%s: the first column has no name: a pandas index (DataFrame.to_csv() "
-                        "without index=False); it is not read", where)
+            log.warning(
+                "%s: the first column has no name: a pandas index (DataFrame.to_csv() "
+                "without index=False); it is not read",
+                where,
+            )
         return pa.table({n: pa.array([], pa.string()) for n in _named(names)})
     # A JSON array can only be parsed whole; JSON lines are cut after whole lines.
     data = _read_bytes(fs, path, limit=None if fmt == "json" else PEEK_BYTES)
@@ -123,7 +126,7 @@ def _decode(data: bytes, encoding: str, where: str) -> str:
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise InputError(
-            f"{where}: byte 0x{data[exc.start:exc.start + 1].hex()} at byte offset {exc.start} "
+            f"{where}: byte 0x{data[exc.start : exc.start + 1].hex()} at byte offset {exc.start} "
             f"(line {line}) is not valid {encoding} ({exc.reason}); the file uses another "
             "encoding: set input.encoding to it (for example 'latin-1' or 'cp1252')"
         ) from None
@@ -194,7 +197,9 @@ def read_delimited(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding:
         table = pacsv.read_csv(
             io.BytesIO(_utf8(data, text, encoding)),
             parse_options=pacsv.ParseOptions(
-                delimiter=DELIMITERS[fmt], quote_char='"', double_quote=True,
+                delimiter=DELIMITERS[fmt],
+                quote_char='"',
+                double_quote=True,
                 newlines_in_values=True,
             ),
             convert_options=pacsv.ConvertOptions(
@@ -240,7 +245,11 @@ def _json_records(
         return _json_array(text, where, max_rows)
     records: list[dict] = []
     lines: list[int] = []
-    hint = " (a .json file must hold a JSON array of objects or one object per line)" if fmt == "json" else ""
+    hint = (
+        " (a .json file must hold a JSON array of objects or one object per line)"
+        if fmt == "json"
+        else ""
+    )
     for number, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue

@@ -76,7 +76,9 @@ class OutputLayout:
 
     def uri(self, path: str) -> str:
         """``path`` as a URI a user can paste (protocol kept for remote filesystems)."""
-        return self.fs.unstrip_protocol(path) if _protocol(self.fs) not in ("file", "local") else path
+        return (
+            self.fs.unstrip_protocol(path) if _protocol(self.fs) not in ("file", "local") else path
+        )
 
     @property
     def process_local(self) -> bool:
@@ -129,8 +131,7 @@ def connect(layout: OutputLayout) -> duckdb.DuckDBPyConnection:
     if limit.lower() == "none":
         con = duckdb.connect()
     else:
-        spill = os.path.join(tempfile.gettempdir(),
-                             f"ragbatch-duckdb-{os.getpid()}-{id(layout):x}")
+        spill = os.path.join(tempfile.gettempdir(), f"ragbatch-duckdb-{os.getpid()}-{id(layout):x}")
         con = duckdb.connect(config={"temp_directory": spill})
         if not limit:
             threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
@@ -156,8 +157,9 @@ class RunCheck:
     models: dict[str, list[str]]
 
 
-def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
-               n_rows: int) -> RunCheck:
+def verify_run(
+    layout: OutputLayout, files: list[str], metric_ids: list[str], n_rows: int
+) -> RunCheck:
     """Check row conservation over the score files ``files`` (filesystem paths of
     ``layout.fs``) and count cells per metric and status.
 
@@ -177,8 +179,10 @@ def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
             f"read_parquet({file_list(layout, files)}, hive_partitioning=false)"
         )
     else:
-        con.execute("CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
-                    "NULL::DOUBLE score, NULL::VARCHAR status, NULL::VARCHAR model WHERE false")
+        con.execute(
+            "CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
+            "NULL::DOUBLE score, NULL::VARCHAR status, NULL::VARCHAR model WHERE false"
+        )
     problems = _conservation_problems(con, metric_ids, n_rows)
     if problems:
         raise ConservationError(
@@ -190,7 +194,9 @@ def verify_run(layout: OutputLayout, files: list[str], metric_ids: list[str],
     return RunCheck(n_rows, n_rows * len(metric_ids), counts, models)
 
 
-def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int) -> list[str]:
+def _conservation_problems(
+    con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int
+) -> list[str]:
     problems = []
     per_metric = dict(con.execute("SELECT metric, count(*) FROM s GROUP BY metric").fetchall())
     n_cells = sum(per_metric.values())
@@ -228,8 +234,7 @@ def _conservation_problems(con: duckdb.DuckDBPyConnection, metric_ids: list[str]
 CELLS_PER_BUCKET = 2_000_000
 
 
-def _key_checks(con: duckdb.DuckDBPyConnection,
-                n_cells: int) -> tuple[tuple[int, str] | None, int]:
+def _key_checks(con: duckdb.DuckDBPyConnection, n_cells: int) -> tuple[tuple[int, str] | None, int]:
     """Duplicate (row_id, metric) pairs (their number and up to five examples, or None)
     and the number of distinct row ids, in memory that does not grow with the run.
 
@@ -249,9 +254,12 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
         if folder is not None:
             con.execute(
                 f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric "
-                f"FROM s) TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))")
-            sources = [f"read_parquet({_literal(os.path.join(folder, part, '*.parquet'))})"
-                       for part in sorted(os.listdir(folder))]
+                f"FROM s) TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))"
+            )
+            sources = [
+                f"read_parquet({_literal(os.path.join(folder, part, '*.parquet'))})"
+                for part in sorted(os.listdir(folder))
+            ]
         for source in sources:
             found, some, distinct = _bucket_keys(con, source)
             n_dup, n_distinct = n_dup + found, n_distinct + distinct
@@ -266,19 +274,28 @@ def _key_checks(con: duckdb.DuckDBPyConnection,
     return (n_dup, _examples(examples[:5])), n_distinct
 
 
-def _bucket_keys(con: duckdb.DuckDBPyConnection,
-                 source: str) -> tuple[int, list[tuple[str, str, int]], int]:
+def _bucket_keys(
+    con: duckdb.DuckDBPyConnection, source: str
+) -> tuple[int, list[tuple[str, str, int]], int]:
     """Of the cells in ``source`` (a view or a ``read_parquet`` call with ``row_id`` and
     ``metric`` columns): the number of (row_id, metric) pairs that repeat, up to five of
     them as ``(row_id, metric, count)`` (most repeated first), and the number of
     distinct row ids."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
-                f"FROM {source} GROUP BY row_id, metric")
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
+        f"FROM {source} GROUP BY row_id, metric"
+    )
     n_distinct = con.execute(
-        "SELECT count(*) FROM (SELECT row_id FROM pairs GROUP BY row_id)").fetchone()[0]
+        "SELECT count(*) FROM (SELECT row_id FROM pairs GROUP BY row_id)"
+    ).fetchone()[0]
     n_dup = con.execute("SELECT count(*) FROM pairs WHERE c > 1").fetchone()[0]
-    examples = con.execute("SELECT row_id, metric, c FROM pairs WHERE c > 1 "
-                           "ORDER BY c DESC, row_id LIMIT 5").fetchall() if n_dup else []
+    examples = (
+        con.execute(
+            "SELECT row_id, metric, c FROM pairs WHERE c > 1 ORDER BY c DESC, row_id LIMIT 5"
+        ).fetchall()
+        if n_dup
+        else []
+    )
     con.execute("DROP TABLE pairs")
     return n_dup, examples, n_distinct
 

@@ -59,13 +59,18 @@ class AnswerVerdictMetric(JudgeMetric):
         return (missing(ANSWER), blank(ANSWER))
 
     def program(self, row: dict[str, Any]) -> Program:
-        [reply] = yield [Ask(
-            build_messages(row, self.task),
-            OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step=self.name, verdicts=SLOTS,
-        )]
+        [reply] = yield [
+            Ask(
+                build_messages(row, self.task),
+                OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
+                parse_reply,
+                step=self.name,
+                verdicts=SLOTS,
+            )
+        ]
         details = {"reason": reply["reason"]}
         if reply["verdict"]:
-            return PyCell(1.0, reason=reply["reason"].strip() or self.positive_reason,
-                          details=details)
+            return PyCell(
+                1.0, reason=reply["reason"].strip() or self.positive_reason, details=details
+            )
         return PyCell(0.0, details=details)

@@ -43,9 +43,12 @@ def with_issues(frame: pl.DataFrame) -> pl.DataFrame:
     return frame
 
 
-def guarded_rows(metrics: Sequence[JudgeMetric], frame: pl.DataFrame) -> tuple[
-        dict[str, tuple[list[str | None], list[str | None]]],
-        dict[str, list[tuple[int, dict[str, Any]]]]]:
+def guarded_rows(
+    metrics: Sequence[JudgeMetric], frame: pl.DataFrame
+) -> tuple[
+    dict[str, tuple[list[str | None], list[str | None]]],
+    dict[str, list[tuple[int, dict[str, Any]]]],
+]:
     """Split the rows of ``frame`` per metric into those a guard settles and those to judge.
 
     Parameters
@@ -75,7 +78,9 @@ def guarded_rows(metrics: Sequence[JudgeMetric], frame: pl.DataFrame) -> tuple[
     return settled, todo
 
 
-def judge_frame(runner: JudgeRunner, frame: pl.DataFrame) -> dict[str, tuple[list[dict], list[dict]]]:
+def judge_frame(
+    runner: JudgeRunner, frame: pl.DataFrame
+) -> dict[str, tuple[list[dict], list[dict]]]:
     """Cells and judge records of every row of ``frame`` for each of the runner's metrics.
 
     Parameters
@@ -107,7 +112,9 @@ def judge_frame(runner: JudgeRunner, frame: pl.DataFrame) -> dict[str, tuple[lis
     return out
 
 
-def _cell(done: JudgeCell | None, status: str | None, reason: str | None, model_id: str) -> dict[str, Any]:
+def _cell(
+    done: JudgeCell | None, status: str | None, reason: str | None, model_id: str
+) -> dict[str, Any]:
     if done is None:
         return {"score": None, "status": status, "reason": reason, "details": None, "model": None}
     import json
@@ -117,7 +124,9 @@ def _cell(done: JudgeCell | None, status: str | None, reason: str | None, model_
         "score": float(cell.score) if cell.status == "ok" and cell.score is not None else None,
         "status": cell.status,
         "reason": cell.reason,
-        "details": json.dumps(cell.details, ensure_ascii=False) if cell.details is not None else None,
+        "details": json.dumps(cell.details, ensure_ascii=False)
+        if cell.details is not None
+        else None,
         "model": model_id,
     }
 

@@ -27,21 +27,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.judge.protocol import (Ask, Completion, JudgeEngine, logprobs_from_json,
-                                     logprobs_json)
+from ragbatch.judge.protocol import Ask, Completion, JudgeEngine, logprobs_from_json, logprobs_json
 from ragbatch.core.status import OK
 
 log = logging.getLogger(__name__)
 
-SEGMENT_SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("text", pa.string()),
-    ("finish_reason", pa.string()),
-    ("prompt_tokens", pa.int64()),
-    ("completion_tokens", pa.int64()),
-    ("model_id", pa.string()),
-    ("logprobs", pa.string()),
-])
+SEGMENT_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("model_id", pa.string()),
+        ("logprobs", pa.string()),
+    ]
+)
 #: Columns read back; ``logprobs`` (JSON, :func:`~ragbatch.judge.protocol.logprobs_json`)
 #: is absent from segments written before it existed, and read as null there.
 _READ = ("key", "text", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")
@@ -106,13 +107,18 @@ class JudgmentCache:
             for path in paths:
                 with self.fs.open(path, "rb") as handle:
                     table = pq.read_table(handle)
-                columns = [table.column(name).to_pylist() if name in table.column_names
-                           else [None] * table.num_rows for name in _READ]
+                columns = [
+                    table.column(name).to_pylist()
+                    if name in table.column_names
+                    else [None] * table.num_rows
+                    for name in _READ
+                ]
                 for key, text, finish, pt, ct, lp in zip(*columns):
                     self._entries[key] = (text, finish, pt, ct, lp)
         except Exception as exc:
-            raise OutputError(f"judgment cache {self.uri}: cannot read {folder}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise OutputError(
+                f"judgment cache {self.uri}: cannot read {folder}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def get(self, key: str) -> Completion | None:
         """The cached completion for ``key`` (status ``ok``), or None."""
@@ -120,19 +126,38 @@ class JudgmentCache:
         if found is None:
             return None
         text, finish, pt, ct, lp = found
-        return Completion(OK, text=text, finish_reason=finish, prompt_tokens=pt,
-                          completion_tokens=ct, logprobs=logprobs_from_json(lp))
+        return Completion(
+            OK,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=pt,
+            completion_tokens=ct,
+            logprobs=logprobs_from_json(lp),
+        )
 
     def put(self, key: str, metric_name: str, model_id: str, completion: Completion) -> None:
         """Remember a reply and its token logprobs (only ``ok`` completions are kept)."""
         if completion.status != OK or completion.text is None:
             return
         logprobs = logprobs_json(completion.logprobs)
-        self._entries[key] = (completion.text, completion.finish_reason or "",
-                              completion.prompt_tokens, completion.completion_tokens, logprobs)
+        self._entries[key] = (
+            completion.text,
+            completion.finish_reason or "",
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            logprobs,
+        )
         self._new.setdefault(metric_name, []).append(
-            (key, completion.text, completion.finish_reason or "", completion.prompt_tokens,
-             completion.completion_tokens, model_id, logprobs))
+            (
+                key,
+                completion.text,
+                completion.finish_reason or "",
+                completion.prompt_tokens,
+                completion.completion_tokens,
+                model_id,
+                logprobs,
+            )
+        )
 
     def flush(self) -> int:
         """Write the replies added since the last flush as new segments; return how many.
@@ -149,15 +174,17 @@ class JudgmentCache:
             if not rows:
                 continue
             table = pa.Table.from_pylist(
-                [dict(zip(SEGMENT_SCHEMA.names, r)) for r in rows], schema=SEGMENT_SCHEMA)
+                [dict(zip(SEGMENT_SCHEMA.names, r)) for r in rows], schema=SEGMENT_SCHEMA
+            )
             path = f"{self._dir(metric_name)}/part-{uuid.uuid4().hex}.parquet"
             try:
                 self.fs.makedirs(self._dir(metric_name), exist_ok=True)
                 with self.fs.open(path, "wb") as handle:
                     pq.write_table(table, handle)
             except Exception as exc:
-                raise OutputError(f"judgment cache {self.uri}: cannot write {path}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                raise OutputError(
+                    f"judgment cache {self.uri}: cannot write {path}: {type(exc).__name__}: {exc}"
+                ) from exc
             written += len(rows)
         self._new.clear()
         return written

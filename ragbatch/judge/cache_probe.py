@@ -67,8 +67,10 @@ class CacheProbe:
         if not self.active:
             return False
         identity = metric.cache_identity()
-        return any(self.cache.get(cache_key(engine, identity, ask, self.seed)) is not None
-                   for engine in self.identities)
+        return any(
+            self.cache.get(cache_key(engine, identity, ask, self.seed)) is not None
+            for engine in self.identities
+        )
 
 
 def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMetric]) -> CacheProbe:
@@ -103,8 +105,12 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     identities, why = engine_identities(engine_name, spec)
     if not identities:
         return CacheProbe(f"judgment cache {uri}: not checked ({why})")
-    return CacheProbe(f"judgment cache {uri}: {len(cache)} entries checked{why}",
-                      cache=cache, identities=identities, seed=spec.seed)
+    return CacheProbe(
+        f"judgment cache {uri}: {len(cache)} entries checked{why}",
+        cache=cache,
+        identities=identities,
+        seed=spec.seed,
+    )
 
 
 def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:

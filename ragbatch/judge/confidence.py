@@ -157,8 +157,13 @@ def _token_starts(tokens: Sequence[TokenLogprob]) -> list[int]:
     return starts
 
 
-def _at(tokens: Sequence[TokenLogprob], starts: list[int], offset: int, literal: str,
-        slots: VerdictSlots) -> VerdictProbability:
+def _at(
+    tokens: Sequence[TokenLogprob],
+    starts: list[int],
+    offset: int,
+    literal: str,
+    slots: VerdictSlots,
+) -> VerdictProbability:
     """The distribution of the verdict ``literal`` starting at character ``offset``."""
     import bisect
 
@@ -175,8 +180,10 @@ def _at(tokens: Sequence[TokenLogprob], starts: list[int], offset: int, literal:
         if verdict is not None and math.isfinite(logprob):
             mass[verdict] += math.exp(logprob)
     if _verdict_of(token.token, prefix, slots.literals) != literal:
-        raise NoConfidence(f"the token {token.token!r} of verdict {literal!r} does not tell "
-                           f"the verdicts {list(slots.literals)} apart")
+        raise NoConfidence(
+            f"the token {token.token!r} of verdict {literal!r} does not tell "
+            f"the verdicts {list(slots.literals)} apart"
+        )
     total = sum(mass.values())
     if mass[literal] <= 0.0 or total <= 0.0:
         raise NoConfidence(f"the engine gave verdict {literal!r} no probability")
@@ -190,7 +197,7 @@ def _verdict_of(text: str, prefix: str, literals: Sequence[str]) -> str | None:
     none or several."""
     if not text.startswith(prefix) or len(text) == len(prefix):
         return None
-    rest = text[len(prefix):]
+    rest = text[len(prefix) :]
     matches = [v for v in literals if v.startswith(rest) or rest.startswith(v)]
     return matches[0] if len(matches) == 1 else None
 

@@ -134,9 +134,15 @@ class _Row:
     free: bool = False  # its first step was answered without a call
 
 
-def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
-                   counter: PromptCounter, probe: CacheProbe,
-                   window: int | None, pilot: Pilot | None = None) -> list[MetricEstimate]:
+def estimate_stage(
+    metrics: list[JudgeMetric],
+    spec: Any,
+    sample: pl.DataFrame,
+    counter: PromptCounter,
+    probe: CacheProbe,
+    window: int | None,
+    pilot: Pilot | None = None,
+) -> list[MetricEstimate]:
     """Estimate the judge steps of every metric of one judge stage on ``sample``.
 
     Parameters
@@ -171,7 +177,7 @@ def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
         if pilot is None or metric.judge_steps == 1 or not rows:
             out.append(assumed)
             continue
-        head = rows[:pilot.rows]
+        head = rows[: pilot.rows]
         real = _drive(metric, head, spec, counter, probe, window, pilot)
         if len(head) == len(rows):
             out.append(_relabel(real, "pilot"))
@@ -181,12 +187,21 @@ def estimate_stage(metrics: list[JudgeMetric], spec: Any, sample: pl.DataFrame,
     return out
 
 
-def _drive(metric: JudgeMetric, rows: list[dict[str, Any]], spec: Any, counter: PromptCounter,
-           probe: CacheProbe, window: int | None, pilot: Pilot | None) -> MetricEstimate:
+def _drive(
+    metric: JudgeMetric,
+    rows: list[dict[str, Any]],
+    spec: Any,
+    counter: PromptCounter,
+    probe: CacheProbe,
+    window: int | None,
+    pilot: Pilot | None,
+) -> MetricEstimate:
     """Count ``metric``'s steps on ``rows``, feeding later steps assumed replies, or the
     pilot's real ones when ``pilot`` is given."""
     states = [_start(metric, row) for row in rows]
-    estimate = MetricEstimate(metric.id, metric.name, len(states), steps_declared=metric.judge_steps)
+    estimate = MetricEstimate(
+        metric.id, metric.name, len(states), steps_declared=metric.judge_steps
+    )
     live = [r for r in states if r.asks]
     number = 1
     while live and number <= metric.judge_steps:
@@ -218,8 +233,13 @@ def _next_step(metric: JudgeMetric, live: list[_Row], pilot: Pilot | None) -> li
     return kept
 
 
-def combine_pilot(assumed: MetricEstimate, head_assumed: MetricEstimate, real: MetricEstimate,
-                  rows: int, head_rows: int) -> MetricEstimate:
+def combine_pilot(
+    assumed: MetricEstimate,
+    head_assumed: MetricEstimate,
+    real: MetricEstimate,
+    rows: int,
+    head_rows: int,
+) -> MetricEstimate:
     """Correct the assumed later steps by a pilot on the first rows.
 
     Parameters
@@ -240,8 +260,9 @@ def combine_pilot(assumed: MetricEstimate, head_assumed: MetricEstimate, real: M
         reached), or ``round(R * rows / head_rows)`` where ``H`` is 0. Basis
         ``pilot-scaled``.
     """
-    out = MetricEstimate(assumed.metric_id, assumed.name, assumed.rows_judged,
-                         steps_declared=assumed.steps_declared)
+    out = MetricEstimate(
+        assumed.metric_id, assumed.name, assumed.rows_judged, steps_declared=assumed.steps_declared
+    )
     for k, step in enumerate(assumed.steps):
         if k == 0:
             out.steps.append(step)
@@ -257,7 +278,11 @@ def combine_pilot(assumed: MetricEstimate, head_assumed: MetricEstimate, real: M
 
 
 def _step_or_zero(estimate: MetricEstimate, k: int, like: StepEstimate) -> StepEstimate:
-    return estimate.steps[k] if k < len(estimate.steps) else StepEstimate(like.number, like.name, "pilot")
+    return (
+        estimate.steps[k]
+        if k < len(estimate.steps)
+        else StepEstimate(like.number, like.name, "pilot")
+    )
 
 
 def _relabel(estimate: MetricEstimate, basis: str) -> MetricEstimate:
@@ -299,8 +324,15 @@ def _send(state: _Row, values: list[Any]) -> bool:
     return bool(state.asks)
 
 
-def _count_step(metric: JudgeMetric, live: list[_Row], step: StepEstimate, spec: Any,
-                counter: PromptCounter, probe: CacheProbe, window: int | None) -> None:
+def _count_step(
+    metric: JudgeMetric,
+    live: list[_Row],
+    step: StepEstimate,
+    spec: Any,
+    counter: PromptCounter,
+    probe: CacheProbe,
+    window: int | None,
+) -> None:
     """Count the asks of ``live`` for one step into ``step``; drop asks of rows whose
     prompt is too long (those rows stop)."""
     asks = [(r, capped(a, spec.max_tokens)) for r in live for a in r.asks]

@@ -42,11 +42,15 @@ class ScoreParams(StrictParams):
     """Params of the judge metrics whose replies hold verdicts (see
     :mod:`ragbatch.judge.confidence`)."""
 
-    score: Literal["verdict", "probability"] = Field("verdict", description=(
-        "`verdict` (the default) scores the verdicts the judge generated; `probability` "
-        "scores their probabilities from the token logprobs (G-Eval's weighting: p(1) "
-        "for a yes/no verdict, the expected rating for a rating), and the cell is "
-        "judge_error when the engine returns no logprobs"))
+    score: Literal["verdict", "probability"] = Field(
+        "verdict",
+        description=(
+            "`verdict` (the default) scores the verdicts the judge generated; `probability` "
+            "scores their probabilities from the token logprobs (G-Eval's weighting: p(1) "
+            "for a yes/no verdict, the expected rating for a rating), and the cell is "
+            "judge_error when the engine returns no logprobs"
+        ),
+    )
 
 
 #: What a judge metric's program yields, receives and returns.
@@ -171,8 +175,9 @@ class JudgeMetric(Metric):
             The metric makes no assumption (the default): a dry run then estimates only
             its first step.
         """
-        raise NotImplementedError(f"{self.name} makes no assumption about the reply to "
-                                  f"its {ask.step!r} step")
+        raise NotImplementedError(
+            f"{self.name} makes no assumption about the reply to its {ask.step!r} step"
+        )
 
     @abstractmethod
     def program(self, row: dict[str, Any]) -> Program:

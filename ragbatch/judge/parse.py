@@ -106,8 +106,7 @@ def verdicts_schema(n: int, reasons: bool = True) -> dict[str, Any]:
         item = {"type": "integer", "enum": [0, 1]}
     return {
         "type": "object",
-        "properties": {"verdicts": {"type": "array", "items": item, "minItems": n,
-                                    "maxItems": n}},
+        "properties": {"verdicts": {"type": "array", "items": item, "minItems": n, "maxItems": n}},
         "required": ["verdicts"],
         "additionalProperties": False,
     }

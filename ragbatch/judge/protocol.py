@@ -90,8 +90,11 @@ class OutputSpec:
     def key(self) -> dict[str, Any]:
         """What this spec contributes to a cache key (``logprobs`` only when asked for,
         so the keys of requests without logprobs are those they always had)."""
-        key: dict[str, Any] = {"choice": list(self.choice) if self.choice else None,
-                               "json_schema": self.json_schema, "max_tokens": self.max_tokens}
+        key: dict[str, Any] = {
+            "choice": list(self.choice) if self.choice else None,
+            "json_schema": self.json_schema,
+            "max_tokens": self.max_tokens,
+        }
         if self.logprobs:
             key["logprobs"] = self.logprobs
         return key

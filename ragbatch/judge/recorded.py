@@ -49,16 +49,28 @@ class RecordedReplies(JudgeEngine):
             self.requests.append(request)
             tokens = sum(len(m.content) for m in request.messages) // 4
             if tokens + request.output.max_tokens > self.max_model_len:
-                out.append(Completion("context_too_long", prompt_tokens=tokens,
-                                      error=f"prompt of {tokens} tokens exceeds {self.max_model_len}"))
+                out.append(
+                    Completion(
+                        "context_too_long",
+                        prompt_tokens=tokens,
+                        error=f"prompt of {tokens} tokens exceeds {self.max_model_len}",
+                    )
+                )
                 continue
             if not self._replies:
                 out.append(Completion(JUDGE_ERROR, error="no recorded reply left"))
                 continue
             finish, text, logprobs = _unpack(self._replies.pop(0))
-            out.append(Completion(OK, text=text, finish_reason=finish, prompt_tokens=tokens,
-                                  completion_tokens=max(1, len(text) // 4),
-                                  logprobs=logprobs if request.output.logprobs else None))
+            out.append(
+                Completion(
+                    OK,
+                    text=text,
+                    finish_reason=finish,
+                    prompt_tokens=tokens,
+                    completion_tokens=max(1, len(text) // 4),
+                    logprobs=logprobs if request.output.logprobs else None,
+                )
+            )
         return out
 
     def sampling_key(self) -> dict[str, Any]:
@@ -74,15 +86,19 @@ def _unpack(reply: Any) -> tuple[str, str, tuple[TokenLogprob, ...] | None]:
     """``(finish_reason, text, logprobs)`` of a recorded reply."""
     if isinstance(reply, dict):
         logprobs = reply.get("logprobs")
-        return (reply.get("finish_reason", "stop"), reply["text"],
-                None if logprobs is None else tuple(TokenLogprob.from_list(t) for t in logprobs))
+        return (
+            reply.get("finish_reason", "stop"),
+            reply["text"],
+            None if logprobs is None else tuple(TokenLogprob.from_list(t) for t in logprobs),
+        )
     if isinstance(reply, tuple):
         return reply[0], reply[1], None
     return "stop", reply, None
 
 
-def run_example(metric_cls: type[JudgeMetric], example: JudgeExample,
-                parse_retries: int = 1) -> tuple[dict[str, Any], dict[str, Any], RecordedReplies]:
+def run_example(
+    metric_cls: type[JudgeMetric], example: JudgeExample, parse_retries: int = 1
+) -> tuple[dict[str, Any], dict[str, Any], RecordedReplies]:
     """Run one worked example; return (cell dict, judge record dict, the engine)."""
     metric = metric_cls.from_params(example.params)
     assert isinstance(metric, JudgeMetric)
@@ -94,10 +110,19 @@ def run_example(metric_cls: type[JudgeMetric], example: JudgeExample,
 
     embedders = {name: embed for name in metric.embedders()}
     runner = JudgeRunner(engine, [metric], embedders=embedders, parse_retries=parse_retries)
-    row = {c: example.inputs.get(c) for c in ("row_id", "question", "contexts", "answer", "reference")}
+    row = {
+        c: example.inputs.get(c) for c in ("row_id", "question", "contexts", "answer", "reference")
+    }
     row["row_id"] = row["row_id"] or "example:0"
-    frame = pl.DataFrame([row], schema={"row_id": pl.String, "question": pl.String,
-                                        "contexts": pl.List(pl.String), "answer": pl.String,
-                                        "reference": pl.String})
+    frame = pl.DataFrame(
+        [row],
+        schema={
+            "row_id": pl.String,
+            "question": pl.String,
+            "contexts": pl.List(pl.String),
+            "answer": pl.String,
+            "reference": pl.String,
+        },
+    )
     cells, records = judge_frame(runner, frame)[metric.id]
     return cells[0], records[0], engine

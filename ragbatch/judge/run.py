@@ -83,7 +83,11 @@ class Trace:
         :data:`REPLY_MAX_CHARS`."""
         if not self.replies:
             return None
-        text = self.replies[0] if len(self.replies) == 1 else json.dumps(self.replies, ensure_ascii=False)
+        text = (
+            self.replies[0]
+            if len(self.replies) == 1
+            else json.dumps(self.replies, ensure_ascii=False)
+        )
         if len(text) > REPLY_MAX_CHARS:
             text = text[:REPLY_MAX_CHARS] + "…[truncated]"
         return text
@@ -155,8 +159,9 @@ class _Slot:
         try:
             step = next(self.program) if values is None else self.program.send(values)
         except StopIteration as stop:
-            self.result = _checked(self.metric, settle(self.metric, stop.value,
-                                                       self.trace.confidence))
+            self.result = _checked(
+                self.metric, settle(self.metric, stop.value, self.trace.confidence)
+            )
             return
         except Exception as exc:  # the metric's code failed for this row
             log.warning("%s: program raised on a row: %r", self.metric.id, exc)
@@ -211,25 +216,34 @@ def settle(metric: JudgeMetric, cell: Any, confidence: CellConfidence) -> Any:
         note = confidence.note or "no verdict found in the reply"
         details["confidence_note"] = note
         if metric.probability_score:
-            return PyCell(None, JUDGE_ERROR, f"score: probability needs the verdicts' token "
-                                             f"logprobs: {note}", details)
+            return PyCell(
+                None,
+                JUDGE_ERROR,
+                f"score: probability needs the verdicts' token logprobs: {note}",
+                details,
+            )
         return replace(cell, details=details)
     verdicts = confidence.verdicts or []
     details["p_verdicts"] = [v.generated for v in verdicts]
     if not metric.probability_score:
         return replace(cell, details=details)
     details["verdict_score"] = cell.score
-    return replace(cell, score=metric.expected_score([v.expected for v in verdicts], cell),
-                   details=details)
+    return replace(
+        cell, score=metric.expected_score([v.expected for v in verdicts], cell), details=details
+    )
 
 
 def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
     if not isinstance(cell, PyCell):
-        return PyCell(None, ERROR, f"{metric.id}: program returned {type(cell).__name__}, not a cell")
+        return PyCell(
+            None, ERROR, f"{metric.id}: program returned {type(cell).__name__}, not a cell"
+        )
     if cell.status == OK:
         low, high = metric.score_range
         if cell.score is None or not (low <= cell.score <= high):
-            return PyCell(None, ERROR, f"{metric.id}: score {cell.score} outside {metric.score_range}")
+            return PyCell(
+                None, ERROR, f"{metric.id}: score {cell.score} outside {metric.score_range}"
+            )
     return cell
 
 
@@ -252,9 +266,16 @@ class JudgeRunner:
         Cap on every request's completion budget (the lower of it and the metric's).
     """
 
-    def __init__(self, engine: JudgeEngine, metrics: Sequence[JudgeMetric],
-                 embedders: dict[str, Embedder] | None = None, cache: JudgmentCache | None = None,
-                 parse_retries: int = 1, seed: int = 0, max_tokens: int | None = None):
+    def __init__(
+        self,
+        engine: JudgeEngine,
+        metrics: Sequence[JudgeMetric],
+        embedders: dict[str, Embedder] | None = None,
+        cache: JudgmentCache | None = None,
+        parse_retries: int = 1,
+        seed: int = 0,
+        max_tokens: int | None = None,
+    ):
         self.max_tokens = max_tokens
         self.engine = engine
         self.metrics = list(metrics)
@@ -264,7 +285,9 @@ class JudgeRunner:
         self.seed = seed
         self.tallies: dict[str, Tally] = {m.id: Tally() for m in self.metrics}
 
-    def run(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> dict[str, dict[int, JudgeCell]]:
+    def run(
+        self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
+    ) -> dict[str, dict[int, JudgeCell]]:
         """Judge the rows that passed each metric's guards.
 
         Parameters
@@ -278,8 +301,11 @@ class JudgeRunner:
             Metric id -> row position -> :class:`JudgeCell`, for every position given.
         """
         by_id = {m.id: m for m in self.metrics}
-        slots = [_Slot(by_id[mid], i, by_id[mid].program(row))
-                 for mid, rows in todo.items() for i, row in rows]
+        slots = [
+            _Slot(by_id[mid], i, by_id[mid].program(row))
+            for mid, rows in todo.items()
+            for i, row in rows
+        ]
         for slot in slots:
             slot.advance(None)
         while True:
@@ -331,16 +357,19 @@ class JudgeRunner:
             except Exception as exc:
                 for slot, _ in places:
                     if slot.result is None:
-                        slot.fail(PyCell(None, ERROR, f"embedding failed: {type(exc).__name__}: {exc}"))
+                        slot.fail(
+                            PyCell(None, ERROR, f"embedding failed: {type(exc).__name__}: {exc}")
+                        )
                 continue
             at = 0
             for slot, j in places:
                 n = len(slot.pending[j].texts)
-                values[id(slot)][j] = vectors[at:at + n]
+                values[id(slot)][j] = vectors[at : at + n]
                 at += n
 
-    def _ask_round(self, asks: list[tuple[_Slot, int]], attempt: int,
-                   values: dict[int, list[Any]]) -> list[tuple[_Slot, int, str, Completion]]:
+    def _ask_round(
+        self, asks: list[tuple[_Slot, int]], attempt: int, values: dict[int, list[Any]]
+    ) -> list[tuple[_Slot, int, str, Completion]]:
         """One attempt for each ask; returns the asks whose reply could not be parsed."""
         seed = self.seed + attempt
         keyed: dict[str, list[tuple[_Slot, int]]] = {}
@@ -359,9 +388,14 @@ class JudgeRunner:
             else:
                 to_send.append(key)
         if to_send:
-            requests = [EngineRequest(keyed[k][0][0].pending[keyed[k][0][1]].messages,
-                                      keyed[k][0][0].pending[keyed[k][0][1]].output, seed)
-                        for k in to_send]
+            requests = [
+                EngineRequest(
+                    keyed[k][0][0].pending[keyed[k][0][1]].messages,
+                    keyed[k][0][0].pending[keyed[k][0][1]].output,
+                    seed,
+                )
+                for k in to_send
+            ]
             completions = self._complete(requests)
             for key, completion in zip(to_send, completions):
                 answers[key] = (completion, True)
@@ -407,15 +441,20 @@ class JudgeRunner:
         else:
             tally.cache_hits += 1
 
-    def _use(self, slot: _Slot, j: int, completion: Completion, values: dict[int, list[Any]]) -> str | None:
+    def _use(
+        self, slot: _Slot, j: int, completion: Completion, values: dict[int, list[Any]]
+    ) -> str | None:
         """Parse a completion into ``values``; fail the slot on an engine failure; return
         a parse problem (to retry) or None."""
         if slot.result is not None:
             return None
         ask = slot.pending[j]
         if completion.status != OK:
-            slot.fail(PyCell(None, completion.status,
-                             f"{ask.step}: {completion.error or completion.status}"))
+            slot.fail(
+                PyCell(
+                    None, completion.status, f"{ask.step}: {completion.error or completion.status}"
+                )
+            )
             return None
         if completion.finish_reason == "length":
             return f"{ask.step}: reply cut at max_tokens ({ask.output.max_tokens})"

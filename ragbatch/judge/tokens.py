@@ -71,9 +71,12 @@ class PromptCounter:
             return [-(-sum(len(m.content) for m in chat) // CHARS_PER_TOKEN) for chat in chats]
         counts: list[int] = []
         for start in range(0, len(chats), ENCODE_BATCH):
-            texts = [self.tokenizer.apply_chat_template(
-                [m.as_dict() for m in chat], add_generation_prompt=True, tokenize=False)
-                for chat in chats[start:start + ENCODE_BATCH]]
+            texts = [
+                self.tokenizer.apply_chat_template(
+                    [m.as_dict() for m in chat], add_generation_prompt=True, tokenize=False
+                )
+                for chat in chats[start : start + ENCODE_BATCH]
+            ]
             encoded = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
             counts.extend(len(ids) for ids in encoded)
         return counts
@@ -98,19 +101,22 @@ def prompt_counter(spec: Any) -> PromptCounter:
 
     path = engine_of(spec).tokenizer_path(spec)
     if path is None:
-        return PromptCounter("chars/4", f"no tokenizer: engine type {spec.type} without a "
-                                        "`tokenizer` directory")
+        return PromptCounter(
+            "chars/4", f"no tokenizer: engine type {spec.type} without a `tokenizer` directory"
+        )
     try:
         tokenizer = _load(path)
     except ImportError as exc:
         return PromptCounter("chars/4", f"no tokenizer: transformers is not installed ({exc})")
     except Exception as exc:  # missing files, an unknown model id: fall back, and say why
         log.debug("no tokenizer at %s: %r", path, exc)
-        return PromptCounter("chars/4", f"no tokenizer: cannot load one from {path!r} "
-                                        f"({type(exc).__name__})")
+        return PromptCounter(
+            "chars/4", f"no tokenizer: cannot load one from {path!r} ({type(exc).__name__})"
+        )
     if not getattr(tokenizer, "chat_template", None):
-        return PromptCounter("chars/4", f"no tokenizer: the tokenizer in {path!r} has no chat "
-                                        "template")
+        return PromptCounter(
+            "chars/4", f"no tokenizer: the tokenizer in {path!r} has no chat template"
+        )
     return PromptCounter("tokenizer", f"tokenizer of {path}", tokenizer)
 
 

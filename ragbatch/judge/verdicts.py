@@ -52,10 +52,14 @@ BARE_SLOTS = VerdictSlots((("0", 0.0), ("1", 1.0)), key="verdicts", items=True)
 class VerdictParams(ScoreParams):
     """Params of the metrics that judge item by item with 0/1 verdicts."""
 
-    reasons: bool = Field(True, description=(
-        "ask for a one-sentence reason before each verdict (true, the default), or for "
-        "the bare 0/1 verdicts (false: far fewer reply tokens; check the judge's "
-        "agreement with `ragbatch calibrate`)"))
+    reasons: bool = Field(
+        True,
+        description=(
+            "ask for a one-sentence reason before each verdict (true, the default), or for "
+            "the bare 0/1 verdicts (false: far fewer reply tokens; check the judge's "
+            "agreement with `ragbatch calibrate`)"
+        ),
+    )
 
 
 class VerdictMetric(JudgeMetric):
@@ -86,17 +90,29 @@ class VerdictMetric(JudgeMetric):
         same prompts) still match."""
         identity = super().cache_identity()
         if self.reasons:
-            identity["params"] = {k: v for k, v in identity["params"].items()
-                                  if k != "reasons"}
+            identity["params"] = {k: v for k, v in identity["params"].items() if k != "reasons"}
         return identity
 
-    def verdicts_ask(self, row: dict[str, Any], template: str, n: int, *,
-                     max_tokens_per_verdict: int, step: str = "verdicts",
-                     **fields: str) -> Ask:
+    def verdicts_ask(
+        self,
+        row: dict[str, Any],
+        template: str,
+        n: int,
+        *,
+        max_tokens_per_verdict: int,
+        step: str = "verdicts",
+        **fields: str,
+    ) -> Ask:
         """:func:`verdicts_ask` with this metric's ``reasons``."""
-        return verdicts_ask(row, template, n, reasons=self.reasons,
-                            max_tokens_per_verdict=max_tokens_per_verdict, step=step,
-                            **fields)
+        return verdicts_ask(
+            row,
+            template,
+            n,
+            reasons=self.reasons,
+            max_tokens_per_verdict=max_tokens_per_verdict,
+            step=step,
+            **fields,
+        )
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,13 +131,23 @@ def bare_verdicts_template(template: str) -> str:
     text, sentences = _REASON_SENTENCE.subn(".", template)
     formats = text.count(_REASON_FORMAT)
     if sentences != 1 or formats != 1:
-        raise ValueError(f"a verdict task must ask for reasons once in words and once in "
-                         f"its reply format; found {sentences} and {formats}")
+        raise ValueError(
+            f"a verdict task must ask for reasons once in words and once in "
+            f"its reply format; found {sentences} and {formats}"
+        )
     return text.replace(_REASON_FORMAT, _BARE_FORMAT)
 
 
-def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
-                 max_tokens_per_verdict: int, step: str = "verdicts", **fields: str) -> Ask:
+def verdicts_ask(
+    row: dict[str, Any],
+    template: str,
+    n: int,
+    *,
+    reasons: bool,
+    max_tokens_per_verdict: int,
+    step: str = "verdicts",
+    **fields: str,
+) -> Ask:
     """The judge request for ``n`` verdicts on ``row``.
 
     Parameters
@@ -163,8 +189,10 @@ def verdicts_ask(row: dict[str, Any], template: str, n: int, *, reasons: bool,
     per_item = max_tokens_per_verdict if reasons else BARE_VERDICT_MAX_TOKENS
     return Ask(
         build_messages(row, task),
-        OutputSpec.of_schema(verdicts_schema(n, reasons),
-                             max_tokens=REPLY_OVERHEAD_TOKENS + per_item * n),
-        lambda text: parse_verdicts(text, n, reasons), step=step,
+        OutputSpec.of_schema(
+            verdicts_schema(n, reasons), max_tokens=REPLY_OVERHEAD_TOKENS + per_item * n
+        ),
+        lambda text: parse_verdicts(text, n, reasons),
+        step=step,
         verdicts=REASONED_SLOTS if reasons else BARE_SLOTS,
     )

@@ -10,12 +10,22 @@ from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    MAX_STATEMENTS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
+    MAX_STATEMENTS,
+    STATEMENT_MAX_CHARS,
+    parse_statements,
+    statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -47,7 +57,6 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 {n} items."""
 
 
-
 @register
 class AnswerConsistency(VerdictMetric):
     """Consistency of the answer with the retrieved contexts, in [0, 1].
@@ -71,75 +80,113 @@ class AnswerConsistency(VerdictMetric):
     verdict_templates: ClassVar[tuple[str, ...]] = (DERIVABLE_TASK,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
-    summary: ClassVar[str] = ("Share of the answer's main points that can be derived from the "
-                              "contexts")
+    summary: ClassVar[str] = (
+        "Share of the answer's main points that can be derived from the contexts"
+    )
     source: ClassVar[str] = "Tonic Validate AnswerConsistencyMetric (answer consistency)"
     judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts or answer is null", "missing_input"),
         ("question is null", "judged: the question is optional and shown as '(not given)'"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
-         "(nothing can support a point)"),
+        (
+            "contexts is an empty list",
+            "missing_input; reason 'contexts is an empty list' (nothing can support a point)",
+        ),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("answer makes no claim (a refusal)", "not_applicable; reason 'the answer has no main "
-         "points'"),
+        (
+            "answer makes no claim (a refusal)",
+            "not_applicable; reason 'the answer has no main points'",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
-         "supports no point, so it cannot raise the score"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other text: it supports no point, so it cannot raise the score",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the number of points, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "verdict count differs from the number of points, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed on the "
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: [
+                    "Apollo 11 landed on the "
                     "Moon on 20 July 1969, with Neil Armstrong and Buzz Aldrin aboard the lunar "
-                    "module."], ANSWER: "Apollo 11 landed on 20 July 1969. Armstrong was the "
-                    "first to step out, and the crew brought back 22 kg of rock."},
-            replies=('{"statements": ["Apollo 11 landed on 20 July 1969.", "Neil Armstrong was '
-                     'the first to step out of the lunar module.", "The Apollo 11 crew brought '
-                     'back 22 kg of rock."]}',
-                     '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, {"reason": '
-                     '"The context does not say who stepped out first.", "verdict": 0}, '
-                     '{"reason": "No sample mass is given.", "verdict": 0}]}'),
-            score=1 / 3, note="one of three main points derivable",
+                    "module."
+                ],
+                ANSWER: "Apollo 11 landed on 20 July 1969. Armstrong was the "
+                "first to step out, and the crew brought back 22 kg of rock.",
+            },
+            replies=(
+                '{"statements": ["Apollo 11 landed on 20 July 1969.", "Neil Armstrong was '
+                'the first to step out of the lunar module.", "The Apollo 11 crew brought '
+                'back 22 kg of rock."]}',
+                '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, {"reason": '
+                '"The context does not say who stepped out first.", "verdict": 0}, '
+                '{"reason": "No sample mass is given.", "verdict": 0}]}',
+            ),
+            score=1 / 3,
+            note="one of three main points derivable",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: "Sorry, I can't answer that."},
-            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "Sorry, I can't answer that.",
+            },
+            replies=('{"statements": []}',),
+            score=None,
+            status=NOT_APPLICABLE,
             note="a refusal has no main points",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["", "  "],
-                    ANSWER: "In 1969."},
-            replies=(), score=None, status=MISSING_INPUT,
+            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["", "  "], ANSWER: "In 1969."},
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
             note="every context chunk blank: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: "It landed in 1969."},
-            replies=('{"statements": ["Apollo 11 landed in 1969."]}',
-                     '{"verdicts": [{"reason": "stated", "verdict": 1}, '
-                     '{"reason": "stated", "verdict": 1}]}',
-                     ("length", '{"verdicts": [{"reason": "The context states the ye')),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "It landed in 1969.",
+            },
+            replies=(
+                '{"statements": ["Apollo 11 landed in 1969."]}',
+                '{"verdicts": [{"reason": "stated", "verdict": 1}, '
+                '{"reason": "stated", "verdict": 1}]}',
+                ("length", '{"verdicts": [{"reason": "The context states the ye'),
+            ),
+            score=None,
+            status="parse_failure",
             note="two verdicts for one point, then a reply cut at max_tokens",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
-                    ANSWER: "Apollo 11 landed on the Moon on 20 July 1969."},
-            replies=('{"statements": ["Apollo 11 landed on the Moon.", "It landed on 20 July 1969."]}',
-                     '{"verdicts": [1, 1]}'),
-            score=1.0, params={"reasons": False}, note="reasons: false, bare verdicts",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                ANSWER: "Apollo 11 landed on the Moon on 20 July 1969.",
+            },
+            replies=(
+                '{"statements": ["Apollo 11 landed on the Moon.", "It landed on 20 July 1969."]}',
+                '{"verdicts": [1, 1]}',
+            ),
+            score=1.0,
+            params={"reasons": False},
+            note="reasons: false, bare verdicts",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            missing(CONTEXTS),
+            missing(ANSWER),
+            blank(ANSWER),
             empty_contexts(),
             every_context_blank(),
         )
@@ -149,21 +196,32 @@ class AnswerConsistency(VerdictMetric):
         return assumed_statements(row[ANSWER])
 
     def program(self, row: dict[str, Any]) -> Program:
-        [points] = yield [Ask(
-            build_messages(row, POINTS_TASK),
-            OutputSpec.of_schema(statements_schema(), max_tokens=POINTS_MAX_TOKENS),
-            parse_statements, step="main_points",
-        )]
+        [points] = yield [
+            Ask(
+                build_messages(row, POINTS_TASK),
+                OutputSpec.of_schema(statements_schema(), max_tokens=POINTS_MAX_TOKENS),
+                parse_statements,
+                step="main_points",
+            )
+        ]
         if not points:
-            return PyCell(None, NOT_APPLICABLE, "the answer has no main points",
-                          details={"main_points": []})
+            return PyCell(
+                None, NOT_APPLICABLE, "the answer has no main points", details={"main_points": []}
+            )
         n = len(points)
-        [verdicts] = yield [self.verdicts_ask(
-            row, DERIVABLE_TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-            points=numbered(points))]
+        [verdicts] = yield [
+            self.verdicts_ask(
+                row,
+                DERIVABLE_TASK,
+                n,
+                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
+                points=numbered(points),
+            )
+        ]
         derivable = sum(verdicts)
         reason = None
         if derivable < n:
             reason = f"{n - derivable} of {n} main points not derivable from the contexts"
-        return PyCell(derivable / n, reason=reason,
-                      details={"main_points": points, "verdicts": verdicts})
+        return PyCell(
+            derivable / n, reason=reason, details={"main_points": points, "verdicts": verdicts}
+        )

@@ -10,7 +10,14 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import NOT_APPLICABLE
 
@@ -46,7 +53,6 @@ contexts, false when all of it is.
 
 Reply with JSON: {"reason": "...", "states_claims": true or false,
 "unattributable": true or false}"""
-
 
 
 def parse_reply(text: str) -> dict[str, Any]:
@@ -85,70 +91,109 @@ class AnswerConsistencyBinary(JudgeMetric):
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = True
     summary: ClassVar[str] = "1 when the answer holds no information the contexts do not support"
-    source: ClassVar[str] = ("Tonic Validate AnswerConsistencyBinaryMetric (binary answer "
-                             "consistency)")
+    source: ClassVar[str] = (
+        "Tonic Validate AnswerConsistencyBinaryMetric (binary answer consistency)"
+    )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts or answer is null", "missing_input"),
         ("question is null", "judged: the question is optional and shown as '(not given)'"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
         ("contexts is an empty list", "missing_input; reason 'contexts is an empty list'"),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("answer makes no claim (a refusal)", "not_applicable; reason 'the answer makes no "
-         "claims' (the judge reports states_claims false; Tonic: 1)"),
+        (
+            "answer makes no claim (a refusal)",
+            "not_applicable; reason 'the answer makes no "
+            "claims' (the judge reports states_claims false; Tonic: 1)",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
-         "supports nothing, so it cannot turn a 0 into a 1"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other text: it supports nothing, so it cannot turn a 0 into a 1",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("reply not of the schema (prose, a missing key) or cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "reply not of the schema (prose, a missing key) or cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed on the "
-                    "Moon on 20 July 1969."], ANSWER: "It landed on 20 July 1969."},
-            replies=('{"reason": "The date is stated in context 1.", "states_claims": true, '
-                     '"unattributable": false}',),
-            score=1.0, note="everything attributable",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                ANSWER: "It landed on 20 July 1969.",
+            },
+            replies=(
+                '{"reason": "The date is stated in context 1.", "states_claims": true, '
+                '"unattributable": false}',
+            ),
+            score=1.0,
+            note="everything attributable",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed on the "
-                    "Moon on 20 July 1969."],
-                    ANSWER: "It landed on 20 July 1969, after a four-day flight."},
-            replies=('{"reason": "The flight duration is not in the contexts.", '
-                     '"states_claims": true, "unattributable": true}',),
-            score=0.0, note="one detail is not in the contexts",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                ANSWER: "It landed on 20 July 1969, after a four-day flight.",
+            },
+            replies=(
+                '{"reason": "The flight duration is not in the contexts.", '
+                '"states_claims": true, "unattributable": true}',
+            ),
+            score=0.0,
+            note="one detail is not in the contexts",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: "I don't know."},
-            replies=('{"reason": "The answer declines to answer.", "states_claims": false, '
-                     '"unattributable": false}',),
-            score=None, status=NOT_APPLICABLE, note="a refusal states nothing",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "I don't know.",
+            },
+            replies=(
+                '{"reason": "The answer declines to answer.", "states_claims": false, '
+                '"unattributable": false}',
+            ),
+            score=None,
+            status=NOT_APPLICABLE,
+            note="a refusal states nothing",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: "In 1969."},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "In 1969.",
+            },
             replies=("Yes, everything is supported.", '{"unattributable": false}'),
-            score=None, status="parse_failure",
+            score=None,
+            status="parse_failure",
             note="prose, then JSON without the reason and states_claims keys",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            missing(CONTEXTS),
+            missing(ANSWER),
+            blank(ANSWER),
             empty_contexts(),
             every_context_blank(),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
-        [reply] = yield [Ask(
-            build_messages(row, TASK),
-            OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
-            parse_reply, step="attribution", verdicts=SLOTS,
-        )]
-        details = {"reason": reply["reason"], "states_claims": reply["states_claims"],
-                   "unattributable": reply["unattributable"]}
+        [reply] = yield [
+            Ask(
+                build_messages(row, TASK),
+                OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
+                parse_reply,
+                step="attribution",
+                verdicts=SLOTS,
+            )
+        ]
+        details = {
+            "reason": reply["reason"],
+            "states_claims": reply["states_claims"],
+            "unattributable": reply["unattributable"],
+        }
         if not reply["states_claims"]:
             return PyCell(None, NOT_APPLICABLE, "the answer makes no claims", details=details)
         if reply["unattributable"]:

@@ -9,11 +9,16 @@ import polars as pl
 from ragbatch.core.columns import ANSWER
 from ragbatch.metrics.cells import PyCell
 from ragbatch.metrics.pii_base import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
+    PiiMetric,
+    PiiResults,
+    count_types,
+    describe_counts,
+    detector_failure,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.core.registry import register
 from ragbatch.core.status import ERROR
+
 
 @register
 class AnswerContainsPii(PiiMetric):
@@ -37,18 +42,32 @@ class AnswerContainsPii(PiiMetric):
         "Tonic Validate ContainsPiiMetric (answer), detected locally with Presidio's analyzer"
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("answer is null or not text",
-         "missing_input; reason is 'answer is null' or the normalizer's note, which quotes "
-         "no value in a run with PII metrics"),
-        ("answer is empty or only whitespace", "score 0.0 (nothing to leak); reason 'answer is empty'"),
-        ("detector raises on the answer",
-         "error; reason names the exception type only (the message may quote the text)"),
+        (
+            "answer is null or not text",
+            "missing_input; reason is 'answer is null' or the normalizer's note, which quotes "
+            "no value in a run with PII metrics",
+        ),
+        (
+            "answer is empty or only whitespace",
+            "score 0.0 (nothing to leak); reason 'answer is empty'",
+        ),
+        (
+            "detector raises on the answer",
+            "error; reason names the exception type only (the message may quote the text)",
+        ),
     )
     examples: ClassVar[tuple[Example, ...]] = (
-        Example({ANSWER: "Write to ana@example.org for a refund."}, 1.0,
-                params={"pii_types": ["EMAIL_ADDRESS"]}),
-        Example({ANSWER: "Card 4111 1111 1111 1112 was declined."}, 0.0,
-                params={"pii_types": ["CREDIT_CARD"]}, note="fails the Luhn check"),
+        Example(
+            {ANSWER: "Write to ana@example.org for a refund."},
+            1.0,
+            params={"pii_types": ["EMAIL_ADDRESS"]},
+        ),
+        Example(
+            {ANSWER: "Card 4111 1111 1111 1112 was declined."},
+            0.0,
+            params={"pii_types": ["CREDIT_CARD"]},
+            note="fails the Luhn check",
+        ),
         Example({ANSWER: "  "}, 0.0, note="empty answer"),
         Example({}, None, "missing_input", note="null answer"),
     )
@@ -65,5 +84,8 @@ class AnswerContainsPii(PiiMetric):
         if isinstance(found, str):
             return PyCell(None, ERROR, detector_failure(found))
         counts = count_types(found, wanted)
-        return PyCell(1.0 if counts else 0.0, reason=describe_counts(counts),
-                      details={"types": dict(sorted(counts.items()))})
+        return PyCell(
+            1.0 if counts else 0.0,
+            reason=describe_counts(counts),
+            details={"types": dict(sorted(counts.items()))},
+        )

@@ -57,8 +57,10 @@ class AnswerMatch(ExpressionMetric):
             text = pl.Series([self.params.text], dtype=pl.String).str.to_lowercase()[0]
             candidate = answer.str.len_bytes() <= 4 * len(text)
             lowered = pl.when(candidate).then(answer).otherwise(pl.lit("")).str.to_lowercase()
-            matched = pl.when(answer.is_null()).then(None).otherwise(
-                candidate & (lowered == pl.lit(text, pl.String))
+            matched = (
+                pl.when(answer.is_null())
+                .then(None)
+                .otherwise(candidate & (lowered == pl.lit(text, pl.String)))
             )
         reason = pl.when(~matched).then(pl.lit("answer differs from the expected text"))
         return cell([missing("answer")], matched, reason=reason)

@@ -42,10 +42,13 @@ class AnswerRelevancyParams(StrictParams):
     embedder: str = Field(
         "default_embedding",
         description="name of the embedding engine under `engines` that embeds the questions "
-                    "(the packaged all-MiniLM-L6-v2 when `default_embedding` is not defined)",
+        "(the packaged all-MiniLM-L6-v2 when `default_embedding` is not defined)",
     )
     n_questions: int = Field(
-        3, ge=1, le=10, description="how many questions the judge writes from the answer",
+        3,
+        ge=1,
+        le=10,
+        description="how many questions the judge writes from the answer",
     )
 
 
@@ -123,68 +126,95 @@ class AnswerRelevancy(JudgeMetric):
     """
 
     name: ClassVar[str] = "answer_relevancy"
-    health: ClassVar[HealthFields] = HealthFields(extraction="questions",
-                                                  extraction_void="noncommittal")
+    health: ClassVar[HealthFields] = HealthFields(
+        extraction="questions", extraction_void="noncommittal"
+    )
     second_engine_types: ClassVar[tuple[str, ...]] = ("embedding",)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER)
     Params = AnswerRelevancyParams
     boolean: ClassVar[bool] = False
-    summary: ClassVar[str] = ("Mean cosine similarity of questions generated from the answer to "
-                              "the real question; 0 when the answer is noncommittal")
+    summary: ClassVar[str] = (
+        "Mean cosine similarity of questions generated from the answer to "
+        "the real question; 0 when the answer is noncommittal"
+    )
     source: ClassVar[str] = "Ragas answer_relevancy (Es et al. 2023, RAGAS, section 3; Ragas docs)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question or answer is null", "missing_input"),
         ("question empty or only whitespace", "missing_input; reason 'question is empty'"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("contexts null or an empty list", "not read: relevancy compares answer and question "
-         "only"),
-        ("answer is noncommittal (a refusal, 'I don't know')", "score 0.0; reason 'the answer "
-         "is noncommittal' (the Ragas rule; a measured 0, with the judge's flag in details)"),
+        ("contexts null or an empty list", "not read: relevancy compares answer and question only"),
+        (
+            "answer is noncommittal (a refusal, 'I don't know')",
+            "score 0.0; reason 'the answer "
+            "is noncommittal' (the Ragas rule; a measured 0, with the judge's flag in details)",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "no effect: the questions come from "
-         "the answer (the contexts stay in the shared prompt block)"),
-        ("prompt longer than the judge's window (the shared block holds the contexts too)",
-         "context_too_long; nothing is truncated"),
-        ("question count differs from n_questions, a flag other than 0/1, or a reply cut at "
-         "max_tokens", "parse_failure after the retries; the raw reply is kept"),
-        ("embedding engine fails or returns the wrong number of rows", "error, with the "
-         "exception"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "no effect: the questions come from "
+            "the answer (the contexts stay in the shared prompt block)",
+        ),
+        (
+            "prompt longer than the judge's window (the shared block holds the contexts too)",
+            "context_too_long; nothing is truncated",
+        ),
+        (
+            "question count differs from n_questions, a flag other than 0/1, or a reply cut at "
+            "max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
+        ("embedding engine fails or returns the wrong number of rows", "error, with the exception"),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land on the Moon?",
-                    CONTEXTS: ["Apollo 11 landed on 20 July 1969."],
-                    ANSWER: "Apollo 11 landed on the Moon on 20 July 1969."},
-            replies=('{"noncommittal": 0, "questions": ["When did Apollo 11 land on the Moon?", '
-                     '"What date was the Apollo 11 Moon landing?", "Which mission landed on the '
-                     'Moon on 20 July 1969?"]}',),
+            inputs={
+                QUESTION: "When did Apollo 11 land on the Moon?",
+                CONTEXTS: ["Apollo 11 landed on 20 July 1969."],
+                ANSWER: "Apollo 11 landed on the Moon on 20 July 1969.",
+            },
+            replies=(
+                '{"noncommittal": 0, "questions": ["When did Apollo 11 land on the Moon?", '
+                '"What date was the Apollo 11 Moon landing?", "Which mission landed on the '
+                'Moon on 20 July 1969?"]}',
+            ),
             embeddings=([[1.0, 0.0], [1.0, 0.0], [0.8, 0.6], [0.6, 0.8]],),
-            score=0.8, note="cosines 1.0, 0.8 and 0.6 to the real question",
+            score=0.8,
+            note="cosines 1.0, 0.8 and 0.6 to the real question",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land on the Moon?",
-                    ANSWER: "I'm not sure; it depends on what you mean."},
+            inputs={
+                QUESTION: "When did Apollo 11 land on the Moon?",
+                ANSWER: "I'm not sure; it depends on what you mean.",
+            },
             replies=('{"noncommittal": 1, "questions": ["What does it depend on?"]}',),
             params={"n_questions": 1},
-            score=0.0, note="noncommittal: 0 without embedding (Ragas)",
+            score=0.0,
+            note="noncommittal: 0 without embedding (Ragas)",
         ),
         JudgeExample(
             inputs={QUESTION: "When did Apollo 11 land?", ANSWER: "In 1969."},
             replies=('{"noncommittal": 0, "questions": ["In which year did Apollo 11 land?"]}',),
             params={"n_questions": 1},
             embeddings=([[1.0, 0.0], [-0.6, 0.8]],),
-            score=0.0, note="a negative mean cosine (-0.6) clips to 0",
+            score=0.0,
+            note="a negative mean cosine (-0.6) clips to 0",
         ),
         JudgeExample(
             inputs={QUESTION: "When did Apollo 11 land?", ANSWER: ""},
-            replies=(), score=None, status=MISSING_INPUT, note="blank answer: no judge call",
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="blank answer: no judge call",
         ),
         JudgeExample(
             inputs={QUESTION: "When did Apollo 11 land?", ANSWER: "In 1969."},
-            replies=('{"noncommittal": 0, "questions": ["When did Apollo 11 land?"]}',
-                     '{"noncommittal": 0, "questions": ["When did it land?", "Which year?"]}'),
-            score=None, status="parse_failure",
+            replies=(
+                '{"noncommittal": 0, "questions": ["When did Apollo 11 land?"]}',
+                '{"noncommittal": 0, "questions": ["When did it land?", "Which year?"]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="one question, then two, where three are asked for",
         ),
     )
@@ -197,19 +227,33 @@ class AnswerRelevancy(JudgeMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         n = self.params.n_questions
-        [(questions, noncommittal)] = yield [Ask(
-            build_messages(row, TASK.format(n=n)),
-            OutputSpec.of_schema(questions_schema(n),
-                                 max_tokens=n * (QUESTION_MAX_CHARS // 3 + 8) + 24),
-            lambda text: parse_questions(text, n), step="questions",
-        )]
+        [(questions, noncommittal)] = yield [
+            Ask(
+                build_messages(row, TASK.format(n=n)),
+                OutputSpec.of_schema(
+                    questions_schema(n), max_tokens=n * (QUESTION_MAX_CHARS // 3 + 8) + 24
+                ),
+                lambda text: parse_questions(text, n),
+                step="questions",
+            )
+        ]
         if noncommittal:
-            return PyCell(0.0, reason="the answer is noncommittal",
-                          details={"questions": questions, "noncommittal": True})
+            return PyCell(
+                0.0,
+                reason="the answer is noncommittal",
+                details={"questions": questions, "noncommittal": True},
+            )
         [vectors] = yield [Embed((row[QUESTION], *questions), self.params.embedder)]
         if len(vectors) != n + 1:
             raise ValueError(f"expected {n + 1} embeddings, got {len(vectors)}")
         mean, cosines = mean_cosine(vectors)
         score = min(max(mean, 0.0), 1.0)
-        return PyCell(score, details={"questions": questions, "noncommittal": False,
-                                      "cosines": cosines, "mean_cosine": mean})
+        return PyCell(
+            score,
+            details={
+                "questions": questions,
+                "noncommittal": False,
+                "cosines": cosines,
+                "mean_cosine": mean,
+            },
+        )

@@ -76,57 +76,101 @@ class AnswerSimilarity(JudgeMetric):
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, answer or reference is null", "missing_input"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("reference empty or only whitespace", "missing_input; reason 'reference is empty' "
-         "(Tonic raises)"),
-        ("contexts null or an empty list", "not read: the rating compares answer and reference "
-         "only; the shared prompt block shows '(none)' or '(not given)'"),
-        ("answer is a refusal (no claims)", "judged: a refusal does not convey a substantive "
-         "reference, so it rates 0 or 1; a measured rating, not a failure"),
-        ("a context chunk is junk (markup, boilerplate)", "no effect: the task tells the judge "
-         "not to use the contexts (they stay in the shared prompt block)"),
-        ("prompt longer than the judge's window (the shared block holds the contexts too)",
-         "context_too_long; nothing is truncated"),
-        ("reply not a single digit 0-5 (out of range, prose) or cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "reference empty or only whitespace",
+            "missing_input; reason 'reference is empty' (Tonic raises)",
+        ),
+        (
+            "contexts null or an empty list",
+            "not read: the rating compares answer and reference "
+            "only; the shared prompt block shows '(none)' or '(not given)'",
+        ),
+        (
+            "answer is a refusal (no claims)",
+            "judged: a refusal does not convey a substantive "
+            "reference, so it rates 0 or 1; a measured rating, not a failure",
+        ),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "no effect: the task tells the judge "
+            "not to use the contexts (they stay in the shared prompt block)",
+        ),
+        (
+            "prompt longer than the judge's window (the shared block holds the contexts too)",
+            "context_too_long; nothing is truncated",
+        ),
+        (
+            "reply not a single digit 0-5 (out of range, prose) or cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy by William "
-                    "Shakespeare."], ANSWER: "It was written by William Shakespeare.",
-                    REFERENCE: "William Shakespeare wrote Hamlet."},
-            replies=("5",), score=5.0, note="same meaning, different wording",
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
+                ANSWER: "It was written by William Shakespeare.",
+                REFERENCE: "William Shakespeare wrote Hamlet.",
+            },
+            replies=("5",),
+            score=5.0,
+            note="same meaning, different wording",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet and when?", CONTEXTS: [],
-                    ANSWER: "Shakespeare wrote it.",
-                    REFERENCE: "William Shakespeare wrote Hamlet around 1600."},
-            replies=("3",), score=3.0, note="the date is missing; contexts are not needed",
+            inputs={
+                QUESTION: "Who wrote Hamlet and when?",
+                CONTEXTS: [],
+                ANSWER: "Shakespeare wrote it.",
+                REFERENCE: "William Shakespeare wrote Hamlet around 1600.",
+            },
+            replies=("3",),
+            score=3.0,
+            note="the date is missing; contexts are not needed",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy."],
-                    ANSWER: "Shakespeare.", REFERENCE: "   "},
-            replies=(), score=None, status=MISSING_INPUT,
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy."],
+                ANSWER: "Shakespeare.",
+                REFERENCE: "   ",
+            },
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
             note="blank reference: settled before any judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy."],
-                    ANSWER: "Shakespeare.", REFERENCE: "William Shakespeare."},
-            replies=("7", "The answer matches: 5"), score=None, status="parse_failure",
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy."],
+                ANSWER: "Shakespeare.",
+                REFERENCE: "William Shakespeare.",
+            },
+            replies=("7", "The answer matches: 5"),
+            score=None,
+            status="parse_failure",
             note="out-of-range digit, then prose on the retry",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(ANSWER), missing(REFERENCE), blank(ANSWER),
+            missing(QUESTION),
+            missing(ANSWER),
+            missing(REFERENCE),
+            blank(ANSWER),
             blank(REFERENCE),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
         task = TASK.format(reference=row[REFERENCE])
-        [rating] = yield [Ask(
-            build_messages(row, task),
-            OutputSpec.of_choice(RATINGS, max_tokens=4),
-            parse_rating, step="rating", verdicts=SLOTS,
-        )]
+        [rating] = yield [
+            Ask(
+                build_messages(row, task),
+                OutputSpec.of_choice(RATINGS, max_tokens=4),
+                parse_rating,
+                step="rating",
+                verdicts=SLOTS,
+            )
+        ]
         return PyCell(float(rating), details={"rating": rating})

@@ -9,7 +9,14 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -22,7 +29,6 @@ their numbers, each with a one-sentence reason.
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items, the first for context [1]."""
-
 
 
 @register
@@ -47,73 +53,105 @@ class AugmentationAccuracy(VerdictMetric):
     verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
-    summary: ClassVar[str] = ("Share of the retrieved contexts whose information appears in the "
-                              "answer")
+    summary: ClassVar[str] = (
+        "Share of the retrieved contexts whose information appears in the answer"
+    )
     source: ClassVar[str] = "Tonic Validate AugmentationAccuracyMetric (augmentation accuracy)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts or answer is null", "missing_input"),
         ("question is null", "judged: the question is not needed and shown as '(not given)'"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
-         "(the share of no contexts is undefined)"),
+        (
+            "contexts is an empty list",
+            "missing_input; reason 'contexts is an empty list' "
+            "(the share of no contexts is undefined)",
+        ),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("answer makes no claim (a refusal)", "judged: a refusal uses no context, so it "
-         "scores 0.0 with a reason; a measured 0"),
+        (
+            "answer makes no claim (a refusal)",
+            "judged: a refusal uses no context, so it scores 0.0 with a reason; a measured 0",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: the "
-         "answer rarely uses it, so it lowers the score (the retrieval fetched it)"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other context: the "
+            "answer rarely uses it, so it lowers the score (the retrieval fetched it)",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "verdict count differs from the number of contexts, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land, and who flew it?",
-                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969.",
-                               "The Saturn V was the rocket of the Apollo programme.",
-                               "Neil Armstrong commanded Apollo 11."],
-                    ANSWER: "Apollo 11 landed on 20 July 1969 under the command of "
-                            "Neil Armstrong."},
-            replies=('{"verdicts": [{"reason": "The date comes from it.", "verdict": 1}, '
-                     '{"reason": "The rocket is not mentioned.", "verdict": 0}, '
-                     '{"reason": "The commander comes from it.", "verdict": 1}]}',),
-            score=2 / 3, note="two of three contexts used",
+            inputs={
+                QUESTION: "When did Apollo 11 land, and who flew it?",
+                CONTEXTS: [
+                    "Apollo 11 landed on the Moon on 20 July 1969.",
+                    "The Saturn V was the rocket of the Apollo programme.",
+                    "Neil Armstrong commanded Apollo 11.",
+                ],
+                ANSWER: "Apollo 11 landed on 20 July 1969 under the command of Neil Armstrong.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "The date comes from it.", "verdict": 1}, '
+                '{"reason": "The rocket is not mentioned.", "verdict": 0}, '
+                '{"reason": "The commander comes from it.", "verdict": 1}]}',
+            ),
+            score=2 / 3,
+            note="two of three contexts used",
         ),
         JudgeExample(
             inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: [], ANSWER: "In 1969."},
-            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="no contexts: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed in 1969.", "The Moon has no air."],
-                    ANSWER: "In 1969."},
-            replies=('{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}]}',
-                     '{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}, '
-                     '{"reason": "Not used.", "verdict": 0}, {"reason": "Not used.", '
-                     '"verdict": 0}]}'),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969.", "The Moon has no air."],
+                ANSWER: "In 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}]}',
+                '{"verdicts": [{"reason": "The year comes from it.", "verdict": 1}, '
+                '{"reason": "Not used.", "verdict": 0}, {"reason": "Not used.", '
+                '"verdict": 0}]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="one verdict, then three, for two contexts",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on 20 July 1969.", "The Saturn V was a rocket."],
-                    ANSWER: "It landed on 20 July 1969."},
-            replies=('{"verdicts": [1, 0]}',), score=0.5, params={"reasons": False},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed on 20 July 1969.", "The Saturn V was a rocket."],
+                ANSWER: "It landed on 20 July 1969.",
+            },
+            replies=('{"verdicts": [1, 0]}',),
+            score=0.5,
+            params={"reasons": False},
             note="reasons: false, bare verdicts",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            missing(CONTEXTS),
+            missing(ANSWER),
+            blank(ANSWER),
             empty_contexts(),
             every_context_blank(),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [verdicts] = yield [self.verdicts_ask(
-            row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)]
+        [verdicts] = yield [
+            self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
+        ]
         used = sum(verdicts)
         reason = None
         if used < n:

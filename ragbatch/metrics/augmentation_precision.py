@@ -12,7 +12,14 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -82,7 +89,6 @@ def parse_judgments(text: str, n: int) -> list[tuple[int, int]]:
     return [(int(item["relevant"]), int(item["used"])) for item in value["verdicts"]]
 
 
-
 @register
 class AugmentationPrecision(JudgeMetric):
     """Share of the question-relevant contexts that the answer uses, in [0, 1].
@@ -110,62 +116,99 @@ class AugmentationPrecision(JudgeMetric):
     source: ClassVar[str] = "Tonic Validate AugmentationPrecisionMetric (augmentation precision)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or answer is null", "missing_input"),
-        ("question empty or only whitespace", "missing_input; reason 'question is empty' "
-         "(relevance needs a question)"),
+        (
+            "question empty or only whitespace",
+            "missing_input; reason 'question is empty' (relevance needs a question)",
+        ),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
         ("contexts is an empty list", "missing_input; reason 'contexts is an empty list'"),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("no context is relevant to the question", "not_applicable; reason 'no context is "
-         "relevant to the question' (Tonic: 0)"),
-        ("answer makes no claim (a refusal)", "judged: a refusal uses no context, so it "
-         "scores 0.0 when some context is relevant; a measured 0"),
+        (
+            "no context is relevant to the question",
+            "not_applicable; reason 'no context is relevant to the question' (Tonic: 0)",
+        ),
+        (
+            "answer makes no claim (a refusal)",
+            "judged: a refusal uses no context, so it "
+            "scores 0.0 when some context is relevant; a measured 0",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: "
-         "irrelevant, so it leaves the ratio unchanged"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other context: irrelevant, so it leaves the ratio unchanged",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("item count differs from the number of contexts, a value other than 0/1, or a "
-         "reply cut at max_tokens", "parse_failure after the retries; the raw reply is kept"),
+        (
+            "item count differs from the number of contexts, a value other than 0/1, or a "
+            "reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land, and who commanded it?",
-                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969.",
-                               "The Saturn V was the rocket of the Apollo programme.",
-                               "Neil Armstrong commanded Apollo 11."],
-                    ANSWER: "Apollo 11 landed on 20 July 1969."},
-            replies=('{"verdicts": [{"reason": "Gives the date; the answer uses it.", '
-                     '"relevant": 1, "used": 1}, {"reason": "About the rocket; unused.", '
-                     '"relevant": 0, "used": 0}, {"reason": "Names the commander; the answer '
-                     'leaves it out.", "relevant": 1, "used": 0}]}',),
-            score=0.5, note="two relevant contexts, one of them used",
+            inputs={
+                QUESTION: "When did Apollo 11 land, and who commanded it?",
+                CONTEXTS: [
+                    "Apollo 11 landed on the Moon on 20 July 1969.",
+                    "The Saturn V was the rocket of the Apollo programme.",
+                    "Neil Armstrong commanded Apollo 11.",
+                ],
+                ANSWER: "Apollo 11 landed on 20 July 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "Gives the date; the answer uses it.", '
+                '"relevant": 1, "used": 1}, {"reason": "About the rocket; unused.", '
+                '"relevant": 0, "used": 0}, {"reason": "Names the commander; the answer '
+                'leaves it out.", "relevant": 1, "used": 0}]}',
+            ),
+            score=0.5,
+            note="two relevant contexts, one of them used",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["The Saturn V was a rocket.", "Home | About | Contact"],
-                    ANSWER: "I could not find that."},
-            replies=('{"verdicts": [{"reason": "About a rocket, not the landing.", '
-                     '"relevant": 0, "used": 0}, {"reason": "Navigation text.", '
-                     '"relevant": 0, "used": 0}]}',),
-            score=None, status=NOT_APPLICABLE, note="no relevant context: no denominator",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["The Saturn V was a rocket.", "Home | About | Contact"],
+                ANSWER: "I could not find that.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "About a rocket, not the landing.", '
+                '"relevant": 0, "used": 0}, {"reason": "Navigation text.", '
+                '"relevant": 0, "used": 0}]}',
+            ),
+            score=None,
+            status=NOT_APPLICABLE,
+            note="no relevant context: no denominator",
         ),
         JudgeExample(
             inputs={QUESTION: "   ", CONTEXTS: ["Apollo 11 landed in 1969."], ANSWER: "1969."},
-            replies=(), score=None, status=MISSING_INPUT, note="blank question: no judge call",
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="blank question: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed in 1969."], ANSWER: "In 1969."},
-            replies=('{"verdicts": [{"reason": "Gives the year.", "relevant": 2, "used": 1}]}',
-                     '{"verdicts": [{"reason": "Gives the year.", "relevant": 1, "used": 1}, '
-                     '{"reason": "extra", "relevant": 0, "used": 0}]}'),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "In 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "Gives the year.", "relevant": 2, "used": 1}]}',
+                '{"verdicts": [{"reason": "Gives the year.", "relevant": 1, "used": 1}, '
+                '{"reason": "extra", "relevant": 0, "used": 0}]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="a value out of range, then two items for one context",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), missing(ANSWER), blank(QUESTION),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            missing(ANSWER),
+            blank(QUESTION),
             blank(ANSWER),
             empty_contexts(),
             every_context_blank(),
@@ -173,21 +216,26 @@ class AugmentationPrecision(JudgeMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [judgments] = yield [Ask(
-            build_messages(row, TASK.format(n=n)),
-            OutputSpec.of_schema(judgments_schema(n), max_tokens=ITEM_MAX_TOKENS * n + 16),
-            lambda text: parse_judgments(text, n), step="judgments",
-        )]
+        [judgments] = yield [
+            Ask(
+                build_messages(row, TASK.format(n=n)),
+                OutputSpec.of_schema(judgments_schema(n), max_tokens=ITEM_MAX_TOKENS * n + 16),
+                lambda text: parse_judgments(text, n),
+                step="judgments",
+            )
+        ]
         relevant = [r for r, _ in judgments]
         used = [u for _, u in judgments]
         details = {"relevant": relevant, "used": used}
         n_relevant = sum(relevant)
         if n_relevant == 0:
-            return PyCell(None, NOT_APPLICABLE, "no context is relevant to the question",
-                          details=details)
+            return PyCell(
+                None, NOT_APPLICABLE, "no context is relevant to the question", details=details
+            )
         n_used = sum(r and u for r, u in judgments)
         reason = None
         if n_used < n_relevant:
-            reason = (f"{n_relevant - n_used} of {n_relevant} relevant contexts not used in "
-                      "the answer")
+            reason = (
+                f"{n_relevant - n_used} of {n_relevant} relevant contexts not used in the answer"
+            )
         return PyCell(n_used / n_relevant, reason=reason, details=details)

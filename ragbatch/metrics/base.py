@@ -110,8 +110,12 @@ class Metric(ABC):
 
     @classmethod
     def from_params(
-        cls, params: dict[str, Any] | None = None, *, metric_id: str | None = None,
-        engine: str | None = None, where: str = "params",
+        cls,
+        params: dict[str, Any] | None = None,
+        *,
+        metric_id: str | None = None,
+        engine: str | None = None,
+        where: str = "params",
     ) -> "Metric":
         """Validate ``params`` with :attr:`Params` and build the metric.
 
@@ -172,7 +176,9 @@ class Metric(ABC):
         for pname, finfo in cls.Params.model_fields.items():
             params[finfo.alias or pname] = {
                 "required": finfo.is_required(),
-                "default": None if finfo.is_required() else finfo.get_default(call_default_factory=True),
+                "default": None
+                if finfo.is_required()
+                else finfo.get_default(call_default_factory=True),
                 "description": finfo.description or "",
             }
         return {
@@ -199,7 +205,6 @@ class ExpressionMetric(Metric):
     @abstractmethod
     def expression(self) -> pl.Expr:
         """Return an expression evaluating to a cell struct per row (see module doc)."""
-
 
 
 class ModelMetric(Metric):

@@ -22,8 +22,10 @@ CALLBACK_COLUMNS = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
 
 
 class BinaryParams(StrictParams):
-    callback: str = Field(description='"module:function"; the module is a file next to the '
-                          "config or in the working folder, or is importable on every worker")
+    callback: str = Field(
+        description='"module:function"; the module is a file next to the '
+        "config or in the working folder, or is importable on every worker"
+    )
     mode: Literal["batch", "row"] = Field(
         "batch",
         description="batch: fn(polars.DataFrame) -> boolean Series of the same length; "
@@ -133,8 +135,9 @@ class Binary(ExpressionMetric):
         return packed.map_batches(run, return_dtype=CELL_DTYPE)
 
 
-def _batch_runner(fn: Callable[[pl.DataFrame], Any],
-                  quote_values: bool = True) -> Callable[[pl.Series], pl.Series]:
+def _batch_runner(
+    fn: Callable[[pl.DataFrame], Any], quote_values: bool = True
+) -> Callable[[pl.Series], pl.Series]:
     def run(series: pl.Series) -> pl.Series:
         frame = series.struct.unnest()
         try:
@@ -151,8 +154,9 @@ def _batch_runner(fn: Callable[[pl.DataFrame], Any],
     return run
 
 
-def _row_runner(fn: Callable[[dict[str, Any]], Any],
-                quote_values: bool = True) -> Callable[[pl.Series], pl.Series]:
+def _row_runner(
+    fn: Callable[[dict[str, Any]], Any], quote_values: bool = True
+) -> Callable[[pl.Series], pl.Series]:
     def run(series: pl.Series) -> pl.Series:
         out = []
         for row in series.to_list():
@@ -174,8 +178,7 @@ def _judge(value: Any, quote_values: bool = True) -> PyCell:
         return PyCell(float(bool(value)))
     kind = type(value).__name__
     shown = f"{quote(value)} ({kind})" if quote_values else f"a {kind} ({NOT_QUOTED})"
-    return PyCell(None, ERROR, f"callback returned {shown}; "
-                               "expected True, False or None")
+    return PyCell(None, ERROR, f"callback returned {shown}; expected True, False or None")
 
 
 def _describe(exc: BaseException, quote_values: bool = True) -> str:

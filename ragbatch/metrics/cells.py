@@ -89,17 +89,20 @@ def blank(column: str) -> Guard:
 def empty_contexts() -> Guard:
     """``missing_input`` when the context list is empty (for metrics that judge contexts:
     nothing was retrieved, so there is nothing to judge)."""
-    return Guard(pl.col("contexts").list.len() == 0, MISSING_INPUT,
-                 pl.lit("contexts is an empty list"))
+    return Guard(
+        pl.col("contexts").list.len() == 0, MISSING_INPUT, pl.lit("contexts is an empty list")
+    )
 
 
 def every_context_blank() -> Guard:
     """``missing_input`` when every context chunk is empty or only whitespace (an empty
     list is not caught here: metrics decide what an empty list means)."""
     blank_chunk = py_strip(pl.element()).str.len_chars().fill_null(0) == 0
-    return Guard(pl.col("contexts").list.eval(blank_chunk).list.all()
-                 & (pl.col("contexts").list.len() > 0),
-                 MISSING_INPUT, pl.lit("every context is empty"))
+    return Guard(
+        pl.col("contexts").list.eval(blank_chunk).list.all() & (pl.col("contexts").list.len() > 0),
+        MISSING_INPUT,
+        pl.lit("every context is empty"),
+    )
 
 
 def _chain(guards: Sequence[Guard], pick: Callable[[Guard], pl.Expr]) -> pl.Expr:
@@ -146,7 +149,9 @@ def cell(
     return pl.struct(
         score=pl.when(blocked).then(None).otherwise(score.cast(pl.Float64)),
         status=pl.coalesce(g_status, pl.lit(OK, pl.String)),
-        reason=pl.when(blocked).then(g_reason).otherwise(reason if reason is not None else null_str),
+        reason=pl.when(blocked)
+        .then(g_reason)
+        .otherwise(reason if reason is not None else null_str),
         details=pl.when(blocked).then(None).otherwise(details if details is not None else null_str),
         model=pl.lit(model, pl.String),
     )
@@ -173,9 +178,7 @@ def frame_cells(
     """
     g_status, g_reason = guard_status(guards)
     reason_inputs = [c for c in dict.fromkeys(g_reason.meta.root_names()) if c not in columns]
-    packed = pl.struct(
-        g_status.alias(_STATUS), *[pl.col(c) for c in [*columns, *reason_inputs]]
-    )
+    packed = pl.struct(g_status.alias(_STATUS), *[pl.col(c) for c in [*columns, *reason_inputs]])
 
     def run(series: pl.Series) -> pl.Series:
         frame = series.struct.unnest()
@@ -184,14 +187,16 @@ def frame_cells(
             raise RuntimeError(f"scoring returned {scored.height} cells for {frame.height} rows")
         status = frame.get_column(_STATUS).cast(pl.String)
         blocked = status.is_not_null()
-        cells = pl.DataFrame({
-            "blocked": blocked,
-            "g_status": status,
-            "g_reason": _settled_reasons(frame, blocked, g_reason),
-            "s": scored.get_column("score"),
-            "r": scored.get_column("reason").cast(pl.String),
-            "d": scored.get_column("details").cast(pl.String),
-        }).select(
+        cells = pl.DataFrame(
+            {
+                "blocked": blocked,
+                "g_status": status,
+                "g_reason": _settled_reasons(frame, blocked, g_reason),
+                "s": scored.get_column("score"),
+                "r": scored.get_column("reason").cast(pl.String),
+                "d": scored.get_column("details").cast(pl.String),
+            }
+        ).select(
             score=pl.when("blocked").then(None).otherwise(pl.col("s").cast(pl.Float64)),
             status=pl.coalesce("g_status", pl.lit(OK, pl.String)),
             reason=pl.when("blocked").then("g_reason").otherwise("r"),
@@ -244,14 +249,21 @@ def python_cells(
         scored = score_rows(rows) if rows else []
         if len(scored) != len(rows):
             raise RuntimeError(f"scoring returned {len(scored)} cells for {len(rows)} rows")
-        return _assemble(series.len(), status, reason, todo,
-                         [to_cell_dict(pc, model) for pc in scored], model)
+        return _assemble(
+            series.len(), status, reason, todo, [to_cell_dict(pc, model) for pc in scored], model
+        )
 
     return packed.map_batches(run, return_dtype=CELL_DTYPE)
 
 
-def _assemble(n: int, status: pl.Series, reason: pl.Series, todo: pl.Series,
-              cells: list[dict[str, Any]], model: str | None) -> pl.Series:
+def _assemble(
+    n: int,
+    status: pl.Series,
+    reason: pl.Series,
+    todo: pl.Series,
+    cells: list[dict[str, Any]],
+    model: str | None,
+) -> pl.Series:
     """Cells of a batch: the guards' status and reason where a guard settled the row (null
     score and details), and ``cells`` (one dict per unsettled row, in order) elsewhere."""
     score = pl.repeat(None, n, dtype=pl.Float64, eager=True).alias("score")
@@ -263,8 +275,15 @@ def _assemble(n: int, status: pl.Series, reason: pl.Series, todo: pl.Series,
         status = status.scatter(at, pl.Series([c["status"] for c in cells], dtype=pl.String))
         reason = reason.scatter(at, pl.Series([c["reason"] for c in cells], dtype=pl.String))
         details = details.scatter(at, pl.Series([c["details"] for c in cells], dtype=pl.String))
-    frame = pl.DataFrame([score, status, reason, details,
-                          pl.repeat(model, n, dtype=pl.String, eager=True).alias("model")])
+    frame = pl.DataFrame(
+        [
+            score,
+            status,
+            reason,
+            details,
+            pl.repeat(model, n, dtype=pl.String, eager=True).alias("model"),
+        ]
+    )
     return frame.to_struct("cell").cast(CELL_DTYPE)
 
 
@@ -276,7 +295,8 @@ def to_cell_dict(pc: PyCell, model: str | None = None) -> dict[str, Any]:
         "reason": pc.reason,
         "details": (
             json.dumps(pc.details, ensure_ascii=False, separators=(",", ":"))
-            if pc.details is not None else None
+            if pc.details is not None
+            else None
         ),
         "model": model,
     }

@@ -52,10 +52,15 @@ class ContainsText(ExpressionMetric):
     source = "Tonic Validate ContainsTextMetric"
     policy = (("answer null", "missing_input"), ("answer empty", "scored: 0.0"))
     examples = (
-        Example({"answer": "Use Delta Lake on Databricks"}, 1.0,
-                params={"text": ["delta lake", "DATABRICKS"]}),
+        Example(
+            {"answer": "Use Delta Lake on Databricks"},
+            1.0,
+            params={"text": ["delta lake", "DATABRICKS"]},
+        ),
         Example({"answer": "Use Delta Lake"}, 0.0, params={"text": ["delta", "spark"]}),
-        Example({"answer": "Use Delta Lake"}, 0.0, params={"text": "delta", "case_sensitive": True}),
+        Example(
+            {"answer": "Use Delta Lake"}, 0.0, params={"text": "delta", "case_sensitive": True}
+        ),
         Example({"answer": "価格は🚀です"}, 1.0, params={"text": "🚀"}),
         Example({"answer": ""}, 0.0, params={"text": "a"}),
         Example({}, None, "missing_input", params={"text": "a"}),
@@ -157,9 +162,7 @@ class _CaseTable:
     """
 
     def __init__(self) -> None:
-        chars = pl.Series(
-            [chr(i) for i in range(_CASED_PLANES_END) if not 0xD800 <= i <= 0xDFFF]
-        )
+        chars = pl.Series([chr(i) for i in range(_CASED_PLANES_END) if not 0xD800 <= i <= 0xDFFF])
         pairs = pl.DataFrame({"x": chars, "y": chars.str.to_lowercase()}).filter(
             pl.col("x") != pl.col("y")
         )

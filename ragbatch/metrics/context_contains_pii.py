@@ -10,11 +10,16 @@ import polars as pl
 from ragbatch.core.columns import CONTEXTS
 from ragbatch.metrics.cells import PyCell
 from ragbatch.metrics.pii_base import (
-    PiiMetric, PiiResults, count_types, describe_counts, detector_failure,
+    PiiMetric,
+    PiiResults,
+    count_types,
+    describe_counts,
+    detector_failure,
 )
 from ragbatch.metrics.base import Example
 from ragbatch.core.registry import register
 from ragbatch.core.status import ERROR
+
 
 @register
 class ContextContainsPii(PiiMetric):
@@ -42,20 +47,34 @@ class ContextContainsPii(PiiMetric):
         "Tonic Validate ContainsPiiMetric (contexts), detected locally with Presidio's analyzer"
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("contexts is null or unparseable",
-         "missing_input; reason is the normalizer's note, which quotes no value in a run with PII metrics"),
-        ("contexts is an empty list", "score 0.0 (nothing retrieved, nothing to leak); reason says so"),
-        ("a context is null, empty or only whitespace",
-         "skipped; details.skipped lists its index; the others decide the score"),
-        ("every context is null, empty or only whitespace",
-         "score 0.0; reason 'every context is empty: nothing to check'"),
-        ("detector raises on a context",
-         "score 1.0 if another context holds PII, else error; the reason names the context "
-         "index and the exception type only"),
+        (
+            "contexts is null or unparseable",
+            "missing_input; reason is the normalizer's note, which quotes no value in a run with PII metrics",
+        ),
+        (
+            "contexts is an empty list",
+            "score 0.0 (nothing retrieved, nothing to leak); reason says so",
+        ),
+        (
+            "a context is null, empty or only whitespace",
+            "skipped; details.skipped lists its index; the others decide the score",
+        ),
+        (
+            "every context is null, empty or only whitespace",
+            "score 0.0; reason 'every context is empty: nothing to check'",
+        ),
+        (
+            "detector raises on a context",
+            "score 1.0 if another context holds PII, else error; the reason names the context "
+            "index and the exception type only",
+        ),
     )
     examples: ClassVar[tuple[Example, ...]] = (
-        Example({CONTEXTS: ["No PII here.", "Server at 192.168.10.20 is down."]}, 1.0,
-                params={"pii_types": ["IP_ADDRESS"]}),
+        Example(
+            {CONTEXTS: ["No PII here.", "Server at 192.168.10.20 is down."]},
+            1.0,
+            params={"pii_types": ["IP_ADDRESS"]},
+        ),
         Example({CONTEXTS: ["No PII here."]}, 0.0, params={"pii_types": ["IP_ADDRESS"]}),
         Example({CONTEXTS: []}, 0.0, note="empty context list"),
         Example({}, None, "missing_input", note="null contexts"),
@@ -69,8 +88,11 @@ class ContextContainsPii(PiiMetric):
     @staticmethod
     def _cell(model: PiiResults, contexts: list[str | None], wanted: list[str] | None) -> PyCell:
         if not contexts:
-            return PyCell(0.0, reason="contexts is an empty list: nothing to check",
-                          details={"types": {}, "contexts": []})
+            return PyCell(
+                0.0,
+                reason="contexts is an empty list: nothing to check",
+                details={"types": {}, "contexts": []},
+            )
         total: Counter = Counter()
         per_context, skipped, failed = [], [], []
         for i, text in enumerate(contexts):
@@ -95,7 +117,9 @@ class ContextContainsPii(PiiMetric):
                 return PyCell(None, ERROR, f"context {i}: {detector_failure(error)}")
         if not total:
             if len(skipped) == len(contexts):
-                return PyCell(0.0, reason="every context is empty: nothing to check", details=details)
+                return PyCell(
+                    0.0, reason="every context is empty: nothing to check", details=details
+                )
             return PyCell(0.0, reason="no PII found", details=details)
         where = ", ".join(str(c["index"]) for c in per_context)
         noun = "contexts" if len(per_context) > 1 else "context"

@@ -82,11 +82,13 @@ def _offenders(lengths: pl.Series, bounds: LengthBounds) -> pl.Series:
     ends = counts.cum_sum()
     row = ends.search_sorted(at, side="right").cast(pl.UInt32)
     starts = (ends - counts).gather(row)
-    bad = pl.DataFrame({
-        "row": row,
-        "index": at.cast(pl.Int64) - starts.cast(pl.Int64),
-        "length": flat.gather(at),
-    })
+    bad = pl.DataFrame(
+        {
+            "row": row,
+            "index": at.cast(pl.Int64) - starts.cast(pl.Int64),
+            "length": flat.gather(at),
+        }
+    )
     row_col = pl.col("row")
     bad = bad.select(
         "row",
@@ -96,8 +98,8 @@ def _offenders(lengths: pl.Series, bounds: LengthBounds) -> pl.Series:
     )
     # Most failing rows have one offender: only the others need a (costly) string join.
     single = bad.filter(~pl.col("shared"))
-    several = bad.filter("shared").group_by("row", maintain_order=True).agg(
-        pl.col("text").str.join(", ")
+    several = (
+        bad.filter("shared").group_by("row", maintain_order=True).agg(pl.col("text").str.join(", "))
     )
     reasons = pl.repeat(None, lengths.len(), dtype=pl.String, eager=True)
     reasons = reasons.scatter(single.get_column("row"), single.get_column("text"))

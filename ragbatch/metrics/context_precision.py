@@ -9,7 +9,14 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -53,7 +60,6 @@ def average_precision(verdicts: Sequence[float]) -> float:
     return total / useful if useful else 0.0
 
 
-
 @register
 class ContextPrecision(VerdictMetric):
     """Rank-aware precision of the retrieved contexts, in [0, 1].
@@ -77,78 +83,126 @@ class ContextPrecision(VerdictMetric):
     verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
     boolean: ClassVar[bool] = False
-    summary: ClassVar[str] = ("Average precision of the contexts useful for arriving at the "
-                              "reference answer (useful ones ranked first score higher)")
+    summary: ClassVar[str] = (
+        "Average precision of the contexts useful for arriving at the "
+        "reference answer (useful ones ranked first score higher)"
+    )
     source: ClassVar[str] = "Ragas context_precision (Es et al. 2023, RAGAS; Ragas docs)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or reference is null", "missing_input"),
         ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
-        ("answer null, empty or a refusal (no claims)", "not read: usefulness is judged "
-         "against the reference answer"),
+        (
+            "answer null, empty or a refusal (no claims)",
+            "not read: usefulness is judged against the reference answer",
+        ),
         ("contexts is an empty list", "missing_input; reason 'contexts is an empty list'"),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("no context is useful", "score 0.0 with a reason: the metric measures 0, as Ragas "
-         "does"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: "
-         "not useful; ranked above useful ones, it lowers the score"),
+        ("no context is useful", "score 0.0 with a reason: the metric measures 0, as Ragas does"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other context: "
+            "not useful; ranked above useful ones, it lowers the score",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "verdict count differs from the number of contexts, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["The Saturn V was a rocket.",
-                               "Apollo 11 landed on the Moon on 20 July 1969.",
-                               "The landing came at 20:17 UTC on 20 July 1969."],
-                    REFERENCE: "Apollo 11 landed on 20 July 1969."},
-            replies=('{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, {"reason": '
-                     '"States the date.", "verdict": 1}, {"reason": "States the date.", '
-                     '"verdict": 1}]}',),
-            score=(1 / 2 + 2 / 3) / 2, note="useful at ranks 2 and 3: (1/2 + 2/3) / 2",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: [
+                    "The Saturn V was a rocket.",
+                    "Apollo 11 landed on the Moon on 20 July 1969.",
+                    "The landing came at 20:17 UTC on 20 July 1969.",
+                ],
+                REFERENCE: "Apollo 11 landed on 20 July 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, {"reason": '
+                '"States the date.", "verdict": 1}, {"reason": "States the date.", '
+                '"verdict": 1}]}',
+            ),
+            score=(1 / 2 + 2 / 3) / 2,
+            note="useful at ranks 2 and 3: (1/2 + 2/3) / 2",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["The Saturn V was a rocket.", "Home | About"],
-                    REFERENCE: "On 20 July 1969."},
-            replies=('{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, '
-                     '{"reason": "Navigation.", "verdict": 0}]}',),
-            score=0.0, note="no useful context: a measured 0",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["The Saturn V was a rocket.", "Home | About"],
+                REFERENCE: "On 20 July 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "About the rocket.", "verdict": 0}, '
+                '{"reason": "Navigation.", "verdict": 0}]}',
+            ),
+            score=0.0,
+            note="no useful context: a measured 0",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: "1969.", REFERENCE: None},
-            replies=(), score=None, status=MISSING_INPUT, note="null reference: no judge call",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: "1969.",
+                REFERENCE: None,
+            },
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="null reference: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    REFERENCE: "In 1969."},
-            replies=('{"verdicts": []}', '{"verdicts": [{"reason": "States it.", "verdict": 1}, '
-                     '{"reason": "States it.", "verdict": 1}]}'),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                REFERENCE: "In 1969.",
+            },
+            replies=(
+                '{"verdicts": []}',
+                '{"verdicts": [{"reason": "States it.", "verdict": 1}, '
+                '{"reason": "States it.", "verdict": 1}]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="no verdict, then two, for one context",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["The Saturn V was a rocket.", "Apollo 11 landed on 20 July 1969."],
-                    ANSWER: "In 1969.", REFERENCE: "On 20 July 1969."},
-            replies=('{"verdicts": [0, 1]}',), score=0.5, params={"reasons": False},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["The Saturn V was a rocket.", "Apollo 11 landed on 20 July 1969."],
+                ANSWER: "In 1969.",
+                REFERENCE: "On 20 July 1969.",
+            },
+            replies=('{"verdicts": [0, 1]}',),
+            score=0.5,
+            params={"reasons": False},
             note="reasons: false, bare verdicts; the useful context second: precision@2 = 1/2",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), missing(REFERENCE), blank(REFERENCE),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            missing(REFERENCE),
+            blank(REFERENCE),
             empty_contexts(),
             every_context_blank(),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [verdicts] = yield [self.verdicts_ask(
-            row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-            reference=row[REFERENCE])]
+        [verdicts] = yield [
+            self.verdicts_ask(
+                row,
+                TASK,
+                n,
+                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
+                reference=row[REFERENCE],
+            )
+        ]
         useful = sum(verdicts)
         reason = None
         if useful == 0:

@@ -10,12 +10,22 @@ from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    MAX_STATEMENTS, STATEMENT_MAX_CHARS, parse_statements, statements_schema,
+    MAX_STATEMENTS,
+    STATEMENT_MAX_CHARS,
+    parse_statements,
+    statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -51,7 +61,6 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 {n} items."""
 
 
-
 @register
 class ContextRecall(VerdictMetric):
     """Recall of the reference answer by the retrieved contexts, in [0, 1].
@@ -82,64 +91,103 @@ class ContextRecall(VerdictMetric):
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or reference is null", "missing_input"),
         ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
-        ("answer null, empty or a refusal (no claims)", "not read: recall is judged on the "
-         "reference answer"),
-        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
-         "(Ragas would score 0)"),
+        (
+            "answer null, empty or a refusal (no claims)",
+            "not read: recall is judged on the reference answer",
+        ),
+        (
+            "contexts is an empty list",
+            "missing_input; reason 'contexts is an empty list' (Ragas would score 0)",
+        ),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("reference makes no claim", "not_applicable; reason 'the reference makes no "
-         "statements' (Ragas: NaN)"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
-         "supports no statement, so it cannot raise the score"),
+        (
+            "reference makes no claim",
+            "not_applicable; reason 'the reference makes no statements' (Ragas: NaN)",
+        ),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other text: it supports no statement, so it cannot raise the score",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the statement count, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "verdict count differs from the statement count, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land, and who commanded it?",
-                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
-                    REFERENCE: "Apollo 11 landed on 20 July 1969; Neil Armstrong commanded it."},
-            replies=('{"statements": ["Apollo 11 landed on 20 July 1969.", '
-                     '"Neil Armstrong commanded Apollo 11."]}',
-                     '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, '
-                     '{"reason": "No commander is named.", "verdict": 0}]}'),
-            score=0.5, note="one of two reference statements in the contexts",
+            inputs={
+                QUESTION: "When did Apollo 11 land, and who commanded it?",
+                CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969."],
+                REFERENCE: "Apollo 11 landed on 20 July 1969; Neil Armstrong commanded it.",
+            },
+            replies=(
+                '{"statements": ["Apollo 11 landed on 20 July 1969.", '
+                '"Neil Armstrong commanded Apollo 11."]}',
+                '{"verdicts": [{"reason": "The date is stated.", "verdict": 1}, '
+                '{"reason": "No commander is named.", "verdict": 0}]}',
+            ),
+            score=0.5,
+            note="one of two reference statements in the contexts",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    REFERENCE: "n/a"},
-            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                REFERENCE: "n/a",
+            },
+            replies=('{"statements": []}',),
+            score=None,
+            status=NOT_APPLICABLE,
             note="the reference makes no statement",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    REFERENCE: " "},
-            replies=(), score=None, status=MISSING_INPUT, note="blank reference: no judge call",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                REFERENCE: " ",
+            },
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="blank reference: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    REFERENCE: "Apollo 11 landed in 1969."},
-            replies=('{"statements": ["Apollo 11 landed in 1969."]}',
-                     "Verdict: 1, the context states it.",
-                     '{"verdicts": [{"reason": "Stated.", "verdict": 1}, '
-                     '{"reason": "Stated.", "verdict": 1}]}'),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                REFERENCE: "Apollo 11 landed in 1969.",
+            },
+            replies=(
+                '{"statements": ["Apollo 11 landed in 1969."]}',
+                "Verdict: 1, the context states it.",
+                '{"verdicts": [{"reason": "Stated.", "verdict": 1}, '
+                '{"reason": "Stated.", "verdict": 1}]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="prose, then two verdicts for one statement",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?",
-                    CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
-                    ANSWER: "Shakespeare.", REFERENCE: "William Shakespeare wrote Hamlet."},
-            replies=('{"statements": ["William Shakespeare wrote Hamlet."]}',
-                     '{"verdicts": [1]}'),
-            score=1.0, params={"reasons": False}, note="reasons: false, bare verdicts",
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
+                ANSWER: "Shakespeare.",
+                REFERENCE: "William Shakespeare wrote Hamlet.",
+            },
+            replies=('{"statements": ["William Shakespeare wrote Hamlet."]}', '{"verdicts": [1]}'),
+            score=1.0,
+            params={"reasons": False},
+            note="reasons: false, bare verdicts",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), missing(REFERENCE), blank(REFERENCE),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            missing(REFERENCE),
+            blank(REFERENCE),
             empty_contexts(),
             every_context_blank(),
         )
@@ -150,21 +198,38 @@ class ContextRecall(VerdictMetric):
 
     def program(self, row: dict[str, Any]) -> Program:
         reference = row[REFERENCE]
-        [statements] = yield [Ask(
-            build_messages(row, STATEMENTS_TASK.format(reference=reference)),
-            OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
-            parse_statements, step="statements",
-        )]
+        [statements] = yield [
+            Ask(
+                build_messages(row, STATEMENTS_TASK.format(reference=reference)),
+                OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
+                parse_statements,
+                step="statements",
+            )
+        ]
         if not statements:
-            return PyCell(None, NOT_APPLICABLE, "the reference makes no statements",
-                          details={"statements": []})
+            return PyCell(
+                None,
+                NOT_APPLICABLE,
+                "the reference makes no statements",
+                details={"statements": []},
+            )
         n = len(statements)
-        [verdicts] = yield [self.verdicts_ask(
-            row, ATTRIBUTION_TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-            reference=reference, statements=numbered(statements))]
+        [verdicts] = yield [
+            self.verdicts_ask(
+                row,
+                ATTRIBUTION_TASK,
+                n,
+                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
+                reference=reference,
+                statements=numbered(statements),
+            )
+        ]
         attributable = sum(verdicts)
         reason = None
         if attributable < n:
             reason = f"{n - attributable} of {n} reference statements not supported by the contexts"
-        return PyCell(attributable / n, reason=reason,
-                      details={"statements": statements, "verdicts": verdicts})
+        return PyCell(
+            attributable / n,
+            reason=reason,
+            details={"statements": statements, "verdicts": verdicts},
+        )

@@ -12,7 +12,14 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -58,7 +65,7 @@ def split_sentences(text: str) -> list[str]:
     for line in text.splitlines():
         start = 0
         for match in _SENTENCE_END.finditer(line):
-            out.append(line[start:match.end()])
+            out.append(line[start : match.end()])
             start = match.end()
         out.append(line[start:])
     return [s.strip() for s in out if any(ch.isalnum() for ch in s)]
@@ -107,7 +114,6 @@ def parse_relevant(text: str, n: int) -> list[int]:
     return sorted(numbers)
 
 
-
 @register
 class ContextRelevancy(JudgeMetric):
     """Share of the retrieved contexts' sentences that are relevant to the question, in [0, 1].
@@ -132,56 +138,86 @@ class ContextRelevancy(JudgeMetric):
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the contexts' sentences that are relevant to the question"
-    source: ClassVar[str] = ("Ragas context_relevancy, v0.1 (Es et al. 2023, RAGAS, section 3)")
+    source: ClassVar[str] = "Ragas context_relevancy, v0.1 (Es et al. 2023, RAGAS, section 3)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question or contexts is null", "missing_input"),
         ("question empty or only whitespace", "missing_input; reason 'question is empty'"),
-        ("answer null, empty or a refusal (no claims)", "not read: relevance is judged "
-         "against the question only"),
+        (
+            "answer null, empty or a refusal (no claims)",
+            "not read: relevance is judged against the question only",
+        ),
         ("contexts is an empty list", "missing_input; reason 'contexts is an empty list'"),
-        ("every context chunk is blank, or the contexts hold no sentence", "missing_input; "
-         "reason 'every context is empty' or 'the contexts have no sentences'"),
+        (
+            "every context chunk is blank, or the contexts hold no sentence",
+            "missing_input; reason 'every context is empty' or 'the contexts have no sentences'",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "split and judged like any other "
-         "text: its sentences are irrelevant and lower the score; lines with no letter or "
-         "digit are not sentences"),
-        ("prompt longer than the judge's window (the sentences repeat the contexts)",
-         "context_too_long; nothing is truncated"),
-        ("a sentence number outside 1..N or repeated, prose, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "split and judged like any other "
+            "text: its sentences are irrelevant and lower the score; lines with no letter or "
+            "digit are not sentences",
+        ),
+        (
+            "prompt longer than the judge's window (the sentences repeat the contexts)",
+            "context_too_long; nothing is truncated",
+        ),
+        (
+            "a sentence number outside 1..N or repeated, prose, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on 20 July 1969. It carried three crew.",
-                               "Home | About\nThe Saturn V was a rocket. It first flew in "
-                               "1967."]},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: [
+                    "Apollo 11 landed on 20 July 1969. It carried three crew.",
+                    "Home | About\nThe Saturn V was a rocket. It first flew in 1967.",
+                ],
+            },
             replies=('{"relevant": [1]}',),
-            score=0.2, note="five sentences, one relevant",
+            score=0.2,
+            note="five sentences, one relevant",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["=====", "---"],
-                    ANSWER: "In 1969."},
-            replies=(), score=None, status=MISSING_INPUT,
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["=====", "---"],
+                ANSWER: "In 1969.",
+            },
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
             note="no sentence in the contexts: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed in 1969. The crew was three."]},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969. The crew was three."],
+            },
             replies=('{"relevant": [1, 3]}', '{"relevant": [0]}'),
-            score=None, status="parse_failure",
+            score=None,
+            status="parse_failure",
             note="sentence 3 of 2, then sentence 0: out of range twice",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), blank(QUESTION),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            blank(QUESTION),
             empty_contexts(),
             every_context_blank(),
-            Guard(pl.col(CONTEXTS).list.eval(pl.element().str.contains(r"[\p{L}\p{N}]")
-                                             .fill_null(False)).list.any().not_(),
-                  MISSING_INPUT, pl.lit("the contexts have no sentences")),
+            Guard(
+                pl.col(CONTEXTS)
+                .list.eval(pl.element().str.contains(r"[\p{L}\p{N}]").fill_null(False))
+                .list.any()
+                .not_(),
+                MISSING_INPUT,
+                pl.lit("the contexts have no sentences"),
+            ),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
@@ -190,13 +226,17 @@ class ContextRelevancy(JudgeMetric):
         if n == 0:  # the guards settle this; kept for rows judged without them
             return PyCell(None, MISSING_INPUT, "the contexts have no sentences")
         listing = "\n".join(f"({i}) {s}" for i, s in enumerate(sentences, start=1))
-        [relevant] = yield [Ask(
-            build_messages(row, TASK.format(sentences=listing, n=n)),
-            OutputSpec.of_schema(relevant_schema(n), max_tokens=4 * n + 16),
-            lambda text: parse_relevant(text, n), step="sentences",
-        )]
+        [relevant] = yield [
+            Ask(
+                build_messages(row, TASK.format(sentences=listing, n=n)),
+                OutputSpec.of_schema(relevant_schema(n), max_tokens=4 * n + 16),
+                lambda text: parse_relevant(text, n),
+                step="sentences",
+            )
+        ]
         reason = None
         if len(relevant) < n:
             reason = f"{n - len(relevant)} of {n} context sentences not relevant to the question"
-        return PyCell(len(relevant) / n, reason=reason,
-                      details={"sentences": n, "relevant": relevant})
+        return PyCell(
+            len(relevant) / n, reason=reason, details={"sentences": n, "relevant": relevant}
+        )

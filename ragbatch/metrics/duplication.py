@@ -49,45 +49,75 @@ class Duplication(AnswerVerdictMetric):
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("answer is null", "missing_input"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("question or contexts null, or contexts an empty list", "not read: only the answer's "
-         "text is judged"),
-        ("answer makes no claim (a refusal)", "judged like any other text: a short refusal "
-         "repeats nothing and scores 0.0"),
+        (
+            "question or contexts null, or contexts an empty list",
+            "not read: only the answer's text is judged",
+        ),
+        (
+            "answer makes no claim (a refusal)",
+            "judged like any other text: a short refusal repeats nothing and scores 0.0",
+        ),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "no effect: the task tells the judge "
-         "to ignore the contexts (they stay in the shared prompt block)"),
-        ("prompt longer than the judge's window (the shared block holds the contexts too)",
-         "context_too_long; nothing is truncated"),
-        ("reply not of the schema (prose, a verdict that is not a boolean) or cut at "
-         "max_tokens", "parse_failure after the retries; the raw reply is kept"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "no effect: the task tells the judge "
+            "to ignore the contexts (they stay in the shared prompt block)",
+        ),
+        (
+            "prompt longer than the judge's window (the shared block holds the contexts too)",
+            "context_too_long; nothing is truncated",
+        ),
+        (
+            "reply not of the schema (prose, a verdict that is not a boolean) or cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl restart "
-                    "app."], ANSWER: "Run systemctl restart app. To restart the service, use "
-                    "systemctl restart app."},
+            inputs={
+                QUESTION: "How do I restart the service?",
+                CONTEXTS: ["Run systemctl restart app."],
+                ANSWER: "Run systemctl restart app. To restart the service, use "
+                "systemctl restart app.",
+            },
             replies=('{"reason": "The restart command is given twice.", "verdict": true}',),
-            score=1.0, note="the same instruction twice",
+            score=1.0,
+            note="the same instruction twice",
         ),
         JudgeExample(
-            inputs={QUESTION: "How do I restart the service?", CONTEXTS: [],
-                    ANSWER: "Run systemctl restart app, then check its status with systemctl "
-                            "status app."},
-            replies=('{"reason": "Two different commands, nothing repeated.", '
-                     '"verdict": false}',),
-            score=0.0, note="no repetition; contexts are not needed",
+            inputs={
+                QUESTION: "How do I restart the service?",
+                CONTEXTS: [],
+                ANSWER: "Run systemctl restart app, then check its status with systemctl "
+                "status app.",
+            },
+            replies=('{"reason": "Two different commands, nothing repeated.", "verdict": false}',),
+            score=0.0,
+            note="no repetition; contexts are not needed",
         ),
         JudgeExample(
-            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl."],
-                    ANSWER: "\n\t "},
-            replies=(), score=None, status=MISSING_INPUT, note="blank answer: no judge call",
+            inputs={
+                QUESTION: "How do I restart the service?",
+                CONTEXTS: ["Run systemctl."],
+                ANSWER: "\n\t ",
+            },
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="blank answer: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "How do I restart the service?", CONTEXTS: ["Run systemctl."],
-                    ANSWER: "Run systemctl restart app."},
-            replies=('{"reason": "Nothing repeated.", "verdict": "no"}',
-                     "No, the answer does not repeat itself."),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "How do I restart the service?",
+                CONTEXTS: ["Run systemctl."],
+                ANSWER: "Run systemctl restart app.",
+            },
+            replies=(
+                '{"reason": "Nothing repeated.", "verdict": "no"}',
+                "No, the answer does not repeat itself.",
+            ),
+            score=None,
+            status="parse_failure",
             note="a string verdict, then prose",
         ),
     )

@@ -37,14 +37,22 @@ class ExactMatch(ExpressionMetric):
         ("both empty strings", "scored: 1.0 (equal)"),
     )
     examples = (
-        Example({"answer": "\nRich people and nerds. ", "reference": "Rich people and nerds."}, 1.0),
+        Example(
+            {"answer": "\nRich people and nerds. ", "reference": "Rich people and nerds."}, 1.0
+        ),
         Example({"answer": " abc", "reference": "abc"}, 0.0, params={"strip": False}),
-        Example({"answer": "abc\x1c", "reference": "abc"}, 1.0,
-                note="U+001C counts as whitespace, as in Python str.strip"),
+        Example(
+            {"answer": "abc\x1c", "reference": "abc"},
+            1.0,
+            note="U+001C counts as whitespace, as in Python str.strip",
+        ),
         Example({"answer": "ABC", "reference": "abc"}, 0.0),
         Example({"answer": "ABC", "reference": "abc"}, 1.0, params={"case_sensitive": False}),
-        Example({"answer": "e\u0301", "reference": "\u00e9"}, 0.0,
-                note="no Unicode normalization: combining form differs from precomposed"),
+        Example(
+            {"answer": "e\u0301", "reference": "\u00e9"},
+            0.0,
+            note="no Unicode normalization: combining form differs from precomposed",
+        ),
         Example({"answer": "x"}, None, "missing_input"),
     )
 

@@ -10,12 +10,22 @@ from ragbatch.judge.health import HealthFields
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.parse import (
-    STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS, parse_statements, statements_schema,
+    STATEMENTS_MAX_TOKENS,
+    VERDICT_MAX_TOKENS,
+    parse_statements,
+    statements_schema,
 )
 from ragbatch.judge.prompt import build_messages, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -67,61 +77,97 @@ class Faithfulness(VerdictMetric):
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or answer is null", "missing_input"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
-         "(nothing can support a statement; Ragas would score 0)"),
+        (
+            "contexts is an empty list",
+            "missing_input; reason 'contexts is an empty list' "
+            "(nothing can support a statement; Ragas would score 0)",
+        ),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
-        ("answer makes no claim (a refusal)", "not_applicable; reason 'the answer makes no "
-         "statements' (Ragas: NaN; DeepEval: 1)"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other text: it "
-         "supports no statement, so it cannot raise the score"),
+        (
+            "answer makes no claim (a refusal)",
+            "not_applicable; reason 'the answer makes no statements' (Ragas: NaN; DeepEval: 1)",
+        ),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other text: it supports no statement, so it cannot raise the score",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the statement count", "parse_failure after the retries; "
-         "the raw reply is kept"),
+        (
+            "verdict count differs from the statement count",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy by William "
-                    "Shakespeare, written around 1600."],
-                    ANSWER: "Hamlet was written by Shakespeare in 1750."},
-            replies=('{"statements": ["Hamlet was written by Shakespeare.", '
-                     '"Hamlet was written in 1750."]}',
-                     '{"verdicts": [{"reason": "The context names Shakespeare.", "verdict": 1}, '
-                     '{"reason": "The context says around 1600.", "verdict": 0}]}'),
-            score=0.5, note="one of two statements supported",
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy by William Shakespeare, written around 1600."],
+                ANSWER: "Hamlet was written by Shakespeare in 1750.",
+            },
+            replies=(
+                '{"statements": ["Hamlet was written by Shakespeare.", '
+                '"Hamlet was written in 1750."]}',
+                '{"verdicts": [{"reason": "The context names Shakespeare.", "verdict": 1}, '
+                '{"reason": "The context says around 1600.", "verdict": 0}]}',
+            ),
+            score=0.5,
+            note="one of two statements supported",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["Hamlet is a tragedy."],
-                    ANSWER: "I don't know."},
-            replies=('{"statements": []}',), score=None, status=NOT_APPLICABLE,
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy."],
+                ANSWER: "I don't know.",
+            },
+            replies=('{"statements": []}',),
+            score=None,
+            status=NOT_APPLICABLE,
             note="a refusal makes no statements",
         ),
         JudgeExample(
             inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: [], ANSWER: "Shakespeare."},
-            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="no contexts: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?", CONTEXTS: ["By Shakespeare."],
-                    ANSWER: "Shakespeare wrote it in 1600."},
-            replies=('{"statements": ["Shakespeare wrote Hamlet.", "It was written in 1600."]}',
-                     '{"verdicts": [{"reason": "stated", "verdict": 1}]}',
-                     '{"verdicts": [{"reason": "stated", "verdict": 1}]}'),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["By Shakespeare."],
+                ANSWER: "Shakespeare wrote it in 1600.",
+            },
+            replies=(
+                '{"statements": ["Shakespeare wrote Hamlet.", "It was written in 1600."]}',
+                '{"verdicts": [{"reason": "stated", "verdict": 1}]}',
+                '{"verdicts": [{"reason": "stated", "verdict": 1}]}',
+            ),
+            score=None,
+            status="parse_failure",
             note="one verdict for two statements, twice (first try and the one retry)",
         ),
         JudgeExample(
-            inputs={QUESTION: "Who wrote Hamlet?",
-                    CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
-                    ANSWER: "Shakespeare wrote Hamlet in 1600."},
-            replies=('{"statements": ["Shakespeare wrote Hamlet.", "Hamlet was written in 1600."]}',
-                     '{"verdicts": [1, 0]}'),
-            score=0.5, params={"reasons": False},
+            inputs={
+                QUESTION: "Who wrote Hamlet?",
+                CONTEXTS: ["Hamlet is a tragedy by William Shakespeare."],
+                ANSWER: "Shakespeare wrote Hamlet in 1600.",
+            },
+            replies=(
+                '{"statements": ["Shakespeare wrote Hamlet.", "Hamlet was written in 1600."]}',
+                '{"verdicts": [1, 0]}',
+            ),
+            score=0.5,
+            params={"reasons": False},
             note="reasons: false, bare verdicts; the year is not in the context",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), missing(ANSWER), blank(ANSWER),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            missing(ANSWER),
+            blank(ANSWER),
             empty_contexts(),
             every_context_blank(),
         )
@@ -131,21 +177,34 @@ class Faithfulness(VerdictMetric):
         return assumed_statements(row[ANSWER])
 
     def program(self, row: dict[str, Any]) -> Program:
-        [statements] = yield [Ask(
-            build_messages(row, STATEMENTS_TASK),
-            OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
-            parse_statements, step="statements",
-        )]
+        [statements] = yield [
+            Ask(
+                build_messages(row, STATEMENTS_TASK),
+                OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
+                parse_statements,
+                step="statements",
+            )
+        ]
         if not statements:
-            return PyCell(None, NOT_APPLICABLE, "the answer makes no statements",
-                          details={"statements": []})
-        [verdicts] = yield [self.verdicts_ask(
-            row, VERDICTS_TASK, len(statements), max_tokens_per_verdict=VERDICT_MAX_TOKENS,
-            statements=numbered(statements))]
+            return PyCell(
+                None, NOT_APPLICABLE, "the answer makes no statements", details={"statements": []}
+            )
+        [verdicts] = yield [
+            self.verdicts_ask(
+                row,
+                VERDICTS_TASK,
+                len(statements),
+                max_tokens_per_verdict=VERDICT_MAX_TOKENS,
+                statements=numbered(statements),
+            )
+        ]
         supported = sum(verdicts)
         reason = None
         if supported < len(statements):
             unsupported = [s for s, v in zip(statements, verdicts) if not v]
             reason = f"{len(unsupported)} of {len(statements)} statements not supported"
-        return PyCell(supported / len(statements), reason=reason,
-                      details={"statements": statements, "verdicts": verdicts})
+        return PyCell(
+            supported / len(statements),
+            reason=reason,
+            details={"statements": statements, "verdicts": verdicts},
+        )

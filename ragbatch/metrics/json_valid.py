@@ -17,7 +17,8 @@ from ragbatch.core.status import OK
 
 class JsonValidParams(StrictParams):
     schema_: dict[str, Any] | None = Field(
-        None, alias="schema",
+        None,
+        alias="schema",
         description="optional JSON Schema (draft from its $schema, else 2020-12) the value must match",
     )
 
@@ -69,10 +70,12 @@ class JsonValid(ExpressionMetric):
         Example({"answer": "[1, 2"}, 0.0),
         Example({"answer": "NaN"}, 0.0, note="NaN is not JSON"),
         Example({"answer": ""}, 0.0),
-        Example({"answer": '{"a": 1}'}, 0.0,
-                params={"schema": {"type": "object", "required": ["b"]}}),
-        Example({"answer": '{"b": "数"}'}, 1.0,
-                params={"schema": {"type": "object", "required": ["b"]}}),
+        Example(
+            {"answer": '{"a": 1}'}, 0.0, params={"schema": {"type": "object", "required": ["b"]}}
+        ),
+        Example(
+            {"answer": '{"b": "数"}'}, 1.0, params={"schema": {"type": "object", "required": ["b"]}}
+        ),
         Example({}, None, "missing_input"),
     )
 
@@ -81,7 +84,9 @@ class JsonValid(ExpressionMetric):
         if self.params.schema_ is not None:
             import jsonschema
 
-            validator = jsonschema.validators.validator_for(self.params.schema_)(self.params.schema_)
+            validator = jsonschema.validators.validator_for(self.params.schema_)(
+                self.params.schema_
+            )
 
         quote_values = self.quote_values
 
@@ -120,12 +125,21 @@ def _score(answer: pl.Series, validator: Any, quote_values: bool = True) -> pl.D
     rest = (answer.is_not_null() & ~prose).arg_true()
     if rest.len():
         cells = [_check(text, validator, quote_values) for text in answer.gather(rest).to_list()]
-        score = score.scatter(rest, pl.Series([
-            float(c.score) if c.status == OK and c.score is not None else None for c in cells
-        ], dtype=pl.Float64))
+        score = score.scatter(
+            rest,
+            pl.Series(
+                [float(c.score) if c.status == OK and c.score is not None else None for c in cells],
+                dtype=pl.Float64,
+            ),
+        )
         reason = reason.scatter(rest, pl.Series([c.reason for c in cells], dtype=pl.String))
-    return pl.DataFrame({"score": score, "reason": reason,
-                         "details": pl.repeat(None, n, dtype=pl.String, eager=True)})
+    return pl.DataFrame(
+        {
+            "score": score,
+            "reason": reason,
+            "details": pl.repeat(None, n, dtype=pl.String, eager=True),
+        }
+    )
 
 
 def _not_a_value(answer: pl.Series) -> pl.Series:
@@ -143,21 +157,46 @@ def _expecting_value(answer: pl.Series) -> pl.Series:
     if not spaced.len():
         return out
     text = pl.col("a")
-    frame = pl.DataFrame({"a": answer.gather(spaced)}).with_columns(
-        pos=text.str.len_chars() - text.str.strip_chars_start(_JSON_SPACE).str.len_chars()
-    ).with_columns(prefix=text.str.head(pl.col("pos")))
-    return out.scatter(spaced, frame.select(pl.format(
-        "not JSON: Expecting value: line {} column {} (char {})",
-        pl.col("prefix").str.count_matches("\n", literal=True) + 1,
-        pl.col("prefix").str.split("\n").list.last().str.len_chars() + 1,
-        pl.col("pos"),
-    )).to_series())
+    frame = (
+        pl.DataFrame({"a": answer.gather(spaced)})
+        .with_columns(
+            pos=text.str.len_chars() - text.str.strip_chars_start(_JSON_SPACE).str.len_chars()
+        )
+        .with_columns(prefix=text.str.head(pl.col("pos")))
+    )
+    return out.scatter(
+        spaced,
+        frame.select(
+            pl.format(
+                "not JSON: Expecting value: line {} column {} (char {})",
+                pl.col("prefix").str.count_matches("\n", literal=True) + 1,
+                pl.col("prefix").str.split("\n").list.last().str.len_chars() + 1,
+                pl.col("pos"),
+            )
+        ).to_series(),
+    )
 
 
 def _fast_path_agrees() -> bool:
     """Whether :func:`_expecting_value` words errors exactly as this Python's ``json``."""
-    probes = ["x", "", "   ", "\n", " \n\t\r x", "\r\n\r\nabc", "é", "  \n  \n  z🚀", " \ufeff{}",
-              "nul", "Nope", "Inf", "tru", " fals", "\u00a0{}", "}"]
+    probes = [
+        "x",
+        "",
+        "   ",
+        "\n",
+        " \n\t\r x",
+        "\r\n\r\nabc",
+        "é",
+        "  \n  \n  z🚀",
+        " \ufeff{}",
+        "nul",
+        "Nope",
+        "Inf",
+        "tru",
+        " fals",
+        "\u00a0{}",
+        "}",
+    ]
     series = pl.Series(probes, dtype=pl.String)
     if not _not_a_value(series).all():
         return False

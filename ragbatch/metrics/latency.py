@@ -13,8 +13,9 @@ from ragbatch.core.status import MISSING_INPUT
 
 
 class LatencyParams(StrictParams):
-    target_s: float = Field(5.0, ge=0, allow_inf_nan=False,
-                            description="largest latency that passes, in seconds")
+    target_s: float = Field(
+        5.0, ge=0, allow_inf_nan=False, description="largest latency that passes, in seconds"
+    )
 
 
 @register
@@ -49,11 +50,19 @@ class Latency(ExpressionMetric):
         guards = [
             missing("latency_s"),
             Guard(latency.is_nan(), MISSING_INPUT, pl.lit("latency_s is NaN")),
-            Guard(latency < 0, MISSING_INPUT,
-                  pl.format("latency_s is negative ({})", number_text(pl.when(latency < 0).then(latency)))),
+            Guard(
+                latency < 0,
+                MISSING_INPUT,
+                pl.format(
+                    "latency_s is negative ({})", number_text(pl.when(latency < 0).then(latency))
+                ),
+            ),
         ]
         passed = latency <= target
         # Latencies are formatted only where they are reported (null elsewhere).
-        reason = pl.format("{} s > target {} s", number_text(pl.when(~passed).then(latency)),
-                           pl.lit(number_text_of(target)))
+        reason = pl.format(
+            "{} s > target {} s",
+            number_text(pl.when(~passed).then(latency)),
+            pl.lit(number_text_of(target)),
+        )
         return cell(guards, passed, reason=reason)

@@ -47,8 +47,9 @@ class PiiMetric(ModelMetric):
     boolean: ClassVar[bool] = True
     higher_is_better: ClassVar[bool] = False
 
-    def check_engine(self, spec: Any, supported: Sequence[str],
-                     why: Callable[[str], str]) -> list[str]:
+    def check_engine(
+        self, spec: Any, supported: Sequence[str], why: Callable[[str], str]
+    ) -> list[str]:
         """Problems with ``pii_types`` given the entity types the engine supports.
 
         A type the configured detectors cannot find would always score 0.0 (a silent
@@ -66,19 +67,28 @@ class PiiMetric(ModelMetric):
             ``spec``; passed in so that metrics do not import engine adapters).
         """
         if self.params.pii_types is None:
-            return [] if supported else [
-                f"{self.id}: engine {self.engine!r} finds no entity type at score_threshold "
-                f"{spec.score_threshold:g}; lower it"]
+            return (
+                []
+                if supported
+                else [
+                    f"{self.id}: engine {self.engine!r} finds no entity type at score_threshold "
+                    f"{spec.score_threshold:g}; lower it"
+                ]
+            )
         unknown = [t for t in self.params.pii_types if t not in supported]
         if not unknown:
             return []
         why_text = "; ".join(why(t) for t in unknown)
         hint = ""
         if any(t in ("PERSON", "LOCATION", "ORGANIZATION", "NRP") for t in unknown):
-            hint = (f"; set engines.{self.engine}.ner_model to a local spaCy or transformers "
-                    "NER model for named entities")
-        return [f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
-                f"{why_text} (it finds {', '.join(supported)}){hint}"]
+            hint = (
+                f"; set engines.{self.engine}.ner_model to a local spaCy or transformers "
+                "NER model for named entities"
+            )
+        return [
+            f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
+            f"{why_text} (it finds {', '.join(supported)}){hint}"
+        ]
 
     def compute(self, model: "PiiResults", frame: pl.DataFrame) -> pl.Series:
         """Cells for every row of ``frame``.

@@ -20,12 +20,14 @@ from ragbatch.core.time_limit import TIMED_OUT, Failed, map_with_time_limit
 class RegexParams(StrictParams):
     pattern: str = Field(description="a Python `re` pattern")
     expected_count: int | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="when set, pass iff the number of non-overlapping matches equals it; "
         "when null, pass iff there is any match",
     )
     timeout_s: float = Field(
-        2.0, gt=0,
+        2.0,
+        gt=0,
         description="time limit in seconds for matching one answer when the pattern runs on "
         "Python re (a pattern that backtracks catastrophically gives `timeout` on that row); "
         "the Rust engine never backtracks and needs none",
@@ -64,17 +66,33 @@ class Regex(ExpressionMetric):
     Params = RegexParams
     summary = "answer matches `pattern` (any match, or exactly `expected_count` matches)"
     source = "Tonic Validate RegexMetric (count) / Vellum Regex Match (search)"
-    policy = (("answer null", "missing_input"), ("answer empty", "scored like any string"),
-              ("Python re runs past timeout_s on an answer", "timeout"))
+    policy = (
+        ("answer null", "missing_input"),
+        ("answer empty", "scored like any string"),
+        ("Python re runs past timeout_s on an answer", "timeout"),
+    )
     examples = (
         Example({"answer": "Databricks and databricks"}, 1.0, params={"pattern": "(?i)databricks"}),
-        Example({"answer": "Databricks and databricks"}, 1.0,
-                params={"pattern": "(?i)databricks", "expected_count": 2}),
-        Example({"answer": "Databricks"}, 0.0, params={"pattern": "(?i)databricks", "expected_count": 2}),
-        Example({"answer": "abc"}, 1.0, params={"pattern": "(?<=a)b", "expected_count": 1},
-                note="look-behind runs on Python re"),
-        Example({"answer": "x\u0301y"}, 1.0, params={"pattern": r"\w+", "expected_count": 2},
-                note="Python \\w does not match combining marks"),
+        Example(
+            {"answer": "Databricks and databricks"},
+            1.0,
+            params={"pattern": "(?i)databricks", "expected_count": 2},
+        ),
+        Example(
+            {"answer": "Databricks"}, 0.0, params={"pattern": "(?i)databricks", "expected_count": 2}
+        ),
+        Example(
+            {"answer": "abc"},
+            1.0,
+            params={"pattern": "(?<=a)b", "expected_count": 1},
+            note="look-behind runs on Python re",
+        ),
+        Example(
+            {"answer": "x\u0301y"},
+            1.0,
+            params={"pattern": r"\w+", "expected_count": 2},
+            note="Python \\w does not match combining marks",
+        ),
         Example({"answer": ""}, 0.0, params={"pattern": "a"}),
         Example({}, None, "missing_input", params={"pattern": "a"}),
     )
@@ -117,7 +135,8 @@ class Regex(ExpressionMetric):
         count = answer.str.count_matches(rust)
         passed = count == self.params.expected_count
         reason = pl.format(
-            "{} matches, expected {}", pl.when(~passed).then(count),
+            "{} matches, expected {}",
+            pl.when(~passed).then(count),
             pl.lit(self.params.expected_count),
         )
         return cell([missing("answer")], passed, reason=reason, details=details_json(count=count))
@@ -143,11 +162,18 @@ def _python_cell(found: Any, expected: int | None, limit: float) -> PyCell:
     """The cell of one answer matched on Python re: ``found`` is whether it matched (or
     the match count when counting), :data:`TIMED_OUT`, or :class:`Failed`."""
     if found is TIMED_OUT:
-        return PyCell(None, TIMEOUT, f"Python re ran past timeout_s={limit:g} s on this answer "
-                      "(catastrophic backtracking?); rewrite the pattern or raise timeout_s")
+        return PyCell(
+            None,
+            TIMEOUT,
+            f"Python re ran past timeout_s={limit:g} s on this answer "
+            "(catastrophic backtracking?); rewrite the pattern or raise timeout_s",
+        )
     if isinstance(found, Failed):
         return PyCell(None, ERROR, f"Python re failed: {found.message}")
     if expected is None:
         return PyCell(float(found), reason=None if found else "no match")
-    return PyCell(float(found == expected), details={"count": found},
-                  reason=None if found == expected else f"{found} matches, expected {expected}")
+    return PyCell(
+        float(found == expected),
+        details={"count": found},
+        reason=None if found == expected else f"{found} matches, expected {expected}",
+    )

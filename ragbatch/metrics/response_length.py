@@ -30,8 +30,12 @@ class ResponseLength(ExpressionMetric):
         Example({"answer": "abcd"}, 0.0, params={"min_chars": 1, "max_chars": 3}),
         Example({"answer": ""}, 0.0, params={"min_chars": 1}),
         Example({"answer": ""}, 1.0, params={"max_chars": 0}),
-        Example({"answer": "e\u0301🚀数"}, 1.0, params={"min_chars": 4, "max_chars": 4},
-                note="combining mark, emoji and CJK count one code point each"),
+        Example(
+            {"answer": "e\u0301🚀数"},
+            1.0,
+            params={"min_chars": 4, "max_chars": 4},
+            note="combining mark, emoji and CJK count one code point each",
+        ),
         Example({}, None, "missing_input", params={"max_chars": 3}),
     )
 
@@ -42,5 +46,4 @@ class ResponseLength(ExpressionMetric):
         reason = pl.format(
             "{} chars outside {}", pl.when(~passed).then(length), pl.lit(self.params.label())
         )
-        return cell([missing("answer")], passed, reason=reason,
-                    details=details_json(length=length))
+        return cell([missing("answer")], passed, reason=reason, details=details_json(length=length))

@@ -9,7 +9,14 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank, missing
+from ragbatch.metrics.cells import (
+    Guard,
+    PyCell,
+    blank,
+    empty_contexts,
+    every_context_blank,
+    missing,
+)
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -22,7 +29,6 @@ verdict per context, in the order of their numbers, each with a one-sentence rea
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items, the first for context [1]."""
-
 
 
 @register
@@ -52,79 +58,128 @@ class RetrievalPrecision(VerdictMetric):
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question or contexts is null", "missing_input"),
         ("question empty or only whitespace", "missing_input; reason 'question is empty'"),
-        ("answer null, empty or a refusal (no claims)", "not read: relevance is judged "
-         "against the question only"),
-        ("contexts is an empty list", "missing_input; reason 'contexts is an empty list' "
-         "(precision of nothing retrieved is undefined)"),
+        (
+            "answer null, empty or a refusal (no claims)",
+            "not read: relevance is judged against the question only",
+        ),
+        (
+            "contexts is an empty list",
+            "missing_input; reason 'contexts is an empty list' "
+            "(precision of nothing retrieved is undefined)",
+        ),
         ("every context chunk is blank", "missing_input; reason 'every context is empty'"),
         ("reference is null", "not read: the metric does not use the reference"),
-        ("a context chunk is junk (markup, boilerplate)", "judged like any other context: "
-         "irrelevant, so it lowers the score (the retrieval fetched it)"),
+        (
+            "a context chunk is junk (markup, boilerplate)",
+            "judged like any other context: "
+            "irrelevant, so it lowers the score (the retrieval fetched it)",
+        ),
         ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        ("verdict count differs from the number of contexts, or a reply cut at max_tokens",
-         "parse_failure after the retries; the raw reply is kept"),
+        (
+            "verdict count differs from the number of contexts, or a reply cut at max_tokens",
+            "parse_failure after the retries; the raw reply is kept",
+        ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on the Moon on 20 July 1969.",
-                               "Home | About | Contact", "The Saturn V was a rocket.",
-                               "The lunar module touched down at 20:17 UTC on 20 July 1969."],
-                    ANSWER: "On 20 July 1969."},
-            replies=('{"verdicts": [{"reason": "Gives the date.", "verdict": 1}, {"reason": '
-                     '"Navigation text.", "verdict": 0}, {"reason": "About the rocket.", '
-                     '"verdict": 0}, {"reason": "Gives the date and time.", "verdict": 1}]}',),
-            score=0.5, note="two of four contexts relevant, one of them junk",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: [
+                    "Apollo 11 landed on the Moon on 20 July 1969.",
+                    "Home | About | Contact",
+                    "The Saturn V was a rocket.",
+                    "The lunar module touched down at 20:17 UTC on 20 July 1969.",
+                ],
+                ANSWER: "On 20 July 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "Gives the date.", "verdict": 1}, {"reason": '
+                '"Navigation text.", "verdict": 0}, {"reason": "About the rocket.", '
+                '"verdict": 0}, {"reason": "Gives the date and time.", "verdict": 1}]}',
+            ),
+            score=0.5,
+            note="two of four contexts relevant, one of them junk",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: ["Apollo 11 landed in 1969."],
-                    ANSWER: None},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969."],
+                ANSWER: None,
+            },
             replies=('{"verdicts": [{"reason": "Gives the year.", "verdict": 1}]}',),
-            score=1.0, note="the answer is not needed",
+            score=1.0,
+            note="the answer is not needed",
         ),
         JudgeExample(
             inputs={QUESTION: "When did Apollo 11 land?", CONTEXTS: [], ANSWER: "In 1969."},
-            replies=(), score=None, status=MISSING_INPUT, note="no contexts: no judge call",
+            replies=(),
+            score=None,
+            status=MISSING_INPUT,
+            note="no contexts: no judge call",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed in 1969.", "The Saturn V was a rocket."],
-                    ANSWER: "In 1969."},
-            replies=('{"verdicts": [{"reason": "Gives the year.", "verdict": 1}]}',
-                     ("length", '{"verdicts": [{"reason": "Gives the year.", "verdict": 1}, '
-                      '{"reason": "About')),
-            score=None, status="parse_failure",
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed in 1969.", "The Saturn V was a rocket."],
+                ANSWER: "In 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "Gives the year.", "verdict": 1}]}',
+                (
+                    "length",
+                    '{"verdicts": [{"reason": "Gives the year.", "verdict": 1}, {"reason": "About',
+                ),
+            ),
+            score=None,
+            status="parse_failure",
             note="one verdict for two contexts, then a reply cut at max_tokens",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on 20 July 1969.", "Home | About | Contact",
-                               "The Saturn V was a rocket."],
-                    ANSWER: "On 20 July 1969."},
-            replies=('{"verdicts": [1, 0, 0]}',), score=1 / 3, params={"reasons": False},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: [
+                    "Apollo 11 landed on 20 July 1969.",
+                    "Home | About | Contact",
+                    "The Saturn V was a rocket.",
+                ],
+                ANSWER: "On 20 July 1969.",
+            },
+            replies=('{"verdicts": [1, 0, 0]}',),
+            score=1 / 3,
+            params={"reasons": False},
             note="reasons: false, bare verdicts",
         ),
         JudgeExample(
-            inputs={QUESTION: "When did Apollo 11 land?",
-                    CONTEXTS: ["Apollo 11 landed on 20 July 1969."], ANSWER: "In 1969."},
-            replies=('{"verdicts": [{"reason": "Gives the date.", "verdict": 1}]}',
-                     '{"verdicts": ["1"]}'),
-            score=None, status="parse_failure", params={"reasons": False},
+            inputs={
+                QUESTION: "When did Apollo 11 land?",
+                CONTEXTS: ["Apollo 11 landed on 20 July 1969."],
+                ANSWER: "In 1969.",
+            },
+            replies=(
+                '{"verdicts": [{"reason": "Gives the date.", "verdict": 1}]}',
+                '{"verdicts": ["1"]}',
+            ),
+            score=None,
+            status="parse_failure",
+            params={"reasons": False},
             note="reasons: false: a verdict with a reason, then a string, are the wrong shape",
         ),
     )
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION), missing(CONTEXTS), blank(QUESTION),
+            missing(QUESTION),
+            missing(CONTEXTS),
+            blank(QUESTION),
             empty_contexts(),
             every_context_blank(),
         )
 
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
-        [verdicts] = yield [self.verdicts_ask(
-            row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)]
+        [verdicts] = yield [
+            self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
+        ]
         relevant = sum(verdicts)
         reason = None
         if relevant < n:

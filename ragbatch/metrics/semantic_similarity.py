@@ -190,29 +190,42 @@ class SemanticSimilarity(ModelMetric):
         "bi-encoder cosine fallback as in sentence-transformers semantic textual similarity"
     )
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("answer or reference is null",
-         "missing_input; reason is the normalizer's note, or '<column> is null'"),
-        ("answer or reference is empty or only whitespace",
-         "missing_input; reason '<column> is empty'"),
-        ("bi-encoder cosine below 0",
-         "score 0.0 (clipped); details.cosine keeps the raw cosine"),
-        ("bi-encoder cosine above 1 by float rounding",
-         "score 1.0 (clipped); details.cosine keeps the raw cosine"),
-        ("text longer than the model's maximum sequence length",
-         "the model truncates it and scores the leading tokens (all-MiniLM-L6-v2: 256 word "
-         "pieces); no status change"),
-        ("model raises on a batch",
-         "error for every row of that batch sent to the model; reason holds the exception"),
+        (
+            "answer or reference is null",
+            "missing_input; reason is the normalizer's note, or '<column> is null'",
+        ),
+        (
+            "answer or reference is empty or only whitespace",
+            "missing_input; reason '<column> is empty'",
+        ),
+        ("bi-encoder cosine below 0", "score 0.0 (clipped); details.cosine keeps the raw cosine"),
+        (
+            "bi-encoder cosine above 1 by float rounding",
+            "score 1.0 (clipped); details.cosine keeps the raw cosine",
+        ),
+        (
+            "text longer than the model's maximum sequence length",
+            "the model truncates it and scores the leading tokens (all-MiniLM-L6-v2: 256 word "
+            "pieces); no status change",
+        ),
+        (
+            "model raises on a batch",
+            "error for every row of that batch sent to the model; reason holds the exception",
+        ),
         ("model returns NaN or infinity for a row", "error; reason says so"),
     )
     examples: ClassVar[tuple[Example, ...]] = (
         Example(
             inputs={ANSWER: "Paris is the capital of France.", REFERENCE: None},
-            score=None, status="missing_input", note="null reference",
+            score=None,
+            status="missing_input",
+            note="null reference",
         ),
         Example(
             inputs={ANSWER: "   ", REFERENCE: "Paris is the capital of France."},
-            score=None, status="missing_input", note="whitespace-only answer",
+            score=None,
+            status="missing_input",
+            note="whitespace-only answer",
         ),
     )
 
@@ -254,7 +267,9 @@ class SemanticSimilarity(ModelMetric):
                 f"{', '.join(self.engine_types)}"
             )
         cells = python_cells(
-            self.guards(), [ANSWER, REFERENCE], lambda rows: score_pairs(model, rows),
+            self.guards(),
+            [ANSWER, REFERENCE],
+            lambda rows: score_pairs(model, rows),
             model=model.model_id,
         )
         out = _canonical_inputs(frame).select(cells.alias(self.id)).to_series()

@@ -128,11 +128,18 @@ class NightlyOutcome:
     degenerate: dict[str, str] = field(default_factory=dict)
 
 
-def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
-                run_date: dt.date | None = None, run_id: str | None = None,
-                address: str | None = None, fail_on_regression: float | None = None,
-                report: bool = True, allow_uncalibrated: bool = False,
-                fail_on_degenerate: bool | None = None) -> NightlyOutcome:
+def run_nightly(
+    config: JobConfig,
+    *,
+    config_dir: str | Path | None = None,
+    run_date: dt.date | None = None,
+    run_id: str | None = None,
+    address: str | None = None,
+    fail_on_regression: float | None = None,
+    report: bool = True,
+    allow_uncalibrated: bool = False,
+    fail_on_degenerate: bool | None = None,
+) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
     :data:`~ragbatch.core.exit_codes.EXIT_CODES` name (they become the outcome's exit code and
     message).
@@ -171,17 +178,25 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
     NightlyOutcome
     """
     night = choose_run_date(run_date, config.run.run_date, nightly=True)
-    outcome = NightlyOutcome(EXIT_OK, night, nightly_run_id(night) if run_id is None else run_id,
-                             threshold=fail_on_regression)
+    outcome = NightlyOutcome(
+        EXIT_OK,
+        night,
+        nightly_run_id(night) if run_id is None else run_id,
+        threshold=fail_on_regression,
+    )
     try:
         check_id(outcome.run_id, "nightly run id" if run_id is None else "--run-id")
         if config.run.run_id and run_id is None:
-            raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
-                              "would reuse it); remove it (default: nightly-<run date>) or pass "
-                              "--run-id")
+            raise ConfigError(
+                "run.run_id: a nightly config cannot fix the run id (every night "
+                "would reuse it); remove it (default: nightly-<run date>) or pass "
+                "--run-id"
+            )
         if fail_on_regression is not None and fail_on_regression < 0:
-            raise ConfigError(f"--fail-on-regression {fail_on_regression}: the threshold must "
-                              "be >= 0 (in the metric's units, e.g. 0.02)")
+            raise ConfigError(
+                f"--fail-on-regression {fail_on_regression}: the threshold must "
+                "be >= 0 (in the metric's units, e.g. 0.02)"
+            )
         # run_job renders the config itself; this copy names the paths beforehand.
         config = config.model_copy(deep=True)
         config.run.run_date = night
@@ -191,19 +206,27 @@ def run_nightly(config: JobConfig, *, config_dir: str | Path | None = None,
         if not outcome.already_committed:
             from ragbatch.pipeline.runner import run_job
 
-            outcome.result = run_job(config, run_id=outcome.run_id, address=address,
-                                     config_dir=config_dir, allow_uncalibrated=allow_uncalibrated)
+            outcome.result = run_job(
+                config,
+                run_id=outcome.run_id,
+                address=address,
+                config_dir=config_dir,
+                allow_uncalibrated=allow_uncalibrated,
+            )
             outcome.config = outcome.result.config
     except InputNotFoundError as exc:
-        ready = outcome.config is not None and _input_root_exists(config.input.uri,
-                                                                   outcome.config.input)
+        ready = outcome.config is not None and _input_root_exists(
+            config.input.uri, outcome.config.input
+        )
         code = EXIT_INPUT_NOT_READY if ready else EXIT_INVALID
         return _failed(outcome, code, str(exc))
     except (ConfigError, InputError, RunInProgressError) as exc:
         return _failed(outcome, EXIT_INVALID, str(exc))
     except RagbatchError as exc:
         return _failed(outcome, EXIT_FAILED, str(exc))
-    gate = config.diagnostics.fail_on_degenerate if fail_on_degenerate is None else fail_on_degenerate
+    gate = (
+        config.diagnostics.fail_on_degenerate if fail_on_degenerate is None else fail_on_degenerate
+    )
     return _publish(outcome, report, gate)
 
 
@@ -275,35 +298,47 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
     output = outcome.config.output
     try:
         if report:
-            written = write_run_report(output.uri, outcome.run_id, output.storage_options,
-                                       threshold=outcome.threshold,
-                                       calibration_options=calibration_options(outcome.config),
-                                       calibration_section=calibration_section)
+            written = write_run_report(
+                output.uri,
+                outcome.run_id,
+                output.storage_options,
+                threshold=outcome.threshold,
+                calibration_options=calibration_options(outcome.config),
+                calibration_section=calibration_section,
+            )
             outcome.report = written
             outcome.run, outcome.baseline = written.run, written.baseline
             outcome.comparison = written.comparison
         elif outcome.threshold is not None:
             outcome.run, outcome.baseline, outcome.comparison = compare_with_previous(
-                output.uri, outcome.run_id, output.storage_options, outcome.threshold)
+                output.uri, outcome.run_id, output.storage_options, outcome.threshold
+            )
         else:
             outcome.run = find_run(output.uri, outcome.run_id, output.storage_options)
             outcome.compared = False
         outcome.degenerate = degenerate_metrics(load_summary(outcome.run))
     except Exception as exc:  # noqa: BLE001 - the night is committed; say so with the cause
         what = "report" if report else "comparison with the previous run"
-        return _failed(outcome, EXIT_FAILED,
-                       f"run {outcome.run_id} is committed, but its {what} failed: "
-                       f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
-                       "scored again)")
+        return _failed(
+            outcome,
+            EXIT_FAILED,
+            f"run {outcome.run_id} is committed, but its {what} failed: "
+            f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
+            "scored again)",
+        )
     if outcome.threshold is not None and outcome.comparison is not None:
         outcome.regressions = outcome.comparison.regressions(outcome.threshold)
     if fail_on_degenerate and outcome.degenerate:
-        return _failed(outcome, EXIT_DEGENERATE, "degenerate judge results: "
-                       + ", ".join(outcome.degenerate))
+        return _failed(
+            outcome, EXIT_DEGENERATE, "degenerate judge results: " + ", ".join(outcome.degenerate)
+        )
     if outcome.regressions is not None:
         if outcome.regressions.height:
             names = ", ".join(outcome.regressions["metric"].to_list())
-            return _failed(outcome, EXIT_REGRESSION,
-                           f"regressed beyond {outcome.threshold:g} against run "
-                           f"{outcome.baseline.run_id}: {names}")
+            return _failed(
+                outcome,
+                EXIT_REGRESSION,
+                f"regressed beyond {outcome.threshold:g} against run "
+                f"{outcome.baseline.run_id}: {names}",
+            )
     return outcome

@@ -28,13 +28,18 @@ def format_outcome(outcome: NightlyOutcome) -> str:
         lines.append(_baseline_line(outcome))
         judge = run.manifest.judge.total
         if run.manifest.judge.metrics:
-            lines.append(f"  judge:      {judge.judge_calls} calls, {judge.cache_hits} cache hits, "
-                         f"{judge.prompt_tokens} prompt + {judge.completion_tokens} completion "
-                         "tokens")
+            lines.append(
+                f"  judge:      {judge.judge_calls} calls, {judge.cache_hits} cache hits, "
+                f"{judge.prompt_tokens} prompt + {judge.completion_tokens} completion "
+                "tokens"
+            )
         lines += ["", *_metric_lines(outcome)]
     committed = outcome.result is not None or outcome.already_committed
-    lines += ["", f"exit {outcome.exit_code}: {EXIT_CODES[outcome.exit_code]}"
-              + (f": {outcome.message}" if outcome.message and committed else "")]
+    lines += [
+        "",
+        f"exit {outcome.exit_code}: {EXIT_CODES[outcome.exit_code]}"
+        + (f": {outcome.message}" if outcome.message and committed else ""),
+    ]
     return redact_text("\n".join(lines))
 
 
@@ -47,8 +52,10 @@ def _headline(outcome: NightlyOutcome) -> str:
     if outcome.already_committed:
         return f"{head} was already committed; not run again"
     check = outcome.result.check
-    return (f"{head} committed ({check.n_rows} rows x {len(outcome.config.metrics)} metrics = "
-            f"{check.n_cells} cells)")
+    return (
+        f"{head} committed ({check.n_rows} rows x {len(outcome.config.metrics)} metrics = "
+        f"{check.n_cells} cells)"
+    )
 
 
 def _baseline_line(outcome: NightlyOutcome) -> str:
@@ -94,8 +101,10 @@ def _metric_lines(outcome: NightlyOutcome) -> list[str]:
 def _change_text(change: dict[str, Any]) -> str:
     if not change["n_pairs"] or change["mean_diff"] is None:
         return f"no pairs ok in both runs (status changed: {change['n_status_changed']})"
-    return (f"{change['mean_diff']:+.3f} [{change['ci_low']:+.3f}, {change['ci_high']:+.3f}] "
-            f"over {change['n_pairs']} pairs{' ' + change['change'] if change['change'] else ''}")
+    return (
+        f"{change['mean_diff']:+.3f} [{change['ci_low']:+.3f}, {change['ci_high']:+.3f}] "
+        f"over {change['n_pairs']} pairs{' ' + change['change'] if change['change'] else ''}"
+    )
 
 
 def _overall(column: str) -> Any:

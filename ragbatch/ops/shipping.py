@@ -27,8 +27,9 @@ from ragbatch.metrics.base import Metric
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")
 
 
-def job_files(config_file: Path, metrics: Iterable[Metric],
-              search_dirs: Sequence[Path]) -> dict[str, Path]:
+def job_files(
+    config_file: Path, metrics: Iterable[Metric], search_dirs: Sequence[Path]
+) -> dict[str, Path]:
     """The files of a job's working directory: name at its top -> local source.
 
     Parameters
@@ -61,7 +62,8 @@ def job_files(config_file: Path, metrics: Iterable[Metric],
             if known != source:
                 raise ConfigError(
                     f"module {module!r} ({source}) and {known} would both be shipped as "
-                    f"{source.name!r}; rename one of them")
+                    f"{source.name!r}; rename one of them"
+                )
     return files
 
 

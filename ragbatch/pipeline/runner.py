@@ -65,8 +65,14 @@ def new_run_id(now: dt.datetime | None = None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None = None,
-            config_dir: str | Path | None = None, allow_uncalibrated: bool = False) -> RunResult:
+def run_job(
+    config: JobConfig,
+    *,
+    run_id: str | None = None,
+    address: str | None = None,
+    config_dir: str | Path | None = None,
+    allow_uncalibrated: bool = False,
+) -> RunResult:
     """Execute a job end to end and return where its outputs are.
 
     Raises
@@ -129,8 +135,14 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
     with _attempt(run_id, layout, staging):
         run_date = layout.run_date
         timings["plan_s"] = time.perf_counter() - t0
-        log.info("run %s: %d read tasks, %d metrics in %d stages -> %s", run_id,
-                 len(plan.read_tasks), len(plan.metrics), len(plan.stages), config.output.uri)
+        log.info(
+            "run %s: %d read tasks, %d metrics in %d stages -> %s",
+            run_id,
+            len(plan.read_tasks),
+            len(plan.metrics),
+            len(plan.stages),
+            config.output.uri,
+        )
 
         t1 = time.perf_counter()
         ray_info = ensure_ray(address)
@@ -145,18 +157,40 @@ def run_job(config: JobConfig, *, run_id: str | None = None, address: str | None
         check_error_budget(layout, files, n_rows, config.run.error_budget)
         timings["verify_s"] = time.perf_counter() - t2
         t3 = time.perf_counter()
-        summary = summarize_run(layout, files, plan.metrics, plan.summary_slice_names,
-                                summary_settings(config), diagnostics=plan.config.diagnostics,
-                                labels=plan.labels, labelled_runs=labelled_runs)
+        summary = summarize_run(
+            layout,
+            files,
+            plan.metrics,
+            plan.summary_slice_names,
+            summary_settings(config),
+            diagnostics=plan.config.diagnostics,
+            labels=plan.labels,
+            labelled_runs=labelled_runs,
+        )
         timings["summary_s"] = time.perf_counter() - t3
         timings["total_s"] = time.perf_counter() - t0
-        manifest = build_manifest(plan, layout, check, started=started, timings=timings,
-                                  ray_info=ray_info, judge=done.judge, resume=resume,
-                                  faults=done.faults, placement=done.placement, summary=summary,
-                                  uri_templates=templates)
+        manifest = build_manifest(
+            plan,
+            layout,
+            check,
+            started=started,
+            timings=timings,
+            ray_info=ray_info,
+            judge=done.judge,
+            resume=resume,
+            faults=done.faults,
+            placement=done.placement,
+            summary=summary,
+            uri_templates=templates,
+        )
         staging.publish(files, summary.table, manifest)
-        log.info("run %s committed: %d rows x %d metrics in %.1f s", run_id, n_rows,
-                 len(plan.metrics), timings["total_s"])
+        log.info(
+            "run %s committed: %d rows x %d metrics in %.1f s",
+            run_id,
+            n_rows,
+            len(plan.metrics),
+            timings["total_s"],
+        )
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
 
 
@@ -183,7 +217,9 @@ def _attempt(run_id: str, layout: OutputLayout, staging: Staging) -> Iterator[No
     try:
         yield
     except KeyboardInterrupt:
-        raise RunInterrupted(run_id, layout.run_date.isoformat(), layout.uri(staging.root)) from None
+        raise RunInterrupted(
+            run_id, layout.run_date.isoformat(), layout.uri(staging.root)
+        ) from None
     finally:
         staging.close()
 
@@ -200,7 +236,9 @@ def run_date_for(config: JobConfig, run_id: str, started: dt.datetime) -> dt.dat
     """
     recorded = None
     if config.run.run_date is None and not placeholders(config.output.uri, "output.uri"):
-        recorded = Staging(OutputLayout.for_run(config.output, today_utc(started), run_id)).run_date()
+        recorded = Staging(
+            OutputLayout.for_run(config.output, today_utc(started), run_id)
+        ).run_date()
     return choose_run_date(config.run.run_date, recorded, now=started)
 
 
@@ -214,12 +252,17 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     run_date = choose_run_date(config.run.run_date, probe.run_date(), now=started)
     layout = OutputLayout.for_run(config.output, run_date, run_id)
     staging = Staging(layout)
-    fingerprint = run_fingerprint(config.model_dump(mode="json"),
-                                  input_fingerprint(config.input, plan.read_tasks)["sha256"])
+    fingerprint = run_fingerprint(
+        config.model_dump(mode="json"), input_fingerprint(config.input, plan.read_tasks)["sha256"]
+    )
     resume = staging.begin(fingerprint, plan.metric_ids)
     if resume.resumed:
-        log.info("run %s: attempt %d resumes with %d rows already scored", run_id,
-                 resume.attempt, len(resume.done_rows))
+        log.info(
+            "run %s: attempt %d resumes with %d rows already scored",
+            run_id,
+            resume.attempt,
+            len(resume.done_rows),
+        )
     return layout, staging, resume
 
 
@@ -268,7 +311,9 @@ def ensure_ray(address: str | None) -> dict[str, Any]:
     return {
         "address": getattr(ctx, "gcs_address", None),
         "started_locally": started_locally,
-        "resources": {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")},
+        "resources": {
+            k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")
+        },
     }
 
 
@@ -285,8 +330,9 @@ class Executed:
     placement: dict[str, Any]
 
 
-def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
-            done_rows: set[str] | None = None) -> Executed:
+def execute(
+    plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: set[str] | None = None
+) -> Executed:
     """Build the Ray Data pipeline and run it, writing score files into ``scores_dir``
     (a path on ``layout.fs``); rows whose id is in ``done_rows`` are read and counted but
     not scored.
@@ -314,8 +360,11 @@ def execute(plan: Plan, layout: OutputLayout, scores_dir: str,
         judge_ledger = ray.remote(num_cpus=0)(JudgeLedger).remote()
     try:
         n_rows = _run_pipeline(plan, layout, scores_dir, done_rows, ledger, judge_ledger)
-        judge = (ray.get(judge_ledger.totals.remote()) if judge_ledger is not None
-                 else JudgeLedger().totals())
+        judge = (
+            ray.get(judge_ledger.totals.remote())
+            if judge_ledger is not None
+            else JudgeLedger().totals()
+        )
         faults = ray.get(ledger.faults.remote())
         placement = ray.get(ledger.placement.remote())
     finally:
@@ -352,14 +401,25 @@ def check_fit(plan: Plan, *, started_locally: bool) -> None:
     if not problems:
         return
     if started_locally:
-        raise ConfigError([*problems, "this machine's local Ray cannot grow; lower the "
-                           "engines' resources, or run on a cluster with --address"])
+        raise ConfigError(
+            [
+                *problems,
+                "this machine's local Ray cannot grow; lower the "
+                "engines' resources, or run on a cluster with --address",
+            ]
+        )
     for p in problems:
         log.warning("placement: %s (waiting for the cluster to add resources)", p)
 
 
-def _run_pipeline(plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: set[str] | None,
-                  ledger: Any, judge_ledger: Any) -> int:
+def _run_pipeline(
+    plan: Plan,
+    layout: OutputLayout,
+    scores_dir: str,
+    done_rows: set[str] | None,
+    ledger: Any,
+    judge_ledger: Any,
+) -> int:
     """Read, score and write; return the input row count."""
     import ray
 
@@ -367,8 +427,9 @@ def _run_pipeline(plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: 
     if done_rows:
         from udfs.read import drop_rows
 
-        ds = ds.map_batches(drop_rows, batch_format="pyarrow",
-                            fn_kwargs={"row_ids": ray.put(sorted(done_rows))})
+        ds = ds.map_batches(
+            drop_rows, batch_format="pyarrow", fn_kwargs={"row_ids": ray.put(sorted(done_rows))}
+        )
     ds = _score(ds, plan, judge_ledger, ledger)
     own = None
     try:
@@ -396,10 +457,21 @@ def _run_pipeline(plan: Plan, layout: OutputLayout, scores_dir: str, done_rows: 
 #: 5xx replies, as raised through s3fs/gcsfs and botocore. A missing bucket, a missing
 #: key or denied credentials are not among them: they fail at once.
 RETRIED_STORAGE_ERRORS = (
-    "Could not connect to the endpoint URL", "EndpointConnectionError", "Connection refused",
-    "Connection reset", "ServerDisconnectedError", "ClientConnectorError",
-    "ConnectTimeoutError", "ReadTimeoutError", "SlowDown", "Throttling", "RequestTimeout",
-    "ServiceUnavailable", "Service Unavailable", "InternalError", "Internal Server Error",
+    "Could not connect to the endpoint URL",
+    "EndpointConnectionError",
+    "Connection refused",
+    "Connection reset",
+    "ServerDisconnectedError",
+    "ClientConnectorError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "SlowDown",
+    "Throttling",
+    "RequestTimeout",
+    "ServiceUnavailable",
+    "Service Unavailable",
+    "InternalError",
+    "Internal Server Error",
     "Please reduce your request rate",
 )
 
@@ -411,8 +483,9 @@ def _retry_storage_errors(ctx: Any) -> None:
     silenced here, and only here."""
     patterns = [re.escape(text) for text in RETRIED_STORAGE_ERRORS]
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*retried_io_errors.*substring matching",
-                                category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*retried_io_errors.*substring matching", category=DeprecationWarning
+        )
         ctx.retried_io_errors = list(dict.fromkeys([*ctx.retried_io_errors, *patterns]))
 
 
@@ -434,13 +507,18 @@ def _run_ledger(plan: Plan, run_id: str) -> Any:
     try:
         # A namespace of its own: each driver otherwise gets an anonymous one, and the
         # name would not be seen by the driver of another attempt.
-        return ray.remote(num_cpus=0)(RunLedger).options(name=name, namespace=LEDGER_NAMESPACE).remote(
-            len(plan.read_tasks), plan.config.run.error_budget)
+        return (
+            ray.remote(num_cpus=0)(RunLedger)
+            .options(name=name, namespace=LEDGER_NAMESPACE)
+            .remote(len(plan.read_tasks), plan.config.run.error_budget)
+        )
     except ValueError as exc:
         if "already" not in str(exc):
             raise
-        raise OutputError(f"run {run_id!r} is already running on this Ray cluster (actor {name!r}); "
-                          "wait for it to finish, or pass a new --run-id") from None
+        raise OutputError(
+            f"run {run_id!r} is already running on this Ray cluster (actor {name!r}); "
+            "wait for it to finish, or pass a new --run-id"
+        ) from None
 
 
 #: Name prefix of a run's ledger actor (followed by the run id), and its Ray namespace.
@@ -482,17 +560,26 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
         from ragbatch.io.read import read_task
         from ragbatch.io.schema import normalize
 
-        tables = [normalize(read_task(t, cfg), cfg, t, slices=plan.slices,
-                            quote_values=plan.quote_values) for t in plan.read_tasks]
+        tables = [
+            normalize(read_task(t, cfg), cfg, t, slices=plan.slices, quote_values=plan.quote_values)
+            for t in plan.read_tasks
+        ]
         for i, table in enumerate(tables):
             ledger.record.remote(i, table.num_rows)
         return ray.data.from_arrow(tables), sum(t.num_rows for t in tables)
     items = [{"task": i} for i in range(len(plan.read_tasks))]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     ds = ds.map_batches(
-        read_stage, batch_size=1, batch_format="pyarrow",
-        fn_kwargs={"tasks": plan.read_tasks, "input_cfg": cfg, "slices": plan.slices,
-                   "ledger": ledger, "quote_values": plan.quote_values},
+        read_stage,
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={
+            "tasks": plan.read_tasks,
+            "input_cfg": cfg,
+            "slices": plan.slices,
+            "ledger": ledger,
+            "quote_values": plan.quote_values,
+        },
     )
     return ds, None
 
@@ -504,13 +591,17 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) ->
 
     for stage in plan.stages:
         if stage.kind is StageKind.EXPRESSION:
-            ds = ds.map_batches(expression_stage, batch_format="pyarrow",
-                                fn_kwargs={"metrics": stage.metrics})
+            ds = ds.map_batches(
+                expression_stage, batch_format="pyarrow", fn_kwargs={"metrics": stage.metrics}
+            )
             continue
         ds = _actor_sized_blocks(ds, stage.engine.batch_size)
         ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger)
-    return ds.map_batches(to_long, batch_format="pyarrow",
-                          fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names})
+    return ds.map_batches(
+        to_long,
+        batch_format="pyarrow",
+        fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names},
+    )
 
 
 #: An actor stage receives blocks of at most this many of its batches. A read task's block
@@ -539,9 +630,14 @@ def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
 
     spec = stage.engine.model_dump(mode="json")
     return ds.map_batches(
-        cls, batch_format="pyarrow",
-        fn_constructor_kwargs={"engine_name": stage.engine_name, "engine_spec": spec,
-                               "metrics": list(stage.metrics), **kwargs},
+        cls,
+        batch_format="pyarrow",
+        fn_constructor_kwargs={
+            "engine_name": stage.engine_name,
+            "engine_spec": spec,
+            "metrics": list(stage.metrics),
+            **kwargs,
+        },
         **stage_options(spec),
     )
 
@@ -561,14 +657,24 @@ def _pii_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any
 def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
     from udfs.judge import JudgeStage
 
-    embedders = {name: plan.engines[name].model_dump(mode="json")
-                 for m in stage.metrics for name in m.embedders()}
+    embedders = {
+        name: plan.engines[name].model_dump(mode="json")
+        for m in stage.metrics
+        for name in m.embedders()
+    }
     cache = None
     if plan.config.cache.enabled:
         uri, options = plan.config.cache_location()
         cache = {"uri": uri, "storage_options": options}
-    return _actor_stage(ds, stage, JudgeStage, embedders=embedders, cache=cache,
-                        ledger=judge_ledger, run_ledger=ledger)
+    return _actor_stage(
+        ds,
+        stage,
+        JudgeStage,
+        embedders=embedders,
+        cache=cache,
+        ledger=judge_ledger,
+        run_ledger=ledger,
+    )
 
 
 #: The function that adds an actor stage of each kind to the pipeline:
@@ -590,5 +696,4 @@ def _write(ds: Any, layout: OutputLayout, scores_dir: str) -> None:
     # A cap, not a minimum: Ray Data fuses the write into the read/score tasks, and a
     # ``min_rows_per_file`` there makes it bundle read tasks (one input row each) until
     # that many rows, i.e. every read task into a single task on one CPU.
-    ds.write_parquet(scores_dir, filesystem=to_pyarrow(layout.fs),
-                     max_rows_per_file=ROWS_PER_FILE)
+    ds.write_parquet(scores_dir, filesystem=to_pyarrow(layout.fs), max_rows_per_file=ROWS_PER_FILE)

@@ -43,8 +43,20 @@ class CannedJudgeServer:
 
             def do_GET(self):
                 if self.path.rstrip("/").endswith("/models"):
-                    outer._send(self, 200, {"object": "list", "data": [
-                        {"id": SERVED_NAME, "object": "model", "max_model_len": MAX_MODEL_LEN}]})
+                    outer._send(
+                        self,
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": SERVED_NAME,
+                                    "object": "model",
+                                    "max_model_len": MAX_MODEL_LEN,
+                                }
+                            ],
+                        },
+                    )
                 else:
                     outer._send(self, 404, {"detail": "Not Found"})
 
@@ -56,11 +68,27 @@ class CannedJudgeServer:
                     return
                 with outer._lock:
                     outer.chat_calls += 1
-                outer._send(self, 200, {
-                    "id": "canned", "object": "chat.completion", "model": SERVED_NAME,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": outer.reply}}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}})
+                outer._send(
+                    self,
+                    200,
+                    {
+                        "id": "canned",
+                        "object": "chat.completion",
+                        "model": SERVED_NAME,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": outer.reply},
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": 100,
+                            "completion_tokens": 10,
+                            "total_tokens": 110,
+                        },
+                    },
+                )
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

@@ -20,16 +20,26 @@ def cli_env() -> dict[str, str]:
     """This environment with this checkout first on ``PYTHONPATH`` (the code under test,
     not whatever copy the installed console script would import)."""
     existing = os.environ.get("PYTHONPATH", "")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), existing]) if existing else str(REPO))
+    return dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), existing]) if existing else str(REPO)
+    )
 
 
 def run_ragbatch(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``ragbatch ARGV`` in ``cwd`` to its end; output captured as text."""
-    return subprocess.run([RAGBATCH, *argv], cwd=cwd, env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [RAGBATCH, *argv], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_ragbatch(argv: list[str], cwd: Path) -> subprocess.Popen:
     """Start ``ragbatch ARGV`` in ``cwd``; stdout and stderr are pipes of text lines."""
-    return subprocess.Popen([RAGBATCH, *argv], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, bufsize=1)
+    return subprocess.Popen(
+        [RAGBATCH, *argv],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )

@@ -21,15 +21,26 @@ from pathlib import Path
 
 import polars as pl
 
-ARES = (Path(__file__).resolve().parents[2] / "examples" / "data" / "ares"
-        / "datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv")
+ARES = (
+    Path(__file__).resolve().parents[2]
+    / "examples"
+    / "data"
+    / "ares"
+    / "datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
+)
 N_ROWS = 24
 #: Rows of the 24 that context_relevancy finds too long, as in the issue's table.
 TOO_LONG = 9
 
 #: The six metrics issue 25 requires flagged on this run.
-REQUIRED_FLAGGED = ("hate_speech", "duplication", "answer_consistency_binary",
-                    "answer_relevancy", "faithfulness", "answer_consistency")
+REQUIRED_FLAGGED = (
+    "hate_speech",
+    "duplication",
+    "answer_consistency_binary",
+    "answer_relevancy",
+    "faithfulness",
+    "answer_consistency",
+)
 HEALTHY = ("augmentation_accuracy", "augmentation_precision", "retrieval_precision")
 
 
@@ -37,13 +48,16 @@ def ares_rows(n: int = N_ROWS) -> pl.DataFrame:
     """The first ``n`` ARES rows as canonical columns (``contexts`` holds the document as
     one context, as ``contexts_format: text`` reads it) plus a slice column ``half``."""
     raw = pl.read_csv(ARES, separator="\t", n_rows=n, quote_char=None)
-    return pl.DataFrame({
-        "row_id": [f"ares:{i}" for i in range(raw.height)],
-        "question": raw["Question"], "answer": raw["Answer"],
-        "contexts": [[d] for d in raw["Document"].to_list()],
-        "reference": pl.Series([None] * raw.height, dtype=pl.String),
-        "half": ["first" if i < raw.height // 2 else "second" for i in range(raw.height)],
-    })
+    return pl.DataFrame(
+        {
+            "row_id": [f"ares:{i}" for i in range(raw.height)],
+            "question": raw["Question"],
+            "answer": raw["Answer"],
+            "contexts": [[d] for d in raw["Document"].to_list()],
+            "reference": pl.Series([None] * raw.height, dtype=pl.String),
+            "half": ["first" if i < raw.height // 2 else "second" for i in range(raw.height)],
+        }
+    )
 
 
 CONSTANT_TRUE = '{"reason":"true","verdict":true}'
@@ -55,8 +69,13 @@ def degenerate_reply(metric: str, i: int) -> str:
     if metric in ("hate_speech", "duplication"):
         return CONSTANT_TRUE
     if metric == "answer_consistency_binary":
-        return json.dumps({"reason": f"Row {i}: the answer adds a detail the document lacks.",
-                           "states_claims": True, "unattributable": True})
+        return json.dumps(
+            {
+                "reason": f"Row {i}: the answer adds a detail the document lacks.",
+                "states_claims": True,
+                "unattributable": True,
+            }
+        )
     if metric == "answer_relevancy":
         return json.dumps({"noncommittal": 1, "questions": ["What?", "Why?", "How?"]})
     if metric in ("faithfulness", "answer_consistency"):
@@ -76,6 +95,7 @@ def healthy_reply(metric: str, i: int) -> str:
     if metric in ("augmentation_accuracy", "retrieval_precision"):
         return json.dumps({"verdicts": [{"reason": reason, "verdict": verdict}]})
     if metric in ("hate_speech", "duplication"):
-        return json.dumps({"reason": f"Row {i}: a plain technical answer with no such content.",
-                           "verdict": False})
+        return json.dumps(
+            {"reason": f"Row {i}: a plain technical answer with no such content.", "verdict": False}
+        )
     raise KeyError(metric)

@@ -44,7 +44,7 @@ def chromium_binary() -> str:
         path = shutil.which(name)
         if path:
             return path
-    message = ("headless Chromium is not installed (apt-get install chromium; .ci/run does it)")
+    message = "headless Chromium is not installed (apt-get install chromium; .ci/run does it)"
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(message)
     pytest.skip(message)
@@ -109,24 +109,40 @@ def _errors(events: list[dict]) -> list[str]:
             out.append(f"console.{params['type']}: {' '.join(texts)}")
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
-            out.append(f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip())
+            out.append(
+                f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip()
+            )
     return out
 
 
 def _start(binary: str, profile: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
-        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
-         f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
-         "--disable-extensions", "--disable-background-networking",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-extensions",
+            "--disable-background-networking",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     port_file = Path(profile) / "DevToolsActivePort"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
             return proc, int(port_file.read_text().splitlines()[0])
         if proc.poll() is not None:
-            raise RuntimeError(f"chromium exited with {proc.returncode} before opening its DevTools port")
+            raise RuntimeError(
+                f"chromium exited with {proc.returncode} before opening its DevTools port"
+            )
         time.sleep(0.1)
     proc.kill()
     raise TimeoutError("chromium did not open its DevTools port within 60 s")
@@ -160,8 +176,15 @@ class HeadlessChromium:
         except ValueError:
             return body.decode()
 
-    def open_page(self, url: str, *, evaluate: str | None = None, screenshot: bool = False,
-                  width: int = 1280, settle_s: float = 0.5) -> PageResult:
+    def open_page(
+        self,
+        url: str,
+        *,
+        evaluate: str | None = None,
+        screenshot: bool = False,
+        width: int = 1280,
+        settle_s: float = 0.5,
+    ) -> PageResult:
         """Load ``url`` in a new tab; return the console errors, requested URLs, the value
         of the JavaScript expression ``evaluate`` (promises awaited) and, when asked, a
         full-page PNG screenshot."""
@@ -175,31 +198,53 @@ class HeadlessChromium:
             self._http(f"/json/close/{target['id']}")
 
 
-def _drive(tools: _DevTools, url: str, evaluate: str | None, screenshot: bool, width: int,
-           settle_s: float) -> PageResult:
+def _drive(
+    tools: _DevTools, url: str, evaluate: str | None, screenshot: bool, width: int, settle_s: float
+) -> PageResult:
     for domain in ("Runtime", "Log", "Page", "Network"):
         tools.call(f"{domain}.enable")
-    tools.call("Emulation.setDeviceMetricsOverride", width=width, height=900,
-               deviceScaleFactor=1, mobile=False)
+    tools.call(
+        "Emulation.setDeviceMetricsOverride",
+        width=width,
+        height=900,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
     tools.call("Page.navigate", url=url)
     tools.wait_for("Page.loadEventFired", timeout=60)
     tools.drain(settle_s)
     result = PageResult()
     if evaluate is not None:
-        got = tools.call("Runtime.evaluate", expression=evaluate, returnByValue=True,
-                         awaitPromise=True, timeout=60)
+        got = tools.call(
+            "Runtime.evaluate",
+            expression=evaluate,
+            returnByValue=True,
+            awaitPromise=True,
+            timeout=60,
+        )
         if "exceptionDetails" in got:
             raise RuntimeError(f"evaluate failed: {got['exceptionDetails']}")
         result.value = got["result"].get("value")
     if screenshot:
-        height = tools.call("Runtime.evaluate", returnByValue=True,
-                            expression="document.documentElement.scrollHeight")["result"]["value"]
-        tools.call("Emulation.setDeviceMetricsOverride", width=width,
-                   height=min(int(height), 16000), deviceScaleFactor=1, mobile=False)
+        height = tools.call(
+            "Runtime.evaluate",
+            returnByValue=True,
+            expression="document.documentElement.scrollHeight",
+        )["result"]["value"]
+        tools.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=min(int(height), 16000),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         shot = tools.call("Page.captureScreenshot", format="png", timeout=60)
         result.screenshot = base64.b64decode(shot["data"])
     tools.drain(0.1)
     result.errors = _errors(tools.events)
-    result.requests = [e["params"]["request"]["url"] for e in tools.events
-                       if e.get("method") == "Network.requestWillBeSent"]
+    result.requests = [
+        e["params"]["request"]["url"]
+        for e in tools.events
+        if e.get("method") == "Network.requestWillBeSent"
+    ]
     return result

@@ -144,7 +144,9 @@ def build_tiny_judge_model(path: Path) -> Path:
     return path
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: python tests/support/judge_models.py DIR
+if (
+    __name__ == "__main__"
+):  # pragma: no cover - manual use: python tests/support/judge_models.py DIR
     import sys
 
     out = build_tiny_judge_model(Path(sys.argv[1]))

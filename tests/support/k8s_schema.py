@@ -30,8 +30,10 @@ import jsonschema
 import yaml
 
 #: Kubernetes resource quantities ("500m", "28Gi", "1e3"), the pattern the CRDs use.
-QUANTITY = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-            r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _UNIQUE_BY = "x-unique-by"  # the rewritten form of x-kubernetes-list-map-keys
@@ -100,8 +102,11 @@ def to_json_schema(node: Any) -> Any:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") and isinstance(out.get("type"), str):
         out["type"] = [out["type"], "null"]
-    if ("properties" in out and "additionalProperties" not in out
-            and not node.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -119,15 +124,19 @@ def _unique_by(validator, keys, instance, schema) -> Iterator[jsonschema.Validat
         if key in seen:
             yield jsonschema.ValidationError(
                 f"items {seen[key]} and {index} share the key {dict(zip(keys, key))}; "
-                f"items of this list must differ in {', '.join(keys)}")
+                f"items of this list must differ in {', '.join(keys)}"
+            )
         seen.setdefault(key, index)
 
 
 def _format_checker() -> jsonschema.FormatChecker:
     checker = jsonschema.FormatChecker(formats=())
     for name, bound in _INT_RANGES.items():
-        checker.checks(name)(lambda value, bound=bound: (
-            not isinstance(value, int) or isinstance(value, bool) or -bound <= value < bound))
+        checker.checks(name)(
+            lambda value, bound=bound: (
+                not isinstance(value, int) or isinstance(value, bool) or -bound <= value < bound
+            )
+        )
     return checker
 
 

@@ -55,16 +55,19 @@ def altered_answer(index: int) -> str:
     return _REPLACEMENTS[ALTERED.index(index) % len(_REPLACEMENTS)]
 
 
-_REFUSAL = re.compile(r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)")
+_REFUSAL = re.compile(
+    r"(?i)^\s*(i'?m sorry|i am sorry|i (do not|don'?t) know|i cannot|i can'?t|as an ai)"
+)
 
 
 def expected_answer_cells(answer: str | None) -> dict[str, tuple[str, float | None]]:
     """(status, score) of the answer metrics of jobs/ares.yaml for ``answer``, recomputed
     in plain Python (``re`` and ``str``); an empty TSV cell is read as null."""
     if not answer:
-        return {m: ("missing_input", None) for m in
-                ("response_length", "mentions_databricks", "cites_a_url", "mentions_spark")} | {
-            "not_a_refusal": ("not_applicable", None)}
+        return {
+            m: ("missing_input", None)
+            for m in ("response_length", "mentions_databricks", "cites_a_url", "mentions_spark")
+        } | {"not_a_refusal": ("not_applicable", None)}
     return {
         "response_length": ("ok", float(1 <= len(answer) <= 4000)),
         "mentions_databricks": ("ok", float(bool(re.search(r"(?i)databricks", answer)))),
@@ -97,9 +100,9 @@ def row_id(index: int, name: str = ARES_TSV.name) -> str:
 
 @dataclass
 class AresNights:
-    nightly: Path                   # the output root
-    run_ids: dict[str, str]         # night -> run id
-    reexported_order: list[int]     # re-exported data row i is shipped row order[i] (-1: new)
+    nightly: Path  # the output root
+    run_ids: dict[str, str]  # night -> run id
+    reexported_order: list[int]  # re-exported data row i is shipped row order[i] (-1: new)
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
@@ -149,6 +152,17 @@ def ares_nights(ray_local, tmp_path_factory) -> AresNights:
     inputs = {ORIGINAL: ARES_TSV, REEXPORTED: reexported_input, ALTERED_NIGHT: altered_input}
     run_ids = {}
     for night in NIGHTS:
-        run_ids[night] = _run(["run", config, "--input", str(inputs[night]), "--output", str(nightly),
-                               "--run-date", night, "--report"])
+        run_ids[night] = _run(
+            [
+                "run",
+                config,
+                "--input",
+                str(inputs[night]),
+                "--output",
+                str(nightly),
+                "--run-date",
+                night,
+                "--report",
+            ]
+        )
     return AresNights(nightly, run_ids, order)

@@ -34,12 +34,33 @@ SEED = 0
 SPACY_EPOCHS = 10
 
 _NAMES = [
-    "Maria Lopez", "John Smith", "Aisha Khan", "Pierre Dubois", "Li Wei", "Anna Novak",
-    "Carlos Mendes", "Emma Brown", "Yuki Tanaka", "Omar Haddad", "Sofia Rossi",
+    "Maria Lopez",
+    "John Smith",
+    "Aisha Khan",
+    "Pierre Dubois",
+    "Li Wei",
+    "Anna Novak",
+    "Carlos Mendes",
+    "Emma Brown",
+    "Yuki Tanaka",
+    "Omar Haddad",
+    "Sofia Rossi",
     "David Cohen",
 ]
-_CITIES = ["Lisbon", "London", "Paris", "Berlin", "Madrid", "Tokyo", "Chicago", "Nairobi",
-           "Toronto", "Vienna", "Oslo", "Dublin"]
+_CITIES = [
+    "Lisbon",
+    "London",
+    "Paris",
+    "Berlin",
+    "Madrid",
+    "Tokyo",
+    "Chicago",
+    "Nairobi",
+    "Toronto",
+    "Vienna",
+    "Oslo",
+    "Dublin",
+]
 #: Sentence templates. ``{p}`` is replaced by a person and ``{g}`` by a city.
 _TEMPLATES = [
     "My name is {p} and I live in {g}.",
@@ -96,8 +117,10 @@ def build_spacy_ner(out_dir: Path) -> Path:
     rng = random.Random(SEED)
     nlp = spacy.blank("en")
     nlp.add_pipe("ner")
-    examples = [Example.from_dict(nlp.make_doc(text), {"entities": spans})
-                for text, spans in spacy_training_data()]
+    examples = [
+        Example.from_dict(nlp.make_doc(text), {"entities": spans})
+        for text, spans in spacy_training_data()
+    ]
     optimizer = nlp.initialize(lambda: examples)
     for _ in range(SPACY_EPOCHS):
         rng.shuffle(examples)
@@ -110,9 +133,11 @@ def build_spacy_ner(out_dir: Path) -> Path:
 
 
 ID2LABEL = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
-_WORDS = ("the a an and or of to in on at for from by with is was are my name i me we "
-          "you he she it they live lives moved works born call called send please "
-          "contact city office report today yesterday").split()
+_WORDS = (
+    "the a an and or of to in on at for from by with is was are my name i me we "
+    "you he she it they live lives moved works born call called send please "
+    "contact city office report today yesterday"
+).split()
 
 
 def _bert_vocab() -> dict[str, int]:
@@ -140,8 +165,13 @@ def build_transformers_ner(out_dir: Path, force_label: str | None = "I-PER") -> 
     torch.manual_seed(SEED)
     vocab = _bert_vocab()
     config = BertConfig(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=512, id2label=ID2LABEL,
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        id2label=ID2LABEL,
         label2id={label: i for i, label in ID2LABEL.items()},
     )
     model = BertForTokenClassification(config).eval()

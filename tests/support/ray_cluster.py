@@ -76,8 +76,12 @@ def cluster_env() -> dict[str, str]:
     for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "PYTHONPATH"):
         env.pop(var, None)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     return env
 
 
@@ -97,7 +101,10 @@ class TwoNodeCluster:
         with log.open("wb") as fh:
             proc = subprocess.Popen(
                 [str(Path(sys.executable).with_name("ray")), "start", "--block", *args],
-                stdout=fh, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
             )
         self.procs.append(proc)
         self.logs.append(log)
@@ -122,8 +129,13 @@ class TwoNodeCluster:
                 index = self.procs.index(proc)
                 del self.procs[index], self.logs[index]
 
-    def start(self, head_cpus: int = 2, second_cpus: int = 1, stage_slots: int = 1,
-              timeout_s: float = 120.0) -> None:
+    def start(
+        self,
+        head_cpus: int = 2,
+        second_cpus: int = 1,
+        stage_slots: int = 1,
+        timeout_s: float = 120.0,
+    ) -> None:
         """Start both nodes and wait until the dashboard lists two live nodes; the second
         has ``second_cpus`` CPUs and ``stage_slots`` units of ``stage_node``.
 
@@ -131,35 +143,74 @@ class TwoNodeCluster:
         this machine kind, 192.0.2.2); the dashboard listens on loopback.
         """
         ports = _Ports()
-        common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats",
-                  "--object-store-memory", str(200 * 1024 * 1024)]
+        common = [
+            "--node-ip-address",
+            "127.0.0.1",
+            "--disable-usage-stats",
+            "--object-store-memory",
+            str(200 * 1024 * 1024),
+        ]
 
         def node_ports() -> list[str]:
-            return ["--node-manager-port", str(ports.one()),
-                    "--object-manager-port", str(ports.one()),
-                    "--dashboard-agent-listen-port", str(ports.one()),
-                    "--dashboard-agent-grpc-port", str(ports.one()),
-                    "--runtime-env-agent-port", str(ports.one()),
-                    "--metrics-export-port", str(ports.one()),
-                    "--min-worker-port", str(start := ports.block(WORKER_PORTS)),
-                    "--max-worker-port", str(start + WORKER_PORTS - 1)]
+            return [
+                "--node-manager-port",
+                str(ports.one()),
+                "--object-manager-port",
+                str(ports.one()),
+                "--dashboard-agent-listen-port",
+                str(ports.one()),
+                "--dashboard-agent-grpc-port",
+                str(ports.one()),
+                "--runtime-env-agent-port",
+                str(ports.one()),
+                "--metrics-export-port",
+                str(ports.one()),
+                "--min-worker-port",
+                str(start := ports.block(WORKER_PORTS)),
+                "--max-worker-port",
+                str(start + WORKER_PORTS - 1),
+            ]
 
         def head_args() -> list[str]:
             gcs, dashboard = ports.one(), ports.one()
             self.gcs_address = f"127.0.0.1:{gcs}"
             self.dashboard_url = f"http://127.0.0.1:{dashboard}"
-            return ["--head", "--port", str(gcs), "--num-cpus", str(head_cpus),
-                    "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                    "--dashboard-port", str(dashboard), "--ray-client-server-port", str(ports.one()),
-                    "--temp-dir", str(self.temp_dir), *common, *node_ports()]
+            return [
+                "--head",
+                "--port",
+                str(gcs),
+                "--num-cpus",
+                str(head_cpus),
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(dashboard),
+                "--ray-client-server-port",
+                str(ports.one()),
+                "--temp-dir",
+                str(self.temp_dir),
+                *common,
+                *node_ports(),
+            ]
 
         def second_args() -> list[str]:
-            return ["--address", self.gcs_address, "--num-cpus", str(second_cpus),
-                    "--resources", json.dumps({STAGE_NODE_RESOURCE: stage_slots}),
-                    # A temp dir of its own, as on a machine of its own: in a shared one
-                    # the two nodes' runtime env agents would unpack a job's working dir
-                    # into the same directory, the second replacing it under the driver.
-                    "--temp-dir", str(self.temp_dir / "second"), *common, *node_ports()]
+            return [
+                "--address",
+                self.gcs_address,
+                "--num-cpus",
+                str(second_cpus),
+                "--resources",
+                json.dumps({STAGE_NODE_RESOURCE: stage_slots}),
+                # A temp dir of its own, as on a machine of its own: in a shared one
+                # the two nodes' runtime env agents would unpack a job's working dir
+                # into the same directory, the second replacing it under the driver.
+                "--temp-dir",
+                str(self.temp_dir / "second"),
+                *common,
+                *node_ports(),
+            ]
 
         self._start_node("head", head_args, lambda nodes: len(nodes) >= 1, timeout_s)
         self._start_node("second", second_args, lambda nodes: len(nodes) >= 2, timeout_s)
@@ -179,8 +230,10 @@ class TwoNodeCluster:
     def _check_alive(self, what: str) -> None:
         for proc, log in zip(self.procs, self.logs):
             if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {proc.returncode} while waiting for "
-                                   f"{what}:\n{log.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"ray start exited with {proc.returncode} while waiting for "
+                    f"{what}:\n{log.read_text(errors='replace')[-3000:]}"
+                )
 
     def _wait_for(self, ready, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

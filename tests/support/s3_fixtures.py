@@ -24,7 +24,9 @@ def s3_endpoint():
     port = _free_port()
     import logging
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    logging.getLogger("werkzeug").setLevel(
+        logging.ERROR
+    )  # one access-log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

