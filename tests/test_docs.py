@@ -196,3 +196,54 @@ def test_readme_layout_lists_the_packages_and_folders():
         if name.strip().startswith("ragbatch.")
     ]
     assert listed_packages == [p for p in layers if p in listed_packages]
+
+
+def test_readme_own_data_example_is_the_shipped_config_and_its_scores():
+    """The README's own-data config is examples/quickstart/job.yaml (without its comment
+    lines), and the means it prints are the ones worked out by hand from the CSV:
+    exact_match (case-insensitive) holds for 1 of the 3 answers, contains_text
+    ("Paris" and "France") for 1 of 3, every answer is 1-200 characters, and 2 of the
+    4 latencies (820, 1430, 2950, 3100 ms) are within 2 s."""
+    import csv
+    import json
+
+    from ragbatch.core.registry import get_metric
+    from support.metric_frames import run_metric
+    import yaml
+
+    section = README[README.index("\n## Your own data\n") :]
+    block = section[
+        section.index("```yaml\n") + 8 : section.index("\n```", section.index("```yaml\n"))
+    ]
+    job = (ROOT / "examples" / "quickstart" / "job.yaml").read_text(encoding="utf-8")
+    assert block + "\n" == "".join(
+        line for line in job.splitlines(True) if not line.startswith("#")
+    )
+
+    config = yaml.safe_load(job)
+    mapping = config["input"]["columns"]
+    with open(ROOT / "examples" / "quickstart" / "traces.csv", encoding="utf-8", newline="") as f:
+        raw = list(csv.DictReader(f))
+    rows = [
+        {
+            "question": r[mapping["question"]],
+            "contexts": json.loads(r[mapping["contexts"]]),
+            "answer": r[mapping["answer"]] or None,
+            "reference": r[mapping["reference"]],
+            "latency_s": float(r[mapping["latency_s"]]) / 1000,
+        }
+        for r in raw
+    ]
+    means = {}
+    for entry in config["metrics"]:
+        metric = get_metric(entry["name"]).from_params(entry["params"])
+        scores = [c["score"] for c in run_metric(metric, rows) if c["status"] == "ok"]
+        means[entry["name"]] = (len(scores), round(sum(scores) / len(scores), 3))
+    assert means == {
+        "exact_match": (3, 0.333),
+        "contains_text": (3, 0.333),
+        "response_length": (3, 1.0),
+        "latency": (4, 0.5),
+    }
+    for name, (ok, mean) in means.items():
+        assert re.search(rf"^{name} +4 +{ok} +{mean:.3f} ", section, re.MULTILINE), name
