@@ -11,7 +11,7 @@ import pytest
 from ragbatch.calibrate.config import calibration_from_dict
 from ragbatch.config.job import JobConfig, JudgeSettings, OpenAIEngine, VllmEngine
 from ragbatch.engines import load_judge_engine
-from ragbatch.engines.registry import (
+from ragbatch.core.engine_registry import (
     EngineType,
     engine_names,
     engine_of,

@@ -33,7 +33,7 @@ from ragbatch.config.job import (
     engine_adapter,
     normalize_engine,
 )
-from ragbatch.engines.registry import engine_names
+from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import HeapTrimmer
 from ragbatch.metrics.base import Metric

@@ -33,7 +33,7 @@ from ragbatch.config.job import (
     normalize_engine,
     read_yaml,
 )
-from ragbatch.engines.registry import engine_names, on_change
+from ragbatch.core.engine_registry import engine_names, on_change
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 

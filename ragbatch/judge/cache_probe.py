@@ -12,7 +12,7 @@ sampling settings. A dry run works them out without loading the judge:
   start; when the server cannot be reached, nothing is counted as cached and the reason
   is reported.
 * any other engine: its registry entry's ``identities`` hook
-  (:class:`ragbatch.engines.registry.EngineType`); an engine type that is not registered
+  (:class:`ragbatch.core.engine_registry.EngineType`); an engine type that is not registered
   is an error, never taken for another engine.
 """
 
@@ -116,7 +116,7 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
 def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str]:
     """The (model id, sampling key) pairs a judge engine will record, worked out without
     loading a model, by the engine type's ``identities`` hook
-    (:class:`ragbatch.engines.registry.EngineType`): from the model directory's config
+    (:class:`ragbatch.core.engine_registry.EngineType`): from the model directory's config
     for a vllm engine (two pairs when ``dtype`` is ``auto``), from the server's model
     list for an openai engine.
 
@@ -132,7 +132,7 @@ def engine_identities(engine_name: str, spec: Any) -> tuple[list[_Identity], str
     ConfigError
         ``spec.type`` is not a registered engine type (never taken for another one).
     """
-    from ragbatch.engines.registry import engine_of
+    from ragbatch.core.engine_registry import engine_of
     from ragbatch.core.errors import EngineError
 
     entry = engine_of(spec)

@@ -370,7 +370,7 @@ def judge_window(spec: Any) -> tuple[int | None, str]:
         ``max_position_embeddings`` in its ``config.json``, which vLLM uses unless told
         otherwise); else None with "unknown".
     """
-    from ragbatch.engines.registry import engine_of
+    from ragbatch.core.engine_registry import engine_of
 
     if spec.max_model_len is not None:
         return spec.max_model_len, "max_model_len"

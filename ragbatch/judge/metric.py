@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Generator, Literal, Sequence
 
 from pydantic import Field
 
-from ragbatch.engines.registry import engine_names
+from ragbatch.core.engine_registry import engine_names
 from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.protocol import Ask
@@ -79,7 +79,7 @@ class JudgeExample:
 
 class _JudgeEngineTypes:
     """``JudgeMetric.engine_types``: the names of every registered engine type of stage
-    ``judge`` (:mod:`ragbatch.engines.registry`), read when asked, so a judge engine
+    ``judge`` (:mod:`ragbatch.core.engine_registry`), read when asked, so a judge engine
     registered later serves every judge metric."""
 
     def __get__(self, instance: Any, owner: Any) -> tuple[str, ...]:

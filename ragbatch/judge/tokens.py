@@ -97,7 +97,7 @@ def prompt_counter(spec: Any) -> PromptCounter:
         Backed by the tokenizer when one loads from local files and has a chat template;
         else the ``chars/4`` approximation, with ``source`` saying why.
     """
-    from ragbatch.engines.registry import engine_of
+    from ragbatch.core.engine_registry import engine_of
 
     path = engine_of(spec).tokenizer_path(spec)
     if path is None:

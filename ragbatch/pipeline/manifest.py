@@ -43,8 +43,8 @@ PACKAGES = (
 
 def package_versions() -> dict[str, str]:
     """Installed versions of :data:`PACKAGES`, then of the ``packages`` of every
-    registered engine type (:mod:`ragbatch.engines.registry`) not already listed."""
-    from ragbatch.engines.registry import engine_types
+    registered engine type (:mod:`ragbatch.core.engine_registry`) not already listed."""
+    from ragbatch.core.engine_registry import engine_types
 
     extra = [p for e in engine_types() for p in e.packages if p not in PACKAGES]
     out = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 from ragbatch.config.job import JobConfig, engine_adapter
-from ragbatch.engines.registry import engine_of
+from ragbatch.core.engine_registry import engine_of
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
@@ -287,7 +287,7 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
 def preflight_engines(plan: Plan) -> None:
     """Run, from this process and before any actor starts, the ``preflight`` hook of every
-    judge engine of the plan (:mod:`ragbatch.engines.registry`): for an OpenAI-compatible
+    judge engine of the plan (:mod:`ragbatch.core.engine_registry`): for an OpenAI-compatible
     server, that it answers and serves its model (a few seconds at most).
 
     Raises
