@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import cast
 
 import numpy as np
 
@@ -369,7 +370,7 @@ def _bootstrap_means(x: np.ndarray, n_resamples: int, rng: np.random.Generator) 
     """Means of ``n_resamples`` resamples of ``x`` (float64 array of length n_resamples)."""
     n = x.size
     rows = max(1, CHUNK_ELEMENTS // n)
-    means = np.empty(n_resamples, dtype=np.float64)
+    means: np.ndarray = np.empty(n_resamples, dtype=np.float64)
     for start in range(0, n_resamples, rows):
         stop = min(n_resamples, start + rows)
         index = rng.integers(0, n, size=(stop - start, n))
@@ -380,7 +381,8 @@ def _bootstrap_means(x: np.ndarray, n_resamples: int, rng: np.random.Generator) 
 def _percentile_interval(estimate: float, draws: np.ndarray, confidence: float) -> Interval:
     """``(estimate, low, high)`` from the tail quantiles of a bootstrap distribution."""
     tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    # two quantiles asked for: an array of two (numpy's stubs say a scalar)
+    low, high = cast(np.ndarray, np.quantile(draws, [tail, 1.0 - tail]))
     return (estimate, float(low), float(high))
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jinja2
 import polars as pl
@@ -236,7 +236,7 @@ def _slice_sections(
         chart = None
         if 0 < len(labels) <= MAX_CHART_VALUES:
 
-            def column_of(key: str) -> dict[str, list[float | None]]:
+            def column_of(key: str) -> dict[str, Sequence[float | None]]:
                 return {
                     mid: [(by_metric[mid].get(lab) or {}).get(key) for lab in labels]
                     for mid in metric_ids

@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
@@ -22,6 +22,9 @@ from ragbatch.core.ids import check_id
 from ragbatch.io.fs import resolve
 from ragbatch.core.redact import redact
 from ragbatch.core.run_date import choose_run_date
+
+if TYPE_CHECKING:
+    from ragbatch.judge.metric import JudgeMetric
 
 log = logging.getLogger("ragbatch")
 
@@ -201,7 +204,8 @@ def _add_agreement(
     for metric in metrics:
         found = metric_agreement(
             scores,
-            metric,
+            # each metric has the judge's engine, which only judge metrics accept
+            cast("JudgeMetric", metric),
             cal.labels[metric.id],
             judge=judge,
             scores_run_id=scores_run_id,

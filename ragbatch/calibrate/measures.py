@@ -26,7 +26,7 @@ give a defined value the interval is null, with a reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 from scipy import stats
@@ -160,7 +160,8 @@ def brier(p: np.ndarray, human: np.ndarray) -> tuple[float | None, str | None]:
 def _bin_index(p: np.ndarray, bins: int) -> np.ndarray:
     """Bin of each probability: bin ``b`` holds ``b/bins < p <= (b+1)/bins``, the first
     also ``p = 0`` (scikit-learn's ``calibration_curve`` with uniform bins bins alike)."""
-    return np.searchsorted(np.linspace(0.0, 1.0, bins + 1)[1:-1], p, side="left")
+    # p is an array, so the result is one (numpy's stubs say a scalar)
+    return cast(np.ndarray, np.searchsorted(np.linspace(0.0, 1.0, bins + 1)[1:-1], p, side="left"))
 
 
 def ece(p: np.ndarray, human: np.ndarray, bins: int = ECE_BINS) -> tuple[float | None, str | None]:
@@ -283,7 +284,8 @@ def _with_interval(
             f"undefined in {boot.resamples - len(draws)} of {boot.resamples} resamples",
         )
     tail = (1.0 - boot.confidence) / 2.0
-    low, high = np.quantile(np.asarray(draws), [tail, 1.0 - tail])
+    # two quantiles asked for: an array of two (numpy's stubs say a scalar)
+    low, high = cast(np.ndarray, np.quantile(np.asarray(draws), [tail, 1.0 - tail]))
     return Measure(name, n, float(value), float(low), float(high))
 
 

@@ -3,7 +3,7 @@ human labels, as recorded by the calibration that applies to the run."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
@@ -14,6 +14,9 @@ from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.calibrate.output import find_calibration
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.core.redact import redact_url
+
+if TYPE_CHECKING:
+    from ragbatch.judge.metric import JudgeMetric
 
 log = logging.getLogger("ragbatch")
 
@@ -165,4 +168,5 @@ def _prompt_version(entry: dict[str, Any]) -> str | None:
         )
     except (ConfigError, KeyError):
         return None
-    return prompt_version(metric)
+    # only entries of kind "judge" come here: their name is a judge metric's
+    return prompt_version(cast("JudgeMetric", metric))

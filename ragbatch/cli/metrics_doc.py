@@ -15,11 +15,14 @@ import json
 import re
 import types
 import typing
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pydantic.fields import FieldInfo
 
 from ragbatch.core.status import DESCRIPTIONS, STATUSES
+
+if TYPE_CHECKING:
+    from ragbatch.metrics.base import Metric
 
 #: The command that writes docs/metrics.md, named in its header.
 REGENERATE = "make docs"
@@ -85,7 +88,7 @@ _SECTION_HEADER = re.compile(r"^\s*(\S[^\n]*)\n\s*-{3,}\s*$", re.MULTILINE)
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 
 
-def render_markdown(metrics: Sequence[type] | None = None) -> str:
+def render_markdown(metrics: Sequence[type[Metric]] | None = None) -> str:
     """The whole text of docs/metrics.md, ending in one newline.
 
     ``metrics``: the metric classes to document, in order (default: every registered
@@ -123,7 +126,7 @@ def _statuses() -> str:
     return "\n".join(rows)
 
 
-def _section(cls: type, d: dict[str, Any]) -> str:
+def _section(cls: type[Metric], d: dict[str, Any]) -> str:
     better = "higher" if d["higher_is_better"] else "lower"
     scores = "every ok score is 0.0 or 1.0" if d["boolean"] else "any value in the range"
     facts = [
@@ -144,7 +147,7 @@ def _section(cls: type, d: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _params(cls: type) -> str:
+def _params(cls: type[Metric]) -> str:
     fields: dict[str, FieldInfo] = cls.Params.model_fields
     if not fields:
         return "Params: none."

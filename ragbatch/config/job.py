@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
 
 from pydantic import (
     BaseModel,
@@ -428,8 +428,18 @@ def _engine_union() -> Any:
     return Annotated[Union[models], Field(discriminator="type")]  # type: ignore[valid-type]
 
 
-#: The type of an ``engines`` entry (validate a single one with :func:`engine_adapter`).
-EngineSpec = _EngineSpec
+if TYPE_CHECKING:
+
+    class EngineSpec(Protocol):
+        """What every spec model of the union has (each one's other fields differ)."""
+
+        type: str
+
+        def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
+
+else:
+    #: The type of an ``engines`` entry (validate a single one with :func:`engine_adapter`).
+    EngineSpec = _EngineSpec
 
 _ADAPTER: list[TypeAdapter] = []
 

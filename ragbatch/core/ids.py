@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Annotated, Callable
+from typing import Annotated, Callable, cast
 
 from pydantic import AfterValidator
 
@@ -102,7 +102,7 @@ def check_id(value: object, what: str) -> str:
     problem = id_problem(value)
     if problem is not None:
         raise ConfigError(f"{what}: {_shown(value)} {problem}; {_RULE}")
-    return value
+    return cast(str, value)  # id_problem returns None only for a str
 
 
 def _pydantic_check(value: str) -> str:

@@ -106,7 +106,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Coroutine, Sequence, TypeVar
+from typing import Any, Coroutine, Sequence, TypeVar, cast
 
 from ragbatch.config.job import OpenAIEngine
 from ragbatch.core.errors import EngineError
@@ -537,7 +537,7 @@ class OpenAIJudgeEngine(JudgeEngine):
                     )
                 )
             elif task.exception() is not None:
-                exc = task.exception()
+                exc = cast(BaseException, task.exception())  # not None: checked just above
                 out.append(Completion(status=JUDGE_ERROR, error=_describe_exception(exc)))
             else:
                 out.append(task.result())
@@ -790,11 +790,13 @@ def _token_logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...] | None:
         token, logprob = item.get("token"), item.get("logprob")
         if not isinstance(token, str) or not isinstance(logprob, (int, float)):
             return None
-        top = [
+        listed = [
             (_mapping(t).get("token"), _mapping(t).get("logprob"))
             for t in item.get("top_logprobs") or []
         ]
-        top = [(t, float(v)) for t, v in top if isinstance(t, str) and isinstance(v, (int, float))]
+        top = [
+            (t, float(v)) for t, v in listed if isinstance(t, str) and isinstance(v, (int, float))
+        ]
         out.append(TokenLogprob(token, float(logprob), tuple(top)))
     return tuple(out)
 

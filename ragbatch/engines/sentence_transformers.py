@@ -153,7 +153,7 @@ class LoadedModel:
         """
         self._require("cross_encoder", "score_pairs")
         if not pairs:
-            empty = np.zeros(0, dtype=np.float64)
+            empty: np.ndarray = np.zeros(0, dtype=np.float64)
             return empty, empty.copy()
         torch = _import("torch")
         raw = self._backend.predict(

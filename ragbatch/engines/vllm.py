@@ -309,6 +309,7 @@ class VllmJudgeEngine(JudgeEngine):
         start = time.monotonic()
         timed_out, failure = self._run_until_finished(request_ids, pending, out, lengths, start)
         if pending:
+            error: str | None
             if timed_out:
                 status, error = (
                     TIMEOUT,
@@ -445,7 +446,7 @@ class VllmJudgeEngine(JudgeEngine):
             metrics = self._llm.get_metrics()
         except Exception:
             return {}
-        names = {
+        names: dict[str | None, str] = {
             "vllm:prefix_cache_queries": "prefix_cache_queries",
             "vllm:prefix_cache_hits": "prefix_cache_hits",
         }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 from urllib.parse import unquote
 
 import fsspec
@@ -234,6 +234,7 @@ def _select(cfg: InputSection, listing: dict[str, dict], base: str, what: str) -
     if not chosen:
         error = InputNotFoundError if not visible else InputError
         raise error(_no_files_message(cfg, listing, visible, unknown, base, what))
+    fmt = cast(str, fmt)  # None only when by_format is empty: then nothing is chosen (raised above)
     files = [
         InputFile(p, _relative(p, base), fmt, _partition_of(_relative(p, base)), visible[p])
         for p in sorted(chosen)

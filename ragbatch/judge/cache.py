@@ -22,12 +22,12 @@ import hashlib
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.judge.protocol import Ask, Completion, JudgeEngine, logprobs_from_json, logprobs_json
+from ragbatch.judge.protocol import Ask, Completion, logprobs_from_json, logprobs_json
 from ragbatch.core.status import OK
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,17 @@ SEGMENT_SCHEMA = pa.schema(
 _READ = ("key", "text", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")
 
 
-def cache_key(engine: JudgeEngine, identity: dict[str, Any], ask: Ask, seed: int) -> str:
+class KeyedEngine(Protocol):
+    """What a cache key takes from an engine: a :class:`~ragbatch.judge.protocol.JudgeEngine`,
+    or the identity of one recorded without loading it."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    def sampling_key(self) -> dict[str, Any]: ...
+
+
+def cache_key(engine: KeyedEngine, identity: dict[str, Any], ask: Ask, seed: int) -> str:
     """Hex SHA-256 over model id, sampling settings, ``seed``, prompt, output spec and
     the metric ``identity`` (:meth:`~ragbatch.judge.metric.JudgeMetric.cache_identity`)."""
     document = {

@@ -19,7 +19,7 @@ sampling settings. A dry run works them out without loading the judge:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ragbatch.judge.cache import JudgmentCache, cache_key
 from ragbatch.judge.metric import JudgeMetric
@@ -67,8 +67,9 @@ class CacheProbe:
         if not self.active:
             return False
         identity = metric.cache_identity()
+        cache = cast(JudgmentCache, self.cache)  # not None when active
         return any(
-            self.cache.get(cache_key(engine, identity, ask, self.seed)) is not None
+            cache.get(cache_key(engine, identity, ask, self.seed)) is not None
             for engine in self.identities
         )
 

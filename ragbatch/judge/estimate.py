@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -220,12 +220,14 @@ def _next_step(metric: JudgeMetric, live: list[_Row], pilot: Pilot | None) -> li
     """The rows that take a further judge step, their asks advanced. Rows answered from
     the cache (``free``) are advanced on the assumption: they cost nothing either way."""
     sent = [r for r in live if r.asks and not r.free] if pilot is not None else []
-    replies = pilot.replies([r.asks for r in sent]) if sent else []
+    # sent is empty when pilot is None
+    replies = cast(Pilot, pilot).replies([r.asks for r in sent]) if sent else []
     real = {id(r): values for r, values in zip(sent, replies)}
     kept = []
     for state in live:
         if id(state) in real:
-            going = real[id(state)] is not None and _send(state, real[id(state)])
+            # the same entry, just checked not None
+            going = real[id(state)] is not None and _send(state, cast(list, real[id(state)]))
         else:
             going = _advance(metric, state)
         if going:

@@ -16,7 +16,7 @@ import polars as pl
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, TokenLogprob
-from ragbatch.judge.run import JudgeRunner
+from ragbatch.judge.run import Embedder, JudgeRunner
 from ragbatch.core.status import JUDGE_ERROR, OK
 
 
@@ -108,7 +108,7 @@ def run_example(
     def embed(texts: list[str]) -> np.ndarray:
         return np.asarray(vectors.pop(0), dtype=np.float32)
 
-    embedders = {name: embed for name in metric.embedders()}
+    embedders: dict[str, Embedder] = {name: embed for name in metric.embedders()}
     runner = JudgeRunner(engine, [metric], embedders=embedders, parse_retries=parse_retries)
     row = {
         c: example.inputs.get(c) for c in ("row_id", "question", "contexts", "answer", "reference")

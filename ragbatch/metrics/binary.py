@@ -85,7 +85,7 @@ def load_callback(spec: str, origin: str | None = None) -> Callable[..., Any]:
             "config file or in the working folder, or install it"
         ) from None
     where = f" (imported from {module.__file__})" if getattr(module, "__file__", None) else ""
-    fn = module
+    fn: Any = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
         if fn is None:

@@ -9,7 +9,7 @@ name the types found and how many, never the text found.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import polars as pl
 from pydantic import Field, field_validator
@@ -46,6 +46,10 @@ class PiiMetric(ModelMetric):
     default_engine: ClassVar[dict[str, Any] | None] = {"type": "presidio"}
     boolean: ClassVar[bool] = True
     higher_is_better: ClassVar[bool] = False
+
+    if TYPE_CHECKING:
+        # each subclass's staticmethod: (model, the input value, wanted types) -> PyCell
+        _cell: Callable[..., Any]
 
     def check_engine(
         self, spec: Any, supported: Sequence[str], why: Callable[[str], str]

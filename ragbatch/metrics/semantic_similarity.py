@@ -68,7 +68,7 @@ def pair_cosines(model: LoadedModel, answers: list[str], references: list[str]) 
     """
     unique = list(dict.fromkeys([*answers, *references]))
     position = {text: i for i, text in enumerate(unique)}
-    vectors = model.embed(unique).astype(np.float64)
+    vectors: np.ndarray = model.embed(unique).astype(np.float64)
     left = vectors[[position[t] for t in answers]]
     right = vectors[[position[t] for t in references]]
     return np.einsum("ij,ij->i", left, right)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import cast
 
 from ragbatch.core.errors import ConfigError
 from ragbatch.models.catalogue import GgufWheelModel, get_model_source
@@ -96,7 +97,9 @@ def build_model(name: str, out: Path | None = None, wheel: Path | None = None) -
     with FileLock(str(out.parent / f".{out.name}.lock")):
         problem = check_folder(source, out)
         if problem is None:
-            return BuiltModel(source, out, read_record(out), False, time.monotonic() - started)
+            # check_folder returns None only when the record is a readable dict
+            record = cast(dict, read_record(out))
+            return BuiltModel(source, out, record, False, time.monotonic() - started)
         if out.is_dir() and any(out.iterdir()) and read_record(out) is None:
             raise ConfigError(f"{out} holds files but no {RECORD}: it is not a model folder "
                               f"ragbatch built, and is left alone; choose an empty or new "

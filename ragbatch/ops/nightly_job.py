@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ragbatch.config.job import InputSection, JobConfig
 from ragbatch.core.errors import (
@@ -295,7 +295,9 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
     from ragbatch.analysis.runs import find_run, load_summary
     from ragbatch.calibrate.report import calibration_section
 
-    output = outcome.config.output
+    # set before the run started; _publish is reached only after it
+    config = cast("JobConfig", outcome.config)
+    output = config.output
     try:
         if report:
             written = write_run_report(
@@ -303,7 +305,7 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
                 outcome.run_id,
                 output.storage_options,
                 threshold=outcome.threshold,
-                calibration_options=calibration_options(outcome.config),
+                calibration_options=calibration_options(config),
                 calibration_section=calibration_section,
             )
             outcome.report = written
@@ -339,6 +341,7 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
                 outcome,
                 EXIT_REGRESSION,
                 f"regressed beyond {outcome.threshold:g} against run "
-                f"{outcome.baseline.run_id}: {names}",
+                # a comparison, hence regressions, exists only against a baseline
+                f"{cast('CommittedRun', outcome.baseline).run_id}: {names}",
             )
     return outcome

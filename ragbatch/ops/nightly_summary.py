@@ -3,11 +3,16 @@ against the previous committed run, and the exit code with its meaning."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ragbatch.core.exit_codes import EXIT_CODES, EXIT_INPUT_NOT_READY
 from ragbatch.ops.nightly_job import NightlyOutcome
 from ragbatch.core.redact import redact_text
+
+if TYPE_CHECKING:
+    from ragbatch.analysis.runs import CommittedRun
+    from ragbatch.config.job import JobConfig
+    from ragbatch.pipeline.runner import RunResult
 
 
 def format_outcome(outcome: NightlyOutcome) -> str:
@@ -51,9 +56,11 @@ def _headline(outcome: NightlyOutcome) -> str:
         return f"{head} not committed: {outcome.message}"
     if outcome.already_committed:
         return f"{head} was already committed; not run again"
-    check = outcome.result.check
+    # not already committed, so this call ran it: result and its config are set
+    check = cast("RunResult", outcome.result).check
+    config = cast("JobConfig", outcome.config)
     return (
-        f"{head} committed ({check.n_rows} rows x {len(outcome.config.metrics)} metrics = "
+        f"{head} committed ({check.n_rows} rows x {len(config.metrics)} metrics = "
         f"{check.n_cells} cells)"
     )
 
@@ -72,7 +79,8 @@ def _baseline_line(outcome: NightlyOutcome) -> str:
 def _metric_lines(outcome: NightlyOutcome) -> list[str]:
     from ragbatch.analysis.runs import load_summary
 
-    summary = load_summary(outcome.run).filter(_overall("slice_column"))
+    # called only when outcome.run is set (format_outcome)
+    summary = load_summary(cast("CommittedRun", outcome.run)).filter(_overall("slice_column"))
     changes: dict[str, dict[str, Any]] = {}
     if outcome.comparison is not None:
         overall = outcome.comparison.metrics.filter(_overall("slice"))

@@ -119,7 +119,9 @@ def _metric_rows(result: DryRun, metric: MetricEstimate) -> list[tuple]:
         step = metric.steps[0]
         return [(f"{metric.metric_id}: {step.name}", _basis(step), rows, _figures(result, step))]
     basis = "+".join(dict.fromkeys(_basis(s) for s in metric.steps)) or "-"
-    out = [(metric.metric_id, basis, rows, [result.scaled(metric.total(k)) for k in _KEYS])]
+    out: list[tuple] = [
+        (metric.metric_id, basis, rows, [result.scaled(metric.total(k)) for k in _KEYS])
+    ]
     out += [(f"  {s.number} {s.name}", _basis(s), None, _figures(result, s)) for s in metric.steps]
     out += [
         (f"  {n} (not estimated)", "", None, [None] * len(_KEYS))

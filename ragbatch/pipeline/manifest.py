@@ -6,7 +6,7 @@ import datetime as dt
 import platform
 import sys
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 from ragbatch import __version__
 from ragbatch.io.write import OutputLayout, RunCheck
@@ -212,8 +212,12 @@ def pii_summary(plan: Plan) -> dict[str, Any]:
         return {}
     from ragbatch.engines.presidio import describe_detectors
 
+    # a PII stage always names its engine (plan._stages)
     return {
-        s.engine_name: {**describe_detectors(s.engine), "metrics": [m.id for m in s.metrics]}
+        cast(str, s.engine_name): {
+            **describe_detectors(s.engine),
+            "metrics": [m.id for m in s.metrics],
+        }
         for s in stages
     }
 
