@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -250,10 +250,13 @@ def _stats(
     diff, low, high, method = mean_ci(
         np.sort(c - b), confidence=confidence, n_resamples=n_resamples, seed=seed
     )
-    significant = low is not None and (low > 0 or high < 0) and len(both_ok) >= min_pairs
+    # mean_ci gives all of mean, low and high, or none of them: low checked for all three
+    significant = (
+        low is not None and (low > 0 or cast(float, high) < 0) and len(both_ok) >= min_pairs
+    )
     change = None
     if significant:
-        change = BETTER if (diff > 0) == higher_is_better else WORSE
+        change = BETTER if (cast(float, diff) > 0) == higher_is_better else WORSE
     return {
         "higher_is_better": higher_is_better,
         "n_pairs": len(both_ok),
@@ -339,7 +342,7 @@ def compare_scores(
     lines: list[dict[str, Any]] = []
     for metric in common:
         mcells = cells.filter(pl.col("metric") == metric)
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             confidence=confidence,
             n_resamples=n_resamples,
             seed=seed,

@@ -108,6 +108,8 @@ def split_pairs(frame: pl.DataFrame, cal: CalibrationConfig) -> pl.DataFrame:
         the answer's input column).
     """
     pairs = cal.pairs
+    if pairs is None:
+        raise ConfigError("split_pairs needs a calibration config with a `pairs` section")
     missing = [c for c in pairs.answers if c not in frame.columns]
     if missing:
         raise InputError(

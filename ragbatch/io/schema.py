@@ -32,7 +32,7 @@ import difflib
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import pyarrow as pa
@@ -348,13 +348,15 @@ def normalize(
     out[C.CONTEXTS] = (
         pa.nulls(n, _LIST_OF_STRINGS)
         if source is None
-        else _contexts(source, marks.get(cfg.columns.contexts, set()), cfg, issues)
+        # a source only when the column is named: not None
+        else _contexts(source, marks.get(cast(str, cfg.columns.contexts), set()), cfg, issues)
     )
     source = _source(raw, cfg, C.LATENCY_S, task)
     out[C.LATENCY_S] = (
         pa.nulls(n, pa.float64())
         if source is None
-        else _latency(source, marks.get(cfg.columns.latency_s, set()), cfg, issues)
+        # a source only when the column is named: not None
+        else _latency(source, marks.get(cast(str, cfg.columns.latency_s), set()), cfg, issues)
     )
     out[C.ISSUES] = issues.to_array()
     return _assemble(raw, out, slices if slices is not None else slice_columns(cfg, raw.schema))
@@ -629,7 +631,10 @@ def _contexts_from_strings(
             _special_context(strings[r].as_py(), r in marked, cfg, issues.preview) for r in special
         ]
         parts.append((special, _to_arrow(rows, issues, special)))
-    base = _split(strings, cfg.contexts_delimiter) if fmt == "delimited" else _wrap(strings)
+    base = (
+        # InputSection requires contexts_delimiter with "delimited"
+        _split(strings, cast(str, cfg.contexts_delimiter)) if fmt == "delimited" else _wrap(strings)
+    )
     return _overlay(base, parts)
 
 
@@ -802,7 +807,7 @@ def _object_text(
 
 
 def _to_arrow(
-    rows: list[Row | None], issues: _Issues, positions: list[int] | None = None
+    rows: Sequence[Row | None], issues: _Issues, positions: list[int] | None = None
 ) -> pa.Array:
     """list<string> array from per-row results, recording each row's issue."""
     values: list[list | None] = []
