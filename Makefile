@@ -83,7 +83,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" -q --durations=10
 
 # Lint (ruff) and type checks (mypy); settings in pyproject.toml. CI runs it before the
-# tests (.ci/run). About 20 s of CPU, cold.
+# tests (.ci/run). About 20 s on a fresh clone.
 LINT_PATHS := ragbatch udfs tests benchmarks jobs notebooks
 FORMAT_PATHS := ragbatch udfs tests benchmarks jobs
 lint: setup

@@ -153,6 +153,38 @@ def test_missing_input_path(capsys, tmp_path):
     assert code == 2 and "nope.tsv" in err
 
 
+def test_missing_relative_input_names_the_working_directory(capsys, tmp_path, monkeypatch):
+    """A relative input path is taken from the directory ragbatch runs in; when it is not
+    there, the error says which directory that was."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _write_config(tmp_path, input={"uri": "data/nope.csv", "columns": {"answer": "a"}})
+    code, _, err = _run(capsys, "validate", str(cfg))
+    assert code == 2
+    assert "data/nope.csv: not found" in err
+    assert f"a relative path is taken from the directory ragbatch runs in, {tmp_path}" in err
+    # an absolute path gets no such note
+    cfg = _write_config(
+        tmp_path, input={"uri": str(tmp_path / "nope.csv"), "columns": {"answer": "a"}}
+    )
+    code, _, err = _run(capsys, "validate", str(cfg))
+    assert code == 2 and "relative path" not in err
+
+
+def test_metrics_into_a_closed_pipe_exits_0_without_a_traceback():
+    """`ragbatch metrics --json | head -c 10`: the reader goes away after a few bytes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragbatch", "metrics", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b'[\n  {\n    '
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
 def test_mis_encoded_input(capsys, tmp_path):
     bad = tmp_path / "latin1.csv"
     bad.write_bytes("question,answer\nq,caf\xe9\n".encode("latin-1"))

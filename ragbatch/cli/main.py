@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import shlex
 import sys
 from typing import Sequence
@@ -17,7 +18,7 @@ from ragbatch.core.errors import (
     RagbatchError,
     RunInProgressError,
 )
-from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID
+from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK
 from ragbatch.core.redact import install_log_redaction, redact_text
 from ragbatch.cli.analysis import _add_compare_parser, _add_report_parser, cmd_compare, cmd_report
 from ragbatch.cli.common import _RUN_ID, _add_config_args, _add_degenerate_flag, _positive_int
@@ -164,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         print(_interrupted_text(args, exc), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (`ragbatch metrics --json | head -1`): what it
+        # wanted was printed. Point stdout at /dev/null so that the interpreter's final
+        # flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 def _interrupted_text(args: argparse.Namespace, exc: KeyboardInterrupt) -> str:

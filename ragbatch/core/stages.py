@@ -7,10 +7,10 @@ cycles.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum
 
 
-class StageKind(StrEnum):
+class StageKind(str, Enum):
     """What runs a stage of the pipeline (:class:`ragbatch.pipeline.plan.Stage`).
 
     A ``str`` enum: each member equals, formats as and serialises to its value
@@ -36,6 +36,14 @@ class StageKind(StrEnum):
     MODEL = "model"
     PII = "pii"
     JUDGE = "judge"
+
+    # What enum.StrEnum (Python 3.11+) does, on Python 3.10 as well: str() and format()
+    # give the value, not "StageKind.MODEL".
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
 
     @property
     def uses_actors(self) -> bool:

@@ -263,9 +263,15 @@ def describe_storage_error(uri: str, exc: BaseException, section: str = "input")
             f"{section}.storage_options.endpoint_url (scheme, host, port) and that the service is up"
         )
     if names & _NOT_FOUND or any(w in low for w in _NOT_FOUND_WORDS):
+        relative = "://" not in uri and not os.path.isabs(uri)
+        where = (
+            f" (a relative path is taken from the directory ragbatch runs in, {os.getcwd()})"
+            if relative
+            else ""
+        )
         return InputError(
             f"{uri}: not found ({detail}); check that the bucket and path in {section}.uri exist "
-            "and are spelled right"
+            f"and are spelled right{where}"
         )
     if "IsADirectoryError" in names:
         return InputError(f"{uri}: is a directory, expected a file ({detail})")
