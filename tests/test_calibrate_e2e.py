@@ -80,31 +80,45 @@ def _config_copy(
     return path
 
 
+def _calibrate(tmp: Path, base_url: str, name: str, limit: int, metric: str) -> dict:
+    """One calibrate run of the shipped config ``name`` through the CLI, with judge ``a``."""
+    path = _config_copy(tmp, name, base_url, ["a"], limit, [metric])
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["calibrate", str(path), "--run-id", f"cal-{name}"])
+    (tmp / f"{name}.txt").write_text(buf.getvalue())
+    assert code == 0, buf.getvalue()
+    root = str(tmp / name)
+    return {
+        "text": buf.getvalue(),
+        "root": root,
+        "config": yaml.safe_load(path.read_text()),
+        "cal": find_calibration(root, f"cal-{name}"),
+    }
+
+
 @pytest.fixture(scope="module")
-def calibrations(ray_local, vllm_base_url, tmp_path_factory):
-    """One calibrate run per shipped config, through the CLI: ARES (:data:`ARES_ROWS`
-    rows) and HaluEval (:data:`PAIRS` pairs)."""
-    tmp = tmp_path_factory.mktemp("calibrate")
-    out = {}
-    for name, judges, limit, metrics in (
-        ("ares", ["a"], ARES_ROWS, ["retrieval_precision"]),
-        ("halueval", ["a"], PAIRS, ["augmentation_accuracy"]),
-    ):
-        path = _config_copy(tmp, name, vllm_base_url, judges, limit, metrics)
-        capture = tmp / f"{name}.txt"
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            code = main(["calibrate", str(path), "--run-id", f"cal-{name}"])
-        capture.write_text(buf.getvalue())
-        assert code == 0, buf.getvalue()
-        root = str(tmp / name)
-        out[name] = {
-            "text": buf.getvalue(),
-            "root": root,
-            "config": yaml.safe_load(path.read_text()),
-            "cal": find_calibration(root, f"cal-{name}"),
-        }
-    return out
+def ares_calibration(ray_local, vllm_base_url, tmp_path_factory):
+    """The ARES calibration (:data:`ARES_ROWS` rows, retrieval_precision)."""
+    return _calibrate(
+        tmp_path_factory.mktemp("calibrate"),
+        vllm_base_url,
+        "ares",
+        ARES_ROWS,
+        "retrieval_precision",
+    )
+
+
+@pytest.fixture(scope="module")
+def halueval_calibration(ray_local, vllm_base_url, tmp_path_factory):
+    """The HaluEval calibration (:data:`PAIRS` pairs, augmentation_accuracy)."""
+    return _calibrate(
+        tmp_path_factory.mktemp("calibrate"),
+        vllm_base_url,
+        "halueval",
+        PAIRS,
+        "augmentation_accuracy",
+    )
 
 
 def _cells(root: str, run_id: str, metric: str) -> pl.DataFrame:
@@ -220,8 +234,8 @@ def _check_disagreements(
         )
 
 
-def test_ares_calibration_numbers_are_recomputed_from_the_written_scores(calibrations):
-    c = calibrations["ares"]
+def test_ares_calibration_numbers_are_recomputed_from_the_written_scores(ares_calibration):
+    c = ares_calibration
     cal, root = c["cal"], c["root"]
     ares = pl.read_csv(
         REPO / c["config"]["input"]["uri"], separator="\t", infer_schema=False, quote_char=None
@@ -253,8 +267,12 @@ def test_ares_calibration_numbers_are_recomputed_from_the_written_scores(calibra
     )
 
 
-def test_halueval_pairs_and_pairwise_agreement(calibrations):
-    c = calibrations["halueval"]
+@pytest.mark.release
+def test_halueval_pairs_and_pairwise_agreement(halueval_calibration):
+    """Release check; the default suite covers answer pairs and pairwise agreement on
+    hand-made tables (tests/test_calibrate_measures.py) and the calibrate command on
+    ARES above."""
+    c = halueval_calibration
     cal, root = c["cal"], c["root"]
     usable, cells = _check_binary(cal, root, "a", "augmentation_accuracy", "faithful", pairs=True)
     assert cells.height == 2 * PAIRS and set(cells["pair_member"]) == {
@@ -316,11 +334,11 @@ def _guarded_config(c, vllm_base_url: str, guard: dict, params: dict | None = No
 
 
 def test_guard_refuses_without_or_below_and_proceeds_when_allowed(
-    calibrations, vllm_base_url, tmp_path
+    ares_calibration, vllm_base_url, tmp_path
 ):
     """The guard matches the run's judge model (from the engine, without a judge call)
     and prompt version against the recorded agreement."""
-    c = calibrations["ares"]
+    c = ares_calibration
     recorded = (
         c["cal"]
         .table("agreement")

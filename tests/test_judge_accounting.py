@@ -248,7 +248,11 @@ def _cli_run(tmp_path: Path, base: str, run_id: str) -> tuple[dict, str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.release
 def test_a_rerun_reports_no_calls_for_refused_rows(ray_local, instant_judge, tmp_path):
+    """Release check: two CLI runs through Ray against a stand-in server. The default suite
+    covers the same accounting in-process (the refused request kept apart, above) and the
+    cache across runs (tests/test_judge_e2e.py, tests/test_nightly.py)."""
     before = _server_counters(instant_judge)
     first_manifest, stdout, stderr = _cli_run(tmp_path, instant_judge, "first")
     served = _server_counters(instant_judge)
