@@ -1,4 +1,4 @@
-"""Exit codes and the argument types and helpers the commands share."""
+"""The argument types and helpers the commands share (run ids, storage options, the config)."""
 
 from __future__ import annotations
 
