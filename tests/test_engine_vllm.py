@@ -79,6 +79,26 @@ def engine(tiny_judge_model):
             loaded.close()
 
 
+def test_choice_reply_carries_its_verdict_probability(engine):
+    """The in-process engine returns the top logprobs of a choice reply's tokens, and the
+    reply's rating gets a probability in [0, 1] (the release tier compares them with the
+    openai engine's on the same server: tests/test_logprobs_engines.py)."""
+    from dataclasses import replace
+
+    from ragbatch.judge.confidence import verdict_probabilities
+    from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS
+    from ragbatch.metrics.answer_similarity import RATINGS, SLOTS
+
+    output = replace(OutputSpec.of_choice(RATINGS, max_tokens=4), logprobs=VERDICT_TOP_LOGPROBS)
+    (reply,) = engine.complete([_request("Rate the answer from 0 to 5.", output)])
+    assert reply.status == "ok", reply.error
+    assert reply.text in RATINGS and reply.logprobs
+    (verdict,) = verdict_probabilities(reply, SLOTS)
+    assert verdict.literal == reply.text
+    assert verdict.p and all(0.0 <= p <= 1.0 for p in verdict.p.values())
+    assert sum(verdict.p.values()) <= 1.0 + 1e-6
+
+
 def test_choice_reply_is_one_of_the_choices(engine):
     options = ("faithful", "unfaithful", "partly faithful")
     # A random model may spell a choice out byte by byte: leave room for that.

@@ -87,7 +87,11 @@ def engines(tiny_judge_model, vllm_base_url):
             offline.close()
 
 
+@pytest.mark.release
 def test_vllm_and_openai_engines_agree_on_verdict_probabilities(engines):
+    """Release check (two engines of one model; about 45 s): the default suite covers each
+    engine's logprobs on its own (tests/test_engine_openai.py against the same server,
+    tests/test_verdict_confidence.py on recorded logprobs)."""
     offline, served = engines
     requests = [
         EngineRequest(PROMPT, replace(output, logprobs=VERDICT_TOP_LOGPROBS)) for output, _ in CASES

@@ -240,6 +240,7 @@ def _config(src: str, out: str, callback: str = "slow_digit", **run) -> dict:
 
 
 @pytest.mark.slow  # separate processes (two full `ragbatch run`s, each with its own Ray)
+@pytest.mark.release  # the default suite: processes racing for one lease, below and above
 def test_two_concurrent_cli_runs_with_one_run_id_commit_once(tmp_path):
     src = _input(tmp_path)
     out = tmp_path / "out"

@@ -148,6 +148,7 @@ def test_cross_encoder_stage_through_ray(ray_local, tiny_cross_encoder_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.release  # the default suite: every e2e run passes built metrics (tests/test_e2e.py)
 def test_built_metrics_go_to_the_actors_as_a_run_passes_them(ray_local, tiny_cross_encoder_dir):
     # A run hands the stage the plan's Metric objects; Ray pickles them for each actor.
     table = canonical_table()
