@@ -297,6 +297,7 @@ def _ragbatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a `ragbatch` subprocess
 def test_reproduction_exits_2_and_touches_nothing_outside_the_root(tmp_path):
     """The issue's command, with a directory where its commit used to delete: the
     staging prefix ``<out>/_staging/run_id=../../../../../victim`` is ``<out>/../../victim``

@@ -116,6 +116,7 @@ def test_missing_key_is_an_input_error(s3_storage_options, s3_bucket):
     assert uri in str(info.value)
 
 
+@pytest.mark.slow  # waits out the connection retries to a closed port
 def test_wrong_endpoint_fails_with_the_uri():
     options = {"endpoint_url": f"http://127.0.0.1:{closed_port()}", "key": "k", "secret": "s"}
     uri = "s3://some-bucket/traces/"
