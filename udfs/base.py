@@ -238,8 +238,9 @@ class ActorStage:
         ``metric`` cannot run on this engine. Accepts any by default."""
 
     def load(self) -> None:
-        """Load the engine (once per actor). Called after the metrics are built."""
-        raise NotImplementedError
+        """Load the engine (once per actor). Called after the metrics are built. Each
+        stage defines it; the base has no engine of its own."""
+        raise NotImplementedError(f"{type(self).__name__} must define load()")
 
     def output_columns(self) -> list[tuple[str, pa.DataType]]:
         """The columns a batch gets, in order: ``__ragbatch_cell::<metric id>`` of
@@ -321,8 +322,9 @@ class ActorStage:
 
     def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
         """The columns to append to ``batch``, as (name, array of ``batch.num_rows``)
-        in the order of :meth:`output_columns`."""
-        raise NotImplementedError
+        in the order of :meth:`output_columns`. Each stage defines it: the scoring is
+        what a stage is for."""
+        raise NotImplementedError(f"{type(self).__name__} must define columns()")
 
     def batch_done(self, batch: pa.Table) -> None:
         """Called after each batch, scored or marked ``error``. Does nothing by default."""
