@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 from ragbatch.core.columns import SCORES_COLUMNS
 from ragbatch.analysis.summary import SUMMARY_SCHEMA
@@ -246,4 +247,8 @@ def test_readme_own_data_example_is_the_shipped_config_and_its_scores():
         "latency": (4, 0.5),
     }
     for name, (ok, mean) in means.items():
-        assert re.search(rf"^{name} +4 +{ok} +{mean:.3f} ", section, re.MULTILINE), name
+        # Every metric of the quickstart is pass/fail: the console shows the Wilson
+        # interval of its pass rate, here from scipy (a second implementation).
+        ci = stats.binomtest(round(mean * ok), ok).proportion_ci(method="wilson")
+        interval = rf"\[{ci.low:.3f}, {ci.high:.3f}\]"
+        assert re.search(rf"^{name} +4 +{ok} +{mean:.3f} +{interval}", section, re.MULTILINE), name

@@ -198,7 +198,9 @@ def test_report_content_matches_the_runs(ares_nights, report_html):
 def test_report_without_baseline_and_of_an_unknown_run(ares_nights, tmp_path):
     out = tmp_path / "first.html"
     first = ares_nights.run_ids[ORIGINAL]
-    code, _, err = run_cli(["report", "--output", str(ares_nights.nightly), first, "-o", str(out)])
+    code, _, err = run_cli(
+        ["report", "--output", str(ares_nights.nightly), first, "--html", str(out)]
+    )
     assert code == 0, err
     html = out.read_text(encoding="utf-8")
     assert 'id="comparison"' not in html and 'id="worst"' in html

@@ -202,16 +202,39 @@ def test_cli_prints_overall_rows_only(rows):
     lines = text.splitlines()
     assert lines[0].split() == ["metric", "n", "ok", "mean", "95%", "CI", "other", "statuses"]
     assert len(lines) == 4  # header, rule, two metrics
-    (overall,) = _pick(rows, "exact_match")
+    # exact_match is boolean: 5 of 8 ok cells pass, and the console shows the Wilson
+    # interval of 5/8 (worked out by hand: centre 0.5845, half-width 0.2787), not the
+    # bootstrap interval of the mean.
     assert lines[2].split() == [
         "exact_match",
         "9",
         "8",
         "0.625",
-        f"[{overall['mean_ci_low']:.3f},",
-        f"{overall['mean_ci_high']:.3f}]",
+        "[0.306,",
+        "0.863]",
         "missing_input=1",
     ]
+
+
+def test_cli_shows_wilson_interval_for_a_unanimous_boolean_metric():
+    # Three of three cells pass: the bootstrap interval of the mean is [1, 1]; the
+    # Wilson interval of 3/3 at 95 % is [0.438503, 1] (z = 1.96: 9 / (9 + z^2) = 0.4385 for
+    # the lower end, worked out by hand).
+    row = {
+        **{f"n_{s}": 0 for s in STATUSES},
+        "metric": "hate_speech",
+        "slice_column": None,
+        "n_total": 3,
+        "n_ok": 3,
+        "mean": 1.0,
+        "mean_ci_low": 1.0,
+        "mean_ci_high": 1.0,
+        "pass_rate": 1.0,
+        "pass_rate_ci_low": 0.438503,
+        "pass_rate_ci_high": 1.0,
+    }
+    line = _summary_text([row], 0.95).splitlines()[2]
+    assert line.split()[:6] == ["hate_speech", "3", "3", "1.000", "[0.439,", "1.000]"]
 
 
 # ------------------------------------------------------------- hand-made score tables

@@ -92,7 +92,12 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     )
     _add_storage_option_args(p, "--output", "--baseline-output")
     p.add_argument(
-        "-o", dest="report_path", required=True, metavar="FILE", help="where to write the HTML"
+        "--html",
+        "-o",
+        dest="report_path",
+        required=True,
+        metavar="FILE",
+        help="where to write the HTML file (a local path; --output names the run's root)",
     )
     p.add_argument(
         "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"

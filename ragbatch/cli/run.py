@@ -132,9 +132,19 @@ def _write_run_report(config: JobConfig, run_id: str) -> None:
         )
 
 
+def _interval_of(row: dict) -> tuple[float, float]:
+    """The interval the console shows beside a summary row's mean: the Wilson interval of
+    the pass rate for a boolean metric (its mean is the pass rate, and a bootstrap of 0/1
+    scores collapses to a point when every cell agrees), else the mean's own interval."""
+    if row.get("pass_rate") is not None and row.get("pass_rate_ci_low") is not None:
+        return row["pass_rate_ci_low"], row["pass_rate_ci_high"]
+    return row["mean_ci_low"], row["mean_ci_high"]
+
+
 def _summary_text(rows: list[dict], confidence: float) -> str:
     """The overall summary rows (``slice_column`` null) as a text table: cells, ok cells,
-    mean over ok cells with its confidence interval, and the non-zero other statuses; a
+    mean over ok cells with its confidence interval (for boolean metrics the Wilson
+    interval of the pass rate, :func:`_interval_of`), and the non-zero other statuses; a
     judge metric whose result is degenerate is marked ``DEGENERATE`` and its reasons are
     listed under the table."""
     from ragbatch.core.status import OK, STATUSES
@@ -151,7 +161,8 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
             mean, interval = "-", "-"
         else:
             mean = f"{r['mean']:.3f}"
-            interval = f"[{r['mean_ci_low']:.3f}, {r['mean_ci_high']:.3f}]"
+            low, high = _interval_of(r)
+            interval = f"[{low:.3f}, {high:.3f}]"
         flag = "  DEGENERATE" if r.get("degenerate") else ""
         lines.append(
             f"{r['metric']:<{width}} {r['n_total']:>7} {r['n_ok']:>7} {mean:>7}  "
