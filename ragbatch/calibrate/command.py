@@ -177,11 +177,16 @@ def _committed_judge_run(
     scores_run_id = judge_run_id(run_id, judge)
     try:
         committed = find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+    except InputError:
+        committed = None
+    if committed is not None:
         log.info("calibration %s: judge %s reuses committed run %s", run_id, judge, scores_run_id)
         return committed
-    except InputError:
-        run_job(job, run_id=scores_run_id, address=address, config_dir=config_dir)
-        return find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
+    # Run outside the handler above: an error of the run would otherwise carry the
+    # lookup's "no committed run" as its context, and the runner, which looks through
+    # an error's context for the project's own error, would report that instead.
+    run_job(job, run_id=scores_run_id, address=address, config_dir=config_dir)
+    return find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
 
 
 def _add_agreement(
