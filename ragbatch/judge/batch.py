@@ -99,7 +99,40 @@ def judge_frame(
     """
     frame = with_issues(frame)
     settled, todo = guarded_rows(runner.metrics, frame)
-    judged = runner.run(todo)
+    return _assembled(runner, frame, settled, runner.run(todo))
+
+
+async def judge_frame_async(
+    runner: JudgeRunner, frame: pl.DataFrame
+) -> dict[str, tuple[list[dict], list[dict]]]:
+    """:func:`judge_frame` with the runner's engine calls awaited
+    (:meth:`JudgeRunner.run_async`): the same cells and records for the same rows.
+
+    Parameters
+    ----------
+    runner : JudgeRunner
+        A runner of this batch alone (:meth:`JudgeRunner.fork`) when several batches
+        are judged at once, so that its totals are the batch's.
+    frame : polars.DataFrame
+        As :func:`judge_frame`.
+
+    Returns
+    -------
+    dict
+        As :func:`judge_frame`.
+    """
+    frame = with_issues(frame)
+    settled, todo = guarded_rows(runner.metrics, frame)
+    return _assembled(runner, frame, settled, await runner.run_async(todo))
+
+
+def _assembled(
+    runner: JudgeRunner,
+    frame: pl.DataFrame,
+    settled: dict[str, tuple[list[str | None], list[str | None]]],
+    judged: dict[str, dict[int, JudgeCell]],
+) -> dict[str, tuple[list[dict], list[dict]]]:
+    """The cells and records of :func:`judge_frame` from the guards' and the runner's."""
     out = {}
     for metric in runner.metrics:
         statuses, reasons = settled[metric.id]

@@ -26,10 +26,11 @@ status              when
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +49,20 @@ REPLY_MAX_CHARS = 4000
 
 #: An embedding function: texts -> float32 array (len(texts), dim), rows L2-normalised.
 Embedder = Callable[[list[str]], np.ndarray]
+
+#: The judging of one batch as a generator: it yields the engine requests of each round
+#: and is sent their completions (same length and order); it returns metric id -> row
+#: position -> :class:`JudgeCell`.
+Rounds = Generator[list[EngineRequest], list[Completion], dict[str, dict[int, "JudgeCell"]]]
+
+
+@runtime_checkable
+class AsyncJudgeEngine(Protocol):
+    """A judge engine that can also answer as a coroutine, sharing itself with other
+    calls in flight on the same event loop (the ``vllm`` engine's ``complete_async``).
+    :meth:`JudgeRunner.run_async` uses it when the engine has it."""
+
+    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]: ...
 
 
 @dataclass
@@ -247,6 +262,21 @@ def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
     return cell
 
 
+def _engine_failed(requests: list[EngineRequest], exc: Exception) -> list[Completion]:
+    """A ``judge_error`` completion per request of an engine call that raised ``exc``."""
+    log.warning("judge engine failed on %d requests: %r", len(requests), exc)
+    return [Completion(JUDGE_ERROR, error=f"{type(exc).__name__}: {exc}") for _ in requests]
+
+
+def _one_each(requests: list[EngineRequest], completions: list[Completion]) -> list[Completion]:
+    """``completions``, or a ``judge_error`` per request when the engine returned another
+    number of completions than it was sent requests."""
+    if len(completions) != len(requests):
+        why = f"engine returned {len(completions)} completions for {len(requests)} requests"
+        return [Completion(JUDGE_ERROR, error=why) for _ in requests]
+    return completions
+
+
 class JudgeRunner:
     """Runs judge programs for batches of rows.
 
@@ -300,6 +330,55 @@ class JudgeRunner:
         dict
             Metric id -> row position -> :class:`JudgeCell`, for every position given.
         """
+        rounds = self._rounds(todo)
+        try:
+            requests = next(rounds)
+            while True:
+                requests = rounds.send(self._complete(requests))
+        except StopIteration as stop:
+            return stop.value
+
+    async def run_async(
+        self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
+    ) -> dict[str, dict[int, JudgeCell]]:
+        """:meth:`run` as a coroutine: each round's engine call is awaited, so that other
+        batches judged on the same event loop run meanwhile.
+
+        Parameters
+        ----------
+        todo : dict
+            As :meth:`run`.
+
+        Returns
+        -------
+        dict
+            As :meth:`run`: the same cells and the same totals for the same rows.
+
+        Notes
+        -----
+        With an :class:`AsyncJudgeEngine` the requests go to ``complete_async``, where
+        they share the engine with the rounds of every other batch in flight; with any
+        other engine each round calls ``complete`` and holds the loop until it returns
+        (the synchronous path). Run concurrent batches on runners of their own
+        (:meth:`fork`), so that each batch's totals stay its own.
+        """
+        rounds = self._rounds(todo)
+        try:
+            requests = next(rounds)
+            while True:
+                requests = rounds.send(await self._complete_async(requests))
+        except StopIteration as stop:
+            return stop.value
+
+    def fork(self) -> JudgeRunner:
+        """A runner sharing this one's engine, metrics, embedders, cache and settings,
+        with totals of its own (all zero): one per batch in flight."""
+        twin = copy.copy(self)
+        twin.tallies = {m.id: Tally() for m in self.metrics}
+        return twin
+
+    def _rounds(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> Rounds:
+        """The judging of ``todo`` (see :meth:`run`) as a :data:`Rounds` generator."""
         by_id = {m.id: m for m in self.metrics}
         slots = [
             _Slot(by_id[mid], i, by_id[mid].program(row))
@@ -312,7 +391,7 @@ class JudgeRunner:
             live = [s for s in slots if s.result is None]
             if not live:
                 break
-            self._step(live)
+            yield from self._step(live)
         return self._collect(slots)
 
     def _collect(self, slots: list[_Slot]) -> dict[str, dict[int, JudgeCell]]:
@@ -322,14 +401,15 @@ class JudgeRunner:
             out[slot.metric.id][slot.index] = JudgeCell(slot.result, slot.trace)
         return out
 
-    def _step(self, live: list[_Slot]) -> None:
-        """Answer every pending request of ``live`` and advance each program once."""
+    def _step(self, live: list[_Slot]) -> Generator[list[EngineRequest], list[Completion], None]:
+        """Answer every pending request of ``live`` and advance each program once; the
+        engine requests of each attempt are yielded (see :data:`Rounds`)."""
         values: dict[int, list[Any]] = {id(s): [None] * len(s.pending) for s in live}
         self._embed(live, values)
         asks = [(s, j) for s in live for j, r in enumerate(s.pending) if isinstance(r, Ask)]
         attempt = 0
         while asks:
-            failed = self._ask_round(asks, attempt, values)
+            failed = yield from self._ask_round(asks, attempt, values)
             attempt += 1
             if attempt > self.parse_retries:
                 for slot, _, problem, completion in failed:
@@ -369,8 +449,9 @@ class JudgeRunner:
 
     def _ask_round(
         self, asks: list[tuple[_Slot, int]], attempt: int, values: dict[int, list[Any]]
-    ) -> list[tuple[_Slot, int, str, Completion]]:
-        """One attempt for each ask; returns the asks whose reply could not be parsed."""
+    ) -> Generator[list[EngineRequest], list[Completion], list[tuple[_Slot, int, str, Completion]]]:
+        """One attempt for each ask; the requests not served by the cache are yielded
+        (see :data:`Rounds`). Returns the asks whose reply could not be parsed."""
         seed = self.seed + attempt
         keyed: dict[str, list[tuple[_Slot, int]]] = {}
         for slot, j in asks:
@@ -396,7 +477,7 @@ class JudgeRunner:
                 )
                 for k in to_send
             ]
-            completions = self._complete(requests)
+            completions = yield requests
             for key, completion in zip(to_send, completions):
                 answers[key] = (completion, True)
                 first = keyed[key][0][0].metric
@@ -420,12 +501,18 @@ class JudgeRunner:
         try:
             completions = self.engine.complete(requests)
         except Exception as exc:  # the engine itself failed: every request of the call fails
-            log.warning("judge engine failed on %d requests: %r", len(requests), exc)
-            return [Completion(JUDGE_ERROR, error=f"{type(exc).__name__}: {exc}") for _ in requests]
-        if len(completions) != len(requests):
-            why = f"engine returned {len(completions)} completions for {len(requests)} requests"
-            return [Completion(JUDGE_ERROR, error=why) for _ in requests]
-        return completions
+            return _engine_failed(requests, exc)
+        return _one_each(requests, completions)
+
+    async def _complete_async(self, requests: list[EngineRequest]) -> list[Completion]:
+        """:meth:`_complete` through ``complete_async`` when the engine has it."""
+        if not isinstance(self.engine, AsyncJudgeEngine):
+            return self._complete(requests)
+        try:
+            completions = await self.engine.complete_async(requests)
+        except Exception as exc:  # as in _complete: every request of the call fails
+            return _engine_failed(requests, exc)
+        return _one_each(requests, completions)
 
     def _account(self, slot: _Slot, ask: Ask, completion: Completion, live: bool) -> None:
         slot.trace.record(ask, completion, live)
