@@ -18,6 +18,10 @@ build on machines without a GPU, ``vllm`` on GPU nodes); the calls used are
   ``LLM.llm_engine.step()`` until every request has finished or the batch time limit
   has passed, and ``LLM.llm_engine.abort_request`` for the rest. This is the loop
   ``LLM.generate`` runs internally, plus the time limit;
+* for :meth:`VllmJudgeEngine.complete_async` (``batches_in_flight`` above 1), the same
+  ``enqueue``, ``step`` and ``abort_request`` calls, made by
+  :class:`ragbatch.engines.vllm_feed.VllmFeed` for several calls in flight at once on
+  one event loop;
 * ``CompletionOutput.logprobs``: per generated token a dict of token id to
   ``vllm.logprobs.Logprob`` (``logprob``, ``decoded_token``) holding the top ``k`` and
   the generated token;
@@ -169,7 +173,9 @@ class VllmJudgeEngine(JudgeEngine):
     requests that have not finished and returns them as ``timeout`` (finished ones keep
     their replies). The limit is checked between engine steps, so a call can overrun it
     by the length of one step (one batched forward pass, usually well under a second;
-    longer for a large prefill). ``request_timeout_s`` does not apply: the offline
+    longer for a large prefill); with :meth:`complete_async` it bounds each call the
+    same way while the other calls in flight go on. ``request_timeout_s`` does not
+    apply: the offline
     engine schedules every request of a call together and reports no per-request
     timing to act on; a single request is bounded by its ``max_tokens``.
     """
@@ -190,6 +196,7 @@ class VllmJudgeEngine(JudgeEngine):
         self._structured = structured_outputs
         self._dtype = dtype
         self._tokenizer = llm.get_tokenizer()
+        self._feed: Any = None  # the VllmFeed of complete_async, made on first use
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -271,6 +278,54 @@ class VllmJudgeEngine(JudgeEngine):
         requests are added again one by one, so that one unsupported request does not
         fail the others.
         """
+        if self._feed is not None and self._feed.busy:
+            raise RuntimeError(
+                "VllmJudgeEngine.complete called while complete_async calls are in flight; "
+                "use one or the other at a time"
+            )
+        results, to_run = self._prepare(requests)
+        if to_run:
+            for (i, ids), completion in zip(to_run, self._generate(requests, to_run)):
+                results[i] = completion
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        """:meth:`complete` as a coroutine whose requests share the engine with those of
+        every other ``complete_async`` call in flight on the same event loop.
+
+        Parameters
+        ----------
+        requests : sequence of EngineRequest
+
+        Returns
+        -------
+        list of Completion
+            As :meth:`complete`, one per request, in order; ``batch_timeout_s`` bounds
+            each call from the moment its requests are added to the engine.
+
+        Notes
+        -----
+        The engine is stepped by one task on the caller's event loop
+        (:class:`ragbatch.engines.vllm_feed.VllmFeed`): while any call has unfinished
+        requests it runs ``LLM.llm_engine.step()``, hands each finished request to its
+        call and yields to the loop between steps, so a call that starts while others
+        are running joins vLLM's running batch instead of waiting for it to drain.
+        Every call must come from the same event loop thread; :meth:`complete` raises
+        ``RuntimeError`` while such calls are in flight.
+        """
+        if self._feed is None:
+            from ragbatch.engines.vllm_feed import VllmFeed
+
+            self._feed = VllmFeed(self)
+        return await self._feed.complete(requests)
+
+    def _prepare(
+        self, requests: Sequence[EngineRequest]
+    ) -> tuple[list[Completion | None], list[tuple[int, list[int]]]]:
+        """Render and count each request: the completions settled without generating
+        (``judge_error`` for a failed chat template, ``context_too_long``), None where
+        the request is to run, and ``(request index, prompt ids)`` of those to run."""
         results: list[Completion | None] = [None] * len(requests)
         to_run: list[tuple[int, list[int]]] = []
         for i, request in enumerate(requests):
@@ -291,11 +346,7 @@ class VllmJudgeEngine(JudgeEngine):
                 )
                 continue
             to_run.append((i, ids))
-        if to_run:
-            for (i, ids), completion in zip(to_run, self._generate(requests, to_run)):
-                results[i] = completion
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
+        return results, to_run
 
     def _generate(
         self, requests: Sequence[EngineRequest], to_run: list[tuple[int, list[int]]]
@@ -311,19 +362,19 @@ class VllmJudgeEngine(JudgeEngine):
         if pending:
             error: str | None
             if timed_out:
-                status, error = (
-                    TIMEOUT,
-                    (
-                        f"batch of {len(to_run)} requests ran past batch_timeout_s="
-                        f"{self.spec.batch_timeout_s:g} (aborted after "
-                        f"{time.monotonic() - start:.1f} s)"
-                    ),
-                )
+                status, error = TIMEOUT, self._timeout_error(len(to_run), start)
             else:
                 status, error = JUDGE_ERROR, failure
             for k in pending:
                 out[k] = Completion(status, prompt_tokens=lengths[k], error=error)
         return out  # type: ignore[return-value]
+
+    def _timeout_error(self, n_requests: int, start: float) -> str:
+        """The error of a request aborted at the batch time limit."""
+        return (
+            f"batch of {n_requests} requests ran past batch_timeout_s="
+            f"{self.spec.batch_timeout_s:g} (aborted after {time.monotonic() - start:.1f} s)"
+        )
 
     def _enqueue(
         self,
