@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -99,7 +99,8 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
     -------
     dict
         :func:`ragbatch.core.placement.map_batches_options` (``compute``, ``num_gpus``,
-        ``num_cpus``, ``batch_size`` and the placement options), and
+        ``num_cpus``, ``batch_size`` and the placement options; ``compute`` runs
+        ``batches_in_flight`` calls at once per actor where the spec sets more than 1), and
         ``udf_modifying_row_count=False`` where the installed Ray
         Data accepts it (the stage returns its rows 1:1). ``batch_format`` is not
         included: pass ``batch_format="pyarrow"`` yourself.
@@ -118,6 +119,12 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
     # actor pools); the stage's BatchGuard marks a batch that kills every actor it
     # reaches as error after MAX_LOST_STARTS starts, so retries end.
     options = map_batches_options(spec)
+    in_flight = int(getattr(spec, "batches_in_flight", 1) or 1)
+    if in_flight > 1:
+        # Several map tasks at once in each actor, each calling the stage's async
+        # __call__ on the actor's one event loop (udfs.judge.AsyncJudgeStage caps the
+        # batches judged at once at the same number).
+        options["compute"].max_concurrent_calls_per_actor = in_flight
     if "udf_modifying_row_count" in inspect.signature(ray.data.Dataset.map_batches).parameters:
         options["udf_modifying_row_count"] = False
     return options
@@ -300,6 +307,15 @@ class ActorStage:
         ValueError
             An input column is missing (see :meth:`check_columns`).
         """
+        self.check_batch(batch)
+        out = self.guard.run(batch, self._score)
+        self.batch_done(batch)
+        self.heap.batch_done()
+        return out
+
+    def check_batch(self, batch: pa.Table) -> None:
+        """Raise ``TypeError`` when ``batch`` is not a pyarrow Table, and what
+        :meth:`check_columns` raises: not batch faults, so not run under the guard."""
         if not isinstance(batch, pa.Table):
             raise TypeError(
                 f"{type(self).__name__} expects pyarrow.Table batches, got "
@@ -307,10 +323,6 @@ class ActorStage:
             )
         # A missing column is a pipeline bug, not a batch fault: raised as is.
         self.check_columns(batch)
-        out = self.guard.run(batch, self._score)
-        self.batch_done(batch)
-        self.heap.batch_done()
-        return out
 
     def check_columns(self, batch: pa.Table) -> None:
         """Raise ``ValueError`` when ``batch`` lacks one of the metrics' input columns."""
@@ -331,10 +343,19 @@ class ActorStage:
 
     def _score(self, batch: pa.Table) -> pa.Table:
         """``batch`` with the stage's columns appended (run under the batch guard)."""
+        self.check_free(batch)
+        return appended(batch, self.columns(batch, self.input_frame(batch)))
+
+    def check_free(self, batch: pa.Table) -> None:
+        """Raise ``ValueError`` when ``batch`` already has one of :meth:`output_columns`."""
         for name, _ in self.output_columns():
             if name in batch.column_names:
                 raise ValueError(f"column {name!r} is already present in the batch")
-        out = batch
-        for name, array in self.columns(batch, self.input_frame(batch)):
-            out = out.append_column(name, array)
-        return out
+
+
+def appended(batch: pa.Table, columns: Iterable[tuple[str, pa.Array]]) -> pa.Table:
+    """``batch`` with ``columns`` (name, array of ``batch.num_rows``) appended in order."""
+    out = batch
+    for name, array in columns:
+        out = out.append_column(name, array)
+    return out

@@ -24,11 +24,12 @@ batch faults: they propagate and stop the run.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import uuid
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import pyarrow as pa
 
@@ -115,11 +116,7 @@ class BatchGuard:
         key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
         lost = self._call("batch_started", key, self.actor) or 0
         if lost >= MAX_LOST_STARTS:
-            reason = (
-                f"{self.stage}: the worker died {lost} times while scoring this batch "
-                f"of {batch.num_rows} rows; its rows are not scored again"
-            )
-            return self._fail(batch, key, 0, reason)
+            return self._fail(batch, key, 0, self._lost_reason(lost, batch))
         last: Exception | None = None
         for attempt in range(BATCH_ATTEMPTS):
             try:
@@ -128,29 +125,79 @@ class BatchGuard:
                 raise
             except Exception as exc:  # noqa: BLE001 - isolated to this batch
                 last = exc
-                log.warning(
-                    "%s: batch of %d rows failed (attempt %d of %d): %s: %s",
-                    self.stage,
-                    batch.num_rows,
-                    attempt + 1,
-                    BATCH_ATTEMPTS,
-                    type(exc).__name__,
-                    exc,
-                )
-                if _engine_dead(exc):
-                    log.error(
-                        "%s: the engine is dead; ending this actor so that it is replaced",
-                        self.stage,
-                    )
-                    os._exit(1)
+                self._attempt_failed(batch, attempt, exc)
                 continue
             self._finish(key, attempt, 0, None)
             return out
-        reason = (
+        return self._fail(batch, key, BATCH_ATTEMPTS - 1, self._failed_reason(last))
+
+    async def run_async(
+        self, batch: pa.Table, score: Callable[[pa.Table], Awaitable[pa.Table]]
+    ) -> pa.Table:
+        """:meth:`run` for a coroutine ``score``: the same attempts, statuses and reports,
+        with the ledger calls made off the event loop, so that the other batches in
+        flight on it go on meanwhile.
+
+        Raises
+        ------
+        RagbatchError, RunError
+            As :meth:`run`.
+        """
+        key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
+        lost = await self._call_async("batch_started", key, self.actor) or 0
+        if lost >= MAX_LOST_STARTS:
+            return await asyncio.to_thread(
+                self._fail, batch, key, 0, self._lost_reason(lost, batch)
+            )
+        last: Exception | None = None
+        for attempt in range(BATCH_ATTEMPTS):
+            try:
+                out = await score(batch)
+            except RagbatchError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - isolated to this batch
+                last = exc
+                self._attempt_failed(batch, attempt, exc)
+                continue
+            await asyncio.to_thread(self._finish, key, attempt, 0, None)
+            return out
+        return await asyncio.to_thread(
+            self._fail, batch, key, BATCH_ATTEMPTS - 1, self._failed_reason(last)
+        )
+
+    def _lost_reason(self, lost: int, batch: pa.Table) -> str:
+        return (
+            f"{self.stage}: the worker died {lost} times while scoring this batch "
+            f"of {batch.num_rows} rows; its rows are not scored again"
+        )
+
+    def _failed_reason(self, last: Exception | None) -> str:
+        return (
             f"{self.stage}: batch failed {BATCH_ATTEMPTS} times: "
             f"{type(last).__name__}: {str(last)[:500]}"
         )
-        return self._fail(batch, key, BATCH_ATTEMPTS - 1, reason)
+
+    def _attempt_failed(self, batch: pa.Table, attempt: int, exc: Exception) -> None:
+        """Log a failed attempt; end the actor process when the engine is dead."""
+        log.warning(
+            "%s: batch of %d rows failed (attempt %d of %d): %s: %s",
+            self.stage,
+            batch.num_rows,
+            attempt + 1,
+            BATCH_ATTEMPTS,
+            type(exc).__name__,
+            exc,
+        )
+        if _engine_dead(exc):
+            log.error(
+                "%s: the engine is dead; ending this actor so that it is replaced", self.stage
+            )
+            os._exit(1)
+
+    async def _call_async(self, method: str, *args: Any) -> Any:
+        if self.ledger is None:
+            return None
+        return await asyncio.to_thread(self._call, method, *args)
 
     def _fail(self, batch: pa.Table, key: str, retries: int, reason: str) -> pa.Table:
         out = error_columns(batch, self.columns, reason)
