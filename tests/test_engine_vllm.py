@@ -407,3 +407,152 @@ def test_block_size_in_engine_kwargs_wins(tiny_judge_model):
             assert cached == common // 128 * 128
         finally:
             loaded.close()
+
+
+# -- calls in flight at once (complete_async) ------------------------------------------
+
+
+def _in_flight(engine, calls):
+    import asyncio
+
+    async def run_all():
+        return await asyncio.gather(*(engine.complete_async(c) for c in calls))
+
+    return asyncio.run(run_all())
+
+
+def _answers(completions):
+    return [
+        (c.status, c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens)
+        for c in completions
+    ]
+
+
+def test_calls_in_flight_get_the_replies_of_one_call_at_a_time(engine):
+    """Three calls share the engine at once and get exactly the replies (and token
+    counts) they get one after another: each request's seed fixes its sampling."""
+    calls = [
+        [
+            _request(
+                f"Batch {b}, item {i}: supported?", OutputSpec.of_choice(["yes", "no"]), seed=i
+            )
+            for i in range(3)
+        ]
+        + [_request(f"Batch {b}: rate it.", _json(max_tokens=32), seed=b)]
+        for b in range(3)
+    ]
+    one_at_a_time = [_answers(engine.complete(c)) for c in calls]
+    in_flight = [_answers(c) for c in _in_flight(engine, calls)]
+    assert in_flight == one_at_a_time
+    assert engine._feed.peak == 3 and not engine._feed.busy
+
+
+def test_time_limit_of_one_call_in_flight_leaves_the_others(engine):
+    import asyncio
+
+    spec = engine.spec
+    engine.spec = spec.model_copy(update={"batch_timeout_s": 600.0})
+    slow = [_request(f"Slow {i}", _json(max_tokens=200), seed=i) for i in range(2)]
+    quick = [_request("Quick", OutputSpec.of_choice(["yes", "no"]))]
+    alone = _answers(engine.complete(quick))
+
+    async def run_both():
+        slow_task = asyncio.ensure_future(engine.complete_async(slow))
+        await asyncio.sleep(0)  # the slow call adds its requests ...
+        (call,) = engine._feed._calls
+        call.start -= 1_000  # ... and has been running for longer than its limit
+        return await asyncio.gather(slow_task, engine.complete_async(quick))
+
+    try:
+        timed_out, got = asyncio.run(run_both())
+    finally:
+        engine.spec = spec
+    assert [c.status for c in timed_out] == ["timeout", "timeout"]
+    assert "batch_timeout_s=600" in timed_out[0].error
+    assert _answers(got) == alone
+    assert not engine._feed.busy
+
+
+def test_refused_request_in_one_call_in_flight_leaves_the_others(engine):
+    bad = OutputSpec.of_schema(
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, max_tokens=16
+    )
+    first = [_request("fine", OutputSpec.of_choice(["yes", "no"])), _request("broken", bad)]
+    second = [_request("other", OutputSpec.of_choice(["yes", "no"]), seed=3)]
+    alone = _answers(engine.complete(second))
+    (good, broken), other = _in_flight(engine, [first, second])
+    assert good.status == "ok" and good.text in ("yes", "no")
+    assert broken.status == "judge_error" and "xgrammar" in broken.error
+    assert _answers(other) == alone
+
+
+def test_judge_stage_with_batches_in_flight_matches_one_batch_at_a_time(engine, monkeypatch):
+    """The judge stage on the real engine: three batches in flight in one actor give
+    the cells, judge records and ledger totals of the same batches one at a time."""
+    import asyncio
+
+    import pyarrow as pa
+
+    import ragbatch.engines
+    from ragbatch.core.columns import cell_column, judge_column
+    from udfs.judge import AsyncJudgeStage, JudgeStage
+
+    metrics = ["answer_similarity"]
+    reports: list[dict] = []
+
+    class Ledger:
+        def __init__(self):
+            self.record = self
+
+        def remote(self, engine_name, key, tallies, stats, actor_key):
+            reports.append({key: tallies})
+
+    monkeypatch.setattr(ragbatch.engines, "load_judge_engine", lambda spec: engine)
+    monkeypatch.setattr("ray.get", lambda ref: ref)
+    spec = engine.spec.model_dump(mode="json") | {"batches_in_flight": 3, "parse_retries": 0}
+
+    def stage(cls):
+        return cls(
+            "judge", spec, [{"name": m, "id": m, "params": None} for m in metrics], ledger=Ledger()
+        )
+
+    batches = [
+        pa.table(
+            {
+                "row_id": [f"b{b}r{i}" for i in range(2)],
+                "question": [f"Question {b}.{i}?" for i in range(2)],
+                "contexts": [[f"Context {b}.{i}."] for i in range(2)],
+                "answer": [f"Answer {b}.{i}." for i in range(2)],
+                "reference": [f"Reference {b}.{i}." for i in range(2)],
+            }
+        )
+        for b in range(3)
+    ]
+    names = [c for m in metrics for c in (cell_column(m), judge_column(m))]
+    sync = stage(JudgeStage)
+    one_at_a_time = [sync(b).select(names).to_pylist() for b in batches]
+    expected_reports = list(reports)
+    reports.clear()
+
+    many = stage(AsyncJudgeStage)
+
+    async def run_all():
+        return await asyncio.gather(*(many(b) for b in batches))
+
+    in_flight = [t.select(names).to_pylist() for t in asyncio.run(run_all())]
+    assert in_flight == one_at_a_time
+    statuses = [row[cell_column(m)]["status"] for t in in_flight for row in t for m in metrics]
+    assert statuses == ["ok"] * 6
+
+    def without_prefix_hits(rs):  # prefix-cache hits depend on what ran before: not compared
+        return {
+            k: {
+                m: {f: v for f, v in t.items() if f != "cached_prompt_tokens"}
+                for m, t in ts.items()
+            }
+            for r in rs
+            for k, ts in r.items()
+        }
+
+    assert without_prefix_hits(reports) == without_prefix_hits(expected_reports)
+    assert sum(t["judge_calls"] for r in reports for ts in r.values() for t in ts.values()) == 6

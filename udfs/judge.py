@@ -9,11 +9,17 @@ prompt hash, token counts, calls, cache hits). Run it with::
     ds.map_batches(JudgeStage, batch_format="pyarrow",
                    fn_constructor_kwargs={...}, **stage_options(engine_spec))
 
-(``stage_options`` from :mod:`udfs.base`.)
+(``stage_options`` from :mod:`udfs.base`). A ``vllm`` engine with ``batches_in_flight``
+above 1 runs as :class:`AsyncJudgeStage` instead (:func:`judge_stage_class` picks it):
+its ``__call__`` is a coroutine, so Ray Data hands each actor several batches at once
+and their rounds share the actor's engine (:meth:`VllmJudgeEngine.complete_async
+<ragbatch.engines.vllm.VllmJudgeEngine.complete_async>`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import uuid
 from typing import Any, ClassVar, Iterator, Sequence
@@ -23,14 +29,14 @@ import pyarrow as pa
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
 from ragbatch.core.errors import ConfigError, EngineError
-from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
+from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame, judge_frame_async
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.base import Metric
 from ragbatch.metrics.cells import CELL_DTYPE
 from ragbatch.core.stages import StageKind
-from udfs.base import ActorStage, MetricEntry, engine_errors, parse_engine_spec
+from udfs.base import ActorStage, MetricEntry, appended, engine_errors, parse_engine_spec
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +162,13 @@ class JudgeStage(ActorStage):
 
     def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
         """Per metric its cells and its judge records, judged over ``frame``."""
-        results = judge_frame(self.runner, frame)
+        return self._judged(judge_frame(self.runner, frame))
+
+    def _judged(
+        self, results: dict[str, tuple[list[dict], list[dict]]]
+    ) -> Iterator[tuple[str, pa.Array]]:
+        """The cell and judge columns of :func:`~ragbatch.judge.batch.judge_frame`'s
+        results, per metric in order."""
         for metric in self.metrics:
             cells, records = results[metric.id]
             yield (
@@ -172,11 +184,10 @@ class JudgeStage(ActorStage):
         """Flush the judgment cache and report the batch's totals to the judge ledger."""
         if self.cache is not None:
             self.cache.flush()
-        self._report(batch)
+        self._report(batch, self.runner.take_tallies())
 
-    def _report(self, batch: pa.Table) -> None:
+    def _report(self, batch: pa.Table, tallies: dict[str, dict[str, int]]) -> None:
         self.batches += 1
-        tallies = self.runner.take_tallies()
         if self.ledger is None:
             return
         key = (
@@ -192,6 +203,73 @@ class JudgeStage(ActorStage):
                 self.engine_name, key, tallies, self.engine.stats(), self.actor_key
             )
         )
+
+
+class AsyncJudgeStage(JudgeStage):
+    """:class:`JudgeStage` judging up to ``batches_in_flight`` batches at once.
+
+    Same parameters, columns, cells and reports as :class:`JudgeStage`; only
+    ``__call__`` differs: it is a coroutine, which Ray Data runs on one event loop per
+    actor, several batches at a time (:func:`udfs.base.stage_options` lets
+    ``batches_in_flight`` calls into each actor, and a semaphore holds the batches being
+    judged to that number). Each batch is judged by a runner of its own
+    (:meth:`JudgeRunner.fork <ragbatch.judge.run.JudgeRunner.fork>`) whose rounds await
+    the engine, so the next batch's and the next round's requests join the engine while
+    earlier ones are still running.
+
+    Per batch, as in :class:`JudgeStage`: the :class:`udfs.guard.BatchGuard`
+    (:meth:`~udfs.guard.BatchGuard.run_async`) retries a failing batch and then marks its
+    rows ``error`` without touching the other batches; the batch's request time limit
+    (``batch_timeout_s``) is its own; the judgment cache is flushed and the batch's
+    totals (its runner's, nothing of the other batches') go to the judge ledger once it
+    is done. An engine that has no ``complete_async`` is called synchronously, one round
+    at a time.
+
+    Notes
+    -----
+    Two batches in flight at once that hold an identical request (same prompt, output,
+    seed) may both send it: the second is a cache hit only when the first has already
+    been answered. Batches processed one after another never send it twice.
+    """
+
+    def load(self) -> None:
+        """:meth:`JudgeStage.load`, and the cap on batches judged at once."""
+        super().load()
+        self._in_flight = max(1, int(getattr(self.spec, "batches_in_flight", 1) or 1))
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+    async def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
+        """Score one batch (see :meth:`udfs.base.ActorStage.__call__`), sharing the
+        engine with the other batches in flight on this actor's event loop."""
+        self.check_batch(batch)
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:  # one per event loop
+            self._slots = (loop, asyncio.Semaphore(self._in_flight))
+        async with self._slots[1]:
+            runner = self.runner.fork()
+            out = await self.guard.run_async(batch, functools.partial(self._score_async, runner))
+            if self.cache is not None:
+                self.cache.flush()
+            await asyncio.to_thread(self._report, batch, runner.take_tallies())
+        self.heap.batch_done()
+        return out
+
+    async def _score_async(self, runner: Any, batch: pa.Table) -> pa.Table:
+        """``batch`` with the stage's columns appended, judged by ``runner``."""
+        self.check_free(batch)
+        results = await judge_frame_async(runner, self.input_frame(batch))
+        return appended(batch, self._judged(results))
+
+
+def judge_stage_class(engine_spec: Any) -> type[JudgeStage]:
+    """The judge stage class for an engine spec: :class:`AsyncJudgeStage` for a spec
+    with ``batches_in_flight`` above 1 (``vllm`` engines), else :class:`JudgeStage`."""
+    in_flight = (
+        engine_spec.get("batches_in_flight", 1)
+        if isinstance(engine_spec, dict)
+        else getattr(engine_spec, "batches_in_flight", 1)
+    )
+    return AsyncJudgeStage if (in_flight or 1) > 1 else JudgeStage
 
 
 class JudgeLedger:

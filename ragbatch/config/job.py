@@ -237,6 +237,9 @@ class VllmEngine(JudgeSettings):
     enable_prefix_caching: bool = True
     dtype: str = "auto"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: Batches each actor judges at once, their requests sharing its engine (so it is not
+    #: left running a batch's last few requests); 1 judges one batch at a time.
+    batches_in_flight: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")
     def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":

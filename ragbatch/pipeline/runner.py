@@ -655,7 +655,7 @@ def _pii_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any
 
 
 def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
-    from udfs.judge import JudgeStage
+    from udfs.judge import judge_stage_class
 
     embedders = {
         name: plan.engines[name].model_dump(mode="json")
@@ -669,7 +669,7 @@ def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: A
     return _actor_stage(
         ds,
         stage,
-        JudgeStage,
+        judge_stage_class(stage.engine),
         embedders=embedders,
         cache=cache,
         ledger=judge_ledger,
