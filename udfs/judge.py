@@ -187,22 +187,28 @@ class JudgeStage(ActorStage):
         self._report(batch, self.runner.take_tallies())
 
     def _report(self, batch: pa.Table, tallies: dict[str, dict[str, int]]) -> None:
+        self._send(self._report_args(batch, tallies))
+
+    def _report_args(self, batch: pa.Table, tallies: dict[str, dict[str, int]]) -> tuple | None:
+        """Count the batch; the arguments of its judge-ledger report (the engine's
+        counters read now), or None without a ledger."""
         self.batches += 1
         if self.ledger is None:
-            return
+            return None
         key = (
             batch.column("row_id")[0].as_py()
             if batch.num_rows and "row_id" in batch.column_names
             else None
         )
+        return (self.engine_name, key, tallies, self.engine.stats(), self.actor_key)
+
+    def _send(self, args: tuple | None) -> None:
+        if args is None:
+            return
         import ray
 
         # Waited for, so that every batch's report is in before the driver reads the totals.
-        ray.get(
-            self.ledger.record.remote(
-                self.engine_name, key, tallies, self.engine.stats(), self.actor_key
-            )
-        )
+        ray.get(self.ledger.record.remote(*args))
 
 
 class AsyncJudgeStage(JudgeStage):
@@ -250,7 +256,9 @@ class AsyncJudgeStage(JudgeStage):
             out = await self.guard.run_async(batch, functools.partial(self._score_async, runner))
             if self.cache is not None:
                 self.cache.flush()
-            await asyncio.to_thread(self._report, batch, runner.take_tallies())
+            # The counters are read here, on the loop that steps the engine; only the
+            # wait for the ledger leaves it.
+            await asyncio.to_thread(self._send, self._report_args(batch, runner.take_tallies()))
         self.heap.batch_done()
         return out
 
