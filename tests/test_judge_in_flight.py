@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -81,15 +82,25 @@ class HashedRepliesAsync(HashedReplies):
     """:class:`HashedReplies` with ``complete_async``: each call yields to the loop a
     number of times that depends on its requests, so concurrent calls interleave."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches_now: list[str] = []
+        self.together: set[tuple[str, ...]] = set()
+
     async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
+        # The batches whose calls are in the engine at once (rows are named b<k>r<i>).
+        tag = re.search(r"\bb(\d+)r", requests[0].messages[-1].content).group(1)
+        self.batches_now.append(tag)
+        self.together.add(tuple(sorted(set(self.batches_now))))
         try:
             for _ in range(sum(_digest(r) % 4 for r in requests) + 1):
                 await asyncio.sleep(0)
             return self.complete(requests)
         finally:
             self.in_flight -= 1
+            self.batches_now.remove(tag)
 
 
 class Ledger:
@@ -218,6 +229,36 @@ def test_a_batch_whose_scoring_raises_is_marked_error_alone(stage_of, monkeypatc
     assert {c["status"] for c in broken} == {"error"}
     assert "batch failed 2 times: ValueError: broken batch" in broken[0]["reason"]
     assert outs[0].column(cell_column("hate_speech"))[0].as_py()["status"] == "ok"
+
+
+class RunLedger:
+    """Stand-in for the run ledger's actor handle (``ray.get`` is patched away): batch
+    ``lost_key``'s earlier start died with its actor."""
+
+    def __init__(self, lost_key: str) -> None:
+        self.lost_key = lost_key
+        self.batch_started = self.batch_finished = self
+
+    def remote(self, stage, key, actor, *finished):
+        return 1 if key == self.lost_key and not finished else None
+
+
+def test_a_batch_that_lost_an_actor_is_judged_alone(stage_of):
+    from udfs.guard import batch_key
+
+    batches = _batches(5)
+    engine = HashedRepliesAsync()
+    many = stage_of(AsyncJudgeStage, engine, in_flight=3)
+    many.guard.ledger = RunLedger(batch_key(batches[2]))
+
+    async def run_all():
+        return await asyncio.gather(*(many(b) for b in batches))
+
+    one = stage_of(JudgeStage, HashedReplies())
+    assert [_judged(t) for t in asyncio.run(run_all())] == [_judged(one(b)) for b in batches]
+    assert ("2",) in engine.together
+    assert not any("2" in tags and len(tags) > 1 for tags in engine.together)
+    assert any(len(tags) > 1 for tags in engine.together)  # the others still overlap
 
 
 def test_engine_errors_still_stop_the_run(stage_of, monkeypatch):

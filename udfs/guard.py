@@ -25,11 +25,12 @@ batch faults: they propagate and stop the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncContextManager, Awaitable, Callable
 
 import pyarrow as pa
 
@@ -132,11 +133,26 @@ class BatchGuard:
         return self._fail(batch, key, BATCH_ATTEMPTS - 1, self._failed_reason(last))
 
     async def run_async(
-        self, batch: pa.Table, score: Callable[[pa.Table], Awaitable[pa.Table]]
+        self,
+        batch: pa.Table,
+        score: Callable[[pa.Table], Awaitable[pa.Table]],
+        gate: Callable[[int], AsyncContextManager[Any]] | None = None,
     ) -> pa.Table:
         """:meth:`run` for a coroutine ``score``: the same attempts, statuses and reports,
         with the ledger calls made off the event loop, so that the other batches in
         flight on it go on meanwhile.
+
+        Parameters
+        ----------
+        batch : pyarrow.Table
+        score : coroutine function
+            ``batch`` -> the batch with the stage's columns.
+        gate : callable, optional
+            Called with the number of earlier starts of this batch whose actor died
+            (0 normally); the attempts run inside the async context manager it returns.
+            An actor stage with several batches in flight uses it to score a batch that
+            has lost an actor alone, so that a batch that kills its actor takes no other
+            batch's lost starts up with it.
 
         Raises
         ------
@@ -150,17 +166,18 @@ class BatchGuard:
                 self._fail, batch, key, 0, self._lost_reason(lost, batch)
             )
         last: Exception | None = None
-        for attempt in range(BATCH_ATTEMPTS):
-            try:
-                out = await score(batch)
-            except RagbatchError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - isolated to this batch
-                last = exc
-                self._attempt_failed(batch, attempt, exc)
-                continue
-            await asyncio.to_thread(self._finish, key, attempt, 0, None)
-            return out
+        async with gate(lost) if gate is not None else contextlib.nullcontext():
+            for attempt in range(BATCH_ATTEMPTS):
+                try:
+                    out = await score(batch)
+                except RagbatchError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - isolated to this batch
+                    last = exc
+                    self._attempt_failed(batch, attempt, exc)
+                    continue
+                await asyncio.to_thread(self._finish, key, attempt, 0, None)
+                return out
         return await asyncio.to_thread(
             self._fail, batch, key, BATCH_ATTEMPTS - 1, self._failed_reason(last)
         )

@@ -19,10 +19,11 @@ and their rounds share the actor's engine (:meth:`VllmJudgeEngine.complete_async
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, AsyncIterator, ClassVar, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -217,11 +218,12 @@ class AsyncJudgeStage(JudgeStage):
     Same parameters, columns, cells and reports as :class:`JudgeStage`; only
     ``__call__`` differs: it is a coroutine, which Ray Data runs on one event loop per
     actor, several batches at a time (:func:`udfs.base.stage_options` lets
-    ``batches_in_flight`` calls into each actor, and a semaphore holds the batches being
-    judged to that number). Each batch is judged by a runner of its own
-    (:meth:`JudgeRunner.fork <ragbatch.judge.run.JudgeRunner.fork>`) whose rounds await
-    the engine, so the next batch's and the next round's requests join the engine while
-    earlier ones are still running.
+    ``batches_in_flight`` calls into each actor, and a gate holds the batches being
+    judged to that number; a batch that lost an actor before is judged alone). Each
+    batch is judged by a runner of its own (:meth:`JudgeRunner.fork
+    <ragbatch.judge.run.JudgeRunner.fork>`) whose rounds await the engine, so the next
+    batch's and the next round's requests join the engine while earlier ones are still
+    running.
 
     Per batch, as in :class:`JudgeStage`: the :class:`udfs.guard.BatchGuard`
     (:meth:`~udfs.guard.BatchGuard.run_async`) retries a failing batch and then marks its
@@ -242,23 +244,30 @@ class AsyncJudgeStage(JudgeStage):
         """:meth:`JudgeStage.load`, and the cap on batches judged at once."""
         super().load()
         self._in_flight = max(1, int(getattr(self.spec, "batches_in_flight", 1) or 1))
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._gates: dict[asyncio.AbstractEventLoop, _Gate] = {}
 
     async def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
         """Score one batch (see :meth:`udfs.base.ActorStage.__call__`), sharing the
-        engine with the other batches in flight on this actor's event loop."""
+        engine with the other batches in flight on this actor's event loop.
+
+        A batch whose earlier start was lost with its actor is scored alone (no other
+        batch in flight on this actor meanwhile): if it kills the actor again, no
+        other batch's rows lose a start with it (:data:`udfs.guard.MAX_LOST_STARTS`)."""
         self.check_batch(batch)
         loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:  # one per event loop
-            self._slots = (loop, asyncio.Semaphore(self._in_flight))
-        async with self._slots[1]:
-            runner = self.runner.fork()
-            out = await self.guard.run_async(batch, functools.partial(self._score_async, runner))
-            if self.cache is not None:
-                self.cache.flush()
-            # The counters are read here, on the loop that steps the engine; only the
-            # wait for the ledger leaves it.
-            await asyncio.to_thread(self._send, self._report_args(batch, runner.take_tallies()))
+        gate = self._gates.get(loop)
+        if gate is None:  # one per event loop (Ray Data keeps one per actor)
+            self._gates = {loop: _Gate(self._in_flight)}
+            gate = self._gates[loop]
+        runner = self.runner.fork()
+        out = await self.guard.run_async(
+            batch, functools.partial(self._score_async, runner), gate.enter
+        )
+        if self.cache is not None:
+            self.cache.flush()
+        # The counters are read here, on the loop that steps the engine; only the wait
+        # for the ledger leaves it.
+        await asyncio.to_thread(self._send, self._report_args(batch, runner.take_tallies()))
         self.heap.batch_done()
         return out
 
@@ -267,6 +276,44 @@ class AsyncJudgeStage(JudgeStage):
         self.check_free(batch)
         results = await judge_frame_async(runner, self.input_frame(batch))
         return appended(batch, self._judged(results))
+
+
+class _Gate:
+    """Admits up to ``limit`` batches at once, or one batch alone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self.alone = False
+        self.waiting_alone = 0  # batches waiting to go alone: no new batch starts before them
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def enter(self, lost_starts: int) -> AsyncIterator[None]:
+        """Hold a place while the batch is scored: one of ``limit``, or the whole gate
+        when the batch has ``lost_starts`` > 0."""
+        alone = lost_starts > 0
+        async with self._changed:
+            if alone:
+                self.waiting_alone += 1
+                try:
+                    await self._changed.wait_for(lambda: not self.alone and self.active == 0)
+                finally:
+                    self.waiting_alone -= 1
+                self.alone = True
+            else:
+                await self._changed.wait_for(
+                    lambda: not self.alone and not self.waiting_alone and self.active < self.limit
+                )
+            self.active += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self.active -= 1
+                if alone:
+                    self.alone = False
+                self._changed.notify_all()
 
 
 def judge_stage_class(engine_spec: Any) -> type[JudgeStage]:
