@@ -4,7 +4,8 @@
 row) that passed the metric's guards and advances them all in lockstep: each round
 collects the requests every live program yielded, answers identical requests once,
 serves what it can from the judgment cache, sends the rest to the engine in one
-``complete`` call, parses the replies, retries unparseable ones (up to
+``complete`` call (awaited through ``complete_async`` under :meth:`JudgeRunner.run_async`,
+so that several batches share one engine), parses the replies, retries unparseable ones (up to
 ``parse_retries`` times, each with a new seed, which also gives it a new cache key), and
 sends the parsed values back to the programs. Replies that hold verdicts also give
 their verdicts' probabilities (:mod:`ragbatch.judge.confidence`), which become the cell's
