@@ -352,6 +352,7 @@ def execute(
     # only its text), so that _own_error can find it.
     ray.data.DataContext.get_current().raise_original_map_exception = True
     _retry_storage_errors(ray.data.DataContext.get_current())
+    _no_progress_limit(ray.data.DataContext.get_current())
     ledger = _run_ledger(plan, layout.run_id)
     # Each actor is a worker process of its own (seconds to start on a small machine):
     # the judge ledger only when a judge stage reports to it.
@@ -487,6 +488,20 @@ def _retry_storage_errors(ctx: Any) -> None:
             "ignore", message=".*retried_io_errors.*substring matching", category=DeprecationWarning
         )
         ctx.retried_io_errors = list(dict.fromkeys([*ctx.retried_io_errors, *patterns]))
+
+
+def _no_progress_limit(ctx: Any) -> None:
+    """Turn off Ray Data's watchdog that fails a dataset when no block has moved for
+    ``execution_no_progress_timeout_s`` (1,800 s in Ray 2.60).
+
+    One call of an actor stage takes up to :data:`ACTOR_BLOCK_BATCHES` batches, and on a
+    slow judge (a CPU, long prompts, a large model) that call can run past half an hour
+    without any block leaving the stage: the watchdog then failed a healthy run, after
+    everything it paid for. A run's time limits are the engines' own
+    (``request_timeout_s``, ``batch_timeout_s``), which give the rows a status instead
+    of failing the run. Ray Data versions without the setting are left as they are."""
+    if hasattr(ctx, "execution_no_progress_timeout_s"):
+        ctx.execution_no_progress_timeout_s = -1
 
 
 def _run_ledger(plan: Plan, run_id: str) -> Any:

@@ -41,6 +41,15 @@ def slow_digit(batch: pl.DataFrame) -> pl.Series:
     return batch["answer"].str.contains(r"[0-9]")
 
 
+def sleepy_digit(batch: pl.DataFrame) -> pl.Series:
+    """Whether the answer holds a digit, after 6 s per batch: a stage that moves no
+    block for longer than a test sets Ray Data's no-progress watchdog to."""
+    import time
+
+    time.sleep(6)
+    return batch["answer"].str.contains(r"[0-9]")
+
+
 #: File (in the folder a row's ``reference`` names) whose presence makes
 #: :func:`flaky_digit` fail its ``flaky`` rows: a fault that goes away between attempts.
 FIRST_ATTEMPT_MARKER = "first-attempt"

@@ -25,10 +25,18 @@ def cli_env() -> dict[str, str]:
     )
 
 
-def run_ragbatch(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``ragbatch ARGV`` in ``cwd`` to its end; output captured as text."""
+def run_ragbatch(
+    argv: list[str], cwd: Path, timeout: float = 300, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``ragbatch ARGV`` in ``cwd`` to its end, with ``extra_env`` added to the
+    environment; output captured as text."""
     return subprocess.run(
-        [RAGBATCH, *argv], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+        [RAGBATCH, *argv],
+        cwd=cwd,
+        env={**cli_env(), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
