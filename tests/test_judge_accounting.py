@@ -28,6 +28,7 @@ import yaml
 from ragbatch.config.job import JobConfig
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
+from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
@@ -84,6 +85,7 @@ def test_refused_request_is_not_a_call_and_its_tokens_are_kept_apart(tmp_path):
     assert records[0]["judge_calls"] == 2 and records[1]["judge_calls"] == 0
     assert records[1]["prompt_tokens"] == 0 and records[1]["completion_tokens"] == 0
     assert cache.flush() == 2
+    fold_journal(open_files(str(tmp_path / "cache"), {}), "run-1")
 
     # The rerun: r0 comes from the cache (not calls); r1 is refused again, and only it.
     again = RecordedReplies([], max_model_len=WINDOW)

@@ -14,6 +14,7 @@ import pytest
 
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, OutputSpec
 from ragbatch.judge.recorded import RecordedReplies
@@ -175,7 +176,9 @@ def test_cache_round_trip_and_second_run_makes_no_call(tmp_path):
     runner = JudgeRunner(first, [metric], cache=cache)
     cells1, _ = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
     assert cache.flush() == 2
-    assert list((tmp_path / "cache" / "metric=faithfulness").glob("part-*.parquet"))
+    assert len(list((tmp_path / "cache" / "v2" / "journal").glob("part-*.parquet"))) == 1
+    fold_journal(open_files(uri, {}), "run-1")  # what a run's commit does
+    assert not list((tmp_path / "cache" / "v2" / "journal").glob("part-*.parquet"))
 
     second = RecordedReplies([])
     runner = JudgeRunner(second, [metric], cache=JudgmentCache(uri, {}, ["faithfulness"]))
@@ -202,13 +205,13 @@ def test_cache_key_covers_model_sampling_seed_prompt_output_and_metric():
 def test_cache_in_memory_filesystem():
     uri = "memory://judge-cache-test"
     cache = JudgmentCache(uri, {}, ["faithfulness"])
-    cache.put(
-        "k1",
-        "faithfulness",
-        "m",
-        Completion(OK, text="t", finish_reason="stop", prompt_tokens=3, completion_tokens=1),
-    )
-    cache.put("k2", "faithfulness", "m", Completion(JUDGE_ERROR, error="x"))
+    group = "ab" + "0" * 62
+    ok = Completion(OK, text="t", finish_reason="stop", prompt_tokens=3, completion_tokens=1)
+    cache.put("k1", "faithfulness", "m", ok, group)
+    cache.put("k2", "faithfulness", "m", Completion(JUDGE_ERROR, error="x"), group)
     assert cache.flush() == 1
+    fold_journal(open_files(uri, {}), "run-1")
     again = JudgmentCache(uri, {}, ["faithfulness"])
-    assert len(again) == 1 and again.get("k1").text == "t" and again.get("k2") is None
+    assert not again.empty and again.get("k1") is None  # not yet looked up
+    assert again.prefetch([group]) == 1
+    assert again.get("k1").text == "t" and again.get("k2") is None

@@ -16,6 +16,7 @@ import pytest
 
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
+from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.confidence import NoConfidence, locate, verdict_probabilities
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.protocol import Completion, TokenLogprob, VerdictSlots
@@ -167,7 +168,7 @@ def test_a_trailing_end_of_sequence_token_is_not_part_of_the_choice():
 
 
 def test_cached_rerun_reproduces_scores_and_confidence(tmp_path):
-    """The judgment cache (Parquet segments on disk) keeps the token logprobs."""
+    """The judgment cache (Parquet files on disk) keeps the token logprobs."""
     frame = pl.DataFrame(
         [{"row_id": "r1", **ROW}],
         schema={
@@ -186,6 +187,7 @@ def test_cached_rerun_reproduces_scores_and_confidence(tmp_path):
         runner = JudgeRunner(engine, [metric], cache=cache)
         cells, records = judge_frame(runner, frame)[metric.id]
         cache.flush()
+        fold_journal(open_files(str(tmp_path / "cache"), {}), "run-1")
         return cells[0], records[0]
 
     first_cell, first_record = run([HATE])

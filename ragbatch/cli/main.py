@@ -21,6 +21,7 @@ from ragbatch.core.errors import (
 from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK
 from ragbatch.core.redact import install_log_redaction, redact_text
 from ragbatch.cli.analysis import _add_compare_parser, _add_report_parser, cmd_compare, cmd_report
+from ragbatch.cli.cache import _add_cache_parser, cmd_cache
 from ragbatch.cli.common import _RUN_ID, _add_config_args, _add_degenerate_flag, _positive_int
 from ragbatch.cli.jobs import _add_job_parsers, cmd_logs, cmd_status, cmd_submit
 from ragbatch.cli.metrics import cmd_metrics
@@ -111,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_report_parser(sub)
     _add_nightly_parser(sub)
     _add_job_parsers(sub)
+    _add_cache_parser(sub)
     from ragbatch.calibrate.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
@@ -153,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "logs": cmd_logs,
         "calibrate": _cmd_calibrate,
         "models": _cmd_models,
+        "cache": cmd_cache,
     }
     try:
         return handlers[args.command](args)

@@ -11,7 +11,7 @@ Shape (see docs/config.md for every field)::
     engines: {engine name: {type (or kind), model, ..., num_gpus, num_cpus, concurrency,
               batch_size}}; types: embedding (sentence_transformers), cross_encoder,
               vllm, openai, presidio (pii)
-    cache:   {enabled, uri, storage_options}   (the judgment cache)
+    cache:   {enabled, uri, storage_options, keep_runs, keep_days}   (the judgment cache)
     diagnostics: {min_cells, modal_share_max, ..., fail_on_degenerate}   (judge health)
     labels:  {columns: {metric id: input column}, calibration: {uri, run_id, columns},
               estimator}   (human labels, docs/ppi.md)
@@ -483,11 +483,15 @@ def normalize_engine(spec: Any) -> Any:
 
 class CacheSection(_Strict):
     """``cache``: the judgment cache. ``uri`` defaults to ``<output.uri>/judge_cache``;
-    any fsspec URI works, so a cluster run can share it through object storage."""
+    any fsspec URI works, so a cluster run can share it through object storage.
+    ``keep_runs`` / ``keep_days``: the retention ``ragbatch cache prune`` applies when
+    no flag is given (entries used within the last N runs or D days; docs/cache.md)."""
 
     enabled: bool = True
     uri: str | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    keep_runs: int | None = Field(default=None, ge=0)
+    keep_days: float | None = Field(default=None, ge=0)
 
 
 class CalibrationGuardSection(_Strict):

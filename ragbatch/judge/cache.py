@@ -5,47 +5,42 @@ sampling settings, the request's seed (which carries the parse-retry attempt, so
 retry never reuses the reply it retries), the full prompt, the output spec, and the
 metric's name, version and params (:func:`cache_key`).
 
-Storage: Parquet segments under ``<uri>/metric=<metric name>/part-<uuid>.parquet`` on
-any fsspec filesystem (by default next to the run outputs, so a cluster run shares it
-through object storage). Each judge-stage actor loads the segments of its metrics once,
-when it starts, into memory (about 200 bytes plus the reply text per entry, and its
-token logprobs as JSON, about 40 bytes per alternative, for replies that asked for
-them: a cached reply gives the same verdict probabilities as the first), and writes
-the replies it obtained as one new segment per metric after every batch, so a crashed
-run keeps what it paid for. Segments are immutable; concurrent writers never touch the
-same file. Entries are never evicted: delete the directory to start afresh.
+Every entry is also filed under its row's *group* (:func:`group_key`): a hash of the
+engine's identity and the row's judge inputs. A judge actor looks up the groups of a
+batch's rows once, when the batch starts (:meth:`JudgmentCache.prefetch`), and so
+finds every step of every metric that was judged on those rows, the later steps of a
+multi-step metric included; it keeps them until the batch ends. Its memory and start-up
+therefore depend on the batch, not on the cache's size.
+
+After each batch, an actor writes the replies it paid for, and which cached entries it
+used, as one journal file (:meth:`JudgmentCache.flush`), so a killed run keeps what it
+paid for. When a run commits, the journal is folded into at most one file per bucket
+(:func:`ragbatch.judge.cache_upkeep.fold_journal`); ``ragbatch cache compact`` and
+``ragbatch cache prune`` merge and trim the buckets. Layout:
+:mod:`ragbatch.judge.cache_store`; design and costs: docs/cache.md.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
-import uuid
-from typing import Any, Protocol
+from collections import OrderedDict
+from typing import Any, Iterable, Protocol
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from ragbatch.judge.cache_store import ENTRY_SCHEMA, BucketReader, CacheFiles, Reply
 from ragbatch.judge.protocol import Ask, Completion, logprobs_from_json, logprobs_json
 from ragbatch.core.status import OK
 
 log = logging.getLogger(__name__)
 
-SEGMENT_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("model_id", pa.string()),
-        ("logprobs", pa.string()),
-    ]
-)
-#: Columns read back; ``logprobs`` (JSON, :func:`~ragbatch.judge.protocol.logprobs_json`)
-#: is absent from segments written before it existed, and read as null there.
-_READ = ("key", "text", "finish_reason", "prompt_tokens", "completion_tokens", "logprobs")
+#: The row columns a group is made of (besides the engine's identity).
+GROUP_COLUMNS = ("question", "contexts", "answer", "reference")
+#: Replies an actor obtained itself that it keeps for later batches of its run.
+RECENT_ENTRIES = 4096
 
 
 class KeyedEngine(Protocol):
@@ -73,8 +68,25 @@ def cache_key(engine: KeyedEngine, identity: dict[str, Any], ask: Ask, seed: int
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def group_key(engine: KeyedEngine, row: dict[str, Any]) -> str:
+    """Hex SHA-256 over model id, sampling settings and the row's :data:`GROUP_COLUMNS`
+    (absent columns count as null): the group every entry judged on the row is filed
+    under. Two rows with the same inputs share a group (and their entries)."""
+    document = {
+        "model": engine.model_id,
+        "sampling": engine.sampling_key(),
+        "row": {c: row.get(c) for c in GROUP_COLUMNS},
+    }
+    text = json.dumps(document, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
 class JudgmentCache:
-    """Replies already obtained, for the metrics of one judge stage.
+    """The judgment cache as one judge actor (or a dry run's probe) uses it.
 
     Parameters
     ----------
@@ -82,119 +94,181 @@ class JudgmentCache:
         Root of the cache (any fsspec URI).
     storage_options : dict
         fsspec options for ``uri``.
-    metric_names : list of str
-        The metric names whose segments to load.
+    metric_names : list of str, optional
+        Accepted for compatibility; entries of every metric are found by group.
 
     Raises
     ------
     OutputError
-        The cache root cannot be listed or a segment cannot be read (the message names
-        the URI).
+        The cache root cannot be listed (the message names the URI).
+
+    Notes
+    -----
+    Opening lists the bucket files (one listing); nothing else is read until
+    :meth:`prefetch`. Memory: the entries of the groups prefetched for the current
+    batch, footers of at most :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_FILES`
+    bucket files, and up to :data:`RECENT_ENTRIES` replies this process obtained.
     """
 
-    def __init__(self, uri: str, storage_options: dict[str, Any], metric_names: list[str]):
+    def __init__(
+        self, uri: str, storage_options: dict[str, Any], metric_names: list[str] | None = None
+    ):
         from ragbatch.io.fs import resolve
 
         self.uri = uri.rstrip("/")
-        self.fs, self.root = resolve(self.uri, storage_options)
-        self._entries: dict[str, tuple[str, str, int, int, str | None]] = {}
-        self._new: dict[str, list[tuple[str, str, str, int, int, str, str | None]]] = {}
-        for name in dict.fromkeys(metric_names):
-            self._load(name)
+        fs, root = resolve(self.uri, storage_options)
+        self.files = CacheFiles(fs, root)
+        with self._errors("list"):
+            self.reader = BucketReader(self.files)
+        self._batch: dict[str, tuple[Reply, str]] = {}
+        self._fetched: set[str] = set()
+        self._recent: OrderedDict[str, Reply] = OrderedDict()
+        self._new: list[dict[str, Any]] = []
+        self._touched: dict[str, str] = {}
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def _errors(self, doing: str) -> Any:
+        return _Errors(self.uri, doing)
 
-    def _dir(self, metric_name: str) -> str:
-        return f"{self.root.rstrip('/')}/metric={metric_name}"
+    @property
+    def empty(self) -> bool:
+        """Whether the cache had no bucket files when it was opened."""
+        return self.reader.empty
 
-    def _load(self, metric_name: str) -> None:
-        from ragbatch.core.errors import OutputError
+    @property
+    def row_groups_read(self) -> int:
+        """Row groups of bucket files read so far by :meth:`prefetch`."""
+        return self.reader.row_groups_read
 
-        folder = self._dir(metric_name)
-        try:
-            paths = sorted(self.fs.glob(f"{folder}/*.parquet")) if self.fs.exists(folder) else []
-            for path in paths:
-                with self.fs.open(path, "rb") as handle:
-                    table = pq.read_table(handle)
-                columns = [
-                    table.column(name).to_pylist()
-                    if name in table.column_names
-                    else [None] * table.num_rows
-                    for name in _READ
-                ]
-                for key, text, finish, pt, ct, lp in zip(*columns):
-                    self._entries[key] = (text, finish, pt, ct, lp)
-        except Exception as exc:
-            raise OutputError(
-                f"judgment cache {self.uri}: cannot read {folder}: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    def get(self, key: str) -> Completion | None:
-        """The cached completion for ``key`` (status ``ok``), or None."""
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        text, finish, pt, ct, lp = found
-        return Completion(
-            OK,
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=pt,
-            completion_tokens=ct,
-            logprobs=logprobs_from_json(lp),
-        )
-
-    def put(self, key: str, metric_name: str, model_id: str, completion: Completion) -> None:
-        """Remember a reply and its token logprobs (only ``ok`` completions are kept)."""
-        if completion.status != OK or completion.text is None:
-            return
-        logprobs = logprobs_json(completion.logprobs)
-        self._entries[key] = (
-            completion.text,
-            completion.finish_reason or "",
-            completion.prompt_tokens,
-            completion.completion_tokens,
-            logprobs,
-        )
-        self._new.setdefault(metric_name, []).append(
-            (
-                key,
-                completion.text,
-                completion.finish_reason or "",
-                completion.prompt_tokens,
-                completion.completion_tokens,
-                model_id,
-                logprobs,
-            )
-        )
-
-    def flush(self) -> int:
-        """Write the replies added since the last flush as new segments; return how many.
+    def prefetch(self, groups: Iterable[str]) -> int:
+        """Bring the entries of ``groups`` (from :func:`group_key`) into memory until
+        the next :meth:`flush`; return how many were found.
 
         Raises
         ------
         OutputError
-            A segment cannot be written (the message names the URI and the cause).
+            A bucket file cannot be read (the message names the URI).
         """
+        todo = set(groups) - self._fetched
+        self._fetched |= todo
+        if not todo or self.reader.empty:
+            return 0
+        with self._errors("read"):
+            found = self.reader.lookup(todo)
+        for key, (reply, _, group) in found.items():
+            self._batch[key] = (reply, group)
+        return len(found)
+
+    def get(self, key: str) -> Completion | None:
+        """The cached completion for ``key`` (status ``ok``), or None. Only entries of
+        prefetched groups and this process's own recent replies are found."""
+        found = self._batch.get(key)
+        if found is not None:
+            reply, group = found
+            self._touched[key] = group
+            return _completion(reply)
+        recent = self._recent.get(key)
+        if recent is not None:
+            self._recent.move_to_end(key)
+            return _completion(recent)
+        return None
+
+    def put(
+        self,
+        key: str,
+        metric_name: str,
+        model_id: str,
+        completion: Completion,
+        group: str | None = None,
+    ) -> None:
+        """Remember a reply and its token logprobs (only ``ok`` completions are kept).
+        Without a ``group`` it is kept in this process only, never written."""
+        if completion.status != OK or completion.text is None:
+            return
+        reply: Reply = (
+            completion.text,
+            completion.finish_reason or "",
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            logprobs_json(completion.logprobs),
+        )
+        self._recent[key] = reply
+        self._recent.move_to_end(key)
+        if len(self._recent) > RECENT_ENTRIES:
+            self._recent.popitem(last=False)
+        if group is None:
+            return
+        now = _now()
+        text, finish, pt, ct, lp = reply
+        self._new.append(
+            {
+                "group": group,
+                "key": key,
+                "metric": metric_name,
+                "text": text,
+                "finish_reason": finish,
+                "prompt_tokens": pt,
+                "completion_tokens": ct,
+                "model_id": model_id,
+                "logprobs": lp,
+                "created_at": now,
+                "last_used": now,
+                "last_run": None,
+            }
+        )
+
+    def flush(self) -> int:
+        """Write the replies added since the last flush, and touches of the entries
+        used, as one journal file; forget the prefetched entries. Return how many
+        replies were written.
+
+        Raises
+        ------
+        OutputError
+            The journal file cannot be written (the message names the URI and the cause).
+        """
+        now = _now()
+        touches = [
+            {"group": group, "key": key, "last_used": now} for key, group in self._touched.items()
+        ]
+        rows = self._new + touches
+        written = len(self._new)
+        self._new, self._touched, self._batch, self._fetched = [], {}, {}, set()
+        if not rows:
+            return 0
+        table = pa.Table.from_pylist(rows, schema=ENTRY_SCHEMA)
+        with self._errors("write"):
+            self.files.write(self.files.journal_dir, table)
+        return written
+
+
+def _completion(reply: Reply) -> Completion:
+    text, finish, pt, ct, lp = reply
+    return Completion(
+        OK,
+        text=text,
+        finish_reason=finish,
+        prompt_tokens=pt,
+        completion_tokens=ct,
+        logprobs=logprobs_from_json(lp),
+    )
+
+
+class _Errors:
+    """Turns a storage failure into an :class:`~ragbatch.core.errors.OutputError`
+    naming the cache URI."""
+
+    def __init__(self, uri: str, doing: str):
+        self.uri = uri
+        self.doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception):
+            return False
         from ragbatch.core.errors import OutputError
 
-        written = 0
-        for metric_name, rows in self._new.items():
-            if not rows:
-                continue
-            table = pa.Table.from_pylist(
-                [dict(zip(SEGMENT_SCHEMA.names, r)) for r in rows], schema=SEGMENT_SCHEMA
-            )
-            path = f"{self._dir(metric_name)}/part-{uuid.uuid4().hex}.parquet"
-            try:
-                self.fs.makedirs(self._dir(metric_name), exist_ok=True)
-                with self.fs.open(path, "wb") as handle:
-                    pq.write_table(table, handle)
-            except Exception as exc:
-                raise OutputError(
-                    f"judgment cache {self.uri}: cannot write {path}: {type(exc).__name__}: {exc}"
-                ) from exc
-            written += len(rows)
-        self._new.clear()
-        return written
+        raise OutputError(
+            f"judgment cache {self.uri}: cannot {self.doing}: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.cache import JudgmentCache, cache_key, group_key
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.protocol import Ask
 
@@ -59,15 +59,17 @@ class CacheProbe:
     @property
     def active(self) -> bool:
         """Whether lookups can find anything."""
-        return self.cache is not None and bool(self.identities) and len(self.cache) > 0
+        return self.cache is not None and bool(self.identities) and not self.cache.empty
 
-    def cached(self, metric: JudgeMetric, ask: Ask) -> bool:
+    def cached(self, metric: JudgeMetric, ask: Ask, row: dict[str, Any]) -> bool:
         """Whether the first attempt of ``ask`` (already capped to the engine's
-        ``max_tokens``) is in the cache."""
+        ``max_tokens``), asked for ``row``, is in the cache (the row's groups are
+        looked up once, :meth:`~ragbatch.judge.cache.JudgmentCache.prefetch`)."""
         if not self.active:
             return False
         identity = metric.cache_identity()
         cache = cast(JudgmentCache, self.cache)  # not None when active
+        cache.prefetch(group_key(engine, row) for engine in self.identities)
         return any(
             cache.get(cache_key(engine, identity, ask, self.seed)) is not None
             for engine in self.identities
@@ -84,13 +86,13 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     engine_name : str
     spec : ragbatch.config.job.VllmEngine or ragbatch.config.job.OpenAIEngine
     metrics : list of JudgeMetric
-        The stage's metrics (their segments are loaded).
+        The stage's metrics (accepted for symmetry; entries are found by row).
 
     Returns
     -------
     CacheProbe
-        Inactive, with a note saying why, when the cache is disabled or holds nothing
-        for these metrics, or the engine's identity cannot be worked out.
+        Inactive, with a note saying why, when the cache is disabled or holds nothing,
+        or the engine's identity cannot be worked out.
 
     Raises
     ------
@@ -100,14 +102,14 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     if not config.cache.enabled:
         return CacheProbe("judgment cache disabled (cache.enabled: false)", enabled=False)
     uri, options = config.cache_location()
-    cache = JudgmentCache(uri, options, [m.name for m in metrics])
-    if len(cache) == 0:
-        return CacheProbe(f"judgment cache {uri}: no entries for these metrics")
+    cache = JudgmentCache(uri, options)
+    if cache.empty:
+        return CacheProbe(f"judgment cache {uri}: no entries")
     identities, why = engine_identities(engine_name, spec)
     if not identities:
         return CacheProbe(f"judgment cache {uri}: not checked ({why})")
     return CacheProbe(
-        f"judgment cache {uri}: {len(cache)} entries checked{why}",
+        f"judgment cache {uri}: entries checked{why}",
         cache=cache,
         identities=identities,
         seed=spec.seed,

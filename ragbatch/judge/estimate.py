@@ -348,7 +348,7 @@ def _count_step(
         duplicate = key in seen
         seen.add(key)
         if step.number == 1:
-            state.free = duplicate or probe.cached(metric, ask)
+            state.free = duplicate or probe.cached(metric, ask, state.row)
         if duplicate or state.free:
             step.cache_hits += 1
             continue

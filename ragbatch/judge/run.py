@@ -35,7 +35,7 @@ from typing import Any, Callable, Generator, Protocol, Sequence, runtime_checkab
 
 import numpy as np
 
-from ragbatch.judge.cache import JudgmentCache, cache_key
+from ragbatch.judge.cache import JudgmentCache, cache_key, group_key
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
@@ -162,10 +162,11 @@ class Tally:
 class _Slot:
     """One live program."""
 
-    def __init__(self, metric: JudgeMetric, index: int, program: Any):
+    def __init__(self, metric: JudgeMetric, index: int, program: Any, group: str | None = None):
         self.metric = metric
         self.index = index
         self.program = program
+        self.group = group  # the row's judgment-cache group
         self.trace = Trace()
         self.pending: list[Any] = []
         self.result: PyCell | None = None
@@ -381,8 +382,9 @@ class JudgeRunner:
     def _rounds(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> Rounds:
         """The judging of ``todo`` (see :meth:`run`) as a :data:`Rounds` generator."""
         by_id = {m.id: m for m in self.metrics}
+        groups = self._groups(todo)
         slots = [
-            _Slot(by_id[mid], i, by_id[mid].program(row))
+            _Slot(by_id[mid], i, by_id[mid].program(row), groups.get(i))
             for mid, rows in todo.items()
             for i, row in rows
         ]
@@ -394,6 +396,15 @@ class JudgeRunner:
                 break
             yield from self._step(live)
         return self._collect(slots)
+
+    def _groups(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> dict[int, str]:
+        """Row position -> judgment-cache group (:func:`group_key`), with the entries of
+        those groups prefetched; empty without a cache."""
+        if self.cache is None:
+            return {}
+        groups = {i: group_key(self.engine, row) for rows in todo.values() for i, row in rows}
+        self.cache.prefetch(groups.values())
+        return groups
 
     def _collect(self, slots: list[_Slot]) -> dict[str, dict[int, JudgeCell]]:
         out: dict[str, dict[int, JudgeCell]] = {m.id: {} for m in self.metrics}
@@ -481,9 +492,11 @@ class JudgeRunner:
             completions = yield requests
             for key, completion in zip(to_send, completions):
                 answers[key] = (completion, True)
-                first = keyed[key][0][0].metric
+                first = keyed[key][0][0]
                 if self.cache is not None:
-                    self.cache.put(key, first.name, self.engine.model_id, completion)
+                    self.cache.put(
+                        key, first.metric.name, self.engine.model_id, completion, first.group
+                    )
         failed = []
         for key, places in keyed.items():
             completion, live = answers[key]

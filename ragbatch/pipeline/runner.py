@@ -28,6 +28,7 @@ from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
+from ragbatch.judge.cache_upkeep import settle_journal
 from ragbatch.pipeline.manifest import build_manifest
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, Stage, build_plan, preflight_engines
@@ -147,6 +148,7 @@ def run_job(
         t1 = time.perf_counter()
         ray_info = ensure_ray(address)
         check_fit(plan, started_locally=ray_info.get("started_locally", False))
+        settle_journal(plan.config, run_id, plan.stages)
         done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
         n_rows = done.n_rows
         timings["execute_s"] = time.perf_counter() - t1
@@ -184,6 +186,7 @@ def run_job(
             uri_templates=templates,
         )
         staging.publish(files, summary.table, manifest)
+        settle_journal(plan.config, run_id, plan.stages)
         log.info(
             "run %s committed: %d rows x %d metrics in %.1f s",
             run_id,

@@ -1,0 +1,97 @@
+"""``ragbatch cache stats | compact | prune``: look after a judgment cache.
+
+The cache is named by a job config (its ``cache`` section, or ``<output.uri>/judge_cache``)
+or by ``--uri``. ``prune`` keeps the entries used within the last ``--keep-runs`` runs
+or ``--keep-days`` days (default: the config's ``cache.keep_runs`` / ``cache.keep_days``).
+Design and costs: docs/cache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ragbatch.cli.common import _storage_option
+from ragbatch.core.errors import ConfigError, OutputError
+from ragbatch.core.exit_codes import EXIT_OK
+
+
+def _add_cache_parser(sub: Any) -> None:
+    """Add ``cache`` and its three actions to the ``ragbatch`` parser."""
+    p = sub.add_parser("cache", help="judgment cache: stats, compact, prune")
+    p.add_argument("action", choices=("stats", "compact", "prune"))
+    p.add_argument("config", nargs="?", help="job config (YAML) whose cache to use")
+    p.add_argument("--uri", help="the cache root (instead of a config's)")
+    p.add_argument(
+        "--storage-option",
+        dest="storage_option",
+        action="append",
+        default=[],
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help="fsspec storage option of --uri (repeatable; as for ragbatch compare)",
+    )
+    p.add_argument("--keep-runs", type=int, help="prune: keep entries used in the last N runs")
+    p.add_argument("--keep-days", type=float, help="prune: keep entries used in the last D days")
+
+
+def _location(args: argparse.Namespace) -> tuple[str, dict[str, Any], Any]:
+    """(uri, storage options, cache section or None) named by the arguments."""
+    from ragbatch.io.options import storage_options_from
+
+    if args.uri:
+        return args.uri, storage_options_from(args.storage_option, "--storage-option"), None
+    if not args.config:
+        raise ConfigError("ragbatch cache: give a job config or --uri")
+    from ragbatch.config.job import load_config
+
+    config = load_config(args.config)
+    uri, options = config.cache_location()
+    if "{" in uri:
+        raise ConfigError(
+            f"cache.uri {uri!r} holds a placeholder: name the rendered root with --uri"
+        )
+    return uri, options, config.cache
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Run ``ragbatch cache <action>``; print what was found or done."""
+    from ragbatch.judge import cache_upkeep as upkeep
+
+    uri, options, section = _location(args)
+    try:
+        files = upkeep.open_files(uri, options)
+        if args.action == "stats":
+            for area, s in upkeep.cache_stats(files).items():
+                print(
+                    f"{area:8s} files {s.files:7d}  entries {s.rows - s.touches:11d}  "
+                    f"touches {s.touches:9d}  bytes {s.bytes:14d}"
+                )
+            return EXIT_OK
+        if args.action == "compact":
+            buckets, entries = upkeep.compact(files)
+            print(f"compacted {buckets} buckets: {entries} entries")
+            return EXIT_OK
+        keep_runs = args.keep_runs if args.keep_runs is not None else _get(section, "keep_runs")
+        keep_days = args.keep_days if args.keep_days is not None else _get(section, "keep_days")
+        if keep_runs is None and keep_days is None:
+            raise ConfigError(
+                "ragbatch cache prune: give --keep-runs, --keep-days or both "
+                "(or cache.keep_runs / cache.keep_days in the config)"
+            )
+        try:
+            result = upkeep.prune(files, keep_runs, keep_days)
+        except ValueError as exc:
+            raise ConfigError(f"ragbatch cache prune: {exc}") from None
+        print(
+            f"pruned {result.buckets} buckets: kept {result.kept} entries, dropped {result.dropped}"
+        )
+        return EXIT_OK
+    except (ConfigError, OutputError):
+        raise
+    except OSError as exc:
+        raise OutputError(f"judgment cache {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def _get(section: Any, name: str) -> Any:
+    return getattr(section, name, None) if section is not None else None

@@ -1,0 +1,300 @@
+"""The judgment cache: grouped lookups, the journal and its fold, compaction, retention,
+and the ``ragbatch cache`` command, on local disk and on a real S3 endpoint (moto on
+loopback)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from ragbatch.cli.main import main
+from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.cache import JudgmentCache, group_key
+from ragbatch.judge.cache_store import ROW_GROUP_ROWS, CacheFiles
+from ragbatch.judge.cache_upkeep import (
+    cache_stats,
+    compact,
+    fold_journal,
+    open_files,
+    prune,
+)
+from ragbatch.judge.protocol import Completion
+from ragbatch.judge.recorded import RecordedReplies
+from ragbatch.judge.run import JudgeRunner
+from ragbatch.metrics.faithfulness import Faithfulness
+from ragbatch.core.status import OK
+
+STATEMENTS = '{"statements": ["Paris is in France."]}'
+YES = '{"verdicts": [{"reason": "stated", "verdict": 1}]}'
+SCHEMA = {
+    "row_id": pl.String,
+    "question": pl.String,
+    "contexts": pl.List(pl.String),
+    "answer": pl.String,
+    "reference": pl.String,
+}
+
+
+def _frame(n: int, start: int = 0) -> pl.DataFrame:
+    rows = [
+        {
+            "row_id": f"r{i}",
+            "question": f"Where is city {i}?",
+            "contexts": [f"City {i} is Paris, in France."],
+            "answer": "Paris is in France.",
+            "reference": None,
+        }
+        for i in range(start, start + n)
+    ]
+    return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def _judge(uri: str, frame: pl.DataFrame, replies: list[str], params: dict | None = None):
+    """One actor's batch: judge ``frame`` with faithfulness and flush the cache."""
+    engine = RecordedReplies(replies)
+    cache = JudgmentCache(uri, {})
+    runner = JudgeRunner(engine, [Faithfulness.from_params(params or {})], cache=cache)
+    cells, records = judge_frame(runner, frame)["faithfulness"]
+    cache.flush()
+    return cells, records, engine
+
+
+def _ok(text: str) -> Completion:
+    return Completion(OK, text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=2)
+
+
+def test_rerun_makes_no_call_and_reuses_every_step(tmp_path):
+    uri = str(tmp_path / "cache")
+    cells1, _, engine1 = _judge(uri, _frame(3), [STATEMENTS] * 3 + [YES] * 3)
+    assert len(engine1.requests) == 6  # two steps for each of three rows
+    fold_journal(open_files(uri, {}), "run-1")
+    cells2, records2, engine2 = _judge(uri, _frame(3), [])
+    assert engine2.requests == [] and cells2 == cells1
+    assert [r["cache_hits"] for r in records2] == [2, 2, 2]  # statements and verdicts
+
+
+def test_changed_params_miss(tmp_path):
+    uri = str(tmp_path / "cache")
+    _judge(uri, _frame(1), [STATEMENTS, YES])
+    fold_journal(open_files(uri, {}), "run-1")
+    _, records, engine = _judge(uri, _frame(1), [STATEMENTS, YES, YES], {"reasons": False})
+    # Both steps are asked again (the bare-verdict step once more: YES has reasons).
+    assert len(engine.requests) == 3 and records[0]["cache_hits"] == 0
+
+
+def test_parse_retry_bypasses_the_cached_bad_reply(tmp_path):
+    uri = str(tmp_path / "cache")
+    # The first attempt's reply cannot be parsed; it is cached under seed 0 ...
+    _judge(uri, _frame(1), ["not json", STATEMENTS, YES])
+    fold_journal(open_files(uri, {}), "run-1")
+    # ... and a run whose cache lacks the retry's reply asks the engine for seed 1 again.
+    (path,) = [p for ps in open_files(uri, {}).bucket_files().values() for p in ps]
+    texts = pq.read_table(path).column("text").to_pylist()
+    assert sorted(texts) == sorted(["not json", STATEMENTS, YES])
+    _, records, engine = _judge(uri, _frame(1), [])
+    assert engine.requests == [] and records[0]["cache_hits"] == 3
+
+
+def test_a_killed_batch_is_reused_after_the_journal_is_folded(tmp_path):
+    """An actor killed after its flush: the next run folds the journal before it starts."""
+    uri = str(tmp_path / "cache")
+    _judge(uri, _frame(2), [STATEMENTS] * 2 + [YES] * 2)
+    # Not folded yet: a new actor cannot see the journal.
+    _, _, engine = _judge(uri, _frame(2), [STATEMENTS] * 2 + [YES] * 2)
+    assert len(engine.requests) == 4
+    result = fold_journal(open_files(uri, {}), "run-2")
+    assert result.journal_files == 2 and result.rows == 8
+    _, _, engine = _judge(uri, _frame(2), [])
+    assert engine.requests == []
+
+
+def test_files_per_fold_are_bounded_by_buckets_not_batches(tmp_path):
+    uri = str(tmp_path / "cache")
+    group = "a1" + "0" * 62
+    cache = JudgmentCache(uri, {})
+    for batch in range(12):
+        cache.put(f"k{batch}", "m", "model", _ok(f"t{batch}"), group)
+        cache.flush()
+    files = open_files(uri, {})
+    assert len(files.journal_files()) == 12
+    result = fold_journal(files, "run-1")
+    assert result.files_written == 1 and files.journal_files() == []
+    assert {b: len(p) for b, p in files.bucket_files().items()} == {"a1": 1}
+
+
+def test_lookup_reads_only_the_row_groups_of_the_groups_asked(tmp_path):
+    uri = str(tmp_path / "cache")
+    cache = JudgmentCache(uri, {})
+    groups = [f"00{i:062d}" for i in range(ROW_GROUP_ROWS * 4)]  # one bucket, four row groups
+    for i, g in enumerate(groups):
+        cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), g)
+    cache.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+    reader = JudgmentCache(uri, {})
+    assert reader.prefetch([groups[3], groups[ROW_GROUP_ROWS * 3 + 1]]) == 2
+    assert reader.row_groups_read == 2
+    assert reader.get("k3").text == "t3" and reader.get("k5") is None
+
+
+def test_a_key_paid_twice_reads_back_the_earlier_reply(tmp_path):
+    uri = str(tmp_path / "cache")
+    group = "b2" + "0" * 62
+    first, second = JudgmentCache(uri, {}), JudgmentCache(uri, {})
+    first.put("k", "m", "model", _ok("earlier"), group)
+    second.put("k", "m", "model", _ok("later"), group)
+    first.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+    second.flush()
+    fold_journal(open_files(uri, {}), "run-2")
+    files = open_files(uri, {})
+    assert len(files.bucket_files()["b2"]) == 2
+    reader = JudgmentCache(uri, {})
+    reader.prefetch([group])
+    assert reader.get("k").text == "earlier"
+    assert compact(files) == (1, 1)
+    reader = JudgmentCache(uri, {})
+    reader.prefetch([group])
+    assert reader.get("k").text == "earlier"
+
+
+def _aged_cache(files: CacheFiles, uri: str) -> dict[str, str]:
+    """Three runs: old (entry k_old), mid (k_mid), new (k_new; and a hit on k_hit,
+    written in run old). Returns key -> group."""
+    groups = {k: f"c{i}" + "0" * 62 for i, k in enumerate(["k_old", "k_mid", "k_new", "k_hit"])}
+    for run, keys in (("old", ["k_old", "k_hit"]), ("mid", ["k_mid"]), ("new", ["k_new"])):
+        cache = JudgmentCache(uri, {})
+        for k in keys:
+            cache.put(k, "m", "model", _ok(k), groups[k])
+        if run == "new":
+            cache.prefetch([groups["k_hit"]])
+            assert cache.get("k_hit").text == "k_hit"  # a touch
+        cache.flush()
+        fold_journal(files, run)
+    return groups
+
+
+def test_compaction_merges_touches_and_prune_keeps_recent_runs(tmp_path):
+    uri = str(tmp_path / "cache")
+    files = open_files(uri, {})
+    groups = _aged_cache(files, uri)
+    stats = cache_stats(files)
+    assert stats["buckets"].rows == 5 and stats["buckets"].touches == 1
+    assert stats["journal"].files == 0
+    result = prune(files, keep_runs=1, keep_days=None)
+    assert result.runs == ["new"] and (result.kept, result.dropped) == (2, 2)
+    reader = JudgmentCache(uri, {})
+    reader.prefetch(groups.values())
+    assert [k for k in groups if reader.get(k) is not None] == ["k_new", "k_hit"]
+    assert cache_stats(files)["buckets"].touches == 0
+
+
+def test_prune_by_days(tmp_path):
+    uri = str(tmp_path / "cache")
+    files = open_files(uri, {})
+    _aged_cache(files, uri)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=10)
+    assert (prune(files, None, keep_days=9, now=later).kept) == 0
+    files = open_files(str(tmp_path / "cache2"), {})
+    _aged_cache(files, str(tmp_path / "cache2"))
+    assert prune(files, None, keep_days=11, now=later).kept == 4
+    with pytest.raises(ValueError, match="keep_runs, keep_days"):
+        prune(files, None, None)
+
+
+def test_cli_stats_compact_prune(tmp_path, capsys):
+    uri = str(tmp_path / "cache")
+    _aged_cache(open_files(uri, {}), uri)
+    (tmp_path / "cache" / "metric=faithfulness").mkdir()
+    legacy = tmp_path / "cache" / "metric=faithfulness" / "part-0.parquet"
+    pq.write_table(pl.DataFrame({"key": ["x"]}).to_arrow(), legacy)
+    assert main(["cache", "stats", "--uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert "buckets  files       5  entries           4  touches         1" in out
+    assert "legacy   files       1  entries           1" in out
+    assert main(["cache", "compact", "--uri", uri]) == 0
+    assert "compacted 4 buckets: 4 entries" in capsys.readouterr().out
+    assert main(["cache", "prune", "--uri", uri, "--keep-runs", "2"]) == 0
+    assert "kept 3 entries, dropped 1" in capsys.readouterr().out
+    assert main(["cache", "prune", "--uri", uri]) == 2
+    assert "--keep-runs, --keep-days" in capsys.readouterr().err
+
+
+def _writer(uri: str, options: dict, start: int, run: str, errors: list) -> None:
+    try:
+        for batch in range(3):
+            cache = JudgmentCache(uri, options)
+            for i in range(start + batch * 10, start + batch * 10 + 10):
+                cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), f"{i % 4:02d}" + "0" * 62)
+            cache.flush()
+            fold_journal(open_files(uri, options), run, max_files=2)
+    except Exception as exc:  # reported by the test
+        errors.append(exc)
+
+
+def _all_keys(uri: str, options: dict) -> set[str]:
+    reader = JudgmentCache(uri, options)
+    groups = [f"{i:02d}" + "0" * 62 for i in range(4)]
+    reader.prefetch(groups)
+    return {k for k in (f"k{i}" for i in range(60)) if reader.get(k) is not None}
+
+
+def _two_runs_at_once(uri: str, options: dict) -> None:
+    """Two runs write, fold and compact one cache at once: nothing is lost, and a
+    compaction leaves one file per bucket. (Each fold stamps every journal row it
+    finds with its own run, the other run's rows included: which run an entry counts
+    as used in is not asserted.)"""
+    errors: list[Any] = []
+    threads = [
+        threading.Thread(target=_writer, args=(uri, options, s, r, errors))
+        for s, r in ((0, "run-a"), (30, "run-b"))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _all_keys(uri, options) == {f"k{i}" for i in range(60)}
+    files = open_files(uri, options)
+    assert files.journal_files() == []
+    assert compact(files) == (4, 60)
+    assert all(len(p) == 1 for p in files.bucket_files().values())
+    result = prune(files, keep_runs=2, keep_days=None)
+    assert (result.kept, result.dropped) == (60, 0)
+    assert prune(files, keep_runs=0, keep_days=None).kept == 0
+
+
+def test_two_runs_fold_and_compact_one_cache_at_once(tmp_path):
+    _two_runs_at_once(str(tmp_path / "cache"), {})
+
+
+@pytest.mark.release
+def test_two_runs_fold_and_compact_one_cache_at_once_on_s3(s3_storage_options, s3_bucket):
+    _two_runs_at_once(f"s3://{s3_bucket}/judge_cache", s3_storage_options)
+
+
+@pytest.mark.release
+def test_rerun_and_prune_on_s3(s3_storage_options, s3_bucket):
+    uri = f"s3://{s3_bucket}/judge_cache"
+    engine = RecordedReplies([STATEMENTS] * 2 + [YES] * 2)
+    cache = JudgmentCache(uri, s3_storage_options)
+    runner = JudgeRunner(engine, [Faithfulness.from_params({})], cache=cache)
+    cells, _ = judge_frame(runner, _frame(2))["faithfulness"]
+    cache.flush()
+    files = open_files(uri, s3_storage_options)
+    assert fold_journal(files, "run-1").journal_files == 1
+    again = RecordedReplies([])
+    cache = JudgmentCache(uri, s3_storage_options)
+    runner = JudgeRunner(again, [Faithfulness.from_params({})], cache=cache)
+    cells2, _ = judge_frame(runner, _frame(2))["faithfulness"]
+    cache.flush()
+    assert again.requests == [] and cells2 == cells
+    fold_journal(files, "run-2")
+    stats = cache_stats(files)
+    assert stats["buckets"].rows - stats["buckets"].touches == 4 and stats["buckets"].touches == 4
+    assert prune(files, keep_runs=1, keep_days=None).kept == 4
+    assert cache_stats(files)["buckets"].touches == 0
