@@ -14,7 +14,7 @@ import pytest
 
 from ragbatch.cli.main import main
 from ragbatch.judge.batch import judge_frame
-from ragbatch.judge.cache import JudgmentCache, group_key
+from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_store import ROW_GROUP_ROWS, CacheFiles
 from ragbatch.judge.cache_upkeep import (
     cache_stats,
