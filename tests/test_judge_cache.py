@@ -298,3 +298,30 @@ def test_rerun_and_prune_on_s3(s3_storage_options, s3_bucket):
     assert stats["buckets"].rows - stats["buckets"].touches == 4 and stats["buckets"].touches == 4
     assert prune(files, keep_runs=1, keep_days=None).kept == 4
     assert cache_stats(files)["buckets"].touches == 0
+
+
+def test_settle_journal_folds_only_for_judge_stages_with_the_cache_on(tmp_path):
+    from types import SimpleNamespace
+
+    from ragbatch.core.stages import StageKind
+    from ragbatch.judge.cache_upkeep import settle_journal
+
+    uri = str(tmp_path / "cache")
+    _judge(uri, _frame(1), [STATEMENTS, YES])
+
+    def config(enabled: bool) -> Any:
+        return SimpleNamespace(
+            cache=SimpleNamespace(enabled=enabled), cache_location=lambda: (uri, {})
+        )
+
+    judge, expression = SimpleNamespace(kind=StageKind.JUDGE), SimpleNamespace(kind="expression")
+    assert settle_journal(config(True), "run-1", [expression]) is None
+    assert settle_journal(config(False), "run-1", [judge]) is None
+    assert len(open_files(uri, {}).journal_files()) == 1
+    assert settle_journal(config(True), "run-1", [expression, judge]).rows == 2
+    assert open_files(uri, {}).journal_files() == []
+    # A store that cannot be written is logged, not raised: the run has committed.
+    broken = SimpleNamespace(
+        cache=SimpleNamespace(enabled=True), cache_location=lambda: ("nope://x", {})
+    )
+    assert settle_journal(broken, "run-1", [judge]) is None

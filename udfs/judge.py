@@ -1,8 +1,8 @@
 """Judge stage: the LLM-judge metrics of one judge engine, as a Ray Data actor pool.
 
 Each actor loads its judge engine (``vllm.LLM``, or a client of an OpenAI-compatible
-server), the embedding models its metrics need, and the judgment cache once, in
-``__init__``, then judges batches of canonical rows, appending per metric a
+server) and the embedding models its metrics need, and opens the judgment cache (a
+listing; entries are looked up per batch), in ``__init__``, then judges batches of canonical rows, appending per metric a
 ``__ragbatch_cell::<metric id>`` column (the cell) and a ``__ragbatch_judge::<metric id>`` column (reply,
 prompt hash, token counts, calls, cache hits). Run it with::
 

@@ -27,7 +27,8 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from typing import Any, Iterable, Protocol
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 
@@ -127,7 +128,7 @@ class JudgmentCache:
         self._touched: dict[str, str] = {}
 
     def _errors(self, doing: str) -> Any:
-        return _Errors(self.uri, doing)
+        return _storage_errors(self.uri, doing)
 
     @property
     def empty(self) -> bool:
@@ -253,22 +254,17 @@ def _completion(reply: Reply) -> Completion:
     )
 
 
-class _Errors:
-    """Turns a storage failure into an :class:`~ragbatch.core.errors.OutputError`
+@contextmanager
+def _storage_errors(uri: str, doing: str) -> Iterator[None]:
+    """Turn a storage failure into an :class:`~ragbatch.core.errors.OutputError`
     naming the cache URI."""
+    from ragbatch.core.errors import OutputError
 
-    def __init__(self, uri: str, doing: str):
-        self.uri = uri
-        self.doing = doing
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
-        if exc is None or not isinstance(exc, Exception):
-            return False
-        from ragbatch.core.errors import OutputError
-
+    try:
+        yield
+    except OutputError:
+        raise
+    except Exception as exc:
         raise OutputError(
-            f"judgment cache {self.uri}: cannot {self.doing}: {type(exc).__name__}: {exc}"
+            f"judgment cache {uri}: cannot {doing}: {type(exc).__name__}: {exc}"
         ) from exc
