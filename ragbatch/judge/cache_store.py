@@ -37,6 +37,9 @@ BUCKET_DIGITS = 2
 ROW_GROUP_ROWS = 512
 #: Bucket files whose footers a reader keeps (least recently used dropped first).
 FOOTER_CACHE_FILES = 512
+#: Read-ahead of a lookup's reads, in bytes (object stores fetch this much per request;
+#: about one row group, rather than fsspec's default of several MiB).
+LOOKUP_BLOCK_BYTES = 1 << 18
 
 VERSION_DIR = "v2"
 
@@ -192,7 +195,7 @@ class BucketReader:
             self._footers.move_to_end(path)
             return found
         try:
-            with self.files.fs.open(path, "rb") as handle:
+            with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
                 meta = pq.ParquetFile(handle).metadata
         except FileNotFoundError:
             return None
@@ -236,7 +239,7 @@ class BucketReader:
         if not chosen:
             return
         try:
-            with self.files.fs.open(path, "rb") as handle:
+            with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
                 table = pq.ParquetFile(handle, metadata=meta).read_row_groups(
                     sorted(chosen), columns=list(LOOKUP_COLUMNS)
                 )
