@@ -35,8 +35,9 @@ import pyarrow.parquet as pq
 BUCKET_DIGITS = 2
 #: Rows per Parquet row group of a bucket file: the unit a lookup reads.
 ROW_GROUP_ROWS = 512
-#: Bucket files whose footers a reader keeps (least recently used dropped first).
-FOOTER_CACHE_FILES = 512
+#: Row groups whose footer entries a reader keeps, over all bucket files (the footers of
+#: the least recently used files are dropped first, and read again when needed).
+FOOTER_CACHE_ROW_GROUPS = 65_536
 #: Read-ahead of a lookup's reads, in bytes (object stores fetch this much per request;
 #: about one row group, rather than fsspec's default of several MiB).
 LOOKUP_BLOCK_BYTES = 1 << 18
@@ -139,16 +140,21 @@ class CacheFiles:
         )
 
     def write(self, folder: str, table: pa.Table, row_group_size: int | None = None) -> str:
-        """Write ``table`` as a new file in ``folder``; return its path. The file appears
-        whole or not at all: local files are written under a hidden name and renamed;
-        object stores publish an object only when its upload completes."""
+        """Write ``table`` as a new file in ``folder``; return its path. Only ``group``
+        (for lookups) and ``metric`` (null in touches, counted by
+        :func:`~ragbatch.judge.cache_upkeep.cache_stats`) get column statistics:
+        the others' would make the footers several times larger. The file appears whole or not at all: local files are
+        written under a hidden name and renamed; object stores publish an object only
+        when its upload completes."""
         name = f"part-{uuid.uuid4().hex}.parquet"
         path = f"{folder}/{name}"
         local = "file" in _protocols(self.fs)
         target = f"{folder}/.{name}.tmp" if local else path
         self.fs.makedirs(folder, exist_ok=True)
         with self.fs.open(target, "wb") as handle:
-            pq.write_table(table, handle, row_group_size=row_group_size)
+            pq.write_table(
+                table, handle, row_group_size=row_group_size, write_statistics=["group", "metric"]
+            )
         if local:
             self.fs.mv(target, path)
         return path
@@ -171,8 +177,9 @@ class BucketReader:
     """Finds the entries of given groups in the bucket files, reading only the row
     groups whose ``group`` range holds one of them.
 
-    Memory is bounded by :data:`FOOTER_CACHE_FILES` footers and the entries of the
-    groups asked for, whatever the cache's size; opening costs one listing.
+    Memory is bounded by :data:`FOOTER_CACHE_ROW_GROUPS` row groups' footer entries and
+    the entries of the groups asked for, whatever the cache's size; opening costs one
+    listing.
 
     Parameters
     ----------
@@ -183,6 +190,7 @@ class BucketReader:
         self.files = files
         self.by_bucket = files.bucket_files()
         self._footers: OrderedDict[str, tuple[Any, list[str], list[str]]] = OrderedDict()
+        self._footer_row_groups = 0
         self.row_groups_read = 0
 
     @property
@@ -207,8 +215,10 @@ class BucketReader:
             highs.append(stats.max if stats is not None and stats.has_min_max else "\uffff")
         found = (meta, lows, highs)
         self._footers[path] = found
-        if len(self._footers) > FOOTER_CACHE_FILES:
-            self._footers.popitem(last=False)
+        self._footer_row_groups += len(lows)
+        while self._footer_row_groups > FOOTER_CACHE_ROW_GROUPS and len(self._footers) > 1:
+            _, (_, dropped, _) = self._footers.popitem(last=False)
+            self._footer_row_groups -= len(dropped)
         return found
 
     def lookup(self, groups: Iterable[str]) -> dict[str, Found]:

@@ -297,8 +297,8 @@ def cache_stats(files: CacheFiles) -> dict[str, AreaStats]:
             stats.rows += meta.num_rows
             stats.bytes += int(size or 0)
             names = meta.schema.to_arrow_schema().names
-            if area != "legacy" and "text" in names:
-                column = names.index("text")
+            if area != "legacy" and "metric" in names:
+                column = names.index("metric")  # null in touches only
                 for i in range(meta.num_row_groups):
                     s = meta.row_group(i).column(column).statistics
                     stats.touches += s.null_count if s is not None and s.has_null_count else 0
