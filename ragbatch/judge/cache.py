@@ -107,8 +107,9 @@ class JudgmentCache:
     -----
     Opening lists the bucket files (one listing); nothing else is read until
     :meth:`prefetch`. Memory: the entries of the groups prefetched for the current
-    batch, the footer entries of at most
-    :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_ROW_GROUPS` row groups, and up to
+    batch, the ``group`` ranges of at most
+    :data:`~ragbatch.judge.cache_store.RANGE_CACHE_ROW_GROUPS` row groups, the parsed
+    footers of :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_FILES` files, and up to
     :data:`RECENT_ENTRIES` replies this process obtained.
     """
 

@@ -35,9 +35,12 @@ import pyarrow.parquet as pq
 BUCKET_DIGITS = 2
 #: Rows per Parquet row group of a bucket file: the unit a lookup reads.
 ROW_GROUP_ROWS = 512
-#: Row groups whose footer entries a reader keeps, over all bucket files (the footers of
+#: Row groups whose ``group`` range a reader keeps, over all bucket files (the ranges of
 #: the least recently used files are dropped first, and read again when needed).
-FOOTER_CACHE_ROW_GROUPS = 65_536
+RANGE_CACHE_ROW_GROUPS = 65_536
+#: Bucket files whose whole parsed footer a reader keeps (a parsed footer takes a few
+#: KiB per row group; a file whose footer is not kept has it read again).
+FOOTER_CACHE_FILES = 32
 #: Read-ahead of a lookup's reads, in bytes (object stores fetch this much per request;
 #: about one row group, rather than fsspec's default of several MiB).
 LOOKUP_BLOCK_BYTES = 1 << 18
@@ -177,9 +180,9 @@ class BucketReader:
     """Finds the entries of given groups in the bucket files, reading only the row
     groups whose ``group`` range holds one of them.
 
-    Memory is bounded by :data:`FOOTER_CACHE_ROW_GROUPS` row groups' footer entries and
-    the entries of the groups asked for, whatever the cache's size; opening costs one
-    listing.
+    Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
+    groups, :data:`FOOTER_CACHE_FILES` parsed footers and the entries of the groups asked
+    for, whatever the cache's size; opening costs one listing.
 
     Parameters
     ----------
@@ -189,36 +192,45 @@ class BucketReader:
     def __init__(self, files: CacheFiles):
         self.files = files
         self.by_bucket = files.bucket_files()
-        self._footers: OrderedDict[str, tuple[Any, list[str], list[str]]] = OrderedDict()
-        self._footer_row_groups = 0
+        self._ranges: OrderedDict[str, tuple[list[str], list[str]]] = OrderedDict()
+        self._range_row_groups = 0
+        self._footers: OrderedDict[str, Any] = OrderedDict()
         self.row_groups_read = 0
 
     @property
     def empty(self) -> bool:
         return not self.by_bucket
 
-    def _footer(self, path: str) -> tuple[Any, list[str], list[str]] | None:
-        found = self._footers.get(path)
+    def _keep_footer(self, path: str, meta: Any) -> None:
+        self._footers[path] = meta
+        self._footers.move_to_end(path)
+        while len(self._footers) > FOOTER_CACHE_FILES:
+            self._footers.popitem(last=False)
+
+    def _range(self, path: str) -> tuple[list[str], list[str]] | None:
+        """The (min, max) of ``group`` per row group of ``path`` (None: file gone)."""
+        found = self._ranges.get(path)
         if found is not None:
-            self._footers.move_to_end(path)
+            self._ranges.move_to_end(path)
             return found
         try:
             with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
                 meta = pq.ParquetFile(handle).metadata
         except FileNotFoundError:
             return None
+        self._keep_footer(path, meta)
         column = meta.schema.to_arrow_schema().get_field_index("group")
         lows, highs = [], []
         for i in range(meta.num_row_groups):
             stats = meta.row_group(i).column(column).statistics
             lows.append(stats.min if stats is not None and stats.has_min_max else "")
             highs.append(stats.max if stats is not None and stats.has_min_max else "\uffff")
-        found = (meta, lows, highs)
-        self._footers[path] = found
-        self._footer_row_groups += len(lows)
-        while self._footer_row_groups > FOOTER_CACHE_ROW_GROUPS and len(self._footers) > 1:
-            _, (_, dropped, _) = self._footers.popitem(last=False)
-            self._footer_row_groups -= len(dropped)
+        found = (lows, highs)
+        self._ranges[path] = found
+        self._range_row_groups += len(lows)
+        while self._range_row_groups > RANGE_CACHE_ROW_GROUPS and len(self._ranges) > 1:
+            _, (dropped, _) = self._ranges.popitem(last=False)
+            self._range_row_groups -= len(dropped)
         return found
 
     def lookup(self, groups: Iterable[str]) -> dict[str, Found]:
@@ -235,10 +247,10 @@ class BucketReader:
         return out
 
     def _read_into(self, path: str, groups: set[str], out: dict[str, Found]) -> None:
-        footer = self._footer(path)
-        if footer is None:
+        ranges = self._range(path)
+        if ranges is None:
             return
-        meta, lows, highs = footer
+        lows, highs = ranges
         chosen: set[int] = set()
         for g in groups:
             # Row groups are sorted by group: those whose range holds g are contiguous.
@@ -250,9 +262,9 @@ class BucketReader:
             return
         try:
             with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
-                table = pq.ParquetFile(handle, metadata=meta).read_row_groups(
-                    sorted(chosen), columns=list(LOOKUP_COLUMNS)
-                )
+                parquet = pq.ParquetFile(handle, metadata=self._footers.get(path))
+                self._keep_footer(path, parquet.metadata)
+                table = parquet.read_row_groups(sorted(chosen), columns=list(LOOKUP_COLUMNS))
         except FileNotFoundError:
             return
         self.row_groups_read += len(chosen)
