@@ -2,9 +2,10 @@
 
 Each actor loads its judge engine (``vllm.LLM``, or a client of an OpenAI-compatible
 server) and the embedding models its metrics need, and opens the judgment cache (a
-listing; entries are looked up per batch), in ``__init__``, then judges batches of canonical rows, appending per metric a
-``__ragbatch_cell::<metric id>`` column (the cell) and a ``__ragbatch_judge::<metric id>`` column (reply,
-prompt hash, token counts, calls, cache hits). Run it with::
+listing; entries are looked up per batch), in ``__init__``, then judges batches of
+canonical rows, appending per metric a ``__ragbatch_cell::<metric id>`` column (the
+cell) and a ``__ragbatch_judge::<metric id>`` column (reply, prompt hash, token counts,
+calls, cache hits). Run it with::
 
     ds.map_batches(JudgeStage, batch_format="pyarrow",
                    fn_constructor_kwargs={...}, **stage_options(engine_spec))
