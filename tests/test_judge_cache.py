@@ -325,3 +325,25 @@ def test_settle_journal_folds_only_for_judge_stages_with_the_cache_on(tmp_path):
         cache=SimpleNamespace(enabled=True), cache_location=lambda: ("nope://x", {})
     )
     assert settle_journal(broken, "run-1", [judge]) is None
+
+
+def test_a_batch_in_flight_keeps_its_entries_when_another_batch_flushes(tmp_path):
+    """Two batches in flight on one actor share its cache: one ending (its flush) must
+    not take the other's looked-up entries away."""
+    from ragbatch.judge.batch import guarded_rows, with_issues
+    from ragbatch.judge.cache import cache_key
+
+    uri = str(tmp_path / "cache")
+    _judge(uri, _frame(1), [STATEMENTS, YES])
+    fold_journal(open_files(uri, {}), "run-1")
+    metric = Faithfulness.from_params({})
+    engine = RecordedReplies([])
+    runner = JudgeRunner(engine, [metric], cache=JudgmentCache(uri, {}))
+    first, second = runner.fork(), runner.fork()
+    _, todo = guarded_rows([metric], with_issues(_frame(1)))
+    first._groups(todo)
+    second._groups(todo)
+    runner.cache.flush()  # the second batch ends first
+    (ask,) = list(next(metric.program(todo[metric.id][0][1])))
+    key = cache_key(engine, metric.cache_identity(), ask, 0)
+    assert first._cached(key).text == STATEMENTS

@@ -153,22 +153,40 @@ class JudgmentCache:
         """
         todo = set(groups) - self._fetched
         self._fetched |= todo
-        if not todo or self.reader.empty:
-            return 0
-        with self._errors("read"):
-            found = self.reader.lookup(todo)
-        for key, (reply, _, group) in found.items():
-            self._batch[key] = (reply, group)
+        found = self.lookup(todo)
+        self._batch.update(found)
         return len(found)
+
+    def lookup(self, groups: Iterable[str]) -> dict[str, tuple[Reply, str]]:
+        """Key -> (reply, group) of every entry stored under ``groups``, kept nowhere
+        (for callers that hold a batch's entries themselves, one per batch in flight;
+        answer a request from it with :meth:`hit`).
+
+        Raises
+        ------
+        OutputError
+            A bucket file cannot be read (the message names the URI).
+        """
+        groups = set(groups)
+        if not groups or self.reader.empty:
+            return {}
+        with self._errors("read"):
+            found = self.reader.lookup(groups)
+        return {key: (reply, group) for key, (reply, _, group) in found.items()}
+
+    def hit(self, key: str, found: tuple[Reply, str]) -> Completion:
+        """The completion of an entry :meth:`lookup` found, noting its use (written as a
+        touch by the next :meth:`flush`)."""
+        reply, group = found
+        self._touched[key] = group
+        return _completion(reply)
 
     def get(self, key: str) -> Completion | None:
         """The cached completion for ``key`` (status ``ok``), or None. Only entries of
         prefetched groups and this process's own recent replies are found."""
         found = self._batch.get(key)
         if found is not None:
-            reply, group = found
-            self._touched[key] = group
-            return _completion(reply)
+            return self.hit(key, found)
         recent = self._recent.get(key)
         if recent is not None:
             self._recent.move_to_end(key)

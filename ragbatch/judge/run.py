@@ -398,13 +398,25 @@ class JudgeRunner:
         return self._collect(slots)
 
     def _groups(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> dict[int, str]:
-        """Row position -> judgment-cache group (:func:`group_key`), with the entries of
-        those groups prefetched; empty without a cache."""
+        """Row position -> judgment-cache group (:func:`group_key`); the entries of those
+        groups are looked up once and kept on this runner (one per batch in flight,
+        :meth:`fork`) until its next batch. Empty without a cache."""
+        self._found: dict[str, Any] = {}
         if self.cache is None:
             return {}
         groups = {i: group_key(self.engine, row) for rows in todo.values() for i, row in rows}
-        self.cache.prefetch(groups.values())
+        self._found = self.cache.lookup(groups.values())
         return groups
+
+    def _cached(self, key: str) -> Completion | None:
+        """The cached completion of ``key``: among this batch's entries, or this
+        process's own recent replies."""
+        if self.cache is None:
+            return None
+        found = getattr(self, "_found", {}).get(key)
+        if found is not None:
+            return self.cache.hit(key, found)
+        return self.cache.get(key)
 
     def _collect(self, slots: list[_Slot]) -> dict[str, dict[int, JudgeCell]]:
         out: dict[str, dict[int, JudgeCell]] = {m.id: {} for m in self.metrics}
@@ -475,7 +487,7 @@ class JudgeRunner:
         answers: dict[str, tuple[Completion, bool]] = {}
         to_send: list[str] = []
         for key in keyed:
-            hit = self.cache.get(key) if self.cache is not None else None
+            hit = self._cached(key)
             if hit is not None:
                 answers[key] = (hit, False)
             else:
