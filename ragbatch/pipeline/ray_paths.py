@@ -68,3 +68,38 @@ def start_local_ray(runtime_env: dict[str, Any], **init_kwargs: Any) -> None:
         ray.init(address="local", runtime_env=runtime_env, **init_kwargs)
     finally:
         os.chdir(driver_folder)
+
+
+#: Ray Data's own actors, as ``(module, function)``: each function creates its actor (or
+#: finds it) and returns at once. Ray Data creates them when a dataset first runs.
+DATA_ACTORS = (
+    (
+        "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator",
+        "get_or_create_autoscaling_coordinator",
+    ),
+    ("ray.data._internal.stats", "get_or_create_stats_actor"),
+)
+
+
+def start_data_actors() -> list[str]:
+    """Ask Ray to start Ray Data's coordinator and statistics actors (:data:`DATA_ACTORS`)
+    now, without waiting for them; return the names of those asked for.
+
+    Each is a worker process of its own, seconds to start on a small machine. Until the
+    coordinator answers, Ray Data sees no CPUs it may use and runs one task at a time
+    (ray 2.60: ``ResourceManager.get_global_limits``). Started right after Ray, they come
+    up while the driver does its own work (the cluster check, the run's ledger actor,
+    building the dataset). Ray Data finds them by name and uses them as if it had
+    started them. A Ray version without these functions skips them.
+    """
+    import importlib
+
+    started = []
+    for module, name in DATA_ACTORS:
+        try:
+            create = getattr(importlib.import_module(module), name)
+            create()
+        except Exception:  # noqa: BLE001 - Ray Data then starts them itself, as before
+            continue
+        started.append(name)
+    return started

@@ -32,7 +32,7 @@ from ragbatch.judge.cache_upkeep import settle_journal
 from ragbatch.pipeline.manifest import build_manifest
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, Stage, build_plan, preflight_engines
-from ragbatch.pipeline.ray_paths import start_local_ray, worker_pythonpath
+from ragbatch.pipeline.ray_paths import start_data_actors, start_local_ray, worker_pythonpath
 from ragbatch.core.run_date import choose_run_date, today_utc
 from ragbatch.core.stages import StageKind
 from ragbatch.config.templating import placeholders, render_config, uri_templates
@@ -309,6 +309,7 @@ def ensure_ray(address: str | None) -> dict[str, Any]:
             # "local" always starts a new instance; a bare init() would join any Ray
             # cluster already running on this machine.
             start_local_ray(runtime_env, include_dashboard=False, log_to_driver=True)
+            start_data_actors()
             started_locally = True
     ctx = ray.get_runtime_context()
     return {
