@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
                 figures = measure(inputs[n]["path"], n, place)
                 figures.update(load_before=before, load_after=_load())
                 results["runs"][str(n)][name].append(figures)
+                # What is measured so far, should a later run fail.
+                (workdir / "whole_job.partial.json").write_text(
+                    json.dumps(results, indent=2, default=str)
+                )
     best = {
         name: {n: min(r[SECONDS[name]] for r in results["runs"][str(n)][name]) for n in counts}
         for name in contestants
