@@ -49,9 +49,10 @@ ARES_METRICS = (
 
 
 def _metric(name: str):
-    return get_metric(name).from_params(
-        {"embedder": "embedder"} if name == "answer_relevancy" else {}
-    )
+    """The metric as the replayed run had it: the replies were recorded with the
+    ``row_first`` prompts, the only layout then."""
+    params = {"embedder": "embedder"} if name == "answer_relevancy" else {}
+    return get_metric(name).from_params({**params, "prompt_layout": "row_first"})
 
 
 def _no_embedding(texts):

@@ -43,6 +43,8 @@ def test_smollm2_on_24_ares_rows_is_flagged_degenerate(smollm2, request, tmp_pat
     config = yaml.safe_load(REPO_JOB.read_text(encoding="utf-8"))
     config["engines"]["judge"]["model"] = str(smollm2)
     config["engines"]["judge"]["max_tokens"] = 512  # the run
+    for metric in config["metrics"]:  # the prompts of the run
+        metric.setdefault("params", {})["prompt_layout"] = "row_first"
     config["input"]["uri"] = str(data)
     config["output"]["uri"] = str(tmp_path / "out")
     job = tmp_path / "ares_judge.yaml"

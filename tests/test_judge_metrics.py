@@ -11,8 +11,9 @@ worked out by hand.
   replies, covering a normal case, each degenerate input of the metric's policy, a reply
   cut at ``max_tokens``, a value out of range, prose instead of JSON and a wrong number
   of verdicts;
-* the prompt layout (every ask starts with the row's shared block, so prefix caching
-  applies across metrics), the declared policy and source, and the declared range.
+* the prompt layouts (every ask starts with the row's shared block, after the common
+  system message or after the metric's instruction sets, so prefix caching applies
+  across metrics), the declared policy and source, and the declared range.
 
 A JSON case is ``{"note", "inputs", "params", "replies", "embeddings"?, "max_model_len"?,
 "score", "status"}``; a reply written as ``["length", text]`` comes back cut at
@@ -22,6 +23,7 @@ A JSON case is ``{"note", "inputs", "params", "replies", "embeddings"?, "max_mod
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ import pytest
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge import recorded
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
-from ragbatch.judge.prompt import SYSTEM_PROMPT, shared_block
+from ragbatch.judge.prompt import INSTRUCTIONS_PREAMBLE, SYSTEM_PROMPT, shared_block
 from ragbatch.judge.recorded import RecordedReplies, run_example
 from ragbatch.core.registry import all_metrics
 from ragbatch.core.status import OK, STATUSES
@@ -193,15 +195,44 @@ def _judged_examples(cls: type[JudgeMetric]) -> list[JudgeExample]:
 
 @pytest.mark.parametrize("cls", JUDGE_METRICS, ids=JUDGE_IDS)
 def test_every_ask_starts_with_the_shared_block(cls):
+    """row_first: the common system message, then the row's block, then the task."""
     asked = 0
     for example in _judged_examples(cls):
-        _, _, engine = run_example(cls, example)
+        pinned = replace(example, params={**example.params, "prompt_layout": "row_first"})
+        _, _, engine = run_example(cls, pinned)
         block = shared_block(_row(example))
         for request in engine.requests:
             system, user = request.messages
             assert system.role == "system" and system.content == SYSTEM_PROMPT
             assert user.role == "user"
             assert user.content.startswith(block + "\n\n## Task\n"), (cls.name, example.note)
+            asked += 1
+    assert asked, f"{cls.name}: no example reached the judge"
+
+
+@pytest.mark.parametrize("cls", JUDGE_METRICS, ids=JUDGE_IDS)
+def test_instructions_first_asks_share_one_system_message(cls):
+    """instructions_first (the default): every request of the metric has the same system
+    message, holding each step's instructions, and a user message that is the row's
+    block, then a task naming one of those sets."""
+    asked = 0
+    for example in _judged_examples(cls):
+        if example.params.get("prompt_layout", "instructions_first") != "instructions_first":
+            continue
+        _, _, engine = run_example(cls, example)
+        metric = cls.from_params(example.params)
+        system_text = INSTRUCTIONS_PREAMBLE + "".join(
+            f"\n\n## Instructions: {name}\n{text}"
+            for name, text in sorted(metric.instruction_sets())
+        )
+        block = shared_block(_row(example))
+        names = {name for name, _ in metric.instruction_sets()}
+        for request in engine.requests:
+            system, user = request.messages
+            assert system.content == system_text, (cls.name, example.note)
+            head = block + '\n\n## Task\nFollow the instructions "'
+            assert user.content.startswith(head), (cls.name, example.note)
+            assert user.content[len(head) :].split('"', 1)[0] in names
             asked += 1
     assert asked, f"{cls.name}: no example reached the judge"
 

@@ -74,8 +74,11 @@ def test_two_step_program_runs_in_lockstep_batches():
     assert [r["judge_calls"] for r in records] == [2, 2, 2]
     # first step: the three statement asks; second step: the three verdict asks
     assert [len(r.messages) for r in engine.requests] == [2] * 6
-    assert "Break the answer" in engine.requests[0].messages[1].content
-    assert "For each statement" in engine.requests[3].messages[1].content
+    # one system message holds both steps' instructions; each ask names its set
+    assert len({r.messages[0].content for r in engine.requests}) == 1
+    assert "Break the answer" in engine.requests[0].messages[0].content
+    assert '"faithfulness/statements"' in engine.requests[0].messages[1].content
+    assert '"faithfulness/verdicts"' in engine.requests[3].messages[1].content
 
 
 def test_identical_rows_share_one_call():

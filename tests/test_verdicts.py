@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.parse import parse_verdicts, verdicts_schema
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS, ParseError
 from ragbatch.judge.recorded import run_example
 from ragbatch.judge.verdicts import (
@@ -178,12 +180,16 @@ def test_reply_schemas():
     assert ask.output.schema == BARE_2
 
 
+#: The layout the requests below were recorded with (the only one before the param).
+ROW_FIRST = {"prompt_layout": "row_first"}
+
+
 def _default_requests(cls) -> list:
     requests = []
     for example in cls.judge_examples:
         if example.params:
             continue
-        _, _, engine = run_example(cls, example)
+        _, _, engine = run_example(cls, replace(example, params=ROW_FIRST))
         requests += engine.requests
     return requests
 
@@ -194,7 +200,7 @@ def _digest(cls) -> str:
         digest.update(json.dumps([[m.role, m.content] for m in request.messages]).encode())
         key = {k: v for k, v in request.output.key().items() if k != "logprobs"}
         digest.update(json.dumps(key, sort_keys=True).encode())
-    digest.update(json.dumps(cls.from_params({}).cache_identity(), sort_keys=True).encode())
+    digest.update(json.dumps(cls.from_params(ROW_FIRST).cache_identity(), sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
@@ -217,12 +223,18 @@ def test_verdict_requests_ask_for_token_logprobs(cls):
     "cls", [c for c in VERDICT_METRICS if c.judge_steps == 2], ids=lambda cls: cls.name
 )
 def test_reasons_change_only_the_verdict_step(cls):
-    """Two-step metrics: with reasons on and off the first step's request is the same;
-    the verdict step differs in its task and schema only after the shared block."""
+    """Two-step metrics, row_first layout: with reasons on and off the first step's
+    request is the same; the verdict step differs in its task and schema only after the
+    shared block. (instructions_first shows every step's instructions in each request,
+    so there the first step's system message changes too.)"""
     example = next(ex for ex in cls.judge_examples if ex.params == {"reasons": False})
-    _, _, bare = run_example(cls, example)
+    _, _, bare = run_example(cls, replace(example, params={**example.params, **ROW_FIRST}))
     on = type(example)(
-        inputs=example.inputs, replies=example.replies[:1], score=None, status="parse_failure"
+        inputs=example.inputs,
+        replies=example.replies[:1],
+        score=None,
+        status="parse_failure",
+        params=ROW_FIRST,
     )
     _, _, reasoned = run_example(cls, on, parse_retries=0)
     assert bare.requests[0] == reasoned.requests[0]
@@ -235,7 +247,14 @@ def test_a_verdict_metric_with_a_template_that_cannot_be_rewritten_fails_at_defi
             "Broken",
             (VerdictMetric,),
             {
-                "verdict_templates": ("Judge each item, each with a one-sentence reason.",),
+                "verdict_prompts": (
+                    StepPrompt(
+                        "broken",
+                        "Judge each item, each with a one-sentence reason.",
+                        "Judge each item, each with a one-sentence reason.",
+                        "Reply.",
+                    ),
+                ),
                 "program": lambda self, row: iter(()),
             },
         )
@@ -280,11 +299,20 @@ def test_reasoned_replies_still_parse_and_bare_ones_do_not():
 def test_params_and_cache_identity(cls):
     default = cls.from_params({})
     assert default.reasons is True
-    assert default.cache_identity()["params"] == {}  # as before the param existed
-    assert default.manifest_info()["params"] == {"reasons": True, "score": "verdict"}
+    assert default.cache_identity()["params"] == {"prompt_layout": "instructions_first"}
+    assert default.manifest_info()["params"] == {
+        "prompt_layout": "instructions_first",
+        "reasons": True,
+        "score": "verdict",
+    }
+    old = cls.from_params({"prompt_layout": "row_first"})
+    assert old.cache_identity()["params"] == {}  # as before either param existed
     bare = cls.from_params({"reasons": False})
     assert bare.reasons is False
-    assert bare.cache_identity()["params"] == {"reasons": False}
+    assert bare.cache_identity()["params"] == {
+        "prompt_layout": "instructions_first",
+        "reasons": False,
+    }
     assert bare.cache_identity() != default.cache_identity()
     assert cls.describe()["params"]["reasons"]["default"] is True
 
@@ -294,5 +322,5 @@ def test_bad_reasons_param_names_the_param():
         retrieval_precision.RetrievalPrecision.from_params(
             {"reasons": "sometimes"}, where="metrics[2].params"
         )
-    with pytest.raises(ConfigError, match="known: reasons"):
+    with pytest.raises(ConfigError, match="known: prompt_layout, reasons, score"):
         retrieval_precision.RetrievalPrecision.from_params({"reason": False})

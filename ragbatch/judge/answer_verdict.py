@@ -9,7 +9,6 @@ from typing import Any, ClassVar
 from ragbatch.core.columns import ANSWER
 from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
-from ragbatch.judge.prompt import build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 
@@ -44,7 +43,7 @@ def parse_reply(text: str) -> dict[str, Any]:
 class AnswerVerdictMetric(JudgeMetric):
     """A judge metric asking one reasoned true/false question about the answer.
 
-    Subclasses set :attr:`task` (the instructions, ending with the reply format) and
+    Subclasses set :attr:`prompts` (the one step's prompt, its reply format last) and
     :attr:`positive_reason` (the cell's reason for a true verdict whose reason is blank).
     Guards: a null or blank answer is ``missing_input``.
     """
@@ -52,7 +51,6 @@ class AnswerVerdictMetric(JudgeMetric):
     Params = ScoreParams
     inputs: ClassVar[tuple[str, ...]] = (ANSWER,)
     boolean: ClassVar[bool] = True
-    task: ClassVar[str]
     positive_reason: ClassVar[str]
 
     def guards(self) -> tuple[Guard, ...]:
@@ -61,7 +59,7 @@ class AnswerVerdictMetric(JudgeMetric):
     def program(self, row: dict[str, Any]) -> Program:
         [reply] = yield [
             Ask(
-                build_messages(row, self.task),
+                self.messages(row, self.prompts[0]),
                 OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
                 parse_reply,
                 step=self.name,

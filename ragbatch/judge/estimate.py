@@ -43,7 +43,7 @@ import polars as pl
 
 from ragbatch.judge.batch import guarded_rows, with_issues
 from ragbatch.judge.cache_probe import CacheProbe
-from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.metric import JudgeMetric, bind_instructions
 from ragbatch.judge.pilot import Pilot
 from ragbatch.judge.protocol import Ask
 from ragbatch.judge.run import capped
@@ -168,6 +168,7 @@ def estimate_stage(
     list of MetricEstimate
         One per metric, in order; counts are for the sample (not scaled).
     """
+    bind_instructions(metrics)  # the prompts the stage will send
     frame = with_issues(sample)
     _, todo = guarded_rows(metrics, frame)
     out = []

@@ -23,7 +23,14 @@ from pydantic import Field
 from ragbatch.core.engine_registry import engine_names
 from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.protocol import Ask
+from ragbatch.judge.prompt import (
+    DEFAULT_LAYOUT,
+    Instructions,
+    PromptLayout,
+    StepPrompt,
+    build_messages,
+)
+from ragbatch.judge.protocol import Ask, Message
 from ragbatch.metrics.cells import Guard, PyCell, missing
 from ragbatch.metrics.base import Metric, StrictParams
 
@@ -38,7 +45,23 @@ class Embed:
     engine: str
 
 
-class ScoreParams(StrictParams):
+class JudgeParams(StrictParams):
+    """Params every judge metric takes."""
+
+    prompt_layout: PromptLayout = Field(
+        DEFAULT_LAYOUT,
+        description=(
+            "`instructions_first` (the default) puts the instructions of every judge "
+            "metric on the same engine in one block ahead of the row, identical for every "
+            "request, so the engine's prefix cache computes them once; `row_first` puts "
+            "the row first and this metric's whole task after it, in every request (the "
+            "prompts of ragbatch before this param existed; docs/judges.md, \"Prompt "
+            "layout\")"
+        ),
+    )
+
+
+class ScoreParams(JudgeParams):
     """Params of the judge metrics whose replies hold verdicts (see
     :mod:`ragbatch.judge.confidence`)."""
 
@@ -94,6 +117,7 @@ class JudgeMetric(Metric):
     part of every cache key) and :attr:`judge_examples`, and implement :meth:`program`.
     """
 
+    Params: ClassVar[type[JudgeParams]] = JudgeParams
     kind: ClassVar[str] = "judge"
     engine_types: ClassVar[tuple[str, ...]] = _JudgeEngineTypes()  # type: ignore[assignment]
     default_engine: ClassVar[dict[str, Any] | None] = None
@@ -108,6 +132,57 @@ class JudgeMetric(Metric):
     #: The ``details`` keys the judge health diagnostics read (docs/judges.md, "Judge
     #: health"); the default reads none, so only the score and status checks apply.
     health: ClassVar[HealthFields] = HealthFields()
+    #: The prompt of each judge step the program may take, in step order.
+    prompts: ClassVar[tuple[StepPrompt, ...]] = ()
+    #: The stage's instruction sets (:func:`bind_instructions`); None: the metric's own.
+    _instructions: Instructions | None = None
+
+    @property
+    def prompt_layout(self) -> PromptLayout:
+        """The ``prompt_layout`` param (:mod:`ragbatch.judge.prompt`)."""
+        return getattr(self.params, "prompt_layout", DEFAULT_LAYOUT)
+
+    def step_prompts(self) -> tuple[StepPrompt, ...]:
+        """:attr:`prompts` as this metric's params word them (the default: unchanged)."""
+        return self.prompts
+
+    def step_prompt(self, step: StepPrompt) -> StepPrompt:
+        """``step`` (one of :attr:`prompts`) as this metric's params word it."""
+        return step
+
+    def instruction_sets(self) -> tuple[tuple[str, str], ...]:
+        """``(name, instructions)`` of each step, as the ``instructions_first`` layout
+        shows them."""
+        return tuple((p.name, p.instructions) for p in self.step_prompts())
+
+    def instructions(self) -> Instructions:
+        """The instruction sets shown ahead of the row: those of the stage's metrics once
+        :func:`bind_instructions` has run, else this metric's own."""
+        if self._instructions is not None:
+            return self._instructions
+        return Instructions.of(self.instruction_sets())
+
+    def bind_instructions(self, instructions: Instructions) -> None:
+        """Show ``instructions`` (the stage's, :func:`bind_instructions`) ahead of the
+        row in every prompt of the ``instructions_first`` layout."""
+        self._instructions = instructions
+
+    def messages(self, row: dict[str, Any], step: StepPrompt, **fields: Any) -> tuple[Message, ...]:
+        """The chat of one judge step for ``row``, in this metric's layout.
+
+        Parameters
+        ----------
+        row : dict
+            The canonical values of the row.
+        step : StepPrompt
+            One of :attr:`prompts`; worded by :meth:`step_prompt`, filled with ``fields``.
+        **fields
+            The step's row-specific template fields (``reference``, ``statements``...).
+        """
+        task = self.step_prompt(step).fill(**fields)
+        if self.prompt_layout == "instructions_first":
+            return build_messages(row, task, "instructions_first", self.instructions())
+        return build_messages(row, task, "row_first")
 
     def guards(self) -> tuple[Guard, ...]:
         """Input guards checked (in Polars) before any judge call; the default is
@@ -122,8 +197,12 @@ class JudgeMetric(Metric):
     def cache_identity(self) -> dict[str, Any]:
         """What identifies this metric's judgments in a cache key: name, version and
         params (the metric id is left out, so renaming a metric keeps its cache; so is
-        ``score``, which changes how replies are scored, not the requests)."""
+        ``score``, which changes how replies are scored, not the requests, and so is
+        ``prompt_layout: row_first``, whose prompts are those made before the param
+        existed)."""
         params = {k: v for k, v in self.params.model_dump(mode="json").items() if k != "score"}
+        if params.get("prompt_layout") == "row_first":
+            del params["prompt_layout"]  # the prompts from before the param: same keys
         return {"metric": self.name, "version": self.version, "params": params}
 
     @property
@@ -205,3 +284,27 @@ class JudgeMetric(Metric):
             The row's cell (``ok`` with a score in :attr:`score_range`, or
             ``not_applicable`` with a reason).
         """
+
+
+def bind_instructions(metrics: Sequence[JudgeMetric]) -> Instructions | None:
+    """Give every ``instructions_first`` metric of a stage the same instruction block.
+
+    Parameters
+    ----------
+    metrics : sequence of JudgeMetric
+        All the judge metrics of one stage (one judge engine).
+
+    Returns
+    -------
+    Instructions or None
+        The block: the instruction sets of every ``instructions_first`` metric of
+        ``metrics``, sorted by name (:meth:`Instructions.of`), so it is the same whatever
+        the order of the metrics in the config; None when no metric uses that layout.
+    """
+    chosen = [m for m in metrics if m.prompt_layout == "instructions_first"]
+    if not chosen:
+        return None
+    block = Instructions.of(s for m in chosen for s in m.instruction_sets())
+    for metric in chosen:
+        metric.bind_instructions(block)
+    return block

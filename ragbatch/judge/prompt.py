@@ -1,19 +1,32 @@
-"""The prompt layout shared by every judge metric.
+"""The prompt layouts shared by every judge metric.
 
-Every judge prompt is two chat messages: the same system message for all metrics, and a
-user message that starts with the row's shared block (retrieved contexts, then question,
-then answer) and ends with the metric's own task (its instructions, the reference answer
-or the statements to check, the reply format). The shared block is byte-identical for
-every metric and step of a row, so an engine with prefix caching (vLLM's automatic
-prefix caching) computes it once per row and reuses it for the other asks.
+Every judge prompt is two chat messages, a system message and a user message. The
+user message always holds the row's shared block (retrieved contexts, then question,
+then answer), byte-identical for every metric and step of a row. Where a metric's task
+goes is the metric's ``prompt_layout`` param:
 
-``layout="task_first"`` puts the task before the shared block; it exists only so that
-the benchmark can measure what the shared-first layout saves.
+``instructions_first`` (the default)
+    The system message holds the instructions of every judge metric of the stage (each
+    step's instruction set under its name, in a fixed order: :class:`Instructions`),
+    identical for every row and request of the stage. The user message is the shared
+    block, then a short ask (:class:`Task`): which instruction set applies, the step's
+    own inputs (the reference answer, the statements to check) and the reply format.
+    An engine with prefix caching (vLLM's automatic prefix caching) computes the
+    instructions once per stage and the shared block once per row.
+``row_first``
+    The layout of ragbatch 0.x before ``prompt_layout`` existed: the system message is
+    :data:`SYSTEM_PROMPT`, the user message the shared block, then ``## Task`` and the
+    step's whole task (instructions, inputs, reply format), so the instructions are
+    computed again for every row.
+
+:func:`build_messages` also takes ``layout="task_first"`` (the task before the shared
+block), which only the prefix-cache benchmark (``benchmarks/judge_stage.py``) uses.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Sequence
 
 from ragbatch.judge.protocol import Message
 
@@ -24,8 +37,23 @@ SYSTEM_PROMPT = (
     "reply only in the format the task requires."
 )
 
+#: The opening of the system message in the ``instructions_first`` layout; the stage's
+#: instruction sets follow it.
+INSTRUCTIONS_PREAMBLE = (
+    "You evaluate the output of a retrieval-augmented generation (RAG) system. Below are "
+    "sets of instructions, each under its name. After them you are given the retrieved "
+    "contexts, the user's question and the system's answer, followed by a task that names "
+    "the instruction set to follow. Follow that set only, judge only from the text you are "
+    "given, and reply only in the format the task requires."
+)
+
 #: Shown in place of an input that the row does not have.
 NOT_GIVEN = "(not given)"
+
+#: The values of the judge metrics' ``prompt_layout`` param.
+PromptLayout = Literal["instructions_first", "row_first"]
+#: The layout a judge metric uses when its params do not name one.
+DEFAULT_LAYOUT: PromptLayout = "instructions_first"
 
 
 def numbered(items: Sequence[str]) -> str:
@@ -54,8 +82,124 @@ def shared_block(row: dict[str, Any]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Task:
+    """One judge step's task for one row, in both layouts.
+
+    Attributes
+    ----------
+    name : str
+        The instruction set's name (``"faithfulness: verdicts"``), shown as its heading.
+    text : str
+        The whole task as the ``row_first`` layout shows it after ``## Task``.
+    instructions : str
+        The ``instructions_first`` layout's instruction set: no value of the row.
+    ask : str
+        The ``instructions_first`` layout's ask: the step's inputs from the row and the
+        reply format.
+    """
+
+    name: str
+    text: str
+    instructions: str
+    ask: str
+
+
+def _fill(template: str, fields: dict[str, Any]) -> str:
+    """``template`` filled with ``fields`` (``str.format``), or as it is without fields
+    (templates without fields are written with single braces)."""
+    return template.format(**fields) if fields else template
+
+
+@dataclass(frozen=True)
+class StepPrompt:
+    """The prompt text of one judge step, for both layouts.
+
+    Attributes
+    ----------
+    name : str
+        The instruction set's name, ``"<metric>: <step>"``.
+    task : str
+        The ``row_first`` task: a ``str.format`` template when the step has fields
+        (``{n}``, ``{reference}``...; literal braces doubled), else plain text.
+    instructions : str
+        The ``instructions_first`` instruction set: plain text, the same for every row.
+    ask : str
+        The ``instructions_first`` ask: a template with the same fields as ``task`` (or
+        plain text when it has none).
+    """
+
+    name: str
+    task: str
+    instructions: str
+    ask: str
+
+    def fill(self, **fields: Any) -> Task:
+        """The :class:`Task` of one row: ``task`` and ``ask`` filled with ``fields``.
+
+        Raises
+        ------
+        KeyError
+            A field the templates use is not given.
+        """
+        return Task(self.name, _fill(self.task, fields), self.instructions, _fill(self.ask, fields))
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """The instruction sets of a stage's ``instructions_first`` metrics, in a fixed order.
+
+    Build it with :meth:`of`. ``sets`` holds ``(heading, text)`` pairs sorted by name,
+    then text; two different sets with one name (a metric twice with different params)
+    are told apart by a suffix, `` (2)``, `` (3)``..., in that order.
+    """
+
+    sets: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, steps: Iterable[tuple[str, str]]) -> "Instructions":
+        """The block for ``steps``, ``(name, instructions)`` pairs (duplicates dropped)."""
+        unique = sorted(set(steps))
+        seen: dict[str, int] = {}
+        sets = []
+        for name, text in unique:
+            seen[name] = seen.get(name, 0) + 1
+            heading = name if seen[name] == 1 else f"{name} ({seen[name]})"
+            sets.append((heading, text))
+        return cls(tuple(sets))
+
+    def heading(self, task: Task) -> str:
+        """The heading under which ``task``'s instructions appear.
+
+        Raises
+        ------
+        ValueError
+            ``task``'s instructions are not in the block (the metric was not among those
+            the block was built for: build it with every metric of the stage).
+        """
+        for heading, text in self.sets:
+            if text == task.instructions and (
+                heading == task.name or heading.startswith(f"{task.name} (")
+            ):
+                return heading
+        raise ValueError(
+            f"instruction set {task.name!r} is not in the stage's instructions; build them "
+            "with every judge metric of the stage (ragbatch.judge.metric.bind_instructions)"
+        )
+
+    def system(self) -> str:
+        """The system message: :data:`INSTRUCTIONS_PREAMBLE`, then each set under
+        ``## Instructions: <heading>``."""
+        parts = [INSTRUCTIONS_PREAMBLE]
+        parts += [f"## Instructions: {heading}\n{text.strip()}" for heading, text in self.sets]
+        return "\n\n".join(parts)
+
+
 def build_messages(
-    row: dict[str, Any], task: str, layout: Literal["shared_first", "task_first"] = "shared_first"
+    row: dict[str, Any],
+    task: str | Task,
+    layout: Literal["row_first", "instructions_first", "task_first"] = "row_first",
+    instructions: Instructions | None = None,
 ) -> tuple[Message, ...]:
     """The chat for one judge call: the system message, then the user message.
 
@@ -63,23 +207,43 @@ def build_messages(
     ----------
     row : dict
         Canonical values of one input row (``contexts``, ``question``, ``answer``).
-    task : str
-        The metric-specific part: instructions, extra inputs (reference answer,
-        statements), reply format. Goes last.
-    layout : {"shared_first", "task_first"}
-        ``shared_first`` (the default, used by every metric) puts :func:`shared_block`
-        first; ``task_first`` only serves the prefix-cache benchmark.
+    task : str or Task
+        The metric-specific part. A str is a ``row_first`` task (instructions, extra
+        inputs, reply format); a :class:`Task` serves every layout.
+    layout : {"row_first", "instructions_first", "task_first"}
+        ``row_first`` puts :func:`shared_block` first and the whole task last, after
+        :data:`SYSTEM_PROMPT`; ``instructions_first`` puts the stage's instruction sets
+        in the system message and only the ask after the shared block; ``task_first``
+        (the task before the shared block) only serves the prefix-cache benchmark.
+    instructions : Instructions, optional
+        The stage's instruction sets (``instructions_first``); by default a block of
+        ``task``'s own set alone.
 
     Returns
     -------
     tuple of Message
         ``(system, user)``.
+
+    Raises
+    ------
+    ValueError
+        An unknown layout; ``instructions_first`` with a str task; a task whose
+        instructions are not in ``instructions``.
     """
     block = shared_block(row)
-    if layout == "shared_first":
-        user = f"{block}\n\n## Task\n{task.strip()}"
+    if layout == "instructions_first":
+        if not isinstance(task, Task):
+            raise ValueError("the instructions_first layout needs a Task, not a task text")
+        if instructions is None:
+            instructions = Instructions.of([(task.name, task.instructions)])
+        ask = f'Follow the instructions "{instructions.heading(task)}".\n\n{task.ask.strip()}'
+        user = f"{block}\n\n## Task\n{ask}"
+        return (Message("system", instructions.system()), Message("user", user))
+    text = (task.text if isinstance(task, Task) else task).strip()
+    if layout == "row_first":
+        user = f"{block}\n\n## Task\n{text}"
     elif layout == "task_first":
-        user = f"## Task\n{task.strip()}\n\n{block}"
+        user = f"## Task\n{text}\n\n{block}"
     else:
         raise ValueError(f"unknown prompt layout {layout!r}")
     return (Message("system", SYSTEM_PROMPT), Message("user", user))

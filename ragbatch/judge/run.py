@@ -37,7 +37,7 @@ import numpy as np
 
 from ragbatch.judge.cache import JudgmentCache, cache_key, group_key
 from ragbatch.judge.confidence import CellConfidence
-from ragbatch.judge.metric import Embed, JudgeMetric
+from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
 from ragbatch.metrics.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
@@ -296,6 +296,9 @@ class JudgeRunner:
         Seed of the first attempt; attempt ``k`` uses ``seed + k``.
     max_tokens : int, optional
         Cap on every request's completion budget (the lower of it and the metric's).
+
+    The metrics are the stage's: those with ``prompt_layout: instructions_first`` are
+    given one instruction block, of them all (:func:`~ragbatch.judge.metric.bind_instructions`).
     """
 
     def __init__(
@@ -311,6 +314,7 @@ class JudgeRunner:
         self.max_tokens = max_tokens
         self.engine = engine
         self.metrics = list(metrics)
+        bind_instructions(self.metrics)
         self.embedders = embedders or {}
         self.cache = cache
         self.parse_retries = parse_retries

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from ragbatch.judge.metric import JudgeMetric, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import Instructions, StepPrompt, build_messages
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 
 #: ``max_tokens`` per verdict with its reason: a reason of ``REASON_MAX_CHARS`` (about 3
@@ -66,18 +66,18 @@ class VerdictMetric(JudgeMetric):
     """A judge metric whose (last) step asks for one 0/1 verdict per item; takes
     :class:`VerdictParams` and builds that step with :meth:`verdicts_ask`.
 
-    A subclass lists its verdict task templates in :attr:`verdict_templates`; each is
-    checked when the class is defined, so a template that cannot be rewritten for bare
+    A subclass lists the prompts of its verdict steps in :attr:`verdict_prompts`; each
+    is checked when the class is defined, so a prompt that cannot be rewritten for bare
     verdicts fails at import (ValueError), not row by row in a run.
     """
 
     Params = VerdictParams
-    verdict_templates: ClassVar[tuple[str, ...]] = ()
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for template in cls.verdict_templates:
-            bare_verdicts_template(template)
+        for step in cls.verdict_prompts:
+            bare_verdicts_step(step)
 
     @property
     def reasons(self) -> bool:
@@ -93,17 +93,27 @@ class VerdictMetric(JudgeMetric):
             identity["params"] = {k: v for k, v in identity["params"].items() if k != "reasons"}
         return identity
 
+    def step_prompt(self, step: StepPrompt) -> StepPrompt:
+        """``step``, rewritten for bare verdicts (:func:`bare_verdicts_step`) when it is
+        one of :attr:`verdict_prompts` and ``reasons`` is false."""
+        if not self.reasons and step in self.verdict_prompts:
+            return bare_verdicts_step(step)
+        return step
+
+    def step_prompts(self) -> tuple[StepPrompt, ...]:
+        return tuple(self.step_prompt(p) for p in self.prompts)
+
     def verdicts_ask(
         self,
         row: dict[str, Any],
-        template: str,
+        template: StepPrompt,
         n: int,
         *,
         max_tokens_per_verdict: int,
         step: str = "verdicts",
         **fields: str,
     ) -> Ask:
-        """:func:`verdicts_ask` with this metric's ``reasons``."""
+        """:func:`verdicts_ask` with this metric's ``reasons``, layout and instructions."""
         return verdicts_ask(
             row,
             template,
@@ -111,6 +121,8 @@ class VerdictMetric(JudgeMetric):
             reasons=self.reasons,
             max_tokens_per_verdict=max_tokens_per_verdict,
             step=step,
+            layout=self.prompt_layout,
+            instructions=self.instructions(),
             **fields,
         )
 
@@ -138,14 +150,43 @@ def bare_verdicts_template(template: str) -> str:
     return text.replace(_REASON_FORMAT, _BARE_FORMAT)
 
 
+@functools.lru_cache(maxsize=64)
+def bare_verdicts_step(step: StepPrompt) -> StepPrompt:
+    """A verdict step's prompt rewritten to ask for bare verdicts in both layouts: its
+    ``task`` by :func:`bare_verdicts_template`, its ``instructions`` losing the reason
+    clause and its ``ask`` taking the bare reply format.
+
+    Raises
+    ------
+    ValueError
+        The task cannot be rewritten, or the instructions do not hold the reason clause
+        once, or the ask the reply format once.
+    """
+    instructions, sentences = _REASON_SENTENCE.subn(".", step.instructions)
+    formats = step.ask.count(_REASON_FORMAT)
+    if sentences != 1 or formats != 1:
+        raise ValueError(
+            f"{step.name}: a verdict step's instructions must ask for reasons once and its "
+            f"ask hold the reply format once; found {sentences} and {formats}"
+        )
+    return StepPrompt(
+        step.name,
+        bare_verdicts_template(step.task),
+        instructions,
+        step.ask.replace(_REASON_FORMAT, _BARE_FORMAT),
+    )
+
+
 def verdicts_ask(
     row: dict[str, Any],
-    template: str,
+    template: str | StepPrompt,
     n: int,
     *,
     reasons: bool,
     max_tokens_per_verdict: int,
     step: str = "verdicts",
+    layout: str = "row_first",
+    instructions: Instructions | None = None,
     **fields: str,
 ) -> Ask:
     """The judge request for ``n`` verdicts on ``row``.
@@ -154,10 +195,11 @@ def verdicts_ask(
     ----------
     row : dict
         The canonical values of the row (for the shared prompt block).
-    template : str
-        The metric's verdict task, a ``str.format`` template written with reasons;
-        rewritten by :func:`bare_verdicts_template` when ``reasons`` is false, then
-        filled with ``n`` and ``fields``.
+    template : str or StepPrompt
+        The metric's verdict step, written with reasons: a ``row_first`` task template,
+        or the step's prompt for both layouts; rewritten for bare verdicts
+        (:func:`bare_verdicts_template`, :func:`bare_verdicts_step`) when ``reasons`` is
+        false, then filled with ``n`` and ``fields``.
     n : int
         Verdicts asked for (1 or more).
     reasons : bool
@@ -167,6 +209,11 @@ def verdicts_ask(
         :data:`BARE_VERDICT_MAX_TOKENS` each.
     step : str
         The step's name (in the judge bookkeeping).
+    layout : {"row_first", "instructions_first"}
+        The prompt layout (:func:`~ragbatch.judge.prompt.build_messages`);
+        ``instructions_first`` needs a :class:`StepPrompt`.
+    instructions : Instructions, optional
+        The stage's instruction sets (``instructions_first``); by default the step's own.
     **fields : str
         The template's other fields (``statements``, ``reference``...).
 
@@ -174,7 +221,7 @@ def verdicts_ask(
     ------
     ValueError
         ``reasons`` is false and ``template`` cannot be rewritten
-        (:func:`bare_verdicts_template`).
+        (:func:`bare_verdicts_template`); ``instructions_first`` with a str template.
 
     Returns
     -------
@@ -185,10 +232,22 @@ def verdicts_ask(
         verdicts' places (:data:`REASONED_SLOTS` or :data:`BARE_SLOTS`) go with it, so
         their token logprobs are asked for.
     """
-    task = (template if reasons else bare_verdicts_template(template)).format(n=n, **fields)
+    if isinstance(template, StepPrompt):
+        prompt = template if reasons else bare_verdicts_step(template)
+        messages = build_messages(
+            row,
+            prompt.fill(n=n, **fields),
+            "instructions_first" if layout == "instructions_first" else "row_first",
+            instructions,
+        )
+    else:
+        if layout == "instructions_first":
+            raise ValueError("the instructions_first layout needs a StepPrompt, not a template")
+        task = (template if reasons else bare_verdicts_template(template)).format(n=n, **fields)
+        messages = build_messages(row, task)
     per_item = max_tokens_per_verdict if reasons else BARE_VERDICT_MAX_TOKENS
     return Ask(
-        build_messages(row, task),
+        messages,
         OutputSpec.of_schema(
             verdicts_schema(n, reasons), max_tokens=REPLY_OVERHEAD_TOKENS + per_item * n
         ),

@@ -15,7 +15,7 @@ from ragbatch.judge.parse import (
     parse_statements,
     statements_schema,
 )
-from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.prompt import StepPrompt, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import (
@@ -43,6 +43,21 @@ an empty list.
 
 Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+POINTS_INSTRUCTIONS = """\
+List the main points of the answer: the distinct pieces of information it gives in reply
+to the question. Write each point as one sentence that can be read on its own (name
+things instead of using pronouns), keeping the answer's meaning. Leave out filler such as
+greetings, a restated question or an offer of more help. An answer that gives no
+information (a refusal, "I cannot tell from the documents") has no main points: return
+an empty list."""
+
+#: The ``instructions_first`` layout's ask of this step.
+POINTS_ASK = """\
+Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
+
+POINTS = StepPrompt("answer_consistency/main points", POINTS_TASK, POINTS_INSTRUCTIONS, POINTS_ASK)
+
 DERIVABLE_TASK = """\
 Below are the main points of the answer. For each point, decide whether it can be
 derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
@@ -55,6 +70,26 @@ Main points:
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+DERIVABLE_INSTRUCTIONS = """\
+The task lists main points of the answer. For each point, decide whether it can be
+derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
+follows from what they state. Verdict 0: the point needs information the contexts do not
+give, or the contexts contradict it. Your own knowledge does not count. Give one verdict
+per point, in the same order, each with a one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+DERIVABLE_ASK = """\
+Main points:
+{points}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+DERIVABLE = StepPrompt(
+    "answer_consistency/verdicts", DERIVABLE_TASK, DERIVABLE_INSTRUCTIONS, DERIVABLE_ASK
+)
 
 
 @register
@@ -75,9 +110,13 @@ class AnswerConsistency(VerdictMetric):
     """
 
     name: ClassVar[str] = "answer_consistency"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (
+        POINTS,
+        DERIVABLE,
+    )
     health: ClassVar[HealthFields] = HealthFields(extraction="main_points", verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_templates: ClassVar[tuple[str, ...]] = (DERIVABLE_TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (DERIVABLE,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
@@ -198,7 +237,7 @@ class AnswerConsistency(VerdictMetric):
     def program(self, row: dict[str, Any]) -> Program:
         [points] = yield [
             Ask(
-                build_messages(row, POINTS_TASK),
+                self.messages(row, POINTS),
                 OutputSpec.of_schema(statements_schema(), max_tokens=POINTS_MAX_TOKENS),
                 parse_statements,
                 step="main_points",
@@ -212,7 +251,7 @@ class AnswerConsistency(VerdictMetric):
         [verdicts] = yield [
             self.verdicts_ask(
                 row,
-                DERIVABLE_TASK,
+                DERIVABLE,
                 n,
                 max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
                 points=numbered(points),

@@ -8,7 +8,7 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics.cells import (
     Guard,
@@ -54,6 +54,25 @@ contexts, false when all of it is.
 Reply with JSON: {"reason": "...", "states_claims": true or false,
 "unattributable": true or false}"""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+Decide whether the answer contains any information that cannot be attributed to the
+retrieved contexts: a fact, number, name or claim that the contexts do not state and
+that does not follow from them. Restating or summarising what the contexts say is
+attributable. Judge against the contexts only, not against your own knowledge.
+
+Give a one-sentence reason first. Set "states_claims" to false when the answer gives no
+information at all (a refusal, "I don't know"), true otherwise. Set "unattributable" to
+true when at least one piece of information in the answer is not attributable to the
+contexts, false when all of it is."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reply with JSON: {"reason": "...", "states_claims": true or false,
+"unattributable": true or false}"""
+
+PROMPT = StepPrompt("answer_consistency_binary", TASK, INSTRUCTIONS, ASK)
+
 
 def parse_reply(text: str) -> dict[str, Any]:
     """The reply as a dict of :data:`SCHEMA`.
@@ -86,6 +105,7 @@ class AnswerConsistencyBinary(JudgeMetric):
 
     Params = ScoreParams
     name: ClassVar[str] = "answer_consistency_binary"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(reason="reason", usual_score=1.0)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
@@ -182,7 +202,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     def program(self, row: dict[str, Any]) -> Program:
         [reply] = yield [
             Ask(
-                build_messages(row, TASK),
+                self.messages(row, PROMPT),
                 OutputSpec.of_schema(SCHEMA, max_tokens=MAX_TOKENS),
                 parse_reply,
                 step="attribution",

@@ -9,12 +9,11 @@ from pydantic import Field
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, Program
+from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, JudgeParams, Program
 from ragbatch.judge.parse import parse_json
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
-from ragbatch.metrics.base import StrictParams
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -35,8 +34,29 @@ to an answer.
 Reply with JSON: {{"noncommittal": 0 or 1, "questions": ["...", ...]}} with exactly {n}
 questions."""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+Write as many questions as the task asks for, to which the answer would be a fitting
+reply, working from the answer alone: each question asks for the information the answer
+gives. Do not copy or rephrase the question the user asked; derive the questions from
+the answer's content. Write them as a user would ask them, one question per item, each
+different from the others.
 
-class AnswerRelevancyParams(StrictParams):
+Also decide whether the answer is noncommittal: 1 when it evades or declines to answer
+("I don't know", "I'm not sure", "it depends" with nothing definite), 0 when it commits
+to an answer."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Write {n} questions.
+
+Reply with JSON: {{"noncommittal": 0 or 1, "questions": ["...", ...]}} with exactly {n}
+questions."""
+
+PROMPT = StepPrompt("answer_relevancy", TASK, INSTRUCTIONS, ASK)
+
+
+class AnswerRelevancyParams(JudgeParams):
     """Params of ``answer_relevancy``."""
 
     embedder: str = Field(
@@ -126,6 +146,7 @@ class AnswerRelevancy(JudgeMetric):
     """
 
     name: ClassVar[str] = "answer_relevancy"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(
         extraction="questions", extraction_void="noncommittal"
     )
@@ -229,7 +250,7 @@ class AnswerRelevancy(JudgeMetric):
         n = self.params.n_questions
         [(questions, noncommittal)] = yield [
             Ask(
-                build_messages(row, TASK.format(n=n)),
+                self.messages(row, PROMPT, n=n),
                 OutputSpec.of_schema(
                     questions_schema(n), max_tokens=n * (QUESTION_MAX_CHARS // 3 + 8) + 24
                 ),

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import parse_choice
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
 from ragbatch.core.registry import register
@@ -34,6 +34,28 @@ Reference answer:
 {reference}
 
 Reply with one digit from 0 to 5 and nothing else."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+Rate how well the answer agrees with the reference answer the task gives, taken as
+replies to the question. Compare meaning, not wording: a paraphrase that conveys the same
+information is a full match. Do not use the retrieved contexts for this task.
+
+5: conveys what the reference conveys; nothing important missing or contradicted
+4: agrees with the reference, with a minor omission or a small inaccuracy
+3: partly agrees; some key points of the reference are missing or wrong
+2: mostly differs; only a small part of the reference is there
+1: barely related to the reference
+0: unrelated to the reference, contradicts it, or gives no answer at all"""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reference answer:
+{reference}
+
+Reply with one digit from 0 to 5 and nothing else."""
+
+PROMPT = StepPrompt("answer_similarity", TASK, INSTRUCTIONS, ASK)
 
 
 def parse_rating(text: str) -> int:
@@ -67,6 +89,7 @@ class AnswerSimilarity(JudgeMetric):
 
     Params = ScoreParams
     name: ClassVar[str] = "answer_similarity"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER, REFERENCE)
     score_range: ClassVar[tuple[float, float]] = (0.0, 5.0)
@@ -163,10 +186,9 @@ class AnswerSimilarity(JudgeMetric):
         )
 
     def program(self, row: dict[str, Any]) -> Program:
-        task = TASK.format(reference=row[REFERENCE])
         [rating] = yield [
             Ask(
-                build_messages(row, task),
+                self.messages(row, PROMPT, reference=row[REFERENCE]),
                 OutputSpec.of_choice(RATINGS, max_tokens=4),
                 parse_rating,
                 step="rating",

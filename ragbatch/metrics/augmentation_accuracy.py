@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import (
@@ -30,6 +31,21 @@ their numbers, each with a one-sentence reason.
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items, the first for context [1]."""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+For each retrieved context, in the order of their numbers, decide whether the answer
+uses information from it. Verdict 1: some information in the answer comes from that
+context (stated there, quoted or paraphrased); using part of a context counts. Verdict 0:
+the answer takes nothing from that context. Give one verdict per context, in the order
+of their numbers, each with a one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+PROMPT = StepPrompt("augmentation_accuracy", TASK, INSTRUCTIONS, ASK)
+
 
 @register
 class AugmentationAccuracy(VerdictMetric):
@@ -48,9 +64,10 @@ class AugmentationAccuracy(VerdictMetric):
     """
 
     name: ClassVar[str] = "augmentation_accuracy"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
@@ -150,7 +167,7 @@ class AugmentationAccuracy(VerdictMetric):
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
         [verdicts] = yield [
-            self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
+            self.verdicts_ask(row, PROMPT, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
         ]
         used = sum(verdicts)
         reason = None

@@ -10,7 +10,7 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import (
     Guard,
@@ -39,6 +39,25 @@ one-sentence reason.
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "relevant": 0 or 1, "used": 0 or 1}}, ...]}}
 with exactly {n} items, the first for context [1]."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+For each retrieved context, in the order of their numbers, make two separate 0/1
+judgments:
+- "relevant": 1 when the context holds information that helps answer the question,
+  0 when it does not;
+- "used": 1 when the answer takes information from this context (stated there, quoted
+  or paraphrased), 0 when it does not.
+The two are independent: a context can be relevant but unused, or used but irrelevant.
+Give one item per context, in the order of their numbers, each starting with a
+one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reply with JSON: {{"verdicts": [{{"reason": "...", "relevant": 0 or 1, "used": 0 or 1}}, ...]}}
+with exactly {n} items, the first for context [1]."""
+
+PROMPT = StepPrompt("augmentation_precision", TASK, INSTRUCTIONS, ASK)
 
 
 def judgments_schema(n: int) -> dict[str, Any]:
@@ -108,6 +127,7 @@ class AugmentationPrecision(JudgeMetric):
     """
 
     name: ClassVar[str] = "augmentation_precision"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(verdicts="relevant")
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
@@ -218,7 +238,7 @@ class AugmentationPrecision(JudgeMetric):
         n = len(row[CONTEXTS])
         [judgments] = yield [
             Ask(
-                build_messages(row, TASK.format(n=n)),
+                self.messages(row, PROMPT, n=n),
                 OutputSpec.of_schema(judgments_schema(n), max_tokens=ITEM_MAX_TOKENS * n + 16),
                 lambda text: parse_judgments(text, n),
                 step="judgments",

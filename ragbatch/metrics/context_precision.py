@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Sequence
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.health import HealthFields
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import (
@@ -32,6 +33,25 @@ context, in the order of their numbers, each with a one-sentence reason.
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items, the first for context [1]."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+For each retrieved context, in the order of their numbers, decide whether it was useful
+for arriving at the reference answer the task gives. Verdict 1: the context holds
+information that the reference answer states or that leads to it. Verdict 0: it does
+not. Judge against the question and the reference answer; ignore the system's answer.
+Give one verdict per context, in the order of their numbers, each with a one-sentence
+reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reference answer to the question:
+{reference}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+PROMPT = StepPrompt("context_precision", TASK, INSTRUCTIONS, ASK)
 
 
 def average_precision(verdicts: Sequence[float]) -> float:
@@ -78,9 +98,10 @@ class ContextPrecision(VerdictMetric):
     """
 
     name: ClassVar[str] = "context_precision"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
@@ -197,7 +218,7 @@ class ContextPrecision(VerdictMetric):
         [verdicts] = yield [
             self.verdicts_ask(
                 row,
-                TASK,
+                PROMPT,
                 n,
                 max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
                 reference=row[REFERENCE],

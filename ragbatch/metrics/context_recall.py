@@ -15,7 +15,7 @@ from ragbatch.judge.parse import (
     parse_statements,
     statements_schema,
 )
-from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.prompt import StepPrompt, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import (
@@ -44,6 +44,24 @@ claim. If the reference makes no claim, return an empty list.
 
 Reply with JSON: {{"statements": ["...", ...]}} with at most 20 statements."""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+STATEMENTS_INSTRUCTIONS = """\
+Split the reference answer the task gives (not the system's answer) into its individual
+statements. Each statement makes one claim, can be read on its own (name things instead
+of using pronouns) and keeps the reference's meaning. Leave out text that makes no
+claim. If the reference makes no claim, return an empty list."""
+
+#: The ``instructions_first`` layout's ask of this step.
+STATEMENTS_ASK = """\
+Reference answer to the question:
+{reference}
+
+Reply with JSON: {{"statements": ["...", ...]}} with at most 20 statements."""
+
+STATEMENTS = StepPrompt(
+    "context_recall/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
+)
+
 ATTRIBUTION_TASK = """\
 Reference answer to the question:
 {reference}
@@ -59,6 +77,29 @@ Statements:
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+ATTRIBUTION_INSTRUCTIONS = """\
+The task gives the reference answer and lists its statements. For each statement,
+decide whether it can be attributed to the retrieved contexts. Verdict 1: the contexts
+state it or it follows from what they state. Verdict 0: the contexts do not give it, or
+contradict it. Your own knowledge does not count. Give one verdict per statement, in the
+same order, each with a one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ATTRIBUTION_ASK = """\
+Reference answer to the question:
+{reference}
+
+Statements:
+{statements}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+ATTRIBUTION = StepPrompt(
+    "context_recall/verdicts", ATTRIBUTION_TASK, ATTRIBUTION_INSTRUCTIONS, ATTRIBUTION_ASK
+)
 
 
 @register
@@ -80,9 +121,13 @@ class ContextRecall(VerdictMetric):
     """
 
     name: ClassVar[str] = "context_recall"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (
+        STATEMENTS,
+        ATTRIBUTION,
+    )
     health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_templates: ClassVar[tuple[str, ...]] = (ATTRIBUTION_TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (ATTRIBUTION,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the reference answer's statements that the contexts support"
@@ -200,7 +245,7 @@ class ContextRecall(VerdictMetric):
         reference = row[REFERENCE]
         [statements] = yield [
             Ask(
-                build_messages(row, STATEMENTS_TASK.format(reference=reference)),
+                self.messages(row, STATEMENTS, reference=reference),
                 OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
                 parse_statements,
                 step="statements",
@@ -217,7 +262,7 @@ class ContextRecall(VerdictMetric):
         [verdicts] = yield [
             self.verdicts_ask(
                 row,
-                ATTRIBUTION_TASK,
+                ATTRIBUTION,
                 n,
                 max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
                 reference=reference,

@@ -10,7 +10,7 @@ import polars as pl
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
-from ragbatch.judge.prompt import build_messages
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
 from ragbatch.metrics.cells import (
     Guard,
@@ -40,6 +40,24 @@ Sentences:
 
 Reply with JSON: {{"relevant": [sentence numbers]}} using numbers from 1 to {n}, each at
 most once."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+The task splits the retrieved contexts into numbered sentences. List the numbers of the
+sentences that are relevant to the question: sentences holding information that is
+needed or useful to answer it. Leave out sentences that are off-topic, boilerplate,
+navigation or markup, or only loosely related. Judge against the question only; ignore
+the answer. If no sentence is relevant, reply with an empty list."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Sentences:
+{sentences}
+
+Reply with JSON: {{"relevant": [sentence numbers]}} using numbers from 1 to {n}, each at
+most once."""
+
+PROMPT = StepPrompt("context_relevancy", TASK, INSTRUCTIONS, ASK)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -134,6 +152,7 @@ class ContextRelevancy(JudgeMetric):
     """
 
     name: ClassVar[str] = "context_relevancy"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
     boolean: ClassVar[bool] = False
@@ -228,7 +247,7 @@ class ContextRelevancy(JudgeMetric):
         listing = "\n".join(f"({i}) {s}" for i, s in enumerate(sentences, start=1))
         [relevant] = yield [
             Ask(
-                build_messages(row, TASK.format(sentences=listing, n=n)),
+                self.messages(row, PROMPT, sentences=listing, n=n),
                 OutputSpec.of_schema(relevant_schema(n), max_tokens=4 * n + 16),
                 lambda text: parse_relevant(text, n),
                 step="sentences",

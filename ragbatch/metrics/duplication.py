@@ -8,6 +8,7 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.answer_verdict import AnswerVerdictMetric
 from ragbatch.judge.metric import JudgeExample
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -22,6 +23,23 @@ Give a one-sentence reason first (quote the repeated information when there is s
 then the verdict: true when the answer repeats information, false when it does not.
 
 Reply with JSON: {"reason": "...", "verdict": true or false}"""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+Decide whether the answer repeats itself: whether it gives the same piece of information
+more than once, in the same words or in different ones. A closing summary that restates
+points already made counts as repetition. Naming the same thing in two statements that
+say different things about it does not. Judge the answer's text only; ignore the
+contexts and the question.
+
+Give a one-sentence reason first (quote the repeated information when there is some),
+then the verdict: true when the answer repeats information, false when it does not."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reply with JSON: {"reason": "...", "verdict": true or false}"""
+
+PROMPT = StepPrompt("duplication", TASK, INSTRUCTIONS, ASK)
 
 
 @register
@@ -41,7 +59,7 @@ class Duplication(AnswerVerdictMetric):
     name: ClassVar[str] = "duplication"
     health: ClassVar[HealthFields] = HealthFields(reason="reason", usual_score=0.0)
     version: ClassVar[int] = 1
-    task: ClassVar[str] = TASK
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     positive_reason: ClassVar[str] = "the answer repeats information"
     higher_is_better: ClassVar[bool] = False
     summary: ClassVar[str] = "1 when the answer repeats the same information"

@@ -15,7 +15,7 @@ from ragbatch.judge.parse import (
     parse_statements,
     statements_schema,
 )
-from ragbatch.judge.prompt import build_messages, numbered
+from ragbatch.judge.prompt import StepPrompt, numbered
 from ragbatch.judge.protocol import Ask, OutputSpec
 from ragbatch.judge.verdicts import VerdictMetric
 from ragbatch.metrics.cells import (
@@ -38,6 +38,22 @@ know"), return an empty list.
 
 Reply with JSON: {"statements": ["...", ...]}"""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+STATEMENTS_INSTRUCTIONS = """\
+Break the answer into its individual factual statements. Each statement must make one
+claim, be understandable without the other statements (replace pronouns with what they
+refer to), and stay faithful to the answer's wording. Leave out greetings, hedges and
+text that makes no claim. If the answer makes no factual claim (a refusal, "I don't
+know"), return an empty list."""
+
+#: The ``instructions_first`` layout's ask of this step.
+STATEMENTS_ASK = """\
+Reply with JSON: {"statements": ["...", ...]}"""
+
+STATEMENTS = StepPrompt(
+    "faithfulness/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
+)
+
 VERDICTS_TASK = """\
 For each statement below, decide whether it can be inferred from the retrieved contexts
 alone. Verdict 1: the contexts state it or it follows directly from them. Verdict 0: the
@@ -49,6 +65,23 @@ Statements:
 
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items."""
+
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+VERDICTS_INSTRUCTIONS = """\
+For each statement the task lists, decide whether it can be inferred from the retrieved
+contexts alone. Verdict 1: the contexts state it or it follows directly from them.
+Verdict 0: the contexts do not support it, or contradict it. Give one verdict per
+statement, in the same order, each with a one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+VERDICTS_ASK = """\
+Statements:
+{statements}
+
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items."""
+
+VERDICTS = StepPrompt("faithfulness/verdicts", VERDICTS_TASK, VERDICTS_INSTRUCTIONS, VERDICTS_ASK)
 
 
 @register
@@ -68,8 +101,12 @@ class Faithfulness(VerdictMetric):
     """
 
     name: ClassVar[str] = "faithfulness"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (
+        STATEMENTS,
+        VERDICTS,
+    )
     health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
-    verdict_templates: ClassVar[tuple[str, ...]] = (VERDICTS_TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (VERDICTS,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
     summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
     source: ClassVar[str] = "Ragas faithfulness (Es et al. 2023, RAGAS, section 3)"
@@ -179,7 +216,7 @@ class Faithfulness(VerdictMetric):
     def program(self, row: dict[str, Any]) -> Program:
         [statements] = yield [
             Ask(
-                build_messages(row, STATEMENTS_TASK),
+                self.messages(row, STATEMENTS),
                 OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
                 parse_statements,
                 step="statements",
@@ -192,7 +229,7 @@ class Faithfulness(VerdictMetric):
         [verdicts] = yield [
             self.verdicts_ask(
                 row,
-                VERDICTS_TASK,
+                VERDICTS,
                 len(statements),
                 max_tokens_per_verdict=VERDICT_MAX_TOKENS,
                 statements=numbered(statements),

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
+from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample, Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
 from ragbatch.metrics.cells import (
@@ -30,6 +31,21 @@ verdict per context, in the order of their numbers, each with a one-sentence rea
 Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
 {n} items, the first for context [1]."""
 
+#: The ``instructions_first`` layout's instruction set of this step (plain text).
+INSTRUCTIONS = """\
+For each retrieved context, in the order of their numbers, decide whether it is relevant
+to the question. Verdict 1: the context holds information that helps answer the
+question. Verdict 0: it does not (another subject, navigation or markup, text only
+loosely related). Judge the contexts against the question only; ignore the answer. Give
+one verdict per context, in the order of their numbers, each with a one-sentence reason."""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = """\
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+PROMPT = StepPrompt("retrieval_precision", TASK, INSTRUCTIONS, ASK)
+
 
 @register
 class RetrievalPrecision(VerdictMetric):
@@ -48,9 +64,10 @@ class RetrievalPrecision(VerdictMetric):
     """
 
     name: ClassVar[str] = "retrieval_precision"
+    prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_templates: ClassVar[tuple[str, ...]] = (TASK,)
+    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the retrieved contexts that are relevant to the question"
@@ -178,7 +195,7 @@ class RetrievalPrecision(VerdictMetric):
     def program(self, row: dict[str, Any]) -> Program:
         n = len(row[CONTEXTS])
         [verdicts] = yield [
-            self.verdicts_ask(row, TASK, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
+            self.verdicts_ask(row, PROMPT, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
         ]
         relevant = sum(verdicts)
         reason = None
