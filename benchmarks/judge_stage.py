@@ -40,12 +40,15 @@ window, ``enforce_eager``, KV-cache size).
    (``LLM.reset_prefix_cache``) before every pass, so each pass does the same work,
    prefix hits within the pass included. The medians are reported.
 4. **Prefix layout.** For ``--layout-rows`` rows scored by the same metrics, the stage is
-   run with the default layout (the row's shared block first, the metric's task last)
-   and with ``layout="task_first"``, with the prefix cache emptied before each row
+   run with the row's shared block first and the metric's whole task last
+   (``shared_first``: the ``prompt_layout: row_first`` prompts) and with
+   ``layout="task_first"``, with the prefix cache emptied before each row
    ("isolated": the row alone, which is what the layout can save within a row) and
    before each set of rows ("batch": the rows judged together in one stage call). The
-   task-first prompts come from the metrics' own code: each metric module's
-   ``build_messages`` reference is swapped for one with ``layout="task_first"``.
+   prompts come from the metrics' own code, with the ``build_messages`` reference of
+   :mod:`ragbatch.judge.metric` and :mod:`ragbatch.judge.verdicts` swapped for one that
+   forces the layout. (``benchmarks/prompt_accounting.py`` counts the
+   ``instructions_first`` layout, the default, against both.)
    Tokens computed = prompt tokens - prompt tokens served from the prefix cache
    (``RequestOutput.num_cached_tokens``, summed by the stage's tallies; vLLM's
    ``prefix_cache_queries``/``prefix_cache_hits`` counters are recorded beside them).
@@ -70,7 +73,6 @@ here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -360,18 +362,20 @@ def run_raw(engine: Any, groups: list[list[tuple[list[int], Any]]]) -> dict[str,
 
 
 def set_layout(metric_names: list[str], layout: str) -> None:
-    """Make every metric module's ``build_messages`` use ``layout``."""
-    import importlib
+    """Make every judge prompt use ``layout``: ``shared_first`` (the row first, then the
+    whole task: the ``row_first`` param value) or ``task_first``, whatever the metrics'
+    ``prompt_layout`` param says; ``default`` restores the metrics' own layout."""
+    from ragbatch.judge import metric, prompt, verdicts
 
-    from ragbatch.judge import prompt
-    from ragbatch.core.registry import get_metric
+    if layout == "default":
+        metric.build_messages = verdicts.build_messages = prompt.build_messages
+        return
+    forced = "row_first" if layout == "shared_first" else layout
 
-    for name in metric_names:
-        module = importlib.import_module(get_metric(name).__module__)
-        if layout == "shared_first":
-            module.build_messages = prompt.build_messages
-        else:
-            module.build_messages = functools.partial(prompt.build_messages, layout=layout)
+    def build(row, task, layout=None, instructions=None):  # noqa: ARG001 - the layout is forced
+        return prompt.build_messages(row, task, forced)
+
+    metric.build_messages = verdicts.build_messages = build
 
 
 def layout_pass(stage: Any, engine: Any, rows, isolated: bool) -> dict[str, Any]:
@@ -593,7 +597,7 @@ def stage_study(
                 "isolated": layout_pass(stage, engine, few, isolated=True),
                 "batch": layout_pass(stage, engine, few, isolated=False),
             }
-        set_layout(metrics, "shared_first")
+        set_layout(metrics, "default")
         for mode in ("isolated", "batch"):
             shared = layout["shared_first"][mode]["computed_tokens_per_row"]
             task = layout["task_first"][mode]["computed_tokens_per_row"]

@@ -51,12 +51,11 @@ class JudgeParams(StrictParams):
     prompt_layout: PromptLayout = Field(
         DEFAULT_LAYOUT,
         description=(
-            "`instructions_first` (the default) puts the instructions of every judge "
-            "metric on the same engine in one block ahead of the row, identical for every "
-            "request, so the engine's prefix cache computes them once; `row_first` puts "
-            "the row first and this metric's whole task after it, in every request (the "
-            "prompts of ragbatch before this param existed; docs/judges.md, \"Prompt "
-            "layout\")"
+            "`instructions_first`: the instructions of every judge metric on the engine in "
+            "one block ahead of the row, the same in every request, so the prefix cache "
+            "computes them once; `row_first`: the row, then this metric's whole task, in "
+            "every request (the prompts from before this param; docs/judges.md, \"Prompt "
+            "layout and prefix caching\")"
         ),
     )
 

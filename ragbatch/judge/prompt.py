@@ -14,7 +14,7 @@ goes is the metric's ``prompt_layout`` param:
     An engine with prefix caching (vLLM's automatic prefix caching) computes the
     instructions once per stage and the shared block once per row.
 ``row_first``
-    The layout of ragbatch 0.x before ``prompt_layout`` existed: the system message is
+    The only layout before ``prompt_layout`` existed: the system message is
     :data:`SYSTEM_PROMPT`, the user message the shared block, then ``## Task`` and the
     step's whole task (instructions, inputs, reply format), so the instructions are
     computed again for every row.
