@@ -58,7 +58,6 @@ REPLIES = [
     '{"verdicts": [{"reason": "stated", "verdict": 1}, {"reason": "around 1600", "verdict": 1}]}',
 ]
 STATEMENTS = "[1] Shakespeare wrote Hamlet.\n[2] Hamlet was written in 1600."
-VERDICTS_FORMAT = '{"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}'
 
 
 def _stage(layout: str, names=("faithfulness", "answer_similarity", "retrieval_precision")):
@@ -110,16 +109,12 @@ def test_instructions_first_prompts_share_the_stage_instructions():
         f"## Instructions: retrieval_precision\n{retrieval_precision.INSTRUCTIONS}"
     )
     asks = [
-        'Follow the instructions "faithfulness/statements".\n\n'
-        'Reply with JSON: {"statements": ["...", ...]}',
+        'Follow the instructions "faithfulness/statements".',
         'Follow the instructions "answer_similarity".\n\n'
-        "Reference answer:\nWilliam Shakespeare, around 1600.\n\n"
-        "Reply with one digit from 0 to 5 and nothing else.",
-        'Follow the instructions "retrieval_precision".\n\n'
-        f"Reply with JSON: {VERDICTS_FORMAT} with exactly\n2 items, the first for context [1].",
+        "Reference answer:\nWilliam Shakespeare, around 1600.",
+        'Follow the instructions "retrieval_precision".\n\nItems in the reply: 2.',
         'Follow the instructions "faithfulness/verdicts".\n\n'
-        f"Statements:\n{STATEMENTS}\n\n"
-        f"Reply with JSON: {VERDICTS_FORMAT} with exactly\n2 items.",
+        f"Statements:\n{STATEMENTS}\n\nItems in the reply: 2.",
     ]
     expected = [[("system", system), ("user", f"{BLOCK}\n\n## Task\n{ask}")] for ask in asks]
     assert _chats(engine) == expected

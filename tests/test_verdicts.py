@@ -123,7 +123,7 @@ def test_every_bare_task_asks_for_bare_verdicts_only(cls):
     examples = [ex for ex in cls.judge_examples if ex.params == {"reasons": False}]
     assert examples, f"{cls.name}: no worked example with reasons: false"
     for example in examples:
-        _, _, engine = run_example(cls, example)
+        _, _, engine = run_example(cls, replace(example, params={**example.params, **ROW_FIRST}))
         verdict_prompts = [
             r.messages[-1].content
             for r in engine.requests
@@ -134,6 +134,18 @@ def test_every_bare_task_asks_for_bare_verdicts_only(cls):
             task = prompt.split("## Task\n", 1)[1]
             assert '{"verdicts": [0 or 1, ...]}' in task
             assert "reason" not in task
+        # instructions_first: the verdict step's instruction set (in every request's
+        # system message) holds the bare format, and no set asks for a reason per verdict
+        metric = cls.from_params(example.params)
+        sets = dict(metric.instruction_sets())
+        verdict_sets = [text for text in sets.values() if '"verdicts"' in text]
+        assert verdict_sets
+        for text in verdict_sets:
+            assert '{"verdicts": [0 or 1, ...]}' in text
+            assert "reason" not in text
+        _, _, engine = run_example(cls, example)
+        for request in engine.requests:
+            assert all(text in request.messages[0].content for text in verdict_sets)
 
 
 def test_row_text_that_looks_like_the_template_is_left_alone():

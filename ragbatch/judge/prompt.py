@@ -8,9 +8,10 @@ goes is the metric's ``prompt_layout`` param:
 ``instructions_first`` (the default)
     The system message holds the instructions of every judge metric of the stage (each
     step's instruction set under its name, in a fixed order: :class:`Instructions`),
-    identical for every row and request of the stage. The user message is the shared
-    block, then a short ask (:class:`Task`): which instruction set applies, the step's
-    own inputs (the reference answer, the statements to check) and the reply format.
+    identical for every row and request of the stage; each set ends with its reply
+    format. The user message is the shared block, then a short ask (:class:`Task`):
+    which instruction set applies, the step's own inputs (the reference answer, the
+    statements to check) and how many items the reply holds.
     An engine with prefix caching (vLLM's automatic prefix caching) computes the
     instructions once per stage and the shared block once per row.
 ``row_first``
@@ -95,8 +96,8 @@ class Task:
     instructions : str
         The ``instructions_first`` layout's instruction set: no value of the row.
     ask : str
-        The ``instructions_first`` layout's ask: the step's inputs from the row and the
-        reply format.
+        The ``instructions_first`` layout's ask: the step's inputs from the row and what
+        its reply must count (the reply's shape is in the instructions); may be empty.
     """
 
     name: str
@@ -123,10 +124,11 @@ class StepPrompt:
         The ``row_first`` task: a ``str.format`` template when the step has fields
         (``{n}``, ``{reference}``...; literal braces doubled), else plain text.
     instructions : str
-        The ``instructions_first`` instruction set: plain text, the same for every row.
+        The ``instructions_first`` instruction set, its reply format last: plain text,
+        the same for every row.
     ask : str
         The ``instructions_first`` ask: a template with the same fields as ``task`` (or
-        plain text when it has none).
+        plain text when it has none, or empty).
     """
 
     name: str
@@ -236,7 +238,9 @@ def build_messages(
             raise ValueError("the instructions_first layout needs a Task, not a task text")
         if instructions is None:
             instructions = Instructions.of([(task.name, task.instructions)])
-        ask = f'Follow the instructions "{instructions.heading(task)}".\n\n{task.ask.strip()}'
+        ask = f'Follow the instructions "{instructions.heading(task)}".'
+        if task.ask.strip():
+            ask += f"\n\n{task.ask.strip()}"
         user = f"{block}\n\n## Task\n{ask}"
         return (Message("system", instructions.system()), Message("user", user))
     text = (task.text if isinstance(task, Task) else task).strip()

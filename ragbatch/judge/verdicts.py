@@ -153,27 +153,29 @@ def bare_verdicts_template(template: str) -> str:
 @functools.lru_cache(maxsize=64)
 def bare_verdicts_step(step: StepPrompt) -> StepPrompt:
     """A verdict step's prompt rewritten to ask for bare verdicts in both layouts: its
-    ``task`` by :func:`bare_verdicts_template`, its ``instructions`` losing the reason
-    clause and its ``ask`` taking the bare reply format.
+    ``task`` by :func:`bare_verdicts_template`, its ``instructions`` (plain text, which
+    hold the reply format in that layout) losing the reason clause and taking the bare
+    reply format ``{"verdicts": [0 or 1, ...]}``.
 
     Raises
     ------
     ValueError
         The task cannot be rewritten, or the instructions do not hold the reason clause
-        once, or the ask the reply format once.
+        and the reply format once each.
     """
     instructions, sentences = _REASON_SENTENCE.subn(".", step.instructions)
-    formats = step.ask.count(_REASON_FORMAT)
+    reasoned, bare = _REASON_FORMAT.format(), _BARE_FORMAT.format()
+    formats = instructions.count(reasoned)
     if sentences != 1 or formats != 1:
         raise ValueError(
-            f"{step.name}: a verdict step's instructions must ask for reasons once and its "
-            f"ask hold the reply format once; found {sentences} and {formats}"
+            f"{step.name}: a verdict step's instructions must ask for reasons once in words "
+            f"and once in their reply format; found {sentences} and {formats}"
         )
     return StepPrompt(
         step.name,
         bare_verdicts_template(step.task),
-        instructions,
-        step.ask.replace(_REASON_FORMAT, _BARE_FORMAT),
+        instructions.replace(reasoned, bare),
+        step.ask,
     )
 
 

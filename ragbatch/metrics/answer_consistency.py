@@ -50,11 +50,12 @@ to the question. Write each point as one sentence that can be read on its own (n
 things instead of using pronouns), keeping the answer's meaning. Leave out filler such as
 greetings, a restated question or an offer of more help. An answer that gives no
 information (a refusal, "I cannot tell from the documents") has no main points: return
-an empty list."""
+an empty list.
+
+Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
 
 #: The ``instructions_first`` layout's ask of this step.
-POINTS_ASK = """\
-Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
+POINTS_ASK = ""
 
 POINTS = StepPrompt("answer_consistency/main points", POINTS_TASK, POINTS_INSTRUCTIONS, POINTS_ASK)
 
@@ -77,15 +78,16 @@ The task lists main points of the answer. For each point, decide whether it can 
 derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
 follows from what they state. Verdict 0: the point needs information the contexts do not
 give, or the contexts contradict it. Your own knowledge does not count. Give one verdict
-per point, in the same order, each with a one-sentence reason."""
+per point, in the same order, each with a one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per point."""
 
 #: The ``instructions_first`` layout's ask of this step.
 DERIVABLE_ASK = """\
 Main points:
 {points}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+Items in the reply: {n}."""
 
 DERIVABLE = StepPrompt(
     "answer_consistency/verdicts", DERIVABLE_TASK, DERIVABLE_INSTRUCTIONS, DERIVABLE_ASK

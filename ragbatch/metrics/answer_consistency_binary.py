@@ -64,12 +64,13 @@ attributable. Judge against the contexts only, not against your own knowledge.
 Give a one-sentence reason first. Set "states_claims" to false when the answer gives no
 information at all (a refusal, "I don't know"), true otherwise. Set "unattributable" to
 true when at least one piece of information in the answer is not attributable to the
-contexts, false when all of it is."""
+contexts, false when all of it is.
 
-#: The ``instructions_first`` layout's ask of this step.
-ASK = """\
 Reply with JSON: {"reason": "...", "states_claims": true or false,
 "unattributable": true or false}"""
+
+#: The ``instructions_first`` layout's ask of this step.
+ASK = ""
 
 PROMPT = StepPrompt("answer_consistency_binary", TASK, INSTRUCTIONS, ASK)
 

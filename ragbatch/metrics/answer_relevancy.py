@@ -44,14 +44,13 @@ different from the others.
 
 Also decide whether the answer is noncommittal: 1 when it evades or declines to answer
 ("I don't know", "I'm not sure", "it depends" with nothing definite), 0 when it commits
-to an answer."""
+to an answer.
+
+Reply with JSON: {"noncommittal": 0 or 1, "questions": ["...", ...]}"""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
-Write {n} questions.
-
-Reply with JSON: {{"noncommittal": 0 or 1, "questions": ["...", ...]}} with exactly {n}
-questions."""
+Write {n} questions."""
 
 PROMPT = StepPrompt("answer_relevancy", TASK, INSTRUCTIONS, ASK)
 

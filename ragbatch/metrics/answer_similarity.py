@@ -46,14 +46,14 @@ information is a full match. Do not use the retrieved contexts for this task.
 3: partly agrees; some key points of the reference are missing or wrong
 2: mostly differs; only a small part of the reference is there
 1: barely related to the reference
-0: unrelated to the reference, contradicts it, or gives no answer at all"""
+0: unrelated to the reference, contradicts it, or gives no answer at all
+
+Reply with one digit from 0 to 5 and nothing else."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
 Reference answer:
-{reference}
-
-Reply with one digit from 0 to 5 and nothing else."""
+{reference}"""
 
 PROMPT = StepPrompt("answer_similarity", TASK, INSTRUCTIONS, ASK)
 

@@ -37,12 +37,14 @@ For each retrieved context, in the order of their numbers, decide whether the an
 uses information from it. Verdict 1: some information in the answer comes from that
 context (stated there, quoted or paraphrased); using part of a context counts. Verdict 0:
 the answer takes nothing from that context. Give one verdict per context, in the order
-of their numbers, each with a one-sentence reason."""
+of their numbers, each with a one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
+context, the first for context [1]."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+Items in the reply: {n}."""
 
 PROMPT = StepPrompt("augmentation_accuracy", TASK, INSTRUCTIONS, ASK)
 

@@ -50,12 +50,14 @@ judgments:
   or paraphrased), 0 when it does not.
 The two are independent: a context can be relevant but unused, or used but irrelevant.
 Give one item per context, in the order of their numbers, each starting with a
-one-sentence reason."""
+one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "relevant": 0 or 1, "used": 0 or 1},
+...]}, one item per context, the first for context [1]."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
-Reply with JSON: {{"verdicts": [{{"reason": "...", "relevant": 0 or 1, "used": 0 or 1}}, ...]}}
-with exactly {n} items, the first for context [1]."""
+Items in the reply: {n}."""
 
 PROMPT = StepPrompt("augmentation_precision", TASK, INSTRUCTIONS, ASK)
 

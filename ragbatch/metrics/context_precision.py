@@ -41,15 +41,17 @@ for arriving at the reference answer the task gives. Verdict 1: the context hold
 information that the reference answer states or that leads to it. Verdict 0: it does
 not. Judge against the question and the reference answer; ignore the system's answer.
 Give one verdict per context, in the order of their numbers, each with a one-sentence
-reason."""
+reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
+context, the first for context [1]."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
 Reference answer to the question:
 {reference}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+Items in the reply: {n}."""
 
 PROMPT = StepPrompt("context_precision", TASK, INSTRUCTIONS, ASK)
 

@@ -49,14 +49,14 @@ STATEMENTS_INSTRUCTIONS = """\
 Split the reference answer the task gives (not the system's answer) into its individual
 statements. Each statement makes one claim, can be read on its own (name things instead
 of using pronouns) and keeps the reference's meaning. Leave out text that makes no
-claim. If the reference makes no claim, return an empty list."""
+claim. If the reference makes no claim, return an empty list.
+
+Reply with JSON: {"statements": ["...", ...]} with at most 20 statements."""
 
 #: The ``instructions_first`` layout's ask of this step.
 STATEMENTS_ASK = """\
 Reference answer to the question:
-{reference}
-
-Reply with JSON: {{"statements": ["...", ...]}} with at most 20 statements."""
+{reference}"""
 
 STATEMENTS = StepPrompt(
     "context_recall/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
@@ -84,7 +84,9 @@ The task gives the reference answer and lists its statements. For each statement
 decide whether it can be attributed to the retrieved contexts. Verdict 1: the contexts
 state it or it follows from what they state. Verdict 0: the contexts do not give it, or
 contradict it. Your own knowledge does not count. Give one verdict per statement, in the
-same order, each with a one-sentence reason."""
+same order, each with a one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ATTRIBUTION_ASK = """\
@@ -94,8 +96,7 @@ Reference answer to the question:
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+Items in the reply: {n}."""
 
 ATTRIBUTION = StepPrompt(
     "context_recall/verdicts", ATTRIBUTION_TASK, ATTRIBUTION_INSTRUCTIONS, ATTRIBUTION_ASK

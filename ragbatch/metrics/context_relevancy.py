@@ -47,15 +47,16 @@ The task splits the retrieved contexts into numbered sentences. List the numbers
 sentences that are relevant to the question: sentences holding information that is
 needed or useful to answer it. Leave out sentences that are off-topic, boilerplate,
 navigation or markup, or only loosely related. Judge against the question only; ignore
-the answer. If no sentence is relevant, reply with an empty list."""
+the answer. If no sentence is relevant, reply with an empty list.
+
+Reply with JSON: {"relevant": [sentence numbers]}, each number at most once."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
 Sentences:
 {sentences}
 
-Reply with JSON: {{"relevant": [sentence numbers]}} using numbers from 1 to {n}, each at
-most once."""
+Use numbers from 1 to {n}."""
 
 PROMPT = StepPrompt("context_relevancy", TASK, INSTRUCTIONS, ASK)
 

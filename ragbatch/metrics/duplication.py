@@ -33,11 +33,12 @@ say different things about it does not. Judge the answer's text only; ignore the
 contexts and the question.
 
 Give a one-sentence reason first (quote the repeated information when there is some),
-then the verdict: true when the answer repeats information, false when it does not."""
+then the verdict: true when the answer repeats information, false when it does not.
+
+Reply with JSON: {"reason": "...", "verdict": true or false}"""
 
 #: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Reply with JSON: {"reason": "...", "verdict": true or false}"""
+ASK = ""
 
 PROMPT = StepPrompt("duplication", TASK, INSTRUCTIONS, ASK)
 

@@ -44,11 +44,12 @@ Break the answer into its individual factual statements. Each statement must mak
 claim, be understandable without the other statements (replace pronouns with what they
 refer to), and stay faithful to the answer's wording. Leave out greetings, hedges and
 text that makes no claim. If the answer makes no factual claim (a refusal, "I don't
-know"), return an empty list."""
+know"), return an empty list.
+
+Reply with JSON: {"statements": ["...", ...]}"""
 
 #: The ``instructions_first`` layout's ask of this step.
-STATEMENTS_ASK = """\
-Reply with JSON: {"statements": ["...", ...]}"""
+STATEMENTS_ASK = ""
 
 STATEMENTS = StepPrompt(
     "faithfulness/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
@@ -71,15 +72,16 @@ VERDICTS_INSTRUCTIONS = """\
 For each statement the task lists, decide whether it can be inferred from the retrieved
 contexts alone. Verdict 1: the contexts state it or it follows directly from them.
 Verdict 0: the contexts do not support it, or contradict it. Give one verdict per
-statement, in the same order, each with a one-sentence reason."""
+statement, in the same order, each with a one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
 
 #: The ``instructions_first`` layout's ask of this step.
 VERDICTS_ASK = """\
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+Items in the reply: {n}."""
 
 VERDICTS = StepPrompt("faithfulness/verdicts", VERDICTS_TASK, VERDICTS_INSTRUCTIONS, VERDICTS_ASK)
 

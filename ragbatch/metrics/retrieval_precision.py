@@ -37,12 +37,14 @@ For each retrieved context, in the order of their numbers, decide whether it is 
 to the question. Verdict 1: the context holds information that helps answer the
 question. Verdict 0: it does not (another subject, navigation or markup, text only
 loosely related). Judge the contexts against the question only; ignore the answer. Give
-one verdict per context, in the order of their numbers, each with a one-sentence reason."""
+one verdict per context, in the order of their numbers, each with a one-sentence reason.
+
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
+context, the first for context [1]."""
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = """\
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+Items in the reply: {n}."""
 
 PROMPT = StepPrompt("retrieval_precision", TASK, INSTRUCTIONS, ASK)
 
