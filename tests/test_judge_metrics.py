@@ -214,7 +214,7 @@ def test_every_ask_starts_with_the_shared_block(cls):
 def test_instructions_first_asks_share_one_system_message(cls):
     """instructions_first (the default): every request of the metric has the same system
     message, holding each step's instructions, and a user message that is the row's
-    block, then a task naming one of those sets."""
+    block (with its reference answer), then a task naming one of those sets."""
     asked = 0
     for example in _judged_examples(cls):
         if example.params.get("prompt_layout", "instructions_first") != "instructions_first":
@@ -225,7 +225,7 @@ def test_instructions_first_asks_share_one_system_message(cls):
             f"\n\n## Instructions: {name}\n{text}"
             for name, text in sorted(metric.instruction_sets())
         )
-        block = shared_block(_row(example))
+        block = shared_block(_row(example), reference=True)
         names = {name for name, _ in metric.instruction_sets()}
         for request in engine.requests:
             system, user = request.messages

@@ -110,13 +110,14 @@ def test_instructions_first_prompts_share_the_stage_instructions():
     )
     asks = [
         'Follow the instructions "faithfulness/statements".',
-        'Follow the instructions "answer_similarity".\n\n'
-        "Reference answer:\nWilliam Shakespeare, around 1600.",
+        'Follow the instructions "answer_similarity".',
         'Follow the instructions "retrieval_precision".\n\nItems in the reply: 2.',
         'Follow the instructions "faithfulness/verdicts".\n\n'
         f"Statements:\n{STATEMENTS}\n\nItems in the reply: 2.",
     ]
-    expected = [[("system", system), ("user", f"{BLOCK}\n\n## Task\n{ask}")] for ask in asks]
+    # the row's block ends with its reference answer in this layout
+    block = f"{BLOCK}\n\n## Reference answer\nWilliam Shakespeare, around 1600."
+    expected = [[("system", system), ("user", f"{block}\n\n## Task\n{ask}")] for ask in asks]
     assert _chats(engine) == expected
 
 

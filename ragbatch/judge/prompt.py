@@ -9,9 +9,10 @@ goes is the metric's ``prompt_layout`` param:
     The system message holds the instructions of every judge metric of the stage (each
     step's instruction set under its name, in a fixed order: :class:`Instructions`),
     identical for every row and request of the stage; each set ends with its reply
-    format. The user message is the shared block, then a short ask (:class:`Task`):
-    which instruction set applies, the step's own inputs (the reference answer, the
-    statements to check) and how many items the reply holds.
+    format. The user message is the shared block, with the row's reference answer (when
+    it has one) after the answer, then a short ask (:class:`Task`): which instruction
+    set applies, the step's own inputs (the statements to check) and how many items the
+    reply holds.
     An engine with prefix caching (vLLM's automatic prefix caching) computes the
     instructions once per stage and the shared block once per row.
 ``row_first``
@@ -64,16 +65,19 @@ def numbered(items: Sequence[str]) -> str:
     return "\n".join(f"[{i}] {text}" for i, text in enumerate(items, start=1))
 
 
-def shared_block(row: dict[str, Any]) -> str:
+def shared_block(row: dict[str, Any], reference: bool = False) -> str:
     """The part of the user message every judge metric of ``row`` shares.
 
     ``row`` has the canonical keys ``contexts`` (list of str or None), ``question`` and
-    ``answer`` (str or None); missing or null values are shown as ``(not given)``.
+    ``answer`` (str or None); missing or null values are shown as ``(not given)``. With
+    ``reference`` (the ``instructions_first`` layout) a ``## Reference answer`` section
+    follows when the row's ``reference`` is not null, so the metrics that read it share
+    it too.
     """
     contexts = row.get("contexts")
     question = row.get("question")
     answer = row.get("answer")
-    return (
+    block = (
         "## Retrieved contexts\n"
         f"{numbered(contexts) if contexts is not None else NOT_GIVEN}\n\n"
         "## Question\n"
@@ -81,6 +85,9 @@ def shared_block(row: dict[str, Any]) -> str:
         "## Answer\n"
         f"{answer if answer is not None else NOT_GIVEN}"
     )
+    if reference and row.get("reference") is not None:
+        block += f"\n\n## Reference answer\n{row['reference']}"
+    return block
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,6 @@ def build_messages(
         An unknown layout; ``instructions_first`` with a str task; a task whose
         instructions are not in ``instructions``.
     """
-    block = shared_block(row)
     if layout == "instructions_first":
         if not isinstance(task, Task):
             raise ValueError("the instructions_first layout needs a Task, not a task text")
@@ -241,9 +247,10 @@ def build_messages(
         ask = f'Follow the instructions "{instructions.heading(task)}".'
         if task.ask.strip():
             ask += f"\n\n{task.ask.strip()}"
-        user = f"{block}\n\n## Task\n{ask}"
+        user = f"{shared_block(row, reference=True)}\n\n## Task\n{ask}"
         return (Message("system", instructions.system()), Message("user", user))
     text = (task.text if isinstance(task, Task) else task).strip()
+    block = shared_block(row)
     if layout == "row_first":
         user = f"{block}\n\n## Task\n{text}"
     elif layout == "task_first":

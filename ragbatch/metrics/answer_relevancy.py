@@ -49,8 +49,7 @@ to an answer.
 Reply with JSON: {"noncommittal": 0 or 1, "questions": ["...", ...]}"""
 
 #: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Write {n} questions."""
+ASK = "Write {n} questions."
 
 PROMPT = StepPrompt("answer_relevancy", TASK, INSTRUCTIONS, ASK)
 

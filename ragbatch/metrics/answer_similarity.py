@@ -37,8 +37,8 @@ Reply with one digit from 0 to 5 and nothing else."""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
 INSTRUCTIONS = """\
-Rate how well the answer agrees with the reference answer the task gives, taken as
-replies to the question. Compare meaning, not wording: a paraphrase that conveys the same
+Rate how well the answer agrees with the reference answer, taken as replies to the
+question. Compare meaning, not wording: a paraphrase that conveys the same
 information is a full match. Do not use the retrieved contexts for this task.
 
 5: conveys what the reference conveys; nothing important missing or contradicted
@@ -51,9 +51,7 @@ information is a full match. Do not use the retrieved contexts for this task.
 Reply with one digit from 0 to 5 and nothing else."""
 
 #: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Reference answer:
-{reference}"""
+ASK = ""
 
 PROMPT = StepPrompt("answer_similarity", TASK, INSTRUCTIONS, ASK)
 

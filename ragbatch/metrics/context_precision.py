@@ -37,7 +37,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
 INSTRUCTIONS = """\
 For each retrieved context, in the order of their numbers, decide whether it was useful
-for arriving at the reference answer the task gives. Verdict 1: the context holds
+for arriving at the reference answer. Verdict 1: the context holds
 information that the reference answer states or that leads to it. Verdict 0: it does
 not. Judge against the question and the reference answer; ignore the system's answer.
 Give one verdict per context, in the order of their numbers, each with a one-sentence
@@ -47,11 +47,7 @@ Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one 
 context, the first for context [1]."""
 
 #: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Reference answer to the question:
-{reference}
-
-Items in the reply: {n}."""
+ASK = "Items in the reply: {n}."
 
 PROMPT = StepPrompt("context_precision", TASK, INSTRUCTIONS, ASK)
 

@@ -46,7 +46,7 @@ Reply with JSON: {{"statements": ["...", ...]}} with at most 20 statements."""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
 STATEMENTS_INSTRUCTIONS = """\
-Split the reference answer the task gives (not the system's answer) into its individual
+Split the reference answer (not the system's answer) into its individual
 statements. Each statement makes one claim, can be read on its own (name things instead
 of using pronouns) and keeps the reference's meaning. Leave out text that makes no
 claim. If the reference makes no claim, return an empty list.
@@ -54,9 +54,7 @@ claim. If the reference makes no claim, return an empty list.
 Reply with JSON: {"statements": ["...", ...]} with at most 20 statements."""
 
 #: The ``instructions_first`` layout's ask of this step.
-STATEMENTS_ASK = """\
-Reference answer to the question:
-{reference}"""
+STATEMENTS_ASK = ""
 
 STATEMENTS = StepPrompt(
     "context_recall/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
@@ -80,7 +78,7 @@ Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} w
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
 ATTRIBUTION_INSTRUCTIONS = """\
-The task gives the reference answer and lists its statements. For each statement,
+The task lists the statements of the reference answer. For each statement,
 decide whether it can be attributed to the retrieved contexts. Verdict 1: the contexts
 state it or it follows from what they state. Verdict 0: the contexts do not give it, or
 contradict it. Your own knowledge does not count. Give one verdict per statement, in the
@@ -90,9 +88,6 @@ Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one 
 
 #: The ``instructions_first`` layout's ask of this step.
 ATTRIBUTION_ASK = """\
-Reference answer to the question:
-{reference}
-
 Statements:
 {statements}
 
