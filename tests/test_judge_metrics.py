@@ -212,13 +212,12 @@ def test_every_ask_starts_with_the_shared_block(cls):
 
 @pytest.mark.parametrize("cls", JUDGE_METRICS, ids=JUDGE_IDS)
 def test_instructions_first_asks_share_one_system_message(cls):
-    """instructions_first (the default): every request of the metric has the same system
+    """instructions_first: every request of the metric has the same system
     message, holding each step's instructions, and a user message that is the row's
     block (with its reference answer), then a task naming one of those sets."""
     asked = 0
     for example in _judged_examples(cls):
-        if example.params.get("prompt_layout", "instructions_first") != "instructions_first":
-            continue
+        example = replace(example, params={**example.params, "prompt_layout": "instructions_first"})
         _, _, engine = run_example(cls, example)
         metric = cls.from_params(example.params)
         system_text = INSTRUCTIONS_PREAMBLE + "".join(

@@ -67,7 +67,8 @@ class FaultInjectingEngine(JudgeEngine):
 
 def test_two_step_program_runs_in_lockstep_batches():
     engine = RecordedReplies([STATEMENTS, STATEMENTS, STATEMENTS, YES, NO, YES])
-    runner = JudgeRunner(engine, [Faithfulness.from_params({})])
+    metric = Faithfulness.from_params({"prompt_layout": "instructions_first"})
+    runner = JudgeRunner(engine, [metric])
     frame = _frame([_row(0), _row(1, "Paris is in Spain."), _row(2, "Paris!")])
     cells, records = judge_frame(runner, frame)["faithfulness"]
     assert [c["score"] for c in cells] == [1.0, 0.0, 1.0]

@@ -134,8 +134,8 @@ def test_the_stage_instructions_do_not_depend_on_the_order_of_the_metrics():
 def test_a_row_first_metric_keeps_its_prompts_beside_instructions_first_ones():
     metrics = [
         get_metric("faithfulness").from_params({"prompt_layout": "row_first"}),
-        get_metric("answer_similarity").from_params({}),
-        get_metric("retrieval_precision").from_params({}),
+        get_metric("answer_similarity").from_params({"prompt_layout": "instructions_first"}),
+        get_metric("retrieval_precision").from_params({"prompt_layout": "instructions_first"}),
     ]
     engine = RecordedReplies(list(REPLIES))
     runner = JudgeRunner(engine, metrics, parse_retries=0)
@@ -164,7 +164,7 @@ def test_a_metric_twice_with_different_instructions_gets_numbered_headings():
 def test_cache_identity_and_prompt_version_name_the_layout():
     from ragbatch.calibrate.agreement import prompt_version
 
-    new = get_metric("answer_similarity").from_params({})
+    new = get_metric("answer_similarity").from_params({"prompt_layout": "instructions_first"})
     old = get_metric("answer_similarity").from_params({"prompt_layout": "row_first"})
     assert new.cache_identity()["params"] == {"prompt_layout": "instructions_first"}
     assert old.cache_identity()["params"] == {}

@@ -13,7 +13,7 @@ import pytest
 
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.parse import parse_verdicts, verdicts_schema
-from ragbatch.judge.prompt import StepPrompt
+from ragbatch.judge.prompt import DEFAULT_LAYOUT, StepPrompt
 from ragbatch.judge.protocol import VERDICT_TOP_LOGPROBS, ParseError
 from ragbatch.judge.recorded import run_example
 from ragbatch.judge.verdicts import (
@@ -136,6 +136,7 @@ def test_every_bare_task_asks_for_bare_verdicts_only(cls):
             assert "reason" not in task
         # instructions_first: the verdict step's instruction set (in every request's
         # system message) holds the bare format, and no set asks for a reason per verdict
+        example = replace(example, params={**example.params, **INSTRUCTIONS_FIRST})
         metric = cls.from_params(example.params)
         sets = dict(metric.instruction_sets())
         verdict_sets = [text for text in sets.values() if '"verdicts"' in text]
@@ -194,6 +195,7 @@ def test_reply_schemas():
 
 #: The layout the requests below were recorded with (the only one before the param).
 ROW_FIRST = {"prompt_layout": "row_first"}
+INSTRUCTIONS_FIRST = {"prompt_layout": "instructions_first"}
 
 
 def _default_requests(cls) -> list:
@@ -311,21 +313,23 @@ def test_reasoned_replies_still_parse_and_bare_ones_do_not():
 def test_params_and_cache_identity(cls):
     default = cls.from_params({})
     assert default.reasons is True
-    assert default.cache_identity()["params"] == {"prompt_layout": "instructions_first"}
+    assert default.prompt_layout == DEFAULT_LAYOUT
     assert default.manifest_info()["params"] == {
-        "prompt_layout": "instructions_first",
+        "prompt_layout": DEFAULT_LAYOUT,
         "reasons": True,
         "score": "verdict",
     }
-    old = cls.from_params({"prompt_layout": "row_first"})
+    old = cls.from_params(ROW_FIRST)
     assert old.cache_identity()["params"] == {}  # as before either param existed
-    bare = cls.from_params({"reasons": False})
+    new = cls.from_params(INSTRUCTIONS_FIRST)
+    assert new.cache_identity()["params"] == INSTRUCTIONS_FIRST
+    assert default.cache_identity() in (old.cache_identity(), new.cache_identity())
+    bare = cls.from_params({"reasons": False, **INSTRUCTIONS_FIRST})
     assert bare.reasons is False
-    assert bare.cache_identity()["params"] == {
-        "prompt_layout": "instructions_first",
-        "reasons": False,
-    }
-    assert bare.cache_identity() != default.cache_identity()
+    assert bare.cache_identity()["params"] == {**INSTRUCTIONS_FIRST, "reasons": False}
+    assert bare.cache_identity() != new.cache_identity()
+    bare_old = cls.from_params({"reasons": False, **ROW_FIRST})
+    assert bare_old.cache_identity()["params"] == {"reasons": False}
     assert cls.describe()["params"]["reasons"]["default"] is True
 
 
