@@ -138,8 +138,9 @@ class JudgeMetric(Metric):
 
     @property
     def prompt_layout(self) -> PromptLayout:
-        """The ``prompt_layout`` param (:mod:`ragbatch.judge.prompt`)."""
-        return getattr(self.params, "prompt_layout", DEFAULT_LAYOUT)
+        """The ``prompt_layout`` param (:mod:`ragbatch.judge.prompt`); ``row_first`` for
+        a metric whose params lack it (its program builds its prompts its own way)."""
+        return getattr(self.params, "prompt_layout", "row_first")
 
     def step_prompts(self) -> tuple[StepPrompt, ...]:
         """:attr:`prompts` as this metric's params word them (the default: unchanged)."""
