@@ -48,7 +48,7 @@ window, ``enforce_eager``, KV-cache size).
    prompts come from the metrics' own code, with the ``build_messages`` reference of
    :mod:`ragbatch.judge.metric` and :mod:`ragbatch.judge.verdicts` swapped for one that
    forces the layout. (``benchmarks/prompt_accounting.py`` counts the
-   ``instructions_first`` layout, the default, against both.)
+   ``instructions_first`` layout against ``row_first``.)
    Tokens computed = prompt tokens - prompt tokens served from the prefix cache
    (``RequestOutput.num_cached_tokens``, summed by the stage's tallies; vLLM's
    ``prefix_cache_queries``/``prefix_cache_hits`` counters are recorded beside them).

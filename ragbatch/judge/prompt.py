@@ -5,7 +5,7 @@ user message always holds the row's shared block (retrieved contexts, then quest
 then answer), byte-identical for every metric and step of a row. Where a metric's task
 goes is the metric's ``prompt_layout`` param:
 
-``instructions_first`` (the default)
+``instructions_first``
     The system message holds the instructions of every judge metric of the stage (each
     step's instruction set under its name, in a fixed order: :class:`Instructions`),
     identical for every row and request of the stage; each set ends with its reply
@@ -15,7 +15,7 @@ goes is the metric's ``prompt_layout`` param:
     reply holds.
     An engine with prefix caching (vLLM's automatic prefix caching) computes the
     instructions once per stage and the shared block once per row.
-``row_first``
+``row_first`` (the default)
     The only layout before ``prompt_layout`` existed: the system message is
     :data:`SYSTEM_PROMPT`, the user message the shared block, then ``## Task`` and the
     step's whole task (instructions, inputs, reply format), so the instructions are
@@ -55,7 +55,7 @@ NOT_GIVEN = "(not given)"
 #: The values of the judge metrics' ``prompt_layout`` param.
 PromptLayout = Literal["instructions_first", "row_first"]
 #: The layout a judge metric uses when its params do not name one.
-DEFAULT_LAYOUT: PromptLayout = "instructions_first"
+DEFAULT_LAYOUT: PromptLayout = "row_first"
 
 
 def numbered(items: Sequence[str]) -> str:
