@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.cli.main import main
 from ragbatch.judge.batch import judge_frame
@@ -347,3 +348,25 @@ def test_a_batch_in_flight_keeps_its_entries_when_another_batch_flushes(tmp_path
     (ask,) = list(next(metric.program(todo[metric.id][0][1])))
     key = cache_key(engine, metric.cache_identity(), ask, 0)
     assert first._cached(key).text == STATEMENTS
+
+
+def test_upkeep_refuses_to_delete_outside_the_cache_root(tmp_path):
+    # A path that is not below the cache root (a listing gone wrong, a hostile name)
+    # is refused, and the file stays.
+    from ragbatch.core.errors import OutputError
+    from ragbatch.judge.cache_upkeep import _remove
+
+    outside = tmp_path / "elsewhere.parquet"
+    outside.write_bytes(b"keep me")
+    files = CacheFiles(LocalFileSystem(), str(tmp_path / "cache"))
+    for path in (str(outside), str(tmp_path / "cache" / ".." / "elsewhere.parquet")):
+        with pytest.raises(OutputError, match="refusing to delete"):
+            _remove(files, path)
+    assert outside.read_bytes() == b"keep me"
+    # Inside the root it deletes, and a file already gone is skipped.
+    inside = tmp_path / "cache" / "v2" / "journal" / "part-1.parquet"
+    inside.parent.mkdir(parents=True)
+    inside.write_bytes(b"x")
+    _remove(files, str(inside))
+    _remove(files, str(inside))
+    assert not inside.exists()

@@ -133,8 +133,13 @@ def fold_journal(files: CacheFiles, run_id: str, max_files: int = MAX_BUCKET_FIL
 
 
 def _remove(files: CacheFiles, path: str) -> None:
+    """Delete one cache file, refusing anything outside the cache root
+    (:func:`ragbatch.io.removal.remove_under`); a file another process removed first is
+    skipped."""
+    from ragbatch.io.removal import remove_under
+
     try:
-        files.fs.rm(path)
+        remove_under(files.fs, files.root, path)
     except FileNotFoundError:
         pass
 
