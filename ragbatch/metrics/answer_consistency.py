@@ -44,15 +44,7 @@ an empty list.
 Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-POINTS_INSTRUCTIONS = """\
-List the main points of the answer: the distinct pieces of information it gives in reply
-to the question. Write each point as one sentence that can be read on its own (name
-things instead of using pronouns), keeping the answer's meaning. Leave out filler such as
-greetings, a restated question or an offer of more help. An answer that gives no
-information (a refusal, "I cannot tell from the documents") has no main points: return
-an empty list.
-
-Reply with JSON: {"statements": ["...", ...]} with at most 20 points."""
+POINTS_INSTRUCTIONS = POINTS_TASK  # the same text: this step's task needs no row-specific part
 
 #: The ``instructions_first`` layout's ask of this step.
 POINTS_ASK = ""

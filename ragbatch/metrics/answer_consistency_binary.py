@@ -55,19 +55,7 @@ Reply with JSON: {"reason": "...", "states_claims": true or false,
 "unattributable": true or false}"""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-INSTRUCTIONS = """\
-Decide whether the answer contains any information that cannot be attributed to the
-retrieved contexts: a fact, number, name or claim that the contexts do not state and
-that does not follow from them. Restating or summarising what the contexts say is
-attributable. Judge against the contexts only, not against your own knowledge.
-
-Give a one-sentence reason first. Set "states_claims" to false when the answer gives no
-information at all (a refusal, "I don't know"), true otherwise. Set "unattributable" to
-true when at least one piece of information in the answer is not attributable to the
-contexts, false when all of it is.
-
-Reply with JSON: {"reason": "...", "states_claims": true or false,
-"unattributable": true or false}"""
+INSTRUCTIONS = TASK  # the same text: this step's task needs no row-specific part
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = ""

@@ -25,17 +25,7 @@ then the verdict: true when the answer repeats information, false when it does n
 Reply with JSON: {"reason": "...", "verdict": true or false}"""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-INSTRUCTIONS = """\
-Decide whether the answer repeats itself: whether it gives the same piece of information
-more than once, in the same words or in different ones. A closing summary that restates
-points already made counts as repetition. Naming the same thing in two statements that
-say different things about it does not. Judge the answer's text only; ignore the
-contexts and the question.
-
-Give a one-sentence reason first (quote the repeated information when there is some),
-then the verdict: true when the answer repeats information, false when it does not.
-
-Reply with JSON: {"reason": "...", "verdict": true or false}"""
+INSTRUCTIONS = TASK  # the same text: this step's task needs no row-specific part
 
 #: The ``instructions_first`` layout's ask of this step.
 ASK = ""

@@ -39,14 +39,9 @@ know"), return an empty list.
 Reply with JSON: {"statements": ["...", ...]}"""
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-STATEMENTS_INSTRUCTIONS = """\
-Break the answer into its individual factual statements. Each statement must make one
-claim, be understandable without the other statements (replace pronouns with what they
-refer to), and stay faithful to the answer's wording. Leave out greetings, hedges and
-text that makes no claim. If the answer makes no factual claim (a refusal, "I don't
-know"), return an empty list.
-
-Reply with JSON: {"statements": ["...", ...]}"""
+STATEMENTS_INSTRUCTIONS = (
+    STATEMENTS_TASK  # the same text: this step's task needs no row-specific part
+)
 
 #: The ``instructions_first`` layout's ask of this step.
 STATEMENTS_ASK = ""
