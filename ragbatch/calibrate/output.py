@@ -30,6 +30,17 @@ from ragbatch.io.fs import resolve
 TABLES = ("agreement", "confusion", "disagreements", "reliability")
 MANIFEST = "manifest.json"
 
+#: The leading columns of the per-bin and per-row tables: which judge and metric they
+#: describe, and the run that scored them.
+_JUDGED_BY = [
+    ("judge", pa.string()),
+    ("model", pa.string()),
+    ("metric", pa.string()),
+    ("metric_name", pa.string()),
+    ("prompt_version", pa.string()),
+    ("scores_run_id", pa.string()),
+]
+
 #: Column types of each table (an empty table keeps its columns).
 SCHEMAS: dict[str, pa.Schema] = {
     "agreement": pa.schema(
@@ -56,12 +67,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "confusion": pa.schema(
         [
-            ("judge", pa.string()),
-            ("model", pa.string()),
-            ("metric", pa.string()),
-            ("metric_name", pa.string()),
-            ("prompt_version", pa.string()),
-            ("scores_run_id", pa.string()),
+            *_JUDGED_BY,
             ("human", pa.int64()),
             ("judge_verdict", pa.int64()),
             ("n", pa.int64()),
@@ -70,12 +76,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "reliability": pa.schema(
         [
-            ("judge", pa.string()),
-            ("model", pa.string()),
-            ("metric", pa.string()),
-            ("metric_name", pa.string()),
-            ("prompt_version", pa.string()),
-            ("scores_run_id", pa.string()),
+            *_JUDGED_BY,
             ("bin_low", pa.float64()),
             ("bin_high", pa.float64()),
             ("n", pa.int64()),
@@ -85,12 +86,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "disagreements": pa.schema(
         [
-            ("judge", pa.string()),
-            ("model", pa.string()),
-            ("metric", pa.string()),
-            ("metric_name", pa.string()),
-            ("prompt_version", pa.string()),
-            ("scores_run_id", pa.string()),
+            *_JUDGED_BY,
             ("rank", pa.int64()),
             ("row_id", pa.string()),
             ("pair_id", pa.string()),
