@@ -540,3 +540,43 @@ def test_missing_backend_names_the_extra():
         pytest.skip("gcsfs is installed")
     with pytest.raises(InputError, match=r"gs://bucket/x\.csv: .*pip install 'ragbatch\[gcs\]'"):
         resolve("gs://bucket/x.csv", {})
+
+
+def test_a_plan_lists_its_input_once_and_fingerprints_what_it_planned(tmp_path, monkeypatch):
+    """Planning a run lists the input directory once: the read tasks, the schema and the
+    fingerprint the manifest and resume records use all come from that listing, and
+    they equal what separate listings give."""
+    import ragbatch.io.listing as listing
+    from ragbatch.config.job import JobConfig
+    from ragbatch.pipeline.plan import build_plan
+
+    for day, answers in (("2024-01-01", ["a", "b"]), ("2024-01-02", ["c"])):
+        (tmp_path / "in" / f"day={day}").mkdir(parents=True)
+        pq.write_table(
+            pa.table({"q": ["?"] * len(answers), "ans": answers}),
+            tmp_path / "in" / f"day={day}" / "part-0.parquet",
+        )
+    listings: list[str] = []
+    real = listing._list_tree
+    monkeypatch.setattr(
+        listing, "_list_tree", lambda fs, uri, path: listings.append(path) or real(fs, uri, path)
+    )
+    config = JobConfig.model_validate(
+        {
+            "input": {
+                "uri": str(tmp_path / "in"),
+                "columns": {"question": "q", "answer": "ans"},
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [{"name": "response_length", "params": {"max_chars": 5}}],
+        }
+    )
+    plan = build_plan(config)
+    assert len(listings) == 1
+    assert plan.input_fingerprint == input_fingerprint(config.input, plan.read_tasks)
+    assert [f["path"] for f in plan.input_fingerprint["files"]] == [
+        str(tmp_path / "in" / f"day={d}" / "part-0.parquet") for d in ("2024-01-01", "2024-01-02")
+    ]
+    assert plan.read_tasks == plan_read(config.input)
+    assert plan.input_schema == peek_schema(config.input)
+    assert len(listings) == 4  # the three separate calls list again

@@ -157,7 +157,8 @@ def test_a_key_paid_twice_reads_back_the_earlier_reply(tmp_path):
     reader = JudgmentCache(uri, {})
     reader.prefetch([group])
     assert reader.get("k").text == "earlier"
-    assert compact(files) == (1, 1)
+    done = compact(files)
+    assert (done.buckets, done.entries, done.fold.journal_files) == (1, 1, 0)
     reader = JudgmentCache(uri, {})
     reader.prefetch([group])
     assert reader.get("k").text == "earlier"
@@ -194,6 +195,34 @@ def test_compaction_merges_touches_and_prune_keeps_recent_runs(tmp_path):
     assert cache_stats(files)["buckets"].touches == 0
 
 
+def test_prune_folds_the_journal_of_a_run_in_progress_first(tmp_path):
+    """Runs old and mid are folded; run cur has flushed batches (a reply of its own
+    and a touch of old's k_old) but not committed. Pruning to the latest run keeps
+    cur's reply and the entry it used, and drops mid's: the journal is folded first,
+    with each row counted for the run that wrote it."""
+    uri = str(tmp_path / "cache")
+    files = open_files(uri, {})
+    groups = {k: f"d{i}" + "0" * 62 for i, k in enumerate(["k_old", "k_mid", "k_cur"])}
+    for run, key in (("old", "k_old"), ("mid", "k_mid")):
+        cache = JudgmentCache(uri, {}, run_id=run)
+        cache.put(key, "m", "model", _ok(key), groups[key])
+        cache.flush()
+        fold_journal(files, run)
+    cur = JudgmentCache(uri, {}, run_id="cur")
+    cur.prefetch([groups["k_old"]])
+    assert cur.get("k_old").text == "k_old"
+    cur.put("k_cur", "m", "model", _ok("k_cur"), groups["k_cur"])
+    cur.flush()
+    assert len(files.journal_files()) == 1
+    result = prune(files, keep_runs=1, keep_days=None)
+    assert (result.fold.journal_files, result.fold.rows) == (1, 2)
+    assert result.runs == ["cur"] and (result.kept, result.dropped) == (2, 1)
+    assert files.journal_files() == []
+    reader = JudgmentCache(uri, {})
+    reader.prefetch(groups.values())
+    assert [k for k in groups if reader.get(k) is not None] == ["k_old", "k_cur"]
+
+
 def test_prune_by_days(tmp_path):
     uri = str(tmp_path / "cache")
     files = open_files(uri, {})
@@ -218,7 +247,9 @@ def test_cli_stats_compact_prune(tmp_path, capsys):
     assert "buckets  files       5  entries           4  touches         1" in out
     assert "legacy   files       1  entries           1" in out
     assert main(["cache", "compact", "--uri", uri]) == 0
-    assert "compacted 4 buckets: 4 entries" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "folded 0 journal files (0 rows) into 0 bucket files" in out
+    assert "compacted 4 buckets: 4 entries" in out
     assert main(["cache", "prune", "--uri", uri, "--keep-runs", "2"]) == 0
     assert "kept 3 entries, dropped 1" in capsys.readouterr().out
     assert main(["cache", "prune", "--uri", uri]) == 2
@@ -228,7 +259,7 @@ def test_cli_stats_compact_prune(tmp_path, capsys):
 def _writer(uri: str, options: dict, start: int, run: str, errors: list) -> None:
     try:
         for batch in range(3):
-            cache = JudgmentCache(uri, options)
+            cache = JudgmentCache(uri, options, run_id=run)
             for i in range(start + batch * 10, start + batch * 10 + 10):
                 cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), f"{i % 4:02d}" + "0" * 62)
             cache.flush()
@@ -245,10 +276,9 @@ def _all_keys(uri: str, options: dict) -> set[str]:
 
 
 def _two_runs_at_once(uri: str, options: dict) -> None:
-    """Two runs write, fold and compact one cache at once: nothing is lost, and a
-    compaction leaves one file per bucket. (Each fold stamps every journal row it
-    finds with its own run, the other run's rows included: which run an entry counts
-    as used in is not asserted.)"""
+    """Two runs write, fold and compact one cache at once: nothing is lost, a
+    compaction leaves one file per bucket, and every entry counts for the run that
+    wrote it, whichever run's fold moved it (run-a wrote k0..k29, run-b k30..k59)."""
     errors: list[Any] = []
     threads = [
         threading.Thread(target=_writer, args=(uri, options, s, r, errors))
@@ -262,10 +292,16 @@ def _two_runs_at_once(uri: str, options: dict) -> None:
     assert _all_keys(uri, options) == {f"k{i}" for i in range(60)}
     files = open_files(uri, options)
     assert files.journal_files() == []
-    assert compact(files) == (4, 60)
+    done = compact(files)
+    assert (done.buckets, done.entries) == (4, 60)
     assert all(len(p) == 1 for p in files.bucket_files().values())
     result = prune(files, keep_runs=2, keep_days=None)
     assert (result.kept, result.dropped) == (60, 0)
+    assert sorted(result.runs) == ["run-a", "run-b"]
+    latest = prune(files, keep_runs=1, keep_days=None)
+    assert (latest.kept, latest.dropped) == (30, 30)
+    wrote = {"run-a": range(0, 30), "run-b": range(30, 60)}[latest.runs[0]]
+    assert _all_keys(uri, options) == {f"k{i}" for i in wrote}
     assert prune(files, keep_runs=0, keep_days=None).kept == 0
 
 

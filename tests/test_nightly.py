@@ -546,3 +546,8 @@ def test_second_night_reuses_the_judgments_of_repeated_rows(ray_local, vllm_base
     new = set(CACHE_NIGHTS[NIGHT2]) - shared
     assert judge["judge_calls"] == sum(second[i]["judge_calls"] for i in new) >= len(new)
     assert all(second[i]["cache_hits"] == 0 for i in new)
+    # Every cache entry and touch counts for the night that used it.
+    bucket_rows = pl.from_arrow(
+        pq.read_table(tmp_path / "out" / "judge_cache" / "v2" / "buckets", columns=["last_run"])
+    )
+    assert set(bucket_rows["last_run"].to_list()) == {f"nightly-{n}" for n in CACHE_NIGHTS}

@@ -61,7 +61,8 @@ class JudgeStage(ActorStage):
     embedders : dict, optional
         Embedding engine name -> spec, for metrics that embed (``answer_relevancy``).
     cache : dict, optional
-        ``{"uri", "storage_options"}`` of the judgment cache; None disables it.
+        ``{"uri", "storage_options", "run_id"}`` of the judgment cache (``run_id``
+        stamps the journal rows); None disables it.
     ledger : ray actor handle, optional
         A :class:`JudgeLedger` receiving per-batch totals and engine counters.
     run_ledger : ray actor handle, optional
@@ -111,7 +112,10 @@ class JudgeStage(ActorStage):
         cache = self._cache_location
         self.cache = (
             JudgmentCache(
-                cache["uri"], cache.get("storage_options") or {}, [m.name for m in self.metrics]
+                cache["uri"],
+                cache.get("storage_options") or {},
+                [m.name for m in self.metrics],
+                run_id=cache.get("run_id"),
             )
             if cache
             else None

@@ -3,6 +3,8 @@
 The cache is named by a job config (its ``cache`` section, or ``<output.uri>/judge_cache``)
 or by ``--uri``. ``prune`` keeps the entries used within the last ``--keep-runs`` runs
 or ``--keep-days`` days (default: the config's ``cache.keep_runs`` / ``cache.keep_days``).
+Both ``compact`` and ``prune`` first fold the journal (what runs wrote since their last
+fold, a run in progress or a killed one included).
 Design and costs: docs/cache.md.
 """
 
@@ -69,8 +71,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 )
             return EXIT_OK
         if args.action == "compact":
-            buckets, entries = upkeep.compact(files)
-            print(f"compacted {buckets} buckets: {entries} entries")
+            done = upkeep.compact(files)
+            _print_fold(done.fold)
+            print(f"compacted {done.buckets} buckets: {done.entries} entries")
             return EXIT_OK
         keep_runs = args.keep_runs if args.keep_runs is not None else _get(section, "keep_runs")
         keep_days = args.keep_days if args.keep_days is not None else _get(section, "keep_days")
@@ -83,6 +86,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
             result = upkeep.prune(files, keep_runs, keep_days)
         except ValueError as exc:
             raise ConfigError(f"ragbatch cache prune: {exc}") from None
+        _print_fold(result.fold)
         print(
             f"pruned {result.buckets} buckets: kept {result.kept} entries, dropped {result.dropped}"
         )
@@ -91,6 +95,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
         raise
     except OSError as exc:
         raise OutputError(f"judgment cache {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def _print_fold(fold: Any) -> None:
+    """Say what the journal fold that starts ``compact`` and ``prune`` did."""
+    print(
+        f"folded {fold.journal_files} journal files ({fold.rows} rows) "
+        f"into {fold.files_written} bucket files"
+    )
 
 
 def _get(section: Any, name: str) -> Any:

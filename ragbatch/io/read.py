@@ -117,7 +117,13 @@ class ReadTask:
 # --------------------------------------------------------------------------- planning
 
 
-def plan_read(cfg: InputSection, target_rows_per_task: int = 100_000) -> list[ReadTask]:
+#: What :func:`ragbatch.io.listing.discover` returns: the filesystem and the input files.
+Listing = tuple[fsspec.AbstractFileSystem, list[InputFile]]
+
+
+def plan_read(
+    cfg: InputSection, target_rows_per_task: int = 100_000, listing: Listing | None = None
+) -> list[ReadTask]:
     """List the input files and cut them into read tasks.
 
     Parameters
@@ -129,6 +135,9 @@ def plan_read(cfg: InputSection, target_rows_per_task: int = 100_000) -> list[Re
         (a single larger row group stays whole). Text files are one task each. Each task
         is read, scored and written by one Ray task; 100,000 rows of long RAG traces are
         about 0.5 GB in memory, and several tasks per CPU keep the CPUs evenly busy.
+    listing : (filesystem, list of InputFile), optional
+        A :func:`~ragbatch.io.listing.discover` of ``cfg`` already made (a run lists its
+        input once, for its tasks, schema and fingerprint); None lists it here.
 
     Returns
     -------
@@ -148,7 +157,7 @@ def plan_read(cfg: InputSection, target_rows_per_task: int = 100_000) -> list[Re
     """
     if target_rows_per_task < 1:
         raise ValueError("target_rows_per_task must be >= 1")
-    fs, files = discover(cfg)
+    fs, files = listing or discover(cfg)
     tasks: list[ReadTask] = []
     parquet = [f for f in files if f.format == "parquet"]
     counts = _row_group_counts(fs, parquet)
@@ -208,7 +217,9 @@ _VERSION_KEYS = (
 )
 
 
-def input_fingerprint(cfg: InputSection, tasks: list[ReadTask]) -> dict:
+def input_fingerprint(
+    cfg: InputSection, tasks: list[ReadTask], listing: Listing | None = None
+) -> dict:
     """Identify the input files by metadata, to record in the run manifest.
 
     Parameters
@@ -216,6 +227,9 @@ def input_fingerprint(cfg: InputSection, tasks: list[ReadTask]) -> dict:
     cfg : InputSection
     tasks : list of ReadTask
         As returned by :func:`plan_read`; each distinct file counts once.
+    listing : (filesystem, list of InputFile), optional
+        The listing ``tasks`` were planned from (the fingerprint then describes exactly
+        the files the run reads, as they were listed); None lists the input here.
 
     Returns
     -------
@@ -230,7 +244,7 @@ def input_fingerprint(cfg: InputSection, tasks: list[ReadTask]) -> dict:
     InputError
         The storage cannot be listed.
     """
-    fs, files = discover(cfg)
+    fs, files = listing or discover(cfg)
     known = {f.path: f.info for f in files}
     entries = []
     for path in sorted({t.path for t in tasks}):
@@ -352,8 +366,9 @@ def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table
     return _add_partitions(table, task.partition)
 
 
-def peek_schema(cfg: InputSection) -> pa.Schema:
-    """The raw column schema of the input, read cheaply from its first data file.
+def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:
+    """The raw column schema of the input, read cheaply from its first data file
+    (``listing``: as for :func:`plan_read`).
 
     Returns
     -------
@@ -371,7 +386,7 @@ def peek_schema(cfg: InputSection) -> pa.Schema:
     -----
     Other files may differ (JSON types are a sample); normalization copes per task.
     """
-    fs, files = discover(cfg)
+    fs, files = listing or discover(cfg)
     item = next((f for f in files if f.info.get("size", 1) != 0), files[0])
     if item.format == "parquet":
         schema = _parquet_metadata(fs, item.path).schema.to_arrow_schema()

@@ -97,6 +97,11 @@ class JudgmentCache:
         fsspec options for ``uri``.
     metric_names : list of str, optional
         Accepted for compatibility; entries of every metric are found by group.
+    run_id : str, optional
+        The run this cache serves: every journal row it writes (replies and touches)
+        carries it as ``last_run``, so that retention by runs counts each entry for the
+        run that used it, whoever folds the journal. None (a dry run's probe, tests)
+        leaves ``last_run`` null for the fold to stamp.
 
     Raises
     ------
@@ -114,9 +119,15 @@ class JudgmentCache:
     """
 
     def __init__(
-        self, uri: str, storage_options: dict[str, Any], metric_names: list[str] | None = None
+        self,
+        uri: str,
+        storage_options: dict[str, Any],
+        metric_names: list[str] | None = None,
+        run_id: str | None = None,
     ):
         from ragbatch.io.fs import resolve
+
+        self.run_id = run_id
 
         self.uri = uri.rstrip("/")
         fs, root = resolve(self.uri, storage_options)
@@ -233,7 +244,7 @@ class JudgmentCache:
                 "logprobs": lp,
                 "created_at": now,
                 "last_used": now,
-                "last_run": None,
+                "last_run": self.run_id,
             }
         )
 
@@ -249,7 +260,8 @@ class JudgmentCache:
         """
         now = _now()
         touches = [
-            {"group": group, "key": key, "last_used": now} for key, group in self._touched.items()
+            {"group": group, "key": key, "last_used": now, "last_run": self.run_id}
+            for key, group in self._touched.items()
         ]
         rows = self._new + touches
         written = len(self._new)

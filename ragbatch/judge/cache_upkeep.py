@@ -1,12 +1,15 @@
 """Upkeep of the judgment cache: fold the journal into buckets, compact, prune, count.
 
-* :func:`fold_journal` (at a run's commit, and before a run starts, for what a killed
-  run left): the journal's rows, stamped with the run id, become at most one new file
-  per bucket, sorted by (group, key); the journal files read are then removed. A bucket
-  left with more than :data:`MAX_BUCKET_FILES` files is compacted.
-* :func:`compact` merges each bucket's files into one: one entry per key (the earliest
-  reply where two runs paid for the same key), its ``last_used`` and ``last_run`` from
-  the latest use of the entry (its touches merged in).
+* :func:`fold_journal` (at a run's commit, before a run starts, for what a killed run
+  left, and first in :func:`compact` and :func:`prune`): the journal's rows become at
+  most one new file per bucket, sorted by (group, key); the journal files read are then
+  removed. A row carries the run that wrote it (``last_run``, stamped by the judge
+  actor); one without, from a writer that had no run id, is stamped with the folding
+  run's id, or left null by a fold outside a run. A bucket left with more than
+  :data:`MAX_BUCKET_FILES` files is compacted.
+* :func:`compact` folds the journal, then merges each bucket's files into one: one entry
+  per key (the earliest reply where two runs paid for the same key), its ``last_used``
+  and ``last_run`` from the latest use of the entry (its touches merged in).
 * :func:`prune` compacts and keeps only the entries used within the last ``keep_runs``
   runs or ``keep_days`` days (:func:`retained`).
 * :func:`cache_stats` counts files, entries, touches and bytes from the Parquet footers.
@@ -78,8 +81,11 @@ def _buckets(table: pa.Table) -> pa.Array:
     return pc.utf8_slice_codeunits(table.column("group"), 0, BUCKET_DIGITS)
 
 
-def fold_journal(files: CacheFiles, run_id: str, max_files: int = MAX_BUCKET_FILES) -> FoldResult:
-    """Fold every journal file into the buckets; stamp ``last_run`` with ``run_id``.
+def fold_journal(
+    files: CacheFiles, run_id: str | None, max_files: int = MAX_BUCKET_FILES
+) -> FoldResult:
+    """Fold every journal file into the buckets. Rows whose ``last_run`` is null get
+    ``run_id`` (None: they stay null, and only ``keep_days`` retains them).
 
     Memory: one journal file and one bucket's share of the journal at a time (the rows
     are spread over a local temporary folder first).
@@ -103,8 +109,10 @@ def fold_journal(files: CacheFiles, run_id: str, max_files: int = MAX_BUCKET_FIL
                     continue  # folded by another process meanwhile
                 read.append(path)
                 table = _conform(table)
-                runs = pc.fill_null(table.column("last_run"), pa.scalar(run_id, pa.string()))
-                table = table.set_column(table.schema.get_field_index("last_run"), "last_run", runs)
+                if run_id is not None:
+                    runs = pc.fill_null(table.column("last_run"), pa.scalar(run_id, pa.string()))
+                    where = table.schema.get_field_index("last_run")
+                    table = table.set_column(where, "last_run", runs)
                 buckets = _buckets(table)
                 for bucket in pc.unique(buckets).to_pylist():
                     part = table.filter(pc.equal(buckets, bucket))
@@ -185,11 +193,23 @@ def compact_bucket(files: CacheFiles, bucket: str, keep: Keep | None = None) -> 
     return kept.height, merged.height - kept.height
 
 
-def compact(files: CacheFiles) -> tuple[int, int]:
-    """Compact every bucket; return (buckets, entries)."""
+@dataclass
+class CompactResult:
+    """What :func:`compact` did: the journal fold first, then buckets and entries."""
+
+    fold: FoldResult
+    buckets: int = 0
+    entries: int = 0
+
+
+def compact(files: CacheFiles) -> CompactResult:
+    """Fold the journal (outside a run: rows keep the run their writer stamped), then
+    merge every bucket's files into one."""
+    result = CompactResult(fold_journal(files, None))
     buckets = files.bucket_files()
-    entries = sum(compact_bucket(files, b)[0] for b in sorted(buckets))
-    return len(buckets), entries
+    result.buckets = len(buckets)
+    result.entries = sum(compact_bucket(files, b)[0] for b in sorted(buckets))
+    return result
 
 
 def recent_runs(files: CacheFiles, n: int) -> list[str]:
@@ -229,9 +249,10 @@ def retained(runs: list[str] | None, keep_days: float | None, now: dt.datetime) 
 
 @dataclass
 class PruneResult:
-    """What :func:`prune` did: buckets rewritten, entries kept and dropped, and the
-    runs whose entries were kept by the run rule."""
+    """What :func:`prune` did: the journal fold first, buckets rewritten, entries kept
+    and dropped, and the runs whose entries were kept by the run rule."""
 
+    fold: FoldResult = field(default_factory=FoldResult)
     buckets: int = 0
     kept: int = 0
     dropped: int = 0
@@ -244,8 +265,10 @@ def prune(
     keep_days: float | None,
     now: dt.datetime | None = None,
 ) -> PruneResult:
-    """Compact every bucket, keeping the entries used within the last ``keep_runs`` runs
-    or the last ``keep_days`` days.
+    """Fold the journal, then compact every bucket, keeping the entries used within the
+    last ``keep_runs`` runs or the last ``keep_days`` days. Folding first means that
+    what a run in progress (or a killed one) has written counts: its entries and touches
+    carry its run id and their time of use.
 
     Raises
     ------
@@ -259,9 +282,10 @@ def prune(
     if (keep_runs is not None and keep_runs < 0) or (keep_days is not None and keep_days < 0):
         raise ValueError("keep_runs and keep_days must be at least 0")
     now = now or dt.datetime.now(dt.timezone.utc)
+    fold = fold_journal(files, None)
     runs = recent_runs(files, keep_runs) if keep_runs is not None else None
     keep = retained(runs, keep_days, now)
-    result = PruneResult(runs=list(runs or []))
+    result = PruneResult(fold=fold, runs=list(runs or []))
     for bucket in sorted(files.bucket_files()):
         kept, dropped = compact_bucket(files, bucket, keep)
         result.buckets += 1

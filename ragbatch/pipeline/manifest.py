@@ -126,7 +126,8 @@ def build_manifest(
             "uri": plan.config.input.uri,
             "read_tasks": len(plan.read_tasks),
             "rows": check.n_rows,
-            "fingerprint": input_fingerprint(plan.config.input, plan.read_tasks),
+            "fingerprint": plan.input_fingerprint
+            or input_fingerprint(plan.config.input, plan.read_tasks),
             "slice_columns": [{"input": i, "output": o} for i, o in plan.slices],
         },
         "output": {

@@ -50,8 +50,9 @@ class Stage:
 
 @dataclass
 class Plan:
-    """What a run will do. ``read_tasks`` and ``input_schema`` are empty when the plan was
-    built without touching the input."""
+    """What a run will do. ``read_tasks``, ``input_schema`` and ``input_fingerprint``
+    (:func:`ragbatch.io.read.input_fingerprint` of the files the tasks read, from the
+    same listing) are empty when the plan was built without touching the input."""
 
     config: JobConfig
     metrics: list[Metric]
@@ -59,6 +60,7 @@ class Plan:
     engines: dict[str, Any]
     read_tasks: list = field(default_factory=list)
     input_schema: pa.Schema | None = None
+    input_fingerprint: dict | None = None
     slices: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -257,7 +259,8 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
         The input cannot be listed or read, or a mapped column does not exist.
     """
     from ragbatch.io.labels import label_problems
-    from ragbatch.io.read import peek_schema, plan_read
+    from ragbatch.io.listing import discover
+    from ragbatch.io.read import input_fingerprint, peek_schema, plan_read
     from ragbatch.io.schema import check_columns, slice_columns
 
     metrics, engines, problems = build_metrics(config)
@@ -270,8 +273,10 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
     plan = Plan(config, metrics, _stages(metrics, engines), engines)
     if not inspect_input:
         return plan
-    plan.read_tasks = plan_read(config.input)
-    plan.input_schema = peek_schema(config.input)
+    listing = discover(config.input)  # the one listing of the input a run makes
+    plan.read_tasks = plan_read(config.input, listing=listing)
+    plan.input_schema = peek_schema(config.input, listing=listing)
+    plan.input_fingerprint = input_fingerprint(config.input, plan.read_tasks, listing=listing)
     column_problems = check_columns(config.input, plan.input_schema)
     column_problems += label_problems(config, plan.input_schema)
     if column_problems:

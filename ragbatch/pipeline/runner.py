@@ -255,9 +255,8 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     run_date = choose_run_date(config.run.run_date, probe.run_date(), now=started)
     layout = OutputLayout.for_run(config.output, run_date, run_id)
     staging = Staging(layout)
-    fingerprint = run_fingerprint(
-        config.model_dump(mode="json"), input_fingerprint(config.input, plan.read_tasks)["sha256"]
-    )
+    files = plan.input_fingerprint or input_fingerprint(config.input, plan.read_tasks)
+    fingerprint = run_fingerprint(config.model_dump(mode="json"), files["sha256"])
     resume = staging.begin(fingerprint, plan.metric_ids)
     if resume.resumed:
         log.info(
@@ -435,7 +434,7 @@ def _run_pipeline(
         ds = ds.map_batches(
             drop_rows, batch_format="pyarrow", fn_kwargs={"row_ids": ray.put(sorted(done_rows))}
         )
-    ds = _score(ds, plan, judge_ledger, ledger)
+    ds = _score(ds, plan, judge_ledger, ledger, layout.run_id)
     own = None
     try:
         _write(ds, layout, scores_dir)
@@ -603,8 +602,11 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
     return ds, None
 
 
-def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) -> Any:
-    """Chain the metric stages and the wide-to-long stage."""
+def _score(
+    ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None, run_id: str | None = None
+) -> Any:
+    """Chain the metric stages and the wide-to-long stage (``run_id`` stamps what judge
+    stages write to the judgment cache)."""
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
 
@@ -615,7 +617,7 @@ def _score(ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None) ->
             )
             continue
         ds = _actor_sized_blocks(ds, stage.engine.batch_size)
-        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger)
+        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger, run_id)
     return ds.map_batches(
         to_long,
         batch_format="pyarrow",
@@ -661,19 +663,25 @@ def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
     )
 
 
-def _model_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+def _model_stage(
+    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+) -> Any:
     from udfs.similarity import ModelStage
 
     return _actor_stage(ds, stage, ModelStage, ledger=ledger)
 
 
-def _pii_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+def _pii_stage(
+    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+) -> Any:
     from udfs.pii import PiiStage
 
     return _actor_stage(ds, stage, PiiStage, ledger=ledger)
 
 
-def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any) -> Any:
+def _judge_stage(
+    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+) -> Any:
     from udfs.judge import judge_stage_class
 
     embedders = {
@@ -684,7 +692,7 @@ def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: A
     cache = None
     if plan.config.cache.enabled:
         uri, options = plan.config.cache_location()
-        cache = {"uri": uri, "storage_options": options}
+        cache = {"uri": uri, "storage_options": options, "run_id": run_id}
     return _actor_stage(
         ds,
         stage,
@@ -697,8 +705,8 @@ def _judge_stage(ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: A
 
 
 #: The function that adds an actor stage of each kind to the pipeline:
-#: ``(ds, plan, stage, judge_ledger, run_ledger) -> ds``.
-ACTOR_STAGES: dict[StageKind, Callable[[Any, Plan, Stage, Any, Any], Any]] = {
+#: ``(ds, plan, stage, judge_ledger, run_ledger, run_id) -> ds``.
+ACTOR_STAGES: dict[StageKind, Callable[[Any, Plan, Stage, Any, Any, str | None], Any]] = {
     StageKind.MODEL: _model_stage,
     StageKind.PII: _pii_stage,
     StageKind.JUDGE: _judge_stage,
