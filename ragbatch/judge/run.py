@@ -170,6 +170,9 @@ class _Slot:
         self.trace = Trace()
         self.pending: list[Any] = []
         self.result: PyCell | None = None
+        # parsed replies holding verdicts, by request: read in request order once the
+        # step is answered, whatever order retries answered them in
+        self.verdict_replies: dict[int, tuple[Completion, Any]] = {}
 
     def advance(self, values: list[Any] | None) -> None:
         """Send ``values`` (None to start) and store the next requests or the result."""
@@ -189,9 +192,11 @@ class _Slot:
             self.fail(PyCell(None, ERROR, f"{self.metric.id}: a step yielded no valid requests"))
 
     def fail(self, cell: PyCell) -> None:
+        """Settle the slot on ``cell``. Its pending requests stay, so that the replies to
+        its other requests of the step (a step may hold several) are still accounted;
+        a settled slot makes no further request."""
         self.program.close()
         self.result = cell
-        self.pending = []
 
 
 def capped(ask: Ask, max_tokens: int | None) -> Ask:
@@ -446,6 +451,9 @@ class JudgeRunner:
                 break
             asks = [(s, j) for s, j, _, _ in failed if s.result is None]
         for slot in live:
+            for j in sorted(slot.verdict_replies):
+                slot.trace.confidence.read(*slot.verdict_replies[j])
+            slot.verdict_replies.clear()
             if slot.result is None:
                 slot.advance(values[id(slot)])
 
@@ -582,7 +590,7 @@ class JudgeRunner:
         except Exception as exc:
             return f"{ask.step}: {type(exc).__name__}: {exc}"
         if ask.verdicts is not None:
-            slot.trace.confidence.read(completion, ask.verdicts)
+            slot.verdict_replies[j] = (completion, ask.verdicts)
         return None
 
     def take_tallies(self) -> dict[str, dict[str, int]]:
