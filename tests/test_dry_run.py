@@ -79,12 +79,14 @@ def test_judge_steps_declared_and_assumption_builds_the_next_ask(cls):
     metric = cls.from_params(ok[0].params)
     row = dict(ok[0].inputs)
     program = metric.program(row)
-    [first] = next(program)
-    assumed = metric.assumed_result(row, first)
-    [second] = program.send([assumed])
-    assert isinstance(second, Ask) and not isinstance(second, Embed)
-    prompt = second.messages[-1].content
-    assert assumed and all(sentence in prompt for sentence in assumed)
+    first = next(program)  # one ask, or several (factual_correctness: both texts' claims)
+    assumed = [metric.assumed_result(row, ask) for ask in first]
+    second = program.send(assumed)
+    assert len(second) == len(first)
+    for ask, sentences in zip(second, assumed):
+        assert isinstance(ask, Ask) and not isinstance(ask, Embed)
+        prompt = ask.messages[-1].content
+        assert sentences and all(sentence in prompt for sentence in sentences)
 
 
 def _ares_rows(tmp_path: Path, n: int) -> Path:
