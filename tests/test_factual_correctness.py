@@ -18,6 +18,7 @@ from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.metric import JudgeExample
+from ragbatch.judge.protocol import Completion
 from ragbatch.judge.recorded import RecordedReplies, run_example
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.factual_correctness import FactualCorrectness, counts_score
@@ -323,3 +324,30 @@ def test_probability_score_counts_expected_claims_in_request_order():
     assert cell["score"] == pytest.approx(2 * p * r / (p + r))
     assert details["verdict_score"] == pytest.approx(2 / 3)  # hard: TP 1, FP 1, FN 0
     assert details["p_verdicts"] == pytest.approx([0.8, 0.7, 0.9])  # answer's, then reference's
+
+
+class _FailsTheAnswerSide(RecordedReplies):
+    """Recorded replies, except that the request splitting the answer fails as an
+    engine failure would (a fault the recorded engine cannot produce by itself)."""
+
+    def complete(self, requests):
+        out = []
+        for request in requests:
+            if "Break the answer" in request.messages[1].content:
+                self.requests.append(request)
+                out.append(Completion("judge_error", error="engine fault"))
+            else:
+                out.extend(super().complete([request]))
+        return out
+
+
+def test_a_failed_request_settles_the_row_and_its_sibling_is_still_accounted():
+    engine = _FailsTheAnswerSide([R_CLAIMS])  # the first request fails, the second is served
+    runner = JudgeRunner(engine, [FactualCorrectness.from_params({})])
+    cells, records = judge_frame(runner, _frame([ROW]))["factual_correctness"]
+    assert cells[0]["status"] == "judge_error" and "answer_claims" in cells[0]["reason"]
+    # both requests were sent: each is a call of the cell and of the metric's totals
+    assert records[0]["judge_calls"] == 2
+    assert runner.take_tallies()["factual_correctness"]["judge_calls"] == 2
+    assert R_CLAIMS in records[0]["judge_reply"]  # the sibling's reply is kept
+    assert engine.unused == 0 and len(engine.requests) == 2
