@@ -258,6 +258,39 @@ def test_cache_identity_leaves_the_mode_out():
     assert bare.cache_identity()["params"] == {"reasons": False}
 
 
+def test_calibration_identity_keeps_the_mode_and_the_score():
+    """A calibration holds for one way of scoring: the prompt version differs by mode
+    and by ``score``, and at the defaults (f1, verdict) it is the hash of the cache
+    identity alone, as before the distinction (worked out here from its definition)."""
+    import hashlib
+    import json
+
+    from ragbatch.calibrate.agreement import prompt_version
+
+    def version(params):
+        return prompt_version(FactualCorrectness.from_params(params))
+
+    default = FactualCorrectness.from_params({})
+    digest = hashlib.sha256(
+        json.dumps(
+            {"metric": "factual_correctness", "version": default.version, "params": {}},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:12]
+    assert version({}) == version({"mode": "f1", "score": "verdict"})
+    assert version({}) == f"factual_correctness/v{default.version}/{digest}"
+    versions = {
+        version({"mode": "precision"}),
+        version({"mode": "recall"}),
+        version({}),
+        version({"score": "probability"}),
+    }
+    assert len(versions) == 4
+    assert FactualCorrectness.from_params({"mode": "recall"}).calibration_identity()["scoring"] == {
+        "mode": "recall"
+    }
+
+
 @pytest.mark.parametrize("layout", ["row_first", "instructions_first"])
 def test_precision_requests_are_the_first_of_f1s(layout):
     """The requests precision makes are byte-identical to two of f1's, in both layouts

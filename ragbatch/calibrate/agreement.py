@@ -34,9 +34,11 @@ _LABEL, _DISTANCE = internal("label"), internal("distance")
 
 def prompt_version(metric: JudgeMetric) -> str:
     """``<name>/v<version>/<12 hex digits>``: the metric's name and version and a SHA-256
-    of its cache identity (name, version, params): what determines its prompts apart
-    from the row. A calibration is valid for a run whose metric has the same value."""
-    identity = json.dumps(metric.cache_identity(), sort_keys=True, default=str)
+    of its calibration identity (:meth:`~ragbatch.judge.metric.JudgeMetric.calibration_identity`:
+    name, version, params, scoring params that are not at their defaults): what
+    determines its prompts apart from the row, and how their replies are scored. A
+    calibration is valid for a run whose metric has the same value."""
+    identity = json.dumps(metric.calibration_identity(), sort_keys=True, default=str)
     digest = hashlib.sha256(identity.encode("utf-8")).hexdigest()[:12]
     return f"{metric.name}/v{metric.version}/{digest}"
 

@@ -205,6 +205,29 @@ class JudgeMetric(Metric):
             del params["prompt_layout"]  # the prompts from before the param: same keys
         return {"metric": self.name, "version": self.version, "params": params}
 
+    #: Params that change how replies are scored but not what is asked: left out of the
+    #: cache identity (:meth:`cache_identity`), kept in the calibration identity
+    #: (:meth:`calibration_identity`).
+    scoring_params: tuple[str, ...] = ("score",)
+
+    def calibration_identity(self) -> dict[str, Any]:
+        """What a calibration of this metric is valid for: :meth:`cache_identity` plus
+        the :attr:`scoring_params` that differ from their defaults (under ``scoring``),
+        since the same replies scored another way agree with people differently. At
+        their defaults it equals the cache identity, so calibrations recorded before
+        this distinction stay valid."""
+        identity = self.cache_identity()
+        fields = type(self.params).model_fields
+        chosen = self.params.model_dump(mode="json")
+        scoring = {
+            k: chosen[k]
+            for k in self.scoring_params
+            if k in chosen and k in fields and chosen[k] != fields[k].default
+        }
+        if scoring:
+            identity = {**identity, "scoring": scoring}
+        return identity
+
     @property
     def probability_score(self) -> bool:
         """Whether the metric's ``score`` param is ``probability`` (G-Eval's

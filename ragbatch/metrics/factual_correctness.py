@@ -379,10 +379,14 @@ class FactualCorrectness(VerdictMetric):
         """The ``mode`` param."""
         return str(self.params.mode)  # type: ignore[attr-defined]
 
+    #: ``mode`` decides which requests are made and how the verdicts are counted, not
+    #: what any request holds: out of the cache identity, in the calibration identity.
+    scoring_params = ("score", "mode")
+
     def cache_identity(self) -> dict[str, Any]:
-        """As :meth:`VerdictMetric.cache_identity`, without ``mode``: the mode decides
-        which requests are made and how the verdicts are counted, not what any request
-        holds, so a request made in one mode is served from the cache in another."""
+        """As :meth:`VerdictMetric.cache_identity`, without ``mode``: a request made in
+        one mode is served from the cache in another (a calibration is not:
+        :meth:`~ragbatch.judge.metric.JudgeMetric.calibration_identity` keeps it)."""
         identity = super().cache_identity()
         identity["params"] = {k: v for k, v in identity["params"].items() if k != "mode"}
         return identity
