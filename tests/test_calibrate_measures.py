@@ -204,7 +204,7 @@ def test_output_schema_doc_lists_every_calibration_column():
         ], name
 
 
-@pytest.mark.parametrize("name", ["ares", "halueval", "hatecheck", "trec_dl"])
+@pytest.mark.parametrize("name", ["ares", "halueval", "hatecheck", "rubric", "trec_dl"])
 def test_shipped_calibration_configs_read_their_data_and_labels(name, monkeypatch):
     """Every shipped config loads, reads its data (first rows) and turns every label into
     numbers; the job each judge runs validates."""

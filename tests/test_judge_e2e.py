@@ -108,12 +108,23 @@ def _check(result, n_rows: int) -> pl.DataFrame:
     return scores
 
 
+#: Params of the metrics that need some (the rubric is written in the config): a 1-5
+#: scale with a reason, on the three columns the other judge metrics read.
+PARAMS = {
+    "answer_relevancy": {"embedder": "embedder"},
+    "rubric": {
+        "criteria": "The answer states only what the retrieved contexts support.",
+        "scale": {"min": 1, "max": 5},
+    },
+}
+
+
 def _every_judge_metric() -> list[dict]:
-    """Each judge metric once, on the engine ``judge`` (answer_relevancy also embeds)."""
+    """Each judge metric once, on the engine ``judge``, with :data:`PARAMS`."""
     metrics = [{"name": name, "engine": "judge"} for name in JUDGE_METRICS]
     for m in metrics:
-        if m["name"] == "answer_relevancy":
-            m["params"] = {"embedder": "embedder"}
+        if m["name"] in PARAMS:
+            m["params"] = PARAMS[m["name"]]
     return metrics
 
 

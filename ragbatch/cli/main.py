@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print docs/metrics.md (the reference generated from the registry)",
     )
+    metrics.add_argument(
+        "--config",
+        help="list the metrics a job config defines instead: id, params and each judge "
+        "step's instructions as the judge sees them (rubric metrics' prompts)",
+    )
     _add_compare_parser(sub)
     _add_report_parser(sub)
     _add_nightly_parser(sub)
