@@ -160,12 +160,18 @@ def test_every_part_of_the_rubric_enters_the_cache_key_and_the_prompt_version(ch
     assert prompt_version(changed) != prompt_version(base)
 
 
-def test_the_id_and_the_score_mode_keep_the_judgments():
+def test_the_id_the_score_mode_and_the_choice_scores_keep_the_judgments():
     base = Rubric.from_params(SCALE)
     renamed = Rubric.from_params(SCALE, metric_id="dates")
     weighted = Rubric.from_params({**SCALE, "score": "probability"})
     assert renamed.cache_identity() == base.cache_identity() == weighted.cache_identity()
     assert prompt_version(renamed) == prompt_version(base)
+    # scoring another way keeps the replies but needs its own calibration
+    assert prompt_version(weighted) != prompt_version(base)
+    strict = Rubric.from_params({**CHOICES, "choice_scores": {"supported": 0.9, "unsupported": 0}})
+    choices = Rubric.from_params(CHOICES)
+    assert strict.cache_identity() == choices.cache_identity()
+    assert prompt_version(strict) != prompt_version(choices)
 
 
 def test_changed_criteria_are_judged_again_not_served_from_the_cache(tmp_path):

@@ -53,10 +53,11 @@ class Rubric(JudgeMetric):
     the ``verdict`` (the rating or choice) and the ``reason``.
 
     Several rubrics may run in one job, each under its own ``id``. The criteria, inputs,
-    scale or choices, their scores and the examples are params, so they are part of the
-    judgment cache key and of the calibration's prompt version: a changed rubric is
-    judged afresh. Config text is data: it goes into the prompt as written, never
-    through a template.
+    scale or choices, examples and ``reasons`` are part of the judgment cache key and of
+    the calibration's prompt version: a changed rubric is judged afresh. ``choice_scores``
+    and ``score`` change only how replies are scored: they are left out of the cache key
+    and kept in the prompt version. Config text is data: it goes into the prompt as
+    written, never through a template.
 
     Notes
     -----
@@ -209,6 +210,18 @@ class Rubric(JudgeMetric):
         if problems:
             raise ConfigError([f"{where}.{path}: {text}" for path, text in problems])
         return cls(metric_id or cls.name, parsed, engine)
+
+    #: ``choice_scores`` turns a choice into a score and is not shown to the judge: a
+    #: change keeps the judgments but not a calibration (:meth:`cache_identity`).
+    scoring_params: tuple[str, ...] = ("score", "choice_scores")
+
+    def cache_identity(self) -> dict[str, Any]:
+        """As :meth:`JudgeMetric.cache_identity` (the criteria, inputs, scale or choices,
+        examples and ``reasons`` are in it), leaving out ``choice_scores``, which changes
+        how a choice is scored, not what is asked; the calibration identity keeps it."""
+        identity = super().cache_identity()
+        params = {k: v for k, v in identity["params"].items() if k != "choice_scores"}
+        return {**identity, "params": params}
 
     def step_prompts(self) -> tuple[StepPrompt, ...]:
         """The rubric's one step, its text built from the params
