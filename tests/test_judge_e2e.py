@@ -137,7 +137,7 @@ def _check_parsed(scores: pl.DataFrame) -> None:
 
 
 def test_vllm_actor_pool_runs_every_judge_metric_on_real_rows(ray_local, smollm2_model, tmp_path):
-    assert len(JUDGE_METRICS) == 14
+    assert len(JUDGE_METRICS) == 15
     config = load_config(REPO / "jobs" / "tonic_judge.yaml")
     config.input.uri = str(_tonic_rows(tmp_path, TONIC_ROWS))
     config.output.uri = str(tmp_path / "out")
