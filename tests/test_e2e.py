@@ -203,10 +203,12 @@ def test_tonic_job_with_semantic_similarity(ray_local, tmp_path):
     ]
 
 
-def _small_config(input_uri: str, output_uri: str, **input_extra) -> JobConfig:
+def _small_config(
+    input_uri: str, output_uri: str, executor: str = "auto", **input_extra
+) -> JobConfig:
     return JobConfig.from_dict(
         {
-            "run": {"name": "small"},
+            "run": {"name": "small", "executor": executor},
             "input": {
                 "uri": input_uri,
                 "columns": {"question": "q", "contexts": "ctx", "answer": "a", "reference": "ref"},
@@ -233,10 +235,17 @@ _SMALL = pa.table(
 )
 
 
-def test_duplicate_rows_nulls_and_unicode(ray_local, tmp_path):
+#: Runs of expression metrics execute on Ray (``auto`` with the session's Ray started) and
+#: in the test's own process (:mod:`ragbatch.pipeline.in_process`); both must agree.
+EXECUTORS = ["auto", "in_process"]
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_duplicate_rows_nulls_and_unicode(ray_local, tmp_path, executor):
     src = tmp_path / "in.parquet"
     pq.write_table(_SMALL, src)
-    result = run_job(_small_config(str(src), str(tmp_path / "out")))
+    result = run_job(_small_config(str(src), str(tmp_path / "out"), executor))
+    assert result.manifest.ray["executor"] == ("ray" if executor == "auto" else "in_process")
     con = _check_run(result, 4, ["exact_match", "response_length", "context_length"])
     rows = con.execute(
         f"SELECT row_id, metric, score, status, team FROM {_scores(con, str(tmp_path / 'out'))} ORDER BY ALL"
@@ -260,13 +269,14 @@ def test_duplicate_rows_nulls_and_unicode(ray_local, tmp_path):
     assert rows == want
 
 
-def test_s3_in_and_out(ray_local, s3_storage_options, s3_bucket, tmp_path):
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_s3_in_and_out(ray_local, s3_storage_options, s3_bucket, tmp_path, executor):
     import s3fs
 
     fs = s3fs.S3FileSystem(**s3_storage_options)
     with fs.open(f"{s3_bucket}/traces/part-0.parquet", "wb") as fh:
         pq.write_table(_SMALL, fh)
-    config = _small_config(f"s3://{s3_bucket}/traces/", f"s3://{s3_bucket}/eval")
+    config = _small_config(f"s3://{s3_bucket}/traces/", f"s3://{s3_bucket}/eval", executor)
     config.input.storage_options = dict(s3_storage_options)
     config.output.storage_options = dict(s3_storage_options)
     result = run_job(config)

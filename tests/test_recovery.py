@@ -74,10 +74,10 @@ def expected_scores() -> list[tuple]:
     return sorted(cells)
 
 
-def job(root: Path) -> JobConfig:
+def job(root: Path, executor: str = "auto") -> JobConfig:
     return JobConfig.from_dict(
         {
-            "run": {"name": "recovery"},
+            "run": {"name": "recovery", "executor": executor},
             "input": {
                 "uri": str(root / "in"),
                 "columns": {"row_id": "id", "question": "q", "answer": "a", "reference": "ref"},
@@ -126,13 +126,13 @@ def manifest(root: Path, run_id: str) -> dict:
     return json.loads(path.read_text())
 
 
-def first_attempt(root: Path, run_id: str) -> None:
+def first_attempt(root: Path, run_id: str, executor: str = "auto") -> None:
     """Attempt 1: every row is scored, the flaky file's rows end in ``error``, and the
     error budget stops the run before it commits."""
     write_input(root)
     (root / FIRST_ATTEMPT_MARKER).touch()
     with pytest.raises(RunError, match=f"{ROWS_PER_FILE} of {N_FILES * ROWS_PER_FILE} rows"):
-        run_job(job(root), run_id=run_id)
+        run_job(job(root, executor), run_id=run_id)
     assert scored_since(root, 0)[0] == sorted(q for f in range(N_FILES) for q in questions(f))
     assert len(staged(root, run_id, 1)) == N_FILES
     assert not list((root / "out").glob("runs/**/manifest.json"))
@@ -142,13 +142,22 @@ def rows_of(path: Path) -> set[str]:
     return set(pq.read_table(path, columns=["row_id"]).column("row_id").to_pylist())
 
 
+#: Both executors (ragbatch.pipeline.in_process): with the session's Ray started, ``auto``
+#: runs on Ray.
+EXECUTORS = ["auto", "in_process"]
+
+
 @pytest.mark.slow
-def test_error_cells_are_scored_again_on_resume_and_the_rest_reused(ray_local, tmp_path):
-    first_attempt(tmp_path, "flaky")
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_error_cells_are_scored_again_on_resume_and_the_rest_reused(ray_local, tmp_path, executor):
+    first_attempt(tmp_path, "flaky", executor)
     _, seen = scored_since(tmp_path, 0)
     (tmp_path / FIRST_ATTEMPT_MARKER).unlink()  # the fault is gone
 
-    result = run_job(job(tmp_path), run_id="flaky")
+    result = run_job(job(tmp_path, executor), run_id="flaky")
+    assert manifest(tmp_path, "flaky")["ray"]["executor"] == (
+        "ray" if executor == "auto" else "in_process"
+    )
 
     rescored, _ = scored_since(tmp_path, seen)
     assert rescored == questions(FLAKY_FILE)  # exactly the rows that had an error cell
@@ -165,8 +174,11 @@ def test_error_cells_are_scored_again_on_resume_and_the_rest_reused(ray_local, t
 
 
 @pytest.mark.slow
-def test_staged_file_without_footer_is_set_aside_and_its_rows_scored_again(ray_local, tmp_path):
-    first_attempt(tmp_path, "cut")
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_staged_file_without_footer_is_set_aside_and_its_rows_scored_again(
+    ray_local, tmp_path, executor
+):
+    first_attempt(tmp_path, "cut", executor)
     _, seen = scored_since(tmp_path, 0)
     # Cut the footer off a staged file of steady rows, as a crash while writing it would.
     steady = next(p for p in staged(tmp_path, "cut", 1) if "f0-r0" in rows_of(p))
@@ -176,7 +188,7 @@ def test_staged_file_without_footer_is_set_aside_and_its_rows_scored_again(ray_l
 
     # Attempt 2, with the fault still there: it stops again, and shows what it did.
     with pytest.raises(RunError):
-        run_job(job(tmp_path), run_id="cut")
+        run_job(job(tmp_path, executor), run_id="cut")
     assert not steady.exists(), "the truncated staged file was not set aside"
     rescored, seen = scored_since(tmp_path, seen)
     assert rescored == sorted(questions(0) + questions(FLAKY_FILE))
@@ -188,7 +200,7 @@ def test_staged_file_without_footer_is_set_aside_and_its_rows_scored_again(ray_l
     # Attempt 3, the fault gone: only the flaky rows are scored again; the run commits
     # every cell once, with the scores an uninterrupted run gives.
     (tmp_path / FIRST_ATTEMPT_MARKER).unlink()
-    run_job(job(tmp_path), run_id="cut")
+    run_job(job(tmp_path, executor), run_id="cut")
     assert scored_since(tmp_path, seen)[0] == questions(FLAKY_FILE)
     assert committed(tmp_path, "cut") == expected_scores()
     info = manifest(tmp_path, "cut")["resume"]

@@ -34,7 +34,7 @@ def test_a_stage_slower_than_ray_datas_watchdog_commits(tmp_path: Path):
     config.write_text(
         yaml.safe_dump(
             {
-                "run": {"name": "slow"},
+                "run": {"name": "slow", "executor": "ray"},  # Ray Data's watchdog
                 "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
                 "output": {"uri": str(tmp_path / "out")},
                 "metrics": [

@@ -63,7 +63,10 @@ class RunSection(_Strict):
     never part of a path.
     ``error_budget`` (fraction in [0, 1], default 0.01) is the largest share of input rows
     that may end with status ``error`` on some metric: past it the run stops (early, when
-    failed batches exceed it) and is not committed."""
+    failed batches exceed it) and is not committed. ``executor`` chooses where the run
+    executes (:mod:`ragbatch.pipeline.in_process`): ``auto`` runs a job of expression
+    metrics only in the ``ragbatch`` process when no Ray cluster is named, and on Ray
+    otherwise; ``ray`` always starts or joins Ray; ``in_process`` insists on the first."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -73,6 +76,9 @@ class RunSection(_Strict):
     #: Largest fraction of input rows that may end with status ``error`` on some metric
     #: (a batch that kept failing, a callback that raised) for the run to commit.
     error_budget: float = Field(0.01, ge=0, le=1)
+    #: Where the run executes: ``auto``, ``ray`` or ``in_process``
+    #: (:mod:`ragbatch.pipeline.in_process`).
+    executor: Literal["auto", "ray", "in_process"] = "auto"
 
 
 class ColumnMapping(_Strict):

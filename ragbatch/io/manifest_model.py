@@ -235,7 +235,11 @@ class Manifest(_Section):
     packages: dict[str, str] = Field(description="distribution -> version")
     python: str = Field(description="Python version")
     platform: str = Field(description="operating system and machine")
-    ray: dict[str, Any] = Field(description="the Ray cluster's address and resources")
+    ray: dict[str, Any] = Field(
+        description="`executor` (`ray` or `in_process`, "
+        "[config.md](config.md#where-a-run-executes)); on Ray, the cluster's `address`, "
+        "`started_locally` and `resources`"
+    )
     judge: JudgeInfo = Field(default_factory=JudgeInfo, description=_JUDGE)
     pii: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description=("per PII engine, the detectors that ran (see pii.md)")

@@ -32,6 +32,7 @@ from ragbatch.judge.cache_upkeep import settle_journal
 from ragbatch.pipeline.manifest import build_manifest
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, Stage, build_plan, preflight_engines
+from ragbatch.pipeline.in_process import choose_executor, execute_in_process
 from ragbatch.pipeline.ray_paths import start_data_actors, start_local_ray, worker_pythonpath
 from ragbatch.core.run_date import choose_run_date, today_utc
 from ragbatch.core.stages import StageKind
@@ -146,10 +147,14 @@ def run_job(
         )
 
         t1 = time.perf_counter()
-        ray_info = ensure_ray(address)
-        check_fit(plan, started_locally=ray_info.get("started_locally", False))
-        settle_journal(plan.config, run_id, plan.stages)
-        done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+        if choose_executor(plan, address) == "in_process":
+            ray_info = {"executor": "in_process", "address": None, "started_locally": False}
+            done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)
+        else:
+            ray_info = {"executor": "ray", **ensure_ray(address)}
+            check_fit(plan, started_locally=ray_info.get("started_locally", False))
+            settle_journal(plan.config, run_id, plan.stages)
+            done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
         n_rows = done.n_rows
         timings["execute_s"] = time.perf_counter() - t1
 

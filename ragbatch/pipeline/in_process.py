@@ -1,0 +1,143 @@
+"""Running a plan without Ray: the expression-only run on one machine.
+
+A run whose metrics are all expression metrics (Polars expressions, no model, no judge,
+no PII engine) has nothing to place on actors. When it also has no Ray cluster to join
+(no ``--address``, no ``RAY_ADDRESS``, no Ray already started in the process), starting
+a local Ray instance costs more than the work on small and medium inputs: about 5-6 s
+for ``ray.init`` on a two-core machine, then a worker process per task and for Ray
+Data's own actors, each importing Ray Data (about 2 CPU-s each), before the first row
+is read. :func:`execute_in_process` runs the same stages in this process instead, one
+read task at a time: the same reader and normalizer (:mod:`ragbatch.io.read`,
+:mod:`ragbatch.io.schema`), the same expression stage (:mod:`udfs.expressions`) and
+wide-to-long step (:mod:`udfs.scores`), and score files of the same schema in the
+attempt's staging folder. Polars and PyArrow use every core within each step.
+
+``run.executor`` chooses (:func:`choose_executor`): ``auto`` (the default) runs in
+process when the conditions above hold, ``ray`` always uses Ray, ``in_process``
+requires the first two (Ray may be started: it is left alone) and says which fails.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+from ragbatch.core.errors import ConfigError
+from ragbatch.core.stages import StageKind
+
+#: Values of ``run.executor``.
+EXECUTORS = ("auto", "ray", "in_process")
+
+
+def _ray_started() -> bool:
+    """Whether this process already joined or started Ray (tests, notebooks, a driver
+    that runs several jobs): a run then uses it."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
+
+
+def in_process_obstacle(plan: Any, address: str | None) -> str | None:
+    """Why ``plan`` cannot run in this process, or None when it can: a stage that runs
+    on Ray actor pools, or a Ray cluster named for the run.
+
+    Parameters
+    ----------
+    plan : ragbatch.pipeline.plan.Plan
+    address : str or None
+        The Ray address the run was given (``--address``); ``RAY_ADDRESS`` counts too.
+    """
+    actor_stages = [s.name for s in plan.stages if s.kind is not StageKind.EXPRESSION]
+    if actor_stages:
+        return f"stages {', '.join(actor_stages)} run on Ray actor pools"
+    if address or os.environ.get("RAY_ADDRESS"):
+        return "a Ray cluster address is given (--address or RAY_ADDRESS)"
+    return None
+
+
+def choose_executor(plan: Any, address: str | None) -> str:
+    """``"in_process"`` or ``"ray"`` for ``plan``, from ``plan.config.run.executor``.
+
+    Raises
+    ------
+    ConfigError
+        ``run.executor: in_process`` for a plan that needs Ray (the message says why).
+    """
+    wanted = plan.config.run.executor
+    if wanted == "ray":
+        return "ray"
+    obstacle = in_process_obstacle(plan, address)
+    if wanted == "in_process":
+        if obstacle is not None:
+            raise ConfigError(
+                f"run.executor: in_process cannot run this job: {obstacle}; "
+                "use run.executor: auto or ray"
+            )
+        return "in_process"
+    # auto: a Ray instance this process already started (tests, notebooks, a driver
+    # running several jobs) is used rather than left idle.
+    return "ray" if obstacle is not None or _ray_started() else "in_process"
+
+
+def execute_in_process(
+    plan: Any, layout: Any, scores_dir: str, done_rows: set[str] | None = None
+) -> Any:
+    """Read, score and write every read task of ``plan`` in this process, in task order;
+    return a :class:`ragbatch.pipeline.runner.Executed` (no judge totals, faults or
+    placement: there are no actors).
+
+    Each task's score rows are written as one Parquet file (split past
+    :data:`ragbatch.pipeline.runner.ROWS_PER_FILE` rows) under ``scores_dir``, first
+    under a temporary name and then renamed, so a run killed mid-write leaves whole
+    files only, which a resumed attempt keeps; rows in ``done_rows`` are read and
+    counted but not scored.
+
+    Raises
+    ------
+    InputError
+        A task's file cannot be read (as in the Ray path).
+    """
+    from ragbatch.io.read import read_task
+    from ragbatch.io.schema import normalize
+    from ragbatch.pipeline.runner import ROWS_PER_FILE, Executed
+    from udfs.expressions import expression_stage
+    from udfs.judge import JudgeLedger
+    from udfs.read import drop_rows
+    from udfs.scores import to_long
+
+    cfg = plan.config.input
+    done = sorted(done_rows) if done_rows else []
+    token = uuid.uuid4().hex[:12]
+    n_rows = 0
+    for index, task in enumerate(plan.read_tasks):
+        table = normalize(
+            read_task(task, cfg), cfg, task, slices=plan.slices, quote_values=plan.quote_values
+        )
+        n_rows += table.num_rows
+        if done:
+            table = drop_rows(table, done)
+        for stage in plan.stages:
+            table = expression_stage(table, metrics=stage.metrics)
+        scores = to_long(table, metric_ids=plan.metric_ids, slices=plan.slice_names)
+        for part, start in enumerate(range(0, max(scores.num_rows, 1), ROWS_PER_FILE)):
+            if scores.num_rows == 0:
+                break
+            name = f"{scores_dir}/{token}-{index:06d}-{part:03d}.parquet"
+            _write_whole(layout, name, scores.slice(start, ROWS_PER_FILE))
+    return Executed(n_rows, JudgeLedger().totals(), {}, {})
+
+
+def _write_whole(layout: Any, path: str, table: Any) -> None:
+    """Write ``table`` at ``path``; on local disk through a temporary name
+    (``<path>.tmp``, renamed), so that the file appears whole or not at all (object
+    stores write whole objects anyway)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not isinstance(layout.fs, LocalFileSystem):
+        layout.write_table(path, table)
+        return
+    temporary = f"{path}.tmp"
+    layout.write_table(temporary, table)
+    layout.fs.mv(temporary, path)

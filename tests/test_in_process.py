@@ -1,0 +1,162 @@
+"""Where a run executes (:mod:`ragbatch.pipeline.in_process`): the choice of executor, and
+a fresh ``ragbatch run`` of expression metrics that runs without starting Ray and writes
+the same scores as the same job on Ray.
+
+The end-to-end checks of the in-process path on local disk, S3 and resume are the
+``in_process`` cases of tests/test_e2e.py and tests/test_recovery.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError
+from ragbatch.pipeline.in_process import choose_executor
+from ragbatch.pipeline.plan import build_plan
+
+EXPRESSION_METRICS = [
+    {"name": "exact_match"},
+    {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
+    {"name": "contains_text", "id": "cjk", "params": {"text": ["数据"]}},
+    {"name": "contains_text", "id": "combining", "params": {"text": ["E\u0301"]}},
+]
+
+
+def _config(tmp_path: Path, metrics: list, executor: str = "auto") -> JobConfig:
+    src = tmp_path / "in.parquet"
+    if not src.exists():
+        pq.write_table(
+            pa.table(
+                {
+                    "q": ["q1", "q1", "问题", None],
+                    "a": ["yes", "yes", "数据🚀", "e\u0301"],
+                    "ref": ["yes", "yes", "数据", None],
+                    "team": ["a", "a", "b", "b"],
+                }
+            ),
+            src,
+        )
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "where", "executor": executor},
+            "input": {
+                "uri": str(src),
+                "columns": {"question": "q", "answer": "a", "reference": "ref"},
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "engines": {
+                "judge": {"type": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
+            },
+            "metrics": metrics,
+        }
+    )
+
+
+JUDGE = {"name": "hate_speech", "engine": "judge"}
+
+
+@pytest.mark.parametrize(
+    ("executor", "metrics", "address", "chosen"),
+    [
+        ("auto", EXPRESSION_METRICS, None, "in_process"),
+        ("auto", EXPRESSION_METRICS, "127.0.0.1:6379", "ray"),
+        ("auto", [*EXPRESSION_METRICS, JUDGE], None, "ray"),
+        ("ray", EXPRESSION_METRICS, None, "ray"),
+        ("in_process", EXPRESSION_METRICS, None, "in_process"),
+    ],
+)
+def test_choose_executor(tmp_path, monkeypatch, executor, metrics, address, chosen):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    plan = build_plan(_config(tmp_path, metrics, executor))
+    if executor == "auto" and chosen == "in_process":
+        # auto runs on a Ray instance the process already started (as this test session
+        # may have): only judge the rest here.
+        from ragbatch.pipeline import in_process
+
+        monkeypatch.setattr(in_process, "_ray_started", lambda: False)
+    assert choose_executor(plan, address) == chosen
+
+
+def test_ray_address_in_the_environment_means_ray(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert choose_executor(build_plan(_config(tmp_path, EXPRESSION_METRICS)), None) == "ray"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "address", "why"),
+    [
+        ([*EXPRESSION_METRICS, JUDGE], None, "stages judge:judge run on Ray actor pools"),
+        (EXPRESSION_METRICS, "127.0.0.1:6379", "a Ray cluster address is given"),
+    ],
+)
+def test_in_process_refuses_what_needs_ray(tmp_path, monkeypatch, metrics, address, why):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    plan = build_plan(_config(tmp_path, metrics, "in_process"))
+    with pytest.raises(ConfigError, match="run.executor: in_process cannot run this job") as info:
+        choose_executor(plan, address)
+    assert why in str(info.value) and "use run.executor: auto or ray" in str(info.value)
+
+
+def test_executor_is_checked_in_the_config(tmp_path):
+    with pytest.raises(ConfigError, match="run.executor: Input should be 'auto', 'ray' or"):
+        _config(tmp_path, EXPRESSION_METRICS, "threads")
+
+
+def _run_cli(config: JobConfig, path: Path, run_id: str) -> dict:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "ragbatch", "run", str(path), "--run-id", run_id],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (manifest,) = (path.parent / "out" / "runs").glob(f"*/run_id={run_id}/manifest.json")
+    return {"manifest": json.loads(manifest.read_text()), "stderr": proc.stderr}
+
+
+#: (row, metric) -> (score, status), worked out by hand from the rows of :func:`_config`:
+#: row 3 has no reference; its answer is "e" and a combining acute accent (2 code points),
+#: which the needle "E" + accent matches once lowercased; row 2's answer holds 数据.
+EXPECTED = {
+    **{(r, "exact_match"): (1.0, "ok") for r in (0, 1)},
+    (2, "exact_match"): (0.0, "ok"),
+    (3, "exact_match"): (None, "missing_input"),
+    **{(r, "response_length"): (1.0, "ok") for r in range(4)},
+    **{(r, "cjk"): (float(r == 2), "ok") for r in range(4)},
+    **{(r, "combining"): (float(r == 3), "ok") for r in range(4)},
+}
+
+
+def test_a_fresh_run_of_expression_metrics_runs_without_ray(tmp_path):
+    """The default (``auto``) in a new process, as a user runs it: no Ray starts, the
+    manifest says where it ran, and every cell has its hand-worked value (the same rows
+    run on Ray in tests/test_e2e.py and tests/test_recovery.py, both executors)."""
+    done = _run_cli(_config(tmp_path, EXPRESSION_METRICS), tmp_path / "auto.yaml", "here")
+    assert done["manifest"]["ray"] == {
+        "executor": "in_process",
+        "address": None,
+        "started_locally": False,
+    }
+    assert "Ray" not in done["stderr"]
+    got = duckdb.sql(
+        f"SELECT row_id, metric, score, status, team FROM read_parquet("
+        f"'{tmp_path}/out/scores/**/*.parquet', hive_partitioning=true) ORDER BY ALL"
+    ).fetchall()
+    team = ["a", "a", "b", "b"]
+    want = sorted(
+        (f"in.parquet:{r}", m, score, status, team[r])
+        for (r, m), (score, status) in EXPECTED.items()
+    )
+    assert got == want
