@@ -21,8 +21,8 @@ Degenerate rows
     at all: ``not_applicable`` (recall, average precision and nDCG divide by the number of
     relevant ids); an empty ranking with relevant ids: scored, 0.0.
 
-The score of a batch comes from one pass (:func:`ranking_stats`): the rankings are
-exploded, joined with the judged ids and aggregated per row, all in Polars.
+The score of a batch comes from one vectorized pass (:func:`ranking_stats`) over the
+flattened ids, without Python per row.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
+import numpy as np
 import polars as pl
 from pydantic import Field
 
@@ -93,97 +94,134 @@ def guards(graded: bool = False) -> list[Guard]:
     ]
 
 
-def _judged(frame: pl.DataFrame, graded: bool) -> pl.DataFrame:
-    """``(row, id, gain)`` of every relevant id of every row, ids distinct per row."""
-    rows = frame.with_row_index("row")
-    from_ids = (
-        rows.select("row", id=pl.col(RELEVANT_IDS))
-        .explode("id")
-        .drop_nulls("id")
-        .with_columns(gain=pl.lit(1.0))
+#: Multiplier mixing a row number into an id's 64-bit hash (2^64 / golden ratio, odd).
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _flat(series: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """A list column's items in order, the row of each, and each row's length (0 for
+    null); null items are kept."""
+    lengths = series.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+    values = series.explode(empty_as_null=False, keep_nulls=False)
+    rows = np.repeat(np.arange(len(series), dtype=np.int64), lengths)
+    return values, rows, lengths
+
+
+def _keys(values: pl.Series, rows: np.ndarray) -> np.ndarray:
+    """A uint64 key per (row, id): the id's hash mixed with its row number."""
+    return values.hash(seed=0).to_numpy() ^ (rows.astype(np.uint64) * _MIX)
+
+
+def _judged(frame: pl.DataFrame, graded: bool) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """Every relevant id of every row (the module doc says which), its row and gain
+    (1.0, or the grade for ``graded``), each id once per row."""
+    has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
+    has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
+    ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
+    entries, grade_rows, _ = _flat(frame.get_column(RELEVANCE))
+    graded_ids = entries.struct.field("id")
+    grades = entries.struct.field("grade").to_numpy()
+    use_ids = ids.is_not_null().to_numpy() & (~has_grades[id_rows] if graded else True)
+    use_grades = (grades > 0) & (True if graded else ~has_ids[grade_rows])
+    values = pl.concat([ids.filter(pl.Series(use_ids)), graded_ids.filter(pl.Series(use_grades))])
+    rows = np.concatenate([id_rows[use_ids], grade_rows[use_grades]])
+    gains = np.concatenate(
+        [
+            np.ones(int(use_ids.sum())),
+            grades[use_grades] if graded else np.ones(int(use_grades.sum())),
+        ]
     )
-    from_grades = (
-        rows.select("row", e=pl.col(RELEVANCE))
-        .explode("e")
-        .drop_nulls("e")
-        .select("row", id=pl.col("e").struct.field("id"), gain=pl.col("e").struct.field("grade"))
-        .filter(pl.col("gain") > 0)
-    )
-    if graded:
-        has_grades = rows.filter(pl.col(RELEVANCE).is_not_null()).get_column("row")
-        from_ids = from_ids.filter(~pl.col("row").is_in(has_grades.implode()))
-    else:
-        has_ids = rows.filter(pl.col(RELEVANT_IDS).is_not_null()).get_column("row")
-        from_grades = from_grades.filter(~pl.col("row").is_in(has_ids.implode()))
-        from_grades = from_grades.with_columns(gain=pl.lit(1.0))
-    return pl.concat([from_ids, from_grades]).unique(["row", "id"], keep="first")
+    once = pl.Series(_keys(values, rows)).is_first_distinct().to_numpy()
+    return values.filter(pl.Series(once)), rows[once], gains[once]
+
+
+def _match(ranked: pl.Series, ranked_keys: np.ndarray, judged: pl.Series, judged_keys: np.ndarray):
+    """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
+
+    One stable sort of both key arrays puts each judged key just before the ranked keys
+    equal to it; a match is then confirmed by comparing the ids themselves, so a hash
+    collision never makes an id relevant."""
+    n_judged = len(judged_keys)
+    match = np.full(len(ranked_keys), -1, dtype=np.int64)
+    if n_judged == 0 or len(ranked_keys) == 0:
+        return match
+    keys = np.concatenate([judged_keys, ranked_keys])
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    is_judged = order < n_judged
+    last = np.maximum.accumulate(np.where(is_judged, np.arange(len(order)), -1))
+    at = ~is_judged
+    before = last[at]
+    safe = np.maximum(before, 0)
+    equal = (before >= 0) & (ordered[safe] == ordered[at])
+    match[order[at][equal] - n_judged] = order[safe][equal]
+    found = np.flatnonzero(match >= 0)
+    same = (ranked.gather(found) == judged.gather(match[found])).fill_null(False).to_numpy()
+    match[found[~same]] = -1
+    return match
 
 
 def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
     """Per row of ``frame`` (columns ``context_ids``, ``relevant_ids``, ``relevance``):
 
-    ``retrieved`` (UInt32, ids in the ranking, 0 for null), ``relevant`` (number of
-    relevant ids), ``hits`` (relevant ids at ranks 1..k, each once), ``first`` (rank of
-    the first of them, null when none), ``ap_sum`` (sum over those hits of precision at
-    their rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k) and ``idcg`` (the
-    same for the ideal ranking: the judged gains in decreasing order, cut at k). Counts
-    are 0 and sums 0.0 where a row has nothing to count.
+    ``retrieved`` (ids in the ranking, 0 for null), ``relevant`` (number of relevant
+    ids), ``hits`` (relevant ids at ranks 1..k, each once), ``first`` (rank of the first
+    of them, null when none), ``ap_sum`` (sum over those hits of precision at their
+    rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k) and, for ``graded``,
+    ``idcg`` (the same for the ideal ranking: the judged gains in decreasing order, cut
+    at k; 0.0 otherwise). Counts are 0 and sums 0.0 where a row has nothing to count.
+
+    Vectorized over the flattened ids (NumPy and Polars, no Python per row): ids are
+    matched through a 64-bit hash of (row, id), and every match is then confirmed by
+    comparing the ids themselves.
     """
-    judged = _judged(frame, graded)
-    length = pl.col(CONTEXT_IDS).list.len().fill_null(0)
-    ranked = (
-        frame.with_row_index("row")
-        .select(
-            "row",
-            id=pl.col(CONTEXT_IDS).fill_null(pl.lit([], pl.List(pl.String))),
-            rank=pl.int_ranges(1, length + 1),
-        )
-        .explode(["id", "rank"])
-        .drop_nulls("rank")
-    )
+    n = frame.height
+    ranked, rows, lengths = _flat(frame.get_column(CONTEXT_IDS))
+    starts = np.cumsum(lengths) - lengths
+    rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
+    judged, judged_rows, gains = _judged(frame, graded)
+    relevant = np.bincount(judged_rows, minlength=n)
+    keys = _keys(ranked, rows)
+    counted = pl.Series(keys).is_first_distinct().to_numpy() & ranked.is_not_null().to_numpy()
     if k is not None:
-        ranked = ranked.filter(pl.col("rank") <= k)
-    first_copy = pl.struct("row", "id").is_first_distinct() & pl.col("id").is_not_null()
-    ranked = ranked.with_columns(first_copy.alias("first_copy")).join(
-        judged, on=["row", "id"], how="left", maintain_order="left"
+        counted &= rank <= k
+    match = _match(ranked, keys, judged, _keys(judged, judged_rows))
+    counted &= match >= 0
+    gain = np.where(counted, gains[np.maximum(match, 0)] if len(gains) else 0.0, 0.0)
+    hit = gain > 0
+    hits_so_far = np.cumsum(hit)
+    before_row = np.concatenate([[0], hits_so_far])[starts]
+    hits_in_row = hits_so_far - before_row[rows]
+    first = np.full(n, np.nan)
+    hit_rows, hit_ranks = rows[hit], rank[hit]
+    if len(hit_rows):
+        new_row = np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])
+        first[hit_rows[new_row]] = hit_ranks[new_row]
+    return pl.DataFrame(
+        {
+            "retrieved": lengths,
+            "relevant": relevant,
+            "hits": np.bincount(rows, weights=hit, minlength=n).astype(np.int64),
+            "first": first,
+            "ap_sum": np.bincount(
+                rows, weights=np.where(hit, hits_in_row / rank, 0.0), minlength=n
+            ),
+            "dcg": np.bincount(rows, weights=gain / np.log2(rank + 1), minlength=n),
+            "idcg": _ideal(judged_rows, gains, relevant, k) if graded else np.zeros(n),
+        },
+        nan_to_null=True,
     )
-    gain = pl.when("first_copy").then(pl.col("gain").fill_null(0.0)).otherwise(0.0)
-    rel = gain > 0
-    per_row = (
-        ranked.with_columns(gain=gain, rel=rel)
-        .with_columns(cum=pl.col("rel").cast(pl.Int64).cum_sum().over("row"))
-        .group_by("row")
-        .agg(
-            hits=pl.col("rel").sum(),
-            first=pl.col("rank").filter("rel").min(),
-            ap_sum=(pl.col("cum") / pl.col("rank")).filter("rel").sum(),
-            dcg=(pl.col("gain") / (pl.col("rank") + 1).log(2)).sum(),
-        )
-    )
-    ideal_gain = pl.col("gain") / (pl.col("at") + 1).log(2)
+
+
+def _ideal(rows: np.ndarray, gains: np.ndarray, relevant: np.ndarray, k: int | None) -> np.ndarray:
+    """Per row, the DCG of its judged gains in decreasing order, cut at ``k``."""
+    order = np.lexsort((-gains, rows))
+    ordered_rows = rows[order]
+    at = np.arange(len(order)) - (np.cumsum(relevant) - relevant)[ordered_rows] + 1
+    weights = gains[order] / np.log2(at + 1)
     if k is not None:
-        ideal_gain = ideal_gain.filter(pl.col("at") <= k)
-    ideal = (
-        judged.sort(["row", "gain"], descending=[False, True])
-        .with_columns(at=pl.int_range(1, pl.len() + 1).over("row"))
-        .group_by("row")
-        .agg(relevant=pl.len(), idcg=ideal_gain.sum())
-    )
-    return (
-        frame.select(retrieved=length.cast(pl.UInt32))
-        .with_row_index("row")
-        .join(per_row, on="row", how="left", maintain_order="left")
-        .join(ideal, on="row", how="left", maintain_order="left")
-        .select(
-            "retrieved",
-            relevant=pl.col("relevant").fill_null(0),
-            hits=pl.col("hits").fill_null(0),
-            first=pl.col("first"),
-            ap_sum=pl.col("ap_sum").fill_null(0.0),
-            dcg=pl.col("dcg").fill_null(0.0),
-            idcg=pl.col("idcg").fill_null(0.0),
-        )
-    )
+        weights = np.where(at <= k, weights, 0.0)
+    return np.bincount(ordered_rows, weights=weights, minlength=len(relevant))
 
 
 class RankingMetric(ExpressionMetric):
