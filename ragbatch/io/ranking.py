@@ -318,7 +318,7 @@ def _reject_bad_entries(values: pa.Array, issues: Any) -> pa.Array:
         "bad_grade": "relevance: a grade is null, NaN or infinite; grades must be finite numbers",
         "repeated": "relevance: an id is given more than once",
     }
-    bad = np.zeros(len(values), dtype=bool)
+    bad: np.ndarray = np.zeros(len(values), dtype=bool)
     for name, message in problems.items():
         flags = checks.get_column(name).fill_null(False).to_numpy()
         for row in np.flatnonzero(flags & ~bad):

@@ -103,7 +103,7 @@ def _flat(series: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray]:
     null); null items are kept."""
     lengths = series.list.len().fill_null(0).cast(pl.Int64).to_numpy()
     values = series.explode(empty_as_null=False, keep_nulls=False)
-    rows = np.repeat(np.arange(len(series), dtype=np.int64), lengths)
+    rows: np.ndarray = np.repeat(np.arange(len(series), dtype=np.int64), lengths)
     return values, rows, lengths
 
 
@@ -135,14 +135,16 @@ def _judged(frame: pl.DataFrame, graded: bool) -> tuple[pl.Series, np.ndarray, n
     return values.filter(pl.Series(once)), rows[once], gains[once]
 
 
-def _match(ranked: pl.Series, ranked_keys: np.ndarray, judged: pl.Series, judged_keys: np.ndarray):
+def _match(
+    ranked: pl.Series, ranked_keys: np.ndarray, judged: pl.Series, judged_keys: np.ndarray
+) -> np.ndarray:
     """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
 
     One stable sort of both key arrays puts each judged key just before the ranked keys
     equal to it; a match is then confirmed by comparing the ids themselves, so a hash
     collision never makes an id relevant."""
     n_judged = len(judged_keys)
-    match = np.full(len(ranked_keys), -1, dtype=np.int64)
+    match: np.ndarray = np.full(len(ranked_keys), -1, dtype=np.int64)
     if n_judged == 0 or len(ranked_keys) == 0:
         return match
     keys = np.concatenate([judged_keys, ranked_keys])

@@ -22,7 +22,7 @@ class AveragePrecision(RankingMetric):
     """
 
     name = "average_precision"
-    summary = "mean over all relevant ids of precision at the rank each is found (0 if not)"
+    summary = "mean precision at each relevant id's rank; unretrieved ones count 0"
     source = "trec_eval map / map_cut_k, ranx map@k"
     policy = SHARED_POLICY
     examples = (

@@ -22,7 +22,7 @@ class HitRate(RankingMetric):
 
     name = "hit_rate"
     boolean = True
-    summary = "1.0 when a relevant id is among the first k of context_ids"
+    summary = "a relevant id is among the first k of context_ids"
     source = "ranx hit_rate@k (trec_eval success_k)"
     policy = SHARED_POLICY
     examples = (

@@ -20,7 +20,7 @@ class RecallAtK(RankingMetric):
     """
 
     name = "recall_at_k"
-    summary = "relevant ids among the first k of context_ids, divided by all relevant ids"
+    summary = "share of the relevant ids found in the first k of context_ids"
     source = "trec_eval recall_k / ranx recall@k"
     policy = SHARED_POLICY
     examples = (
