@@ -232,3 +232,23 @@ def test_trec_dl_judgments_agree_with_trec_eval(k):
     qrels, rankings = _trec_dl()
     assert len(qrels) == 129
     _compare(qrels, rankings, k, graded_rows=True, scale=1 / 3)  # the file's 0, 1/3, 2/3, 1
+
+
+def test_wide_rows_take_the_sorting_paths_with_the_same_scores(monkeypatch):
+    from ragbatch.metrics import _ranking
+
+    # 100 ids, d0..d69 then d0..d29 again: the repeats are wider than the pairwise check
+    wide = {"context_ids": [f"d{i % 70}" for i in range(100)], "relevant_ids": ["d0", "d69"]}
+    want = {
+        "precision_at_k": 2 / 100,
+        "recall_at_k": 1.0,
+        "mrr": 1.0,
+        "average_precision": (1 / 1 + 2 / 70) / 2,
+    }
+    for name, score in want.items():
+        assert _scores(name, [wide]) == [("ok", pytest.approx(score))], name
+    monkeypatch.setattr(_ranking, "_MATCH_BY_POSITION_MAX", 0)
+    for name, score in want.items():
+        assert _scores(name, [wide]) == [("ok", pytest.approx(score))], name
+    qrels, rankings = _trec_dl()
+    _compare(qrels, rankings, 10, graded_rows=True, scale=1 / 3)

@@ -131,22 +131,89 @@ def _judged(frame: pl.DataFrame, graded: bool) -> tuple[pl.Series, np.ndarray, n
             grades[use_grades] if graded else np.ones(int(use_grades.sum())),
         ]
     )
-    once = pl.Series(_keys(values, rows)).is_first_distinct().to_numpy()
+    once = _first_in_row(_keys(values, rows), rows)
     return values.filter(pl.Series(once)), rows[once], gains[once]
 
 
+def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """True for each key not seen before in its row; each row's keys are contiguous.
+
+    Narrow rows compare every key with the d-th key before it (one pass per d); wide
+    ones take one stable sort of the keys (a key mixes in its row, see :func:`_keys`).
+    """
+    first: np.ndarray = np.ones(len(keys), dtype=bool)
+    if len(keys) == 0:
+        return first
+    widest = int(np.bincount(rows).max())
+    if widest <= 64:
+        for d in range(1, widest):
+            first[d:] &= ~((rows[d:] == rows[:-d]) & (keys[d:] == keys[:-d]))
+        return first
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first[order[1:][ordered[1:] == ordered[:-1]]] = False
+    return first
+
+
+#: Largest (ranked ids x widest row of judged ids) matched position by position; past
+#: it :func:`_match` sorts instead.
+_MATCH_BY_POSITION_MAX = 64_000_000
+
+
 def _match(
-    ranked: pl.Series, ranked_keys: np.ndarray, judged: pl.Series, judged_keys: np.ndarray
+    ranked: pl.Series,
+    ranked_rows: np.ndarray,
+    ranked_keys: np.ndarray,
+    judged: pl.Series,
+    judged_rows: np.ndarray,
+    judged_keys: np.ndarray,
 ) -> np.ndarray:
     """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
 
-    One stable sort of both key arrays puts each judged key just before the ranked keys
-    equal to it; a match is then confirmed by comparing the ids themselves, so a hash
-    collision never makes an id relevant."""
-    n_judged = len(judged_keys)
+    Judged ids are distinct per row. Candidates are found by key, then confirmed by
+    comparing the ids themselves, so a hash collision never makes an id relevant.
+    """
     match: np.ndarray = np.full(len(ranked_keys), -1, dtype=np.int64)
-    if n_judged == 0 or len(ranked_keys) == 0:
+    if len(judged_keys) == 0 or len(ranked_keys) == 0:
         return match
+    per_row = np.bincount(judged_rows)
+    widest = int(per_row.max())
+    if len(ranked_keys) * widest <= _MATCH_BY_POSITION_MAX:
+        _match_by_position(match, ranked_rows, ranked_keys, judged_rows, judged_keys, per_row)
+    else:
+        _match_by_sorting(match, ranked_keys, judged_keys)
+    found = np.flatnonzero(match >= 0)
+    same = (ranked.gather(found) == judged.gather(match[found])).fill_null(False).to_numpy()
+    match[found[~same]] = -1
+    return match
+
+
+def _match_by_position(
+    match: np.ndarray,
+    ranked_rows: np.ndarray,
+    ranked_keys: np.ndarray,
+    judged_rows: np.ndarray,
+    judged_keys: np.ndarray,
+    per_row: np.ndarray,
+) -> None:
+    """Fill ``match`` comparing each ranked key with its row's m-th judged key, for each
+    m up to the widest row: a few passes over flat arrays when rows judge few ids."""
+    order = np.argsort(judged_rows, kind="stable")
+    sorted_rows = judged_rows[order]
+    position = np.arange(len(order)) - (np.cumsum(per_row) - per_row)[sorted_rows]
+    n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
+    table = np.full((n_rows, int(per_row.max())), -1, dtype=np.int64)
+    table[sorted_rows, position] = order
+    for m in range(table.shape[1]):
+        candidate = table[:, m][ranked_rows]
+        hit = (candidate >= 0) & (judged_keys[np.maximum(candidate, 0)] == ranked_keys)
+        match[hit] = candidate[hit]
+
+
+def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: np.ndarray) -> None:
+    """Fill ``match`` from one stable sort of both key arrays, which puts each judged key
+    just before the ranked keys equal to it."""
+    n_judged = len(judged_keys)
     keys = np.concatenate([judged_keys, ranked_keys])
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
@@ -157,10 +224,6 @@ def _match(
     safe = np.maximum(before, 0)
     equal = (before >= 0) & (ordered[safe] == ordered[at])
     match[order[at][equal] - n_judged] = order[safe][equal]
-    found = np.flatnonzero(match >= 0)
-    same = (ranked.gather(found) == judged.gather(match[found])).fill_null(False).to_numpy()
-    match[found[~same]] = -1
-    return match
 
 
 def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
@@ -184,10 +247,10 @@ def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> p
     judged, judged_rows, gains = _judged(frame, graded)
     relevant = np.bincount(judged_rows, minlength=n)
     keys = _keys(ranked, rows)
-    counted = pl.Series(keys).is_first_distinct().to_numpy() & ranked.is_not_null().to_numpy()
+    counted = _first_in_row(keys, rows) & ranked.is_not_null().to_numpy()
     if k is not None:
         counted &= rank <= k
-    match = _match(ranked, keys, judged, _keys(judged, judged_rows))
+    match = _match(ranked, rows, keys, judged, judged_rows, _keys(judged, judged_rows))
     counted &= match >= 0
     gain = np.where(counted, gains[np.maximum(match, 0)] if len(gains) else 0.0, 0.0)
     hit = gain > 0
