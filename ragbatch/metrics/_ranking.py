@@ -202,7 +202,7 @@ def _match_by_position(
     sorted_rows = judged_rows[order]
     position = np.arange(len(order)) - (np.cumsum(per_row) - per_row)[sorted_rows]
     n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
-    table = np.full((n_rows, int(per_row.max())), -1, dtype=np.int64)
+    table: np.ndarray = np.full((n_rows, int(per_row.max())), -1, dtype=np.int64)
     table[sorted_rows, position] = order
     for m in range(table.shape[1]):
         candidate = table[:, m][ranked_rows]
