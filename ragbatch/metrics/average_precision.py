@@ -22,7 +22,7 @@ class AveragePrecision(RankingMetric):
     """
 
     name = "average_precision"
-    summary = "mean precision at each relevant id's rank; unretrieved ones count 0"
+    summary = "average precision"
     source = "trec_eval map / map_cut_k, ranx map@k"
     policy = SHARED_POLICY
     examples = (

@@ -22,7 +22,7 @@ class HitRate(RankingMetric):
 
     name = "hit_rate"
     boolean = True
-    summary = "a relevant id is among the first k of context_ids"
+    summary = "hit in top k"
     source = "ranx hit_rate@k (trec_eval success_k)"
     policy = SHARED_POLICY
     examples = (

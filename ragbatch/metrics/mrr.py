@@ -20,7 +20,7 @@ class Mrr(RankingMetric):
     """
 
     name = "mrr"
-    summary = "1 / rank of the first relevant id in context_ids"
+    summary = "reciprocal rank"
     source = "trec_eval recip_rank / ranx mrr@k"
     policy = SHARED_POLICY
     examples = (

@@ -36,7 +36,7 @@ class NdcgAtK(RankingMetric):
 
     name = "ndcg_at_k"
     graded = True
-    summary = "nDCG of the first k of context_ids, linear gain (the grade)"
+    summary = "nDCG at k, linear gain"
     source = "trec_eval ndcg_cut_k / ranx ndcg@k (Järvelin & Kekäläinen 2002)"
     policy = SHARED_POLICY[:6] + (
         ("relevance given", "its grades are the gains; relevant_ids is not read"),

@@ -23,7 +23,7 @@ class PrecisionAtK(RankingMetric):
     """
 
     name = "precision_at_k"
-    summary = "relevant ids in the first k of context_ids, divided by k"
+    summary = "precision at k"
     source = "trec_eval P_k / ranx precision@k"
     policy = SHARED_POLICY + (
         ("fewer than k ids retrieved", "still divided by k (trec_eval P_k)"),

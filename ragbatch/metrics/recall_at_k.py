@@ -20,7 +20,7 @@ class RecallAtK(RankingMetric):
     """
 
     name = "recall_at_k"
-    summary = "share of the relevant ids found in the first k of context_ids"
+    summary = "recall at k"
     source = "trec_eval recall_k / ranx recall@k"
     policy = SHARED_POLICY
     examples = (
