@@ -45,6 +45,7 @@ K_MAX = 100_000
 #: Policy lines every ranking metric shares (docs/metrics.md prints them).
 SHARED_POLICY: tuple[tuple[str, str], ...] = (
     ("context_ids null (or not usable: see input.columns)", "missing_input"),
+    ("relevant_ids or relevance not usable (see input.columns)", "missing_input, with the note"),
     ("relevant_ids and relevance both null", "missing_input"),
     ("no relevant id (empty relevant_ids, or no grade above 0)", "not_applicable"),
     ("context_ids an empty list, some id relevant", "scored: 0.0"),

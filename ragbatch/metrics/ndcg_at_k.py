@@ -38,7 +38,7 @@ class NdcgAtK(RankingMetric):
     graded = True
     summary = "nDCG at k, linear gain"
     source = "trec_eval ndcg_cut_k / ranx ndcg@k (Järvelin & Kekäläinen 2002)"
-    policy = SHARED_POLICY[:6] + (
+    policy = SHARED_POLICY[:7] + (
         ("relevance given", "its grades are the gains; relevant_ids is not read"),
         ("every grade at or below 0", "not_applicable"),
     )
