@@ -40,8 +40,9 @@ actor pool), `judge` (an LLM judge; [docs/judges.md](judges.md)) and `pii` (dete
 locally with Presidio; [docs/pii.md](pii.md))."""
 
 #: Paragraphs that hold for many metrics at once, printed after the overview table.
-GENERAL_NOTES = """The deterministic metrics score exactly 0.0 or 1.0; `semantic_similarity` and the judge
-metrics score in their range (`answer_similarity` 0-5, the others [0, 1]); higher is
+GENERAL_NOTES = """The deterministic metrics score exactly 0.0 or 1.0, except the ranking metrics
+(`precision_at_k`, `recall_at_k`, `mrr`, `ndcg_at_k`, `average_precision`: [0, 1]);
+`semantic_similarity` and the judge metrics score in their range (`answer_similarity` 0-5, the others [0, 1]); higher is
 better except for `duplication`, `hate_speech` and the two PII metrics. The PII metrics
 (detectors, entity types, measured quality, the `presidio` engine) are documented in
 [docs/pii.md](pii.md); in a run with PII metrics no reason of any metric quotes input
@@ -51,6 +52,17 @@ engines, prompts, structured outputs, failure statuses, cache) are documented in
 [docs/judges.md](judges.md). Lowercasing uses the Unicode lowercase mapping (Python
 `str.lower`); lengths count code points as Python `len` does; nothing is
 Unicode-normalized (a combining accent and a precomposed letter differ).
+
+The ranking metrics score `context_ids` (retrieved ids, best first) against the ids
+known relevant, as trec_eval defines them (checked against `pytrec_eval` in the tests).
+An id is relevant when it is in `relevant_ids`, or, for a row without `relevant_ids`,
+when its `relevance` grade is above 0; `ndcg_at_k` uses the grades themselves as gains
+(linear gain, trec_eval's and ranx's `ndcg`, not the exponential 2^grade - 1) when the
+row has `relevance`, else gain 1 per relevant id. The first id has rank 1 and with `k`
+only ranks 1..k count. An id repeated in the ranking counts at its first rank only; its
+later copies keep their slots and are never relevant. A row with no relevant id is
+`not_applicable`; an empty ranking scores 0.0. Ids are strings compared as written
+([config.md](config.md#ranking-columns) says how ids and grades are read).
 
 A `binary` callback is code the job runs: on the driver and in every Ray worker, and
 `validate` and `run --dry-run` import its module too (that runs the module's top-level

@@ -90,6 +90,11 @@ class ColumnMapping(_Strict):
     answer: str | None = None
     reference: str | None = None
     latency_s: str | None = None
+    #: Ranking columns (docs/config.md#ranking-columns): retrieved ids in order, the ids
+    #: known relevant, graded relevance (id -> grade).
+    context_ids: str | None = None
+    relevant_ids: str | None = None
+    relevance: str | None = None
 
 
 class InputSection(_Strict):

@@ -14,6 +14,22 @@ column          Arrow type          meaning
 ``_issues``     ``struct<string>``  per canonical column, why the value is null (or null)
 ==============  ==================  =====================================================
 
+The ranking columns (:data:`RANKING`) follow ``_issues``, and ``_issues`` gains a field
+for each, only in jobs whose config maps at least one of them
+(:func:`ranking_mapped`); a job that maps none reads exactly the columns above:
+
+================  ===================================  ===================================
+column            Arrow type                           meaning
+================  ===================================  ===================================
+``context_ids``   ``list<string>``                     retrieved ids, in retrieval order,
+                                                       one per item of ``contexts``
+``relevant_ids``  ``list<string>``                     ids known relevant (binary)
+``relevance``     ``list<struct<id: string,``          graded relevance, one entry per
+                  ``grade: float64>>``                 judged id
+================  ===================================  ===================================
+
+Ids are strings: integer ids become their decimal text (``7`` -> ``"7"``).
+
 Every other input column passes through unchanged as a *slice* column.
 
 Inside the pipeline each metric adds one struct column named ``__ragbatch_cell::<metric
@@ -49,15 +65,43 @@ ANSWER = "answer"
 REFERENCE = "reference"
 LATENCY_S = "latency_s"
 ISSUES = "_issues"
+CONTEXT_IDS = "context_ids"
+RELEVANT_IDS = "relevant_ids"
+RELEVANCE = "relevance"
+
+#: The optional ranking columns, present only in jobs that map one of them.
+RANKING: tuple[str, ...] = (CONTEXT_IDS, RELEVANT_IDS, RELEVANCE)
 
 #: Canonical columns a config may map (``input.columns``), in schema order.
-CANONICAL: tuple[str, ...] = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
+CANONICAL: tuple[str, ...] = (ROW_ID, QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S) + RANKING
 
 #: The canonical columns whose values can be null for a row, with the reason kept in
 #: ``_issues`` (``row_id`` is never null).
 NULLABLE_INPUTS: tuple[str, ...] = (QUESTION, CONTEXTS, ANSWER, REFERENCE, LATENCY_S)
 
 ISSUES_TYPE = pa.struct([(name, pa.string()) for name in NULLABLE_INPUTS])
+
+#: Arrow type of ``relevance``: one ``{id, grade}`` entry per judged id, ids distinct.
+RELEVANCE_TYPE = pa.list_(pa.struct([("id", pa.string()), ("grade", pa.float64())]))
+
+#: The ranking columns as they follow ``_issues`` (see the module doc).
+RANKING_SCHEMA = pa.schema(
+    [
+        (CONTEXT_IDS, pa.list_(pa.string())),
+        (RELEVANT_IDS, pa.list_(pa.string())),
+        (RELEVANCE, RELEVANCE_TYPE),
+    ]
+)
+
+#: ``_issues`` in a job that maps a ranking column: a field for each of them too.
+RANKING_ISSUES_TYPE = pa.struct([(name, pa.string()) for name in NULLABLE_INPUTS + RANKING])
+
+
+def ranking_mapped(mapped: "set[str] | frozenset[str]") -> bool:
+    """Whether the canonical columns ``mapped`` (those ``input.columns`` names) include a
+    ranking column, so the canonical table carries :data:`RANKING_SCHEMA`."""
+    return any(name in mapped for name in RANKING)
+
 
 CANONICAL_SCHEMA = pa.schema(
     [
@@ -107,8 +151,11 @@ SCORES_COLUMNS: tuple[str, ...] = (
 
 #: Names an input slice column may not keep; a clashing slice column is renamed with
 #: :data:`SLICE_RENAME_PREFIX`.
+#: The ranking columns are reserved only in jobs that map one of them
+#: (:func:`ragbatch.io.schema.slice_columns`), so a job that maps none keeps a slice
+#: column named ``relevance`` as it is.
 RESERVED: frozenset[str] = frozenset(
-    set(CANONICAL)
+    (set(CANONICAL) - set(RANKING))
     | {ISSUES, "metric", "run_id", "run_date"}
     | {n for n, _ in CELL_FIELDS}
     | {n for n, _ in JUDGE_FIELDS}

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from ragbatch.core import columns as C
+from ragbatch.io import ranking
 from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
 from ragbatch.core.reasons import quote
@@ -156,6 +157,8 @@ def _missing(column: str, names: list[str]) -> str:
 
 
 def _type_problem(canonical: str, t: pa.DataType, cfg: InputSection) -> str | None:
+    if canonical in C.RANKING:
+        return ranking.type_problem(canonical, t)
     if canonical == C.ROW_ID:
         if pa.types.is_nested(t) or pa.types.is_null(t):
             return f"has type {t}; row ids need strings or integers"
@@ -234,19 +237,29 @@ def slice_columns(
     else:
         mapped = {getattr(cfg.columns, c) for c in C.CANONICAL} - {None}
         chosen = [n for n in schema.names if n not in mapped and n != NONSTRING_COLUMN]
-    taken = {n for n in chosen if not _reserved(n)}
+    reserved = _reserved_names(cfg)
+    taken = {n for n in chosen if n not in reserved}
     result = []
     for name in chosen:
         out = name
-        while _reserved(out) or (out != name and out in taken):
+        while out in reserved or (out != name and out in taken):
             out = C.SLICE_RENAME_PREFIX + out
         taken.add(out)
         result.append((name, out))
     return result
 
 
-def _reserved(name: str) -> bool:
-    return name in C.RESERVED
+def _reserved_names(cfg: InputSection) -> frozenset[str]:
+    """:data:`ragbatch.core.columns.RESERVED`, plus the ranking columns in a job that maps
+    one of them (they are canonical columns of its table then)."""
+    if _ranking(cfg):
+        return C.RESERVED | frozenset(C.RANKING)
+    return C.RESERVED
+
+
+def _ranking(cfg: InputSection) -> bool:
+    """Whether ``cfg`` maps a ranking column (:func:`ragbatch.core.columns.ranking_mapped`)."""
+    return C.ranking_mapped({c for c in C.RANKING if getattr(cfg.columns, c) is not None})
 
 
 # --------------------------------------------------------------------------- normalize
@@ -259,10 +272,11 @@ class _Issues:
     about (:func:`ragbatch.core.reasons.quote`).
     """
 
-    def __init__(self, n: int, quote_values: bool = True):
+    def __init__(self, n: int, quote_values: bool = True, with_ranking: bool = False):
         self.n = n
         self.quote_values = quote_values
         self.notes: dict[str, list[str | None]] = {}
+        self.type = C.RANKING_ISSUES_TYPE if with_ranking else C.ISSUES_TYPE
 
     def preview(self, value: Any) -> str:
         """``value`` as a note may show it (see the class docstring)."""
@@ -276,9 +290,9 @@ class _Issues:
             pa.array(self.notes[name], pa.string())
             if name in self.notes
             else pa.nulls(self.n, pa.string())
-            for name in C.NULLABLE_INPUTS
+            for name in (f.name for f in self.type)
         ]
-        return pa.StructArray.from_arrays(arrays, fields=list(C.ISSUES_TYPE))
+        return pa.StructArray.from_arrays(arrays, fields=list(self.type))
 
 
 def normalize(
@@ -319,7 +333,10 @@ def normalize(
         ``reference: string``, ``latency_s: float64``, ``_issues: struct<question,
         contexts, answer, reference, latency_s: string>`` (the struct is never null; a
         field is non-null where that value was turned into null), then the slice columns
-        unchanged. Unmapped canonical columns are all null without an issue.
+        unchanged. Unmapped canonical columns are all null without an issue. When
+        ``cfg`` maps a ranking column, ``_issues`` has a field for each ranking column
+        too and :data:`ragbatch.core.columns.RANKING_SCHEMA` follows it, before the
+        slice columns (:mod:`ragbatch.io.ranking`).
 
     Raises
     ------
@@ -334,7 +351,8 @@ def normalize(
     cells flagged by :data:`ragbatch.io.read.NONSTRING_COLUMN`.
     """
     n = raw.num_rows
-    issues = _Issues(n, quote_values)
+    with_ranking = _ranking(cfg)
+    issues = _Issues(n, quote_values, with_ranking=with_ranking)
     marks = _nonstring_rows(raw)
     out: dict[str, pa.Array] = {C.ROW_ID: _row_ids(raw, cfg, task)}
     for canonical in _TEXT_COLUMNS:
@@ -358,12 +376,49 @@ def normalize(
         # a source only when the column is named: not None
         else _latency(source, marks.get(cast(str, cfg.columns.latency_s), set()), cfg, issues)
     )
+    if with_ranking:
+        out.update(_ranking_columns(raw, cfg, task, out[C.CONTEXTS], marks, issues))
     out[C.ISSUES] = issues.to_array()
     return _assemble(raw, out, slices if slices is not None else slice_columns(cfg, raw.schema))
 
 
+def _ranking_columns(
+    raw: pa.Table,
+    cfg: InputSection,
+    task: ReadTask,
+    contexts: pa.Array,
+    marks: dict[str, set[int]],
+    issues: _Issues,
+) -> dict[str, pa.Array]:
+    """The three ranking columns of :data:`ragbatch.core.columns.RANKING_SCHEMA` (all null
+    where unmapped), normalized by :mod:`ragbatch.io.ranking`."""
+    n = raw.num_rows
+    out: dict[str, pa.Array] = {}
+    for canonical in (C.CONTEXT_IDS, C.RELEVANT_IDS):
+        source = _source(raw, cfg, canonical, task)
+        marked = marks.get(getattr(cfg.columns, canonical), set())
+        out[canonical] = (
+            pa.nulls(n, C.RANKING_SCHEMA.field(canonical).type)
+            if source is None
+            else ranking.ids(canonical, source, marked, issues)
+        )
+    if cfg.columns.contexts is not None:
+        out[C.CONTEXT_IDS] = ranking.align(out[C.CONTEXT_IDS], contexts, issues)
+    source = _source(raw, cfg, C.RELEVANCE, task)
+    out[C.RELEVANCE] = (
+        pa.nulls(n, C.RELEVANCE_TYPE)
+        if source is None
+        else ranking.relevance(source, marks.get(cast(str, cfg.columns.relevance), set()), issues)
+    )
+    return out
+
+
 def _assemble(raw: pa.Table, out: dict[str, pa.Array], slices: list[tuple[str, str]]) -> pa.Table:
     fields = list(C.CANONICAL_SCHEMA)
+    if C.RELEVANCE in out:
+        issues_at = C.CANONICAL_SCHEMA.get_field_index(C.ISSUES)
+        fields[issues_at] = pa.field(C.ISSUES, C.RANKING_ISSUES_TYPE)
+        fields += list(C.RANKING_SCHEMA)
     arrays: list[pa.ChunkedArray] = [pa.chunked_array([out[f.name]], f.type) for f in fields]
     for source, name in slices:
         column = (

@@ -1,0 +1,339 @@
+"""What the ranking metrics share: the ``k`` param, the guards and one batch computation.
+
+The ranking metrics (``hit_rate``, ``precision_at_k``, ``recall_at_k``, ``mrr``,
+``ndcg_at_k``, ``average_precision``) score a row's retrieved ids, ``context_ids`` in
+retrieved order, against the ids known relevant. Their definitions follow trec_eval (as
+``pytrec_eval`` and ``ranx`` compute them); docs/metrics.md lists each one's formula.
+
+Which ids are relevant
+    ``relevant_ids`` when the row has it (null items ignored, each id counted once);
+    otherwise the ids whose ``relevance`` grade is above 0. ``ndcg_at_k`` uses the
+    ``relevance`` grades themselves when the row has them (grades at or below 0 gain
+    nothing), otherwise grade 1 for each id of ``relevant_ids``.
+Ranks
+    The first id of ``context_ids`` has rank 1. With ``k`` set only ranks 1..k count.
+    An id repeated in the ranking counts at its first rank only: a later copy keeps its
+    rank (it used a slot) but is never relevant, so precision cannot exceed 1 and recall
+    cannot count an id twice. A null id takes its rank and is never relevant.
+Degenerate rows
+    ``context_ids`` null, or an issue in any ranking column: ``missing_input`` with the
+    reason; ``relevant_ids`` and ``relevance`` both null: ``missing_input``; no relevant id
+    at all: ``not_applicable`` (recall, average precision and nDCG divide by the number of
+    relevant ids); an empty ranking with relevant ids: scored, 0.0.
+
+The score of a batch comes from one vectorized pass (:func:`ranking_stats`) over the
+flattened ids, without Python per row.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+from pydantic import Field
+
+from ragbatch.core.columns import CONTEXT_IDS, ISSUES, RANKING, RELEVANCE, RELEVANT_IDS
+from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.metrics.base import ExpressionMetric, StrictParams
+from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
+
+#: Largest ``k`` a config may give (far above any ranking a RAG system retrieves).
+K_MAX = 100_000
+
+#: Policy lines every ranking metric shares (docs/metrics.md prints them).
+SHARED_POLICY: tuple[tuple[str, str], ...] = (
+    ("context_ids null (or not usable: see input.columns)", "missing_input"),
+    ("relevant_ids or relevance not usable (see input.columns)", "missing_input, with the note"),
+    ("relevant_ids and relevance both null", "missing_input"),
+    ("no relevant id (empty relevant_ids, or no grade above 0)", "not_applicable"),
+    ("context_ids an empty list, some id relevant", "scored: 0.0"),
+    ("an id repeated in context_ids", "counts at its first rank only; later copies never relevant"),
+    ("a null id in context_ids", "takes its rank, never relevant"),
+    ("relevant_ids given", "it decides relevance; relevance is not read (ndcg_at_k excepted)"),
+)
+
+
+class RankParams(StrictParams):
+    """``k``: the cutoff rank."""
+
+    k: int | None = Field(
+        None,
+        ge=1,
+        le=K_MAX,
+        description="only ranks 1..k of context_ids count; unset: the whole ranking",
+    )
+
+
+def _issue(column: str) -> Guard:
+    issue = pl.col(ISSUES).struct.field(column)
+    return Guard(issue.is_not_null(), MISSING_INPUT, issue)
+
+
+def _no_relevant(graded: bool) -> pl.Expr:
+    """True where the row judges no id relevant (see the module doc)."""
+    ids = pl.col(RELEVANT_IDS).list.drop_nulls().list.len() == 0
+    grades = ~pl.col(RELEVANCE).list.eval(pl.element().struct.field("grade") > 0).list.any()
+    if graded:
+        return pl.when(pl.col(RELEVANCE).is_not_null()).then(grades).otherwise(ids)
+    return pl.when(pl.col(RELEVANT_IDS).is_not_null()).then(ids).otherwise(grades)
+
+
+def guards(graded: bool = False) -> list[Guard]:
+    """The ranking metrics' guards, in order (see the module doc)."""
+    return [
+        missing(CONTEXT_IDS),
+        _issue(RELEVANT_IDS),
+        _issue(RELEVANCE),
+        Guard(
+            pl.col(RELEVANT_IDS).is_null() & pl.col(RELEVANCE).is_null(),
+            MISSING_INPUT,
+            pl.lit("relevant_ids and relevance are null"),
+        ),
+        Guard(_no_relevant(graded), NOT_APPLICABLE, pl.lit("no id is known relevant")),
+    ]
+
+
+#: Multiplier mixing a row number into an id's 64-bit hash (2^64 / golden ratio, odd).
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _flat(series: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """A list column's items in order, the row of each, and each row's length (0 for
+    null); null items are kept."""
+    lengths = series.list.len().fill_null(0).cast(pl.Int64).to_numpy()
+    values = series.explode(empty_as_null=False, keep_nulls=False)
+    rows: np.ndarray = np.repeat(np.arange(len(series), dtype=np.int64), lengths)
+    return values, rows, lengths
+
+
+def _keys(values: pl.Series, rows: np.ndarray) -> np.ndarray:
+    """A uint64 key per (row, id): the id's hash mixed with its row number."""
+    return values.hash(seed=0).to_numpy() ^ (rows.astype(np.uint64) * _MIX)
+
+
+def _judged(frame: pl.DataFrame, graded: bool) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """Every relevant id of every row (the module doc says which), its row and gain
+    (1.0, or the grade for ``graded``), each id once per row."""
+    has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
+    has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
+    ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
+    entries, grade_rows, _ = _flat(frame.get_column(RELEVANCE))
+    graded_ids = entries.struct.field("id")
+    grades = entries.struct.field("grade").to_numpy()
+    use_ids = ids.is_not_null().to_numpy() & (~has_grades[id_rows] if graded else True)
+    use_grades = (grades > 0) & (True if graded else ~has_ids[grade_rows])
+    values = pl.concat([ids.filter(pl.Series(use_ids)), graded_ids.filter(pl.Series(use_grades))])
+    rows = np.concatenate([id_rows[use_ids], grade_rows[use_grades]])
+    gains = np.concatenate(
+        [
+            np.ones(int(use_ids.sum())),
+            grades[use_grades] if graded else np.ones(int(use_grades.sum())),
+        ]
+    )
+    once = _first_in_row(_keys(values, rows), rows)
+    return values.filter(pl.Series(once)), rows[once], gains[once]
+
+
+def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """True for each key not seen before in its row; each row's keys are contiguous.
+
+    Narrow rows compare every key with the d-th key before it (one pass per d); wide
+    ones take one stable sort of the keys (a key mixes in its row, see :func:`_keys`).
+    """
+    first: np.ndarray = np.ones(len(keys), dtype=bool)
+    if len(keys) == 0:
+        return first
+    widest = int(np.bincount(rows).max())
+    if widest <= 64:
+        for d in range(1, widest):
+            first[d:] &= ~((rows[d:] == rows[:-d]) & (keys[d:] == keys[:-d]))
+        return first
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    first[order[1:][ordered[1:] == ordered[:-1]]] = False
+    return first
+
+
+#: Largest (ranked ids x widest row of judged ids) matched position by position; past
+#: it :func:`_match` sorts instead.
+_MATCH_BY_POSITION_MAX = 64_000_000
+
+
+def _match(
+    ranked: pl.Series,
+    ranked_rows: np.ndarray,
+    ranked_keys: np.ndarray,
+    judged: pl.Series,
+    judged_rows: np.ndarray,
+    judged_keys: np.ndarray,
+) -> np.ndarray:
+    """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
+
+    Judged ids are distinct per row. Candidates are found by key, then confirmed by
+    comparing the ids themselves, so a hash collision never makes an id relevant.
+    """
+    match: np.ndarray = np.full(len(ranked_keys), -1, dtype=np.int64)
+    if len(judged_keys) == 0 or len(ranked_keys) == 0:
+        return match
+    per_row = np.bincount(judged_rows)
+    widest = int(per_row.max())
+    if len(ranked_keys) * widest <= _MATCH_BY_POSITION_MAX:
+        _match_by_position(match, ranked_rows, ranked_keys, judged_rows, judged_keys, per_row)
+    else:
+        _match_by_sorting(match, ranked_keys, judged_keys)
+    found = np.flatnonzero(match >= 0)
+    same = (ranked.gather(found) == judged.gather(match[found])).fill_null(False).to_numpy()
+    match[found[~same]] = -1
+    return match
+
+
+def _match_by_position(
+    match: np.ndarray,
+    ranked_rows: np.ndarray,
+    ranked_keys: np.ndarray,
+    judged_rows: np.ndarray,
+    judged_keys: np.ndarray,
+    per_row: np.ndarray,
+) -> None:
+    """Fill ``match`` comparing each ranked key with its row's m-th judged key, for each
+    m up to the widest row: a few passes over flat arrays when rows judge few ids."""
+    order = np.argsort(judged_rows, kind="stable")
+    sorted_rows = judged_rows[order]
+    position = np.arange(len(order)) - (np.cumsum(per_row) - per_row)[sorted_rows]
+    n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
+    table: np.ndarray = np.full((n_rows, int(per_row.max())), -1, dtype=np.int64)
+    table[sorted_rows, position] = order
+    for m in range(table.shape[1]):
+        candidate = table[:, m][ranked_rows]
+        hit = (candidate >= 0) & (judged_keys[np.maximum(candidate, 0)] == ranked_keys)
+        match[hit] = candidate[hit]
+
+
+def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: np.ndarray) -> None:
+    """Fill ``match`` from one stable sort of both key arrays, which puts each judged key
+    just before the ranked keys equal to it."""
+    n_judged = len(judged_keys)
+    keys = np.concatenate([judged_keys, ranked_keys])
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    is_judged = order < n_judged
+    last = np.maximum.accumulate(np.where(is_judged, np.arange(len(order)), -1))
+    at = ~is_judged
+    before = last[at]
+    safe = np.maximum(before, 0)
+    equal = (before >= 0) & (ordered[safe] == ordered[at])
+    match[order[at][equal] - n_judged] = order[safe][equal]
+
+
+def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
+    """Per row of ``frame`` (columns ``context_ids``, ``relevant_ids``, ``relevance``):
+
+    ``retrieved`` (ids in the ranking, 0 for null), ``relevant`` (number of relevant
+    ids), ``hits`` (relevant ids at ranks 1..k, each once), ``first`` (rank of the first
+    of them, null when none), ``ap_sum`` (sum over those hits of precision at their
+    rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k) and, for ``graded``,
+    ``idcg`` (the same for the ideal ranking: the judged gains in decreasing order, cut
+    at k; 0.0 otherwise). Counts are 0 and sums 0.0 where a row has nothing to count.
+
+    Vectorized over the flattened ids (NumPy and Polars, no Python per row): ids are
+    matched through a 64-bit hash of (row, id), and every match is then confirmed by
+    comparing the ids themselves.
+    """
+    n = frame.height
+    ranked, rows, lengths = _flat(frame.get_column(CONTEXT_IDS))
+    starts = np.cumsum(lengths) - lengths
+    rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
+    judged, judged_rows, gains = _judged(frame, graded)
+    relevant = np.bincount(judged_rows, minlength=n)
+    keys = _keys(ranked, rows)
+    counted = _first_in_row(keys, rows) & ranked.is_not_null().to_numpy()
+    if k is not None:
+        counted &= rank <= k
+    match = _match(ranked, rows, keys, judged, judged_rows, _keys(judged, judged_rows))
+    counted &= match >= 0
+    gain = np.where(counted, gains[np.maximum(match, 0)] if len(gains) else 0.0, 0.0)
+    hit = gain > 0
+    hits_so_far = np.cumsum(hit)
+    before_row = np.concatenate([[0], hits_so_far])[starts]
+    hits_in_row = hits_so_far - before_row[rows]
+    first = np.full(n, np.nan)
+    hit_rows, hit_ranks = rows[hit], rank[hit]
+    if len(hit_rows):
+        new_row = np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])
+        first[hit_rows[new_row]] = hit_ranks[new_row]
+    return pl.DataFrame(
+        {
+            "retrieved": lengths,
+            "relevant": relevant,
+            "hits": np.bincount(rows, weights=hit, minlength=n).astype(np.int64),
+            "first": first,
+            "ap_sum": np.bincount(
+                rows, weights=np.where(hit, hits_in_row / rank, 0.0), minlength=n
+            ),
+            "dcg": np.bincount(rows, weights=gain / np.log2(rank + 1), minlength=n),
+            "idcg": _ideal(judged_rows, gains, relevant, k) if graded else np.zeros(n),
+        },
+        nan_to_null=True,
+    )
+
+
+def _ideal(rows: np.ndarray, gains: np.ndarray, relevant: np.ndarray, k: int | None) -> np.ndarray:
+    """Per row, the DCG of its judged gains in decreasing order, cut at ``k``."""
+    order = np.lexsort((-gains, rows))
+    ordered_rows = rows[order]
+    at = np.arange(len(order)) - (np.cumsum(relevant) - relevant)[ordered_rows] + 1
+    weights = gains[order] / np.log2(at + 1)
+    if k is not None:
+        weights = np.where(at <= k, weights, 0.0)
+    return np.bincount(ordered_rows, weights=weights, minlength=len(relevant))
+
+
+class RankingMetric(ExpressionMetric):
+    """Base of the ranking metrics: declarations, guards and cells; a subclass gives
+    :meth:`score` over the columns of :func:`ranking_stats`."""
+
+    inputs: ClassVar[tuple[str, ...]] = RANKING
+    Params = RankParams
+    boolean = False
+    #: Whether the score uses ``relevance`` grades (nDCG) rather than binary relevance.
+    graded: ClassVar[bool] = False
+
+    @abstractmethod
+    def score(self) -> pl.Expr:
+        """The score (Float64) from the columns of :func:`ranking_stats`."""
+
+    @property
+    def k(self) -> int | None:
+        """The cutoff rank, or None for the whole ranking."""
+        return self.params.k  # type: ignore[attr-defined, no-any-return]
+
+    def check_input(self, available: set[str]) -> list[str]:
+        """``context_ids`` and one of ``relevant_ids`` / ``relevance`` must be mapped."""
+        problems = []
+        if CONTEXT_IDS not in available:
+            problems.append(
+                f"{self.id} reads `context_ids` but input.columns maps nothing to it; add "
+                "`context_ids: <input column>` (retrieved ids, in order) under input.columns"
+            )
+        if RELEVANT_IDS not in available and RELEVANCE not in available:
+            problems.append(
+                f"{self.id} needs the relevant ids: add `relevant_ids: <input column>` "
+                "(ids known relevant) or `relevance: <input column>` (id -> grade) under "
+                "input.columns"
+            )
+        return problems
+
+    def expression(self) -> pl.Expr:
+        return frame_cells(guards(self.graded), list(RANKING), self._score_frame)
+
+    def _score_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
+        stats = ranking_stats(frame, self.k, self.graded)
+        return stats.select(
+            score=self.score(),
+            reason=pl.lit(None, pl.String),
+            details=details_json(
+                retrieved=pl.col("retrieved"), relevant=pl.col("relevant"), hits=pl.col("hits")
+            ),
+        )
