@@ -740,13 +740,18 @@ def measure_floor(input_path: str, metric_ids: list[str], workdir: Path) -> dict
     }
 
 
-def measure_run(input_path: str, name: str, metrics: list[dict], workdir: Path) -> dict:
+def measure_run(
+    input_path: str, name: str, metrics: list[dict], workdir: Path, executor: str | None = None
+) -> dict:
     import yaml
 
     out = workdir / "out" / name
     shutil.rmtree(out, ignore_errors=True)
+    run: dict = {"name": f"benchmark-{name}"}
+    if executor is not None:
+        run["executor"] = executor  # ragbatch.pipeline.in_process; default auto
     config = {
-        "run": {"name": f"benchmark-{name}"},
+        "run": run,
         "input": {"uri": input_path, "columns": COLUMNS},
         "output": {"uri": str(out)},
         "metrics": metrics,

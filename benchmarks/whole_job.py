@@ -113,9 +113,16 @@ def shorten(src: str | Path, dst: Path, seed: int) -> None:
             writer.write_table(frame.to_arrow().cast(source.schema_arrow))
 
 
-def measure_run(input_path: str, rows: int, workdir: Path, checkout: Path = ROOT) -> dict:
+def measure_run(
+    input_path: str,
+    rows: int,
+    workdir: Path,
+    checkout: Path = ROOT,
+    executor: str | None = None,
+) -> dict:
     """One whole-process ``ragbatch run`` of the code in ``checkout`` (this one unless
-    told); its wall time and the manifest's timings."""
+    told), with ``run.executor`` set to ``executor`` when given (default: the config's
+    default, ``auto``); its wall time and the manifest's timings."""
     saved = os.environ.get("PYTHONPATH")
     others = [p for p in (saved or "").split(os.pathsep) if p and Path(p) not in (ROOT, checkout)]
     os.environ["PYTHONPATH"] = os.pathsep.join([str(checkout), *others])
@@ -123,7 +130,9 @@ def measure_run(input_path: str, rows: int, workdir: Path, checkout: Path = ROOT
     try:
         while True:
             try:
-                figures = es.measure_run(input_path, f"run_{rows}", METRICS, workdir)
+                figures = es.measure_run(
+                    input_path, f"run_{rows}", METRICS, workdir, executor=executor
+                )
                 break
             except SystemExit:
                 # On a loaded machine Ray's own start can time out (its raylet has 30 s
@@ -154,8 +163,28 @@ def measure_tonic(input_path: str, rows: int, workdir: Path) -> dict:
     return {k: figures[k] for k in keep}
 
 
-CONTESTANTS = {"ragbatch": measure_run, "floor": measure_floor, "tonic": measure_tonic}
-SECONDS = {"ragbatch": "wall_s", "floor": "wall_s", "tonic": "total_s", "baseline": "wall_s"}
+def measure_run_on_ray(input_path: str, rows: int, workdir: Path) -> dict:
+    """As :func:`measure_run`, with ``run.executor: ray``: the same job on a local Ray."""
+    return measure_run(input_path, rows, workdir, executor="ray")
+
+
+#: ``ragbatch``: the default executor (``auto``, which runs these expression metrics in
+#: the process); ``ragbatch_ray``: the same job on a local Ray (``run.executor: ray``).
+CONTESTANTS = {
+    "ragbatch": measure_run,
+    "ragbatch_ray": measure_run_on_ray,
+    "floor": measure_floor,
+    "tonic": measure_tonic,
+}
+SECONDS = {
+    "ragbatch": "wall_s",
+    "ragbatch_ray": "wall_s",
+    "floor": "wall_s",
+    "tonic": "total_s",
+    "baseline": "wall_s",
+}
+#: Contestants that are ``ragbatch run`` processes (ratios, manifest timings).
+RUNS = ("ragbatch", "ragbatch_ray", "baseline")
 
 
 def marginal(small: tuple[int, float], large: tuple[int, float]) -> dict:
@@ -178,7 +207,7 @@ def summarize(best: dict[str, dict[int, float]], counts: list[int]) -> dict:
             out[name] = {"rows_per_s": large / best[name][large]}
         elif len(counts) > 1:
             out[name] = marginal((small, best[name][small]), (large, best[name][large]))
-    for name in ("ragbatch", "baseline"):
+    for name in RUNS:
         if name in out and "rows_per_s" in out[name]:
             if "floor" in out:
                 out[f"{name}_vs_floor"] = out["floor"]["rows_per_s"] / out[name]["rows_per_s"]
@@ -190,7 +219,7 @@ def summarize(best: dict[str, dict[int, float]], counts: list[int]) -> dict:
 def report(results: dict) -> str:
     counts = results["rows"]
     lines = [
-        f"{'rows':>10s} {'contestant':>10s} {'best s':>8s} {'all s':>20s}  load (1 min) before/after"
+        f"{'rows':>10s} {'contestant':>12s} {'best s':>8s} {'all s':>20s}  load (1 min) before/after"
     ]
     for n in counts:
         for name, runs in results["runs"][str(n)].items():
@@ -203,20 +232,20 @@ def report(results: dict) -> str:
                 if r["load_before"]
             )
             lines.append(
-                f"{n:10,d} {name:>10s} {min(times):8.2f} {', '.join(f'{t:.2f}' for t in times):>20s}  {loads}"
+                f"{n:10,d} {name:>12s} {min(times):8.2f} {', '.join(f'{t:.2f}' for t in times):>20s}  {loads}"
             )
     s = results.get("summary", {})
     lines += ["", f"marginal ({counts[0]:,} -> {counts[-1]:,} rows):"]
-    for name in ("ragbatch", "baseline", "floor"):
+    for name in (*RUNS, "floor"):
         if name in s and "fixed_s" in s[name]:
             lines.append(
-                f"  {name:10s} {s[name]['rows_per_s']:>12,.0f} rows/s, fixed {s[name]['fixed_s']:.2f} s"
+                f"  {name:12s} {s[name]['rows_per_s']:>12,.0f} rows/s, fixed {s[name]['fixed_s']:.2f} s"
             )
     if "tonic" in s:
         lines.append(
             f"  {'tonic':10s} {s['tonic']['rows_per_s']:>12,.0f} rows/s (in-process, {counts[-1]:,} rows)"
         )
-    for name in ("ragbatch", "baseline"):
+    for name in RUNS:
         if f"{name}_vs_floor" in s:
             lines.append(
                 f"  {name} / floor, marginal time:     {s[f'{name}_vs_floor']:.2f}x (target <= 3)"
@@ -226,7 +255,7 @@ def report(results: dict) -> str:
                 f"  {name} / Tonic, rows per second:   {s[f'{name}_vs_tonic']:.2f}x (target >= 3)"
             )
     for n in counts:
-        for name in ("ragbatch", "baseline"):
+        for name in RUNS:
             runs = results["runs"][str(n)].get(name)
             if runs:
                 fastest = min(runs, key=lambda r: r["wall_s"])
@@ -244,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="contestants to leave out, comma-separated (ragbatch,floor,tonic)",
+        help="contestants to leave out, comma-separated (ragbatch,ragbatch_ray,floor,tonic)",
     )
     parser.add_argument(
         "--baseline",
@@ -279,11 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": str(args.baseline) if args.baseline else None,
         "runs": {str(n): {name: [] for name in contestants} for n in counts},
     }
-    if "ragbatch" in contestants or "baseline" in contestants:
+    if any(name in contestants for name in RUNS):
         # A warm-up run (page cache, imports, compiled bytecode), untimed.
         print("warm-up run ...", flush=True)
         (workdir / "warm_up").mkdir(parents=True, exist_ok=True)
         measure_run(inputs[counts[0]]["path"], counts[0], workdir / "warm_up")
+        if "ragbatch_ray" in contestants:
+            measure_run_on_ray(inputs[counts[0]]["path"], counts[0], workdir / "warm_up")
     for rep in range(args.repeat):
         for n in counts:
             for name, measure in contestants.items():
