@@ -183,6 +183,12 @@ def verify_run(
             "CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
             "NULL::DOUBLE score, NULL::VARCHAR status, NULL::VARCHAR model WHERE false"
         )
+    # One scan for every per-(metric, status, model) figure; the row-id checks scan again.
+    con.execute(
+        f"CREATE TEMP TABLE agg AS SELECT metric, status, model, count(*) AS n, "
+        f"count(*) FILTER (WHERE (status = '{OK}') <> (score IS NOT NULL)) AS mismatch "
+        f"FROM s GROUP BY ALL"
+    )
     problems = _conservation_problems(con, metric_ids, n_rows)
     if problems:
         raise ConservationError(
@@ -198,7 +204,7 @@ def _conservation_problems(
     con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int
 ) -> list[str]:
     problems = []
-    per_metric = dict(con.execute("SELECT metric, count(*) FROM s GROUP BY metric").fetchall())
+    per_metric = dict(con.execute("SELECT metric, sum(n) FROM agg GROUP BY metric").fetchall())
     n_cells = sum(per_metric.values())
     for mid in metric_ids:
         got = per_metric.pop(mid, 0)
@@ -217,13 +223,11 @@ def _conservation_problems(
         problems.append(f"{n_distinct} distinct row ids in the scores, expected {n_rows}")
     vocab = ", ".join(f"'{s}'" for s in STATUSES)
     bad_status = con.execute(
-        f"SELECT DISTINCT status FROM s WHERE status IS NULL OR status NOT IN ({vocab}) LIMIT 5"
+        f"SELECT DISTINCT status FROM agg WHERE status IS NULL OR status NOT IN ({vocab}) LIMIT 5"
     ).fetchall()
     if bad_status:
         problems.append(f"statuses outside the vocabulary: {[b[0] for b in bad_status]}")
-    mismatch = con.execute(
-        f"SELECT count(*) FROM s WHERE (status = '{OK}') <> (score IS NOT NULL)"
-    ).fetchone()[0]
+    mismatch = con.execute("SELECT coalesce(sum(mismatch), 0) FROM agg").fetchone()[0]
     if mismatch:
         problems.append(f"{mismatch} cells have a score without status ok, or ok without a score")
     return problems
@@ -312,16 +316,16 @@ def _literal(text: str) -> str:
 def _status_counts(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for metric, status, n in con.execute(
-        "SELECT metric, status, count(*) FROM s GROUP BY ALL ORDER BY ALL"
+        "SELECT metric, status, sum(n) FROM agg GROUP BY ALL ORDER BY ALL"
     ).fetchall():
-        counts.setdefault(metric, {})[status] = n
+        counts.setdefault(metric, {})[status] = int(n)
     return counts
 
 
 def _models(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for metric, model in con.execute(
-        "SELECT DISTINCT metric, model FROM s WHERE model IS NOT NULL"
+        "SELECT DISTINCT metric, model FROM agg WHERE model IS NOT NULL"
     ).fetchall():
         out.setdefault(metric, set()).add(model)
     return out
