@@ -18,8 +18,11 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
     """Append one ``__ragbatch_cell::<id>`` struct column per metric to a batch of canonical rows.
 
     A Ray Data batch function (run as tasks): rows come back 1:1 in the same order.
-    The batch is converted to Polars once; every metric's expression is then evaluated
-    over it in its own lazy ``select``, concurrently on Polars' thread count.
+    The batch is converted to Polars once; the intermediates the metrics declare
+    (:meth:`ragbatch.metrics.base.ExpressionMetric.intermediates`, e.g. the ranking
+    metrics' matched ids) are computed once each over it, and every metric's expression
+    is then evaluated over it in its own lazy ``select``, concurrently on Polars' thread
+    count.
 
     Parameters
     ----------
@@ -43,8 +46,15 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
     would otherwise convert the whole underlying array for every batch.
     """
     names = [cell_column(m.id) for m in metrics]
-    exprs = [m.expression().alias(name) for m, name in zip(metrics, names)]
-    frame = polars_frame(batch, input_columns(batch, exprs))
+    shared = list(dict.fromkeys(i for m in metrics for i in m.intermediates()))
+    plain = [m.expression() for m in metrics]
+    reads = plain + [pl.col(c) for i in shared for c in i.columns]
+    frame = polars_frame(batch, input_columns(batch, reads))
+    values = {i: i.compute(frame) for i in shared}
+    exprs = [
+        (m.expression_with(values) if m.intermediates() else expr).alias(name)
+        for m, expr, name in zip(metrics, plain, names)
+    ]
     cells = _evaluate(frame, exprs, names)
     out = batch
     for name, column in zip(names, cells):

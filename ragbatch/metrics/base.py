@@ -16,6 +16,7 @@ A *cell* is a struct with the fields of :data:`ragbatch.core.columns.CELL_FIELDS
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -197,6 +198,26 @@ class Metric(ABC):
         }
 
 
+class Intermediate(ABC):
+    """A per-batch value several expression metrics read, computed once per batch.
+
+    A metric declares the intermediates it reads in
+    :meth:`ExpressionMetric.intermediates`; the expression stage (``udfs/expressions.py``)
+    computes each distinct one once over the batch, before any metric's expression runs,
+    and hands the values to :meth:`ExpressionMetric.expression_with`. Intermediates are
+    compared by value (subclasses are frozen dataclasses), so metrics that declare equal
+    ones share a single computation.
+
+    Class attribute ``columns`` (tuple of str): the canonical columns :meth:`compute` reads.
+    """
+
+    columns: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def compute(self, frame: pl.DataFrame) -> Any:
+        """The value over ``frame`` (the batch's columns, every row in batch order)."""
+
+
 class ExpressionMetric(Metric):
     """A deterministic metric computed as one Polars expression over canonical columns."""
 
@@ -205,6 +226,19 @@ class ExpressionMetric(Metric):
     @abstractmethod
     def expression(self) -> pl.Expr:
         """Return an expression evaluating to a cell struct per row (see module doc)."""
+
+    def intermediates(self) -> tuple[Intermediate, ...]:
+        """The shared per-batch values this metric reads (see :class:`Intermediate`);
+        none by default."""
+        return ()
+
+    def expression_with(self, values: Mapping[Intermediate, Any]) -> pl.Expr:
+        """The same cells as :meth:`expression`, reading the intermediates in ``values``.
+
+        ``values`` maps each of :meth:`intermediates` to its value computed over the batch
+        the expression will run on (same rows, same order). The default ignores them.
+        """
+        return self.expression()
 
 
 class ModelMetric(Metric):
