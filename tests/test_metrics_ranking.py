@@ -252,3 +252,54 @@ def test_wide_rows_take_the_sorting_paths_with_the_same_scores(monkeypatch):
         assert _scores(name, [wide]) == [("ok", pytest.approx(score))], name
     qrels, rankings = _trec_dl()
     _compare(qrels, rankings, 10, graded_rows=True, scale=1 / 3)
+
+
+def _mixed_rows(n: int, seed: int) -> list[dict]:
+    """Seeded rows of every kind the ranking metrics see: ids only, grades only, both,
+    repeats, null ids, empty and null lists."""
+    rng = random.Random(seed)
+    pool = [f"d{i}" for i in range(9)] + ["文", "📄", "e\u0301", "\u00e9"]
+    rows: list[dict] = []
+    for _ in range(n):
+        row: dict = {}
+        kind = rng.randrange(6)
+        ranking = [rng.choice(pool + [None]) for _ in range(rng.randrange(0, 12))]
+        row["context_ids"] = None if kind == 5 and rng.random() < 0.5 else ranking
+        if kind in (0, 2, 3):
+            row["relevant_ids"] = [rng.choice(pool + [None]) for _ in range(rng.randrange(4))]
+        if kind in (1, 2, 4):
+            judged = rng.sample(pool, rng.randrange(0, 6))
+            row["relevance"] = [{"id": d, "grade": float(rng.randrange(-1, 4))} for d in judged]
+        rows.append(row)
+    return rows
+
+
+def test_a_stage_of_ranking_metrics_gives_what_each_gives_alone(monkeypatch):
+    import pyarrow.compute as pc
+
+    from ragbatch.core.columns import cell_column
+    from ragbatch.metrics import _ranking
+    from support.metric_frames import canonical_frame
+    from udfs.expressions import expression_stage
+
+    rows = _mixed_rows(300, seed=7)
+    metrics = [
+        get_metric(name).from_params({"k": k} if k else {}, metric_id=f"{name}_{k}")
+        for name in NAMES
+        for k in (None, 1, 3, 10)
+    ] + [get_metric("response_length").from_params({"max_chars": 5})]
+    computed = []
+    compute = _ranking.RankingMatch.compute
+    monkeypatch.setattr(
+        _ranking.RankingMatch, "compute", lambda self, f: computed.append(1) or compute(self, f)
+    )
+    out = expression_stage(canonical_frame(rows).to_arrow(), metrics)
+    assert len(computed) == 1  # one match for the 24 ranking metrics of the batch
+    for metric in metrics:
+        alone = run_metric(metric, rows)
+        cells = out.column(cell_column(metric.id))
+        for field in ("score", "status", "reason", "details"):
+            got = pc.struct_field(cells, field).to_pylist()
+            assert got == [c[field] for c in alone], (metric.id, field)
+    statuses = {c["status"] for m in metrics[:-1] for c in run_metric(m, rows)}
+    assert statuses == {"ok", "missing_input", "not_applicable"}

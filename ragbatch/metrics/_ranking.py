@@ -27,8 +27,11 @@ flattened ids, without Python per row.
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
-from typing import ClassVar
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -36,7 +39,7 @@ from pydantic import Field
 
 from ragbatch.core.columns import CONTEXT_IDS, ISSUES, RANKING, RELEVANCE, RELEVANT_IDS
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
-from ragbatch.metrics.base import ExpressionMetric, StrictParams
+from ragbatch.metrics.base import ExpressionMetric, Intermediate, StrictParams
 from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
 
 #: Largest ``k`` a config may give (far above any ranking a RAG system retrieves).
@@ -113,27 +116,17 @@ def _keys(values: pl.Series, rows: np.ndarray) -> np.ndarray:
     return values.hash(seed=0).to_numpy() ^ (rows.astype(np.uint64) * _MIX)
 
 
-def _judged(frame: pl.DataFrame, graded: bool) -> tuple[pl.Series, np.ndarray, np.ndarray]:
-    """Every relevant id of every row (the module doc says which), its row and gain
-    (1.0, or the grade for ``graded``), each id once per row."""
-    has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
-    has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
-    ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
-    entries, grade_rows, _ = _flat(frame.get_column(RELEVANCE))
-    graded_ids = entries.struct.field("id")
-    grades = entries.struct.field("grade").to_numpy()
-    use_ids = ids.is_not_null().to_numpy() & (~has_grades[id_rows] if graded else True)
-    use_grades = (grades > 0) & (True if graded else ~has_ids[grade_rows])
-    values = pl.concat([ids.filter(pl.Series(use_ids)), graded_ids.filter(pl.Series(use_grades))])
-    rows = np.concatenate([id_rows[use_ids], grade_rows[use_grades]])
-    gains = np.concatenate(
-        [
-            np.ones(int(use_ids.sum())),
-            grades[use_grades] if graded else np.ones(int(use_grades.sum())),
-        ]
-    )
-    once = _first_in_row(_keys(values, rows), rows)
-    return values.filter(pl.Series(once)), rows[once], gains[once]
+def _once(
+    values: pl.Series, rows: np.ndarray, keep: np.ndarray
+) -> tuple[pl.Series, np.ndarray, np.ndarray, np.ndarray]:
+    """The ``keep`` items of ``values`` (each row's items contiguous), each id once per
+    row: the items, their rows, their keys (:func:`_keys`) and their indices in
+    ``values``."""
+    index = np.flatnonzero(keep)
+    values, rows = values.gather(index), rows[index]
+    keys = _keys(values, rows)
+    once = _first_in_row(keys, rows)
+    return values.filter(pl.Series(once)), rows[once], keys[once], index[once]
 
 
 def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -165,15 +158,15 @@ def _match(
     ranked: pl.Series,
     ranked_rows: np.ndarray,
     ranked_keys: np.ndarray,
-    judged: pl.Series,
-    judged_rows: np.ndarray,
-    judged_keys: np.ndarray,
+    judged: tuple[pl.Series, np.ndarray, np.ndarray, np.ndarray],
 ) -> np.ndarray:
     """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
 
     Judged ids are distinct per row. Candidates are found by key, then confirmed by
     comparing the ids themselves, so a hash collision never makes an id relevant.
+    ``judged`` is what :func:`_once` returns.
     """
+    judged_ids, judged_rows, judged_keys, _ = judged
     match: np.ndarray = np.full(len(ranked_keys), -1, dtype=np.int64)
     if len(judged_keys) == 0 or len(ranked_keys) == 0:
         return match
@@ -184,7 +177,7 @@ def _match(
     else:
         _match_by_sorting(match, ranked_keys, judged_keys)
     found = np.flatnonzero(match >= 0)
-    same = (ranked.gather(found) == judged.gather(match[found])).fill_null(False).to_numpy()
+    same = (ranked.gather(found) == judged_ids.gather(match[found])).fill_null(False).to_numpy()
     match[found[~same]] = -1
     return match
 
@@ -227,67 +220,141 @@ def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: n
     match[order[at][equal] - n_judged] = order[safe][equal]
 
 
-def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
-    """Per row of ``frame`` (columns ``context_ids``, ``relevant_ids``, ``relevance``):
+#: Columns of :meth:`RankedIds.stats`, in order.
+STATS = ("retrieved", "relevant", "hits", "first", "ap_sum", "dcg", "idcg")
 
-    ``retrieved`` (ids in the ranking, 0 for null), ``relevant`` (number of relevant
-    ids), ``hits`` (relevant ids at ranks 1..k, each once), ``first`` (rank of the first
-    of them, null when none), ``ap_sum`` (sum over those hits of precision at their
-    rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k) and, for ``graded``,
-    ``idcg`` (the same for the ideal ranking: the judged gains in decreasing order, cut
-    at k; 0.0 otherwise). Counts are 0 and sums 0.0 where a row has nothing to count.
 
-    Vectorized over the flattened ids (NumPy and Polars, no Python per row): ids are
-    matched through a 64-bit hash of (row, id), and every match is then confirmed by
-    comparing the ids themselves.
+class RankedIds:
+    """A batch's retrieved ids matched once against its judged ids, for every ranking
+    metric and every ``k`` (see the module doc for which ids are relevant).
+
+    Built from a frame with columns ``context_ids``, ``relevant_ids`` and ``relevance``
+    in one vectorized pass (NumPy and Polars over the flattened ids, no Python per row):
+    ids are matched through a 64-bit hash of (row, id), and every match is then
+    confirmed by comparing the ids themselves. Two judged sets are matched, each at most
+    once: ``relevant_ids`` (nulls dropped) and the ``relevance`` ids graded above 0, each
+    id once per row; binary relevance reads the first where a row has it, graded gains
+    the second. What depends on ``k`` is computed by :meth:`stats`, once per ``(k,
+    graded)`` pair; the object may be shared by threads.
     """
-    n = frame.height
-    ranked, rows, lengths = _flat(frame.get_column(CONTEXT_IDS))
-    starts = np.cumsum(lengths) - lengths
-    rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
-    judged, judged_rows, gains = _judged(frame, graded)
-    relevant = np.bincount(judged_rows, minlength=n)
-    keys = _keys(ranked, rows)
-    counted = _first_in_row(keys, rows) & ranked.is_not_null().to_numpy()
-    if k is not None:
-        counted &= rank <= k
-    match = _match(ranked, rows, keys, judged, judged_rows, _keys(judged, judged_rows))
-    counted &= match >= 0
-    gain = np.where(counted, gains[np.maximum(match, 0)] if len(gains) else 0.0, 0.0)
-    hit = gain > 0
-    hits_so_far = np.cumsum(hit)
-    before_row = np.concatenate([[0], hits_so_far])[starts]
-    hits_in_row = hits_so_far - before_row[rows]
-    first = np.full(n, np.nan)
-    hit_rows, hit_ranks = rows[hit], rank[hit]
-    if len(hit_rows):
-        new_row = np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])
-        first[hit_rows[new_row]] = hit_ranks[new_row]
-    return pl.DataFrame(
-        {
-            "retrieved": lengths,
-            "relevant": relevant,
-            "hits": np.bincount(rows, weights=hit, minlength=n).astype(np.int64),
-            "first": first,
-            "ap_sum": np.bincount(
-                rows, weights=np.where(hit, hits_in_row / rank, 0.0), minlength=n
-            ),
-            "dcg": np.bincount(rows, weights=gain / np.log2(rank + 1), minlength=n),
-            "idcg": _ideal(judged_rows, gains, relevant, k) if graded else np.zeros(n),
-        },
-        nan_to_null=True,
-    )
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self.n = n = frame.height
+        ranked, rows, lengths = _flat(frame.get_column(CONTEXT_IDS))
+        starts = np.cumsum(lengths) - lengths
+        self.rows, self.lengths, self.starts = rows, lengths, starts
+        self.rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
+        has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
+        has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
+        ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
+        listed = _once(ids, id_rows, ids.is_not_null().to_numpy())
+        entries, entry_rows, _ = _flat(frame.get_column(RELEVANCE))
+        grades = entries.struct.field("grade").to_numpy()
+        graded = _once(entries.struct.field("id"), entry_rows, grades > 0)
+        listed_rows, graded_rows, graded_gains = listed[1], graded[1], grades[graded[3]]
+        keys = _keys(ranked, rows)
+        counted = _first_in_row(keys, rows) & ranked.is_not_null().to_numpy()
+        in_listed = counted & (_match(ranked, rows, keys, listed) >= 0)
+        in_graded = _match(ranked, rows, keys, graded)
+        gain_graded = np.where(
+            counted & (in_graded >= 0),
+            graded_gains[np.maximum(in_graded, 0)] if len(graded_gains) else 0.0,
+            0.0,
+        )
+        n_listed = np.bincount(listed_rows, minlength=n)
+        n_graded = np.bincount(graded_rows, minlength=n)
+        by_ids = has_ids[rows]
+        by_grades = has_grades[rows]
+        #: Per ranked id, its gain under binary relevance (1.0 / 0.0) and graded (nDCG).
+        self.gain = {
+            False: np.where(by_ids, in_listed, gain_graded > 0).astype(np.float64),
+            True: np.where(by_grades, gain_graded, in_listed.astype(np.float64)),
+        }
+        #: Per row, the number of relevant ids under each.
+        self.relevant = {
+            False: np.where(has_ids, n_listed, n_graded),
+            True: np.where(has_grades, n_graded, n_listed),
+        }
+        # The ideal ranking of the graded judgments: judged rows and gains in row order,
+        # gains decreasing within a row.
+        use_listed = ~has_grades[listed_rows]
+        use_graded = has_grades[graded_rows]
+        ideal_rows = np.concatenate([listed_rows[use_listed], graded_rows[use_graded]])
+        ideal_gains = np.concatenate([np.ones(int(use_listed.sum())), graded_gains[use_graded]])
+        order = np.lexsort((-ideal_gains, ideal_rows))
+        relevant = self.relevant[True]
+        self.ideal_rows = ideal_rows[order]
+        self.ideal_at = (
+            np.arange(len(order)) - (np.cumsum(relevant) - relevant)[self.ideal_rows] + 1
+        )
+        self.ideal_weights = ideal_gains[order] / np.log2(self.ideal_at + 1)
+        self._stats: dict[tuple[int | None, bool], pl.DataFrame] = {}
+        self._lock = threading.Lock()
+
+    def stats(self, k: int | None, graded: bool = False) -> pl.DataFrame:
+        """Per row: ``retrieved`` (ids in the ranking, 0 for null), ``relevant`` (number
+        of relevant ids), ``hits`` (relevant ids at ranks 1..k, each once), ``first``
+        (rank of the first of them, null when none), ``ap_sum`` (sum over those hits of
+        precision at their rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k)
+        and, for ``graded``, ``idcg`` (the same for the ideal ranking: the judged gains in
+        decreasing order, cut at k; 0.0 otherwise). Counts are Int64 and 0, sums Float64
+        and 0.0, where a row has nothing to count. ``k`` None: the whole ranking."""
+        with self._lock:
+            if (k, graded) not in self._stats:
+                self._stats[(k, graded)] = self._compute(k, graded)
+            return self._stats[(k, graded)]
+
+    def _compute(self, k: int | None, graded: bool) -> pl.DataFrame:
+        n, rows, rank = self.n, self.rows, self.rank
+        gain = self.gain[graded]
+        if k is not None:
+            gain = np.where(rank <= k, gain, 0.0)
+        hit = gain > 0
+        hits_so_far = np.cumsum(hit)
+        before_row = np.concatenate([[0], hits_so_far])[self.starts]
+        hits_in_row = hits_so_far - before_row[rows]
+        first = np.full(n, np.nan)
+        hit_rows, hit_ranks = rows[hit], rank[hit]
+        if len(hit_rows):
+            new_row = np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])
+            first[hit_rows[new_row]] = hit_ranks[new_row]
+        idcg = np.zeros(n)
+        if graded:
+            weights = self.ideal_weights
+            if k is not None:
+                weights = np.where(self.ideal_at <= k, weights, 0.0)
+            idcg = np.bincount(self.ideal_rows, weights=weights, minlength=n)
+        return pl.DataFrame(
+            {
+                "retrieved": self.lengths,
+                "relevant": self.relevant[graded],
+                "hits": np.bincount(rows, weights=hit, minlength=n).astype(np.int64),
+                "first": first,
+                "ap_sum": np.bincount(
+                    rows, weights=np.where(hit, hits_in_row / rank, 0.0), minlength=n
+                ),
+                "dcg": np.bincount(rows, weights=gain / np.log2(rank + 1), minlength=n),
+                "idcg": idcg,
+            },
+            nan_to_null=True,
+        )
 
 
-def _ideal(rows: np.ndarray, gains: np.ndarray, relevant: np.ndarray, k: int | None) -> np.ndarray:
-    """Per row, the DCG of its judged gains in decreasing order, cut at ``k``."""
-    order = np.lexsort((-gains, rows))
-    ordered_rows = rows[order]
-    at = np.arange(len(order)) - (np.cumsum(relevant) - relevant)[ordered_rows] + 1
-    weights = gains[order] / np.log2(at + 1)
-    if k is not None:
-        weights = np.where(at <= k, weights, 0.0)
-    return np.bincount(ordered_rows, weights=weights, minlength=len(relevant))
+def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
+    """:meth:`RankedIds.stats` of ``frame`` (columns ``context_ids``, ``relevant_ids``,
+    ``relevance``), for one metric alone."""
+    return RankedIds(frame).stats(k, graded)
+
+
+@dataclass(frozen=True)
+class RankingMatch(Intermediate):
+    """The :class:`RankedIds` of a batch, shared by every ranking metric of a stage."""
+
+    columns: ClassVar[tuple[str, ...]] = RANKING
+
+    def compute(self, frame: pl.DataFrame) -> RankedIds:
+        """:class:`RankedIds` over ``frame``."""
+        return RankedIds(frame)
 
 
 class RankingMetric(ExpressionMetric):
@@ -325,11 +392,32 @@ class RankingMetric(ExpressionMetric):
             )
         return problems
 
+    def intermediates(self) -> tuple[Intermediate, ...]:
+        """The ids matched once per batch for every ranking metric (:class:`RankingMatch`)."""
+        return (RankingMatch(),)
+
     def expression(self) -> pl.Expr:
         return frame_cells(guards(self.graded), list(RANKING), self._score_frame)
 
+    def expression_with(self, values: Mapping[Intermediate, Any]) -> pl.Expr:
+        """:meth:`expression`, reading the batch's :class:`RankedIds` from ``values``."""
+        ranked = values[RankingMatch()]
+        assert isinstance(ranked, RankedIds)
+
+        def score_frame(frame: pl.DataFrame) -> pl.DataFrame:
+            if frame.height != ranked.n:
+                raise RuntimeError(
+                    f"{self.id}: the shared ranking intermediate has {ranked.n} rows, "
+                    f"the batch {frame.height}"
+                )
+            return self._cells(ranked.stats(self.k, self.graded))
+
+        return frame_cells(guards(self.graded), list(RANKING), score_frame)
+
     def _score_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
-        stats = ranking_stats(frame, self.k, self.graded)
+        return self._cells(ranking_stats(frame, self.k, self.graded))
+
+    def _cells(self, stats: pl.DataFrame) -> pl.DataFrame:
         return stats.select(
             score=self.score(),
             reason=pl.lit(None, pl.String),
