@@ -21,8 +21,12 @@ Degenerate rows
     at all: ``not_applicable`` (recall, average precision and nDCG divide by the number of
     relevant ids); an empty ranking with relevant ids: scored, 0.0.
 
-The score of a batch comes from one vectorized pass (:func:`ranking_stats`) over the
-flattened ids, without Python per row.
+The score of a batch comes from one vectorized pass over the flattened ids, without
+Python per row: :class:`RankedIds` matches the retrieved ids against the judged ones, and
+its :meth:`RankedIds.stats` gives the per-row counts and sums at a cutoff. In the
+expression stage every ranking metric of the batch reads one shared :class:`RankedIds`
+(the :class:`RankingMatch` intermediate), whatever its ``k``; a metric evaluated alone
+builds its own.
 """
 
 from __future__ import annotations
@@ -132,8 +136,9 @@ def _once(
 def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """True for each key not seen before in its row; each row's keys are contiguous.
 
-    Narrow rows compare every key with the d-th key before it (one pass per d); wide
-    ones take one stable sort of the keys (a key mixes in its row, see :func:`_keys`).
+    Narrow rows compare every key with the d-th key before it (one pass per d, rows
+    compared only where the keys are equal); wide ones take one stable sort of the keys
+    (a key mixes in its row, see :func:`_keys`).
     """
     first: np.ndarray = np.ones(len(keys), dtype=bool)
     if len(keys) == 0:
@@ -141,7 +146,9 @@ def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
     widest = int(np.bincount(rows).max())
     if widest <= 64:
         for d in range(1, widest):
-            first[d:] &= ~((rows[d:] == rows[:-d]) & (keys[d:] == keys[:-d]))
+            same = np.flatnonzero(keys[d:] == keys[:-d])
+            same = same[rows[same + d] == rows[same]]
+            first[same + d] = False
         return first
     order = np.argsort(keys, kind="stable")
     ordered = keys[order]
@@ -196,12 +203,17 @@ def _match_by_position(
     sorted_rows = judged_rows[order]
     position = np.arange(len(order)) - (np.cumsum(per_row) - per_row)[sorted_rows]
     n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
-    table: np.ndarray = np.full((n_rows, int(per_row.max())), -1, dtype=np.int64)
-    table[sorted_rows, position] = order
-    for m in range(table.shape[1]):
-        candidate = table[:, m][ranked_rows]
-        hit = (candidate >= 0) & (judged_keys[np.maximum(candidate, 0)] == ranked_keys)
-        match[hit] = candidate[hit]
+    shape = (int(per_row.max()), n_rows)
+    # row m of each table: every row's m-th judged key and its index (-1: none)
+    index_at: np.ndarray = np.full(shape, -1, dtype=np.int64)
+    index_at[position, sorted_rows] = order
+    keys_at: np.ndarray = np.zeros(shape, dtype=np.uint64)
+    keys_at[position, sorted_rows] = judged_keys[order]
+    for m in range(shape[0]):
+        at = np.flatnonzero(np.take(keys_at[m], ranked_rows) == ranked_keys)
+        candidate = index_at[m][ranked_rows[at]]
+        judged = candidate >= 0
+        match[at[judged]] = candidate[judged]
 
 
 def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: np.ndarray) -> None:
@@ -218,10 +230,6 @@ def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: n
     safe = np.maximum(before, 0)
     equal = (before >= 0) & (ordered[safe] == ordered[at])
     match[order[at][equal] - n_judged] = order[safe][equal]
-
-
-#: Columns of :meth:`RankedIds.stats`, in order.
-STATS = ("retrieved", "relevant", "hits", "first", "ap_sum", "dcg", "idcg")
 
 
 class RankedIds:
@@ -244,6 +252,7 @@ class RankedIds:
         starts = np.cumsum(lengths) - lengths
         self.rows, self.lengths, self.starts = rows, lengths, starts
         self.rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
+        self.longest = int(lengths.max()) if n else 0
         has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
         has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
         ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
@@ -270,6 +279,8 @@ class RankedIds:
             False: np.where(by_ids, in_listed, gain_graded > 0).astype(np.float64),
             True: np.where(by_grades, gain_graded, in_listed.astype(np.float64)),
         }
+        #: Per graded or not, the positions of the relevant ids in the flat ranking.
+        self.relevant_at = {key: np.flatnonzero(gain > 0) for key, gain in self.gain.items()}
         #: Per row, the number of relevant ids under each.
         self.relevant = {
             False: np.where(has_ids, n_listed, n_graded),
@@ -298,45 +309,51 @@ class RankedIds:
         precision at their rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k)
         and, for ``graded``, ``idcg`` (the same for the ideal ranking: the judged gains in
         decreasing order, cut at k; 0.0 otherwise). Counts are Int64 and 0, sums Float64
-        and 0.0, where a row has nothing to count. ``k`` None: the whole ranking."""
+        and 0.0, where a row has nothing to count. ``k`` None: the whole ranking. Last,
+        ``details``: the JSON object of ``retrieved``, ``relevant`` and ``hits`` that
+        every ranking metric's cell carries."""
         with self._lock:
             if (k, graded) not in self._stats:
                 self._stats[(k, graded)] = self._compute(k, graded)
             return self._stats[(k, graded)]
 
     def _compute(self, k: int | None, graded: bool) -> pl.DataFrame:
-        n, rows, rank = self.n, self.rows, self.rank
-        gain = self.gain[graded]
-        if k is not None:
-            gain = np.where(rank <= k, gain, 0.0)
-        hit = gain > 0
-        hits_so_far = np.cumsum(hit)
-        before_row = np.concatenate([[0], hits_so_far])[self.starts]
-        hits_in_row = hits_so_far - before_row[rows]
+        n = self.n
+        at = self.relevant_at[graded]
+        if k is not None and k < self.longest:
+            at = at[self.rank[at] <= k]
+        # the hits alone, in row order: each hit's row, rank and count so far in its row
+        rows, rank = self.rows[at], self.rank[at]
+        new_row: np.ndarray = np.ones(len(at), dtype=bool)
+        new_row[1:] = rows[1:] != rows[:-1]
+        count = np.arange(len(at))
+        hits_in_row = count - np.maximum.accumulate(np.where(new_row, count, 0)) + 1
         first = np.full(n, np.nan)
-        hit_rows, hit_ranks = rows[hit], rank[hit]
-        if len(hit_rows):
-            new_row = np.concatenate([[True], hit_rows[1:] != hit_rows[:-1]])
-            first[hit_rows[new_row]] = hit_ranks[new_row]
+        first[rows[new_row]] = rank[new_row]
         idcg = np.zeros(n)
         if graded:
             weights = self.ideal_weights
-            if k is not None:
+            if k is not None and len(weights) and k < self.ideal_at.max():
                 weights = np.where(self.ideal_at <= k, weights, 0.0)
             idcg = np.bincount(self.ideal_rows, weights=weights, minlength=n)
-        return pl.DataFrame(
+        stats = pl.DataFrame(
             {
                 "retrieved": self.lengths,
                 "relevant": self.relevant[graded],
-                "hits": np.bincount(rows, weights=hit, minlength=n).astype(np.int64),
+                "hits": np.bincount(rows, minlength=n).astype(np.int64),
                 "first": first,
-                "ap_sum": np.bincount(
-                    rows, weights=np.where(hit, hits_in_row / rank, 0.0), minlength=n
+                "ap_sum": np.bincount(rows, weights=hits_in_row / rank, minlength=n),
+                "dcg": np.bincount(
+                    rows, weights=self.gain[graded][at] / np.log2(rank + 1), minlength=n
                 ),
-                "dcg": np.bincount(rows, weights=gain / np.log2(rank + 1), minlength=n),
                 "idcg": idcg,
             },
             nan_to_null=True,
+        )
+        return stats.with_columns(
+            details=details_json(
+                retrieved=pl.col("retrieved"), relevant=pl.col("relevant"), hits=pl.col("hits")
+            )
         )
 
 
@@ -421,7 +438,5 @@ class RankingMetric(ExpressionMetric):
         return stats.select(
             score=self.score(),
             reason=pl.lit(None, pl.String),
-            details=details_json(
-                retrieved=pl.col("retrieved"), relevant=pl.col("relevant"), hits=pl.col("hits")
-            ),
+            details=pl.col("details"),
         )
