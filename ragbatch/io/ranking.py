@@ -41,6 +41,7 @@ other) when both are mapped: a row where both are lists of different lengths get
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -295,8 +296,17 @@ def _pairs(value: Any, preview: Any) -> Parsed:
                 f"relevance: the grade of {preview(key)} is {_kind(grade)} ({preview(grade)}); "
                 "grades must be numbers"
             )
-        out.append({"id": key, "grade": float(grade)})
+        out.append({"id": key, "grade": _float(grade)})
     return out, None
+
+
+def _float(grade: int | float) -> float:
+    """``grade`` as a float; an integer past the float64 range (JSON allows any number
+    of digits) becomes infinite, which :func:`_reject_bad_entries` refuses."""
+    try:
+        return float(grade)
+    except OverflowError:
+        return math.inf if grade > 0 else -math.inf
 
 
 def _reject_bad_entries(values: pa.Array, issues: Any) -> pa.Array:
