@@ -28,3 +28,21 @@ def test_an_integer_grade_past_the_float_range_is_a_grade_that_is_not_finite():
     assert out["relevance"].to_pylist() == [None, [{"id": "d1", "grade": 2.0}]]
     note = _issues(out, "relevance")[0]
     assert note.startswith("relevance: a grade is null, NaN or infinite")
+
+
+def test_a_json_integer_of_more_digits_than_python_parses_is_a_note_not_a_crash():
+    # Python refuses to parse integers of more than 4300 digits (a ValueError that is
+    # not a JSONDecodeError)
+    huge = "1" * 5000
+    out = _normalize(
+        context_ids=pa.array(["[" + huge + "]", '["d1"]']),
+        relevance=pa.array(['{"d1": ' + huge + "}", '[{"id": ' + huge + ', "grade": 1}]']),
+    )
+    assert out["context_ids"].to_pylist() == [None, ["d1"]]
+    assert out["relevance"].to_pylist() == [None, None]
+    ids_note = _issues(out, "context_ids")[0]
+    assert ids_note.startswith("context_ids: not a JSON list of ids: '[1111")
+    assert all(
+        note.startswith("relevance: not a JSON object of id -> grade: ")
+        for note in _issues(out, "relevance")
+    )

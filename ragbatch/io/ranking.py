@@ -164,7 +164,7 @@ Parsed = tuple[Any, str | None]
 def _parse_ids(column: str, text: str, preview: Any) -> Parsed:
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also integers of > 4300 digits
         return None, f"{column}: not a JSON list of ids: {preview(text)}"
     if not isinstance(value, list):
         return None, f"{column}: expected a JSON list of ids, got {_kind(value)} ({preview(value)})"
@@ -259,7 +259,7 @@ def _relevance_arrow(source: pa.Array) -> pa.Array | None:
 def _parse_relevance(text: str, preview: Any) -> Parsed:
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also integers of > 4300 digits
         return None, f"relevance: not a JSON object of id -> grade: {preview(text)}"
     return _pairs(value, preview)
 
