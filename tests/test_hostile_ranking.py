@@ -46,3 +46,32 @@ def test_a_json_integer_of_more_digits_than_python_parses_is_a_note_not_a_crash(
         note.startswith("relevance: not a JSON object of id -> grade: ")
         for note in _issues(out, "relevance")
     )
+
+
+def _graded(id_type: pa.DataType, grade_type: pa.DataType, rows: list) -> pa.Array:
+    entry = pa.struct([("id", id_type), ("grade", grade_type)])
+    return pa.array(rows, pa.list_(entry))
+
+
+def test_structs_of_a_type_validate_refuses_are_not_cast_when_a_later_file_has_them():
+    # validate checks the first file's schema; a later Parquet file may hold booleans,
+    # strings or float ids where the first held numbers: no silent cast to 1.0 / "1.5"
+    booleans = _graded(pa.string(), pa.bool_(), [[{"id": "d1", "grade": True}]])
+    strings = _graded(pa.string(), pa.string(), [[{"id": "d1", "grade": "2"}]])
+    float_ids = _graded(pa.float64(), pa.int64(), [[{"id": 1.5, "grade": 2}]])
+    notes = []
+    for values in (booleans, strings, float_ids):
+        out = _normalize(relevance=values)
+        assert out["relevance"].to_pylist() == [None]
+        notes += _issues(out, "relevance")
+    assert notes == [
+        "relevance: the grade of 'd1' is a boolean (true); grades must be numbers",
+        "relevance: the grade of 'd1' is a string ('2'); grades must be numbers",
+        "relevance: id 1.5 is a float; ids must be strings or integers",
+    ]
+
+
+def test_structs_of_usable_types_still_take_the_arrow_path():
+    values = _graded(pa.int32(), pa.float32(), [[{"id": 7, "grade": 0.5}], None, []])
+    out = _normalize(relevance=values)
+    assert out["relevance"].to_pylist() == [[{"id": "7", "grade": 0.5}], None, []]

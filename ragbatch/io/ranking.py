@@ -98,12 +98,8 @@ def type_problem(canonical: str, t: pa.DataType) -> str | None:
     if canonical == C.RELEVANCE:
         if pa.types.is_map(t) and _id_type(t.key_type) and _grade_type(t.item_type):
             return None
-        if _list(t) and pa.types.is_struct(t.value_type):
-            item = t.value_type
-            names = [item.field(i).name for i in range(item.num_fields)]
-            if "id" in names and "grade" in names:
-                if _id_type(item.field("id").type) and _grade_type(item.field("grade").type):
-                    return None
+        if _list(t) and _usable_entries(t.value_type):
+            return None
         if pa.types.is_struct(t) and all(_grade_type(t.field(i).type) for i in range(t.num_fields)):
             return None
     elif _list(t) and _id_type(t.value_type):
@@ -235,6 +231,14 @@ def relevance(source: pa.Array, marked: set[int], issues: Any) -> pa.Array:
     return _reject_bad_entries(pa.array(out, C.RELEVANCE_TYPE), issues)
 
 
+def _usable_entries(t: pa.DataType) -> bool:
+    """Whether ``t`` is a struct with an ``id`` of an id type and a ``grade`` of a number
+    type (others go through :func:`_pairs`, which names what is wrong)."""
+    if not pa.types.is_struct(t) or t.get_field_index("id") < 0 or t.get_field_index("grade") < 0:
+        return False
+    return _id_type(t.field("id").type) and _grade_type(t.field("grade").type)
+
+
 def _relevance_arrow(source: pa.Array) -> pa.Array | None:
     """A map or list<struct<id, grade>> column as :data:`RELEVANCE_TYPE` without Python;
     None for any other type."""
@@ -243,7 +247,7 @@ def _relevance_arrow(source: pa.Array) -> pa.Array | None:
         source = pa.concat_arrays([source])
         keys = pc.cast(source.keys, pa.string())
         grades = pc.cast(source.items, pa.float64())
-    elif _list(t) and pa.types.is_struct(t.value_type):
+    elif _list(t) and _usable_entries(t.value_type):
         try:
             source = pa.concat_arrays([pc.cast(source, pa.list_(t.value_type))])
             keys = pc.cast(pc.struct_field(source.values, "id"), pa.string())
