@@ -4,10 +4,12 @@ row (the metrics then say ``missing_input``), never an exception that loses the 
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from ragbatch.config.job import InputSection
 from ragbatch.core import columns as C
-from ragbatch.io import ReadTask, normalize
+from ragbatch.core.errors import InputError
+from ragbatch.io import ReadTask, normalize, plan_read, read_task
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 
@@ -75,3 +77,31 @@ def test_structs_of_usable_types_still_take_the_arrow_path():
     values = _graded(pa.int32(), pa.float32(), [[{"id": 7, "grade": 0.5}], None, []])
     out = _normalize(relevance=values)
     assert out["relevance"].to_pylist() == [[{"id": "7", "grade": 0.5}], None, []]
+
+
+HUGE = "[" + "1" * 5000 + "]"
+DEEP = "[" * 100_000 + "]" * 100_000
+TOO_LONG = "an integer of more than 4300 digits, which Python does not read; write it as a string"
+TOO_DEEP = "lists or objects nested too deeply to read; fix or remove that value"
+
+
+@pytest.mark.parametrize(
+    "suffix,text,message",
+    [
+        (".jsonl", '{"ids": ["d1"]}\n{"ids": ' + HUGE + "}\n", ", line 2: " + TOO_LONG),
+        (".json", '[{"ids": ["d1"]}, {"ids": ' + HUGE + "}]", ": " + TOO_LONG),
+        (".jsonl", '{"ids": ["d1"]}\n{"ids": ' + DEEP + "}\n", ", line 2: " + TOO_DEEP),
+        (".json", '[{"ids": ["d1"]}, {"ids": ' + DEEP + "}]", ": " + TOO_DEEP),
+    ],
+)
+def test_json_input_python_cannot_read_is_an_input_error_naming_the_line(
+    tmp_path, suffix, text, message
+):
+    # valid JSON that json.loads refuses with a ValueError or RecursionError, not a
+    # JSONDecodeError: a huge id or a hostile nesting in one record
+    path = tmp_path / f"in{suffix}"
+    path.write_text(text)
+    config = InputSection(uri=str(path), columns={"context_ids": "ids"})
+    with pytest.raises(InputError) as info:
+        read_task(plan_read(config)[0], config)
+    assert str(info.value).startswith(f"{path}{message}")

@@ -237,6 +237,18 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
+def _unreadable(exc: ValueError | RecursionError) -> str:
+    """Why ``json.loads`` refused valid JSON: Python reads no integer of more than 4300
+    digits (``sys.get_int_max_str_digits``) and no nesting deeper than its recursion
+    limit."""
+    if isinstance(exc, RecursionError):
+        return "lists or objects nested too deeply to read; fix or remove that value"
+    return (
+        "an integer of more than 4300 digits, which Python does not read; write it as a "
+        "string or remove it"
+    )
+
+
 def _json_records(
     text: str, fmt: str, where: str, max_rows: int | None = None
 ) -> tuple[list[dict], list[int]]:
@@ -260,6 +272,8 @@ def _json_records(
                 f"{where}, line {number}: not valid JSON ({exc.msg} at column {exc.colno}); "
                 f"fix or remove that line{hint}"
             ) from None
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"{where}, line {number}: {_unreadable(exc)}{hint}") from None
         if not isinstance(value, dict):
             raise InputError(
                 f"{where}, line {number}: expected a JSON object (one record per line), got "
@@ -279,6 +293,8 @@ def _json_array(text: str, where: str, max_rows: int | None) -> tuple[list[dict]
         raise InputError(
             f"{where}: not valid JSON at line {exc.lineno}, column {exc.colno} ({exc.msg})"
         ) from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{where}: {_unreadable(exc)}") from None
     for index, value in enumerate(values):
         if not isinstance(value, dict):
             raise InputError(
