@@ -105,3 +105,19 @@ def test_json_input_python_cannot_read_is_an_input_error_naming_the_line(
     with pytest.raises(InputError) as info:
         read_task(plan_read(config)[0], config)
     assert str(info.value).startswith(f"{path}{message}")
+
+
+def test_a_null_id_or_grade_in_a_json_list_gets_the_note_of_the_other_forms():
+    entry = pa.struct([("id", pa.string()), ("grade", pa.float64())])
+    as_structs = pa.array(
+        [[{"id": None, "grade": 1.0}], [{"id": "a", "grade": None}]], pa.list_(entry)
+    )
+    as_json = pa.array(['[{"id": null, "grade": 1}]', '[{"id": "a", "grade": null}]'])
+    notes = [
+        'relevance: an entry has a null id (\'{"null": 1.0}\')',
+        'relevance: a grade is null, NaN or infinite; grades must be finite numbers (\'{"a": null}\')',
+    ]
+    for values in (as_structs, as_json):
+        out = _normalize(relevance=values)
+        assert out["relevance"].to_pylist() == [None, None]
+        assert _issues(out, "relevance") == notes

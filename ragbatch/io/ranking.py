@@ -290,17 +290,18 @@ def _pairs(value: Any, preview: Any) -> Parsed:
     for key, grade in items:
         if isinstance(key, int) and not isinstance(key, bool):
             key = str(key)
-        if not isinstance(key, str):
+        if key is not None and not isinstance(key, str):
             return (
                 None,
                 f"relevance: id {preview(key)} is {_kind(key)}; ids must be strings or integers",
             )
-        if isinstance(grade, bool) or not isinstance(grade, (int, float)):
+        if grade is not None and (isinstance(grade, bool) or not isinstance(grade, (int, float))):
             return None, (
                 f"relevance: the grade of {preview(key)} is {_kind(grade)} ({preview(grade)}); "
                 "grades must be numbers"
             )
-        out.append({"id": key, "grade": _float(grade)})
+        # a null id or grade is left for _reject_bad_entries, as in the other forms
+        out.append({"id": key, "grade": None if grade is None else _float(grade)})
     return out, None
 
 
