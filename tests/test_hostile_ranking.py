@@ -8,7 +8,8 @@ import pytest
 
 from ragbatch.config.job import InputSection
 from ragbatch.core import columns as C
-from ragbatch.core.errors import InputError
+from ragbatch.core.errors import ConfigError, InputError
+from ragbatch.core.registry import get_metric
 from ragbatch.io import ReadTask, normalize, plan_read, read_task
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
@@ -121,3 +122,10 @@ def test_a_null_id_or_grade_in_a_json_list_gets_the_note_of_the_other_forms():
         out = _normalize(relevance=values)
         assert out["relevance"].to_pylist() == [None, None]
         assert _issues(out, "relevance") == notes
+
+
+@pytest.mark.parametrize("k", [True, "5", 5.0])
+def test_k_is_an_integer_as_written_not_a_boolean_or_text_taken_for_one(k):
+    # YAML `k: yes` is True, which a lax integer takes for k = 1
+    with pytest.raises(ConfigError, match="params.k: Input should be a valid integer"):
+        get_metric("precision_at_k").from_params({"k": k})

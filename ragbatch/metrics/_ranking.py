@@ -69,6 +69,7 @@ class RankParams(StrictParams):
         None,
         ge=1,
         le=K_MAX,
+        strict=True,  # YAML `k: yes` is a boolean, not k = 1
         description="only ranks 1..k of context_ids count; unset: the whole ranking",
     )
 
