@@ -106,7 +106,7 @@ class RubricParams(ScoreParams):
             "needs `choice_scores`. Give `scale` or `choices`"
         ),
     )
-    choice_scores: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
+    choice_scores: dict[str, Annotated[float, Field(ge=0.0, le=1.0, strict=True)]] | None = Field(
         None,
         description="the score in [0, 1] of every choice, e.g. `{pass: 1, fail: 0}`",
     )
