@@ -19,6 +19,7 @@ import os
 import random
 import time
 from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit
 
 import fsspec
 import pyarrow.fs as pafs
@@ -26,6 +27,7 @@ from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
 from ragbatch.core.errors import InputError, exception_chain
+from ragbatch.core.redact import REDACTED
 
 log = logging.getLogger("ragbatch")
 T = TypeVar("T")
@@ -239,7 +241,7 @@ def describe_storage_error(uri: str, exc: BaseException, section: str = "input")
         endpoint unreachable, is a directory, or a generic read failure.
     """
     names = _class_names(exc)
-    detail = _short(exc)
+    detail = _short(exc, hide=_userinfo(uri))
     low = detail.lower()
     if names & _DENIED or isinstance(exc, PermissionError) or any(w in low for w in _DENIED_WORDS):
         return InputError(
@@ -302,9 +304,29 @@ def _errno(exc: BaseException) -> int | None:
     return None
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def _short(exc: BaseException, limit: int = 300, hide: tuple[str, ...] = ()) -> str:
     text = str(exc) or type(exc).__name__
+    for secret in hide:
+        text = text.replace(secret, REDACTED)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _userinfo(uri: str) -> tuple[str, ...]:
+    """The credentials written into ``uri`` (``key:secret`` of ``s3://key:secret@bucket``),
+    each link of an fsspec chain. A storage client may quote the bucket name it was given,
+    and there they have no scheme for :func:`ragbatch.core.redact.redact_text` to find."""
+    found = []
+    for link in uri.split("::"):
+        if "://" not in link:
+            continue
+        try:
+            netloc = urlsplit(link).netloc
+        except ValueError:  # an unbalanced IPv6 bracket: no userinfo can be read either
+            netloc = link.split("://", 1)[1].split("/", 1)[0]
+        userinfo = netloc.rpartition("@")[0]
+        if userinfo:
+            found.append(userinfo)
+    return tuple(found)
 
 
 #: Exception class names and error codes of storage failures worth retrying: the service
