@@ -16,6 +16,7 @@ from ragbatch.cli.common import _load
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ragbatch.pipeline.in_process import choose_executor
     from ragbatch.pipeline.plan import build_plan, preflight_engines
     from ragbatch.pipeline.runner import prepare_import_paths
     from ragbatch.config.templating import render_config, uri_templates
@@ -28,6 +29,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"run date {run_date.isoformat()} fills in {', '.join(templates)}")
     prepare_import_paths(Path(args.config).parent)
     plan = build_plan(config)
+    choose_executor(plan, None)  # run.executor: in_process refuses a job that needs Ray
     preflight_engines(plan)
     _check_output_writable(config)
     schema = plan.input_schema

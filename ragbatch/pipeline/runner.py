@@ -127,6 +127,8 @@ def run_job(
         config = render_config(config, run_date_for(config, run_id, started))
     probe_output(config.output.uri, config.output.storage_options)
     plan = build_plan(config)
+    # before any engine is contacted or staging is written: in_process may refuse the job
+    executor = choose_executor(plan, address)
     if config.calibration is not None:
         from ragbatch.calibrate.guard import check_calibration
 
@@ -147,7 +149,7 @@ def run_job(
         )
 
         t1 = time.perf_counter()
-        if choose_executor(plan, address) == "in_process":
+        if executor == "in_process":
             ray_info = {"executor": "in_process", "address": None, "started_locally": False}
             done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)
         else:
