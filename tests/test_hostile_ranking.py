@@ -11,6 +11,7 @@ from ragbatch.core import columns as C
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.core.registry import get_metric
 from ragbatch.io import ReadTask, normalize, plan_read, read_task
+from support.metric_frames import run_metric
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 
@@ -129,3 +130,21 @@ def test_k_is_an_integer_as_written_not_a_boolean_or_text_taken_for_one(k):
     # YAML `k: yes` is True, which a lax integer takes for k = 1
     with pytest.raises(ConfigError, match="params.k: Input should be a valid integer"):
         get_metric("precision_at_k").from_params({"k": k})
+
+
+def test_many_empty_rankings_beside_one_wide_judged_set_do_not_take_the_row_table(
+    monkeypatch,
+):
+    # matching by position builds a (rows x widest judged set) table; 2,000 rows with an
+    # empty ranking and one row judging 1,000 ids is 2M cells for a single ranked id
+    from ragbatch.metrics import _ranking
+
+    def refuse(*args):
+        raise AssertionError("a rows x widest table for one ranked id")
+
+    monkeypatch.setattr(_ranking, "_MATCH_BY_POSITION_MAX", 100_000)
+    monkeypatch.setattr(_ranking, "_match_by_position", refuse)
+    rows = [{"context_ids": [], "relevant_ids": ["x"]} for _ in range(2000)]
+    rows.append({"context_ids": ["r7"], "relevant_ids": [f"r{i}" for i in range(1000)]})
+    cells = run_metric(get_metric("hit_rate").from_params({}), rows)
+    assert [c["score"] for c in cells] == [0.0] * 2000 + [1.0]

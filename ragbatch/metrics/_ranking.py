@@ -157,8 +157,9 @@ def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return first
 
 
-#: Largest (ranked ids x widest row of judged ids) matched position by position; past
-#: it :func:`_match` sorts instead.
+#: Largest (ranked ids + rows) x widest row of judged ids matched position by position
+#: (the passes cost ranked ids x widest, the table of judged ids rows x widest); past it
+#: :func:`_match` sorts instead.
 _MATCH_BY_POSITION_MAX = 64_000_000
 
 
@@ -180,7 +181,8 @@ def _match(
         return match
     per_row = np.bincount(judged_rows)
     widest = int(per_row.max())
-    if len(ranked_keys) * widest <= _MATCH_BY_POSITION_MAX:
+    n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
+    if (len(ranked_keys) + n_rows) * widest <= _MATCH_BY_POSITION_MAX:
         _match_by_position(match, ranked_rows, ranked_keys, judged_rows, judged_keys, per_row)
     else:
         _match_by_sorting(match, ranked_keys, judged_keys)
