@@ -3,6 +3,8 @@ row (the metrics then say ``missing_input``), never an exception that loses the 
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 
@@ -11,6 +13,7 @@ from ragbatch.core import columns as C
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.core.registry import get_metric
 from ragbatch.io import ReadTask, normalize, plan_read, read_task
+from ragbatch.io.read import peek_schema
 from support.metric_frames import run_metric
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
@@ -148,3 +151,25 @@ def test_many_empty_rankings_beside_one_wide_judged_set_do_not_take_the_row_tabl
     rows.append({"context_ids": ["r7"], "relevant_ids": [f"r{i}" for i in range(1000)]})
     cells = run_metric(get_metric("hit_rate").from_params({}), rows)
     assert [c["score"] for c in cells] == [0.0] * 2000 + [1.0]
+
+
+def test_relevance_objects_of_json_lines_stay_json_text_not_a_struct_of_every_id(tmp_path):
+    # each query judges its own documents: as a struct the column would hold one field per
+    # id of the whole file in every row (rows x ids), minutes and gigabytes on a real file
+    path = tmp_path / "in.jsonl"
+    lines = [{"ids": [f"d{r}-0", f"d{r}-1"], "rel": {f"d{r}-0": 2, f"d{r}-1": 0}} for r in range(3)]
+    lines.append({"ids": ["x"], "rel": None})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = InputSection(uri=str(path), columns={"context_ids": "ids", "relevance": "rel"})
+    task = plan_read(config)[0]
+    raw = read_task(task, config)
+    assert raw.schema.field("rel").type == pa.string()
+    assert peek_schema(config).field("rel").type == pa.string()
+    out = normalize(raw, config, task)
+    assert out["relevance"].to_pylist() == [
+        [{"id": f"d{r}-0", "grade": 2.0}, {"id": f"d{r}-1", "grade": 0.0}] for r in range(3)
+    ] + [None]
+    assert _issues(out, "relevance") == [None] * 4
+    # a slice column of objects is still a struct
+    slices = InputSection(uri=str(path), columns={"context_ids": "ids"})
+    assert pa.types.is_struct(read_task(plan_read(slices)[0], slices).schema.field("rel").type)

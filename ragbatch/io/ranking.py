@@ -25,10 +25,12 @@ structs natively and has no map type):
 
 * a map column ``map<string | integer, number>``;
 * a list column of structs with fields ``id`` (string or integer) and ``grade`` (number);
-* a struct column whose field names are the ids (what JSON lines objects become); a
-  null field counts as an id not judged;
+* a struct column whose field names are the ids (a Parquet struct); a null field
+  counts as an id not judged;
 * a string column holding a JSON object ``{"d1": 2, "d7": 1}`` or a JSON list of
-  ``{"id": ..., "grade": ...}`` objects.
+  ``{"id": ..., "grade": ...}`` objects. JSON (lines) input keeps the objects of this
+  column as such text (:func:`ragbatch.io.read.objects_as_text`): as a struct, every
+  row would hold a field for every id of the file.
 
 A value with an id given twice, a null id, or a grade that is null, not a number (a
 boolean, a string) or not finite becomes null with an issue.

@@ -393,7 +393,7 @@ def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:
         schema = pa.schema(list(schema))
         refuse_internal_names(schema.names, display_path(fs, item.path))
     else:
-        table = peek_text(fs, item.path, item.format, cfg.encoding)
+        table = peek_text(fs, item.path, item.format, cfg.encoding, objects_as_text(cfg))
         schema = table.schema
         if NONSTRING_COLUMN in schema.names:
             schema = schema.remove(schema.get_field_index(NONSTRING_COLUMN))
@@ -526,8 +526,18 @@ def _bad_parquet(where: str, exc: Exception) -> InputError:
 
 
 def _read_text(fs: fsspec.AbstractFileSystem, task: ReadTask, cfg: InputSection) -> pa.Table:
-    reader = read_delimited if task.format in DELIMITERS else read_json
-    return reader(fs, task.path, task.format, cfg.encoding)
+    if task.format in DELIMITERS:
+        return read_delimited(fs, task.path, task.format, cfg.encoding)
+    return read_json(fs, task.path, task.format, cfg.encoding, objects_as_text(cfg))
+
+
+def objects_as_text(cfg: InputSection) -> frozenset[str]:
+    """The input columns whose JSON objects are read as JSON text: the one mapped to
+    ``relevance``, whose objects key grades by id, different ids in every row (a struct
+    would hold every id of the file in every row; :mod:`ragbatch.io.ranking` parses the
+    text to the same grades)."""
+    column = cfg.columns.relevance
+    return frozenset() if column is None else frozenset({column})
 
 
 _READERS: dict[str, Callable[[fsspec.AbstractFileSystem, ReadTask, InputSection], pa.Table]] = {

@@ -43,10 +43,17 @@ PEEK_JSON_ROWS = 1000
 DELIMITERS = {"csv": ",", "tsv": "\t"}
 
 
-def peek_text(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str) -> pa.Table:
+def peek_text(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    fmt: str,
+    encoding: str,
+    objects_as_text: frozenset[str] = frozenset(),
+) -> pa.Table:
     """The start of a text file as a table: CSV/TSV the header only (no rows, all
     ``string``); JSON the first :data:`PEEK_JSON_ROWS` records (a JSON array is read whole,
-    JSON lines up to about :data:`PEEK_BYTES`). Errors as the readers'."""
+    JSON lines up to about :data:`PEEK_BYTES`), ``objects_as_text`` as :func:`read_json`.
+    Errors as the readers'."""
     where = display_path(fs, path)
     if fmt in DELIMITERS:
         data = _read_bytes(fs, path, limit=PEEK_BYTES)
@@ -63,7 +70,7 @@ def peek_text(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str)
     data = _read_bytes(fs, path, limit=None if fmt == "json" else PEEK_BYTES)
     text = _decode(data, encoding, where)
     records, lines = _json_records(text, fmt, where, max_rows=PEEK_JSON_ROWS)
-    return _records_to_table(records, lines, where)
+    return _records_to_table(records, lines, where, objects_as_text)
 
 
 # ----- bytes and text
@@ -306,7 +313,9 @@ def _json_array(text: str, where: str, max_rows: int | None) -> tuple[list[dict]
     return values, [0] * len(values)
 
 
-def _records_to_table(records: list[dict], lines: list[int], where: str) -> pa.Table:
+def _records_to_table(
+    records: list[dict], lines: list[int], where: str, objects_as_text: frozenset[str] = frozenset()
+) -> pa.Table:
     names: dict[str, None] = {}
     for record in records:
         for key in record:
@@ -316,7 +325,7 @@ def _records_to_table(records: list[dict], lines: list[int], where: str) -> pa.T
     flagged: list[list[str] | None] = [None] * len(records)
     for name in names:
         values = [record.get(name) for record in records]
-        array, marks = _json_column(values)
+        array, marks = _json_column(values, objects_as_text=name in objects_as_text)
         if array is None:
             _raise_bad_unicode(values, name, lines, where)
         columns[name] = array
@@ -331,11 +340,13 @@ def _records_to_table(records: list[dict], lines: list[int], where: str) -> pa.T
     return table
 
 
-def _json_column(values: list[Any]) -> tuple[pa.Array | None, list[int]]:
+def _json_column(
+    values: list[Any], objects_as_text: bool = False
+) -> tuple[pa.Array | None, list[int]]:
     """Arrow array for one JSON column and the rows stored as JSON text (see the module notes of
-    :mod:`ragbatch.io.read`)."""
+    :mod:`ragbatch.io.read`); with ``objects_as_text``, objects are stored as JSON text too."""
     kinds = {_json_kind(v) for v in values if v is not None}
-    if len(kinds) <= 1:
+    if len(kinds) <= 1 and not (objects_as_text and "object" in kinds):
         try:
             return pa.array(values), []
         except (pa.ArrowException, TypeError, ValueError, OverflowError, UnicodeError):
@@ -368,14 +379,25 @@ def _raise_bad_unicode(values: list[Any], name: str, lines: list[int], where: st
     raise InputError(f"{where}: column {name!r} cannot be converted to Arrow")
 
 
-def read_json(fs: fsspec.AbstractFileSystem, path: str, fmt: str, encoding: str) -> pa.Table:
+def read_json(
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    fmt: str,
+    encoding: str,
+    objects_as_text: frozenset[str] = frozenset(),
+) -> pa.Table:
     """A JSON lines (``fmt="jsonl"``) or JSON file (``"json"``: an array of objects, or one
     object per line) as a table; mixed-kind columns as in the module notes of
     :mod:`ragbatch.io.read`, with :data:`NONSTRING_COLUMN` when needed.
+
+    The columns named in ``objects_as_text`` keep object values as JSON text (marked as
+    mixed-kind values are): a column of objects with different keys per row would
+    otherwise become a struct with a field for every key of the file in every row (the
+    ``relevance`` grades of :func:`ragbatch.io.read.objects_as_text`).
 
     Raises ``InputError`` naming the line (or array element) that is not a JSON object.
     """
     where = display_path(fs, path)
     text = _decode(_read_bytes(fs, path), encoding, where)
     records, lines = _json_records(text, fmt, where)
-    return _records_to_table(records, lines, where)
+    return _records_to_table(records, lines, where, objects_as_text)
