@@ -32,3 +32,22 @@ def test_integer_choice_scores_are_still_numbers():
         "rubric on contexts, answer; choices supported=1, unsupported=0; without reasons; "
         "score verdict"
     ]
+
+
+SCALE = {"criteria": "The answer uses the contexts.", "scale": {"min": 1, "max": 5}}
+
+
+@pytest.mark.parametrize(
+    "contexts,fix",
+    [
+        ("Apollo 11 landed in 1969.", "give a list of texts"),
+        ([], "give at least one text"),
+    ],
+)
+def test_an_example_gives_its_contexts_as_a_list_of_texts(contexts, fix):
+    # a row with no contexts never reaches the judge (missing_input), and a bare string
+    # would be shown unnumbered, unlike every row's contexts
+    example = {"inputs": {"contexts": contexts, "answer": "1969"}, "score": 5, "reason": "r"}
+    params = {**SCALE, "inputs": ["contexts", "answer"], "examples": [example]}
+    with pytest.raises(ConfigError, match=rf"params.examples\[0\].inputs.contexts: {fix}"):
+        Rubric.from_params(params)

@@ -202,6 +202,15 @@ def _example_problems(params: RubricParams) -> list[tuple[str, str]]:
             texts = value if isinstance(value, list) else [value]
             if column != CONTEXTS and isinstance(value, list):
                 problems.append((f"{where}.inputs.{column}", "give one text, not a list"))
+            elif column == CONTEXTS and not isinstance(value, list):
+                problems.append((f"{where}.inputs.contexts", "give a list of texts, e.g. [...]"))
+            elif column == CONTEXTS and not value:
+                problems.append(
+                    (
+                        f"{where}.inputs.contexts",
+                        "give at least one text (a row without contexts is never judged)",
+                    )
+                )
             for text in texts:
                 if len(text) > EXAMPLE_TEXT_MAX_CHARS or control_characters(text):
                     problems.append(
