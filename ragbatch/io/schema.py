@@ -788,10 +788,12 @@ Preview = Callable[[Any], str]
 def _parse_one(text: str, cfg: InputSection, preview: Preview) -> Row:
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: also integers of > 4300 digits
         if cfg.contexts_format == "auto":
             return [text], None
         reason = getattr(exc, "msg", "too deeply nested")
+        if not isinstance(exc, (json.JSONDecodeError, RecursionError)):
+            reason = "an integer of more than 4300 digits, which Python does not read"
         return None, f"contexts: not valid JSON ({reason}): {preview(text)}"
     if isinstance(value, list):
         return _items(value, cfg, preview)
