@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+import s3fs
 import yaml
 
 from ragbatch.cli import main
@@ -13,6 +15,15 @@ from ragbatch.core.redact import redact_text
 from ragbatch.io.fs import describe_storage_error
 
 KEY, SECRET = "AKIAHOSTILE0000001", "hostileSecretValue0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_s3_filesystems():
+    """Leave no S3 filesystem cached with this module's endpoint and no credentials
+    (fsspec keeps instances by their options, and a later test on the same endpoint
+    would get this one)."""
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_a_storage_error_quoting_the_bucket_leaves_out_the_uri_userinfo():

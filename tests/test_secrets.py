@@ -631,6 +631,10 @@ def test_no_secret_reaches_any_output(
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    # As in a process started with these credentials: an S3 filesystem another test
+    # cached for the same endpoint (fsspec keeps instances by their options) resolved
+    # its credentials when it was made, without these.
+    s3fs.S3FileSystem.clear_instance_cache()
     # every record at the level the CLI logs at, and ragbatch's own debug records too
     # (botocore's debug records carry the signed request headers, as designed)
     caplog.set_level(logging.INFO)
