@@ -26,9 +26,6 @@ from typing import Any
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.stages import StageKind
 
-#: Values of ``run.executor``.
-EXECUTORS = ("auto", "ray", "in_process")
-
 
 def _ray_started() -> bool:
     """Whether this process already joined or started Ray (tests, notebooks, a driver
@@ -121,9 +118,7 @@ def execute_in_process(
         for stage in plan.stages:
             table = expression_stage(table, metrics=stage.metrics)
         scores = to_long(table, metric_ids=plan.metric_ids, slices=plan.slice_names)
-        for part, start in enumerate(range(0, max(scores.num_rows, 1), ROWS_PER_FILE)):
-            if scores.num_rows == 0:
-                break
+        for part, start in enumerate(range(0, scores.num_rows, ROWS_PER_FILE)):
             name = f"{scores_dir}/{token}-{index:06d}-{part:03d}.parquet"
             _write_whole(layout, name, scores.slice(start, ROWS_PER_FILE))
     return Executed(n_rows, JudgeLedger().totals(), {}, {})
