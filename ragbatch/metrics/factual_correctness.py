@@ -54,12 +54,8 @@ statement, in the same order, each with a one-sentence reason.
 
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
 
-#: The ``instructions_first`` layout's ask of the two verdict steps.
-VERDICTS_ASK = """\
-Statements:
-{statements}
-
-Items in the reply: {n}."""
+#: The ``instructions_first`` layout's ask of the two verdict steps: faithfulness's own.
+VERDICTS_ASK = faithfulness.VERDICTS_ASK
 
 ANSWER_VERDICTS = StepPrompt(
     "factual_correctness/answer verdicts",
