@@ -97,6 +97,50 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     assert verify_run(layout, [d], ["m1", "m2"], 4).counts == {"m1": {"ok": 4}, "m2": {"ok": 4}}
 
 
+@pytest.mark.parametrize("per_bucket", [10**9, 7])
+def test_row_ids_checked_on_one_metric_when_every_metric_holds_the_same(
+    layout, tmp_path, monkeypatch, per_bucket
+):
+    # When every metric has n_rows cells with equal row-id fingerprints, only the first
+    # metric's row ids are grouped (checked here by recording what _bucketed_keys is
+    # given); a run where they differ, or where the first metric's row ids repeat, is
+    # checked cell by cell, so the message is the one the full check gives.
+    monkeypatch.setattr(write, "CELLS_PER_BUCKET", per_bucket)
+    seen: list[str] = []
+    real = write._bucketed_keys
+
+    def recording(con, relation, n_cells):
+        seen.append(relation)
+        return real(con, relation, n_cells)
+
+    monkeypatch.setattr(write, "_bucketed_keys", recording)
+    ids = ["", "日本", "e\u0301", "🙂"] + [f"r{i}" for i in range(36)]
+    good = _cells(tmp_path / "g.parquet", ids * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
+    assert verify_run(layout, [good], ["m1", "m2", "m3"], 40).n_cells == 120
+    assert seen == ["(SELECT row_id, metric FROM s WHERE metric = 'm1')"]
+    # the same row id twice in the input: every metric holds it twice, fingerprints agree
+    seen.clear()
+    twice = ids[:39] + ["r5"]
+    dup = _cells(tmp_path / "d.parquet", twice * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
+    with pytest.raises(ConservationError) as err:
+        verify_run(layout, [dup], ["m1", "m2", "m3"], 40)
+    assert seen == ["(SELECT row_id, metric FROM s WHERE metric = 'm1')", "s"]
+    assert (
+        "3 (row_id, metric) pairs appear more than once, e.g. ('r5', 'm1') x2, "
+        "('r5', 'm2') x2, ('r5', 'm3') x2" in str(err.value)
+    )
+    # m3 swaps one row id for another: the counts agree, the fingerprints do not
+    seen.clear()
+    swapped = _cells(
+        tmp_path / "s.parquet",
+        ids * 2 + ids[:39] + ["r99"],
+        ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40,
+    )
+    with pytest.raises(ConservationError, match="41 distinct row ids in the scores, expected 40"):
+        verify_run(layout, [swapped], ["m1", "m2", "m3"], 40)
+    assert seen == ["s"]
+
+
 def test_check_spills_and_still_counts(layout, tmp_path, monkeypatch):
     # 200,000 rows x 2 metrics under a 64 MB cap: the counts must still be exact, and
     # the spill folder must be gone once the connection is closed.

@@ -160,3 +160,80 @@ def test_a_fresh_run_of_expression_metrics_runs_without_ray(tmp_path):
         for (r, m), (score, status) in EXPECTED.items()
     )
     assert got == want
+
+
+def _corrupt_first_column(path: Path) -> None:
+    """Overwrite the compressed pages of the file's first column with 0xff, keeping the
+    footer: the plan reads the file's schema and row count as usual, and decoding the
+    column fails when the task reads it (a real fault, not a stand-in)."""
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start + 20 : start + chunk.total_compressed_size - 5] = b"\xff" * (
+        chunk.total_compressed_size - 25
+    )
+    path.write_bytes(bytes(data))
+
+
+def _many_files(tmp_path: Path, n_files: int) -> JobConfig:
+    """``n_files`` input files of 3 rows each (one read task per file): file k, row i
+    answers ``"x" * (k + i)`` (empty for k + i = 0), so response_length (1-5 characters)
+    is 1 exactly when 1 <= k + i <= 5, and contains_text "数据" hits row 2 of every file."""
+    src = tmp_path / "many"
+    src.mkdir()
+    for k in range(n_files):
+        pq.write_table(
+            pa.table(
+                {
+                    "q": [f"q{k}-{i}" for i in range(3)],
+                    "a": ["x" * (k + i) if i < 2 else "数据" + "x" * k for i in range(3)],
+                    "pad": ["padding " * 20] * 3,
+                }
+            ),
+            src / f"f{k:02d}.parquet",
+            compression="snappy",
+        )
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "many", "executor": "in_process"},
+            "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [
+                {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
+                {"name": "contains_text", "id": "cjk", "params": {"text": ["数据"]}},
+            ],
+        }
+    )
+
+
+def test_read_tasks_in_flight_together_write_every_row_once(tmp_path):
+    # 7 files, read two at a time on two threads: every row scored once, by hand.
+    from ragbatch.pipeline.runner import run_job
+
+    result = run_job(_many_files(tmp_path, 7), run_id="many")
+    assert result.manifest.ray["executor"] == "in_process"
+    got = duckdb.sql(
+        f"SELECT row_id, metric, score FROM read_parquet("
+        f"'{tmp_path}/out/scores/**/*.parquet', hive_partitioning=true) ORDER BY ALL"
+    ).fetchall()
+    want = []
+    for k in range(7):
+        for i in range(3):
+            length = k + i if i < 2 else 2 + k
+            row = f"f{k:02d}.parquet:{i}"
+            want.append((row, "cjk", float(i == 2)))
+            want.append((row, "response_length", float(1 <= length <= 5)))
+    assert got == sorted(want)
+
+
+def test_a_task_that_fails_stops_the_run_and_names_its_file(tmp_path):
+    # File 3 of 7 has corrupt pages behind a sound footer: the run fails with the
+    # reader's error naming that file, and nothing is committed.
+    from ragbatch.core.errors import InputError
+    from ragbatch.pipeline.runner import run_job
+
+    config = _many_files(tmp_path, 7)
+    _corrupt_first_column(tmp_path / "many" / "f03.parquet")
+    with pytest.raises(InputError, match="f03.parquet"):
+        run_job(config, run_id="broken")
+    assert not list((tmp_path / "out").glob("runs/*/run_id=broken/manifest.json"))

@@ -12,7 +12,9 @@ from ragbatch.analysis import intervals
 from ragbatch.analysis.intervals import (
     N_RESAMPLES,
     SEED,
+    MeanCIStream,
     bootstrap_mean_ci,
+    mean_ci,
     paired_bootstrap_diff_ci,
     wilson_interval,
 )
@@ -308,3 +310,38 @@ def test_mean_ci_large_sample_paths_cover_at_nominal_rate(kind):
             assert method == intervals.NORMAL
         covered += low <= truth <= high
     assert 0.91 <= covered / 300 <= 0.98
+
+
+@pytest.mark.parametrize(
+    "values, counts, thresholds",
+    [
+        # 7 values, max_distinct 2: index bootstrap over the rebuilt values
+        ([0.0, 0.5, 1.0], [2, 4, 1], {"max_resample_n": 50, "max_distinct": 2}),
+        # 300 values on 3 distinct: multinomial
+        ([0.0, 0.5, 1.0], [100, 150, 50], {"max_resample_n": 50, "max_distinct": 4}),
+        # 80 values on 20 distinct, above both thresholds: normal (uses the m2)
+        (list(np.linspace(-1.0, 2.0, 20)), [4] * 20, {"max_resample_n": 50, "max_distinct": 8}),
+    ],
+)
+def test_stream_add_counts_is_add_of_the_repeated_values(values, counts, thresholds):
+    # One call (as the run summary makes per group) must give mean_ci of the repeated
+    # values, worked out by mean_ci itself over numpy.repeat; counts given in two uneven
+    # parts must still combine to the same count, mean and sum of squared deviations.
+    values, counts = np.array(values), np.array(counts, dtype=np.int64)
+    repeated = np.repeat(values, counts)
+    stream = MeanCIStream(**thresholds)
+    stream.add_counts(values, counts)
+    expected = mean_ci(repeated, n_resamples=400, **thresholds)
+    got = stream.result(n_resamples=400)
+    assert got[3] == expected[3]
+    assert got[:3] == pytest.approx(expected[:3], rel=1e-12, abs=1e-12)
+    first = counts // 3
+    split = MeanCIStream(**thresholds)
+    split.add_counts(values, first)
+    split.add_counts(values[counts > first], (counts - first)[counts > first])
+    m2 = float(((repeated - repeated.mean()) ** 2).sum())
+    assert (split.n, split.mean, split.m2) == (
+        repeated.size,
+        pytest.approx(repeated.mean(), rel=1e-12),
+        pytest.approx(m2, rel=1e-12),
+    )

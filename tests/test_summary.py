@@ -409,3 +409,99 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
         else:
             assert (row["mean"], row["mean_ci_low"]) == (pytest.approx(mean), pytest.approx(low))
     assert {("x", "bootstrap"), ("y", "bootstrap"), ("z", "normal")} <= methods
+
+
+@pytest.mark.parametrize("max_group_rows", [1 << 16, 1])
+def test_counted_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatch, max_group_rows):
+    # A metric of few distinct scores (5 values, max_distinct 8) takes the counted path:
+    # DuckDB counts each score per group and no score leaves it. Every row must still be
+    # mean_ci of its group's sorted scores, with counts by status and pass worked out
+    # here with numpy: over three slice columns (one with a null value, one with values
+    # pooled into 'other'), whether the slice columns are counted in one grouping or,
+    # with max_group_rows 1, one at a time. 12 error cells and a second metric sit beside.
+    import ragbatch.analysis.summary as summary_module
+    from ragbatch.analysis.intervals import mean_ci
+
+    monkeypatch.setattr(summary_module, "MAX_GROUP_ROWS", max_group_rows)
+
+    def no_sorted_stream(*args, **kwargs):
+        raise AssertionError("a metric of 5 distinct scores must take the counted path")
+
+    monkeypatch.setattr(summary_module, "_ok_streams", no_sorted_stream)
+    rng = np.random.default_rng(29)
+    n = 912
+    score = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], n)
+    status = np.array(["ok"] * n, dtype=object)
+    status[rng.choice(n, 12, replace=False)] = "error"
+    team = rng.choice(
+        np.array(["红", "blue", "e\u0301", "🙂"], dtype=object), n, p=[0.5, 0.3, 0.15, 0.05]
+    )
+    tier = np.where(np.arange(n) % 150 == 0, None, np.where(np.arange(n) % 2 == 0, "gold", "free"))
+    shard = (np.arange(n) % 4).astype(np.int64)
+    ok = status == "ok"
+    table = pa.table(
+        {
+            "metric": ["m"] * n + ["other"] * 3,
+            "status": list(status) + ["ok"] * 3,
+            "score": pa.array([s if k else None for s, k in zip(score, ok)] + [0.1, 0.2, 0.3]),
+            "team": list(team) + ["红"] * 3,
+            "tier": list(tier) + ["gold"] * 3,
+            "shard": list(shard) + [0] * 3,
+        }
+    )
+    settings = SummarySettings(
+        max_resample_n=50, max_distinct=8, n_resamples=300, max_slice_values=2
+    )
+    rows = summarize_view(
+        _view(tmp_path, table),
+        [MetricInfo("m", "exact_match", True), MetricInfo("other", "semantic_similarity", False)],
+        ["team", "tier", "shard"],
+        settings,
+    ).table.to_pylist()
+    rows = [r for r in rows if r["metric"] == "m"]
+    # the two most frequent values of each column get rows; 'team' pools 'e\u0301' and 🙂,
+    # 'shard' pools two of its four values (equal counts: the smaller text first)
+    all_teams = np.concatenate([team, ["红"] * 3])
+    assert [r["slice_value"] for r in rows if r["slice_column"] == "team"] == ["红", "blue", None]
+    masks = {(None, None, None): np.ones(n, bool)}
+    masks[("team", "红", False)] = team == "红"
+    masks[("team", "blue", False)] = team == "blue"
+    masks[("team", None, True)] = ~np.isin(team, ["红", "blue"])
+    masks[("tier", "free", False)] = tier == "free"
+    masks[("tier", "gold", False)] = tier == "gold"
+    masks[("tier", None, True)] = np.array([t is None for t in tier])
+    for value in ("0", "1"):
+        masks[("shard", value, False)] = shard == int(value)
+    masks[("shard", None, True)] = shard >= 2
+    assert len(all_teams) == n + 3
+    assert sorted(
+        ((r["slice_column"], r["slice_value"], r["slice_other"]) for r in rows),
+        key=str,
+    ) == sorted(masks, key=str)
+    small = set()
+    for row in rows:
+        mask = masks[(row["slice_column"], row["slice_value"], row["slice_other"])]
+        if (mask & ok).sum() <= 8:  # index bootstrap over the values rebuilt from counts
+            small.add(row["slice_column"])
+        values = np.sort(score[mask & ok])
+        assert (row["n_total"], row["n_ok"], row["n_error"]) == (
+            int(mask.sum()),
+            int((mask & ok).sum()),
+            int((mask & ~ok).sum()),
+        )
+        assert row["pass_rate"] == pytest.approx(float((values == 1.0).mean()))
+        mean, low, high, method = mean_ci(
+            values,
+            confidence=settings.confidence,
+            n_resamples=300,
+            seed=settings.seed,
+            max_resample_n=50,
+            max_distinct=8,
+        )
+        assert row["mean_ci_method"] == method == "bootstrap"
+        assert (row["mean"], row["mean_ci_low"], row["mean_ci_high"]) == (
+            pytest.approx(mean, rel=1e-12),
+            pytest.approx(low, abs=1e-12),
+            pytest.approx(high, abs=1e-12),
+        )
+    assert small == {"tier"}

@@ -247,6 +247,38 @@ class MeanCIStream:
         if self._values is not None:
             self._values = self._values + [chunk] if total <= self.max_resample_n else None
 
+    def add_counts(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """Add ``counts[i]`` copies of each ``values[i]``: the same as :meth:`add` of
+        ``numpy.repeat(values, counts)``, up to rounding in the mean and the sum of squared
+        deviations, without building that array.
+
+        ``values`` is a one-dimensional float64 array of finite, distinct values in
+        ascending order; ``counts`` the positive integer count of each.
+        """
+        k = int(counts.sum())
+        if k == 0:
+            return
+        weights: np.ndarray = counts.astype(np.float64)
+        chunk_mean = float(weights @ values) / k
+        chunk_m2 = float(weights @ ((values - chunk_mean) ** 2))
+        total = self.n + k
+        if self.n == 0:
+            self.mean, self.m2 = chunk_mean, chunk_m2
+        else:
+            delta = chunk_mean - self.mean
+            self.mean += delta * k / total
+            self.m2 += chunk_m2 + delta * delta * self.n * k / total
+        self.n = total
+        if self._counts is not None:
+            for value, count in zip(values.tolist(), counts.tolist()):
+                self._counts[value] = self._counts.get(value, 0) + int(count)
+            if len(self._counts) > self.max_distinct:
+                self._counts = None
+        if self._values is not None:
+            self._values = (
+                self._values + [np.repeat(values, counts)] if total <= self.max_resample_n else None
+            )
+
     def result(
         self, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = SEED
     ) -> tuple[float | None, float | None, float | None, str | None]:

@@ -167,6 +167,10 @@ def verify_run(
     appears twice, every row id appears for every metric, statuses are from the
     vocabulary, and ``score`` is non-null exactly when ``status == 'ok'``.
 
+    The files are scanned once for the counts and a fingerprint of each metric's row ids;
+    when the fingerprints agree, only one metric's row ids are grouped to find repeats
+    (:func:`_same_row_ids`), otherwise every cell's are.
+
     Raises
     ------
     ConservationError
@@ -183,11 +187,12 @@ def verify_run(
             "CREATE VIEW s AS SELECT NULL::VARCHAR row_id, NULL::VARCHAR metric, "
             "NULL::DOUBLE score, NULL::VARCHAR status, NULL::VARCHAR model WHERE false"
         )
-    # One scan for every per-(metric, status, model) figure; the row-id checks scan again.
+    # One scan for every per-(metric, status, model) figure and the row-id fingerprints
+    # of :func:`_same_row_ids`; the row-id checks scan one metric again.
     con.execute(
         f"CREATE TEMP TABLE agg AS SELECT metric, status, model, count(*) AS n, "
-        f"count(*) FILTER (WHERE (status = '{OK}') <> (score IS NOT NULL)) AS mismatch "
-        f"FROM s GROUP BY ALL"
+        f"count(*) FILTER (WHERE (status = '{OK}') <> (score IS NOT NULL)) AS mismatch, "
+        f"count(row_id) AS n_ids, {_FINGERPRINT} FROM s GROUP BY ALL"
     )
     problems = _conservation_problems(con, metric_ids, n_rows)
     if problems:
@@ -212,7 +217,7 @@ def _conservation_problems(
             problems.append(f"metric {mid!r}: {got} cells, expected {n_rows}")
     for extra, got in per_metric.items():
         problems.append(f"metric {extra!r} is not in the config but has {got} cells")
-    dups, n_distinct = _key_checks(con, n_cells)
+    dups, n_distinct = _key_checks(con, n_cells, _same_row_ids(con, metric_ids, n_rows))
     if dups:
         n_dup, examples = dups
         problems.append(
@@ -233,14 +238,53 @@ def _conservation_problems(
     return problems
 
 
+#: Two sums of 64-bit hashes of the row ids (as HUGEINT, so they cannot overflow), under
+#: two different seeds: a fingerprint of a metric's multiset of row ids.
+_FINGERPRINT = (
+    "sum(hash(row_id)::HUGEINT) AS h1, sum(hash(row_id, 'ragbatch-row-id')::HUGEINT) AS h2"
+)
+
+
+def _same_row_ids(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows: int) -> str | None:
+    """The metric whose row ids alone need the exact checks, or None when every cell must.
+
+    When every metric of the config has exactly ``n_rows`` cells, none with a null row
+    id, no other metric has cells, and the metrics' row-id fingerprints (count and two
+    hash sums, from table ``agg``) are all equal, the metrics hold the same multiset of
+    row ids, except with a probability of about 2**-128 (the two sums of an unequal
+    multiset would have to agree by chance). Then the row ids of one metric being
+    distinct means that no (row_id, metric) pair repeats and that there are as many
+    distinct row ids as that metric has cells: :func:`_key_checks` checks that metric's
+    ``n_rows`` cells instead of all ``n_rows x len(metric_ids)``. Anything else is
+    checked, and reported, cell by cell.
+    """
+    rows = con.execute(
+        "SELECT metric, sum(n), sum(n_ids), sum(h1), sum(h2) FROM agg GROUP BY metric"
+    ).fetchall()
+    if not metric_ids or sorted(r[0] for r in rows) != sorted(metric_ids):
+        return None
+    if {(r[1], r[2]) for r in rows} != {(n_rows, n_rows)}:
+        return None
+    if len({(r[3], r[4]) for r in rows}) != 1:
+        return None
+    return metric_ids[0]
+
+
 #: Cells per hash bucket of the row-id checks: about 0.14 GiB of DuckDB memory per
 #: million cells (measured over 80 million cells with 40-character row ids).
 CELLS_PER_BUCKET = 2_000_000
 
 
-def _key_checks(con: duckdb.DuckDBPyConnection, n_cells: int) -> tuple[tuple[int, str] | None, int]:
+def _key_checks(
+    con: duckdb.DuckDBPyConnection, n_cells: int, only: str | None = None
+) -> tuple[tuple[int, str] | None, int]:
     """Duplicate (row_id, metric) pairs (their number and up to five examples, or None)
     and the number of distinct row ids, in memory that does not grow with the run.
+
+    With ``only`` (a metric id, from :func:`_same_row_ids`), only that metric's cells are
+    checked: every metric holds the same row ids, so its figures are the run's. Should
+    they show a duplicate after all, every cell is checked, so the message counts them
+    all.
 
     Up to :data:`CELLS_PER_BUCKET` cells this is one grouping over view ``s``. Above,
     the cells' ``row_id`` and ``metric`` are first written once, partitioned by a hash
@@ -250,15 +294,29 @@ def _key_checks(con: duckdb.DuckDBPyConnection, n_cells: int) -> tuple[tuple[int
     grouping of all cells needs about 1 GiB per 8 million cells, and DuckDB did not
     reliably spill it under a memory limit.)
     """
+    if only is not None:
+        n_metrics = max(1, con.execute("SELECT count(DISTINCT metric) FROM agg").fetchone()[0])
+        view = f"(SELECT row_id, metric FROM s WHERE metric = {_literal(only)})"
+        dups, n_distinct = _bucketed_keys(con, view, n_cells // n_metrics)
+        if dups is None:
+            return None, n_distinct
+    return _bucketed_keys(con, "s", n_cells)
+
+
+def _bucketed_keys(
+    con: duckdb.DuckDBPyConnection, relation: str, n_cells: int
+) -> tuple[tuple[int, str] | None, int]:
+    """:func:`_key_checks` over ``relation`` (a view or subquery with ``row_id`` and
+    ``metric``) of ``n_cells`` cells."""
     buckets = max(1, math.ceil(n_cells / CELLS_PER_BUCKET))
     n_dup, examples, n_distinct = 0, [], 0
     folder = tempfile.mkdtemp(prefix="ragbatch-check-") if buckets > 1 else None
     try:
-        sources = ["s"]
+        sources = [relation]
         if folder is not None:
             con.execute(
                 f"COPY (SELECT coalesce(hash(row_id) % {buckets}, 0) AS b, row_id, metric "
-                f"FROM s) TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))"
+                f"FROM {relation}) TO {_literal(folder)} (FORMAT parquet, PARTITION_BY (b))"
             )
             sources = [
                 f"read_parquet({_literal(os.path.join(folder, part, '*.parquet'))})"
@@ -273,8 +331,9 @@ def _key_checks(con: duckdb.DuckDBPyConnection, n_cells: int) -> tuple[tuple[int
             shutil.rmtree(ensure_under(tempfile.gettempdir(), folder), ignore_errors=True)
     if not n_dup:
         return None, n_distinct
-    # As DuckDB orders them in one grouping: most repeated first, then by row id, nulls last.
-    examples.sort(key=lambda e: (-e[2], e[0] is None, e[0] or ""))
+    # As DuckDB orders them in one grouping: most repeated first, then by row id (nulls
+    # last) and metric.
+    examples.sort(key=lambda e: (-e[2], e[0] is None, e[0] or "", e[1] or ""))
     return (n_dup, _examples(examples[:5])), n_distinct
 
 
@@ -295,7 +354,7 @@ def _bucket_keys(
     n_dup = con.execute("SELECT count(*) FROM pairs WHERE c > 1").fetchone()[0]
     examples = (
         con.execute(
-            "SELECT row_id, metric, c FROM pairs WHERE c > 1 ORDER BY c DESC, row_id LIMIT 5"
+            "SELECT row_id, metric, c FROM pairs WHERE c > 1 ORDER BY c DESC, row_id, metric LIMIT 5"
         ).fetchall()
         if n_dup
         else []
