@@ -88,6 +88,8 @@ def test_missing_local_judge_model_is_reported_before_running(tmp_path):
             [{"name": "faithfulness", "engine": "judge"}],
         )
     assert "engines.judge.model" in str(err.value) and "does not exist" in str(err.value)
+    # and where a model folder comes from
+    assert "`ragbatch models build smollm2 --out models/smollm2`" in str(err.value)
     # a served model name is not a path
     plan = _plan(
         {"judge": {"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "judge"}},
