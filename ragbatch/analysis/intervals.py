@@ -226,26 +226,11 @@ class MeanCIStream:
         if k == 0:
             return
         chunk_mean = float(chunk.mean())
-        chunk_m2 = float(((chunk - chunk_mean) ** 2).sum())
-        total = self.n + k
-        if self.n == 0:
-            self.mean, self.m2 = chunk_mean, chunk_m2
-        else:
-            delta = chunk_mean - self.mean
-            self.mean += delta * k / total
-            self.m2 += chunk_m2 + delta * delta * self.n * k / total
-        self.n = total
+        self._add_moments(k, chunk_mean, float(((chunk - chunk_mean) ** 2).sum()))
         if self._counts is not None:
-            values, counts = np.unique(chunk, return_counts=True)
-            if values.size > self.max_distinct:
-                self._counts = None
-            else:
-                for value, count in zip(values.tolist(), counts.tolist()):
-                    self._counts[value] = self._counts.get(value, 0) + count
-                if len(self._counts) > self.max_distinct:
-                    self._counts = None
+            self._add_distinct(*np.unique(chunk, return_counts=True))
         if self._values is not None:
-            self._values = self._values + [chunk] if total <= self.max_resample_n else None
+            self._values = self._values + [chunk] if self.n <= self.max_resample_n else None
 
     def add_counts(self, values: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts[i]`` copies of each ``values[i]``: the same as :meth:`add` of
@@ -260,7 +245,16 @@ class MeanCIStream:
             return
         weights: np.ndarray = counts.astype(np.float64)
         chunk_mean = float(weights @ values) / k
-        chunk_m2 = float(weights @ ((values - chunk_mean) ** 2))
+        self._add_moments(k, chunk_mean, float(weights @ ((values - chunk_mean) ** 2)))
+        if self._counts is not None:
+            self._add_distinct(values, counts)
+        if self._values is not None:
+            keep = self.n <= self.max_resample_n
+            self._values = self._values + [np.repeat(values, counts)] if keep else None
+
+    def _add_moments(self, k: int, chunk_mean: float, chunk_m2: float) -> None:
+        """Combine a chunk's count, mean and sum of squared deviations into the stream's
+        (Chan, Golub & LeVeque 1979)."""
         total = self.n + k
         if self.n == 0:
             self.mean, self.m2 = chunk_mean, chunk_m2
@@ -269,15 +263,17 @@ class MeanCIStream:
             self.mean += delta * k / total
             self.m2 += chunk_m2 + delta * delta * self.n * k / total
         self.n = total
-        if self._counts is not None:
-            for value, count in zip(values.tolist(), counts.tolist()):
-                self._counts[value] = self._counts.get(value, 0) + int(count)
-            if len(self._counts) > self.max_distinct:
-                self._counts = None
-        if self._values is not None:
-            self._values = (
-                self._values + [np.repeat(values, counts)] if total <= self.max_resample_n else None
-            )
+
+    def _add_distinct(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """Add a chunk's distinct values and their counts, or stop counting them once
+        there are more than ``max_distinct``."""
+        if self._counts is None or values.size > self.max_distinct:
+            self._counts = None
+            return
+        for value, count in zip(values.tolist(), counts.tolist()):
+            self._counts[value] = self._counts.get(value, 0) + int(count)
+        if len(self._counts) > self.max_distinct:
+            self._counts = None
 
     def result(
         self, *, confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES, seed: int = SEED
