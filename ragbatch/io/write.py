@@ -261,7 +261,7 @@ def _same_row_ids(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows:
     rows = con.execute(
         "SELECT metric, sum(n), sum(n_ids), sum(h1), sum(h2) FROM agg GROUP BY metric"
     ).fetchall()
-    if not metric_ids or sorted(r[0] for r in rows) != sorted(metric_ids):
+    if not metric_ids or len(rows) != len(metric_ids) or {r[0] for r in rows} != set(metric_ids):
         return None
     if {(r[1], r[2]) for r in rows} != {(n_rows, n_rows)}:
         return None
