@@ -238,10 +238,15 @@ def _conservation_problems(
     return problems
 
 
-#: Two sums of 64-bit hashes of the row ids (as HUGEINT, so they cannot overflow), under
-#: two different seeds: a fingerprint of a metric's multiset of row ids.
+#: Two sums of 64-bit hashes of the row ids (as HUGEINT, so they cannot overflow): a
+#: fingerprint of a metric's multiset of row ids. The second hashes the row id behind a
+#: fixed prefix, so that it is not a function of the first: DuckDB's ``hash(row_id, seed)``
+#: only remixes ``hash(row_id)``, and two row ids of equal ``hash`` are easy to write
+#: (DuckDB hashes a string 8 bytes at a time, each block XORed into the state and
+#: multiplied, so a second block can cancel a difference in the first). Equal sums under
+#: both then need row ids written against both hashes at once, not just one collision.
 _FINGERPRINT = (
-    "sum(hash(row_id)::HUGEINT) AS h1, sum(hash(row_id, 'ragbatch-row-id')::HUGEINT) AS h2"
+    "sum(hash(row_id)::HUGEINT) AS h1, sum(hash('ragbatch-row-id:' || row_id)::HUGEINT) AS h2"
 )
 
 
@@ -252,7 +257,8 @@ def _same_row_ids(con: duckdb.DuckDBPyConnection, metric_ids: list[str], n_rows:
     id, no other metric has cells, and the metrics' row-id fingerprints (count and two
     hash sums, from table ``agg``) are all equal, the metrics hold the same multiset of
     row ids, except with a probability of about 2**-128 (the two sums of an unequal
-    multiset would have to agree by chance). Then the row ids of one metric being
+    multiset would have to agree by chance; :data:`_FINGERPRINT` is no defence against
+    row ids crafted to collide under both hashes). Then the row ids of one metric being
     distinct means that no (row_id, metric) pair repeats and that there are as many
     distinct row ids as that metric has cells: :func:`_key_checks` checks that metric's
     ``n_rows`` cells instead of all ``n_rows x len(metric_ids)``. Anything else is
