@@ -10,6 +10,8 @@ out here (by hand or with numpy over the cells) rather than taken from the code.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.config.job import OutputSection
+from ragbatch.config.job import JobConfig, OutputSection
 from ragbatch.core.errors import ConservationError
 from ragbatch.io.write import OutputLayout, verify_run
 
@@ -134,3 +136,99 @@ def test_degenerate_runs_empty_unscored_metric_and_files_read_twice(layout, tmp_
         "('a', 'm2') x2, ('b', 'm1') x2, ('b', 'm2') x2; if input.columns maps row_id, "
         "that input column has duplicate values",
     ]
+
+
+# ------------------------------------------------------------------ in-process executor
+
+
+def _files_config(tmp_path: Path, n_files: int) -> JobConfig:
+    """``n_files`` input files of 3 rows (one read task each): file k, row i answers
+    ``"x" * (k + i)``, so response_length (1 to 5 characters) passes when 1 <= k + i <= 5."""
+    src = tmp_path / "in"
+    src.mkdir(parents=True)
+    for k in range(n_files):
+        pq.write_table(
+            pa.table(
+                {"q": [f"q{k}-{i}" for i in range(3)], "a": ["x" * (k + i) for i in range(3)]}
+            ),
+            src / f"f{k:02d}.parquet",
+        )
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "hostile", "executor": "in_process"},
+            "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [{"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}}],
+        }
+    )
+
+
+def _read_failing(monkeypatch, failing: str, hold: str | None = None) -> list[str]:
+    """Make the read of the file named ``failing`` raise; the read of ``hold`` waits
+    until then (and a little longer, so the failure is recorded first). Returns the
+    names of the files whose reads started, in order."""
+    import ragbatch.io.read as read_module
+
+    real, started, failed = read_module.read_task, [], threading.Event()
+
+    def read_task(task, cfg):
+        name = next(p for p in ("f00", "f01", "f02", "f03") if p in str(task))
+        started.append(name)
+        if name == failing:
+            failed.set()
+            raise RuntimeError(f"cannot read {name}")
+        if name == hold:
+            failed.wait(10)
+            time.sleep(0.3)
+        return real(task, cfg)
+
+    monkeypatch.setattr(read_module, "read_task", read_task)
+    return started
+
+
+def test_no_task_starts_after_one_failed_while_the_other_runs(tmp_path, monkeypatch):
+    # One task: one thread, its 3 rows read. Four tasks, two in flight: task 1 fails while
+    # task 0 is still reading. Task 0 finishes and writes its file; tasks 2 and 3 never
+    # start; task 1's error is raised.
+    from ragbatch.pipeline.in_process import execute_in_process
+    from ragbatch.pipeline.plan import build_plan
+
+    one = _files_config(tmp_path / "one", 1)
+    layout = OutputLayout.for_run(one.output, dt.date(2026, 1, 2), "one")
+    assert execute_in_process(build_plan(one), layout, str(tmp_path / "one-scores")).n_rows == 3
+    assert len(list((tmp_path / "one-scores").glob("*.parquet"))) == 1
+    config = _files_config(tmp_path, 4)
+    plan = build_plan(config)
+    started = _read_failing(monkeypatch, failing="f01", hold="f00")
+    layout = OutputLayout.for_run(config.output, dt.date(2026, 1, 2), "x")
+    scores = tmp_path / "scores"
+    with pytest.raises(RuntimeError, match="cannot read f01"):
+        execute_in_process(plan, layout, str(scores))
+    assert sorted(started) == ["f00", "f01"]
+    assert [p.name.split("-")[1] for p in scores.glob("*.parquet")] == ["000000"]
+
+
+def test_a_failed_last_task_then_a_resumed_attempt(tmp_path, monkeypatch):
+    # A run of 3 tasks whose last one fails keeps the other two's files; the next attempt
+    # scores only the last file's rows, and every (row, metric) cell is committed once
+    # with the score worked out by hand.
+    from ragbatch.pipeline.runner import run_job
+
+    config = _files_config(tmp_path, 3)
+    started = _read_failing(monkeypatch, failing="f02")
+    with pytest.raises(RuntimeError, match="cannot read f02"):
+        run_job(config, run_id="cut")
+    assert sorted(started) == ["f00", "f01", "f02"]
+    monkeypatch.undo()
+    result = run_job(config, run_id="cut")
+    assert result.manifest.resume.rows_reused == 6
+    got = (
+        duckdb.connect()
+        .execute(
+            f"SELECT row_id, score FROM read_parquet('{tmp_path}/out/scores/**/*.parquet') "
+            "ORDER BY row_id"
+        )
+        .fetchall()
+    )
+    want = [(f"f{k:02d}.parquet:{i}", float(1 <= k + i <= 5)) for k in range(3) for i in range(3)]
+    assert got == want

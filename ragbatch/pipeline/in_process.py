@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from ragbatch.core.errors import ConfigError
@@ -138,14 +138,25 @@ def execute_in_process(
     n_rows = 0
     workers = max(1, min(TASKS_IN_FLIGHT, len(plan.read_tasks)))
     with ThreadPoolExecutor(workers, thread_name_prefix="ragbatch-task") as pool:
-        pending: list[Future] = []
+        pending: set[Future] = set()
         for index, task in enumerate(plan.read_tasks):
-            if len(pending) >= workers:
-                n_rows += pending.pop(0).result()
-            pending.append(pool.submit(run_task, index, task))
-        for future in pending:
-            n_rows += future.result()
+            n_rows += _collect(pending, leave=workers - 1)
+            pending.add(pool.submit(run_task, index, task))
+        n_rows += _collect(pending, leave=0)
     return Executed(n_rows, JudgeLedger().totals(), {}, {})
+
+
+def _collect(pending: set[Future], leave: int) -> int:
+    """Wait for tasks of ``pending`` as they end, whichever ends first, until at most
+    ``leave`` are left; remove them from ``pending`` and return the sum of their results
+    (rows read). A task that failed raises its error here, as soon as it has ended, so
+    that no further task is started."""
+    total = 0
+    while len(pending) > leave:
+        finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+        pending -= finished
+        total += sum(future.result() for future in finished)
+    return total
 
 
 def _write_whole(layout: Any, path: str, table: Any) -> None:
