@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from pathlib import Path
 
 import duckdb
@@ -388,24 +387,30 @@ def _files_config(tmp_path: Path, n_files: int) -> JobConfig:
 
 def _read_failing(monkeypatch, failing: str, hold: str | None = None) -> list[str]:
     """Make the read of the file named ``failing`` raise; the read of ``hold`` waits
-    until then (and a little longer, so the failure is recorded first). Returns the
-    names of the files whose reads started, in order."""
+    until a task of the executor's pool has ended with an error. Returns the names of
+    the files whose reads started, in order."""
     import ragbatch.io.read as read_module
+    import ragbatch.pipeline.in_process as in_process
 
     real, started, failed = read_module.read_task, [], threading.Event()
+
+    class Pool(in_process.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            future = super().submit(fn, *args, **kwargs)
+            future.add_done_callback(lambda f: f.exception() is None or failed.set())
+            return future
 
     def read_task(task, cfg):
         name = next(p for p in ("f00", "f01", "f02", "f03") if p in str(task))
         started.append(name)
         if name == failing:
-            failed.set()
             raise RuntimeError(f"cannot read {name}")
         if name == hold:
-            failed.wait(10)
-            time.sleep(0.3)
+            assert failed.wait(30)
         return real(task, cfg)
 
     monkeypatch.setattr(read_module, "read_task", read_task)
+    monkeypatch.setattr(in_process, "ThreadPoolExecutor", Pool)
     return started
 
 
