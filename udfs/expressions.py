@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -69,6 +70,7 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 #: Polars engine of the stage's queries (see :func:`_evaluate`).
 _ENGINE = "in-memory"
@@ -112,13 +114,15 @@ def _evaluate(frame: pl.DataFrame, exprs: list[pl.Expr], names: list[str]) -> li
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The stage's thread pool (one per process), as many threads as Polars has."""
+    """The stage's thread pool (one per process), as many threads as Polars has; created
+    under a lock, since the in-process executor runs the stage on two threads at once."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(
-            max_workers=pl.thread_pool_size(), thread_name_prefix="ragbatch-expr"
-        )
-    return _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(
+                max_workers=pl.thread_pool_size(), thread_name_prefix="ragbatch-expr"
+            )
+        return _POOL
 
 
 def input_columns(batch: pa.Table, exprs: Sequence[pl.Expr]) -> list[str]:
