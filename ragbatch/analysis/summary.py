@@ -343,7 +343,7 @@ def summarize_view(
         label_columns,
         materialize=bool(judged or label_columns),
     )
-    counts = _counts(con, kept)
+    counts = _counts(con, kept, len(infos))
     distinct = _distinct_ok_scores(con, [i.id for i in infos])
     groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(len(slices))]
     rows = []
@@ -495,14 +495,17 @@ def _group_keys(metric: str, query: int, group: list[int], codes: Sequence[int])
     return overall + [(metric, i, int(c)) for i, c in zip(group, codes)]
 
 
-def _counts(con: duckdb.DuckDBPyConnection, kept: Sequence[Sequence[Any]]) -> dict:
+def _counts(
+    con: duckdb.DuckDBPyConnection, kept: Sequence[Sequence[Any]], n_metrics: int = 1
+) -> dict:
     """(metric, slice index or None, code or None) -> n_total, n_<status>, n_pass.
 
     Counted by status and pass (``ok`` with score 1) over every slice column's codes
-    at once where :func:`_groupings` allows, and added up here per key."""
+    at once where :func:`_groupings` allows for ``n_metrics`` metrics, and added up here
+    per key."""
     out: dict[tuple, dict[str, int]] = {}
-    statuses = (len(STATUSES) + 1) * 2
-    for query, group in enumerate(_groupings(kept, statuses)):
+    per_combination = (len(STATUSES) + 1) * 2 * max(1, n_metrics)
+    for query, group in enumerate(_groupings(kept, per_combination)):
         codes = "".join(f", g{i}" for i in group)
         cursor = con.execute(
             f"SELECT metric, status, coalesce(status = '{OK}' AND score = 1, false) AS pass"
