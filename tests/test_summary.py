@@ -417,14 +417,20 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
     assert {("x", "bootstrap"), ("y", "bootstrap"), ("z", "normal")} <= methods
 
 
-@pytest.mark.parametrize("max_group_rows", [1 << 16, 1])
-def test_counted_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatch, max_group_rows):
+@pytest.mark.parametrize(
+    ("max_group_rows", "materialize"), [(1 << 16, None), (1, None), (1 << 16, True)]
+)
+def test_counted_groups_equal_mean_ci_of_each_sorted_group(
+    tmp_path, monkeypatch, max_group_rows, materialize
+):
     # A metric of few distinct scores (5 values, max_distinct 8) takes the counted path:
     # DuckDB counts each score per group and no score leaves it. Every row must still be
     # mean_ci of its group's sorted scores, with counts by status and pass worked out
     # here with numpy: over three slice columns (one with a null value, one with values
     # pooled into 'other'), whether the slice columns are counted in one grouping or,
-    # with max_group_rows 1, one at a time. 12 error cells and a second metric sit beside.
+    # with max_group_rows 1, one at a time, and with the coded cells written out as a
+    # table (as for scores on an object store). 12 error cells and a second metric sit
+    # beside.
     import ragbatch.analysis.summary as summary_module
 
     monkeypatch.setattr(summary_module, "MAX_GROUP_ROWS", max_group_rows)
@@ -462,6 +468,7 @@ def test_counted_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatch
         [MetricInfo("m", "exact_match", True), MetricInfo("other", "semantic_similarity", False)],
         ["team", "tier", "shard"],
         settings,
+        materialize=materialize,
     ).table.to_pylist()
     rows = [r for r in rows if r["metric"] == "m"]
     # the two most frequent values of each column get rows; 'team' pools 'e\u0301' and 🙂,

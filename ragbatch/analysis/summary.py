@@ -310,7 +310,16 @@ def summarize_run(
             ]
         )
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(con, metrics, slices, settings, diagnostics, labels, labelled_runs)
+    return summarize_view(
+        con,
+        metrics,
+        slices,
+        settings,
+        diagnostics,
+        labels,
+        labelled_runs,
+        materialize=None if layout.on_local_disk else True,
+    )
 
 
 def summarize_view(
@@ -321,11 +330,18 @@ def summarize_view(
     diagnostics: DiagnosticsSection | None = None,
     labels: dict[str, str] | None = None,
     labelled_runs: dict[str, tuple[str, PairMoments]] | None = None,
+    materialize: bool | None = None,
 ) -> RunSummary:
     """:func:`summarize_run` over a DuckDB view ``s`` of the scores already defined on
     ``con`` (columns ``metric``, ``status``, ``score``, ``slices``, the label columns of
     ``labels`` and, for the judge health measures, ``details``: without it they count no
-    extraction, reason or verdict)."""
+    extraction, reason or verdict).
+
+    ``materialize`` says whether the coded cells are written out once as a table (True)
+    or read again through ``s`` by each query (False); None (the default) writes them out
+    only when judge health measures or labels will read them again (:func:`_code_cells`).
+    :func:`summarize_run` always writes them out for scores on an object store, where each
+    read of ``s`` is a download."""
     settings = settings or SummarySettings()
     diagnostics = diagnostics or DiagnosticsSection()
     labels = labels or {}
@@ -341,7 +357,7 @@ def summarize_view(
         settings.max_slice_values,
         judged,
         label_columns,
-        materialize=bool(judged or label_columns),
+        materialize=bool(judged or label_columns) if materialize is None else materialize,
     )
     counts = _counts(con, kept, len(infos))
     distinct = _distinct_ok_scores(con, [i.id for i in infos])

@@ -84,6 +84,12 @@ class OutputLayout:
     def process_local(self) -> bool:
         return is_process_local(self.fs)
 
+    @property
+    def on_local_disk(self) -> bool:
+        """Whether the outputs are files on this machine's disk (reading them again is
+        cheap; on an object store every scan is a download)."""
+        return _protocol(self.fs) in ("file", "local")
+
     def write_table(self, path: str, table: pa.Table) -> None:
         """Write one Parquet file at ``path``."""
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
