@@ -164,6 +164,42 @@ def test_a_key_paid_twice_reads_back_the_earlier_reply(tmp_path):
     assert reader.get("k").text == "earlier"
 
 
+@pytest.mark.parametrize("threads", [1, 8])
+def test_lookup_over_many_bucket_files_at_once_finds_each_entry_once(
+    tmp_path, monkeypatch, threads
+):
+    # 40 groups in 40 buckets, two keys each, folded in two runs so that 20 buckets hold
+    # two files; key "k0-a" is paid in both runs (the first run's reply is the earlier).
+    # Read one file at a time or eight at once, a lookup finds every entry once, with
+    # the first run's reply for the key paid twice, and reads each file's row group once.
+    from ragbatch.judge import cache_store
+
+    monkeypatch.setattr(cache_store, "LOOKUP_THREADS", threads)
+    uri = str(tmp_path / "cache")
+    groups = [f"{i:02x}" + "0" * 62 for i in range(0, 80, 2)]
+    first, second = JudgmentCache(uri, {}), JudgmentCache(uri, {})
+    for i, g in enumerate(groups):
+        first.put(f"k{i}-a", "m", "model", _ok(f"first {i}"), g)
+        if i % 2 == 0:
+            second.put(f"k{i}-b", "m", "model", _ok(f"second {i}"), g)
+    second.put("k0-a", "m", "model", _ok("second 0, paid again"), groups[0])
+    first.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+    # the first run's file of groups[0]'s bucket is read first (files are read in name
+    # order), so a merge that kept the last reply read would keep the second run's
+    (old,) = open_files(uri, {}).bucket_files()["00"]
+    LocalFileSystem().mv(old, old.rsplit("/", 1)[0] + "/part-0.parquet")
+    second.flush()
+    fold_journal(open_files(uri, {}), "run-2")
+    assert sum(len(p) for p in open_files(uri, {}).bucket_files().values()) == 60
+    reader = JudgmentCache(uri, {})
+    found = reader.lookup(groups)
+    expected = {f"k{i}-a": (f"first {i}", g) for i, g in enumerate(groups)}
+    expected.update({f"k{i}-b": (f"second {i}", g) for i, g in enumerate(groups) if i % 2 == 0})
+    assert {key: (reply[0], group) for key, (reply, group) in found.items()} == expected
+    assert reader.row_groups_read == 60
+
+
 def _aged_cache(files: CacheFiles, uri: str) -> dict[str, str]:
     """Three runs: old (entry k_old), mid (k_mid), new (k_new; and a hit on k_hit,
     written in run old). Returns key -> group."""

@@ -23,8 +23,10 @@ not read: their entries carry no group.
 from __future__ import annotations
 
 import bisect
+import threading
 import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -44,6 +46,10 @@ FOOTER_CACHE_FILES = 32
 #: Read-ahead of a lookup's reads, in bytes (object stores fetch this much per request;
 #: about one row group, rather than fsspec's default of several MiB).
 LOOKUP_BLOCK_BYTES = 1 << 18
+#: Bucket files one lookup reads at once, each on its own thread. A batch's groups fall in
+#: dozens of buckets; read one after another, every file's footer and row-group reads wait
+#: on their own round trip to the store (and PyArrow decodes with the GIL released).
+LOOKUP_THREADS = 8
 
 VERSION_DIR = "v2"
 
@@ -196,23 +202,28 @@ class BucketReader:
         self._range_row_groups = 0
         self._footers: OrderedDict[str, Any] = OrderedDict()
         self.row_groups_read = 0
+        # The range and footer caches and the counter are shared by the lookup threads.
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def empty(self) -> bool:
         return not self.by_bucket
 
     def _keep_footer(self, path: str, meta: Any) -> None:
-        self._footers[path] = meta
-        self._footers.move_to_end(path)
-        while len(self._footers) > FOOTER_CACHE_FILES:
-            self._footers.popitem(last=False)
+        with self._lock:
+            self._footers[path] = meta
+            self._footers.move_to_end(path)
+            while len(self._footers) > FOOTER_CACHE_FILES:
+                self._footers.popitem(last=False)
 
     def _range(self, path: str) -> tuple[list[str], list[str]] | None:
         """The (min, max) of ``group`` per row group of ``path`` (None: file gone)."""
-        found = self._ranges.get(path)
-        if found is not None:
-            self._ranges.move_to_end(path)
-            return found
+        with self._lock:
+            found = self._ranges.get(path)
+            if found is not None:
+                self._ranges.move_to_end(path)
+                return found
         try:
             with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
                 meta = pq.ParquetFile(handle).metadata
@@ -226,30 +237,50 @@ class BucketReader:
             lows.append(stats.min if stats is not None and stats.has_min_max else "")
             highs.append(stats.max if stats is not None and stats.has_min_max else "\uffff")
         found = (lows, highs)
-        self._ranges[path] = found
-        self._range_row_groups += len(lows)
-        while self._range_row_groups > RANGE_CACHE_ROW_GROUPS and len(self._ranges) > 1:
-            _, (dropped, _) = self._ranges.popitem(last=False)
-            self._range_row_groups -= len(dropped)
+        with self._lock:
+            if path not in self._ranges:
+                self._ranges[path] = found
+                self._range_row_groups += len(lows)
+            while self._range_row_groups > RANGE_CACHE_ROW_GROUPS and len(self._ranges) > 1:
+                _, (dropped, _) = self._ranges.popitem(last=False)
+                self._range_row_groups -= len(dropped)
         return found
 
     def lookup(self, groups: Iterable[str]) -> dict[str, Found]:
         """Key -> (reply, created_at, group) for every entry stored under ``groups``. Where a key
         is stored twice (two runs paid for it at once), the earlier reply is kept, so that
-        every reader settles on the same one."""
+        every reader settles on the same one.
+
+        The bucket files are read up to :data:`LOOKUP_THREADS` at once; what they hold is
+        merged in file order afterwards, so the result does not depend on which read
+        ends first."""
         wanted: dict[str, set[str]] = {}
         for g in groups:
             wanted.setdefault(bucket_of(g), set()).add(g)
+        reads = [
+            (path, in_bucket)
+            for bucket, in_bucket in wanted.items()
+            for path in self.by_bucket.get(bucket, [])
+        ]
+        if len(reads) > 1 and LOOKUP_THREADS > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="ragbatch-cache")
+            tables = list(self._pool.map(lambda read: self._read(*read), reads))
+        else:
+            tables = [self._read(path, in_bucket) for path, in_bucket in reads]
         out: dict[str, Found] = {}
-        for bucket, in_bucket in wanted.items():
-            for path in self.by_bucket.get(bucket, []):
-                self._read_into(path, in_bucket, out)
+        for table in tables:
+            if table is not None:
+                _merge_into(table, out)
         return out
 
-    def _read_into(self, path: str, groups: set[str], out: dict[str, Found]) -> None:
+    def _read(self, path: str, groups: set[str]) -> pa.Table | None:
+        """The entries of ``groups`` in bucket file ``path`` (LOOKUP_COLUMNS, replies
+        only), reading only the row groups whose ``group`` range can hold one of them;
+        None when there are none or the file is gone."""
         ranges = self._range(path)
         if ranges is None:
-            return
+            return None
         lows, highs = ranges
         chosen: set[int] = set()
         for g in groups:
@@ -259,27 +290,35 @@ class BucketReader:
                 chosen.add(i)
                 i += 1
         if not chosen:
-            return
+            return None
+        with self._lock:
+            footer = self._footers.get(path)
         try:
             with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
-                parquet = pq.ParquetFile(handle, metadata=self._footers.get(path))
+                parquet = pq.ParquetFile(handle, metadata=footer)
                 self._keep_footer(path, parquet.metadata)
                 table = parquet.read_row_groups(sorted(chosen), columns=list(LOOKUP_COLUMNS))
         except FileNotFoundError:
-            return
-        self.row_groups_read += len(chosen)
+            return None
+        with self._lock:
+            self.row_groups_read += len(chosen)
         mask = pc.and_(
             pc.is_in(table.column("group"), value_set=pa.array(sorted(groups), pa.string())),
             pc.is_valid(table.column("text")),
         )
-        table = table.filter(mask)
-        for group, key, text, finish, pt, ct, lp, created in zip(
-            *(table.column(c).to_pylist() for c in LOOKUP_COLUMNS)
-        ):
-            reply: Reply = (text, finish or "", pt or 0, ct or 0, lp)
-            known = out.get(key)
-            if known is None or _earlier((created, text), (known[1], known[0][0])):
-                out[key] = (reply, created, group)
+        return table.filter(mask)
+
+
+def _merge_into(table: pa.Table, out: dict[str, Found]) -> None:
+    """Add the entries of ``table`` (LOOKUP_COLUMNS) to ``out``, keeping for a key stored
+    twice the earlier reply (:func:`_earlier`)."""
+    for group, key, text, finish, pt, ct, lp, created in zip(
+        *(table.column(c).to_pylist() for c in LOOKUP_COLUMNS)
+    ):
+        reply: Reply = (text, finish or "", pt or 0, ct or 0, lp)
+        known = out.get(key)
+        if known is None or _earlier((created, text), (known[1], known[0][0])):
+            out[key] = (reply, created, group)
 
 
 def _earlier(a: tuple[Any, str], b: tuple[Any, str]) -> bool:
