@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from support.score_cells import write_cells
 from ragbatch.config.job import OutputSection
 from ragbatch.core.errors import ConservationError
 from ragbatch.io import write
@@ -47,23 +48,6 @@ def test_default_and_cap(layout, monkeypatch):
     assert _setting(connect(layout), "memory_limit") == _setting(duckdb.connect(), "memory_limit")
 
 
-def _cells(path, row_ids, metrics):
-    n = len(row_ids)
-    pq.write_table(
-        pa.table(
-            {
-                "row_id": pa.array(row_ids, pa.string()),
-                "metric": pa.array(metrics, pa.string()),
-                "score": pa.array(np.ones(n)),
-                "status": pa.array(["ok"] * n),
-                "model": pa.nulls(n, pa.string()),
-            }
-        ),
-        path,
-    )
-    return str(path)
-
-
 @pytest.mark.parametrize("per_bucket", [10**9, 7, 1])
 def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     # 40 rows x 2 metrics, in two files. File b repeats row 'r3' for m1 twice more and
@@ -72,8 +56,10 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
     # bucket) or over 12 or 83 hash buckets.
     monkeypatch.setattr(write, "CELLS_PER_BUCKET", per_bucket)
     ids = [f"r{i}" for i in range(40)]
-    a = _cells(tmp_path / "a.parquet", ids, ["m1"] * 40)
-    b = _cells(tmp_path / "b.parquet", ids + ["r3", "r3", "r7"], ["m2"] * 40 + ["m1", "m1", "m2"])
+    a = write_cells(tmp_path / "a.parquet", ids, ["m1"] * 40)
+    b = write_cells(
+        tmp_path / "b.parquet", ids + ["r3", "r3", "r7"], ["m2"] * 40 + ["m1", "m1", "m2"]
+    )
     with pytest.raises(ConservationError) as err:
         verify_run(layout, [a, b], ["m1", "m2"], 40)
     message = str(err.value)
@@ -84,16 +70,18 @@ def test_row_id_checks_per_bucket(layout, tmp_path, monkeypatch, per_bucket):
         in message
     )
     # Unique cells, but m2 scores a row id that m1 does not: 41 distinct row ids.
-    c = _cells(tmp_path / "c.parquet", ids[:39] + ["extra"], ["m2"] * 40)
+    c = write_cells(tmp_path / "c.parquet", ids[:39] + ["extra"], ["m2"] * 40)
     with pytest.raises(ConservationError, match="41 distinct row ids in the scores, expected 40"):
         verify_run(layout, [a, c], ["m1", "m2"], 40)
     # A null row id repeated: listed after a non-null one repeated as often, as DuckDB
     # orders them in one grouping.
-    e = _cells(tmp_path / "e.parquet", [None, "z", None, "z"], ["m1"] * 4)
+    e = write_cells(tmp_path / "e.parquet", [None, "z", None, "z"], ["m1"] * 4)
     with pytest.raises(ConservationError, match=r"e\.g\. \('z', 'm1'\) x2, \(None, 'm1'\) x2"):
         verify_run(layout, [e], ["m1"], 4)
     # Unicode and empty row ids count like any other.
-    d = _cells(tmp_path / "d.parquet", ["", "日本", "e\u0301", "🙂"] * 2, ["m1"] * 4 + ["m2"] * 4)
+    d = write_cells(
+        tmp_path / "d.parquet", ["", "日本", "e\u0301", "🙂"] * 2, ["m1"] * 4 + ["m2"] * 4
+    )
     assert verify_run(layout, [d], ["m1", "m2"], 4).counts == {"m1": {"ok": 4}, "m2": {"ok": 4}}
 
 
@@ -115,13 +103,13 @@ def test_row_ids_checked_on_one_metric_when_every_metric_holds_the_same(
 
     monkeypatch.setattr(write, "_bucketed_keys", recording)
     ids = ["", "日本", "e\u0301", "🙂"] + [f"r{i}" for i in range(36)]
-    good = _cells(tmp_path / "g.parquet", ids * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
+    good = write_cells(tmp_path / "g.parquet", ids * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
     assert verify_run(layout, [good], ["m1", "m2", "m3"], 40).n_cells == 120
     assert seen == ["(SELECT row_id, metric FROM s WHERE metric = 'm1')"]
     # the same row id twice in the input: every metric holds it twice, fingerprints agree
     seen.clear()
     twice = ids[:39] + ["r5"]
-    dup = _cells(tmp_path / "d.parquet", twice * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
+    dup = write_cells(tmp_path / "d.parquet", twice * 3, ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40)
     with pytest.raises(ConservationError) as err:
         verify_run(layout, [dup], ["m1", "m2", "m3"], 40)
     assert seen == ["(SELECT row_id, metric FROM s WHERE metric = 'm1')", "s"]
@@ -131,7 +119,7 @@ def test_row_ids_checked_on_one_metric_when_every_metric_holds_the_same(
     )
     # m3 swaps one row id for another: the counts agree, the fingerprints do not
     seen.clear()
-    swapped = _cells(
+    swapped = write_cells(
         tmp_path / "s.parquet",
         ids * 2 + ids[:39] + ["r99"],
         ["m1"] * 40 + ["m2"] * 40 + ["m3"] * 40,

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from support.score_cells import mean_ci_as_set, write_cells
 import ragbatch.analysis.summary as summary_module
-from ragbatch.analysis.intervals import mean_ci
 from ragbatch.analysis.summary import MetricInfo, SummarySettings, summarize_view
 from ragbatch.config.job import JobConfig, OutputSection
 from ragbatch.core.errors import ConservationError
@@ -34,27 +34,12 @@ def layout(tmp_path):
     return OutputLayout.for_run(OutputSection(uri=str(tmp_path / "out")), dt.date(2026, 1, 2), "r")
 
 
-def _cells(path: Path, row_ids: list, metrics: list) -> str:
-    n = len(row_ids)
-    pq.write_table(
-        pa.table(
-            {
-                "row_id": pa.array(row_ids, pa.string()),
-                "metric": pa.array(metrics, pa.string()),
-                "score": pa.array(np.ones(n)),
-                "status": pa.array(["ok"] * n),
-                "model": pa.nulls(n, pa.string()),
-            }
-        ),
-        path,
-    )
-    return str(path)
-
-
 def test_a_cell_without_a_metric_id_is_a_conservation_error(layout, tmp_path):
     # Both metrics hold rows a and b; one more cell has a null metric and row id c: the
     # check names the stray cell and counts 3 distinct row ids instead of failing itself.
-    f = _cells(tmp_path / "a.parquet", ["a", "b", "a", "b", "c"], ["m1", "m1", "m2", "m2", None])
+    f = write_cells(
+        tmp_path / "a.parquet", ["a", "b", "a", "b", "c"], ["m1", "m1", "m2", "m2", None]
+    )
     with pytest.raises(ConservationError) as err:
         verify_run(layout, [f], ["m1", "m2"], 2)
     assert "metric None is not in the config but has 1 cells" in str(err.value)
@@ -74,7 +59,7 @@ def test_row_ids_of_equal_hash_swapped_between_metrics_are_found(layout, tmp_pat
     (same,) = duckdb.connect().execute("SELECT hash(?) = hash(?)", [x, y]).fetchone()
     if not same:
         pytest.skip("this DuckDB hashes strings differently; the pair no longer collides")
-    f = _cells(tmp_path / "s.parquet", [x, "a", "b", y, "a", "b"], ["m1"] * 3 + ["m2"] * 3)
+    f = write_cells(tmp_path / "s.parquet", [x, "a", "b", y, "a", "b"], ["m1"] * 3 + ["m2"] * 3)
     with pytest.raises(ConservationError, match="4 distinct row ids in the scores, expected 3"):
         verify_run(layout, [f], ["m1", "m2"], 3)
 
@@ -106,7 +91,7 @@ def test_hostile_row_and_metric_ids_get_the_full_checks_messages(
     layout, tmp_path, cells, n_rows, problems
 ):
     metrics = [QUOTED] * 3 + [UNICODE] * 3
-    f = _cells(tmp_path / "c.parquet", cells, metrics)
+    f = write_cells(tmp_path / "c.parquet", cells, metrics)
     if not problems:
         assert verify_run(layout, [f], [QUOTED, UNICODE], n_rows).counts == {
             QUOTED: {"ok": 3},
@@ -125,7 +110,7 @@ def test_degenerate_runs_empty_unscored_metric_and_files_read_twice(layout, tmp_
     assert verify_run(layout, [], ["m1"], 0).counts == {}
     with pytest.raises(ConservationError, match="metric 'm1': 0 cells, expected 2"):
         verify_run(layout, [], ["m1"], 2)
-    f = _cells(tmp_path / "d.parquet", ["a", "b", "a", "b"], ["m1", "m1", "m2", "m2"])
+    f = write_cells(tmp_path / "d.parquet", ["a", "b", "a", "b"], ["m1", "m1", "m2", "m2"])
     with pytest.raises(ConservationError) as err:
         verify_run(layout, [f], ["m1", "m2", "m3"], 2)
     assert str(err.value).split("\n  - ")[1:] == ["metric 'm3': 0 cells, expected 2"]
@@ -155,14 +140,7 @@ def _expected_row(scores: np.ndarray, status: np.ndarray, settings: SummarySetti
     """A summary row's counts and interval worked out with numpy and mean_ci over the
     group's cells: ``scores`` (NaN where not ok) and ``status``."""
     ok = np.sort(scores[status == "ok"])
-    mean, low, high, method = mean_ci(
-        ok,
-        confidence=settings.confidence,
-        n_resamples=settings.n_resamples,
-        seed=settings.seed,
-        max_resample_n=settings.max_resample_n,
-        max_distinct=settings.max_distinct,
-    )
+    mean, low, high, method = mean_ci_as_set(ok, settings)
     return {
         "n_total": status.size,
         "n_ok": ok.size,

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
+from support.score_cells import mean_ci_as_set
 from support.summary_run import COMBINING, PRECOMPOSED, small_run
 from ragbatch.analysis.intervals import N_RESAMPLES, SEED
 from ragbatch.analysis.summary import (
@@ -350,20 +351,6 @@ def test_empty_scores_give_zero_counts(tmp_path):
     assert summary.slice_columns == {"app": {"values": 0, "pooled_values": 0}}
 
 
-def _mean_ci_as_set(values: np.ndarray, settings: SummarySettings) -> tuple:
-    """mean_ci of ``values`` with the interval settings of ``settings``."""
-    from ragbatch.analysis.intervals import mean_ci
-
-    return mean_ci(
-        values,
-        confidence=settings.confidence,
-        n_resamples=settings.n_resamples,
-        seed=settings.seed,
-        max_resample_n=settings.max_resample_n,
-        max_distinct=settings.max_distinct,
-    )
-
-
 @pytest.mark.parametrize("chunk_rows", [1 << 20, 7])
 def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatch, chunk_rows):
     # 600 cells of one metric over two slice columns, small thresholds so that all three
@@ -403,7 +390,7 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
     methods = set()
     for row in rows:
         values = np.sort(groups[(row["slice_column"], row["slice_value"])])
-        mean, low, high, method = _mean_ci_as_set(values, settings)
+        mean, low, high, method = mean_ci_as_set(values, settings)
         methods.add((row["slice_value"], method))
         assert row["mean_ci_method"] == method
         assert row["n_ok"] == values.size
@@ -502,7 +489,7 @@ def test_counted_groups_equal_mean_ci_of_each_sorted_group(
             int((mask & ~ok).sum()),
         )
         assert row["pass_rate"] == pytest.approx(float((values == 1.0).mean()))
-        mean, low, high, method = _mean_ci_as_set(values, settings)
+        mean, low, high, method = mean_ci_as_set(values, settings)
         assert row["mean_ci_method"] == method == "bootstrap"
         assert (row["mean"], row["mean_ci_low"], row["mean_ci_high"]) == (
             pytest.approx(mean, rel=1e-12),
