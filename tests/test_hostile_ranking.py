@@ -135,22 +135,22 @@ def test_k_is_an_integer_as_written_not_a_boolean_or_text_taken_for_one(k):
         get_metric("precision_at_k").from_params({"k": k})
 
 
-def test_many_empty_rankings_beside_one_wide_judged_set_do_not_take_the_row_table(
-    monkeypatch,
-):
-    # matching by position builds a (rows x widest judged set) table; 2,000 rows with an
-    # empty ranking and one row judging 1,000 ids is 2M cells for a single ranked id
-    from ragbatch.metrics import _ranking
-
-    def refuse(*args):
-        raise AssertionError("a rows x widest table for one ranked id")
-
-    monkeypatch.setattr(_ranking, "_MATCH_BY_POSITION_MAX", 100_000)
-    monkeypatch.setattr(_ranking, "_match_by_position", refuse)
+def test_a_row_judging_a_million_ids_is_matched_without_comparing_every_pair():
+    # pairwise comparison of 1,000,000 judged ids (and of 3,000 ranked ones, a third of
+    # them repeats) would not finish; the wide rows are sorted by key instead
+    judged = [f"r{i}" for i in range(1_000_000)]
+    ranking = [f"r{i * 997}" for i in range(2000)] + [f"r{i * 997}" for i in range(1000)]
     rows = [{"context_ids": [], "relevant_ids": ["x"]} for _ in range(2000)]
-    rows.append({"context_ids": ["r7"], "relevant_ids": [f"r{i}" for i in range(1000)]})
-    cells = run_metric(get_metric("hit_rate").from_params({}), rows)
-    assert [c["score"] for c in cells] == [0.0] * 2000 + [1.0]
+    rows.append({"context_ids": ranking, "relevant_ids": judged})
+    hits = sum(1 for i in range(2000) if i * 997 < 1_000_000)  # 1,004 of the 2,000
+    cells = run_metric(get_metric("recall_at_k").from_params({}), rows)
+    assert [c["score"] for c in cells[:2000]] == [0.0] * 2000
+    assert cells[-1]["score"] == pytest.approx(hits / 1_000_000)
+    assert json.loads(cells[-1]["details"]) == {
+        "retrieved": 3000,
+        "relevant": 1_000_000,
+        "hits": hits,
+    }
 
 
 def test_relevance_objects_of_json_lines_stay_json_text_not_a_struct_of_every_id(tmp_path):

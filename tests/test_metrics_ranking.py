@@ -234,10 +234,9 @@ def test_trec_dl_judgments_agree_with_trec_eval(k):
     _compare(qrels, rankings, k, graded_rows=True, scale=1 / 3)  # the file's 0, 1/3, 2/3, 1
 
 
-def test_wide_rows_take_the_sorting_paths_with_the_same_scores(monkeypatch):
-    from ragbatch.metrics import _ranking
-
-    # 100 ids, d0..d69 then d0..d29 again: the repeats are wider than the pairwise check
+def test_wide_rows_take_the_sorting_paths_with_the_same_scores():
+    # rows wider than the pairwise check (ragbatch.metrics._ranking_kernel.NARROW, 32)
+    # sort their keys instead: 100 ids, d0..d69 then d0..d29 again
     wide = {"context_ids": [f"d{i % 70}" for i in range(100)], "relevant_ids": ["d0", "d69"]}
     want = {
         "precision_at_k": 2 / 100,
@@ -247,11 +246,34 @@ def test_wide_rows_take_the_sorting_paths_with_the_same_scores(monkeypatch):
     }
     for name, score in want.items():
         assert _scores(name, [wide]) == [("ok", pytest.approx(score))], name
-    monkeypatch.setattr(_ranking, "_MATCH_BY_POSITION_MAX", 0)
-    for name, score in want.items():
-        assert _scores(name, [wide]) == [("ok", pytest.approx(score))], name
+    # a wide judged set with repeats and nulls: 40 distinct ids, each given twice, d5
+    # and d77 of them retrieved (ranks 2 and 4)
+    judged = [f"d{i}" for i in range(5, 85, 2)] * 2 + [None, None]
+    row = {"context_ids": ["x", "d5", "y", "d77", "d5"], "relevant_ids": judged}
+    assert _scores("recall_at_k", [row]) == [("ok", pytest.approx(2 / 40))]
+    assert _scores("average_precision", [row]) == [("ok", pytest.approx((1 / 2 + 2 / 4) / 40))]
+    assert _scores("precision_at_k", [row], 3) == [("ok", pytest.approx(1 / 3))]
     qrels, rankings = _trec_dl()
     _compare(qrels, rankings, 10, graded_rows=True, scale=1 / 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_wide_random_rankings_agree_with_trec_eval(data):
+    # rankings and judged sets past the pairwise width, checked against trec_eval
+    pool = [f"doc-{i}" for i in range(150)] + ["文", "📄", "e\u0301", "\u00e9"]
+    qrels, rankings = {}, {}
+    for q in range(data.draw(st.integers(1, 3))):
+        judged = data.draw(st.lists(st.sampled_from(pool), unique=True, min_size=1, max_size=90))
+        grades = data.draw(st.lists(st.integers(0, 3), min_size=len(judged), max_size=len(judged)))
+        if not any(grades):
+            grades[0] = 2
+        qrels[f"q{q}"] = dict(zip(judged, grades))
+        rankings[f"q{q}"] = data.draw(
+            st.lists(st.sampled_from(pool), unique=True, min_size=1, max_size=120)
+        )
+    k = data.draw(st.sampled_from([None, 5, 40]))
+    _compare(qrels, rankings, k, graded_rows=data.draw(st.booleans()))
 
 
 def _mixed_rows(n: int, seed: int) -> list[dict]:
@@ -303,3 +325,39 @@ def test_a_stage_of_ranking_metrics_gives_what_each_gives_alone(monkeypatch):
             assert got == [c[field] for c in alone], (metric.id, field)
     statuses = {c["status"] for m in metrics[:-1] for c in run_metric(m, rows)}
     assert statuses == {"ok", "missing_input", "not_applicable"}
+
+
+def test_ids_whose_hashes_collide_are_told_apart_by_their_bytes(monkeypatch):
+    # Fault injection (a real 64-bit collision cannot be produced on demand): every id's
+    # key is forced to 0, so every pair of ids in a row "collides" and only the byte
+    # comparison can tell them apart; narrow rows and wide ones (past NARROW, where
+    # runs of equal keys are searched) must score exactly as with real hashes.
+    import dataclasses
+
+    import numpy as np
+
+    from ragbatch.metrics import _ranking
+
+    rows = _mixed_rows(200, seed=11)
+    rows += [
+        {
+            "context_ids": [f"w{i % 45}" for i in range(60)] + [None, "文", "e\u0301"],
+            "relevant_ids": [f"w{i}" for i in range(0, 90, 2)] + ["\u00e9", None],
+        },
+        {
+            "context_ids": [f"w{i}" for i in range(40)],
+            "relevance": [{"id": f"w{i}", "grade": float(i % 4)} for i in range(39, -1, -1)],
+        },
+    ]
+    metrics = [
+        get_metric(name).from_params({"k": k} if k else {}) for name in NAMES for k in (None, 3, 50)
+    ]
+    want = [run_metric(m, rows) for m in metrics]
+    real_of = _ranking._Ids.of.__func__
+
+    def colliding(cls, values, lengths):
+        ids = real_of(cls, values, lengths)
+        return dataclasses.replace(ids, keys=np.zeros_like(ids.keys))
+
+    monkeypatch.setattr(_ranking._Ids, "of", classmethod(colliding))
+    assert [run_metric(m, rows) for m in metrics] == want

@@ -21,30 +21,37 @@ Degenerate rows
     at all: ``not_applicable`` (recall, average precision and nDCG divide by the number of
     relevant ids); an empty ranking with relevant ids: scored, 0.0.
 
-The score of a batch comes from one vectorized pass over the flattened ids, without
-Python per row: :class:`RankedIds` matches the retrieved ids against the judged ones, and
-its :meth:`RankedIds.stats` gives the per-row counts and sums at a cutoff. In the
-expression stage every ranking metric of the batch reads one shared :class:`RankedIds`
-(the :class:`RankingMatch` intermediate), whatever its ``k``; a metric evaluated alone
-builds its own.
+The score of a batch comes from compiled loops over the flattened ids, without Python
+per row (:mod:`ragbatch.metrics._ranking_kernel`): :class:`RankedIds` matches the
+retrieved ids against the judged ones, and its :meth:`RankedIds.stats` gives the per-row
+counts and sums at a cutoff. In the expression stage every ranking metric of the batch
+reads one shared :class:`RankedIds` (the :class:`RankingMatch` intermediate), whatever
+its ``k``; a metric evaluated alone builds its own. The loops are compiled by Numba the
+first time a machine runs them (about 5 s on two cores, then cached on disk); each
+process that uses them pays about 1 s to start Numba and load them.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from abc import abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 from pydantic import Field
 
 from ragbatch.core.columns import CONTEXT_IDS, ISSUES, RANKING, RELEVANCE, RELEVANT_IDS
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 from ragbatch.metrics.base import ExpressionMetric, Intermediate, StrictParams
-from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
+from ragbatch.metrics.cells import Guard, frame_cells, missing
 
 #: Largest ``k`` a config may give (far above any ranking a RAG system retrieves).
 K_MAX = 100_000
@@ -79,17 +86,13 @@ def _issue(column: str) -> Guard:
     return Guard(issue.is_not_null(), MISSING_INPUT, issue)
 
 
-def _no_relevant(graded: bool) -> pl.Expr:
-    """True where the row judges no id relevant (see the module doc)."""
-    ids = pl.col(RELEVANT_IDS).list.drop_nulls().list.len() == 0
-    grades = ~pl.col(RELEVANCE).list.eval(pl.element().struct.field("grade") > 0).list.any()
-    if graded:
-        return pl.when(pl.col(RELEVANCE).is_not_null()).then(grades).otherwise(ids)
-    return pl.when(pl.col(RELEVANT_IDS).is_not_null()).then(ids).otherwise(grades)
+_NO_RELEVANT = "no id is known relevant"
 
 
-def guards(graded: bool = False) -> list[Guard]:
-    """The ranking metrics' guards, in order (see the module doc)."""
+def guards() -> list[Guard]:
+    """The ranking metrics' guards, in order (see the module doc). The last rule, no
+    relevant id: ``not_applicable``, is applied with the scores, from the counts of the
+    match (:meth:`RankingMetric._cells`)."""
     return [
         missing(CONTEXT_IDS),
         _issue(RELEVANT_IDS),
@@ -99,140 +102,141 @@ def guards(graded: bool = False) -> list[Guard]:
             MISSING_INPUT,
             pl.lit("relevant_ids and relevance are null"),
         ),
-        Guard(_no_relevant(graded), NOT_APPLICABLE, pl.lit("no id is known relevant")),
     ]
 
 
-#: Multiplier mixing a row number into an id's 64-bit hash (2^64 / golden ratio, odd).
-_MIX = np.uint64(0x9E3779B97F4A7C15)
+@dataclass(frozen=True)
+class _Ids:
+    """A list column of ids laid out for :mod:`ragbatch.metrics._ranking_kernel`: row
+    ``r``'s items are ``starts[r]`` up to ``starts[r + 1]`` (a null list has none); per
+    item its 64-bit hash ``keys``, its UTF-8 bytes (``offsets``, ``data``) and whether
+    it is non-null (``valid``)."""
+
+    starts: np.ndarray
+    keys: np.ndarray
+    offsets: np.ndarray
+    data: np.ndarray
+    valid: np.ndarray
+
+    @classmethod
+    def of(cls, values: pl.Series, lengths: np.ndarray) -> _Ids:
+        """``values``: the items in row order (String, or ids cast to it), ``lengths``
+        the number of items of each row."""
+        values = values.cast(pl.String).rechunk()
+        starts: np.ndarray = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        text = values.to_arrow(compat_level=pl.CompatLevel.oldest()).cast(pa.large_string())
+        buffers = text.buffers()
+        offsets = np.frombuffer(buffers[1], dtype=np.int64)[
+            text.offset : text.offset + len(text) + 1
+        ]
+        data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else _NO_BYTES
+        return cls(
+            starts=starts,
+            keys=values.hash(seed=0).to_numpy(),
+            offsets=offsets,
+            data=data,
+            valid=values.is_not_null().to_numpy(),
+        )
+
+    def first_copies(self, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`ragbatch.metrics._ranking_kernel.distinct` of the items where ``keep``
+        holds: whether each item is its id's first copy in its row, and their number per
+        row."""
+        first: np.ndarray = np.zeros(len(self.keys), dtype=bool)
+        counts: np.ndarray = np.zeros(len(self.starts) - 1, dtype=np.int64)
+        by_key = _by_key(self.starts, self.keys)
+        _kernel().distinct(
+            *_ro(self.starts, self.keys, self.offsets, self.data, keep, by_key), first, counts
+        )
+        return first, counts
+
+    def match(
+        self, counted: np.ndarray, judged: _Ids, first: tuple[np.ndarray, np.ndarray]
+    ) -> np.ndarray:
+        """Per item where ``counted`` holds, the index of the equal id among the items
+        of ``judged`` that are first copies (``first``, as :meth:`first_copies` returns
+        it), -1 for none."""
+        mask, counts = first
+        items = np.flatnonzero(mask)
+        starts: np.ndarray = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        out: np.ndarray = np.full(len(self.keys), -1, dtype=np.int64)
+        keys = judged.keys[items]
+        _kernel().match(
+            *_ro(self.starts, self.keys, self.offsets, self.data, counted),
+            *_ro(starts, items, keys, judged.offsets, judged.data, _by_key(starts, keys)),
+            out,
+        )
+        return out
 
 
-def _flat(series: pl.Series) -> tuple[pl.Series, np.ndarray, np.ndarray]:
-    """A list column's items in order, the row of each, and each row's length (0 for
-    null); null items are kept."""
+def _kernel() -> ModuleType:
+    """:mod:`ragbatch.metrics._ranking_kernel`, imported on first use: importing Numba
+    takes about 0.3 s, which jobs without ranking metrics should not pay."""
+    from ragbatch.metrics import _ranking_kernel
+
+    return _ranking_kernel
+
+
+def _by_key(starts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The kernels' ``by_key`` (see :mod:`ragbatch.metrics._ranking_kernel`): within
+    each row wider than its ``NARROW``, the row's item indices sorted by key, ties in
+    item order; empty when no row is that wide."""
+    widths = np.diff(starts)
+    wide = widths > _kernel().NARROW
+    if not wide.any():
+        return _NO_ITEMS
+    order = np.arange(len(keys), dtype=np.int64)
+    items = np.flatnonzero(np.repeat(wide, widths))
+    rows = np.repeat(np.flatnonzero(wide), widths[wide])
+    order[items] = items[np.lexsort((keys[items], rows))]
+    return order
+
+
+def _sort_wide_rows_descending(starts: np.ndarray, values: np.ndarray) -> None:
+    """Sort, in place, the rows wider than the kernels' ``NARROW`` of a flat array of
+    rows (row r from ``starts[r]`` to ``starts[r + 1]``) in decreasing order."""
+    widths = np.diff(starts)
+    wide = widths > _kernel().NARROW
+    if wide.any():
+        items = np.flatnonzero(np.repeat(wide, widths))
+        rows = np.repeat(np.flatnonzero(wide), widths[wide])
+        values[items] = values[items][np.lexsort((-values[items], rows))]
+
+
+def _ro(*arrays: np.ndarray) -> list[np.ndarray]:
+    """Read-only views of the kernels' input arrays: Numba compiles a function once per
+    combination of argument types, and read-only is part of an array's type, so inputs
+    always passed read-only (outputs always writable) keep it to one compilation."""
+    views = []
+    for array in arrays:
+        view = np.ascontiguousarray(array).view()
+        view.flags.writeable = False
+        views.append(view)
+    return views
+
+
+_NO_BYTES: np.ndarray = np.zeros(0, dtype=np.uint8)
+_NO_ITEMS: np.ndarray = np.zeros(0, dtype=np.int64)
+
+
+def _flat(series: pl.Series) -> tuple[pl.Series, np.ndarray]:
+    """A list column's items in order (null items kept) and each row's length (0 for a
+    null list)."""
     lengths = series.list.len().fill_null(0).cast(pl.Int64).to_numpy()
-    values = series.explode(empty_as_null=False, keep_nulls=False)
-    rows: np.ndarray = np.repeat(np.arange(len(series), dtype=np.int64), lengths)
-    return values, rows, lengths
+    return series.explode(empty_as_null=False, keep_nulls=False), lengths
 
 
-def _keys(values: pl.Series, rows: np.ndarray) -> np.ndarray:
-    """A uint64 key per (row, id): the id's hash mixed with its row number."""
-    return values.hash(seed=0).to_numpy() ^ (rows.astype(np.uint64) * _MIX)
+def _log2_table(size: int) -> np.ndarray:
+    """``log2(r + 1)`` at index r, for r = 0..size (NumPy's log2, as the formulas of
+    docs/metrics.md are written)."""
+    return np.log2(np.arange(size + 1, dtype=np.int64) + 1)
 
 
-def _once(
-    values: pl.Series, rows: np.ndarray, keep: np.ndarray
-) -> tuple[pl.Series, np.ndarray, np.ndarray, np.ndarray]:
-    """The ``keep`` items of ``values`` (each row's items contiguous), each id once per
-    row: the items, their rows, their keys (:func:`_keys`) and their indices in
-    ``values``."""
-    index = np.flatnonzero(keep)
-    values, rows = values.gather(index), rows[index]
-    keys = _keys(values, rows)
-    once = _first_in_row(keys, rows)
-    return values.filter(pl.Series(once)), rows[once], keys[once], index[once]
-
-
-def _first_in_row(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """True for each key not seen before in its row; each row's keys are contiguous.
-
-    Narrow rows compare every key with the d-th key before it (one pass per d, rows
-    compared only where the keys are equal); wide ones take one stable sort of the keys
-    (a key mixes in its row, see :func:`_keys`).
-    """
-    first: np.ndarray = np.ones(len(keys), dtype=bool)
-    if len(keys) == 0:
-        return first
-    widest = int(np.bincount(rows).max())
-    if widest <= 64:
-        for d in range(1, widest):
-            same = np.flatnonzero(keys[d:] == keys[:-d])
-            same = same[rows[same + d] == rows[same]]
-            first[same + d] = False
-        return first
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    first[order[1:][ordered[1:] == ordered[:-1]]] = False
-    return first
-
-
-#: Largest (ranked ids + rows) x widest row of judged ids matched position by position
-#: (the passes cost ranked ids x widest, the table of judged ids rows x widest); past it
-#: :func:`_match` sorts instead.
-_MATCH_BY_POSITION_MAX = 64_000_000
-
-
-def _match(
-    ranked: pl.Series,
-    ranked_rows: np.ndarray,
-    ranked_keys: np.ndarray,
-    judged: tuple[pl.Series, np.ndarray, np.ndarray, np.ndarray],
-) -> np.ndarray:
-    """Per ranked id, the index of the judged id with the same (row, id), -1 for none.
-
-    Judged ids are distinct per row. Candidates are found by key, then confirmed by
-    comparing the ids themselves, so a hash collision never makes an id relevant.
-    ``judged`` is what :func:`_once` returns.
-    """
-    judged_ids, judged_rows, judged_keys, _ = judged
-    match: np.ndarray = np.full(len(ranked_keys), -1, dtype=np.int64)
-    if len(judged_keys) == 0 or len(ranked_keys) == 0:
-        return match
-    per_row = np.bincount(judged_rows)
-    widest = int(per_row.max())
-    n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
-    if (len(ranked_keys) + n_rows) * widest <= _MATCH_BY_POSITION_MAX:
-        _match_by_position(match, ranked_rows, ranked_keys, judged_rows, judged_keys, per_row)
-    else:
-        _match_by_sorting(match, ranked_keys, judged_keys)
-    found = np.flatnonzero(match >= 0)
-    same = (ranked.gather(found) == judged_ids.gather(match[found])).fill_null(False).to_numpy()
-    match[found[~same]] = -1
-    return match
-
-
-def _match_by_position(
-    match: np.ndarray,
-    ranked_rows: np.ndarray,
-    ranked_keys: np.ndarray,
-    judged_rows: np.ndarray,
-    judged_keys: np.ndarray,
-    per_row: np.ndarray,
-) -> None:
-    """Fill ``match`` comparing each ranked key with its row's m-th judged key, for each
-    m up to the widest row: a few passes over flat arrays when rows judge few ids."""
-    order = np.argsort(judged_rows, kind="stable")
-    sorted_rows = judged_rows[order]
-    position = np.arange(len(order)) - (np.cumsum(per_row) - per_row)[sorted_rows]
-    n_rows = max(len(per_row), int(ranked_rows.max()) + 1)
-    shape = (int(per_row.max()), n_rows)
-    # row m of each table: every row's m-th judged key and its index (-1: none)
-    index_at: np.ndarray = np.full(shape, -1, dtype=np.int64)
-    index_at[position, sorted_rows] = order
-    keys_at: np.ndarray = np.zeros(shape, dtype=np.uint64)
-    keys_at[position, sorted_rows] = judged_keys[order]
-    for m in range(shape[0]):
-        at = np.flatnonzero(np.take(keys_at[m], ranked_rows) == ranked_keys)
-        candidate = index_at[m][ranked_rows[at]]
-        judged = candidate >= 0
-        match[at[judged]] = candidate[judged]
-
-
-def _match_by_sorting(match: np.ndarray, ranked_keys: np.ndarray, judged_keys: np.ndarray) -> None:
-    """Fill ``match`` from one stable sort of both key arrays, which puts each judged key
-    just before the ranked keys equal to it."""
-    n_judged = len(judged_keys)
-    keys = np.concatenate([judged_keys, ranked_keys])
-    order = np.argsort(keys, kind="stable")
-    ordered = keys[order]
-    is_judged = order < n_judged
-    last = np.maximum.accumulate(np.where(is_judged, np.arange(len(order)), -1))
-    at = ~is_judged
-    before = last[at]
-    safe = np.maximum(before, 0)
-    equal = (before >= 0) & (ordered[safe] == ordered[at])
-    match[order[at][equal] - n_judged] = order[safe][equal]
+#: Batches from this many rows up are matched in two halves at once, when Polars has
+#: more than one thread (the compiled loops release the GIL).
+SPLIT_ROWS = 20_000
 
 
 class RankedIds:
@@ -240,70 +244,36 @@ class RankedIds:
     metric and every ``k`` (see the module doc for which ids are relevant).
 
     Built from a frame with columns ``context_ids``, ``relevant_ids`` and ``relevance``
-    in one vectorized pass (NumPy and Polars over the flattened ids, no Python per row):
-    ids are matched through a 64-bit hash of (row, id), and every match is then
-    confirmed by comparing the ids themselves. Two judged sets are matched, each at most
-    once: ``relevant_ids`` (nulls dropped) and the ``relevance`` ids graded above 0, each
-    id once per row; binary relevance reads the first where a row has it, graded gains
-    the second. What depends on ``k`` is computed by :meth:`stats`, once per ``(k,
-    graded)`` pair; the object may be shared by threads.
+    (ids as strings, or cast to them) by the compiled per-row loops of
+    :mod:`ragbatch.metrics._ranking_kernel`: ids are compared by a 64-bit hash and then
+    by their bytes, so a hash collision never makes an id relevant. Two judged sets are
+    matched, each id once per row: ``relevant_ids`` (nulls dropped) and the
+    ``relevance`` ids graded above 0; binary relevance reads the first where a row has
+    it, graded gains the second. What depends on ``k`` is computed by :meth:`stats`,
+    once per ``(k, graded)`` pair; the object may be shared by threads.
+
+    Rows are independent, so a batch of :data:`SPLIT_ROWS` rows or more is matched in
+    ``parts`` contiguous row ranges at once on threads (default: two when Polars has
+    more than one thread, else one); the results are the same for any ``parts``.
     """
 
-    def __init__(self, frame: pl.DataFrame) -> None:
-        self.n = n = frame.height
-        ranked, rows, lengths = _flat(frame.get_column(CONTEXT_IDS))
-        starts = np.cumsum(lengths) - lengths
-        self.rows, self.lengths, self.starts = rows, lengths, starts
-        self.rank = np.arange(len(ranked), dtype=np.int64) - starts[rows] + 1
-        self.longest = int(lengths.max()) if n else 0
-        has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
-        has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
-        ids, id_rows, _ = _flat(frame.get_column(RELEVANT_IDS))
-        listed = _once(ids, id_rows, ids.is_not_null().to_numpy())
-        entries, entry_rows, _ = _flat(frame.get_column(RELEVANCE))
-        grades = entries.struct.field("grade").to_numpy()
-        graded = _once(entries.struct.field("id"), entry_rows, grades > 0)
-        listed_rows, graded_rows, graded_gains = listed[1], graded[1], grades[graded[3]]
-        keys = _keys(ranked, rows)
-        counted = _first_in_row(keys, rows) & ranked.is_not_null().to_numpy()
-        in_listed = counted & (_match(ranked, rows, keys, listed) >= 0)
-        in_graded = _match(ranked, rows, keys, graded)
-        gain_graded = np.where(
-            counted & (in_graded >= 0),
-            graded_gains[np.maximum(in_graded, 0)] if len(graded_gains) else 0.0,
-            0.0,
-        )
-        n_listed = np.bincount(listed_rows, minlength=n)
-        n_graded = np.bincount(graded_rows, minlength=n)
-        by_ids = has_ids[rows]
-        by_grades = has_grades[rows]
-        #: Per ranked id, its gain under binary relevance (1.0 / 0.0) and graded (nDCG).
-        self.gain = {
-            False: np.where(by_ids, in_listed, gain_graded > 0).astype(np.float64),
-            True: np.where(by_grades, gain_graded, in_listed.astype(np.float64)),
-        }
-        #: Per graded or not, the positions of the relevant ids in the flat ranking.
-        self.relevant_at = {key: np.flatnonzero(gain > 0) for key, gain in self.gain.items()}
-        #: Per row, the number of relevant ids under each.
-        self.relevant = {
-            False: np.where(has_ids, n_listed, n_graded),
-            True: np.where(has_grades, n_graded, n_listed),
-        }
-        # The ideal ranking of the graded judgments: judged rows and gains in row order,
-        # gains decreasing within a row.
-        use_listed = ~has_grades[listed_rows]
-        use_graded = has_grades[graded_rows]
-        ideal_rows = np.concatenate([listed_rows[use_listed], graded_rows[use_graded]])
-        ideal_gains = np.concatenate([np.ones(int(use_listed.sum())), graded_gains[use_graded]])
-        order = np.lexsort((-ideal_gains, ideal_rows))
-        relevant = self.relevant[True]
-        self.ideal_rows = ideal_rows[order]
-        self.ideal_at = (
-            np.arange(len(order)) - (np.cumsum(relevant) - relevant)[self.ideal_rows] + 1
-        )
-        self.ideal_weights = ideal_gains[order] / np.log2(self.ideal_at + 1)
+    def __init__(self, frame: pl.DataFrame, parts: int | None = None) -> None:
+        self.n = frame.height
+        if parts is None:
+            parts = 2 if self.n >= SPLIT_ROWS and pl.thread_pool_size() > 1 else 1
+        size = -(-self.n // max(parts, 1)) or 1
+        slices = [frame.slice(start, size) for start in range(0, self.n, size)] or [frame]
+        self._parts = self._each(_RankedPart, slices)
         self._stats: dict[tuple[int | None, bool], pl.DataFrame] = {}
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _each(function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """``function`` of each item, on threads when there are several."""
+        if len(items) == 1:
+            return [function(items[0])]
+        with ThreadPoolExecutor(len(items), thread_name_prefix="ragbatch-rank") as pool:
+            return list(pool.map(function, items))
 
     def stats(self, k: int | None, graded: bool = False) -> pl.DataFrame:
         """Per row: ``retrieved`` (ids in the ranking, 0 for null), ``relevant`` (number
@@ -317,47 +287,109 @@ class RankedIds:
         every ranking metric's cell carries."""
         with self._lock:
             if (k, graded) not in self._stats:
-                self._stats[(k, graded)] = self._compute(k, graded)
+                frames = self._each(lambda part: part.stats(k, graded), self._parts)
+                self._stats[(k, graded)] = pl.concat(frames, rechunk=False)
             return self._stats[(k, graded)]
 
-    def _compute(self, k: int | None, graded: bool) -> pl.DataFrame:
+
+class _RankedPart:
+    """:class:`RankedIds` of one contiguous range of a batch's rows."""
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self.n = n = frame.height
+        values, self.lengths = _flat(frame.get_column(CONTEXT_IDS))
+        ranked = _Ids.of(values, self.lengths)
+        self.starts = ranked.starts
+        has_ids = frame.get_column(RELEVANT_IDS).is_not_null().to_numpy()
+        has_grades = frame.get_column(RELEVANCE).is_not_null().to_numpy()
+        listed = _Ids.of(*_flat(frame.get_column(RELEVANT_IDS)))
+        entries, entry_lengths = _flat(frame.get_column(RELEVANCE))
+        graded = _Ids.of(entries.struct.field("id"), entry_lengths)
+        grades = entries.struct.field("grade").cast(pl.Float64).to_numpy()
+        listed_first = listed.first_copies(listed.valid)
+        graded_first = graded.first_copies(graded.valid & (grades > 0))
+        (n_listed, n_graded) = (listed_first[1], graded_first[1])
+        counted = ranked.first_copies(ranked.valid)[0]
+        in_listed = ranked.match(counted, listed, listed_first)
+        in_graded = ranked.match(counted, graded, graded_first)
+        #: Per row, the number of relevant ids under binary relevance and graded.
+        self.relevant = {
+            False: np.where(has_ids, n_listed, n_graded),
+            True: np.where(has_grades, n_graded, n_listed),
+        }
+        relevant_graded = self.relevant[True]
+        self.ideal_starts: np.ndarray = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(relevant_graded, out=self.ideal_starts[1:])
+        self.ideal_gains: np.ndarray = np.ones(int(self.ideal_starts[-1]))
+        #: Per ranked id, its gain under binary relevance (1.0 / 0.0) and graded (nDCG).
+        self.gain = {False: np.empty(len(counted)), True: np.empty(len(counted))}
+        _kernel().gains(
+            *_ro(self.starts, in_listed, in_graded, has_ids, has_grades),
+            *_ro(graded.starts, graded_first[0], grades),
+            self.gain[False],
+            self.gain[True],
+            *_ro(self.ideal_starts),
+            self.ideal_gains,
+        )
+        _sort_wide_rows_descending(self.ideal_starts, self.ideal_gains)
+        self.widest_ideal = int(relevant_graded.max()) if n else 0
+        self.longest = int(self.lengths.max()) if n else 0
+        self._log2 = _log2_table(max(self.longest, self.widest_ideal))
+        self._seen_details: list[tuple[np.ndarray, np.ndarray, pl.Series]] = []
+
+    def stats(self, k: int | None, graded: bool) -> pl.DataFrame:
+        """:meth:`RankedIds.stats` of this part's rows."""
+        cut = max(self.longest, self.widest_ideal) if k is None else k
         n = self.n
-        at = self.relevant_at[graded]
-        if k is not None and k < self.longest:
-            at = at[self.rank[at] <= k]
-        # the hits alone, in row order: each hit's row, rank and count so far in its row
-        rows, rank = self.rows[at], self.rank[at]
-        new_row: np.ndarray = np.ones(len(at), dtype=bool)
-        new_row[1:] = rows[1:] != rows[:-1]
-        count = np.arange(len(at))
-        hits_in_row = count - np.maximum.accumulate(np.where(new_row, count, 0)) + 1
-        first = np.full(n, np.nan)
-        first[rows[new_row]] = rank[new_row]
-        idcg = np.zeros(n)
+        hits, first = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        ap_sum, dcg, idcg = np.empty(n), np.empty(n), np.zeros(n)
+        starts, gain, log2 = _ro(self.starts, self.gain[graded], self._log2)
+        _kernel().cut_stats(starts, gain, cut, log2, hits, first, ap_sum, dcg)
         if graded:
-            weights = self.ideal_weights
-            if k is not None and len(weights) and k < self.ideal_at.max():
-                weights = np.where(self.ideal_at <= k, weights, 0.0)
-            idcg = np.bincount(self.ideal_rows, weights=weights, minlength=n)
+            _kernel().ideal_dcg(*_ro(self.ideal_starts, self.ideal_gains), cut, log2, idcg)
         stats = pl.DataFrame(
             {
                 "retrieved": self.lengths,
                 "relevant": self.relevant[graded],
-                "hits": np.bincount(rows, minlength=n).astype(np.int64),
-                "first": first,
-                "ap_sum": np.bincount(rows, weights=hits_in_row / rank, minlength=n),
-                "dcg": np.bincount(
-                    rows, weights=self.gain[graded][at] / np.log2(rank + 1), minlength=n
-                ),
+                "hits": hits,
+                "first": np.where(first > 0, first, np.nan),
+                "ap_sum": ap_sum,
+                "dcg": dcg,
                 "idcg": idcg,
             },
             nan_to_null=True,
         )
-        return stats.with_columns(
-            details=details_json(
-                retrieved=pl.col("retrieved"), relevant=pl.col("relevant"), hits=pl.col("hits")
-            )
-        )
+        return stats.with_columns(details=self._details(self.relevant[graded], hits))
+
+    def _details(self, relevant: np.ndarray, hits: np.ndarray) -> pl.Series:
+        """The details JSON per row; reused when another ``(k, graded)`` pair had the
+        same counts (binary and graded relevance usually agree on them)."""
+        for seen_relevant, seen_hits, details in self._seen_details:
+            if np.array_equal(seen_relevant, relevant) and np.array_equal(seen_hits, hits):
+                return details
+        details = _count_json({"retrieved": self.lengths, "relevant": relevant, "hits": hits})
+        self._seen_details.append((relevant, hits, details))
+        return details
+
+
+def _count_json(counts: dict[str, np.ndarray]) -> pl.Series:
+    """The JSON object of named int64 counts per row (String), as Polars'
+    ``struct.json_encode`` writes it: ``{"a":1,"b":2}``."""
+    names = list(counts)
+    pieces = [json.dumps({name: 0}, separators=(",", ":"))[:-2] for name in names]
+    texts = ["{" + pieces[0][1:]] + ["," + piece[1:] for piece in pieces[1:]] + ["}"]
+    encoded = [t.encode() for t in texts]
+    piece_starts = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
+    values = np.ascontiguousarray(np.stack([counts[name].astype(np.int64) for name in names]))
+    offsets: np.ndarray = np.zeros(values.shape[1] + 1, dtype=np.int64)
+    _kernel().count_text_sizes(int(piece_starts[-1]), *_ro(values), offsets)
+    data: np.ndarray = np.empty(int(offsets[-1]), dtype=np.uint8)
+    pieces = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    _kernel().write_count_texts(*_ro(pieces, piece_starts, values, offsets), data)
+    text = pa.LargeStringArray.from_buffers(
+        len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
+    )
+    return pl.Series(text)
 
 
 def ranking_stats(frame: pl.DataFrame, k: int | None, graded: bool = False) -> pl.DataFrame:
@@ -417,7 +449,7 @@ class RankingMetric(ExpressionMetric):
         return (RankingMatch(),)
 
     def expression(self) -> pl.Expr:
-        return frame_cells(guards(self.graded), list(RANKING), self._score_frame)
+        return frame_cells(guards(), list(RANKING), self._score_frame)
 
     def expression_with(self, values: Mapping[Intermediate, Any]) -> pl.Expr:
         """:meth:`expression`, reading the batch's :class:`RankedIds` from ``values``."""
@@ -432,14 +464,18 @@ class RankingMetric(ExpressionMetric):
                 )
             return self._cells(ranked.stats(self.k, self.graded))
 
-        return frame_cells(guards(self.graded), list(RANKING), score_frame)
+        return frame_cells(guards(), list(RANKING), score_frame)
 
     def _score_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
         return self._cells(ranking_stats(frame, self.k, self.graded))
 
     def _cells(self, stats: pl.DataFrame) -> pl.DataFrame:
+        """Score, reason and details per row; ``status`` not_applicable where no id is
+        known relevant (the relevant count is 0)."""
+        none = pl.col("relevant") == 0
         return stats.select(
             score=self.score(),
-            reason=pl.lit(None, pl.String),
+            reason=pl.when(none).then(pl.lit(_NO_RELEVANT)).otherwise(pl.lit(None, pl.String)),
             details=pl.col("details"),
+            status=pl.when(none).then(pl.lit(NOT_APPLICABLE)).otherwise(pl.lit(None, pl.String)),
         )

@@ -171,8 +171,10 @@ def frame_cells(
     ``list.eval``, or expressions the simplifier rewrites). ``score_frame`` gets the
     batch's ``columns`` as a frame and materialises each intermediate once; it returns a
     frame of the same height with ``score`` (numeric or boolean), ``reason`` and
-    ``details`` (String or null). Guards behave as in :func:`cell`: the values of rows
-    they settle are not used. Guard reasons must be row-wise expressions: they are
+    ``details`` (String or null), and may add ``status`` (String): null where it scored
+    the row, otherwise the status of a row it cannot score (its ``reason`` then says
+    why, and its score and details are not used). Guards behave as in :func:`cell` and
+    come first: the values of rows they settle are not used. Guard reasons must be row-wise expressions: they are
     evaluated only on the rows a guard settles (usually none), so a costly reason (the
     index of the first null item of a list) costs nothing on clean batches.
     """
@@ -186,21 +188,31 @@ def frame_cells(
         if scored.height != frame.height:
             raise RuntimeError(f"scoring returned {scored.height} cells for {frame.height} rows")
         status = frame.get_column(_STATUS).cast(pl.String)
-        blocked = status.is_not_null()
+        guarded = status.is_not_null()
+        unscored = (
+            scored.get_column("status").cast(pl.String)
+            if "status" in scored.columns
+            else pl.repeat(None, frame.height, dtype=pl.String, eager=True)
+        )
         cells = pl.DataFrame(
             {
-                "blocked": blocked,
+                "guarded": guarded,
                 "g_status": status,
-                "g_reason": _settled_reasons(frame, blocked, g_reason),
+                "g_reason": _settled_reasons(frame, guarded, g_reason),
+                "s_status": unscored,
                 "s": scored.get_column("score"),
                 "r": scored.get_column("reason").cast(pl.String),
                 "d": scored.get_column("details").cast(pl.String),
             }
         ).select(
-            score=pl.when("blocked").then(None).otherwise(pl.col("s").cast(pl.Float64)),
-            status=pl.coalesce("g_status", pl.lit(OK, pl.String)),
-            reason=pl.when("blocked").then("g_reason").otherwise("r"),
-            details=pl.when("blocked").then(None).otherwise("d"),
+            score=pl.when(pl.col("guarded") | pl.col("s_status").is_not_null())
+            .then(None)
+            .otherwise(pl.col("s").cast(pl.Float64)),
+            status=pl.coalesce("g_status", "s_status", pl.lit(OK, pl.String)),
+            reason=pl.when("guarded").then("g_reason").otherwise("r"),
+            details=pl.when(pl.col("guarded") | pl.col("s_status").is_not_null())
+            .then(None)
+            .otherwise("d"),
             model=pl.lit(None, pl.String),
         )
         return cells.to_struct("cell").cast(CELL_DTYPE)
