@@ -62,7 +62,10 @@ row has `relevance`, else gain 1 per relevant id. The first id has rank 1 and wi
 only ranks 1..k count. An id repeated in the ranking counts at its first rank only; its
 later copies keep their slots and are never relevant. A row with no relevant id is
 `not_applicable`; an empty ranking scores 0.0. Ids are strings compared as written
-([config.md](config.md#ranking-columns) says how ids and grades are read).
+([config.md](config.md#ranking-columns) says how ids and grades are read). The per-row
+matching runs as loops compiled by Numba: the first run on a machine compiles them (about
+5 s on two cores; the result is cached on disk), and each process that uses them pays
+about 1 s to start Numba and load them.
 
 A `binary` callback is code the job runs: on the driver and in every Ray worker, and
 `validate` and `run --dry-run` import its module too (that runs the module's top-level
