@@ -257,7 +257,7 @@ def test_wide_rows_take_the_sorting_paths_with_the_same_scores():
     _compare(qrels, rankings, 10, graded_rows=True, scale=1 / 3)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.data())
 def test_wide_random_rankings_agree_with_trec_eval(data):
     # rankings and judged sets past the pairwise width, checked against trec_eval
