@@ -308,7 +308,7 @@ class _RankedPart:
         grades = entries.struct.field("grade").cast(pl.Float64).to_numpy()
         listed_first = listed.first_copies(listed.valid)
         graded_first = graded.first_copies(graded.valid & (grades > 0))
-        (n_listed, n_graded) = (listed_first[1], graded_first[1])
+        n_listed, n_graded = listed_first[1], graded_first[1]
         counted = ranked.first_copies(ranked.valid)[0]
         in_listed = ranked.match(counted, listed, listed_first)
         in_graded = ranked.match(counted, graded, graded_first)
@@ -375,16 +375,16 @@ class _RankedPart:
 def _count_json(counts: dict[str, np.ndarray]) -> pl.Series:
     """The JSON object of named int64 counts per row (String), as Polars'
     ``struct.json_encode`` writes it: ``{"a":1,"b":2}``."""
-    names = list(counts)
-    pieces = [json.dumps({name: 0}, separators=(",", ":"))[:-2] for name in names]
-    texts = ["{" + pieces[0][1:]] + ["," + piece[1:] for piece in pieces[1:]] + ["}"]
-    encoded = [t.encode() for t in texts]
+    names = [json.dumps(name) for name in counts]
+    # the text around the numbers: '{"a":', ',"b":', ..., '}'
+    texts = [("{" if i == 0 else ",") + name + ":" for i, name in enumerate(names)] + ["}"]
+    encoded = [text.encode() for text in texts]
     piece_starts = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
-    values = np.ascontiguousarray(np.stack([counts[name].astype(np.int64) for name in names]))
+    pieces = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    values = np.ascontiguousarray(np.stack([v.astype(np.int64) for v in counts.values()]))
     offsets: np.ndarray = np.zeros(values.shape[1] + 1, dtype=np.int64)
     _kernel().count_text_sizes(int(piece_starts[-1]), *_ro(values), offsets)
     data: np.ndarray = np.empty(int(offsets[-1]), dtype=np.uint8)
-    pieces = np.frombuffer(b"".join(encoded), dtype=np.uint8)
     _kernel().write_count_texts(*_ro(pieces, piece_starts, values, offsets), data)
     text = pa.LargeStringArray.from_buffers(
         len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
