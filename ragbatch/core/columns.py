@@ -150,7 +150,8 @@ SCORES_COLUMNS: tuple[str, ...] = (
 )
 
 #: Names an input slice column may not keep; a clashing slice column is renamed with
-#: :data:`SLICE_RENAME_PREFIX`.
+#: :data:`SLICE_RENAME_PREFIX`. Names are compared as DuckDB compares identifiers
+#: (:func:`identifier_key`), so ``Score`` clashes with ``score`` too.
 #: The ranking columns are reserved only in jobs that map one of them
 #: (:func:`ragbatch.io.schema.slice_columns`), so a job that maps none keeps a slice
 #: column named ``relevance`` as it is.
@@ -161,6 +162,17 @@ RESERVED: frozenset[str] = frozenset(
     | {n for n, _ in JUDGE_FIELDS}
 )
 SLICE_RENAME_PREFIX = "input_"
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def identifier_key(name: str) -> str:
+    """``name`` as DuckDB compares column names: ASCII letters in lower case, every other
+    character as it is. Two names with the same key are one column to DuckDB's SQL
+    (``Score`` and ``score``; not ``É`` and ``é``), and its Parquet reader renames the
+    later of two such columns of a file (``Score`` -> ``Score_1``)."""
+    return name.translate(_ASCII_LOWER)
 
 
 def cell_column(metric_id: str) -> str:

@@ -228,23 +228,34 @@ def slice_columns(
     list of (str, str)
         ``(input name, output name)`` in schema order: ``cfg.slice_columns`` when set
         (in its order), else every column not used by ``cfg.columns``. A name in
-        :data:`ragbatch.core.columns.RESERVED` gets
-        :data:`ragbatch.core.columns.SLICE_RENAME_PREFIX` (repeated until it clashes with
-        nothing), e.g. ``metric`` -> ``input_metric``.
+        :data:`ragbatch.core.columns.RESERVED`, or one that an earlier column of the
+        list already takes, gets :data:`ragbatch.core.columns.SLICE_RENAME_PREFIX`
+        (repeated until it clashes with nothing), e.g. ``metric`` -> ``input_metric``.
+        Names are compared as DuckDB compares them
+        (:func:`ragbatch.core.columns.identifier_key`): ``Score`` -> ``input_Score``, and
+        of ``region`` and ``Region`` the second becomes ``input_Region``, so every column
+        of the scores table is one column to DuckDB's SQL.
     """
     if cfg.slice_columns is not None:
         chosen = list(dict.fromkeys([*cfg.slice_columns, *extra]))
     else:
         mapped = {getattr(cfg.columns, c) for c in C.CANONICAL} - {None}
         chosen = [n for n in schema.names if n not in mapped and n != NONSTRING_COLUMN]
-    reserved = _reserved_names(cfg)
-    taken = {n for n in chosen if n not in reserved}
+    key = C.identifier_key
+    reserved = {key(n) for n in _reserved_names(cfg)}
+    keeps: dict[str, str] = {}  # key -> the name that keeps it
+    for name in chosen:
+        if key(name) not in reserved:
+            keeps.setdefault(key(name), name)
+    taken = set(keeps)
     result = []
     for name in chosen:
         out = name
-        while out in reserved or (out != name and out in taken):
-            out = C.SLICE_RENAME_PREFIX + out
-        taken.add(out)
+        if keeps.get(key(name)) != name:
+            out = C.SLICE_RENAME_PREFIX + name
+            while key(out) in reserved or key(out) in taken:
+                out = C.SLICE_RENAME_PREFIX + out
+            taken.add(key(out))
         result.append((name, out))
     return result
 
