@@ -46,7 +46,7 @@ For judge metrics every row also carries the judge health measures of
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,6 +66,7 @@ from ragbatch.analysis.intervals import (
 )
 from ragbatch.analysis.ppi import DEFAULT_ESTIMATOR, Moments, PairMoments, ppi_from_moments
 from ragbatch.config.job import DiagnosticsSection
+from ragbatch.core.columns import identifier_key, internal
 from ragbatch.core.errors import OutputError
 from ragbatch.judge.health import HealthFields
 from ragbatch.io.write import OutputLayout, connect, file_list
@@ -288,10 +289,13 @@ def summarize_run(
     Raises
     ------
     OutputError
-        An ``ok`` score is NaN or infinite (no interval can be computed).
+        An ``ok`` score is NaN or infinite (no interval can be computed), or a slice or
+        label column is one column to DuckDB with another the summary reads
+        (:func:`_check_names`).
     """
-    con = connect(layout)
     labels = labels or {}
+    _check_names(slices, labels.values())
+    con = connect(layout)
     read = list(dict.fromkeys([*slices, *labels.values()]))
     columns = ", ".join(["metric", "status", "score", "details", *(_quote(c) for c in read)])
     if files:
@@ -345,6 +349,7 @@ def summarize_view(
     settings = settings or SummarySettings()
     diagnostics = diagnostics or DiagnosticsSection()
     labels = labels or {}
+    _check_names(slices, labels.values())
     labelled_runs = labelled_runs or {}
     infos = [m if isinstance(m, MetricInfo) else MetricInfo.of(m) for m in metrics]
     kept, slice_info = _slice_values(con, slices, settings.max_slice_values)
@@ -361,7 +366,7 @@ def summarize_view(
     )
     counts = _counts(con, kept, len(infos))
     distinct = _distinct_ok_scores(con, [i.id for i in infos])
-    groupings = [(None, "NULL::INTEGER")] + [(i, f"g{i}") for i in range(len(slices))]
+    groupings = [(None, "NULL::INTEGER")] + [(i, _code(i)) for i in range(len(slices))]
     rows = []
     for info in infos:
         if distinct.get(info.id, 0) <= settings.max_distinct:
@@ -374,7 +379,13 @@ def summarize_view(
             else health_measures(con, "coded", info.id, info.health, groupings)
         )
         corrected = _corrected_fields(
-            con, info, labels.get(info.id), labelled_runs.get(info.id), len(slices), settings
+            con,
+            info,
+            labels.get(info.id),
+            labelled_runs.get(info.id),
+            len(slices),
+            settings,
+            coded=_label(label_columns.index(labels[info.id])) if info.id in labels else None,
         )
 
         def row(column: str | None, value: str | None, other: bool | None, key: tuple) -> dict:
@@ -424,11 +435,12 @@ def _slice_values(
     the counts for the manifest."""
     kept: list[list[str | None]] = []
     info: dict[str, dict[str, int]] = {}
+    value, count = internal("v"), internal("n")
     for column in slices:
         text = f"CAST({_quote(column)} AS VARCHAR)"
         ranked = con.execute(
-            f"SELECT {text} AS v, count(*) AS c FROM s GROUP BY v "
-            f"ORDER BY c DESC, v ASC NULLS LAST LIMIT {cap + 1}"
+            f"SELECT {text} AS {value}, count(*) AS {count} FROM s GROUP BY {value} "
+            f"ORDER BY {count} DESC, {value} ASC NULLS LAST LIMIT {cap + 1}"
         ).fetchall()
         (distinct,) = con.execute(
             f"SELECT count(DISTINCT {text}) + (count(*) FILTER (WHERE {text} IS NULL) > 0)::INT "
@@ -450,9 +462,11 @@ def _code_cells(
     materialize: bool = True,
 ) -> None:
     """Table ``coded``: metric, status, score, ``details`` (of the metrics in ``judged``
-    only; null for the others), per slice column ``g<i>``, the index of the cell's slice
-    value among the kept values (``cap`` for a pooled value), and each label column under
-    its own name, as DOUBLE (booleans 0/1).
+    only; null for the others), per slice column ``i`` the column :func:`_code` ``(i)``,
+    the index of the cell's slice value among the kept values (``cap`` for a pooled
+    value), and per label column ``j`` of ``labels`` the column :func:`_label` ``(j)``,
+    its values as DOUBLE (booleans 0/1). The slice and label columns' own names never
+    appear in ``coded``, so no user column name can stand for one of its columns.
 
     With ``materialize`` false, ``coded`` is a view, computed again by each query: for a
     summary without judge health measures or labels, whose three scans of it cost less
@@ -460,8 +474,9 @@ def _code_cells(
     s per scan of the view)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
+        kept_i = internal(f"kept{i}")
         con.register(
-            f"kept{i}",
+            kept_i,
             pa.table(
                 {
                     "v": pa.array(kept[i], pa.string()),
@@ -470,16 +485,16 @@ def _code_cells(
             ),
         )
         joins.append(
-            f"LEFT JOIN kept{i} ON CAST(s.{_quote(column)} AS VARCHAR) "
-            f"IS NOT DISTINCT FROM kept{i}.v"
+            f"LEFT JOIN {kept_i} ON CAST(s.{_quote(column)} AS VARCHAR) "
+            f"IS NOT DISTINCT FROM {kept_i}.v"
         )
-        codes.append(f"coalesce(kept{i}.code, {cap})::INTEGER AS g{i}")
+        codes.append(f"coalesce({kept_i}.code, {cap})::INTEGER AS {_code(i)}")
     has_details = "details" in {d[0] for d in con.execute("SELECT * FROM s LIMIT 0").description}
     details = "NULL::VARCHAR"
     if has_details and judged:
         con.register("judged_ids", pa.table({"id": pa.array(list(judged), pa.string())}))
         details = "CASE WHEN s.metric IN (SELECT id FROM judged_ids) THEN s.details END"
-    label_columns = [f"CAST(s.{_quote(c)} AS DOUBLE) AS {_quote(c)}" for c in labels]
+    label_columns = [f"CAST(s.{_quote(c)} AS DOUBLE) AS {_label(j)}" for j, c in enumerate(labels)]
     select = ", ".join(
         ["s.metric", "s.status", "s.score", f"{details} AS details", *codes, *label_columns]
     )
@@ -522,7 +537,7 @@ def _counts(
     out: dict[tuple, dict[str, int]] = {}
     per_combination = (len(STATUSES) + 1) * 2 * max(1, n_metrics)
     for query, group in enumerate(_groupings(kept, per_combination)):
-        codes = "".join(f", g{i}" for i in group)
+        codes = "".join(f", {_code(i)}" for i in group)
         cursor = con.execute(
             f"SELECT metric, status, coalesce(status = '{OK}' AND score = 1, false) AS pass"
             f"{codes}, count(*) FROM coded GROUP BY ALL"
@@ -581,7 +596,7 @@ def _counted_streams(
     sort nor the scores themselves leave DuckDB."""
     streams: dict[tuple, MeanCIStream] = {}
     for query, group in enumerate(_groupings(kept, settings.max_distinct)):
-        codes = "".join(f", g{i}" for i in group)
+        codes = "".join(f", {_code(i)}" for i in group)
         table = con.sql(
             f"SELECT score{codes}, count(*) AS n FROM coded "
             f"WHERE metric = ? AND status = '{OK}' GROUP BY ALL",
@@ -627,7 +642,7 @@ def _ok_streams(
     OutputError
         An ``ok`` score is NaN or infinite.
     """
-    columns = ", ".join(["score", *(f"g{i}" for i in range(n_slices))])
+    columns = ", ".join(["score", *(_code(i) for i in range(n_slices))])
     reader = con.sql(
         f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' ORDER BY score",
         params=[metric_id],
@@ -666,10 +681,11 @@ def _label_moments(
     con: duckdb.DuckDBPyConnection, metric_id: str, label: str | None, n_slices: int
 ) -> dict[GroupKey, tuple[Moments, PairMoments]]:
     """Per group of a metric's ``ok`` cells: moments of the judge scores of unlabelled
-    cells, and of (score, label) over labelled ones (``label`` None: every cell is
-    unlabelled), read in batches of :data:`CHUNK_ROWS`."""
-    label_sql = "NULL::DOUBLE" if label is None else _quote(label)
-    columns = ", ".join(["score", label_sql, *(f"g{i}" for i in range(n_slices))])
+    cells, and of (score, label) over labelled ones (``label``: the column of ``coded``
+    holding the labels, :func:`_label`; None: every cell is unlabelled), read in batches
+    of :data:`CHUNK_ROWS`."""
+    label_sql = "NULL::DOUBLE" if label is None else label
+    columns = ", ".join(["score", label_sql, *(_code(i) for i in range(n_slices))])
     reader = con.sql(
         f"SELECT {columns} FROM coded WHERE metric = ? AND status = '{OK}' AND isfinite(score)",
         params=[metric_id],
@@ -701,10 +717,11 @@ def _corrected_fields(
     labelled_run: tuple[str, PairMoments] | None,
     n_slices: int,
     settings: SummarySettings,
+    coded: str | None = None,
 ) -> Callable[[GroupKey], dict[str, Any]]:
     """Group key -> the :data:`PPI_COLUMNS` of that summary row: from the label column
-    ``label`` of this run's scores, from ``labelled_run``'s pairs (overall row only), or
-    all null."""
+    ``label`` of this run's scores (column ``coded`` of table ``coded``), from
+    ``labelled_run``'s pairs (overall row only), or all null."""
 
     def fields(description: str, unlabelled: Moments, labelled: PairMoments) -> dict[str, Any]:
         r = ppi_from_moments(
@@ -728,7 +745,7 @@ def _corrected_fields(
         }
 
     if label is not None:
-        groups = _label_moments(con, info.id, label, n_slices)
+        groups = _label_moments(con, info.id, coded, n_slices)
         return lambda key: fields(label, *(groups.get(key) or (Moments(), PairMoments())))
     if labelled_run is not None:
         description, pairs = labelled_run
@@ -783,3 +800,42 @@ def _row(
 def _quote(name: str) -> str:
     """``name`` as a DuckDB identifier."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def _code(i: int) -> str:
+    """Column of table ``coded`` holding the value codes of slice column ``i``."""
+    return internal(f"g{i}")
+
+
+def _label(j: int) -> str:
+    """Column of table ``coded`` holding the values of label column ``j``."""
+    return internal(f"label{j}")
+
+
+#: The columns of the scores the summary reads besides the slice and label columns.
+CELL_COLUMNS: tuple[str, ...] = ("metric", "status", "score", "details")
+
+
+def _check_names(slices: Sequence[str], labels: Iterable[str]) -> None:
+    """Refuse slice and label columns that DuckDB cannot tell apart from another column
+    the summary reads: names that differ only in ASCII case
+    (:func:`ragbatch.core.columns.identifier_key`), such as ``Score`` beside ``score``,
+    which DuckDB's SQL reads as one column (a run renames such input columns
+    ``input_<name>``, :func:`ragbatch.io.schema.slice_columns`; scores written before it
+    did can still hold them).
+
+    Raises
+    ------
+    OutputError
+        Names the two columns and the fix.
+    """
+    seen = {identifier_key(c): c for c in CELL_COLUMNS}
+    for name in dict.fromkeys([*slices, *labels]):
+        other = seen.setdefault(identifier_key(name), name)
+        if other != name:
+            raise OutputError(
+                f"summary: column {name!r} of the scores differs from column {other!r} only "
+                "in case, and DuckDB reads the two as one column, so its summary would hold "
+                f"the wrong values; run the job again to have it written as 'input_{name}', "
+                "or rename it in the input"
+            )
