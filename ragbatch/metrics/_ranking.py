@@ -187,9 +187,9 @@ def _by_key(starts: np.ndarray, keys: np.ndarray) -> np.ndarray:
     wide = widths > _kernel().NARROW
     if not wide.any():
         return _NO_ITEMS
-    order = np.arange(len(keys), dtype=np.int64)
+    order: np.ndarray = np.arange(len(keys), dtype=np.int64)
     items = np.flatnonzero(np.repeat(wide, widths))
-    rows = np.repeat(np.flatnonzero(wide), widths[wide])
+    rows: np.ndarray = np.repeat(np.flatnonzero(wide), widths[wide])
     order[items] = items[np.lexsort((keys[items], rows))]
     return order
 
@@ -201,7 +201,7 @@ def _sort_wide_rows_descending(starts: np.ndarray, values: np.ndarray) -> None:
     wide = widths > _kernel().NARROW
     if wide.any():
         items = np.flatnonzero(np.repeat(wide, widths))
-        rows = np.repeat(np.flatnonzero(wide), widths[wide])
+        rows: np.ndarray = np.repeat(np.flatnonzero(wide), widths[wide])
         values[items] = values[items][np.lexsort((-values[items], rows))]
 
 
