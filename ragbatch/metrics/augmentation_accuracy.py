@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.health import HealthFields
+from ragbatch.judge.context_verdicts import ASK, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.metrics.cells import PyCell, share_cell
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -42,15 +34,12 @@ of their numbers, each with a one-sentence reason.
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
 context, the first for context [1]."""
 
-#: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Items in the reply: {n}."""
 
 PROMPT = StepPrompt("augmentation_accuracy", TASK, INSTRUCTIONS, ASK)
 
 
 @register
-class AugmentationAccuracy(VerdictMetric):
+class AugmentationAccuracy(ContextVerdictMetric):
     """Share of the retrieved contexts whose information appears in the answer, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 verdict per context (referred to by
@@ -67,10 +56,9 @@ class AugmentationAccuracy(VerdictMetric):
 
     name: ClassVar[str] = "augmentation_accuracy"
     prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
-    health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
+    nonblank: ClassVar[str] = ANSWER
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
         "Share of the retrieved contexts whose information appears in the answer"
@@ -157,22 +145,11 @@ class AugmentationAccuracy(VerdictMetric):
         ),
     )
 
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(CONTEXTS),
-            missing(ANSWER),
-            blank(ANSWER),
-            empty_contexts(),
-            every_context_blank(),
+    def score_verdicts(self, verdicts: list[int]) -> PyCell:
+        """``contexts used / contexts``."""
+        return share_cell(
+            sum(verdicts),
+            len(verdicts),
+            "contexts not reflected in the answer",
+            details={"verdicts": verdicts},
         )
-
-    def program(self, row: dict[str, Any]) -> Program:
-        n = len(row[CONTEXTS])
-        [verdicts] = yield [
-            self.verdicts_ask(row, PROMPT, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
-        ]
-        used = sum(verdicts)
-        reason = None
-        if used < n:
-            reason = f"{n - used} of {n} contexts not reflected in the answer"
-        return PyCell(used / n, reason=reason, details={"verdicts": verdicts})

@@ -105,6 +105,27 @@ def every_context_blank() -> Guard:
     )
 
 
+
+def context_guards(required: Sequence[str], nonblank: str) -> tuple[Guard, ...]:
+    """The guards of a metric that judges the retrieved contexts, in priority order:
+    :func:`missing` for each of ``required`` (in that order), :func:`blank` for
+    ``nonblank`` (the text the judgment is about or against), then
+    :func:`empty_contexts` and :func:`every_context_blank`."""
+    return (
+        *(missing(column) for column in required),
+        blank(nonblank),
+        empty_contexts(),
+        every_context_blank(),
+    )
+
+
+def share_cell(hits: int, n: int, missed: str, details: dict[str, Any]) -> PyCell:
+    """An ``ok`` cell scoring ``hits / n`` (``n`` at least 1), a share in [0, 1]; below
+    1 its reason is ``"<n - hits> of <n> <missed>"`` (``missed`` names the items that
+    did not count, e.g. ``"contexts not relevant to the question"``), at 1 it has none."""
+    reason = f"{n - hits} of {n} {missed}" if hits < n else None
+    return PyCell(hits / n, reason=reason, details=details)
+
 def _chain(guards: Sequence[Guard], pick: Callable[[Guard], pl.Expr]) -> pl.Expr:
     """``when(g1) then pick(g1) when(g2) ... otherwise null``."""
     expr = pl.when(guards[0].when).then(pick(guards[0]))

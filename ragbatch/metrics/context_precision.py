@@ -6,18 +6,10 @@ from typing import Any, ClassVar, Sequence
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.health import HealthFields
+from ragbatch.judge.context_verdicts import ASK, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.metrics.cells import PyCell
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -46,8 +38,6 @@ reason.
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
 context, the first for context [1]."""
 
-#: The ``instructions_first`` layout's ask of this step.
-ASK = "Items in the reply: {n}."
 
 PROMPT = StepPrompt("context_precision", TASK, INSTRUCTIONS, ASK)
 
@@ -79,7 +69,7 @@ def average_precision(verdicts: Sequence[float]) -> float:
 
 
 @register
-class ContextPrecision(VerdictMetric):
+class ContextPrecision(ContextVerdictMetric):
     """Rank-aware precision of the retrieved contexts, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 verdict per context (in retrieval
@@ -97,10 +87,9 @@ class ContextPrecision(VerdictMetric):
 
     name: ClassVar[str] = "context_precision"
     prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
-    health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
+    nonblank: ClassVar[str] = REFERENCE
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
         "Average precision of the contexts useful for arriving at the "
@@ -201,27 +190,12 @@ class ContextPrecision(VerdictMetric):
         ),
     )
 
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(QUESTION),
-            missing(CONTEXTS),
-            missing(REFERENCE),
-            blank(REFERENCE),
-            empty_contexts(),
-            every_context_blank(),
-        )
+    def step_fields(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"reference": row[REFERENCE]}
 
-    def program(self, row: dict[str, Any]) -> Program:
-        n = len(row[CONTEXTS])
-        [verdicts] = yield [
-            self.verdicts_ask(
-                row,
-                PROMPT,
-                n,
-                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-                reference=row[REFERENCE],
-            )
-        ]
+    def score_verdicts(self, verdicts: list[int]) -> PyCell:
+        """The average precision of the verdicts (:func:`average_precision`)."""
+        n = len(verdicts)
         useful = sum(verdicts)
         reason = None
         if useful == 0:

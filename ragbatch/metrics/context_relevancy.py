@@ -12,14 +12,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.metrics.cells import Guard, PyCell, context_guards, share_cell
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -225,11 +218,7 @@ class ContextRelevancy(JudgeMetric):
 
     def guards(self) -> tuple[Guard, ...]:
         return (
-            missing(QUESTION),
-            missing(CONTEXTS),
-            blank(QUESTION),
-            empty_contexts(),
-            every_context_blank(),
+            *context_guards(self.inputs, QUESTION),
             Guard(
                 pl.col(CONTEXTS)
                 .list.eval(pl.element().str.contains(r"[\p{L}\p{N}]").fill_null(False))
@@ -254,9 +243,9 @@ class ContextRelevancy(JudgeMetric):
                 step="sentences",
             )
         ]
-        reason = None
-        if len(relevant) < n:
-            reason = f"{n - len(relevant)} of {n} context sentences not relevant to the question"
-        return PyCell(
-            len(relevant) / n, reason=reason, details={"sentences": n, "relevant": relevant}
+        return share_cell(
+            len(relevant),
+            n,
+            "context sentences not relevant to the question",
+            details={"sentences": n, "relevant": relevant},
         )

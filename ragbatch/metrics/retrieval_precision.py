@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.health import HealthFields
+from ragbatch.judge.context_verdicts import ASK, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.metrics.cells import PyCell, share_cell
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
@@ -42,15 +34,12 @@ one verdict per context, in the order of their numbers, each with a one-sentence
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
 context, the first for context [1]."""
 
-#: The ``instructions_first`` layout's ask of this step.
-ASK = """\
-Items in the reply: {n}."""
 
 PROMPT = StepPrompt("retrieval_precision", TASK, INSTRUCTIONS, ASK)
 
 
 @register
-class RetrievalPrecision(VerdictMetric):
+class RetrievalPrecision(ContextVerdictMetric):
     """Share of the retrieved contexts that are relevant to the question, in [0, 1].
 
     One judge step per row: the judge gives a 0/1 relevance verdict per context (by its
@@ -67,10 +56,9 @@ class RetrievalPrecision(VerdictMetric):
 
     name: ClassVar[str] = "retrieval_precision"
     prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
-    health: ClassVar[HealthFields] = HealthFields(verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (PROMPT,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS)
+    nonblank: ClassVar[str] = QUESTION
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the retrieved contexts that are relevant to the question"
     source: ClassVar[str] = "Tonic Validate RetrievalPrecisionMetric (retrieval precision)"
@@ -185,22 +173,11 @@ class RetrievalPrecision(VerdictMetric):
         ),
     )
 
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(QUESTION),
-            missing(CONTEXTS),
-            blank(QUESTION),
-            empty_contexts(),
-            every_context_blank(),
+    def score_verdicts(self, verdicts: list[int]) -> PyCell:
+        """``relevant contexts / contexts``."""
+        return share_cell(
+            sum(verdicts),
+            len(verdicts),
+            "contexts not relevant to the question",
+            details={"verdicts": verdicts},
         )
-
-    def program(self, row: dict[str, Any]) -> Program:
-        n = len(row[CONTEXTS])
-        [verdicts] = yield [
-            self.verdicts_ask(row, PROMPT, n, max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS)
-        ]
-        relevant = sum(verdicts)
-        reason = None
-        if relevant < n:
-            reason = f"{n - relevant} of {n} contexts not relevant to the question"
-        return PyCell(relevant / n, reason=reason, details={"verdicts": verdicts})
