@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.parse import (
-    MAX_STATEMENTS,
-    STATEMENT_MAX_CHARS,
-    parse_statements,
-    statements_schema,
-)
-from ragbatch.judge.prompt import StepPrompt, numbered
-from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.judge.prompt import StepPrompt
+from ragbatch.judge.statement_verdicts import LISTED_STATEMENTS_MAX_TOKENS, StatementVerdictMetric
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
-#: Completion budget of the main-points step: the longest reply the schema allows
-#: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus
-#: quotes, commas and the surrounding object.
-POINTS_MAX_TOKENS = MAX_STATEMENTS * (STATEMENT_MAX_CHARS // 3 + 8) + 16
+#: Completion budget of the main-points step (at most 20 points).
+POINTS_MAX_TOKENS = LISTED_STATEMENTS_MAX_TOKENS
 POINTS_TASK = """\
 List the main points of the answer: the distinct pieces of information it gives in reply
 to the question. Write each point as one sentence that can be read on its own (name
@@ -87,7 +69,7 @@ DERIVABLE = StepPrompt(
 
 
 @register
-class AnswerConsistency(VerdictMetric):
+class AnswerConsistency(StatementVerdictMetric):
     """Consistency of the answer with the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge lists the answer's main points, then gives a 0/1
@@ -110,14 +92,18 @@ class AnswerConsistency(VerdictMetric):
     )
     health: ClassVar[HealthFields] = HealthFields(extraction="main_points", verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (DERIVABLE,)
     inputs: ClassVar[tuple[str, ...]] = (CONTEXTS, ANSWER)
+    statements_of: ClassVar[str] = ANSWER
+    extracted: ClassVar[str] = "main_points"
+    statements_field: ClassVar[str] = "points"
+    statements_max_tokens: ClassVar[int] = POINTS_MAX_TOKENS
+    no_statements: ClassVar[str] = "the answer has no main points"
+    missed: ClassVar[str] = "main points not derivable from the contexts"
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = (
         "Share of the answer's main points that can be derived from the contexts"
     )
     source: ClassVar[str] = "Tonic Validate AnswerConsistencyMetric (answer consistency)"
-    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("contexts or answer is null", "missing_input"),
         ("question is null", "judged: the question is optional and shown as '(not given)'"),
@@ -214,47 +200,3 @@ class AnswerConsistency(VerdictMetric):
             note="reasons: false, bare verdicts",
         ),
     )
-
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(CONTEXTS),
-            missing(ANSWER),
-            blank(ANSWER),
-            empty_contexts(),
-            every_context_blank(),
-        )
-
-    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
-        """Dry runs assume the judge's statements are the answer's sentences."""
-        return assumed_statements(row[ANSWER])
-
-    def program(self, row: dict[str, Any]) -> Program:
-        [points] = yield [
-            Ask(
-                self.messages(row, POINTS),
-                OutputSpec.of_schema(statements_schema(), max_tokens=POINTS_MAX_TOKENS),
-                parse_statements,
-                step="main_points",
-            )
-        ]
-        if not points:
-            return PyCell(
-                None, NOT_APPLICABLE, "the answer has no main points", details={"main_points": []}
-            )
-        n = len(points)
-        [verdicts] = yield [
-            self.verdicts_ask(
-                row,
-                DERIVABLE,
-                n,
-                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-                points=numbered(points),
-            )
-        ]
-        derivable = sum(verdicts)
-        reason = None
-        if derivable < n:
-            reason = f"{n - derivable} of {n} main points not derivable from the contexts"
-        return PyCell(
-            derivable / n, reason=reason, details={"main_points": points, "verdicts": verdicts}
-        )

@@ -105,7 +105,6 @@ def every_context_blank() -> Guard:
     )
 
 
-
 def context_guards(required: Sequence[str], nonblank: str) -> tuple[Guard, ...]:
     """The guards of a metric that judges the retrieved contexts, in priority order:
     :func:`missing` for each of ``required`` (in that order), :func:`blank` for
@@ -125,6 +124,7 @@ def share_cell(hits: int, n: int, missed: str, details: dict[str, Any]) -> PyCel
     did not count, e.g. ``"contexts not relevant to the question"``), at 1 it has none."""
     reason = f"{n - hits} of {n} {missed}" if hits < n else None
     return PyCell(hits / n, reason=reason, details=details)
+
 
 def _chain(guards: Sequence[Guard], pick: Callable[[Guard], pl.Expr]) -> pl.Expr:
     """``when(g1) then pick(g1) when(g2) ... otherwise null``."""

@@ -7,32 +7,18 @@ from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.parse import (
-    MAX_STATEMENTS,
-    STATEMENT_MAX_CHARS,
-    parse_statements,
-    statements_schema,
-)
-from ragbatch.judge.prompt import StepPrompt, numbered
-from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.judge.prompt import StepPrompt
+from ragbatch.judge.statement_verdicts import (
+    LISTED_STATEMENTS_MAX_TOKENS,
+    STATEMENT_VERDICTS_ASK,
+    StatementVerdictMetric,
 )
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
-#: Completion budget of the statements step: the longest reply the schema allows
-#: (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at about 3 characters a token) plus
-#: quotes, commas and the surrounding object.
-STATEMENTS_MAX_TOKENS = MAX_STATEMENTS * (STATEMENT_MAX_CHARS // 3 + 8) + 16
+#: Completion budget of the statements step (at most 20 statements).
+STATEMENTS_MAX_TOKENS = LISTED_STATEMENTS_MAX_TOKENS
 STATEMENTS_TASK = """\
 Reference answer to the question:
 {reference}
@@ -87,11 +73,7 @@ same order, each with a one-sentence reason.
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
 
 #: The ``instructions_first`` layout's ask of this step.
-ATTRIBUTION_ASK = """\
-Statements:
-{statements}
-
-Items in the reply: {n}."""
+ATTRIBUTION_ASK = STATEMENT_VERDICTS_ASK
 
 ATTRIBUTION = StepPrompt(
     "context_recall/verdicts", ATTRIBUTION_TASK, ATTRIBUTION_INSTRUCTIONS, ATTRIBUTION_ASK
@@ -99,7 +81,7 @@ ATTRIBUTION = StepPrompt(
 
 
 @register
-class ContextRecall(VerdictMetric):
+class ContextRecall(StatementVerdictMetric):
     """Recall of the reference answer by the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge splits the reference answer into statements, then
@@ -123,12 +105,15 @@ class ContextRecall(VerdictMetric):
     )
     health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
     version: ClassVar[int] = 1
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (ATTRIBUTION,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, REFERENCE)
+    statements_of: ClassVar[str] = REFERENCE
+    extracted: ClassVar[str] = "statements"
+    statements_max_tokens: ClassVar[int] = STATEMENTS_MAX_TOKENS
+    no_statements: ClassVar[str] = "the reference makes no statements"
+    missed: ClassVar[str] = "reference statements not supported by the contexts"
     boolean: ClassVar[bool] = False
     summary: ClassVar[str] = "Share of the reference answer's statements that the contexts support"
     source: ClassVar[str] = "Ragas context_recall (Es et al. 2023, RAGAS; Ragas docs)"
-    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or reference is null", "missing_input"),
         ("reference empty or only whitespace", "missing_input; reason 'reference is empty'"),
@@ -223,54 +208,5 @@ class ContextRecall(VerdictMetric):
         ),
     )
 
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(QUESTION),
-            missing(CONTEXTS),
-            missing(REFERENCE),
-            blank(REFERENCE),
-            empty_contexts(),
-            every_context_blank(),
-        )
-
-    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
-        """Dry runs assume the judge's statements are the reference answer's sentences."""
-        return assumed_statements(row[REFERENCE])
-
-    def program(self, row: dict[str, Any]) -> Program:
-        reference = row[REFERENCE]
-        [statements] = yield [
-            Ask(
-                self.messages(row, STATEMENTS, reference=reference),
-                OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
-                parse_statements,
-                step="statements",
-            )
-        ]
-        if not statements:
-            return PyCell(
-                None,
-                NOT_APPLICABLE,
-                "the reference makes no statements",
-                details={"statements": []},
-            )
-        n = len(statements)
-        [verdicts] = yield [
-            self.verdicts_ask(
-                row,
-                ATTRIBUTION,
-                n,
-                max_tokens_per_verdict=REASONED_VERDICT_MAX_TOKENS,
-                reference=reference,
-                statements=numbered(statements),
-            )
-        ]
-        attributable = sum(verdicts)
-        reason = None
-        if attributable < n:
-            reason = f"{n - attributable} of {n} reference statements not supported by the contexts"
-        return PyCell(
-            attributable / n,
-            reason=reason,
-            details={"statements": statements, "verdicts": verdicts},
-        )
+    def step_fields(self, row: dict[str, Any]) -> dict[str, str]:
+        return {"reference": row[REFERENCE]}

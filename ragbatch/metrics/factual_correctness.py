@@ -13,9 +13,10 @@ from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS, parse_statements, statements_schema
+from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS
 from ragbatch.judge.prompt import StepPrompt, numbered
-from ragbatch.judge.protocol import Ask, OutputSpec
+from ragbatch.judge.protocol import Ask
+from ragbatch.judge.statement_verdicts import statements_ask
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric, VerdictParams
 from ragbatch.metrics import context_recall, faithfulness
 from ragbatch.metrics.cells import Guard, PyCell, blank, missing
@@ -399,12 +400,7 @@ class FactualCorrectness(VerdictMetric):
             messages = self.messages(row, ANSWER_CLAIMS)
         else:
             messages = self.messages(row, REFERENCE_CLAIMS, reference=row[REFERENCE])
-        return Ask(
-            messages,
-            OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
-            parse_statements,
-            step=f"{side}_claims",
-        )
+        return statements_ask(messages, STATEMENTS_MAX_TOKENS, step=f"{side}_claims")
 
     def program(self, row: dict[str, Any]) -> Program:
         both = self.mode != "precision"

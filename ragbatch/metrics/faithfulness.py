@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.assumed import assumed_statements
-from ragbatch.judge.metric import JudgeExample, Program
-from ragbatch.judge.parse import (
-    STATEMENTS_MAX_TOKENS,
-    VERDICT_MAX_TOKENS,
-    parse_statements,
-    statements_schema,
-)
-from ragbatch.judge.prompt import StepPrompt, numbered
-from ragbatch.judge.protocol import Ask, OutputSpec
-from ragbatch.judge.verdicts import VerdictMetric
-from ragbatch.metrics.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.judge.metric import JudgeExample
+from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS
+from ragbatch.judge.prompt import StepPrompt
+from ragbatch.judge.statement_verdicts import STATEMENT_VERDICTS_ASK, StatementVerdictMetric
 from ragbatch.core.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
@@ -72,17 +57,13 @@ statement, in the same order, each with a one-sentence reason.
 Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
 
 #: The ``instructions_first`` layout's ask of this step.
-VERDICTS_ASK = """\
-Statements:
-{statements}
-
-Items in the reply: {n}."""
+VERDICTS_ASK = STATEMENT_VERDICTS_ASK
 
 VERDICTS = StepPrompt("faithfulness/verdicts", VERDICTS_TASK, VERDICTS_INSTRUCTIONS, VERDICTS_ASK)
 
 
 @register
-class Faithfulness(VerdictMetric):
+class Faithfulness(StatementVerdictMetric):
     """Faithfulness of the answer to the retrieved contexts, in [0, 1].
 
     Two judge steps per row: the judge splits the answer into standalone statements,
@@ -103,11 +84,15 @@ class Faithfulness(VerdictMetric):
         VERDICTS,
     )
     health: ClassVar[HealthFields] = HealthFields(extraction="statements", verdicts="verdicts")
-    verdict_prompts: ClassVar[tuple[StepPrompt, ...]] = (VERDICTS,)
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, CONTEXTS, ANSWER)
+    statements_of: ClassVar[str] = ANSWER
+    extracted: ClassVar[str] = "statements"
+    statements_max_tokens: ClassVar[int] = STATEMENTS_MAX_TOKENS
+    verdict_max_tokens: ClassVar[int] = VERDICT_MAX_TOKENS
+    no_statements: ClassVar[str] = "the answer makes no statements"
+    missed: ClassVar[str] = "statements not supported"
     summary: ClassVar[str] = "Share of the answer's statements that the retrieved contexts support"
     source: ClassVar[str] = "Ragas faithfulness (Es et al. 2023, RAGAS, section 3)"
-    judge_steps: ClassVar[int] = 2
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
         ("question, contexts or answer is null", "missing_input"),
         ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
@@ -195,50 +180,3 @@ class Faithfulness(VerdictMetric):
             note="reasons: false, bare verdicts; the year is not in the context",
         ),
     )
-
-    def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(QUESTION),
-            missing(CONTEXTS),
-            missing(ANSWER),
-            blank(ANSWER),
-            empty_contexts(),
-            every_context_blank(),
-        )
-
-    def assumed_result(self, row: dict[str, Any], ask: Ask) -> Any:
-        """Dry runs assume the judge's statements are the answer's sentences."""
-        return assumed_statements(row[ANSWER])
-
-    def program(self, row: dict[str, Any]) -> Program:
-        [statements] = yield [
-            Ask(
-                self.messages(row, STATEMENTS),
-                OutputSpec.of_schema(statements_schema(), max_tokens=STATEMENTS_MAX_TOKENS),
-                parse_statements,
-                step="statements",
-            )
-        ]
-        if not statements:
-            return PyCell(
-                None, NOT_APPLICABLE, "the answer makes no statements", details={"statements": []}
-            )
-        [verdicts] = yield [
-            self.verdicts_ask(
-                row,
-                VERDICTS,
-                len(statements),
-                max_tokens_per_verdict=VERDICT_MAX_TOKENS,
-                statements=numbered(statements),
-            )
-        ]
-        supported = sum(verdicts)
-        reason = None
-        if supported < len(statements):
-            unsupported = [s for s, v in zip(statements, verdicts) if not v]
-            reason = f"{len(unsupported)} of {len(statements)} statements not supported"
-        return PyCell(
-            supported / len(statements),
-            reason=reason,
-            details={"statements": statements, "verdicts": verdicts},
-        )
