@@ -17,6 +17,15 @@ from ragbatch.metrics.cells import Guard, PyCell, context_guards
 #: The ``instructions_first`` layout's ask of a per-context verdict step.
 ASK = "Items in the reply: {n}."
 
+#: The last rows of every such metric's ``policy``: the failures its one step can meet.
+FAILURE_POLICY: tuple[tuple[str, str], ...] = (
+    ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
+    (
+        "verdict count differs from the number of contexts, or a reply cut at max_tokens",
+        "parse_failure after the retries; the raw reply is kept",
+    ),
+)
+
 
 class ContextVerdictMetric(VerdictMetric):
     """A judge metric asking one reasoned 0/1 verdict per retrieved context.

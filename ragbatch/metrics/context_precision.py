@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Sequence
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.context_verdicts import ASK, ContextVerdictMetric
+from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.metrics.cells import PyCell
@@ -111,11 +111,7 @@ class ContextPrecision(ContextVerdictMetric):
             "judged like any other context: "
             "not useful; ranked above useful ones, it lowers the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "verdict count differs from the number of contexts, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *FAILURE_POLICY,
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(

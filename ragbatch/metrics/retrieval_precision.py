@@ -6,7 +6,7 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.context_verdicts import ASK, ContextVerdictMetric
+from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.metrics.cells import PyCell, share_cell
@@ -81,11 +81,7 @@ class RetrievalPrecision(ContextVerdictMetric):
             "judged like any other context: "
             "irrelevant, so it lowers the score (the retrieval fetched it)",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "verdict count differs from the number of contexts, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *FAILURE_POLICY,
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
