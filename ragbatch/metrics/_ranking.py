@@ -281,8 +281,10 @@ class RankedIds:
         (rank of the first of them, null when none), ``ap_sum`` (sum over those hits of
         precision at their rank), ``dcg`` (sum of gain / log2(rank + 1) over ranks 1..k)
         and, for ``graded``, ``idcg`` (the same for the ideal ranking: the judged gains in
-        decreasing order, cut at k; 0.0 otherwise). Counts are Int64 and 0, sums Float64
-        and 0.0, where a row has nothing to count. ``k`` None: the whole ranking. Last,
+        decreasing order, cut at k; 0.0 otherwise; a row of grades near the float64
+        limits has both ``dcg`` and ``idcg`` of its gains divided by one power of two, see
+        :func:`_scaled_for_sums`). Counts are Int64 and 0, sums Float64 and 0.0, where a
+        row has nothing to count. ``k`` None: the whole ranking. Last,
         ``details``: the JSON object of ``retrieved``, ``relevant`` and ``hits`` that
         every ranking metric's cell carries."""
         with self._lock:
@@ -332,6 +334,9 @@ class _RankedPart:
             self.ideal_gains,
         )
         _sort_wide_rows_descending(self.ideal_starts, self.ideal_gains)
+        self._dcg_gain, self._ideal_dcg_gains = _scaled_for_sums(
+            self.starts, self.gain[True], self.ideal_starts, self.ideal_gains
+        )
         self.widest_ideal = int(relevant_graded.max()) if n else 0
         self.longest = int(self.lengths.max()) if n else 0
         self._log2 = _log2_table(max(self.longest, self.widest_ideal))
@@ -346,7 +351,13 @@ class _RankedPart:
         starts, gain, log2 = _ro(self.starts, self.gain[graded], self._log2)
         _kernel().cut_stats(starts, gain, cut, log2, hits, first, ap_sum, dcg)
         if graded:
-            _kernel().ideal_dcg(*_ro(self.ideal_starts, self.ideal_gains), cut, log2, idcg)
+            if self._dcg_gain is not self.gain[True]:
+                # rows of extreme grades: their DCG from the gains scaled for the sums
+                scratch = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n)
+                scaled = _ro(self._dcg_gain)[0]
+                _kernel().cut_stats(starts, scaled, cut, log2, *scratch[:2], scratch[2], dcg)
+            ideal = _ro(self.ideal_starts, self._ideal_dcg_gains)
+            _kernel().ideal_dcg(*ideal, cut, log2, idcg)
         stats = pl.DataFrame(
             {
                 "retrieved": self.lengths,
@@ -370,6 +381,39 @@ class _RankedPart:
         details = _count_json({"retrieved": self.lengths, "relevant": relevant, "hits": hits})
         self._seen_details.append((relevant, hits, details))
         return details
+
+
+#: Rows whose largest gain lies beyond 2**±GAIN_EXPONENT_LIMIT have their nDCG sums
+#: taken over scaled gains (:func:`_scaled_for_sums`).
+GAIN_EXPONENT_LIMIT = 900
+
+
+def _scaled_for_sums(
+    starts: np.ndarray, gain: np.ndarray, ideal_starts: np.ndarray, ideal_gains: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The graded gains (per ranked item, rows from ``starts``) and ideal gains (rows
+    from ``ideal_starts``, each row in decreasing order) to sum for DCG and ideal DCG.
+
+    A row whose largest gain is above 2**900 or below 2**-900 (grades near the float64
+    limits, which ``relevance`` accepts as finite numbers) would overflow its sums to
+    infinity (nDCG inf / inf = NaN) or lose its digits to subnormal numbers; its gains
+    are divided by the power of two that brings the largest into [0.5, 1). nDCG is a
+    ratio of linear sums, so the scale cancels; any other row is left as it is, and
+    the arrays themselves are returned when no row needs scaling.
+    """
+    rows = len(ideal_starts) - 1
+    widths = np.diff(ideal_starts)
+    top = np.ones(rows)
+    top[widths > 0] = ideal_gains[ideal_starts[:-1][widths > 0]]
+    _, exponents = np.frexp(top)
+    extreme = np.abs(exponents) > GAIN_EXPONENT_LIMIT
+    if not extreme.any():
+        return gain, ideal_gains
+    shift = np.where(extreme, -exponents, 0)
+    return (
+        np.ldexp(gain, np.repeat(shift, np.diff(starts))),
+        np.ldexp(ideal_gains, np.repeat(shift, widths)),
+    )
 
 
 def _count_json(counts: dict[str, np.ndarray]) -> pl.Series:
