@@ -442,3 +442,73 @@ def test_random_hostile_batches_agree_with_the_reference(rows, parts, k):
             want = _reference_cell(name, row, k)
             assert (cell["status"], cell["details"]) == (want[0], want[2]), (name, row)
             assert _close(cell["score"], want[1]), (name, row)
+
+
+def test_list_children_with_their_own_offsets_and_null_lists_over_items():
+    # Arrow lets a list's child array start at an offset of its own, a struct's fields
+    # start at different offsets, and a null list span child items: the match must
+    # read each row's items through all of them
+    from udfs.expressions import expression_stage
+
+    ids = pa.array(["zz", "zz", "zz", "a" * 20, "b", "a" * 20, "c", "b" * 15, None, "d"]).slice(3)
+    ranked = pa.ListArray.from_arrays(
+        pa.array([0, 3, 4, 5, 7], pa.int32()), ids, mask=pa.array([False, True, False, False])
+    )
+    listed = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 3, 4], pa.int32()),
+        pa.array(["q", "q", "a" * 20, "b" * 15, "d", "c"]).slice(2),
+    )
+    entries = pa.StructArray.from_arrays(
+        [
+            pa.array(["p"] * 3 + ["c", "d", "b" * 15, "a" * 20]).slice(3),
+            pa.array([9.0, 2.0, 1.0, 3.0, 0.5]).slice(1),
+        ],
+        names=["id", "grade"],
+    )
+    graded = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 3, 4], pa.int32()), entries, mask=pa.array([True, False, True, False])
+    )
+    rows = [
+        {"context_ids": ["a" * 20, "b", "a" * 20], "relevant_ids": ["a" * 20]},
+        {
+            "relevant_ids": ["b" * 15],
+            "relevance": [{"id": "d", "grade": 1.0}],
+        },
+        {"context_ids": ["b" * 15], "relevant_ids": ["d"]},
+        {
+            "context_ids": [None, "d"],
+            "relevant_ids": ["c"],
+            "relevance": [{"id": "a" * 20, "grade": 0.5}],
+        },
+    ]
+    table = pa.table(
+        {
+            "context_ids": ranked,
+            "relevant_ids": listed,
+            "relevance": graded.cast(RANKING_SCHEMA.field("relevance").type),
+        }
+    )
+    assert table.to_pylist() == [{c: row.get(c) for c in RANKING} for row in rows]
+    # null lists that span items: ranked row 1 (one id), graded rows 0 and 2
+    assert ranked.is_null().to_pylist()[1] and ranked.offsets.to_pylist()[1:3] == [3, 4]
+    assert graded.is_null().to_pylist() == [True, False, True, False]
+    assert graded.offsets.to_pylist() == [0, 1, 2, 3, 4]
+    for start in (0, 1, 2):
+        frame = pl.from_arrow(table.slice(start))
+        assert isinstance(frame, pl.DataFrame)
+        _assert_stats(RankedIds(frame, parts=2), rows[start:])
+    # through the stage (which re-bases sliced lists), rows 1-3: missing, then recall 0
+    # (d and c not retrieved) and nDCG 0 (no judged id retrieved: d of row 2 at no rank,
+    # a*20 of row 3 not retrieved)
+    canonical = canonical_frame(rows).to_arrow()
+    for name in table.column_names:
+        at = canonical.schema.get_field_index(name)
+        canonical = canonical.set_column(
+            at, name, table.column(name).cast(canonical.schema.field(at).type)
+        )
+    metrics = [get_metric(n).from_params({}, metric_id=n) for n in ("recall_at_k", "ndcg_at_k")]
+    out = expression_stage(canonical.slice(1), metrics)
+    recall = out.column(cell_column("recall_at_k")).combine_chunks()
+    ndcg = out.column(cell_column("ndcg_at_k")).combine_chunks()
+    assert pc.struct_field(recall, "score").to_pylist() == [None, 0.0, 0.0]
+    assert pc.struct_field(ndcg, "score").to_pylist() == [None, 0.0, 0.0]
