@@ -394,13 +394,16 @@ def _scaled_for_sums(
     """The graded gains (per ranked item, rows from ``starts``) and ideal gains (rows
     from ``ideal_starts``, each row in decreasing order) to sum for DCG and ideal DCG.
 
-    A row whose largest gain is above 2**900 or below 2**-900 (grades near the float64
+    A row whose largest gain is at or above 2**900 or below 2**-901 (grades near the float64
     limits, which ``relevance`` accepts as finite numbers) would overflow its sums to
     infinity (nDCG inf / inf = NaN) or lose its digits to subnormal numbers; its gains
     are divided by the power of two that brings the largest into [0.5, 1). nDCG is a
     ratio of linear sums, so the scale cancels; any other row is left as it is, and
     the arrays themselves are returned when no row needs scaling.
     """
+    bound = 2.0**GAIN_EXPONENT_LIMIT
+    if not len(ideal_gains) or (ideal_gains.max() < bound and ideal_gains.min() >= 1 / bound):
+        return gain, ideal_gains  # every gain in range: no row needs it (the usual case)
     rows = len(ideal_starts) - 1
     widths = np.diff(ideal_starts)
     top = np.ones(rows)
