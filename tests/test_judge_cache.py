@@ -442,3 +442,41 @@ def test_upkeep_refuses_to_delete_outside_the_cache_root(tmp_path):
     _remove(files, str(inside))
     _remove(files, str(inside))
     assert not inside.exists()
+
+
+@pytest.mark.parametrize("bound, footer_reads", [(None, 40), (1, 40 + 40)])
+def test_a_reader_keeps_the_footers_it_read_within_its_byte_bound(
+    tmp_path, monkeypatch, bound, footer_reads
+):
+    # 40 groups in 40 bucket files, looked up twice, one file at a time. Each footer is
+    # read once, with the file's group ranges, and kept (serialized) for the row-group
+    # reads after it: the second lookup reads no footer. With the bound at one byte only
+    # the footer read last stays, and each file's footer read in the second lookup
+    # drops the one before: it reads all 40 again. Either way the same entries are found.
+    from ragbatch.judge import cache_store
+
+    monkeypatch.setattr(cache_store, "LOOKUP_THREADS", 1)  # files read in order
+    if bound is not None:
+        monkeypatch.setattr(cache_store, "FOOTER_CACHE_BYTES", bound)
+    uri = str(tmp_path / "cache")
+    groups = [f"{i:02x}" + "0" * 62 for i in range(0, 80, 2)]
+    cache = JudgmentCache(uri, {})
+    for i, g in enumerate(groups):
+        cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), g)
+    cache.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+    reads = []
+    parquet_file = pq.ParquetFile
+
+    def counting(source, *args, metadata=None, **kwargs):
+        reads.append(metadata is None)  # no footer given: PyArrow reads it from the file
+        return parquet_file(source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", counting)
+    reader = JudgmentCache(uri, {})
+    expected = {f"k{i}": (f"t{i}", g) for i, g in enumerate(groups)}
+    for _ in range(2):
+        found = reader.lookup(groups)
+        assert {key: (reply[0], group) for key, (reply, group) in found.items()} == expected
+    assert sum(reads) == footer_reads
+    assert reader.row_groups_read == 80

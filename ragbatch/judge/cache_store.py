@@ -23,6 +23,7 @@ not read: their entries carry no group.
 from __future__ import annotations
 
 import bisect
+import pickle
 import threading
 import uuid
 from collections import OrderedDict
@@ -40,9 +41,11 @@ ROW_GROUP_ROWS = 512
 #: Row groups whose ``group`` range a reader keeps, over all bucket files (the ranges of
 #: the least recently used files are dropped first, and read again when needed).
 RANGE_CACHE_ROW_GROUPS = 65_536
-#: Bucket files whose whole parsed footer a reader keeps (a parsed footer takes a few
-#: KiB per row group; a file whose footer is not kept has it read again).
-FOOTER_CACHE_FILES = 32
+#: Bytes of bucket-file footers a reader keeps, serialized (about 1.1 KiB per row group,
+#: a tenth of a parsed footer): 32 MiB hold every footer of a cache of about 14 million
+#: entries. A file whose footer is not kept has it read again, one more request to the
+#: store per file a lookup reads.
+FOOTER_CACHE_BYTES = 32 << 20
 #: Read-ahead of a lookup's reads, in bytes (object stores fetch this much per request;
 #: about one row group, rather than fsspec's default of several MiB).
 LOOKUP_BLOCK_BYTES = 1 << 18
@@ -187,8 +190,8 @@ class BucketReader:
     groups whose ``group`` range holds one of them.
 
     Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
-    groups, :data:`FOOTER_CACHE_FILES` parsed footers and the entries of the groups asked
-    for, whatever the cache's size; opening costs one listing.
+    groups, :data:`FOOTER_CACHE_BYTES` of serialized footers and the entries of the
+    groups asked for, whatever the cache's size; opening costs one listing.
 
     Parameters
     ----------
@@ -200,7 +203,9 @@ class BucketReader:
         self.by_bucket = files.bucket_files()
         self._ranges: OrderedDict[str, tuple[list[str], list[str]]] = OrderedDict()
         self._range_row_groups = 0
-        self._footers: OrderedDict[str, Any] = OrderedDict()
+        # path -> the file's footer, pickled (parsed again when the file is read)
+        self._footers: OrderedDict[str, bytes] = OrderedDict()
+        self._footer_bytes = 0
         self.row_groups_read = 0
         # The range and footer caches and the counter are shared by the lookup threads.
         self._lock = threading.Lock()
@@ -211,11 +216,27 @@ class BucketReader:
         return not self.by_bucket
 
     def _keep_footer(self, path: str, meta: Any) -> None:
+        """Keep ``path``'s footer (a ``pyarrow.parquet.FileMetaData``), most recently
+        used last; drop the least recently used past :data:`FOOTER_CACHE_BYTES`."""
         with self._lock:
-            self._footers[path] = meta
-            self._footers.move_to_end(path)
-            while len(self._footers) > FOOTER_CACHE_FILES:
-                self._footers.popitem(last=False)
+            if path in self._footers:
+                self._footers.move_to_end(path)
+                return
+        serialized = pickle.dumps(meta)
+        with self._lock:
+            if path not in self._footers:
+                self._footers[path] = serialized
+                self._footer_bytes += len(serialized)
+            while self._footer_bytes > FOOTER_CACHE_BYTES and len(self._footers) > 1:
+                _, dropped = self._footers.popitem(last=False)
+                self._footer_bytes -= len(dropped)
+
+    def _footer(self, path: str) -> Any:
+        """``path``'s kept footer (``FileMetaData``), or None."""
+        with self._lock:
+            serialized = self._footers.get(path)
+        # our own bytes, pickled by _keep_footer in this process
+        return None if serialized is None else pickle.loads(serialized)
 
     def _range(self, path: str) -> tuple[list[str], list[str]] | None:
         """The (min, max) of ``group`` per row group of ``path`` (None: file gone)."""
@@ -291,8 +312,7 @@ class BucketReader:
                 i += 1
         if not chosen:
             return None
-        with self._lock:
-            footer = self._footers.get(path)
+        footer = self._footer(path)
         try:
             with self.files.fs.open(path, "rb", block_size=LOOKUP_BLOCK_BYTES) as handle:
                 parquet = pq.ParquetFile(handle, metadata=footer)
