@@ -179,17 +179,27 @@ def _kernel() -> ModuleType:
     return _ranking_kernel
 
 
+def _wide(starts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The items of the rows wider than the kernels' ``NARROW`` (row r's items from
+    ``starts[r]`` to ``starts[r + 1]``) and the row of each; None when no row is."""
+    widths = np.diff(starts)
+    wide = widths > _kernel().NARROW
+    if not wide.any():
+        return None
+    items: np.ndarray = np.flatnonzero(np.repeat(wide, widths))
+    rows: np.ndarray = np.repeat(np.flatnonzero(wide), widths[wide])
+    return items, rows
+
+
 def _by_key(starts: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """The kernels' ``by_key`` (see :mod:`ragbatch.metrics._ranking_kernel`): within
     each row wider than its ``NARROW``, the row's item indices sorted by key, ties in
     item order; empty when no row is that wide."""
-    widths = np.diff(starts)
-    wide = widths > _kernel().NARROW
-    if not wide.any():
+    wide = _wide(starts)
+    if wide is None:
         return _NO_ITEMS
+    items, rows = wide
     order: np.ndarray = np.arange(len(keys), dtype=np.int64)
-    items = np.flatnonzero(np.repeat(wide, widths))
-    rows: np.ndarray = np.repeat(np.flatnonzero(wide), widths[wide])
     order[items] = items[np.lexsort((keys[items], rows))]
     return order
 
@@ -197,11 +207,9 @@ def _by_key(starts: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def _sort_wide_rows_descending(starts: np.ndarray, values: np.ndarray) -> None:
     """Sort, in place, the rows wider than the kernels' ``NARROW`` of a flat array of
     rows (row r from ``starts[r]`` to ``starts[r + 1]``) in decreasing order."""
-    widths = np.diff(starts)
-    wide = widths > _kernel().NARROW
-    if wide.any():
-        items = np.flatnonzero(np.repeat(wide, widths))
-        rows: np.ndarray = np.repeat(np.flatnonzero(wide), widths[wide])
+    wide = _wide(starts)
+    if wide is not None:
+        items, rows = wide
         values[items] = values[items][np.lexsort((-values[items], rows))]
 
 
