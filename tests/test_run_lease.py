@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ragbatch.core.errors import RunError, RunInProgressError
-from ragbatch.io.lease import RunLease
+from ragbatch.io.lease import RunLease, create_exclusive
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -167,6 +167,62 @@ def test_holder_renews_while_it_runs(store):
     holder.check()
     holder.release()
     assert RunLease(fs, folder, "r").acquire().generation == 2
+
+
+class RacerLandsAfterTheLook:
+    """A fake for a fault that timing alone cannot cause on demand: a local filesystem
+    whose existence check always answers "no", as it does when another process creates
+    the file just after the check. An exclusive create must still refuse."""
+
+    @staticmethod
+    def filesystem():
+        from fsspec.implementations.local import LocalFileSystem
+
+        class Lying(LocalFileSystem):
+            def exists(self, path, **kwargs):
+                return False
+
+        return Lying(skip_instance_cache=True)
+
+
+def test_exclusive_create_on_a_local_disk_refuses_even_after_a_look_that_missed(tmp_path):
+    fs = RacerLandsAfterTheLook.filesystem()
+    path = str(tmp_path / "00000001.json")
+    create_exclusive(fs, path, b"first")
+    with pytest.raises(FileExistsError):
+        create_exclusive(fs, path, b"second")
+    assert Path(path).read_bytes() == b"first"
+    # The lease takes a generation the same way: the second attempt that looked and
+    # saw generation 1 free (here: a listing taken before the first create) loses it.
+    folder = tmp_path / "lease"
+    first, second = RunLease(fs, str(folder), "r"), RunLease(fs, str(folder), "r")
+    second._generations = lambda: []  # its listing ran before the first attempt's create
+    assert first.acquire().generation == 1
+    with pytest.raises(RunInProgressError, match="other attempts kept taking its lease"):
+        second.acquire()
+    assert _record(fs, str(folder), 1)["token"] == first.record.token
+
+
+def test_exclusive_create_in_threads_racing_on_one_path_lets_exactly_one_through(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import fsspec
+
+    fs = fsspec.filesystem("file")
+
+    def attempt(args):
+        path, n = args
+        try:
+            create_exclusive(fs, path, str(n).encode())
+        except FileExistsError:
+            return None
+        return n
+
+    for round_ in range(50):
+        path = str(tmp_path / f"{round_:08d}.json")
+        with ThreadPoolExecutor(8) as pool:
+            won = [n for n in pool.map(attempt, [(path, n) for n in range(8)]) if n is not None]
+        assert len(won) == 1 and Path(path).read_bytes() == str(won[0]).encode()
 
 
 @pytest.mark.slow  # separate processes racing, each importing ragbatch

@@ -5,9 +5,9 @@
     _staging/run_id=<id>/lease/<generation>.json     who holds the run, until when
 
 An attempt takes the lease by creating the next generation's file with an exclusive
-create (fsspec's ``pipe_file(..., mode="create")``: ``O_EXCL`` on a local disk, a
-conditional ``PUT`` with ``If-None-Match: *`` on S3): of attempts that race for one
-generation exactly one succeeds, whichever process or machine they run in. A new
+create (:func:`create_exclusive`: ``O_EXCL`` on a local disk, a conditional ``PUT`` with
+``If-None-Match: *`` on S3): of attempts that race for one generation exactly one
+succeeds, whichever process or machine they run in. A new
 generation may be taken only when the latest one has ended: released, expired, or held
 by a process that no longer exists on this machine.
 
@@ -79,6 +79,32 @@ def _process_gone(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+def create_exclusive(fs: Any, path: str, data: bytes) -> None:
+    """Create ``path`` holding ``data``, or raise :class:`FileExistsError` when it exists.
+
+    Of processes that race to create one path, exactly one succeeds. On a local disk
+    this is the operating system's ``O_CREAT | O_EXCL`` open: fsspec's own
+    ``pipe_file(..., mode="create")`` there looks for the file, then opens it for
+    writing, and two processes can both pass the look. Elsewhere it is the filesystem's
+    ``mode="create"`` (s3fs: a conditional ``PUT`` with ``If-None-Match: *``). A reader
+    may see the file empty for the moment between the create and the write.
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists (another attempt created it first).
+    OSError
+        The storage's own errors.
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        with open(fs._strip_protocol(path), "xb") as fh:
+            fh.write(data)
+        return
+    fs.pipe_file(path, data, mode="create")
 
 
 def _when(epoch: float) -> str:
@@ -234,7 +260,7 @@ class RunLease:
                 )
             record = LeaseRecord.new(top + 1, self.ttl_s)
             try:
-                self.fs.pipe_file(self.path(record.generation), record.to_bytes(), mode="create")
+                create_exclusive(self.fs, self.path(record.generation), record.to_bytes())
             except FileExistsError:
                 continue  # another attempt took this generation first: look again
             if holder is not None:
