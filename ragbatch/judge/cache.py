@@ -7,9 +7,11 @@ metric's name, version and params (:func:`cache_key`).
 
 Every entry is also filed under its row's *group* (:func:`group_key`): a hash of the
 engine's identity and the row's judge inputs. A judge actor looks up the groups of a
-batch's rows once, when the batch starts (:meth:`JudgmentCache.prefetch`), and so
-finds every step of every metric that was judged on those rows, the later steps of a
-multi-step metric included; it keeps them until the batch ends. Its memory and start-up
+batch's rows once, when the batch starts (:meth:`JudgmentCache.lookup`; on a worker
+thread when several batches share the actor's event loop, see
+:meth:`~ragbatch.judge.run.JudgeRunner.run_async`), and so finds every step of every
+metric that was judged on those rows, the later steps of a multi-step metric included;
+it keeps them until the batch ends. Its memory and start-up
 therefore depend on the batch, not on the cache's size.
 
 After each batch, an actor writes the replies it paid for, and which cached entries it
@@ -26,6 +28,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Protocol
@@ -113,9 +116,17 @@ class JudgmentCache:
     Opening lists the bucket files (one listing); nothing else is read until
     :meth:`prefetch`. Memory: the entries of the groups prefetched for the current
     batch, the ``group`` ranges of at most
-    :data:`~ragbatch.judge.cache_store.RANGE_CACHE_ROW_GROUPS` row groups, the parsed
-    footers of :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_FILES` files, and up to
-    :data:`RECENT_ENTRIES` replies this process obtained.
+    :data:`~ragbatch.judge.cache_store.RANGE_CACHE_ROW_GROUPS` row groups,
+    :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_BYTES` of serialized footers, and up
+    to :data:`RECENT_ENTRIES` replies this process obtained.
+
+    Thread-safe: one cache is shared by every batch in flight on a judge actor, whose
+    lookups (:meth:`lookup`) run on worker threads while the event loop's thread answers
+    requests (:meth:`hit`, :meth:`get`, :meth:`put`) and flushes. Any method may be
+    called from any thread: the reader is thread-safe
+    (:class:`~ragbatch.judge.cache_store.BucketReader`), and this object's own entries,
+    recent replies, new replies and touches change only under a lock, which is never
+    held while storage is read or written.
     """
 
     def __init__(
@@ -139,6 +150,8 @@ class JudgmentCache:
         self._recent: OrderedDict[str, Reply] = OrderedDict()
         self._new: list[dict[str, Any]] = []
         self._touched: dict[str, str] = {}
+        # guards the five fields above: they are shared by every thread using the cache
+        self._lock = threading.Lock()
 
     def _errors(self, doing: str) -> Any:
         return _storage_errors(self.uri, doing)
@@ -162,16 +175,20 @@ class JudgmentCache:
         OutputError
             A bucket file cannot be read (the message names the URI).
         """
-        todo = set(groups) - self._fetched
-        self._fetched |= todo
+        asked = set(groups)
+        with self._lock:
+            todo = asked - self._fetched
+            self._fetched |= todo
         found = self.lookup(todo)
-        self._batch.update(found)
+        with self._lock:
+            self._batch.update(found)
         return len(found)
 
     def lookup(self, groups: Iterable[str]) -> dict[str, tuple[Reply, str]]:
         """Key -> (reply, group) of every entry stored under ``groups``, kept nowhere
         (for callers that hold a batch's entries themselves, one per batch in flight;
-        answer a request from it with :meth:`hit`).
+        answer a request from it with :meth:`hit`). It reads only the reader's state, so
+        lookups may run on several threads at once.
 
         Raises
         ------
@@ -189,20 +206,21 @@ class JudgmentCache:
         """The completion of an entry :meth:`lookup` found, noting its use (written as a
         touch by the next :meth:`flush`)."""
         reply, group = found
-        self._touched[key] = group
+        with self._lock:
+            self._touched[key] = group
         return _completion(reply)
 
     def get(self, key: str) -> Completion | None:
         """The cached completion for ``key`` (status ``ok``), or None. Only entries of
         prefetched groups and this process's own recent replies are found."""
-        found = self._batch.get(key)
+        with self._lock:
+            found = self._batch.get(key)
+            recent = None if found is not None else self._recent.get(key)
+            if recent is not None:
+                self._recent.move_to_end(key)
         if found is not None:
             return self.hit(key, found)
-        recent = self._recent.get(key)
-        if recent is not None:
-            self._recent.move_to_end(key)
-            return _completion(recent)
-        return None
+        return None if recent is None else _completion(recent)
 
     def put(
         self,
@@ -223,30 +241,31 @@ class JudgmentCache:
             completion.completion_tokens,
             logprobs_json(completion.logprobs),
         )
-        self._recent[key] = reply
-        self._recent.move_to_end(key)
-        if len(self._recent) > RECENT_ENTRIES:
-            self._recent.popitem(last=False)
+        with self._lock:
+            self._recent[key] = reply
+            self._recent.move_to_end(key)
+            if len(self._recent) > RECENT_ENTRIES:
+                self._recent.popitem(last=False)
         if group is None:
             return
         now = _now()
         text, finish, pt, ct, lp = reply
-        self._new.append(
-            {
-                "group": group,
-                "key": key,
-                "metric": metric_name,
-                "text": text,
-                "finish_reason": finish,
-                "prompt_tokens": pt,
-                "completion_tokens": ct,
-                "model_id": model_id,
-                "logprobs": lp,
-                "created_at": now,
-                "last_used": now,
-                "last_run": self.run_id,
-            }
-        )
+        entry = {
+            "group": group,
+            "key": key,
+            "metric": metric_name,
+            "text": text,
+            "finish_reason": finish,
+            "prompt_tokens": pt,
+            "completion_tokens": ct,
+            "model_id": model_id,
+            "logprobs": lp,
+            "created_at": now,
+            "last_used": now,
+            "last_run": self.run_id,
+        }
+        with self._lock:
+            self._new.append(entry)
 
     def flush(self) -> int:
         """Write the replies added since the last flush, and touches of the entries
@@ -259,13 +278,15 @@ class JudgmentCache:
             The journal file cannot be written (the message names the URI and the cause).
         """
         now = _now()
+        with self._lock:
+            new, touched = self._new, self._touched
+            self._new, self._touched, self._batch, self._fetched = [], {}, {}, set()
         touches = [
             {"group": group, "key": key, "last_used": now, "last_run": self.run_id}
-            for key, group in self._touched.items()
+            for key, group in touched.items()
         ]
-        rows = self._new + touches
-        written = len(self._new)
-        self._new, self._touched, self._batch, self._fetched = [], {}, {}, set()
+        rows = new + touches
+        written = len(new)
         if not rows:
             return 0
         table = pa.Table.from_pylist(rows, schema=ENTRY_SCHEMA)

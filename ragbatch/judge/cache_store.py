@@ -193,6 +193,13 @@ class BucketReader:
     groups, :data:`FOOTER_CACHE_BYTES` of serialized footers and the entries of the
     groups asked for, whatever the cache's size; opening costs one listing.
 
+    Thread-safe: :meth:`lookup` may be called from several threads at once (a judge
+    actor looks up the batches in flight on worker threads). The range and footer
+    caches, their byte and row-group counts and :attr:`row_groups_read` change only
+    under one lock, and every lookup reads its files on the one pool of
+    :data:`LOOKUP_THREADS` threads made with the reader. The caches only save reads:
+    what a lookup returns, and the row groups it counts, are those it would find alone.
+
     Parameters
     ----------
     files : CacheFiles
@@ -207,9 +214,12 @@ class BucketReader:
         self._footers: OrderedDict[str, bytes] = OrderedDict()
         self._footer_bytes = 0
         self.row_groups_read = 0
-        # The range and footer caches and the counter are shared by the lookup threads.
+        # The range and footer caches and the counters are shared by the read threads of
+        # a lookup and by lookups made at once from several threads.
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        # Made here, not at the first lookup, so that concurrent first lookups share one;
+        # its threads start with the first read of several files.
+        self._pool = ThreadPoolExecutor(max(1, LOOKUP_THREADS), thread_name_prefix="ragbatch-cache")
 
     @property
     def empty(self) -> bool:
@@ -272,9 +282,17 @@ class BucketReader:
         is stored twice (two runs paid for it at once), the earlier reply is kept, so that
         every reader settles on the same one.
 
-        The bucket files are read up to :data:`LOOKUP_THREADS` at once; what they hold is
-        merged in file order afterwards, so the result does not depend on which read
-        ends first."""
+        The bucket files are read up to :data:`LOOKUP_THREADS` at once (over all the
+        lookups running on this reader); what they hold is merged in file order
+        afterwards, so the result does not depend on which read ends first, nor on the
+        other lookups running meanwhile.
+
+        Raises
+        ------
+        OSError, pyarrow.ArrowException
+            A bucket file cannot be read or parsed (one that another process removed
+            meanwhile is skipped); :meth:`JudgmentCache.lookup
+            <ragbatch.judge.cache.JudgmentCache.lookup>` reports it as an ``OutputError``."""
         wanted: dict[str, set[str]] = {}
         for g in groups:
             wanted.setdefault(bucket_of(g), set()).add(g)
@@ -284,8 +302,6 @@ class BucketReader:
             for path in self.by_bucket.get(bucket, [])
         ]
         if len(reads) > 1 and LOOKUP_THREADS > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="ragbatch-cache")
             tables = list(self._pool.map(lambda read: self._read(*read), reads))
         else:
             tables = [self._read(path, in_bucket) for path, in_bucket in reads]

@@ -1,0 +1,185 @@
+"""The judgment cache from several threads at once: lookups may run at once on one
+cache while another thread answers requests from it.
+
+Every test reads a real cache on local disk, written through the project's own writer
+(:meth:`JudgmentCache.flush`, then :func:`fold_journal`). A fake stands in for an
+interleaving of threads that cannot be made to happen on demand, and says so in its
+docstring. The wait it holds is bounded (:data:`HOLD_BOUND_S`) only so that code
+without the property under test fails instead of hanging; no assertion is on time.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ragbatch.core.status import OK
+from ragbatch.judge import cache_store
+from ragbatch.judge.cache import JudgmentCache
+from ragbatch.judge.cache_upkeep import fold_journal, open_files
+from ragbatch.judge.protocol import Completion
+
+#: Longest a fake holds a thread waiting for what the test expects to happen meanwhile.
+HOLD_BOUND_S = 10.0
+
+
+def _ok(text: str) -> Completion:
+    return Completion(OK, text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=2)
+
+
+BUCKETS = 24
+FOLDS = 3
+
+
+def _spread_cache(uri: str) -> list[str]:
+    """A cache of :data:`BUCKETS` groups, one per bucket, written in :data:`FOLDS` runs:
+    each bucket holds a file per run, with two keys of its group, and key ``dup`` of
+    each group paid in every run (the first run's reply is the one read back). Returns
+    the groups."""
+    groups = [f"{b * 7:02x}" + "0" * 62 for b in range(BUCKETS)]
+    for run in range(FOLDS):
+        cache = JudgmentCache(uri, {})
+        for g in groups:
+            for k in range(2):
+                cache.put(f"{g[:2]}-{run}-{k}", "m", "model", _ok(f"{g[:2]} {run} {k}"), g)
+            cache.put(f"{g[:2]}-dup", "m", "model", _ok(f"{g[:2]} dup {run}"), g)
+        cache.flush()
+        fold_journal(open_files(uri, {}), f"run-{run}")
+    return groups
+
+
+def _plan(groups: list[str], callers: int, rounds: int) -> dict[tuple[int, int], list[str]]:
+    """(caller, round) -> the groups it looks up: ten buckets' groups, overlapping other
+    callers', plus a group of a bucket with files but not that group, and one of a
+    bucket with no file."""
+    absent = ["ff" + "1" * 62, groups[0][:2] + "f" * 62]
+    return {
+        (c, r): [groups[(c * 4 + r * 5 + k) % len(groups)] for k in range(10)] + absent
+        for c in range(callers)
+        for r in range(rounds)
+    }
+
+
+def _look_up_and_hit(cache: JudgmentCache, groups: list[str]) -> tuple[dict, int]:
+    """What ``cache`` finds for ``groups``, and how many hits it noted from it."""
+    found = cache.lookup(groups)
+    hits = sum(cache.hit(key, entry) is not None for key, entry in found.items())
+    return found, hits
+
+
+def _flushed_touches(cache: JudgmentCache, uri: str) -> set[tuple[str, str]]:
+    """(group, key) of the touches ``cache`` writes when it is flushed."""
+    files = open_files(uri, {})
+    before = set(files.journal_files())
+    cache.flush()
+    (written,) = set(files.journal_files()) - before
+    table = files.read(written, ["group", "key", "text"])
+    assert table is not None
+    return {(r["group"], r["key"]) for r in table.to_pylist() if r["text"] is None}
+
+
+def test_lookups_from_several_threads_find_what_serial_lookups_find(tmp_path, monkeypatch):
+    # Six threads look up overlapping groups three times each on one shared cache, and
+    # note their hits, while the reader keeps a few footers' and group ranges' worth
+    # only: footers and ranges are dropped and read again throughout. Each lookup finds
+    # what the same lookup finds when made alone, one after another; the row groups read,
+    # the hits and the touches written are the same; the reader's bounds still hold.
+    uri = str(tmp_path / "cache")
+    groups = _spread_cache(uri)
+    paths = [p for ps in open_files(uri, {}).bucket_files().values() for p in ps]
+    assert len(paths) == BUCKETS * FOLDS
+    footer_bytes = max(len(pickle.dumps(pq.read_metadata(p))) for p in paths)
+    monkeypatch.setattr(cache_store, "FOOTER_CACHE_BYTES", 4 * footer_bytes)
+    monkeypatch.setattr(cache_store, "RANGE_CACHE_ROW_GROUPS", 6)
+    footer_reads: list[bool] = []
+    parquet_file = pq.ParquetFile
+
+    def counting(source: Any, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        footer_reads.append(metadata is None)  # no footer given: read from the file
+        return parquet_file(source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", counting)
+    callers, rounds = 6, 3
+    plan = _plan(groups, callers, rounds)
+
+    alone = JudgmentCache(uri, {})
+    expected = {at: _look_up_and_hit(alone, asked) for at, asked in plan.items()}
+    expected_row_groups = alone.row_groups_read
+    expected_touches = _flushed_touches(alone, uri)
+    assert sum(footer_reads) > len(paths)  # footers were dropped and read again
+    assert sum(len(found) for found, _ in expected.values()) > 0
+
+    footer_reads.clear()
+    shared = JudgmentCache(uri, {})
+    got: dict[tuple[int, int], tuple[dict, int]] = {}
+    start = threading.Barrier(callers)
+    failures: list[BaseException] = []
+
+    def caller(c: int) -> None:
+        try:
+            start.wait(HOLD_BOUND_S)
+            for r in range(rounds):
+                got[(c, r)] = _look_up_and_hit(shared, plan[(c, r)])
+        except BaseException as exc:  # reported by the test thread below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert got == expected
+    assert shared.row_groups_read == expected_row_groups
+    assert _flushed_touches(shared, uri) == expected_touches
+    assert sum(footer_reads) > len(paths)
+    reader = shared.reader
+    assert reader._footer_bytes == sum(map(len, reader._footers.values()))
+    assert reader._footer_bytes <= cache_store.FOOTER_CACHE_BYTES
+    assert reader._range_row_groups == sum(len(lows) for lows, _ in reader._ranges.values())
+
+
+def test_lookups_started_at_once_share_one_pool_of_read_threads(tmp_path, monkeypatch):
+    # Four threads make their first lookups on one reader at the same moment. They share
+    # one pool of read threads (LOOKUP_THREADS in all), and find the same entries.
+    uri = str(tmp_path / "cache")
+    groups = _spread_cache(uri)
+    expected = JudgmentCache(uri, {}).lookup(groups)
+    callers = 4
+    arrived = threading.Barrier(callers)
+    made: list[Any] = []
+
+    class CountedPool(cache_store.ThreadPoolExecutor):
+        """Fake for an interleaving that cannot be forced otherwise: a pool made off the
+        main thread (by a lookup) waits there until every looking-up thread has come to
+        make one too (at most :data:`HOLD_BOUND_S`), the worst case of lookups started at
+        once. Every pool made is counted."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                try:
+                    arrived.wait(HOLD_BOUND_S)
+                except threading.BrokenBarrierError:
+                    pass
+            made.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(cache_store, "ThreadPoolExecutor", CountedPool)
+    cache = JudgmentCache(uri, {})
+    got: list[dict] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(cache.lookup(groups))) for _ in range(callers)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for pool in made:
+            pool.shutdown()
+    assert got == [expected] * callers
+    assert len(made) == 1
