@@ -414,8 +414,8 @@ def test_a_batch_in_flight_keeps_its_entries_when_another_batch_flushes(tmp_path
     runner = JudgeRunner(engine, [metric], cache=JudgmentCache(uri, {}))
     first, second = runner.fork(), runner.fork()
     _, todo = guarded_rows([metric], with_issues(_frame(1)))
-    first._groups(todo)
-    second._groups(todo)
+    for batch in (first, second):  # each batch's start: its rows' entries looked up
+        batch._found = batch._lookup(batch._groups(todo))
     runner.cache.flush()  # the second batch ends first
     (ask,) = list(next(metric.program(todo[metric.id][0][1])))
     key = cache_key(engine, metric.cache_identity(), ask, 0)

@@ -1,33 +1,193 @@
-"""The judgment cache from several threads at once: lookups may run at once on one
-cache while another thread answers requests from it.
+"""The judgment cache off the event loop: a batch's lookup runs on a worker thread
+(:meth:`JudgeRunner.run_async`), so several lookups may run at once on one cache while
+the loop's thread answers requests from it.
 
 Every test reads a real cache on local disk, written through the project's own writer
-(:meth:`JudgmentCache.flush`, then :func:`fold_journal`). A fake stands in for an
-interleaving of threads that cannot be made to happen on demand, and says so in its
-docstring. The wait it holds is bounded (:data:`HOLD_BOUND_S`) only so that code
-without the property under test fails instead of hanging; no assertion is on time.
+(:meth:`JudgmentCache.flush`, then :func:`fold_journal`). Two fakes stand in for what
+cannot be made to happen on demand here, a lookup as slow as one on object storage and
+the worst interleaving of threads; each says so in its docstring. The waits they hold
+are bounded (:data:`HOLD_BOUND_S`) only so that code without the property under test
+fails instead of hanging; no assertion is on time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import pickle
 import threading
-from typing import Any
+from typing import Any, Iterable, Sequence
 
+import polars as pl
 import pyarrow.parquet as pq
 
 from ragbatch.core.status import OK
 from ragbatch.judge import cache_store
-from ragbatch.judge.cache import JudgmentCache
+from ragbatch.judge.batch import guarded_rows, judge_frame, judge_frame_async, with_issues
+from ragbatch.judge.cache import JudgmentCache, group_key
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
-from ragbatch.judge.protocol import Completion
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
+from ragbatch.judge.run import AsyncJudgeEngine, JudgeRunner
+from ragbatch.metrics.faithfulness import Faithfulness
 
+STATEMENTS = '{"statements": ["Paris is in France."]}'
+YES = '{"verdicts": [{"reason": "stated", "verdict": 1}]}'
 #: Longest a fake holds a thread waiting for what the test expects to happen meanwhile.
 HOLD_BOUND_S = 10.0
+SCHEMA = {
+    "row_id": pl.String,
+    "question": pl.String,
+    "contexts": pl.List(pl.String),
+    "answer": pl.String,
+    "reference": pl.String,
+}
+
+
+def _frame(n: int, start: int = 0) -> pl.DataFrame:
+    rows = [
+        {
+            "row_id": f"r{i}",
+            "question": f"Where is city {i}?",
+            "contexts": [f"City {i} is Paris, in France."],
+            "answer": "Paris is in France.",
+            "reference": None,
+        }
+        for i in range(start, start + n)
+    ]
+    return pl.DataFrame(rows, schema=SCHEMA)
 
 
 def _ok(text: str) -> Completion:
     return Completion(OK, text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=2)
+
+
+class ShapedReplies(JudgeEngine):
+    """Stand-in engine: a statements request gets one statement and a verdicts request
+    one supported verdict, whatever the prompt, so a cell does not depend on which
+    batch reaches the engine first."""
+
+    model_id = "shaped-replies"
+    max_model_len = 1_000_000
+
+    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        out = []
+        for request in requests:
+            schema = request.output.json_schema
+            fields = (json.loads(schema) if isinstance(schema, str) else schema or {}).get(
+                "properties", {}
+            )
+            out.append(_ok(STATEMENTS if "statements" in fields else YES))
+        return out
+
+    def sampling_key(self) -> dict[str, Any]:
+        return {"engine": "shaped-replies"}
+
+
+class ShapedRepliesAsync(ShapedReplies):
+    """:class:`ShapedReplies` with ``complete_async``: a round first waits, off the
+    loop, until ``lookup_held`` is set (at most :data:`HOLD_BOUND_S`), then is noted in
+    ``events`` and sets ``answered``."""
+
+    def __init__(
+        self, events: list[str], lookup_held: threading.Event, answered: threading.Event
+    ) -> None:
+        self.events = events
+        self.lookup_held = lookup_held
+        self.answered = answered
+
+    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        await asyncio.to_thread(self.lookup_held.wait, HOLD_BOUND_S)
+        self.events.append("engine round")
+        self.answered.set()
+        return self.complete(requests)
+
+
+class HeldLookups:
+    """Fake for a fault local disk cannot cause: a lookup as slow as one on a distant
+    object store (over a second a batch). It wraps a cache's real reader; the lookup of
+    exactly the ``held`` groups sets ``waiting`` and waits until ``release`` is set (at
+    most :data:`HOLD_BOUND_S`), then reads as the reader does. ``released`` says whether
+    the release came before the bound."""
+
+    def __init__(self, reader: Any, held: set[str], events: list[str]) -> None:
+        self.reader = reader
+        self.held = held
+        self.events = events
+        self.waiting = threading.Event()
+        self.release = threading.Event()
+        self.released: bool | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.reader.empty
+
+    def lookup(self, groups: Iterable[str]) -> dict[str, Any]:
+        groups = set(groups)
+        if groups == self.held:
+            self.events.append("held lookup waits")
+            self.waiting.set()
+            self.released = self.release.wait(HOLD_BOUND_S)
+            self.events.append("held lookup resumes")
+        return self.reader.lookup(groups)
+
+
+def _judged_and_folded(uri: str, frame: pl.DataFrame) -> None:
+    """Judge ``frame`` with faithfulness, write its replies and fold them into the
+    cache's bucket files."""
+    cache = JudgmentCache(uri, {})
+    judge_frame(JudgeRunner(ShapedReplies(), [Faithfulness.from_params({})], cache=cache), frame)
+    cache.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+
+
+def _groups_of(engine: JudgeEngine, frame: pl.DataFrame) -> set[str]:
+    """The judgment-cache groups of ``frame``'s rows, as a runner works them out."""
+    _, todo = guarded_rows([Faithfulness.from_params({})], with_issues(frame))
+    return {group_key(engine, row) for rows in todo.values() for _, row in rows}
+
+
+def test_a_slow_lookup_does_not_hold_the_other_batches_on_the_event_loop(tmp_path):
+    # Two batches in flight on one event loop, as in a judge actor. The first batch's
+    # rows are all in the cache, and its lookup is held until the engine answers a
+    # round; only the second batch's rows need the engine, whose rounds wait until the
+    # first lookup is held. A lookup on the loop holds the loop, so no round can come
+    # before it ends (the hold runs out its bound); a lookup on a worker thread leaves
+    # the second batch free to reach the engine meanwhile. Either way the cells and
+    # totals are those of the batches judged one after another.
+    uri = str(tmp_path / "cache")
+    first, second = _frame(3), _frame(3, start=3)
+    _judged_and_folded(uri, first)
+    one_at_a_time = JudgeRunner(
+        ShapedReplies(), [Faithfulness.from_params({})], cache=JudgmentCache(uri, {})
+    )
+    expected = []
+    for frame in (first, second):
+        runner = one_at_a_time.fork()
+        expected.append((judge_frame(runner, frame), runner.take_tallies()))
+
+    events: list[str] = []
+    cache = JudgmentCache(uri, {})
+    held = HeldLookups(cache.reader, _groups_of(ShapedReplies(), first), events)
+    cache.reader = held
+    engine = ShapedRepliesAsync(events, held.waiting, held.release)
+    assert isinstance(engine, AsyncJudgeEngine)
+    runner = JudgeRunner(engine, [Faithfulness.from_params({})], cache=cache)
+
+    async def batch(frame: pl.DataFrame) -> Any:
+        mine = runner.fork()
+        return await judge_frame_async(mine, frame), mine.take_tallies()
+
+    async def both() -> list[Any]:
+        return list(await asyncio.gather(batch(first), batch(second)))
+
+    got = asyncio.run(both())
+    assert events[:2] == ["held lookup waits", "engine round"]
+    assert events.index("engine round") < events.index("held lookup resumes")
+    assert held.released  # by the engine's round, not by the bound
+    assert got == expected
+    first_tallies, second_tallies = got[0][1]["faithfulness"], got[1][1]["faithfulness"]
+    assert (first_tallies["cache_hits"], first_tallies["judge_calls"]) == (6, 0)
+    assert (second_tallies["cache_hits"], second_tallies["judge_calls"]) == (0, 6)
 
 
 BUCKETS = 24

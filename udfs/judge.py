@@ -226,9 +226,10 @@ class AsyncJudgeStage(JudgeStage):
     ``batches_in_flight`` calls into each actor, and a gate holds the batches being
     judged to that number; a batch that lost an actor before is judged alone). Each
     batch is judged by a runner of its own (:meth:`JudgeRunner.fork
-    <ragbatch.judge.run.JudgeRunner.fork>`) whose rounds await the engine, so the next
-    batch's and the next round's requests join the engine while earlier ones are still
-    running.
+    <ragbatch.judge.run.JudgeRunner.fork>`) whose judgment-cache lookup runs on a worker
+    thread and whose rounds await the engine, so the next batch's and the next round's
+    requests join the engine while earlier ones are still running, and a slow lookup
+    holds only its own batch.
 
     Per batch, as in :class:`JudgeStage`: the :class:`udfs.guard.BatchGuard`
     (:meth:`~udfs.guard.BatchGuard.run_async`) retries a failing batch and then marks its

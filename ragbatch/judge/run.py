@@ -3,15 +3,19 @@
 :class:`JudgeRunner` starts one program (:meth:`JudgeMetric.program`) per (metric,
 row) that passed the metric's guards and advances them all in lockstep: each round
 collects the requests every live program yielded, answers identical requests once,
-serves what it can from the judgment cache, sends the rest to the engine in one
-``complete`` call (awaited through ``complete_async`` under :meth:`JudgeRunner.run_async`,
-so that several batches share one engine), parses the replies, retries unparseable ones (up to
-``parse_retries`` times, each with a new seed, which also gives it a new cache key), and
-sends the parsed values back to the programs. Replies that hold verdicts also give
-their verdicts' probabilities (:mod:`ragbatch.judge.confidence`), which become the cell's
-``confidence``, its ``details["p_verdicts"]`` and, for a metric with ``score:
-probability``, its score (:func:`settle`). A program whose request failed is closed
-and its cell takes the failure's status:
+serves what it can from the judgment cache (the entries of the batch's rows, looked up
+once when it starts), sends the rest to the engine in one ``complete`` call, parses the
+replies, retries unparseable ones (up to ``parse_retries`` times, each with a new seed,
+which also gives it a new cache key), and sends the parsed values back to the programs.
+Under :meth:`JudgeRunner.run_async` the lookup runs on a worker thread and the engine
+calls are awaited through ``complete_async``, so that several batches share one engine
+and one event loop.
+
+Replies that hold verdicts also give their verdicts' probabilities
+(:mod:`ragbatch.judge.confidence`), which become the cell's ``confidence``, its
+``details["p_verdicts"]`` and, for a metric with ``score: probability``, its score
+(:func:`settle`). A program whose request failed is closed and its cell takes the
+failure's status:
 
 ==================  ==============================================================
 status              when
@@ -27,6 +31,7 @@ status              when
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -36,6 +41,7 @@ from typing import Any, Callable, Generator, Protocol, Sequence, runtime_checkab
 import numpy as np
 
 from ragbatch.judge.cache import JudgmentCache, cache_key, group_key
+from ragbatch.judge.cache_store import Reply
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
@@ -325,6 +331,8 @@ class JudgeRunner:
         self.parse_retries = parse_retries
         self.seed = seed
         self.tallies: dict[str, Tally] = {m.id: Tally() for m in self.metrics}
+        # the cached entries of the batch being judged (:meth:`_rounds`)
+        self._found: dict[str, tuple[Reply, str]] = {}
 
     def run(
         self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
@@ -341,7 +349,8 @@ class JudgeRunner:
         dict
             Metric id -> row position -> :class:`JudgeCell`, for every position given.
         """
-        rounds = self._rounds(todo)
+        groups = self._groups(todo)
+        rounds = self._rounds(todo, groups, self._lookup(groups))
         try:
             requests = next(rounds)
             while True:
@@ -352,8 +361,9 @@ class JudgeRunner:
     async def run_async(
         self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
     ) -> dict[str, dict[int, JudgeCell]]:
-        """:meth:`run` as a coroutine: each round's engine call is awaited, so that other
-        batches judged on the same event loop run meanwhile.
+        """:meth:`run` as a coroutine: the batch's judgment-cache lookup runs on a worker
+        thread and each round's engine call is awaited, so that other batches judged on
+        the same event loop run meanwhile.
 
         Parameters
         ----------
@@ -372,8 +382,21 @@ class JudgeRunner:
         other engine each round calls ``complete`` and holds the loop until it returns
         (the synchronous path). Run concurrent batches on runners of their own
         (:meth:`fork`), so that each batch's totals stay its own.
+
+        The lookup (:meth:`_lookup`: reading the bucket files of the batch's groups, a
+        tenth of a second on local disk, over a second on object storage) is awaited
+        through :func:`asyncio.to_thread`; everything else, the cache hits included,
+        stays on the loop. A cancelled batch stops waiting for its lookup at once; the
+        thread finishes the read and its result is dropped.
+
+        Raises
+        ------
+        OutputError
+            The judgment cache cannot be read (as :meth:`run`).
         """
-        rounds = self._rounds(todo)
+        groups = self._groups(todo)
+        found = await asyncio.to_thread(self._lookup, groups) if groups else {}
+        rounds = self._rounds(todo, groups, found)
         try:
             requests = next(rounds)
             while True:
@@ -386,12 +409,20 @@ class JudgeRunner:
         with totals of its own (all zero): one per batch in flight."""
         twin = copy.copy(self)
         twin.tallies = {m.id: Tally() for m in self.metrics}
+        twin._found = {}
         return twin
 
-    def _rounds(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> Rounds:
-        """The judging of ``todo`` (see :meth:`run`) as a :data:`Rounds` generator."""
+    def _rounds(
+        self,
+        todo: dict[str, list[tuple[int, dict[str, Any]]]],
+        groups: dict[int, str],
+        found: dict[str, tuple[Reply, str]],
+    ) -> Rounds:
+        """The judging of ``todo`` (see :meth:`run`) as a :data:`Rounds` generator.
+        ``groups`` are the rows' groups (:meth:`_groups`) and ``found`` their cached
+        entries (:meth:`_lookup`), kept on this runner until its next batch."""
         by_id = {m.id: m for m in self.metrics}
-        groups = self._groups(todo)
+        self._found = found
         slots = [
             _Slot(by_id[mid], i, by_id[mid].program(row), groups.get(i))
             for mid, rows in todo.items()
@@ -407,22 +438,36 @@ class JudgeRunner:
         return self._collect(slots)
 
     def _groups(self, todo: dict[str, list[tuple[int, dict[str, Any]]]]) -> dict[int, str]:
-        """Row position -> judgment-cache group (:func:`group_key`); the entries of those
-        groups are looked up once and kept on this runner (one per batch in flight,
-        :meth:`fork`) until its next batch. Empty without a cache."""
-        self._found: dict[str, Any] = {}
+        """Row position -> judgment-cache group (:func:`group_key`). Empty without a
+        cache."""
         if self.cache is None:
             return {}
-        groups = {i: group_key(self.engine, row) for rows in todo.values() for i, row in rows}
-        self._found = self.cache.lookup(groups.values())
-        return groups
+        return {i: group_key(self.engine, row) for rows in todo.values() for i, row in rows}
+
+    def _lookup(self, groups: dict[int, str]) -> dict[str, tuple[Reply, str]]:
+        """Key -> (reply, group) of the cached entries of ``groups`` (from
+        :meth:`_groups`), read from the cache's bucket files
+        (:meth:`JudgmentCache.lookup`); empty without a cache.
+
+        It changes nothing on this runner and uses only the cache's reader, which is
+        thread-safe, so it may run on any thread (:meth:`run_async` runs it off the
+        event loop).
+
+        Raises
+        ------
+        OutputError
+            A bucket file cannot be read.
+        """
+        if self.cache is None or not groups:
+            return {}
+        return self.cache.lookup(groups.values())
 
     def _cached(self, key: str) -> Completion | None:
         """The cached completion of ``key``: among this batch's entries, or this
         process's own recent replies."""
         if self.cache is None:
             return None
-        found = getattr(self, "_found", {}).get(key)
+        found = self._found.get(key)
         if found is not None:
             return self.cache.hit(key, found)
         return self.cache.get(key)
