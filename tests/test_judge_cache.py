@@ -480,3 +480,38 @@ def test_a_reader_keeps_the_footers_it_read_within_its_byte_bound(
         assert {key: (reply[0], group) for key, (reply, group) in found.items()} == expected
     assert sum(reads) == footer_reads
     assert reader.row_groups_read == 80
+
+
+def test_a_failed_flush_keeps_its_replies_for_the_next_flush(tmp_path):
+    """The journal folder is blocked (a file stands where it goes): the flush fails
+    naming the cache, and the next one, once storage is back, writes the replies and
+    touches of both."""
+    import shutil
+    from pathlib import Path
+
+    from ragbatch.core.errors import OutputError
+
+    uri = str(tmp_path / "cache")
+    seeded = JudgmentCache(uri, {})
+    seeded.put("old", "m", "model", _ok("t-old"), "a0" + "0" * 62)
+    seeded.flush()
+    fold_journal(open_files(uri, {}), "run-1")
+    cache = JudgmentCache(uri, {})
+    cache.prefetch(["a0" + "0" * 62])
+    assert cache.get("old").text == "t-old"  # a touch to write
+    for i in range(2):
+        cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), f"b{i}" + "0" * 62)
+    journal = Path(open_files(uri, {}).journal_dir)
+    shutil.rmtree(journal, ignore_errors=True)  # the fold left it empty
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text("in the way")
+    with pytest.raises(OutputError, match=r"judgment cache .*cache: cannot write"):
+        cache.flush()
+    journal.unlink()
+    cache.put("k2", "m", "model", _ok("t2"), "b2" + "0" * 62)
+    assert cache.flush() == 3
+    (written,) = open_files(uri, {}).journal_files()
+    rows = pq.read_table(written).to_pylist()
+    assert sorted(r["key"] for r in rows) == ["k0", "k1", "k2", "old"]
+    assert [r["text"] for r in rows if r["key"] == "old"] == [None]  # a touch, not a reply
+    assert cache.flush() == 0  # nothing is written twice

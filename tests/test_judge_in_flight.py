@@ -12,6 +12,7 @@ same comparison on the real vLLM engine is in ``test_engine_vllm.py``.
 from __future__ import annotations
 
 import asyncio
+import threading
 import hashlib
 import json
 import re
@@ -340,3 +341,31 @@ def test_a_run_with_batches_in_flight_commits_what_one_at_a_time_commits(
         ).sort("row_id", "metric")
     assert tables[3].equals(tables[1])
     assert tables[3].filter(pl.col("status") == "ok").height > 0
+
+
+def test_the_cache_is_flushed_off_the_event_loop(stage_of, monkeypatch, tmp_path):
+    """A batch's flush writes a journal file (an upload on object storage): it runs on a
+    worker thread, not on the loop that steps the other batches in flight. The flush
+    is the real one, on a real cache on disk; a spy notes its thread."""
+    from ragbatch.judge.cache import JudgmentCache
+    from ragbatch.judge.cache_upkeep import open_files
+
+    flushed_on: list[int] = []
+    real_flush = JudgmentCache.flush
+
+    def spied(self):
+        flushed_on.append(threading.get_ident())
+        return real_flush(self)
+
+    monkeypatch.setattr(JudgmentCache, "flush", spied)
+    many = stage_of(AsyncJudgeStage, HashedRepliesAsync(), in_flight=2)
+    many.cache = many.runner.cache = JudgmentCache(str(tmp_path / "cache"), {})
+
+    async def run_all():
+        loop_thread = threading.get_ident()
+        await asyncio.gather(*(many(b) for b in _batches(2)))
+        return loop_thread
+
+    loop_thread = asyncio.run(run_all())
+    assert len(flushed_on) == 2 and loop_thread not in flushed_on
+    assert open_files(str(tmp_path / "cache"), {}).journal_files()  # the replies were written

@@ -269,8 +269,8 @@ class AsyncJudgeStage(JudgeStage):
         out = await self.guard.run_async(
             batch, functools.partial(self._score_async, runner), gate.enter
         )
-        if self.cache is not None:
-            self.cache.flush()
+        if self.cache is not None:  # a journal file written (uploaded) off the loop
+            await asyncio.to_thread(self.cache.flush)
         # The counters are read here, on the loop that steps the engine; only the wait
         # for the ledger leaves it.
         await asyncio.to_thread(self._send, self._report_args(batch, runner.take_tallies()))

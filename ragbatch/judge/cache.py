@@ -35,6 +35,7 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 
+from ragbatch.core.errors import OutputError
 from ragbatch.judge.cache_store import ENTRY_SCHEMA, BucketReader, CacheFiles, Reply
 from ragbatch.judge.protocol import Ask, Completion, logprobs_from_json, logprobs_json
 from ragbatch.core.status import OK
@@ -276,6 +277,8 @@ class JudgmentCache:
         ------
         OutputError
             The journal file cannot be written (the message names the URI and the cause).
+            The replies and touches it held are kept, and the next flush writes them
+            with its own.
         """
         now = _now()
         with self._lock:
@@ -286,13 +289,22 @@ class JudgmentCache:
             for key, group in touched.items()
         ]
         rows = new + touches
-        written = len(new)
         if not rows:
             return 0
         table = pa.Table.from_pylist(rows, schema=ENTRY_SCHEMA)
-        with self._errors("write"):
-            self.files.write(self.files.journal_dir, table)
-        return written
+        try:
+            with self._errors("write"):
+                self.files.write(self.files.journal_dir, table)
+        except OutputError:
+            self._keep_unwritten(new, touched)
+            raise
+        return len(new)
+
+    def _keep_unwritten(self, new: list[dict[str, Any]], touched: dict[str, str]) -> None:
+        """Put back what a failed :meth:`flush` took, ahead of what came meanwhile."""
+        with self._lock:
+            self._new = new + self._new
+            self._touched = {**touched, **self._touched}
 
 
 def _completion(reply: Reply) -> Completion:
@@ -311,8 +323,6 @@ def _completion(reply: Reply) -> Completion:
 def _storage_errors(uri: str, doing: str) -> Iterator[None]:
     """Turn a storage failure into an :class:`~ragbatch.core.errors.OutputError`
     naming the cache URI."""
-    from ragbatch.core.errors import OutputError
-
     try:
         yield
     except OutputError:
