@@ -88,8 +88,11 @@ def create_exclusive(fs: Any, path: str, data: bytes) -> None:
     this is the operating system's ``O_CREAT | O_EXCL`` open: fsspec's own
     ``pipe_file(..., mode="create")`` there looks for the file, then opens it for
     writing, and two processes can both pass the look. Elsewhere it is the filesystem's
-    ``mode="create"`` (s3fs: a conditional ``PUT`` with ``If-None-Match: *``). A reader
-    may see the file empty for the moment between the create and the write.
+    ``mode="create"``: exclusive where the filesystem implements it (s3fs: a conditional
+    ``PUT`` with ``If-None-Match: *``); a filesystem that leaves it to fsspec's default
+    gets the same look-then-write, so two attempts started within moments of each other
+    on such a store may both run. A reader may see a local file empty for the moment
+    between the create and the write.
 
     Raises
     ------
