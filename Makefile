@@ -69,9 +69,11 @@ demo-calibrate: smollm2
 	  else echo "expected exit 2, got $$status"; exit 1; fi
 	@echo; echo "$$NOT_A_JUDGE"
 
-# docs/metrics.md is generated from the metric classes; tests/test_metrics_doc.py checks it.
+# docs/metrics.md and docs/metric-examples.md are generated from the metric classes;
+# tests/test_metrics_doc.py checks them.
 docs: setup
 	$(BIN)/ragbatch metrics --markdown > docs/metrics.md
+	$(BIN)/ragbatch metrics --examples > docs/metric-examples.md
 
 test: setup
 	$(BIN)/python -m pytest

@@ -65,3 +65,66 @@ def test_param_bounds_in_words():
     # AnswerRelevancyParams: n_questions = Field(3, ge=1, le=10); embedder has no bound
     assert "| `n_questions` | integer, 1 to 10 | `3` |" in text
     assert "| `embedder` | string | `\"default_embedding\"` |" in text
+
+
+EXAMPLES_DOC = DOC.parent / "metric-examples.md"
+
+
+def test_committed_examples_doc_is_the_generated_one(capsys):
+    from ragbatch.cli.examples_doc import render_examples_markdown
+
+    text = render_examples_markdown()
+    assert EXAMPLES_DOC.read_text(encoding="utf-8") == text, (
+        f"docs/metric-examples.md differs from `ragbatch metrics --examples`; run `{REGENERATE}`"
+    )
+    assert main(["metrics", "--examples"]) == 0
+    assert capsys.readouterr().out == text
+
+
+def test_examples_doc_shows_every_example_with_its_inputs_replies_and_cell():
+    from ragbatch.cli.examples_doc import render_examples_markdown
+    from ragbatch.cli.metrics_doc import examples_count
+    from ragbatch.core.registry import all_metrics
+
+    text = render_examples_markdown()
+    sections = dict((part.split("`", 2)[1], part) for part in text.split("\n## ")[1:])
+    for cls in all_metrics():
+        count = examples_count(cls)
+        if not count:
+            assert cls.name not in sections
+            continue
+        section = sections[cls.name]
+        shown = section.count("\n**Example ") + max(0, section.count("\n| ") - 1)
+        assert shown == count, cls.name
+        assert f"Worked examples: {count}, in [metric-examples.md]" in render_markdown([cls])
+    # hit_rate, k = 1: d1 is ranked first and is not among the relevant d2, d4, d9
+    assert (
+        '| context_ids = `["d1", "d2", "d3", "d4"]`, relevant_ids = `["d2", "d4", "d9"]` '
+        '| `{"k": 1}` | score 0.0 | d1 is not relevant |'
+    ) in sections["hit_rate"]
+    # factual_correctness, precision: one of the answer's two claims holds, TP 1 FP 1 -> 0.5
+    precision = (
+        sections["factual_correctness"].split("**Example 2.**")[1].split("**Example 3.**")[0]
+    )
+    assert '- params: `{"mode": "precision"}`' in precision
+    assert (
+        "  2. `{\"verdicts\": [{\"reason\": \"The date is stated.\", \"verdict\": 1}" in precision
+    )
+    assert precision.rstrip().endswith("- cell: score 0.5")
+    assert "status `not_applicable`, no score" in sections["hit_rate"]
+
+
+def test_examples_doc_code_spans_survive_backticks_and_pipes():
+    from ragbatch.cli.examples_doc import _code
+    from ragbatch.cli.metrics_doc import _cell
+
+    assert _code("a`b") == "``a`b``"
+    assert _code("`x`") == "`` `x` ``"
+    assert _cell(_code("a|b")) == "`a\\|b`"  # a pipe in a table cell is escaped
+
+
+def test_examples_and_config_do_not_mix(tmp_path, capsys):
+    config = tmp_path / "job.yaml"
+    config.write_text("input: {uri: x.csv}\noutput: {uri: out}\nmetrics: [{name: latency}]\n")
+    assert main(["metrics", "--config", str(config), "--examples"]) == 2
+    assert "drop --examples" in capsys.readouterr().err

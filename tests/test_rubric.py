@@ -300,7 +300,7 @@ def _rubric(mid: str, **params: Any) -> dict[str, Any]:
         ({"inputs": ["answer", "row_id"]}, "metrics[1].params.inputs: 'row_id' cannot be judged"),
         (
             {"scale": None, "choices": ["pass", "fail"], "choice_scores": {"pass": 1}},
-            "metrics[1].params.choice_scores: no score for fail; add them",
+            "metrics[1].params.choice_scores: no score for `fail`; add {fail: <score in [0, 1]>}",
         ),
         (
             {"scale": None, "choices": ["pass", "fail"], "choice_scores": {"pass": 1, "fail": 2}},
@@ -327,6 +327,34 @@ def test_validate_names_the_field_and_the_fix(tmp_path, capsys, params, fragment
     code = main(["validate", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and fragment in err, err
+
+
+def test_validate_reports_every_problem_of_the_config_at_once(tmp_path, capsys):
+    """An unmapped input and a bad scale, in two rubrics: one run of validate names
+    both, and a broken scale is not followed by a check of the examples against it."""
+    path = _config(
+        tmp_path,
+        [
+            _rubric("reads_reference", inputs=["answer", "reference"]),
+            _rubric(
+                "flat",
+                scale={"min": 5, "max": 5},
+                examples=[
+                    {
+                        "inputs": {"question": "q", "contexts": ["c"], "answer": "a"},
+                        "score": 3,
+                        "reason": "r",
+                    }
+                ],
+            ),
+        ],
+    )
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "metrics[1].params.scale: min 5, max 5: need 0 <= min < max <= 10" in err
+    assert "reads_reference reads `reference` but input.columns maps nothing to reference" in err
+    assert "examples[0].score" not in err
 
 
 def test_metrics_config_prints_each_rubric_prompt(tmp_path, capsys):

@@ -411,7 +411,10 @@ def test_cli_error_naming_a_url_shows_it_without_credentials(tmp_path, capsys):
     config.write_text(
         yaml.safe_dump(
             {
-                "input": {"uri": f"http://reader:s3cr3t-pw@127.0.0.1:{port}/traces.jsonl"},
+                "input": {
+                    "uri": f"http://reader:s3cr3t-pw@127.0.0.1:{port}/traces.jsonl",
+                    "columns": {"answer": "a", "reference": "r"},  # a sound config
+                },
                 "output": {"uri": str(tmp_path / "out")},
                 "metrics": [{"name": "exact_match"}],
             }

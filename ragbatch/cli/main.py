@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print docs/metrics.md (the reference generated from the registry)",
     )
+    shape.add_argument(
+        "--examples",
+        action="store_true",
+        help="print docs/metric-examples.md (every metric's worked examples, each one a test)",
+    )
     metrics.add_argument(
         "--config",
         help="list the metrics a job config defines instead: id, params and each judge "

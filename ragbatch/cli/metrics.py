@@ -15,17 +15,22 @@ from ragbatch.core.exit_codes import EXIT_INVALID, EXIT_OK
 def cmd_metrics(args: argparse.Namespace) -> int:
     from ragbatch.core.registry import all_metrics
 
+    examples = getattr(args, "examples", False)
     if getattr(args, "config", None):
-        if args.markdown:
-            print(
-                "ragbatch metrics: --config lists a job's metrics; drop --markdown", file=sys.stderr
-            )
+        if args.markdown or examples:
+            flag = "--markdown" if args.markdown else "--examples"
+            print(f"ragbatch metrics: --config lists a job's metrics; drop {flag}", file=sys.stderr)
             return EXIT_INVALID
         return _configured(args.config, args.json)
     if args.markdown:
         from ragbatch.cli.metrics_doc import render_markdown
 
         sys.stdout.write(render_markdown())
+        return EXIT_OK
+    if examples:
+        from ragbatch.cli.examples_doc import render_examples_markdown
+
+        sys.stdout.write(render_examples_markdown())
         return EXIT_OK
     described = [cls.describe() for cls in all_metrics()]
     if args.json:

@@ -153,6 +153,11 @@ def _section(cls: type[Metric], d: dict[str, Any]) -> str:
     ]
     body = _docstring_body(cls) or _cell(d["summary"]).rstrip(".") + "."
     parts = [f"### `{d['name']}`", "\n".join(facts), body, _params(cls)]
+    count = examples_count(cls)
+    if count:
+        parts.append(
+            f"Worked examples: {count}, in [metric-examples.md](metric-examples.md#{d['name']})."
+        )
     if d["policy"]:
         rows = ["| input case | outcome |", "|---|---|"]
         rows += [f"| {_cell(case)} | {_cell(outcome)} |" for case, outcome in d["policy"]]
@@ -160,6 +165,13 @@ def _section(cls: type[Metric], d: dict[str, Any]) -> str:
     else:
         parts.append("Degenerate inputs: no policy declared.")
     return "\n\n".join(parts)
+
+
+def examples_count(cls: type[Metric]) -> int:
+    """How many worked examples ``cls`` declares, of both kinds (``examples`` and
+    ``judge_examples``): docs/metric-examples.md prints them
+    (:mod:`ragbatch.cli.examples_doc`)."""
+    return len(getattr(cls, "examples", ()) or ()) + len(getattr(cls, "judge_examples", ()) or ())
 
 
 def _params(cls: type[Metric]) -> str:

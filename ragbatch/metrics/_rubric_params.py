@@ -241,11 +241,20 @@ def _example_score_problem(
     score = example.score
     if params.scale is not None:
         low, high = params.scale.min, params.scale.max
+        if not _sound_scale(params.scale):
+            return []  # the scale's own problem is reported; no score can be checked on it
         if not isinstance(score, int) or not low <= score <= high:
             return [(where, f"{score!r} is not on the scale; give an integer from {low} to {high}")]
     elif params.choices is not None and score not in params.choices:
         return [(where, f"{score!r} is not a choice; give one of {params.choices}")]
     return []
+
+
+def _sound_scale(scale: RubricScale) -> bool:
+    """Whether ``scale``'s bounds are integers with min < max, both within
+    :data:`SCALE_BOUNDS`."""
+    low, high = SCALE_BOUNDS
+    return bool(low <= scale.min < scale.max <= high)
 
 
 def rubric_problems(params: RubricParams) -> list[tuple[str, str]]:
@@ -271,7 +280,7 @@ def rubric_problems(params: RubricParams) -> list[tuple[str, str]]:
         )
     if scale is not None:
         low, high = SCALE_BOUNDS
-        if not (low <= scale.min < scale.max <= high):
+        if not _sound_scale(scale):
             problems.append(
                 (
                     "scale",
@@ -303,10 +312,13 @@ def rubric_problems(params: RubricParams) -> list[tuple[str, str]]:
             missing = [c for c in choices if c not in scores]
             extra = [c for c in scores if c not in choices]
             if missing:
-                problems.append(("choice_scores", f"no score for {', '.join(missing)}; add them"))
+                listed = ", ".join(f"`{c}`" for c in missing)
+                add = ", ".join(f"{c}: <score in [0, 1]>" for c in missing)
+                problems.append(("choice_scores", f"no score for {listed}; add {{{add}}}"))
             if extra:
+                listed = ", ".join(f"`{c}`" for c in extra)
                 problems.append(
-                    ("choice_scores", f"{', '.join(extra)} not among `choices`; remove them")
+                    ("choice_scores", f"{listed} not among `choices`; remove or rename them")
                 )
         if probability and params.reasons:
             problems.append(

@@ -44,7 +44,7 @@ class Example:
 
     ``inputs`` maps canonical column names to values; columns left out are null. The
     contract test (``tests/test_metric_contract.py``) runs every example of every
-    expression metric, and the docs print them.
+    expression metric, and docs/metric-examples.md prints them.
     """
 
     inputs: dict[str, Any]

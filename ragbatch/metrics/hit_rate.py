@@ -17,7 +17,8 @@ class HitRate(RankingMetric):
 
     Follows ranx's ``hit_rate@k`` (trec_eval's ``success_k``); the mean over rows is the
     share of questions whose retrieval found something relevant. Relevance, ranks,
-    repeated ids and degenerate rows as in :mod:`ragbatch.metrics._ranking`.
+    repeated ids and degenerate rows follow the rules all ranking metrics share, given
+    at the start of the metric reference (docs/metrics.md).
     """
 
     name = "hit_rate"

@@ -269,6 +269,8 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
     metrics, engines, problems = build_metrics(config)
     problems += _engine_problems(engines)
     problems += accelerator_problems(engines)
+    if inspect_input:  # reported with the other problems of the config, in one error
+        problems += _unmapped_inputs(config, metrics)
     if not problems:
         problems += _pii_problems(metrics, engines)
     if problems:
@@ -284,13 +286,16 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
     column_problems += label_problems(config, plan.input_schema)
     if column_problems:
         raise InputError("\n".join(column_problems))
-    mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
-    missing = [p for m in metrics for p in m.check_input(mapped)]
-    if missing:
-        raise ConfigError(missing)
     labels = list(config.labels.columns.values()) if config.labels is not None else []
     plan.slices = slice_columns(config.input, plan.input_schema, extra=labels)
     return plan
+
+
+def _unmapped_inputs(config: JobConfig, metrics: list[Metric]) -> list[str]:
+    """The metrics' problems with the canonical columns ``input.columns`` leaves unmapped
+    (:meth:`~ragbatch.metrics.base.Metric.check_input`)."""
+    mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
+    return [p for m in metrics for p in m.check_input(mapped)]
 
 
 def preflight_engines(plan: Plan) -> None:
