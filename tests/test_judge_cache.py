@@ -24,35 +24,10 @@ from ragbatch.judge.cache_upkeep import (
     open_files,
     prune,
 )
-from ragbatch.judge.protocol import Completion
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
-from ragbatch.core.status import OK
-
-STATEMENTS = '{"statements": ["Paris is in France."]}'
-YES = '{"verdicts": [{"reason": "stated", "verdict": 1}]}'
-SCHEMA = {
-    "row_id": pl.String,
-    "question": pl.String,
-    "contexts": pl.List(pl.String),
-    "answer": pl.String,
-    "reference": pl.String,
-}
-
-
-def _frame(n: int, start: int = 0) -> pl.DataFrame:
-    rows = [
-        {
-            "row_id": f"r{i}",
-            "question": f"Where is city {i}?",
-            "contexts": [f"City {i} is Paris, in France."],
-            "answer": "Paris is in France.",
-            "reference": None,
-        }
-        for i in range(start, start + n)
-    ]
-    return pl.DataFrame(rows, schema=SCHEMA)
+from support.cache_rows import STATEMENTS, YES, city_rows as _frame, ok_reply as _ok
 
 
 def _judge(uri: str, frame: pl.DataFrame, replies: list[str], params: dict | None = None):
@@ -63,10 +38,6 @@ def _judge(uri: str, frame: pl.DataFrame, replies: list[str], params: dict | Non
     cells, records = judge_frame(runner, frame)["faithfulness"]
     cache.flush()
     return cells, records, engine
-
-
-def _ok(text: str) -> Completion:
-    return Completion(OK, text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=2)
 
 
 def test_rerun_makes_no_call_and_reuses_every_step(tmp_path):

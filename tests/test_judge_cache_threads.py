@@ -21,7 +21,6 @@ from typing import Any, Iterable, Sequence
 import polars as pl
 import pyarrow.parquet as pq
 
-from ragbatch.core.status import OK
 from ragbatch.judge import cache_store
 from ragbatch.judge.batch import guarded_rows, judge_frame, judge_frame_async, with_issues
 from ragbatch.judge.cache import JudgmentCache, group_key
@@ -29,36 +28,10 @@ from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
 from ragbatch.judge.run import AsyncJudgeEngine, JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
+from support.cache_rows import STATEMENTS, YES, city_rows as _frame, ok_reply as _ok
 
-STATEMENTS = '{"statements": ["Paris is in France."]}'
-YES = '{"verdicts": [{"reason": "stated", "verdict": 1}]}'
 #: Longest a fake holds a thread waiting for what the test expects to happen meanwhile.
 HOLD_BOUND_S = 10.0
-SCHEMA = {
-    "row_id": pl.String,
-    "question": pl.String,
-    "contexts": pl.List(pl.String),
-    "answer": pl.String,
-    "reference": pl.String,
-}
-
-
-def _frame(n: int, start: int = 0) -> pl.DataFrame:
-    rows = [
-        {
-            "row_id": f"r{i}",
-            "question": f"Where is city {i}?",
-            "contexts": [f"City {i} is Paris, in France."],
-            "answer": "Paris is in France.",
-            "reference": None,
-        }
-        for i in range(start, start + n)
-    ]
-    return pl.DataFrame(rows, schema=SCHEMA)
-
-
-def _ok(text: str) -> Completion:
-    return Completion(OK, text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=2)
 
 
 class ShapedReplies(JudgeEngine):
