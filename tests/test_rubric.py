@@ -353,7 +353,11 @@ def test_validate_reports_every_problem_of_the_config_at_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert "metrics[1].params.scale: min 5, max 5: need 0 <= min < max <= 10" in err
-    assert "reads_reference reads `reference` but input.columns maps nothing to reference" in err
+    assert (
+        "metrics[0]: reads_reference reads `reference` but input.columns maps nothing to "
+        "reference; add `reference: <input column>` under input.columns, or remove it from "
+        "params.inputs"
+    ) in err
     assert "examples[0].score" not in err
 
 

@@ -215,6 +215,13 @@ class Rubric(JudgeMetric):
     #: change keeps the judgments but not a calibration (:meth:`cache_identity`).
     scoring_params: tuple[str, ...] = ("score", "choice_scores")
 
+    def check_input(self, available: set[str]) -> list[str]:
+        """As every metric, plus the rubric's other fix: judge without that column."""
+        return [
+            f"{problem}, or remove it from params.inputs"
+            for problem in super().check_input(available)
+        ]
+
     def cache_identity(self) -> dict[str, Any]:
         """As :meth:`JudgeMetric.cache_identity` (the criteria, inputs, scale or choices,
         examples and ``reasons`` are in it), leaving out ``choice_scores``, which changes

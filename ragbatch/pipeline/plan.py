@@ -293,9 +293,15 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
 def _unmapped_inputs(config: JobConfig, metrics: list[Metric]) -> list[str]:
     """The metrics' problems with the canonical columns ``input.columns`` leaves unmapped
-    (:meth:`~ragbatch.metrics.base.Metric.check_input`)."""
+    (:meth:`~ragbatch.metrics.base.Metric.check_input`), each after the metric's place in
+    the config (``metrics[i]: ...``)."""
     mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
-    return [p for m in metrics for p in m.check_input(mapped)]
+    where = {spec.metric_id: f"metrics[{i}]" for i, spec in enumerate(config.metrics)}
+    return [
+        f"{where[m.id]}: {problem}" if m.id in where else problem
+        for m in metrics
+        for problem in m.check_input(mapped)
+    ]
 
 
 def preflight_engines(plan: Plan) -> None:
