@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ragbatch.cli.metrics_doc import REGENERATE, _cell
+from ragbatch.cli.metrics_doc import REGENERATE, _cell, worked_examples
 from ragbatch.metrics.base import Metric
 
 HEADER = f"""# Worked examples of every metric
@@ -45,8 +45,7 @@ def render_examples_markdown(metrics: Sequence[type[Metric]] | None = None) -> s
         metrics = all_metrics()
     parts = [HEADER]
     for cls in metrics:
-        examples = tuple(getattr(cls, "examples", ()) or ())
-        judged = tuple(getattr(cls, "judge_examples", ()) or ())
+        examples, judged = worked_examples(cls)
         if not examples and not judged:
             continue
         section = [f"## `{cls.name}`"]

@@ -167,11 +167,19 @@ def _section(cls: type[Metric], d: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def examples_count(cls: type[Metric]) -> int:
-    """How many worked examples ``cls`` declares, of both kinds (``examples`` and
-    ``judge_examples``): docs/metric-examples.md prints them
+def worked_examples(cls: type[Metric]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The worked examples ``cls`` declares: its ``examples`` and its ``judge_examples``
+    (either may be empty); docs/metric-examples.md prints them
     (:mod:`ragbatch.cli.examples_doc`)."""
-    return len(getattr(cls, "examples", ()) or ()) + len(getattr(cls, "judge_examples", ()) or ())
+    return (
+        tuple(getattr(cls, "examples", ()) or ()),
+        tuple(getattr(cls, "judge_examples", ()) or ()),
+    )
+
+
+def examples_count(cls: type[Metric]) -> int:
+    """How many worked examples ``cls`` declares, of both kinds."""
+    return sum(len(kind) for kind in worked_examples(cls))
 
 
 def _params(cls: type[Metric]) -> str:

@@ -36,6 +36,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
+from fsspec.implementations.local import LocalFileSystem
+
 from ragbatch.core.errors import RunInProgressError
 
 log = logging.getLogger("ragbatch")
@@ -101,8 +103,6 @@ def create_exclusive(fs: Any, path: str, data: bytes) -> None:
     OSError
         The storage's own errors.
     """
-    from fsspec.implementations.local import LocalFileSystem
-
     if isinstance(fs, LocalFileSystem):
         with open(fs._strip_protocol(path), "xb") as fh:
             fh.write(data)
