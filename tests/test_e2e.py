@@ -195,6 +195,23 @@ def test_tonic_job_with_semantic_similarity(ray_local, tmp_path):
             "node_ids": [ray_local.get_runtime_context().get_node_id()],
         }
     }
+    # The engine leaves its pool to the rule: on the session's 2-CPU Ray, one actor of
+    # two torch threads reserving one CPU (the other kept for the tasks).
+    (stage,) = [s for s in manifest["stages"] if s["stage"] == "model:minilm"]
+    assert stage["pool"]["chosen"] == [
+        "concurrency",
+        "num_cpus",
+        "num_gpus",
+        "threads",
+        "batch_size",
+    ]
+    assert {k: stage["pool"][k] for k in ("concurrency", "num_cpus", "num_gpus", "threads")} == {
+        "concurrency": 1,
+        "num_cpus": 1.0,
+        "num_gpus": 0.0,
+        "threads": 2,
+    }
+    assert stage["engine_spec"]["threads"] == 2
     regex_info = next(m for m in manifest["metrics"] if m["id"] == "one_sentence")
     assert regex_info["regex_engine"] == "python-re" and regex_info["regex_fallback_reason"]
     assert manifest["models"]["semantic_similarity"] == [

@@ -196,12 +196,26 @@ def test_builtin_resources_are_refused_under_resources(name):
 
 
 def test_tensor_parallel_needs_one_gpu_per_worker():
-    config = _config(_vllm(tensor_parallel_size=2))
+    config = _config(_vllm(tensor_parallel_size=2, num_gpus=1))
     config["metrics"] = [{"name": "faithfulness", "engine": "e"}]
     with pytest.raises(ConfigError) as err:
         JobConfig.from_dict(config)
     assert "tensor_parallel_size 2 runs one worker per GPU" in str(err.value)
-    assert "set num_gpus: 2 (it is 0)" in str(err.value)
+    assert "set num_gpus: 2 (it is 1)" in str(err.value)
+
+
+def test_tensor_parallel_without_num_gpus_is_sized_to_its_workers(tmp_path):
+    # num_gpus left unset: the pool rule gives each actor tensor_parallel_size GPUs.
+    (tmp_path / "judge").mkdir()
+    config = _config({**_vllm(tensor_parallel_size=2), "model": str(tmp_path / "judge")})
+    config["metrics"] = [{"name": "faithfulness", "engine": "e"}]
+    job = JobConfig.from_dict(config)
+    job.input.uri = str(tmp_path / "x.csv")
+    plan = build_plan(job, inspect_input=False)
+    plan.size_pools([Node("n", {"CPU": 8.0, "GPU": 4.0})])
+    assert plan.engines["e"].num_gpus == 2.0
+    assert plan.engines["e"].concurrency == 2
+    assert actor_bundles(plan.engines["e"]) == ({"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0})
 
 
 def test_unknown_accelerator_type_is_named_with_a_suggestion(tmp_path):
@@ -226,8 +240,9 @@ def test_validate_reports_what_will_not_fit_on_this_machine(tmp_path, capsys):
     )
     assert main(["validate", str(tmp_path / "job.yaml")]) == 2
     out, err = capsys.readouterr()
-    assert "placement model:e: 2 actor(s), each {CPU: 1, GPU: 1}" in out
-    assert "will not fit" in err and "stage model:e: one actor needs {CPU: 1, GPU: 1}" in err
+    # num_cpus left unset: 2 actors share the CPU the read tasks do not keep (2 - 1).
+    assert "placement model:e: 2 actor(s), each {CPU: 0.5, GPU: 1}" in out
+    assert "will not fit" in err and "stage model:e: one actor needs {CPU: 0.5, GPU: 1}" in err
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,11 @@ def test_embedding_stage_through_ray(ray_local):
         "ok",
     ]
     assert sim[1]["reason"] == "answer: not a string (int)"
-    assert sim[0] == sim[5]
+    # Rows 0 and 5 are the same pair, scored in different batches (4 rows a call): the
+    # padding of a forward pass moves the last digits. Within one call a text is embedded
+    # once, so duplicates there are equal exactly (test_semantic_similarity).
+    assert sim[0]["status"] == sim[5]["status"] == "ok"
+    assert sim[0]["score"] == pytest.approx(sim[5]["score"], abs=1e-6)
     assert sim[0]["score"] > sim[2]["score"]
 
 

@@ -106,7 +106,10 @@ def test_killed_actor_is_replaced_and_its_batch_retried(ray_local, tmp_path):
                 "slice_columns": ["template_id"],
             },
             "output": {"uri": str(tmp_path / "out")},
-            "engines": {"pii": {"type": "presidio", "batch_size": 8}},
+            # One actor holding one CPU, set here: the test is about its replacement.
+            "engines": {
+                "pii": {"type": "presidio", "batch_size": 8, "concurrency": 1, "num_cpus": 1}
+            },
             "metrics": [{"name": "answer_contains_pii"}],
         }
     )

@@ -26,7 +26,7 @@ import polars as pl
 import pyarrow as pa
 from pydantic import ValidationError
 
-from ragbatch.core.columns import CELL_TYPE, ISSUES, cell_column
+from ragbatch.core.columns import CELL_TYPE, ISSUES, cell_column, is_internal
 from ragbatch.config.job import (
     CrossEncoderEngine,
     EmbeddingEngine,
@@ -189,6 +189,12 @@ class ActorStage:
         The run's :class:`udfs.ledger.RunLedger`: told where this actor runs
         (``<kind>:<engine>``), and batches run under a :class:`udfs.guard.BatchGuard`
         reporting to it (a batch that keeps failing gets ``error`` cells).
+    keep_columns : list of str, optional
+        Pass on only these of a batch's input columns, and the pipeline's own (cells of
+        earlier stages, :func:`ragbatch.core.columns.is_internal`), in the batch's order,
+        before the appended ones: the last actor stage of a run keeps what the scores
+        table needs and drops the input texts, which would otherwise be copied out of
+        the actor with every batch. None (the default) passes every column on.
 
     Raises
     ------
@@ -223,8 +229,10 @@ class ActorStage:
         engine_spec: dict[str, Any] | Any,
         metrics: Sequence[MetricEntry],
         ledger: Any = None,
+        keep_columns: Sequence[str] | None = None,
     ) -> None:
         self.engine_name = engine_name
+        self.keep_columns = None if keep_columns is None else frozenset(keep_columns)
         report_placement(ledger, f"{self.kind.value}:{engine_name}")
         self.spec = parse_engine_spec(engine_name, engine_spec)
         self.check_spec()
@@ -295,10 +303,10 @@ class ActorStage:
         Returns
         -------
         pyarrow.Table
-            All of ``batch``'s columns, unchanged and in the same ``n`` rows and order,
-            followed by the columns of :meth:`output_columns`, in that order. A batch
-            whose scoring keeps failing gets them filled with ``error`` cells
-            (:class:`udfs.guard.BatchGuard`).
+            All of ``batch``'s columns (with :attr:`keep_columns` set, those and the
+            pipeline's own), unchanged and in the same ``n`` rows and order, followed by the columns of
+            :meth:`output_columns`, in that order. A batch whose scoring keeps failing
+            gets them filled with ``error`` cells (:class:`udfs.guard.BatchGuard`).
 
         Raises
         ------
@@ -308,10 +316,17 @@ class ActorStage:
             An input column is missing (see :meth:`check_columns`).
         """
         self.check_batch(batch)
-        out = self.guard.run(batch, self._score)
+        out = self.pruned(self.guard.run(batch, self._score))
         self.batch_done(batch)
         self.heap.batch_done()
         return out
+
+    def pruned(self, out: pa.Table) -> pa.Table:
+        """``out`` with only the columns of :attr:`keep_columns` and the pipeline's own
+        (no copy); unchanged when it is None."""
+        if self.keep_columns is None:
+            return out
+        return out.select([c for c in out.column_names if c in self.keep_columns or is_internal(c)])
 
     def check_batch(self, batch: pa.Table) -> None:
         """Raise ``TypeError`` when ``batch`` is not a pyarrow Table, and what

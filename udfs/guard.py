@@ -52,11 +52,13 @@ ENGINE_DEAD = ("EngineDeadError",)
 
 
 def batch_key(batch: pa.Table) -> str:
-    """sha1 of the batch's row ids: the same rows give the same key on every retry."""
-    digest = hashlib.sha1()
-    for value in batch.column("row_id").to_pylist():
-        digest.update(str(value).encode("utf-8", "surrogatepass") + b"\0")
-    return digest.hexdigest()
+    """sha1 of the batch's row ids, joined with NUL characters: the same rows give the
+    same key on every retry. The ids are joined in Polars (no Python string per row)."""
+    import polars as pl
+
+    ids = pl.Series(batch.column("row_id").cast(pa.string()))
+    joined = ids.fill_null("").str.join("\0").item() if len(ids) else ""
+    return hashlib.sha1(joined.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def error_columns(batch: pa.Table, columns: list[tuple[str, pa.DataType]], reason: str) -> pa.Table:
@@ -222,6 +224,12 @@ class BatchGuard:
         return out
 
     def _finish(self, key: str, retries: int, failed_rows: int, reason: str | None) -> None:
+        if not failed_rows:
+            # A scored batch adds no error rows, so it cannot push the run over its error
+            # budget: told without waiting for the answer (a round trip a batch saved).
+            # Calls from one actor reach the ledger in order.
+            self._send("batch_finished", key, self.actor, retries, failed_rows, reason)
+            return
         stop = self._call("batch_finished", key, self.actor, retries, failed_rows, reason)
         if stop:
             raise RunError(
@@ -235,6 +243,10 @@ class BatchGuard:
         import ray
 
         return ray.get(getattr(self.ledger, method).remote(self.stage, *args))
+
+    def _send(self, method: str, *args: Any) -> None:
+        if self.ledger is not None:
+            getattr(self.ledger, method).remote(self.stage, *args)
 
 
 def _engine_dead(exc: BaseException) -> bool:

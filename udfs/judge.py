@@ -95,10 +95,13 @@ class JudgeStage(ActorStage):
         cache: dict[str, Any] | None = None,
         ledger: Any = None,
         run_ledger: Any = None,
+        keep_columns: Sequence[str] | None = None,
     ) -> None:
         self._embedder_specs = embedders or {}
         self._cache_location = cache
-        super().__init__(engine_name, engine_spec, metrics, ledger=run_ledger)
+        super().__init__(
+            engine_name, engine_spec, metrics, ledger=run_ledger, keep_columns=keep_columns
+        )
         self.ledger = ledger
         self.batches = 0
         self.actor_key = uuid.uuid4().hex
@@ -266,8 +269,10 @@ class AsyncJudgeStage(JudgeStage):
             self._gates = {loop: _Gate(self._in_flight)}
             gate = self._gates[loop]
         runner = self.runner.fork()
-        out = await self.guard.run_async(
-            batch, functools.partial(self._score_async, runner), gate.enter
+        out = self.pruned(
+            await self.guard.run_async(
+                batch, functools.partial(self._score_async, runner), gate.enter
+            )
         )
         if self.cache is not None:  # a journal file written (uploaded) off the loop
             await asyncio.to_thread(self.cache.flush)

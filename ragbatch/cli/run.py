@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -91,7 +92,10 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
         config = render_config(config, choose_run_date(config.run.run_date))
     prepare_import_paths(Path(args.config).parent)
     result = dry_run(
-        config, sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS, pilot_rows=args.pilot_rows or 0
+        config,
+        sample_rows=args.sample_rows or DEFAULT_SAMPLE_ROWS,
+        pilot_rows=args.pilot_rows or 0,
+        address=getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None,
     )
     print(format_dry_run(result))
     return EXIT_OK

@@ -75,10 +75,11 @@ def _print_placement(plan, address: str | None) -> int:
         read_task_problem,
     )
 
-    demands = plan.demands()
-    if not demands:
+    if not any(stage.engine is not None for stage in plan.stages):
         return EXIT_OK
     nodes = nodes_at(address) if address else local_nodes()
+    plan.size_pools(nodes)
+    demands = plan.demands()
     where = f"the cluster at {address}" if address else "this machine (local Ray)"
     for d in demands:
         pool = (
@@ -88,6 +89,9 @@ def _print_placement(plan, address: str | None) -> int:
             "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}" for b in d.bundles
         )
         print(f"placement {d.stage}: {pool} actor(s), each {bundles}")
+        stage = next(s for s in plan.stages if s.name == d.stage)
+        if stage.pool is not None and stage.pool.chosen:
+            print(f"  sized for {where}: {stage.pool.rule}")
     problems = fit_problems(demands, nodes)
     if problems:
         print(f"placement on {where} ({len(nodes)} node(s)): will not fit", file=sys.stderr)

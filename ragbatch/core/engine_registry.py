@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.pool_sizing import TORCH_POOL, PoolRule
 from ragbatch.core.stages import StageKind
 
 #: Stage kinds an engine can run in (:class:`ragbatch.core.stages.StageKind` values of the
@@ -82,6 +83,10 @@ class EngineType:
         ``preflight(spec) -> None``: a check of a few seconds run once in the driver
         before any actor starts (for example that a server answers); raises
         :class:`~ragbatch.core.errors.EngineError`. Default: nothing to check.
+    pool_rule : PoolRule
+        How the engine's actor pool is sized for what its spec leaves unset
+        (:mod:`ragbatch.core.pool_sizing`). Default: :data:`~ragbatch.core.pool_sizing.TORCH_POOL`
+        (actors x threads = the CPUs, one actor per GPU).
     """
 
     name: str
@@ -96,6 +101,7 @@ class EngineType:
     context_window: Hook = None
     tokenizer: Hook = None
     preflight: Hook = None
+    pool_rule: PoolRule = TORCH_POOL
 
     def __post_init__(self) -> None:
         if self.stage not in STAGE_KINDS:

@@ -62,9 +62,10 @@ class StageDemand:
 
 
 def _field(spec: Any, name: str, default: Any = None) -> Any:
-    if isinstance(spec, dict):
-        return spec.get(name, default)
-    return getattr(spec, name, default)
+    """``spec``'s field ``name``; ``default`` when it lacks it or leaves it unset (None:
+    a spec not sized yet, :meth:`ragbatch.pipeline.plan.Plan.size_pools`)."""
+    value = spec.get(name) if isinstance(spec, dict) else getattr(spec, name, None)
+    return default if value is None else value
 
 
 def pool_size(spec: Any) -> tuple[int, int]:

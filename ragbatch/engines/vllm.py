@@ -626,7 +626,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine in this process) unless that is set
     or ``tensor_parallel_size`` > 1, and passes ``block_size=32``
     (:data:`DEFAULT_CPU_BLOCK_SIZE`) unless ``engine_kwargs`` sets it (see the module
-    docstring).
+    docstring); with ``threads`` set, torch runs that many threads in this process from
+    then on.
     """
     local = _local_path(spec.model)
     if local is not None and not local.is_dir():
@@ -636,6 +637,7 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     cuda = _cuda_available()
     for name, value in _cpu_environment_defaults(spec, cuda).items():
         os.environ.setdefault(name, value)
+    _set_cpu_threads(spec, cuda)
     vllm = _import_vllm(cuda)
     try:
         llm = vllm.LLM(**_llm_kwargs(spec, cuda))
@@ -691,6 +693,20 @@ def _cpu_environment_defaults(spec: VllmEngine, cuda: bool) -> dict[str, str]:
     if spec.tensor_parallel_size == 1:
         defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = DEFAULT_CPU_MULTIPROCESSING
     return defaults
+
+
+def _set_cpu_threads(spec: VllmEngine, cuda: bool) -> None:
+    """Without a GPU, give torch ``spec.threads`` threads before vLLM starts: its CPU
+    worker keeps the count the process has then (it turns ``torch.set_num_threads`` into
+    a no-op), and in a Ray actor that count is the CPUs the actor reserved, which the
+    pool rule may set below the threads it gives the engine
+    (:func:`ragbatch.core.pool_sizing.vllm_pool`). Nothing to do on a GPU, or when
+    ``threads`` is unset."""
+    if cuda or not spec.threads:
+        return
+    import torch
+
+    torch.set_num_threads(spec.threads)
 
 
 def _import_vllm(cuda: bool) -> Any:

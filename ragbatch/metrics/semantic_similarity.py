@@ -13,8 +13,8 @@ Two engines compute it:
 from __future__ import annotations
 
 import logging
-import math
-from typing import Any, ClassVar
+from functools import partial
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import polars as pl
@@ -22,7 +22,7 @@ import polars as pl
 from ragbatch.core.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
 from ragbatch.engines.sentence_transformers import LoadedModel
 from ragbatch.core.errors import EngineError
-from ragbatch.metrics.cells import CELL_DTYPE, Guard, PyCell, blank, missing, python_cells
+from ragbatch.metrics.cells import CELL_DTYPE, Guard, batch_cells, blank, missing
 from ragbatch.metrics.base import Example, ModelMetric
 from ragbatch.core.registry import register
 from ragbatch.core.status import ERROR
@@ -50,7 +50,31 @@ def cosine_to_score(cosine: float) -> float:
     return min(max(float(cosine), 0.0), 1.0)
 
 
-def pair_cosines(model: LoadedModel, answers: list[str], references: list[str]) -> np.ndarray:
+def distinct(texts: pl.Series) -> tuple[list[str], np.ndarray]:
+    """The distinct values of a String series, in first-seen order, and where each value
+    of the series is among them.
+
+    Returns
+    -------
+    values : list of str
+        Each distinct value once (length ``k``).
+    index : numpy.ndarray
+        Shape ``(len(texts),)``, int64 in ``[0, k)``: ``values[index[i]] == texts[i]``.
+
+    Notes
+    -----
+    Hashing and matching run in Polars; only the ``k`` distinct values become Python
+    strings (a model's tokenizer needs them as such).
+    """
+    frame = texts.cast(pl.String).alias("t").to_frame()
+    values = frame.unique(maintain_order=True).with_row_index("i")
+    index = frame.join(values, on="t", how="left", maintain_order="left").get_column("i")
+    return values.get_column("t").to_list(), index.to_numpy().astype(np.int64)
+
+
+def pair_cosines(
+    model: LoadedModel, answers: Sequence[str] | pl.Series, references: Sequence[str] | pl.Series
+) -> np.ndarray:
     """Cosine similarity of each (answer, reference) pair with a bi-encoder.
 
     Every distinct text is embedded once (references often repeat across rows).
@@ -59,23 +83,23 @@ def pair_cosines(model: LoadedModel, answers: list[str], references: list[str]) 
     ----------
     model : LoadedModel
         An ``embedding`` model.
-    answers, references : list of str, length n
+    answers, references : sequence of str or polars String Series, length n
 
     Returns
     -------
     numpy.ndarray
         Shape ``(n,)``, float64, in [-1, 1] up to rounding.
     """
-    unique = list(dict.fromkeys([*answers, *references]))
-    position = {text: i for i, text in enumerate(unique)}
-    vectors: np.ndarray = model.embed(unique).astype(np.float64)
-    left = vectors[[position[t] for t in answers]]
-    right = vectors[[position[t] for t in references]]
-    return np.einsum("ij,ij->i", left, right)
+    first = pl.Series(answers, dtype=pl.String)
+    texts = pl.concat([first, pl.Series(references, dtype=pl.String)])
+    values, index = distinct(texts)
+    vectors: np.ndarray = model.embed(values).astype(np.float64)
+    n = len(first)
+    return np.einsum("ij,ij->i", vectors[index[:n]], vectors[index[n:]])
 
 
 def pair_probabilities(
-    model: LoadedModel, answers: list[str], references: list[str]
+    model: LoadedModel, answers: Sequence[str] | pl.Series, references: Sequence[str] | pl.Series
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cross-encoder probability and logit of each (answer, reference) pair.
 
@@ -86,76 +110,101 @@ def pair_probabilities(
     probability, logit : numpy.ndarray
         Each of shape ``(n,)``, float64; the probability is ``sigmoid(logit)`` in [0, 1].
     """
-    pairs = list(zip(answers, references))
-    unique = list(dict.fromkeys(pairs))
-    index = {pair: i for i, pair in enumerate(unique)}
-    position = [index[pair] for pair in pairs]
-    probability, logit = model.score_pairs(unique)
+    pairs = pl.DataFrame(
+        {"a": pl.Series(answers, dtype=pl.String), "r": pl.Series(references, dtype=pl.String)}
+    )
+    unique = pairs.unique(maintain_order=True).with_row_index("i")
+    position = (
+        pairs.join(unique, on=["a", "r"], how="left", maintain_order="left", nulls_equal=True)
+        .get_column("i")
+        .to_numpy()
+        .astype(np.int64)
+    )
+    distinct_pairs = list(zip(unique.get_column("a").to_list(), unique.get_column("r").to_list()))
+    probability, logit = model.score_pairs(distinct_pairs)
     return probability[position], logit[position]
 
 
-def _bi_encoder_cells(
-    model: LoadedModel, answers: list[str], references: list[str]
-) -> list[PyCell]:
-    cells = []
-    for cosine in pair_cosines(model, answers, references):
-        if not math.isfinite(cosine):
-            reason = f"embedding model returned a non-finite cosine ({cosine})"
-            cells.append(PyCell(None, ERROR, reason))
-        else:
-            cells.append(PyCell(cosine_to_score(cosine), details={"cosine": float(cosine)}))
-    return cells
+def _value_cells(values: np.ndarray, field: str, scores: np.ndarray, failure: str) -> pl.DataFrame:
+    """The scored rows' cells from the model's number per row (``field``: ``cosine`` or
+    ``logit``): ``scores`` where the number is finite, else status ``error`` with
+    ``failure`` and the number as the reason. ``details`` is ``{"<field>": value}``."""
+    finite = pl.col(field).is_finite()
+    shown = pl.col(field).cast(pl.String).str.to_lowercase()
+    frame = pl.DataFrame(
+        {
+            field: np.asarray(values, dtype=np.float64),
+            "score": np.asarray(scores, dtype=np.float64),
+        }
+    )
+    return frame.select(
+        score=pl.when(finite).then(pl.col("score")),
+        status=pl.when(finite).then(pl.lit(None, pl.String)).otherwise(pl.lit(ERROR)),
+        reason=pl.when(finite)
+        .then(pl.lit(None, pl.String))
+        .otherwise(pl.format(f"{failure} ({{}})", shown)),
+        details=pl.when(finite).then(pl.struct(field).struct.json_encode()),
+    )
 
 
-def _cross_encoder_cells(
-    model: LoadedModel, answers: list[str], references: list[str]
-) -> list[PyCell]:
-    cells = []
-    for probability, logit in zip(*pair_probabilities(model, answers, references)):
-        if not math.isfinite(logit):
-            reason = f"cross-encoder returned a non-finite logit ({logit})"
-            cells.append(PyCell(None, ERROR, reason))
-        else:
-            cells.append(PyCell(float(probability), details={"logit": float(logit)}))
-    return cells
+def _failed_cells(n: int, reason: str) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "score": pl.repeat(None, n, dtype=pl.Float64, eager=True),
+            "status": pl.repeat(ERROR, n, dtype=pl.String, eager=True),
+            "reason": pl.repeat(reason, n, dtype=pl.String, eager=True),
+            "details": pl.repeat(None, n, dtype=pl.String, eager=True),
+        }
+    )
 
 
-def score_pairs(model: LoadedModel, rows: list[dict[str, Any]]) -> list[PyCell]:
+def score_frame(model: LoadedModel, rows: pl.DataFrame) -> pl.DataFrame:
     """Score rows that passed the input guards; a model failure gives ``error`` cells.
 
     Parameters
     ----------
     model : LoadedModel
-    rows : list of dict
-        Each with non-blank string ``answer`` and ``reference``.
+    rows : polars.DataFrame
+        ``answer`` and ``reference``, non-blank String, one row per row to score.
 
     Returns
     -------
-    list of PyCell
-        One per row, in order. When the model raises, every cell has status ``error``
-        and the exception (type and message) as its reason; no row is dropped and none
-        scores 0.
+    polars.DataFrame
+        One row per row of ``rows``, in order: ``score`` (Float64, null unless scored),
+        ``status`` (null where scored, ``error`` otherwise), ``reason`` and ``details``
+        (String). When the model raises, every row has status ``error`` and the
+        exception (type and message) as its reason; no row is dropped and none scores 0.
+        A row whose number is NaN or infinite is ``error`` with a reason saying so.
     """
-    answers = [r[ANSWER] for r in rows]
-    references = [r[REFERENCE] for r in rows]
+    if rows.height == 0:
+        return _failed_cells(0, "")
+    answers, references = rows.get_column(ANSWER), rows.get_column(REFERENCE)
     try:
         if model.kind == "cross_encoder":
-            return _cross_encoder_cells(model, answers, references)
-        return _bi_encoder_cells(model, answers, references)
+            probability, logit = pair_probabilities(model, answers, references)
+            return _value_cells(
+                logit, "logit", probability, "cross-encoder returned a non-finite logit"
+            )
+        cosine = pair_cosines(model, answers, references)
+        return _value_cells(
+            cosine,
+            "cosine",
+            np.clip(cosine, 0.0, 1.0),
+            "embedding model returned a non-finite cosine",
+        )
     except Exception as exc:  # any model failure becomes a per-row status, never a lost row
         logger.warning(
-            "semantic_similarity: %s failed on %d rows: %s", model.model_id, len(rows), exc
+            "semantic_similarity: %s failed on %d rows: %s", model.model_id, rows.height, exc
         )
-        reason = f"{type(exc).__name__}: {exc}"
-        return [PyCell(None, ERROR, reason) for _ in rows]
+        return _failed_cells(rows.height, f"{type(exc).__name__}: {exc}")
 
 
 def _canonical_inputs(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with string-typed inputs and an ``_issues`` column (all null if absent)."""
-    frame = frame.with_columns(pl.col(ANSWER).cast(pl.String), pl.col(REFERENCE).cast(pl.String))
+    fixes = [pl.col(c).cast(pl.String) for c in (ANSWER, REFERENCE) if frame.schema[c] != pl.String]
     if ISSUES not in frame.columns:
-        frame = frame.with_columns(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
-    return frame
+        fixes.append(pl.lit(None, _ISSUES_DTYPE).alias(ISSUES))
+    return frame.with_columns(fixes) if fixes else frame
 
 
 @register
@@ -266,13 +315,11 @@ class SemanticSimilarity(ModelMetric):
                 f"{self.id}: engine type {model.kind!r} is not supported; use one of "
                 f"{', '.join(self.engine_types)}"
             )
-        cells = python_cells(
+        out = batch_cells(
+            _canonical_inputs(frame),
             self.guards(),
             [ANSWER, REFERENCE],
-            lambda rows: score_pairs(model, rows),
+            partial(score_frame, model),
             model=model.model_id,
-        )
-        out = _canonical_inputs(frame).select(cells.alias(self.id)).to_series()
-        if out.dtype != CELL_DTYPE:
-            out = out.cast(CELL_DTYPE)
-        return out
+        ).alias(self.id)
+        return out if out.dtype == CELL_DTYPE else out.cast(CELL_DTYPE)

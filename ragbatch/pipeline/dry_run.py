@@ -151,7 +151,10 @@ class DryRun:
 
 
 def dry_run(
-    config: JobConfig, sample_rows: int = DEFAULT_SAMPLE_ROWS, pilot_rows: int = 0
+    config: JobConfig,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    pilot_rows: int = 0,
+    address: str | None = None,
 ) -> DryRun:
     """Plan a run and estimate its judge cost without running anything.
 
@@ -166,6 +169,10 @@ def dry_run(
         sampled rows of each multi-step judge metric get real replies for their earlier
         steps (:mod:`ragbatch.judge.pilot`): the judge engine is loaded in this process
         (a ``vllm`` engine loads its model here) and those calls are paid for.
+    address : str, optional
+        A Ray cluster (dashboard URL or address): the actor pools are sized for its
+        nodes, as a run there would size them. Without one (or when it cannot be
+        reached, which a stage note then says), for this machine as a local Ray sees it.
 
     Returns
     -------
@@ -190,6 +197,7 @@ def dry_run(
     if pilot_rows < 0:
         raise ValueError(f"--pilot-rows must be 0 or more, got {pilot_rows}")
     plan = build_plan(config)
+    where = _size_pools(plan, address)
     sample = sample_input(plan, sample_rows)
     frame = pl.from_arrow(sample.table) if sample.table.num_rows else pl.DataFrame()
     judges = [
@@ -198,8 +206,31 @@ def dry_run(
         if stage.kind is StageKind.JUDGE and frame.height
     ]
     return DryRun(
-        config, len(plan.read_tasks), sample.size, sample.table.num_rows, _stage_plans(plan), judges
+        config,
+        len(plan.read_tasks),
+        sample.size,
+        sample.table.num_rows,
+        _stage_plans(plan, where),
+        judges,
     )
+
+
+def _size_pools(plan: Any, address: str | None) -> str:
+    """Size the plan's actor pools for the cluster at ``address`` or this machine; the
+    words that say for which."""
+    from ragbatch.core.errors import ConfigError
+    from ragbatch.core.placement import local_nodes, nodes_at
+
+    where = "this machine"
+    nodes = None
+    if address:
+        try:
+            nodes = nodes_at(address)
+            where = f"the cluster at {address}"
+        except ConfigError as exc:
+            where = f"this machine (the cluster could not be read: {exc.problems[0]})"
+    plan.size_pools(nodes if nodes is not None else local_nodes())
+    return where
 
 
 def _judge_estimate(
@@ -255,7 +286,7 @@ def _pilot(stage: Any, pilot_rows: int) -> Any:
     return Pilot(engine, pilot_rows, seed=spec.seed, max_tokens=spec.max_tokens)
 
 
-def _stage_plans(plan: Any) -> list[StagePlan]:
+def _stage_plans(plan: Any, where: str = "this machine") -> list[StagePlan]:
     out = [
         StagePlan(
             "read",
@@ -286,6 +317,10 @@ def _stage_plans(plan: Any) -> list[StagePlan]:
             _actors(spec.concurrency),
             _resources(spec),
         )
+        if stage.pool is not None and stage.pool.chosen:
+            item.notes.append(
+                f"sized for {where}: {stage.pool.rule} (chosen: {', '.join(stage.pool.chosen)})"
+            )
         if stage.kind is StageKind.JUDGE:
             embedders = sorted({n for m in stage.metrics for n in m.embedders()})
             if embedders:
@@ -321,7 +356,7 @@ def _resources(spec: Any) -> dict[str, Any]:
         "num_gpus": spec.num_gpus,
         "batch_size": spec.batch_size,
     }
-    for name in ("accelerator_type", "resources", "tensor_parallel_size"):
+    for name in ("threads", "accelerator_type", "resources", "tensor_parallel_size"):
         value = getattr(spec, name, None)
         if value is not None and value != {}:
             out[name] = value

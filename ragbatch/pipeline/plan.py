@@ -18,7 +18,8 @@ from ragbatch.core.engine_registry import engine_of
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
-from ragbatch.core.placement import StageDemand, accelerator_problems
+from ragbatch.core.placement import Node, StageDemand, accelerator_problems
+from ragbatch.core.pool_sizing import PoolChoice
 from ragbatch.core.registry import get_metric
 from ragbatch.core.stages import StageKind
 
@@ -32,6 +33,9 @@ class Stage:
     metrics: list[Metric]
     engine_name: str | None = None
     engine: Any = None  # validated engine spec (pydantic model) for model stages
+    #: How the actor pool was sized (:meth:`Plan.size_pools`); None before, and for the
+    #: expression stage.
+    pool: PoolChoice | None = None
 
     def __post_init__(self) -> None:
         self.kind = StageKind(self.kind)
@@ -45,6 +49,8 @@ class Stage:
         if self.engine is not None:
             out["engine"] = self.engine_name
             out["engine_spec"] = self.engine.model_dump(mode="json")
+        if self.pool is not None:
+            out["pool"] = self.pool.describe()
         return out
 
 
@@ -92,6 +98,29 @@ class Plan:
         """The pass-through columns the summary slices by: all but the label columns."""
         labels = set(self.labels.values())
         return [s for s in self.slice_names if s not in labels]
+
+    def size_pools(self, nodes: list[Node]) -> None:
+        """Fill what each actor stage's engine spec leaves unset (``concurrency``,
+        ``num_cpus``, ``num_gpus``, ``threads``, ``batch_size``) for the Ray nodes
+        ``nodes``, with each engine type's pool rule (:mod:`ragbatch.core.pool_sizing`);
+        set fields are kept. Each stage's :attr:`Stage.engine` becomes the sized spec
+        (so does its entry in :attr:`engines`) and :attr:`Stage.pool` says what was
+        chosen and why. Sizing a plan a second time changes nothing."""
+        from ragbatch.core.pool_sizing import Cluster, PoolRequest, size_pools
+
+        actor = [s for s in self.stages if s.engine is not None and s.pool is None]
+        if not actor:
+            return
+        requests = [PoolRequest(s.name, s.engine, engine_of(s.engine).pool_rule) for s in actor]
+        choices = size_pools(requests, Cluster.of(nodes))
+        for stage in actor:
+            choice = choices[stage.name]
+            fields = type(stage.engine).model_fields
+            update = {k: v for k, v in choice.values.items() if k in fields}
+            stage.engine = stage.engine.model_copy(update=update)
+            stage.pool = choice
+            if stage.engine_name is not None:
+                self.engines[stage.engine_name] = stage.engine
 
     def demands(self) -> list["StageDemand"]:
         """What each actor stage asks of the cluster (:mod:`ragbatch.core.placement`)."""

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from typing import Any
 
 from ragbatch.analysis.summary import RunSummary, summarize_run, summary_settings
 from ragbatch.config.job import JobConfig
+from ragbatch.core.columns import ROW_ID
 from ragbatch.core.errors import InputError, OutputError, RunInterrupted
 from ragbatch.core.ids import check_id
 from ragbatch.io.budget import check_error_budget
@@ -149,14 +151,17 @@ def run_job(
         )
 
         t1 = time.perf_counter()
+        stopping: threading.Thread | None = None
         if executor == "in_process":
             ray_info = {"executor": "in_process", "address": None, "started_locally": False}
             done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)
         else:
             ray_info = {"executor": "ray", **ensure_ray(address)}
+            size_pools(plan)
             check_fit(plan, started_locally=ray_info.get("started_locally", False))
             settle_journal(plan.config, run_id, plan.stages)
             done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
+            stopping = _stop_local_ray(ray_info)
         n_rows = done.n_rows
         timings["execute_s"] = time.perf_counter() - t1
 
@@ -194,6 +199,8 @@ def run_job(
         )
         staging.publish(files, summary.table, manifest)
         settle_journal(plan.config, run_id, plan.stages)
+        if stopping is not None:
+            stopping.join()
         log.info(
             "run %s committed: %d rows x %d metrics in %.1f s",
             run_id,
@@ -202,6 +209,20 @@ def run_job(
             timings["total_s"],
         )
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+def _stop_local_ray(ray_info: dict[str, Any]) -> threading.Thread | None:
+    """Shut down the local Ray instance this run started, in a thread of its own (about
+    a second of stopping processes, while the run verifies, summarizes and publishes
+    what it wrote, which needs no Ray). None when the run joined a Ray it did not start:
+    that one is left running."""
+    if not ray_info.get("started_locally"):
+        return None
+    import ray
+
+    thread = threading.Thread(target=ray.shutdown, name="ragbatch-ray-shutdown", daemon=True)
+    thread.start()
+    return thread
 
 
 def _check_labels(plan: Plan) -> dict[str, Any]:
@@ -387,6 +408,17 @@ def execute(
     if n_rows == 0:
         raise InputError(f"input {plan.config.input.uri} holds no rows; nothing to evaluate")
     return Executed(n_rows, judge, faults, placement)
+
+
+def size_pools(plan: Plan) -> None:
+    """Size the plan's actor pools for the connected Ray cluster's nodes
+    (:meth:`ragbatch.pipeline.plan.Plan.size_pools`), and log each choice."""
+    from ragbatch.core.placement import cluster_nodes
+
+    plan.size_pools(cluster_nodes())
+    for stage in plan.stages:
+        if stage.pool is not None and stage.pool.chosen:
+            log.info("stage %s: %s", stage.name, stage.pool.rule)
 
 
 def check_fit(plan: Plan, *, started_locally: bool) -> None:
@@ -617,14 +649,17 @@ def _score(
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
 
-    for stage in plan.stages:
+    last_actor = max((i for i, s in enumerate(plan.stages) if s.engine is not None), default=-1)
+    for i, stage in enumerate(plan.stages):
         if stage.kind is StageKind.EXPRESSION:
             ds = ds.map_batches(
                 expression_stage, batch_format="pyarrow", fn_kwargs={"metrics": stage.metrics}
             )
             continue
         ds = _actor_sized_blocks(ds, stage.engine.batch_size)
-        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger, run_id)
+        # The last actor stage passes on only what the scores table is built from.
+        keep = _long_table_columns(plan) if i == last_actor else None
+        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger, run_id, keep)
     return ds.map_batches(
         to_long,
         batch_format="pyarrow",
@@ -632,11 +667,17 @@ def _score(
     )
 
 
+def _long_table_columns(plan: Plan) -> list[str]:
+    """The columns :func:`udfs.scores.to_long` reads besides the pipeline's own (cells,
+    judge fields): ``row_id`` and the slice columns."""
+    return [ROW_ID, *plan.slice_names]
+
+
 #: An actor stage receives blocks of at most this many of its batches. A read task's block
 #: (up to 100,000 rows) would otherwise go whole to one actor: on a slow model that is
 #: one call of hours, the other actors of the pool idle beside it and the progress bar
-#: still.
-ACTOR_BLOCK_BATCHES = 16
+#: still. A few batches a block keep Ray Data's cost per task small against the batches'.
+ACTOR_BLOCK_BATCHES = 4
 
 
 def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
@@ -653,7 +694,7 @@ def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
 def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
     """``ds`` through an actor pool of ``cls`` (an :class:`udfs.base.ActorStage`) for
     ``stage``, handed the stage's built metrics (pickled with its constructor
-    arguments) and ``kwargs``."""
+    arguments) and ``kwargs`` (``keep_columns`` among them)."""
     from udfs.base import stage_options
 
     spec = stage.engine.model_dump(mode="json")
@@ -671,23 +712,41 @@ def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
 
 
 def _model_stage(
-    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+    ds: Any,
+    plan: Plan,
+    stage: Stage,
+    judge_ledger: Any,
+    ledger: Any,
+    run_id: str | None,
+    keep: list[str] | None = None,
 ) -> Any:
     from udfs.similarity import ModelStage
 
-    return _actor_stage(ds, stage, ModelStage, ledger=ledger)
+    return _actor_stage(ds, stage, ModelStage, ledger=ledger, keep_columns=keep)
 
 
 def _pii_stage(
-    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+    ds: Any,
+    plan: Plan,
+    stage: Stage,
+    judge_ledger: Any,
+    ledger: Any,
+    run_id: str | None,
+    keep: list[str] | None = None,
 ) -> Any:
     from udfs.pii import PiiStage
 
-    return _actor_stage(ds, stage, PiiStage, ledger=ledger)
+    return _actor_stage(ds, stage, PiiStage, ledger=ledger, keep_columns=keep)
 
 
 def _judge_stage(
-    ds: Any, plan: Plan, stage: Stage, judge_ledger: Any, ledger: Any, run_id: str | None
+    ds: Any,
+    plan: Plan,
+    stage: Stage,
+    judge_ledger: Any,
+    ledger: Any,
+    run_id: str | None,
+    keep: list[str] | None = None,
 ) -> Any:
     from udfs.judge import judge_stage_class
 
@@ -708,12 +767,15 @@ def _judge_stage(
         cache=cache,
         ledger=judge_ledger,
         run_ledger=ledger,
+        keep_columns=keep,
     )
 
 
 #: The function that adds an actor stage of each kind to the pipeline:
-#: ``(ds, plan, stage, judge_ledger, run_ledger, run_id) -> ds``.
-ACTOR_STAGES: dict[StageKind, Callable[[Any, Plan, Stage, Any, Any, str | None], Any]] = {
+#: ``(ds, plan, stage, judge_ledger, run_ledger, run_id, keep_columns) -> ds``.
+ACTOR_STAGES: dict[
+    StageKind, Callable[[Any, Plan, Stage, Any, Any, str | None, list[str] | None], Any]
+] = {
     StageKind.MODEL: _model_stage,
     StageKind.PII: _pii_stage,
     StageKind.JUDGE: _judge_stage,
