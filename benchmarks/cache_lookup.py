@@ -1,43 +1,56 @@
-"""Judgment-cache lookups: one bucket file at a time against several at once.
+"""Judgment-cache lookups on local disk and on S3 on loopback: seconds and requests a batch.
 
 Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/cache_lookup.py [--entries 200000] [--batches 40] [--batch 64]
-                                      [--threads 1,8] [--repeat 3]
+                                      [--threads 1,8] [--repeat 3] [--baseline DIR]
 
 It writes a synthetic cache of ``--entries`` entries (``cache_scale.write_filler``: 256
 buckets, replies of 120-900 characters) twice: on local disk, and on an S3 endpoint on
-loopback (moto in server mode, as the tests use: every read a real HTTP request, with
-moto's own per-request cost standing in for a store's latency). Then, on each, it looks
-up ``--batches`` batches of ``--batch`` groups that exist in the cache (a judge actor's
-lookup per batch: the groups fall in dozens of buckets), through
+loopback (moto in server mode, in a process of its own, as the tests use: every read a
+real HTTP request, with moto's own per-request cost standing in for a store's latency).
+Then, on each, it looks up ``--batches`` batches of ``--batch`` groups that exist in the
+cache (a judge actor's lookup per batch: the groups fall in dozens of buckets), through
 :class:`ragbatch.judge.cache.JudgmentCache`, with ``LOOKUP_THREADS`` set to each value of
-``--threads`` in turn, interleaved over ``--repeat`` rounds. Each round opens the cache
-afresh, so every round reads the same footers and row groups.
+``--threads`` in turn, interleaved over ``--repeat`` rounds. Each round is a fresh
+process that opens the cache afresh, so every round reads the same footers and row
+groups; its first batches read footers, the later ones find them kept.
 
-It prints seconds per batch (median of the rounds), the ratio against the first
-``--threads`` value, and the load average before and after. It checks that every
+``--baseline DIR`` names a source tree of another version of ``ragbatch`` (for example
+``git archive <commit> ragbatch | tar -x -C DIR``): each round then runs that version
+and this one, one after the other, on the same caches and groups.
+
+It prints, per store, version and setting: seconds per batch (median of the rounds),
+the requests a batch made to S3 (every S3 API call s3fs makes, counted by wrapping its
+call, after the cache is opened: mean over all batches, and over the last quarter, when
+the footers of the files touched are kept), and the load average before and after. For
+this tree it also times the same byte ranges fetched alone, with ``fs.cat_ranges`` and
+no decoding: what the requests cost by themselves. It checks that every version and
 setting found the same entries. Nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-
-from cache_scale import write_filler  # noqa: E402
+#: A worker process reads the ragbatch of this tree (the parent sets it for a baseline).
+TREE_VARIABLE = "RAGBATCH_LOOKUP_TREE"
+sys.path[:0] = [os.environ.get(TREE_VARIABLE) or str(REPO), str(REPO / "benchmarks")]
 
 
 def _free_port() -> int:
@@ -61,38 +74,102 @@ def _groups(uri: str, options: dict, n: int, seed: int) -> list[str]:
     return random.Random(seed).sample(sorted(present), n)
 
 
-def _time_lookups(uri: str, options: dict, batches: list[list[str]], threads: int) -> tuple:
-    """Seconds per batch and entries found, for one fresh cache opened on ``uri``."""
+def _count_s3_calls() -> Counter:
+    """Count every S3 API call s3fs makes from now on, by operation name."""
+    import s3fs
+
+    calls: Counter = Counter()
+    original = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls[getattr(method, "__name__", str(method))] += 1
+        return await original(self, method, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = counted
+    return calls
+
+
+def _worker(job: dict) -> dict:
+    """One round of one version and setting: open the cache, look up every batch."""
     from ragbatch.judge import cache_store
     from ragbatch.judge.cache import JudgmentCache
 
-    cache_store.LOOKUP_THREADS = threads
-    cache = JudgmentCache(uri, options)
-    found = 0
-    start = time.perf_counter()
-    for batch in batches:
+    calls = _count_s3_calls()
+    ranges = _record_ranges()
+    cache_store.LOOKUP_THREADS = job["threads"]
+    cache = JudgmentCache(job["uri"], {})
+    calls.clear()  # opening (the listing) is not a lookup's
+    found, per_batch, seconds, fetched = 0, [], 0.0, []
+    for batch in job["batches"]:
+        before = sum(calls.values())
+        ranges.clear()
+        start = time.perf_counter()
         found += len(cache.lookup(batch))
-    return (time.perf_counter() - start) / len(batches), found, cache.row_groups_read
+        seconds += time.perf_counter() - start
+        per_batch.append(sum(calls.values()) - before)
+        fetched.append(list(ranges))
+    by_call = dict(calls)
+    bare = None
+    if any(fetched):  # this tree: the same ranges again, fetched alone
+        start = time.perf_counter()
+        for batch_ranges in fetched:
+            cache.files.fs.cat_ranges(*(list(x) for x in zip(*batch_ranges)))
+        bare = (time.perf_counter() - start) / len(fetched)
+    return {
+        "seconds": seconds / len(job["batches"]),
+        "found": found,
+        "row_groups": cache.row_groups_read,
+        "requests": per_batch,
+        "by_call": by_call,
+        "bare": bare,
+    }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--entries", type=int, default=200_000)
-    p.add_argument("--batches", type=int, default=40)
-    p.add_argument("--batch", type=int, default=64, help="groups per lookup (rows per batch)")
-    p.add_argument("--threads", default="1,8", help="LOOKUP_THREADS values, comma-separated")
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
-    settings = [int(x) for x in args.threads.split(",")]
+def _record_ranges() -> list:
+    """Record the byte ranges the cache's files fetch from now on (this tree's reader;
+    the list stays empty for a version without ``start_fetch``)."""
+    from ragbatch.judge.cache_store import CacheFiles
 
-    import subprocess
+    seen: list = []
+    for name in ("start_fetch", "fetch"):
+        original = getattr(CacheFiles, name, None)
+        if original is None or not hasattr(CacheFiles, "start_fetch"):
+            continue
 
-    import s3fs
+        def recording(self, ranges, _original=original):
+            seen.extend(ranges)
+            return _original(self, ranges)
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        setattr(CacheFiles, name, recording)
+    return seen
+
+
+def _round(job: dict, tree: str | None) -> dict:
+    """:func:`_worker` in a fresh process reading ``tree``'s ragbatch (None: this one)."""
+    env = dict(os.environ)
+    env.pop(TREE_VARIABLE, None)
+    if tree:
+        env[TREE_VARIABLE] = tree
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(job, handle)
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", handle.name],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        os.unlink(handle.name)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _start_moto() -> tuple[subprocess.Popen, int]:
+    """moto's S3 server in its own process (in this one, serving each request would take
+    the GIL from the lookups it answers); the endpoint and test credentials go to the
+    environment, which botocore and the worker processes read."""
     port = _free_port()
-    # moto in its own process: in this one, serving each request would take this
-    # process's GIL from the lookups it answers.
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -104,57 +181,97 @@ def main() -> None:
             break
         except OSError:
             time.sleep(0.1)
-    # cache_scale.write_filler opens the cache without storage options: the endpoint and
-    # moto's test credentials come from the environment (botocore reads both).
     os.environ.update(
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
         AWS_ACCESS_KEY_ID="testing",
         AWS_SECRET_ACCESS_KEY="testing",
     )
-    options: dict = {}
+    return server, port
+
+
+def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> None:
+    """Print one store's lines: per version and setting, seconds and requests a batch."""
+    seen = {(r["found"], r["row_groups"]) for rounds in results.values() for r in rounds}
+    if len(seen) != 1:
+        raise SystemExit(f"{name}: the versions or settings found different entries: {seen}")
+    ((entries, row_groups),) = seen
+    print(
+        f"{name}: {args.batches} batches of {args.batch} groups, {entries:,} entries and "
+        f"{row_groups:,} row groups read per pass; load before "
+        f"{tuple(round(x, 2) for x in load[0])}, after {tuple(round(x, 2) for x in load[1])}"
+    )
+    first = None
+    for (version, threads), rounds in results.items():
+        times = [r["seconds"] for r in rounds]
+        median = statistics.median(times)
+        first = first or median
+        line = (
+            f"  {version}, LOOKUP_THREADS={threads}: {median:.3f} s a batch (rounds "
+            f"{', '.join(f'{t:.3f}' for t in times)}); {first / median:.2f}x the first line"
+        )
+        requests = rounds[0]["requests"]
+        if any(requests):
+            tail = requests[-max(1, len(requests) // 4) :]
+            line += (
+                f"; S3 requests a batch {statistics.mean(requests):.1f} (last quarter "
+                f"{statistics.mean(tail):.1f}, most {max(requests)}; "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(rounds[0]['by_call'].items()))})"
+            )
+        bare = [r["bare"] for r in rounds if r.get("bare") is not None]
+        if bare:
+            line += f"; the same ranges fetched alone {statistics.median(bare):.3f} s a batch"
+        print(line, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--entries", type=int, default=200_000)
+    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--batch", type=int, default=64, help="groups per lookup (rows per batch)")
+    p.add_argument("--threads", default="1,8", help="LOOKUP_THREADS values, comma-separated")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--baseline", help="a source tree of another ragbatch, run interleaved")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(_worker(json.loads(Path(args.worker).read_text()))))
+        return
+    settings = [int(x) for x in args.threads.split(",")]
+    versions = ([("baseline", str(Path(args.baseline).resolve()))] if args.baseline else []) + [
+        ("this tree", None)
+    ]
+
+    import s3fs
+
+    from cache_scale import write_filler
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server, _ = _start_moto()
     bucket = f"lookup-{uuid.uuid4().hex[:8]}"
     s3fs.S3FileSystem().mkdir(bucket)
     local = tempfile.mkdtemp(prefix="ragbatch-lookup-")
-    stores = {
-        "local disk": (f"{local}/cache", {}),
-        "S3 on loopback": (f"s3://{bucket}/cache", options),
-    }
+    stores = {"local disk": f"{local}/cache", "S3 on loopback": f"s3://{bucket}/cache"}
     try:
-        for name, (uri, opts) in stores.items():
+        for name, uri in stores.items():
             seconds = write_filler(uri, args.entries)
             print(f"{name}: {args.entries:,} entries written in {seconds:.1f} s", flush=True)
-        for name, (uri, opts) in stores.items():
-            groups = _groups(uri, opts, args.batches * args.batch, seed=1)
+        for name, uri in stores.items():
+            groups = _groups(uri, {}, args.batches * args.batch, seed=1)
             batches = [groups[i : i + args.batch] for i in range(0, len(groups), args.batch)]
-            times: dict[int, list[float]] = {t: [] for t in settings}
-            found: dict[int, set] = {t: set() for t in settings}
+            results: dict[tuple[str, int], list[dict]] = {
+                (v, t): [] for v, _ in versions for t in settings
+            }
             load_before = os.getloadavg()
             for _ in range(args.repeat):
                 for threads in settings:
-                    per_batch, n, row_groups = _time_lookups(uri, opts, batches, threads)
-                    times[threads].append(per_batch)
-                    found[threads].add((n, row_groups))
-            load_after = os.getloadavg()
-            if len({frozenset(v) for v in found.values()}) != 1:
-                raise SystemExit(f"{name}: the settings found different entries: {found}")
-            (entries, row_groups) = next(iter(found[settings[0]]))
-            base = statistics.median(times[settings[0]])
-            print(
-                f"{name}: {args.batches} batches of {args.batch} groups, {entries:,} entries "
-                f"and {row_groups:,} row groups read per pass; load before "
-                f"{tuple(round(x, 2) for x in load_before)}, after "
-                f"{tuple(round(x, 2) for x in load_after)}"
-            )
-            for threads in settings:
-                median = statistics.median(times[threads])
-                rounds = ", ".join(f"{t:.3f}" for t in times[threads])
-                print(
-                    f"  LOOKUP_THREADS={threads}: {median:.3f} s a batch (rounds {rounds}); "
-                    f"{base / median:.2f}x the first setting's speed"
-                )
+                    for version, tree in versions:
+                        job = {"uri": uri, "batches": batches, "threads": threads}
+                        results[(version, threads)].append(_round(job, tree))
+            _report(name, results, (load_before, os.getloadavg()), args)
     finally:
         server.terminate()
         server.wait()
+        shutil.rmtree(local, ignore_errors=True)
 
 
 if __name__ == "__main__":

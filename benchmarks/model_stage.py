@@ -129,6 +129,17 @@ score = model.predict(pairs)
 pq.write_table(pa.table({"trace_id": rows.column("trace_id"), "score": score}), sys.argv[2])
 """
 
+RAY_START = """
+import ray
+ray.init(address="local", include_dashboard=False)
+@ray.remote(num_cpus=1)
+class Ready:
+    def ping(self):
+        return 1
+ray.get(Ready.remote().ping.remote())
+ray.shutdown()
+"""
+
 FLOOR = """
 import sys
 import polars as pl
@@ -202,6 +213,7 @@ def contestants(part: str, workdir: Path, data: Path) -> dict[str, list[str]]:
         return {
             "ragbatch": [RAGBATCH, "run", str(job_config(workdir, data, "bi", None))],
             "raw": [PYTHON, "-c", RAW_BI, str(data), str(out / f"raw_bi_{data.stem}.parquet")],
+            "ray_start": [PYTHON, "-c", RAY_START],
         }
     if part == "ce":
         ce = build_cross_encoder(workdir)
@@ -215,6 +227,7 @@ def contestants(part: str, workdir: Path, data: Path) -> dict[str, list[str]]:
                 str(out / f"raw_ce_{data.stem}.parquet"),
                 str(ce),
             ],
+            "ray_start": [PYTHON, "-c", RAY_START],
         }
     driver = INSTANT_DRIVER.format(benchmarks=str(ROOT / "benchmarks"))
     return {
@@ -340,8 +353,31 @@ def run_part(part: str, sizes: list[int], repeat: int, workdir: Path) -> dict[st
     result: dict[str, Any] = {"sizes": sizes, "times": times, "margin": {}}
     for name, by_size in times.items():
         best = {n: min(ts) for n, ts in by_size.items()}
+        if name == "ray_start":
+            result["ray_start_s"] = min(best.values())
+            continue
         result["margin"][name] = margin(sizes, best)
     return result
+
+
+def report(part: str, result: dict[str, Any]) -> None:
+    """Print a part's marginal rates and fixed costs, and the ratios the targets use."""
+    names = list(result["margin"])
+    for name in names:
+        m = result["margin"][name]
+        print(
+            f"{part:>8} {name:>18}: {m['rows_per_s']:10.1f} rows/s at the margin, "
+            f"fixed {m['fixed_s']:6.2f} s"
+        )
+    a, b = (result["margin"][n]["rows_per_s"] for n in names[:2])
+    print(f"{part:>8} marginal rate {names[0]} / {names[1]}: {a / b:.3f}")
+    if "ray_start_s" in result:
+        budget = result["margin"]["raw"]["fixed_s"] + result["ray_start_s"]
+        fixed = result["margin"]["ragbatch"]["fixed_s"]
+        print(
+            f"{part:>8} Ray's start (init, one actor, shutdown): {result['ray_start_s']:.2f} s; "
+            f"fixed cost {fixed:.2f} s = {fixed / budget:.2f}x raw's fixed cost plus Ray's start"
+        )
 
 
 def main() -> None:
@@ -358,18 +394,10 @@ def main() -> None:
         if part == "profile":
             results[part] = profile_batch(args.workdir, args.profile_rows, 20)
             continue
-        default = "20000,200000" if part == "instant" else "150,750"
+        default = "100000,600000" if part == "instant" else "150,750"
         sizes = [int(x) for x in (args.rows or default).split(",")]
         results[part] = run_part(part, sizes, args.repeat, args.workdir)
-        names = list(results[part]["margin"])
-        for name in names:
-            m = results[part]["margin"][name]
-            print(
-                f"{part:>8} {name:>18}: {m['rows_per_s']:10.1f} rows/s at the margin, "
-                f"fixed {m['fixed_s']:6.2f} s"
-            )
-        a, b = (results[part]["margin"][n]["rows_per_s"] for n in names)
-        print(f"{part:>8} ratio {names[0]} / {names[1]}: {a / b:.3f}")
+        report(part, results[part])
     results["load_end"] = os.getloadavg()
     (args.workdir / "model_stage.json").write_text(json.dumps(results, indent=2))
 

@@ -521,3 +521,47 @@ def test_judge_ready_table_of_recorded_parts(ready, calib):
         "| 0.500 [0.500, 0.500] | 6 | 0.04 | 176.9 |  |  |"
     )
     assert lines[4].endswith("| 2 |  |  |  | 10 | 2.40 | 67.1 | 0.946 |  |")
+
+
+# -- the model stage's GPU script, run on the CPU at a tiny size so that it does not rot --
+
+
+@pytest.mark.slow
+def test_gpu_model_stage_script_runs_on_cpu(tmp_path):
+    """benchmarks/gpu/model_stage.py on 24 distinct Paul Graham rows in calls of 8 rows:
+    the stage's scores equal raw sentence-transformers' (the same model, the same texts),
+    and the instant stand-in takes a smaller share of the stage's time than the model."""
+    script = _load("gpu/model_stage")
+    result = script.main(
+        [
+            "--rows",
+            "24",
+            "--batch-rows",
+            "8",
+            "--repeat",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    saved = json.loads((tmp_path / "model_stage_gpu.json").read_text())
+    assert saved["rows"] == result["rows"] == 24 and saved["batch_rows"] == 8
+    assert saved["encode_batch"] == 32  # the CPU default of the model stage
+    assert saved["max_abs_score_diff"] < 1e-5
+    assert set(saved["rows_per_s"]) == {"raw", "stage", "instant"}
+    assert 0 < saved["overhead_share"] < 1
+    assert saved["stage_over_raw"] > 0
+
+
+def test_instant_model_stand_in_gives_unit_vectors_from_lengths():
+    module = _load("instant_model")
+    vectors = module.InstantEncoder().encode(["", "ab", "abcd", "\u4f60\u597d"])
+    import numpy as np
+
+    # two numbers per text, cos and sin of len / 50: unit vectors whatever the text
+    assert vectors.shape == (4, 2)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    assert np.allclose(vectors[1], [np.cos(2 / 50), np.sin(2 / 50)])
+    assert np.allclose(vectors[3], vectors[1])  # two characters each, CJK included

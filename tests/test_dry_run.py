@@ -11,6 +11,8 @@ metric is held to 10 %, like the single-step metrics.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 import subprocess
 import sys
@@ -124,6 +126,14 @@ def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
     assert not out_a.exists() and not out_b.exists()
     print(f"two dry runs in one process: {elapsed:.1f} s")
     flat = " ".join(text.split())  # whitespace and line wrapping aside
+    # The pools are sized for this machine (no GPU), by the rule worked out in
+    # tests/test_pool_sizing.py: on 2 CPUs one model actor of 2 threads reserving 1 CPU,
+    # and the judge's [1, 3] actors sharing 1 CPU while its engine runs 2 threads.
+    cpus = os.cpu_count() or 1
+    threads = min(4, cpus)
+    actors = max(1, cpus // threads)
+    model_cpus = f"{min(threads, math.floor((cpus - 1) / actors * 10_000) / 10_000):g}"
+    judge_cpus = f"{min(cpus, math.floor((cpus - 1) / 3 * 10_000) / 10_000):g}"
 
     # tonic_paul_graham: 6 CSV files, 330 rows, counted; expression tasks and a MiniLM pool
     assert (
@@ -133,9 +143,13 @@ def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
         "1. read 6 read task(s) as Ray tasks, normalized to the canonical columns "
         "2. expressions exact_match, response_length, context_length, mentions_paul_graham, "
         "one_sentence, not_a_refusal Ray tasks, no actors (one Polars pass per batch) "
-        "3. model:minilm semantic_similarity engine minilm (embedding); actors: 1 (fixed) "
-        "per actor: num_cpus=1, num_gpus=0, batch_size=64 4. write long scores table, "
-        f"staged under {out_a}/_staging/ and published on commit"
+        f"3. model:minilm semantic_similarity engine minilm (embedding); actors: {actors} "
+        f"(fixed) per actor: num_cpus={model_cpus}, num_gpus=0, batch_size=4096, "
+        f"threads={threads} sized for this machine: {actors} actor(s) x {threads} thread(s) "
+        f"on the {cpus} CPUs this stage gets, each reserving {model_cpus} CPU (1 CPU kept for "
+        "the read, expression and write tasks) (chosen: concurrency, num_cpus, num_gpus, "
+        "threads, batch_size) "
+        f"4. write long scores table, staged under {out_a}/_staging/ and published on commit"
     ) in flat
 
     # ares_judge: one judge pool, autoscaling, with its embedder; 24 of 200 rows sampled
@@ -148,9 +162,12 @@ def test_dry_run_prints_the_plan_and_does_no_work(tiny_judge_model, tmp_path):
         "2. judge:judge faithfulness, answer_relevancy, context_relevancy, answer_consistency, "
         "answer_consistency_binary, augmentation_accuracy, augmentation_precision, "
         "retrieval_precision, duplication, hate_speech engine judge (vllm); actors: 1..3 "
-        "(autoscaling) per actor: num_cpus=1, num_gpus=0, batch_size=64, "
-        "tensor_parallel_size=1 each actor also loads the embedding engine(s) embedder "
-        "3. write"
+        f"(autoscaling) per actor: num_cpus={judge_cpus}, num_gpus=0, batch_size=64, "
+        f"threads={cpus}, batches_in_flight=4, tensor_parallel_size=1 sized for this "
+        f"machine: one actor per node whose vLLM engine runs {cpus} thread(s) (the stage's "
+        f"share of a node's CPUs), reserving {judge_cpus} CPU (chosen: num_cpus, threads, "
+        "batches_in_flight) each actor also "
+        "loads the embedding engine(s) embedder 3. write"
     ) in flat
     assert "judge engine judge prompt tokens: counted with the tokenizer of" in flat
     parts = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]

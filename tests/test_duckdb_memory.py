@@ -97,9 +97,9 @@ def test_row_ids_checked_on_one_metric_when_every_metric_holds_the_same(
     seen: list[str] = []
     real = write._bucketed_keys
 
-    def recording(con, relation, n_cells):
+    def recording(con, relation, n_cells, **options):
         seen.append(relation)
-        return real(con, relation, n_cells)
+        return real(con, relation, n_cells, **options)
 
     monkeypatch.setattr(write, "_bucketed_keys", recording)
     ids = ["", "日本", "e\u0301", "🙂"] + [f"r{i}" for i in range(36)]

@@ -378,14 +378,14 @@ def _read_failing(monkeypatch, failing: str, hold: str | None = None) -> list[st
             future.add_done_callback(lambda f: f.exception() is None or failed.set())
             return future
 
-    def read_task(task, cfg):
+    def read_task(task, cfg, *views):
         name = next(p for p in ("f00", "f01", "f02", "f03") if p in str(task))
         started.append(name)
         if name == failing:
             raise RuntimeError(f"cannot read {name}")
         if name == hold:
             assert failed.wait(30)
-        return real(task, cfg)
+        return real(task, cfg, *views)
 
     monkeypatch.setattr(read_module, "read_task", read_task)
     monkeypatch.setattr(in_process, "ThreadPoolExecutor", Pool)

@@ -237,3 +237,80 @@ def test_a_task_that_fails_stops_the_run_and_names_its_file(tmp_path):
     with pytest.raises(InputError, match="f03.parquet"):
         run_job(config, run_id="broken")
     assert not list((tmp_path / "out").glob("runs/*/run_id=broken/manifest.json"))
+
+
+def _one_group(tmp_path: Path, ids: list[str] | None = None) -> JobConfig:
+    """One file of 10 rows in one row group (one read task): row i answers ``"x" * i``
+    and holds the JSON contexts ``["c<i % 2>", "dd"]`` (two distinct values, repeated);
+    ``ids``, when given, are its row ids."""
+    src = tmp_path / "one"
+    src.mkdir()
+    columns = {
+        "a": ["x" * i for i in range(10)],
+        "c": [json.dumps([f"c{i % 2}", "dd"]) for i in range(10)],
+        "team": ["t", "u"] * 5,
+    }
+    mapping = {"answer": "a", "contexts": "c"}
+    if ids is not None:
+        columns["id"] = ids
+        mapping["row_id"] = "id"
+    pq.write_table(pa.table(columns), src / "f.parquet")
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "sliced", "executor": "in_process"},
+            "input": {"uri": str(src), "columns": mapping},
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [
+                {"name": "response_length", "params": {"min_chars": 1, "max_chars": 5}},
+                {"name": "context_length", "params": {"min_chars": 2, "max_chars": 2}},
+            ],
+        }
+    )
+
+
+def test_a_large_task_is_scored_in_slices_with_the_rows_of_a_whole_one(tmp_path, monkeypatch):
+    # Slices of at most 4 rows, for tasks past 8: the task's 10 rows are 3 slices (4, 4,
+    # 2), one file each, two scored at a time. Generated row ids count from the task's first row, and every
+    # cell is as worked out by hand.
+    from ragbatch.pipeline import in_process
+    from ragbatch.pipeline.runner import run_job
+
+    monkeypatch.setattr(in_process, "SLICE_ROWS", 4)
+    result = run_job(_one_group(tmp_path), run_id="sliced")
+    assert result.manifest.ray["executor"] == "in_process"
+    files = sorted((tmp_path / "out").glob("scores/*/run_id=sliced/*.parquet"))
+    assert [pq.read_metadata(f).num_rows for f in files] == [8, 8, 4]
+    got = duckdb.sql(
+        f"SELECT row_id, metric, score, status, team FROM read_parquet("
+        f"'{tmp_path}/out/scores/**/*.parquet', hive_partitioning=true) ORDER BY ALL"
+    ).fetchall()
+    want = []
+    for i in range(10):
+        row, team = f"f.parquet:{i}", "tu"[i % 2]
+        want.append((row, "context_length", 1.0, "ok", team))
+        want.append((row, "response_length", float(1 <= i <= 5), "ok", team))
+    assert got == sorted(want)
+
+
+def test_a_row_id_repeated_in_two_slices_of_a_task_is_refused_as_in_a_whole_one(
+    tmp_path, monkeypatch
+):
+    # Row id r1 at rows 1 and 5: slices 0 and 1 of 4 rows each. The run refuses it with
+    # the message that normalizing the whole task gives, and commits nothing.
+    from ragbatch.core.errors import InputError
+    from ragbatch.io import normalize, plan_read, read_task
+    from ragbatch.pipeline import in_process
+    from ragbatch.pipeline.runner import run_job
+
+    ids = [f"r{i}" for i in range(10)]
+    ids[5] = "r1"
+    config = _one_group(tmp_path, ids)
+    (task,) = plan_read(config.input)
+    with pytest.raises(InputError) as whole:
+        normalize(read_task(task, config.input), config.input, task)
+    monkeypatch.setattr(in_process, "SLICE_ROWS", 4)
+    with pytest.raises(InputError) as sliced:
+        run_job(config, run_id="twice")
+    assert str(sliced.value) == str(whole.value)
+    assert "repeats 1 value(s) (e.g. 'r1')" in str(sliced.value)
+    assert not list((tmp_path / "out").glob("runs/*/run_id=twice/manifest.json"))

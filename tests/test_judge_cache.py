@@ -5,6 +5,7 @@ loopback)."""
 from __future__ import annotations
 
 import datetime as dt
+import pathlib
 import threading
 from typing import Any
 
@@ -415,15 +416,16 @@ def test_upkeep_refuses_to_delete_outside_the_cache_root(tmp_path):
     assert not inside.exists()
 
 
-@pytest.mark.parametrize("bound, footer_reads", [(None, 40), (1, 40 + 40)])
+@pytest.mark.parametrize("bound, footer_reads", [(None, 40), (1, 40 + 39)])
 def test_a_reader_keeps_the_footers_it_read_within_its_byte_bound(
     tmp_path, monkeypatch, bound, footer_reads
 ):
     # 40 groups in 40 bucket files, looked up twice, one file at a time. Each footer is
     # read once, with the file's group ranges, and kept (serialized) for the row-group
     # reads after it: the second lookup reads no footer. With the bound at one byte only
-    # the footer read last stays, and each file's footer read in the second lookup
-    # drops the one before: it reads all 40 again. Either way the same entries are found.
+    # the footer read last stays: the second lookup, which plans every file's first
+    # request before it makes any, finds that one kept and reads the other 39 again.
+    # Either way the same entries are found.
     from ragbatch.judge import cache_store
 
     monkeypatch.setattr(cache_store, "LOOKUP_THREADS", 1)  # files read in order
@@ -436,20 +438,12 @@ def test_a_reader_keeps_the_footers_it_read_within_its_byte_bound(
         cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), g)
     cache.flush()
     fold_journal(open_files(uri, {}), "run-1")
-    reads = []
-    parquet_file = pq.ParquetFile
-
-    def counting(source, *args, metadata=None, **kwargs):
-        reads.append(metadata is None)  # no footer given: PyArrow reads it from the file
-        return parquet_file(source, *args, metadata=metadata, **kwargs)
-
-    monkeypatch.setattr(pq, "ParquetFile", counting)
     reader = JudgmentCache(uri, {})
     expected = {f"k{i}": (f"t{i}", g) for i, g in enumerate(groups)}
     for _ in range(2):
         found = reader.lookup(groups)
         assert {key: (reply[0], group) for key, (reply, group) in found.items()} == expected
-    assert sum(reads) == footer_reads
+    assert reader.reader.footers_read == footer_reads
     assert reader.row_groups_read == 80
 
 
@@ -486,3 +480,91 @@ def test_a_failed_flush_keeps_its_replies_for_the_next_flush(tmp_path):
     assert sorted(r["key"] for r in rows) == ["k0", "k1", "k2", "old"]
     assert [r["text"] for r in rows if r["key"] == "old"] == [None]  # a touch, not a reply
     assert cache.flush() == 0  # nothing is written twice
+
+
+def _forty_files(uri: str, options: dict) -> list[str]:
+    """40 groups, each alone in its bucket file; returns the groups."""
+    groups = [f"{i:02x}" + "0" * 62 for i in range(0, 80, 2)]
+    cache = JudgmentCache(uri, options)
+    for i, g in enumerate(groups):
+        cache.put(f"k{i}", "m", "model", _ok(f"t{i}"), g)
+    cache.flush()
+    fold_journal(open_files(uri, options), "run-1")
+    return groups
+
+
+def _counting_ranges(monkeypatch) -> list[int]:
+    """Count the byte ranges the cache's files ask the store for (a spy: every call goes
+    through to the real store)."""
+    counted: list[int] = []
+    start, fetch = CacheFiles.start_fetch, CacheFiles.fetch
+
+    def counting_start(self, ranges):
+        counted.append(len(ranges))
+        return start(self, ranges)
+
+    def counting_fetch(self, ranges):
+        counted.append(len(ranges))
+        return fetch(self, ranges)
+
+    monkeypatch.setattr(CacheFiles, "start_fetch", counting_start)
+    monkeypatch.setattr(CacheFiles, "fetch", counting_fetch)
+    return counted
+
+
+@pytest.mark.parametrize("first_read", ["whole file", "footer", "less than the footer"])
+def test_a_lookup_makes_one_request_per_file_once_its_footer_is_kept(
+    tmp_path, monkeypatch, first_read
+):
+    # 40 files of one row group each. The first lookup reads each file's end: all of it
+    # when it fits in FIRST_READ_BYTES (1 request a file); its footer only (then 1 more
+    # for the row group: 2); less than its footer (then 1 more for the rest of the
+    # footer, and 1 for the row group: 3). The second lookup keeps every footer: 1
+    # request a file. The entries found are the same.
+    from ragbatch.judge import cache_parquet
+
+    uri = str(tmp_path / "cache")
+    groups = _forty_files(uri, {})
+    paths = [p for ps in open_files(uri, {}).bucket_files().values() for p in ps]
+    size = min(pathlib.Path(p).stat().st_size for p in paths)
+    footer = max(pq.read_metadata(p).serialized_size for p in paths)
+    monkeypatch.setattr(
+        cache_parquet,
+        "FIRST_READ_BYTES",
+        {"whole file": 1 << 20, "footer": footer + 8, "less than the footer": 16}[first_read],
+    )
+    assert footer + 8 < size
+    counted = _counting_ranges(monkeypatch)
+    reader = JudgmentCache(uri, {})
+    expected = {f"k{i}": (f"t{i}", g) for i, g in enumerate(groups)}
+    per_file = []
+    for _ in range(2):
+        counted.clear()
+        found = reader.lookup(groups)
+        assert {key: (reply[0], group) for key, (reply, group) in found.items()} == expected
+        per_file.append(sum(counted) / 40)
+    assert per_file == [{"whole file": 1, "footer": 2, "less than the footer": 3}[first_read], 1]
+
+
+@pytest.mark.release
+def test_a_lookup_on_s3_sends_one_get_per_file_and_nothing_else(
+    monkeypatch, s3_storage_options, s3_bucket
+):
+    # Counted at s3fs's call to the S3 API: once the footers are kept, a lookup of 40
+    # groups in 40 files is 40 GetObject calls, and no HeadObject or listing.
+    import s3fs
+
+    uri = f"s3://{s3_bucket}/judge_cache"
+    groups = _forty_files(uri, s3_storage_options)
+    reader = JudgmentCache(uri, s3_storage_options)
+    reader.lookup(groups)
+    calls: list[str] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        calls.append(getattr(method, "__name__", str(method)))
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    assert len(reader.lookup(groups)) == 40
+    assert calls == ["get_object"] * 40

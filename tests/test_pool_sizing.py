@@ -272,6 +272,30 @@ def test_dry_run_says_how_the_pool_was_sized(tmp_path, capsys):
         encoding="utf-8",
     )
     assert main(["run", str(tmp_path / "job.yaml"), "--dry-run"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "sized for this machine:" in out
-    assert "chosen: concurrency, num_cpus, num_gpus, threads, batch_size" in out
+    assert "(chosen: concurrency, num_cpus, num_gpus, threads, batch_size)" in out
+
+
+def test_torch_threads_are_the_default_of_every_thread_of_a_fresh_process():
+    # In a fresh process (torch not yet imported) the count becomes every thread's
+    # default, a thread started afterwards (an actor's event loop) included.
+    import subprocess
+    import sys
+
+    script = (
+        "import threading\n"
+        "from ragbatch.engines.threads import set_torch_threads\n"
+        "print(set_torch_threads(3))\n"
+        "import torch\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))\n"
+        "t.start(); t.join()\n"
+        "print(torch.get_num_threads(), seen[0])\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
+    env["OMP_NUM_THREADS"] = "1"  # what Ray gives an actor that reserved one CPU
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    ).stdout.split()
+    assert out == ["False", "3", "3"]

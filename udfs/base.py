@@ -36,6 +36,7 @@ from ragbatch.config.job import (
 from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import HeapTrimmer
+from ragbatch.engines.threads import set_thread_variables
 from ragbatch.metrics.base import Metric
 from ragbatch.core.registry import get_metric
 from ragbatch.core.stages import StageKind
@@ -235,6 +236,9 @@ class ActorStage:
         self.keep_columns = None if keep_columns is None else frozenset(keep_columns)
         report_placement(ledger, f"{self.kind.value}:{engine_name}")
         self.spec = parse_engine_spec(engine_name, engine_spec)
+        if getattr(self.spec, "threads", None):
+            # Before the engine imports torch: every thread of the actor starts with it.
+            set_thread_variables(self.spec.threads)
         self.check_spec()
         self.metrics = [self._metric(i, entry) for i, entry in enumerate(metrics)]
         self.load()

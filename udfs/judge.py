@@ -24,7 +24,7 @@ import contextlib
 import functools
 import logging
 import uuid
-from typing import Any, AsyncIterator, ClassVar, Iterator, Sequence
+from typing import Any, AsyncIterator, ClassVar, Iterable, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -34,6 +34,7 @@ from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame, judge_frame_async
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.rejudge import reasks_parse_failures
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.base import Metric
 from ragbatch.metrics.cells import CELL_DTYPE
@@ -61,8 +62,9 @@ class JudgeStage(ActorStage):
     embedders : dict, optional
         Embedding engine name -> spec, for metrics that embed (``answer_relevancy``).
     cache : dict, optional
-        ``{"uri", "storage_options", "run_id"}`` of the judgment cache (``run_id``
-        stamps the journal rows); None disables it.
+        ``{"uri", "storage_options", "run_id", "rejudge"}`` of the judgment cache
+        (``run_id`` stamps the journal rows; ``rejudge`` lists the statuses asked again,
+        :mod:`ragbatch.judge.rejudge`); None disables it.
     ledger : ray actor handle, optional
         A :class:`JudgeLedger` receiving per-batch totals and engine counters.
     run_ledger : ray actor handle, optional
@@ -133,6 +135,7 @@ class JudgeStage(ActorStage):
             parse_retries=self.spec.parse_retries,
             seed=self.spec.seed,
             max_tokens=self.spec.max_tokens,
+            rejudge=reasks_parse_failures((cache or {}).get("rejudge")),
         )
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -344,7 +347,8 @@ class JudgeLedger:
 
     Totals are keyed by (engine, first row id of the batch), so a retried batch replaces
     its earlier report instead of adding to it; engine counters (cumulative per actor)
-    are kept per engine as the latest report of each actor process.
+    are kept per engine as the latest report of each actor process, and combined over
+    the actors by :func:`combine_engine_stats`.
     """
 
     def __init__(self) -> None:
@@ -370,12 +374,40 @@ class JudgeLedger:
                 into = metrics.setdefault(mid, {})
                 for k, v in tally.items():
                     into[k] = into.get(k, 0) + v
-        engines: dict[str, dict[str, Any]] = {}
-        for name, per_actor in self._engines.items():
-            summed: dict[str, Any] = {}
-            for stats in per_actor.values():
-                for k, v in stats.items():
-                    if isinstance(v, (int, float)):
-                        summed[k] = summed.get(k, 0) + v
-            engines[name] = summed
+        engines = {
+            name: combine_engine_stats(per_actor.values())
+            for name, per_actor in self._engines.items()
+        }
         return {"metrics": metrics, "engines": engines}
+
+
+def combine_engine_stats(per_actor: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's numeric counters over its actors: summed, except that a key ending
+    in ``_max`` takes the largest value and one ending in ``_min`` the smallest (the
+    ``openai`` engine's ``concurrency_max`` and ``concurrency_min``: the most and fewest
+    requests in flight any one actor allowed). Values that are not numbers are left out.
+
+    Parameters
+    ----------
+    per_actor : iterable of dict
+        Each actor's latest :meth:`~ragbatch.judge.protocol.JudgeEngine.stats`.
+
+    Returns
+    -------
+    dict
+        ``{key: combined value}`` for every numeric key of any actor.
+    """
+    out: dict[str, Any] = {}
+    for stats in per_actor:
+        for k, v in stats.items():
+            if not isinstance(v, (int, float)):
+                continue
+            if k not in out:
+                out[k] = v
+            elif k.endswith("_max"):
+                out[k] = max(out[k], v)
+            elif k.endswith("_min"):
+                out[k] = min(out[k], v)
+            else:
+                out[k] = out[k] + v
+    return out

@@ -58,6 +58,7 @@ two folders)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -219,7 +220,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import instant_model
     from ragbatch.core.pool_sizing import GPU_MODEL_BATCH_ROWS
-    from ragbatch.engines.sentence_transformers import CPU_ENCODE_BATCH, GPU_ENCODE_BATCH
+    from ragbatch.engines.sentence_transformers import (
+        CPU_ENCODE_BATCH,
+        GPU_ENCODE_BATCH,
+        LoadedModel,
+    )
 
     device = args.device or ("cuda" if _cuda() else "cpu")
     on_gpu = device.startswith("cuda")
@@ -230,10 +235,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_dir = (
             shaped_model(args.shape_from, Path(work)) if args.shape_from else packaged_model()
         )
-        raw_model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
         stage = build_stage(model_dir, device, batch_rows, encode_batch)
-        instant = build_stage(model_dir, device, batch_rows, encode_batch)
-        instant.model._backend = instant_model.InstantEncoder()
+        # raw calls the very SentenceTransformer the stage loaded (same weights, device)
+        raw_model = stage.model._backend
+        assert isinstance(raw_model, SentenceTransformer)
+        instant = copy.copy(stage)
+        instant.model = LoadedModel(
+            instant_model.InstantEncoder(),
+            kind="embedding",
+            model_id=instant_model.MODEL_ID,
+            device=device,
+            batch_size=encode_batch,
+        )
         warm = table.slice(0, min(table.num_rows, batch_rows))
         raw_pass(raw_model, warm, encode_batch)
         stage_pass(stage, warm, batch_rows)

@@ -367,10 +367,12 @@ def summarize_view(
     counts = _counts(con, kept, len(infos))
     distinct = _distinct_ok_scores(con, [i.id for i in infos])
     groupings = [(None, "NULL::INTEGER")] + [(i, _code(i)) for i in range(len(slices))]
+    few = [i.id for i in infos if distinct.get(i.id, 0) <= settings.max_distinct]
+    counted = _counted_streams(con, few, kept, settings) if few else {}
     rows = []
     for info in infos:
-        if distinct.get(info.id, 0) <= settings.max_distinct:
-            streams = _counted_streams(con, info.id, kept, settings)
+        if info.id in counted:
+            streams = counted[info.id]
         else:
             streams = _ok_streams(con, info.id, len(slices), settings)
         health = (
@@ -436,17 +438,18 @@ def _slice_values(
     kept: list[list[str | None]] = []
     info: dict[str, dict[str, int]] = {}
     value, count = internal("v"), internal("n")
+    groups = internal("groups")
     for column in slices:
         text = f"CAST({_quote(column)} AS VARCHAR)"
+        # One scan: the values with their counts, and how many there are (null counts
+        # as a value of its own, as a group of the GROUP BY).
         ranked = con.execute(
-            f"SELECT {text} AS {value}, count(*) AS {count} FROM s GROUP BY {value} "
+            f"SELECT {value}, {count}, count(*) OVER () AS {groups} FROM ("
+            f"SELECT {text} AS {value}, count(*) AS {count} FROM s GROUP BY {value}) "
             f"ORDER BY {count} DESC, {value} ASC NULLS LAST LIMIT {cap + 1}"
         ).fetchall()
-        (distinct,) = con.execute(
-            f"SELECT count(DISTINCT {text}) + (count(*) FILTER (WHERE {text} IS NULL) > 0)::INT "
-            "FROM s"
-        ).fetchall()[0]
-        values = [v for v, _ in ranked[:cap]]
+        distinct = ranked[0][2] if ranked else 0
+        values = [v for v, _, _ in ranked[:cap]]
         kept.append(values)
         info[column] = {"values": int(distinct), "pooled_values": int(distinct) - len(values)}
     return kept, info
@@ -586,41 +589,61 @@ def _not_finite(metric_id: str, bad: int) -> OutputError:
 
 def _counted_streams(
     con: duckdb.DuckDBPyConnection,
-    metric_id: str,
+    metric_ids: Sequence[str],
     kept: Sequence[Sequence[Any]],
     settings: SummarySettings,
-) -> dict[tuple, MeanCIStream]:
-    """:func:`_ok_streams` for a metric of at most ``settings.max_distinct`` distinct
-    ``ok`` scores: DuckDB counts each score per group, and each group's stream gets its
-    distinct scores with their counts (:meth:`MeanCIStream.add_counts`), so neither a
-    sort nor the scores themselves leave DuckDB."""
-    streams: dict[tuple, MeanCIStream] = {}
+) -> dict[str, dict[tuple, MeanCIStream]]:
+    """:func:`_ok_streams` of every metric in ``metric_ids``, each of at most
+    ``settings.max_distinct`` distinct ``ok`` scores: DuckDB counts each score per metric
+    and group, and each group's stream gets its distinct scores with their counts
+    (:meth:`MeanCIStream.add_counts`), so neither a sort nor the scores themselves leave
+    DuckDB. The metrics share each query (one scan of the cells per grouping of
+    :func:`_groupings`, not one per metric); a metric's groups get the same counts, in the
+    same order, as a query of its own would give them."""
+    out: dict[str, dict[tuple, MeanCIStream]] = {m: {} for m in metric_ids}
+    con.register(internal("counted"), pa.table({"id": pa.array(list(metric_ids), pa.string())}))
     for query, group in enumerate(_groupings(kept, settings.max_distinct)):
         codes = "".join(f", {_code(i)}" for i in group)
         table = con.sql(
-            f"SELECT score{codes}, count(*) AS n FROM coded "
-            f"WHERE metric = ? AND status = '{OK}' GROUP BY ALL",
-            params=[metric_id],
+            f"SELECT metric, score{codes}, count(*) AS n FROM coded "
+            f"WHERE status = '{OK}' AND metric IN (SELECT id FROM {internal('counted')}) "
+            "GROUP BY ALL"
         ).to_arrow_table()
-        scores = table.column(0).to_numpy().astype(np.float64)
-        n = table.column(table.num_columns - 1).to_numpy().astype(np.int64)
-        keyed: list[tuple[tuple, np.ndarray]] = []
-        if query == 0:
-            keyed.append(((None, None), np.ones(scores.size, dtype=bool)))
-        for j, i in enumerate(group):
-            column = table.column(j + 1).to_numpy().astype(np.int64)
-            keyed += [((i, int(c)), column == c) for c in np.unique(column)]
-        for key, mask in keyed:
-            values, inverse = np.unique(scores[mask], return_inverse=True)
-            counts = np.bincount(inverse, weights=n[mask], minlength=values.size)
-            stream = streams.setdefault(
-                key,
-                MeanCIStream(
-                    max_resample_n=settings.max_resample_n, max_distinct=settings.max_distinct
-                ),
-            )
-            stream.add_counts(values, counts.astype(np.int64))
-    return streams
+        metrics = table.column(0).to_numpy(zero_copy_only=False)
+        for metric_id in metric_ids:
+            mine = table.filter(pa.array(metrics == metric_id))
+            _add_counted(out[metric_id], mine, query, group, settings)
+    con.unregister(internal("counted"))
+    return out
+
+
+def _add_counted(
+    streams: dict[tuple, MeanCIStream],
+    table: pa.Table,
+    query: int,
+    group: list[int],
+    settings: SummarySettings,
+) -> None:
+    """Feed one metric's rows of a counting query (``metric``, ``score``, a code column
+    per slice index of ``group``, ``n``) to its groups' streams in ``streams``."""
+    scores = table.column(1).to_numpy().astype(np.float64)
+    n = table.column(table.num_columns - 1).to_numpy().astype(np.int64)
+    keyed: list[tuple[tuple, np.ndarray]] = []
+    if query == 0:
+        keyed.append(((None, None), np.ones(scores.size, dtype=bool)))
+    for j, i in enumerate(group):
+        column = table.column(j + 2).to_numpy().astype(np.int64)
+        keyed += [((i, int(c)), column == c) for c in np.unique(column)]
+    for key, mask in keyed:
+        values, inverse = np.unique(scores[mask], return_inverse=True)
+        counts = np.bincount(inverse, weights=n[mask], minlength=values.size)
+        stream = streams.setdefault(
+            key,
+            MeanCIStream(
+                max_resample_n=settings.max_resample_n, max_distinct=settings.max_distinct
+            ),
+        )
+        stream.add_counts(values, counts.astype(np.int64))
 
 
 #: Rows per Arrow batch fetched from DuckDB while streaming a metric's ``ok`` scores.

@@ -26,6 +26,33 @@ def _add_degenerate_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _rejudge_statuses(text: str) -> list[str]:
+    """``--rejudge``'s value: statuses separated by commas, or ``none`` for none."""
+    from ragbatch.core.status import check_rejudge
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["none"]:
+        return []
+    try:
+        return check_rejudge(names, "--rejudge")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_rejudge_flag(p: argparse.ArgumentParser, default: str) -> None:
+    """``--rejudge STATUS[,STATUS]``: overrides ``cache.rejudge`` (:func:`_load`)."""
+    p.add_argument(
+        "--rejudge",
+        type=_rejudge_statuses,
+        default=None,
+        metavar="STATUS[,STATUS]",
+        help="ask the judge again for the cached requests behind cells of these "
+        "statuses, under new cache keys (parse_failure; judge_error, timeout and "
+        "context_too_long are never cached, so always asked again), or none; "
+        f"default: cache.rejudge, else {default} (docs/cache.md)",
+    )
+
+
 def _add_storage_option_args(p: argparse.ArgumentParser, root_flag: str, other_flag: str) -> None:
     """``--storage-option`` for ``root_flag``'s root and ``--<other>-storage-option`` for
     ``other_flag``'s (:func:`_storage_options` reads them; docs/storage.md)."""
@@ -136,4 +163,6 @@ def _load(args: argparse.Namespace) -> JobConfig:
         config.output.uri = args.output_uri
     if getattr(args, "run_date", None):
         config.run.run_date = args.run_date
+    if getattr(args, "rejudge", None) is not None:
+        config.cache.rejudge = args.rejudge
     return config

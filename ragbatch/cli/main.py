@@ -22,7 +22,13 @@ from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID
 from ragbatch.core.redact import install_log_redaction, redact_text
 from ragbatch.cli.analysis import _add_compare_parser, _add_report_parser, cmd_compare, cmd_report
 from ragbatch.cli.cache import _add_cache_parser, cmd_cache
-from ragbatch.cli.common import _RUN_ID, _add_config_args, _add_degenerate_flag, _positive_int
+from ragbatch.cli.common import (
+    _RUN_ID,
+    _add_config_args,
+    _add_degenerate_flag,
+    _add_rejudge_flag,
+    _positive_int,
+)
 from ragbatch.cli.jobs import _add_job_parsers, cmd_logs, cmd_status, cmd_submit
 from ragbatch.cli.metrics import cmd_metrics
 from ragbatch.cli.nightly import _add_nightly_parser, cmd_nightly
@@ -82,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
         "calibration.min_agreement (warn instead of refusing)",
     )
     _add_degenerate_flag(run)
+    _add_rejudge_flag(run, "none")
 
     validate = sub.add_parser(
         "validate", help="check a config, its input and params without running"

@@ -12,6 +12,7 @@ from ragbatch.cli.common import (
     _RUN_ID,
     _add_config_args,
     _add_degenerate_flag,
+    _add_rejudge_flag,
     _load,
     _non_negative,
 )
@@ -51,6 +52,7 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
         "calibration.min_agreement (warn instead of exiting 2)",
     )
     _add_degenerate_flag(p)
+    _add_rejudge_flag(p, "parse_failure")
 
 
 def cmd_nightly(args: argparse.Namespace) -> int:

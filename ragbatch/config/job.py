@@ -265,8 +265,9 @@ class VllmEngine(JudgeSettings):
     dtype: str = "auto"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     #: Batches each actor judges at once, their requests sharing its engine (so it is not
-    #: left running a batch's last few requests); 1 judges one batch at a time.
-    batches_in_flight: int = Field(1, ge=1, le=64)
+    #: left running a batch's last few requests); 1 judges one batch at a time. Unset,
+    #: the pool rule gives 4 (:func:`ragbatch.core.pool_sizing.vllm_pool`).
+    batches_in_flight: int | None = Field(None, ge=1, le=64)
 
     @model_validator(mode="after")
     def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":
@@ -283,14 +284,38 @@ class OpenAIEngine(JudgeSettings):
     """Any OpenAI-compatible chat-completions server (for example ``vllm serve``).
 
     ``model`` is the served model name; the API key is read from the environment
-    variable ``api_key_env`` (never from the file). ``max_concurrency`` requests are in
-    flight per actor; 429 and 5xx replies and connection errors are retried up to
-    ``max_retries`` times with exponential backoff starting at ``backoff_s``."""
+    variable ``api_key_env`` (never from the file). At most ``max_concurrency`` requests
+    are in flight per actor; with ``adaptive_concurrency`` the engine finds how many the
+    server takes, between ``min_concurrency`` and that ceiling (additive increase,
+    multiplicative decrease on HTTP 429, as TCP's congestion control:
+    :mod:`ragbatch.engines.openai_limits`). 5xx replies and connection errors are
+    retried up to ``max_retries`` times with exponential backoff starting at
+    ``backoff_s``; 429 replies are retried apart from that count, until
+    ``rate_limit_timeout_s`` has passed since a request's first 429."""
 
     type: Literal["openai"]
     base_url: str
     api_key_env: str | None = None
+    #: Most requests in flight per actor (the ceiling of the adaptive limit).
     max_concurrency: int = Field(8, ge=1)
+    #: Let the number of requests in flight adapt to the server: it starts at
+    #: ``min_concurrency``, doubles per round trip until the first 429, then grows by one
+    #: per round trip of successes and is multiplied by 0.7 on a 429 (never below
+    #: ``min_concurrency`` nor above ``max_concurrency``); a 429's ``Retry-After`` pauses
+    #: every new send of the engine. False keeps ``max_concurrency`` in flight, and a
+    #: ``Retry-After`` holds back only the request that got it.
+    adaptive_concurrency: bool = True
+    #: Fewest requests in flight per actor with ``adaptive_concurrency``; also the start.
+    min_concurrency: int = Field(1, ge=1)
+    #: Seconds a request keeps retrying 429 replies, counted from its first 429 (429s do
+    #: not use up ``max_retries``); then it gets ``judge_error``. None: no limit but
+    #: ``batch_timeout_s``. A 429 saying the account's quota is spent is never retried.
+    rate_limit_timeout_s: float | None = Field(600.0, gt=0)
+    #: With ``adaptive_concurrency``: a reply slower than this multiple of the fastest
+    #: reply so far lowers the limit as a 429 does, for servers that queue requests
+    #: instead of refusing them. Meant for judge requests of similar size (a long prompt
+    #: is slow without any overload). None (the default): reply times are not read.
+    latency_backoff: float | None = Field(None, gt=1)
     max_retries: int = Field(4, ge=0)
     backoff_s: float = Field(0.5, ge=0)
     structured_outputs: Literal["vllm", "response_format"] = "vllm"
@@ -298,6 +323,15 @@ class OpenAIEngine(JudgeSettings):
     #: probability``). False for a server that rejects the ``logprobs`` field: the
     #: requests then go without it and every cell's ``confidence`` is null, with a reason.
     logprobs: bool = True
+
+    @model_validator(mode="after")
+    def _floor_within_ceiling(self) -> "OpenAIEngine":
+        if self.min_concurrency > self.max_concurrency:
+            raise ValueError(
+                f"min_concurrency {self.min_concurrency} exceeds max_concurrency "
+                f"{self.max_concurrency}; lower min_concurrency or raise max_concurrency"
+            )
+        return self
 
 
 #: Regions whose national number formats the PII phone detector accepts without a label:
@@ -514,13 +548,26 @@ class CacheSection(_Strict):
     """``cache``: the judgment cache. ``uri`` defaults to ``<output.uri>/judge_cache``;
     any fsspec URI works, so a cluster run can share it through object storage.
     ``keep_runs`` / ``keep_days``: the retention ``ragbatch cache prune`` applies when
-    no flag is given (entries used within the last N runs or D days; docs/cache.md)."""
+    no flag is given (entries used within the last N runs or D days; docs/cache.md).
+    ``rejudge``: cell statuses whose cached replies are asked again under new cache keys
+    (``parse_failure``; ``judge_error``, ``timeout`` and ``context_too_long`` are never
+    cached and always asked again); unset, ``ragbatch run`` asks nothing again and
+    ``ragbatch nightly`` asks ``parse_failure`` again; ``[]`` turns it off for both
+    (docs/cache.md, "Asking failed replies again")."""
 
     enabled: bool = True
     uri: str | None = None
     storage_options: dict[str, Any] = Field(default_factory=dict)
     keep_runs: int | None = Field(default=None, ge=0)
     keep_days: float | None = Field(default=None, ge=0)
+    rejudge: list[str] | None = None
+
+    @field_validator("rejudge")
+    @classmethod
+    def _known_rejudge_statuses(cls, value: list[str] | None) -> list[str] | None:
+        from ragbatch.core.status import check_rejudge
+
+        return None if value is None else check_rejudge(value, "cache.rejudge")
 
 
 class CalibrationGuardSection(_Strict):

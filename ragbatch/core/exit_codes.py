@@ -19,6 +19,10 @@ EXIT_REGRESSION = 3
 EXIT_INPUT_NOT_READY = 4
 #: Committed, but a judge metric's all-rows result is degenerate, and the run gates on it.
 EXIT_DEGENERATE = 5
+#: ``ragbatch cache check`` without ``--repair`` found files that cannot be read and left
+#: them in place (as ``3`` elsewhere: the command did its work and found something to act
+#: on; ``--repair`` sets them aside).
+EXIT_CACHE_DAMAGED = 3
 #: Ctrl-C (SIGINT), as shells report a process ended by it: 128 + 2.
 EXIT_INTERRUPTED = 130
 

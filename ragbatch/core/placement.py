@@ -271,10 +271,20 @@ def nodes_at(address: str) -> list[Node]:
         ) from None
 
 
-def local_nodes() -> list[Node]:
+def local_nodes(without_ray: bool = False) -> list[Node]:
     """This machine as a local Ray instance would see it: its CPUs, and its GPUs and
-    their type where Ray's accelerator detection finds them."""
+    their type where Ray's accelerator detection finds them.
+
+    With ``without_ray`` (a dry run, which imports neither Ray nor torch) the GPUs are
+    counted without Ray: the devices ``CUDA_VISIBLE_DEVICES`` names when it is set, else
+    the NVIDIA driver's device folders (``/proc/driver/nvidia/gpus``), and their type is
+    not looked up."""
     resources: dict[str, float] = {"CPU": float(os.cpu_count() or 1)}
+    if without_ray:
+        gpus = _visible_nvidia_gpus()
+        if gpus:
+            resources["GPU"] = float(gpus)
+        return [Node("local", resources)]
     try:
         from ray._private.accelerators import get_accelerator_manager_for_resource
 
@@ -288,6 +298,17 @@ def local_nodes() -> list[Node]:
     except Exception:  # noqa: BLE001 - detection is best effort; CPUs are always known
         pass
     return [Node("local", resources)]
+
+
+def _visible_nvidia_gpus() -> int:
+    """NVIDIA GPUs this process may use, counted without importing a GPU library."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 def _fits(need: dict[str, float], have: dict[str, float]) -> bool:

@@ -46,8 +46,19 @@ TASK_RESERVE_CPUS = 1.0
 GPU_ACTOR_CPUS = 1.0
 NETWORK_ACTOR_CPUS = 0.25
 
-#: The sizable fields of an engine spec.
-SIZED_FIELDS = ("concurrency", "num_cpus", "num_gpus", "threads", "batch_size")
+#: The sizable fields of an engine spec (``batches_in_flight``: vLLM engines only).
+SIZED_FIELDS = (
+    "concurrency",
+    "num_cpus",
+    "num_gpus",
+    "threads",
+    "batch_size",
+    "batches_in_flight",
+)
+#: Batches a vLLM actor judges at once unless its spec says: enough that the engine
+#: always has the next batch's requests queued while a batch's last ones finish
+#: (docs/benchmarks/judge-stage.md, "Batches in flight").
+VLLM_BATCHES_IN_FLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,8 @@ class PoolChoice:
     ----------
     values : dict
         ``concurrency`` (int, or ``[min, max]``), ``num_cpus`` (float), ``num_gpus``
-        (float), ``threads`` (int or None: the engine's own) and ``batch_size`` (rows
-        per call), as the stage will run with them.
+        (float), ``threads`` (int or None: the engine's own), ``batch_size`` (rows per
+        call) and for vLLM ``batches_in_flight``, as the stage will run with them.
     chosen : tuple of str
         The fields this rule filled in (the others were set in the config).
     rule : str
@@ -231,12 +242,15 @@ def single_thread_pool(spec: Any, share: Share) -> tuple[dict[str, Any], str]:
 
 def vllm_pool(spec: Any, share: Share) -> tuple[dict[str, Any], str]:
     """Pool rule of vLLM engines: one actor per ``tensor_parallel_size`` GPUs, or on CPUs
-    one actor per node running as many threads as the stage's share of the node."""
+    one actor per node running as many threads as the stage's share of the node; each
+    actor judges :data:`VLLM_BATCHES_IN_FLIGHT` batches at once."""
     tp = int(_get(spec, "tensor_parallel_size") or 1)
+    in_flight = _get(spec, "batches_in_flight") or VLLM_BATCHES_IN_FLIGHT
     if _wants_gpu(spec, share):
         values = _gpu_pool(spec, share, float(tp))
         values["threads"] = _get(spec, "threads")
         values["batch_size"] = _get(spec, "batch_size") or GPU_JUDGE_BATCH_ROWS
+        values["batches_in_flight"] = in_flight
         return values, (
             f"one actor per {tp} GPU(s) ({share.gpus:g} GPU(s) for this stage), "
             f"{values['num_cpus']:g} CPU each"
@@ -252,6 +266,7 @@ def vllm_pool(spec: Any, share: Share) -> tuple[dict[str, Any], str]:
         "num_cpus": float(num_cpus),
         "threads": threads,
         "batch_size": _get(spec, "batch_size") or CPU_JUDGE_BATCH_ROWS,
+        "batches_in_flight": in_flight,
     }
     return values, (
         f"one actor per node whose vLLM engine runs {threads} thread(s) (the stage's share "

@@ -7,6 +7,8 @@ the metric measured 0, never that something failed.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 OK = "ok"
 NOT_APPLICABLE = "not_applicable"
 MISSING_INPUT = "missing_input"
@@ -41,3 +43,48 @@ DESCRIPTIONS: dict[str, str] = {
     CONTEXT_TOO_LONG: "the prompt would exceed the model's context window",
     ERROR: "anything else went wrong for this row; `reason` holds the message",
 }
+
+#: Statuses a run can be told to judge again (``cache.rejudge``, ``--rejudge``). Only a
+#: ``parse_failure`` cell comes from a cached reply, and only it is re-asked under new
+#: cache keys (:mod:`ragbatch.judge.rejudge`); the others are never cached, so every run
+#: asks them again anyway, and naming them changes nothing.
+REJUDGE_STATUSES: tuple[str, ...] = (PARSE_FAILURE, JUDGE_ERROR, TIMEOUT, CONTEXT_TOO_LONG)
+
+
+def check_rejudge(statuses: Iterable[str], where: str) -> list[str]:
+    """``statuses`` without repeats, in order, each one of :data:`REJUDGE_STATUSES`.
+
+    Parameters
+    ----------
+    statuses : iterable of str
+        What ``cache.rejudge`` or ``--rejudge`` names.
+    where : str
+        The field or flag, for the message.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    ValueError
+        A status that cannot be judged again: the message names it, ``where`` and the
+        statuses accepted, and for ``error`` why (the metric's own code failed; a new
+        reply does not fix it).
+    """
+    out: list[str] = []
+    for status in statuses:
+        if status not in REJUDGE_STATUSES:
+            why = (
+                " (an error cell is the metric's own code failing: asking the judge again "
+                "does not fix it)"
+                if status == ERROR
+                else ""
+            )
+            raise ValueError(
+                f"{where}: {status!r} cannot be judged again{why}; choose from "
+                f"{', '.join(REJUDGE_STATUSES)}"
+            )
+        if status not in out:
+            out.append(status)
+    return out

@@ -17,10 +17,32 @@ with ``structured_outputs: response_format`` for servers other than vLLM.
 
 How a request is sent
 ---------------------
-Requests of one :meth:`OpenAIJudgeEngine.complete` call run concurrently, at most
-``max_concurrency`` in flight, on an event loop that the engine runs in a thread of its
-own. ``complete`` is an ordinary blocking call, so it works the same from a script, a
-Ray actor, or code that already runs an event loop. Each request is sent with the
+Requests of one :meth:`OpenAIJudgeEngine.complete` call run concurrently on an event
+loop that the engine runs in a thread of its own. ``complete`` is an ordinary blocking
+call, so it works the same from a script, a Ray actor, or code that already runs an
+event loop. Every attempt of every request (and every ``/tokenize`` call) first waits
+for a slot in the engine's gate (:class:`~ragbatch.engines.openai_limits.SendGate`),
+shared by all ``complete`` calls of the engine; a retry is served before any first
+attempt. How many slots there are is decided by
+:class:`~ragbatch.engines.openai_limits.AimdLimit`, TCP's congestion control applied
+to requests in flight (Jacobson 1988; RFC 5681):
+
+* with ``adaptive_concurrency`` (the default) the limit starts at ``min_concurrency``,
+  grows by one per success until the first HTTP 429 (slow start), then by one per
+  window of successes (additive increase), and is multiplied by 0.7 on a 429
+  (multiplicative decrease; once per window: 429s to requests sent before the latest
+  decrease change nothing), never below ``min_concurrency`` nor above ``max_concurrency``. A 429's
+  ``Retry-After`` pauses every new send of the engine until it has passed, and sends
+  are paced over the smoothed reply time so that freed slots do not all send at once.
+  With ``latency_backoff`` a reply slower than that multiple of the fastest one lowers
+  the limit as a 429 does;
+* with ``adaptive_concurrency: false``, ``max_concurrency`` requests are in flight
+  and a ``Retry-After`` holds back only the request that got it.
+
+Against a stand-in server admitting 10 to 50 requests a second through a token bucket
+that holds 0.2 s or more of its rate, the adaptive limit used 0.87 to 0.995 of the
+allowed requests with 0.04 to 0.5 429s per request, where a fixed 16 in flight drew 3
+to 26 (docs/benchmarks/rate-limits.md). Each request is sent with the
 config's ``temperature`` and ``top_p``, the request's own ``seed`` (the judge stage
 derives it from the config's ``seed`` and the parse-retry attempt) and
 ``max_tokens`` from its :class:`~ragbatch.judge.protocol.OutputSpec`.
@@ -79,19 +101,28 @@ tokens with the first of these that is available:
 
 Failures
 --------
-HTTP 429, 5xx replies and connection errors (timeouts included) are retried up to
-``max_retries`` times, waiting ``backoff_s * 2**attempt`` seconds (times a random factor
-between 0.5 and 1.5), or what the server's ``Retry-After`` header says (at most
-:data:`MAX_RETRY_AFTER_S`). ``request_timeout_s`` bounds each attempt (the connection
+5xx replies and connection errors (timeouts included) are retried up to
+``max_retries`` times, the k-th retry waiting ``backoff_s * 2**(k-1)`` seconds (times a
+random factor between 0.5 and 1.5), or what the server's ``Retry-After`` header says (at
+most :data:`MAX_RETRY_AFTER_S`). HTTP 429 replies do not use up ``max_retries``: under a
+provider's rate limit every request must get through in the end, however many 429s it
+meets on the way. A request retries them until ``rate_limit_timeout_s`` (600 s by
+default) has passed since its first 429, waiting ``Retry-After`` when the server sends
+one (with an adaptive limit, in the gate's engine-wide pause), else the backoff above
+capped at :data:`MAX_RATE_LIMIT_BACKOFF_S`; then it gets ``judge_error`` saying so. A
+429 whose ``error.code`` says the account's quota is spent (:data:`QUOTA_CODES`) is
+not retried. ``request_timeout_s`` bounds each attempt (the connection
 itself must open within :data:`CONNECT_TIMEOUT_S`). A request whose last attempt timed
 out gets the status ``timeout``; any other failure, and every 4xx reply other than 429,
 gets ``judge_error`` with the HTTP status and the server's message; the error text ends
 with the number of attempts made. ``batch_timeout_s`` bounds a whole
 :meth:`~OpenAIJudgeEngine.complete` call: requests still unanswered then are cancelled
 and get ``timeout``, and no retry starts that could not finish its wait before it.
-:meth:`~OpenAIJudgeEngine.stats` counts requests, attempts, retries and outcomes. The
-engine never raises for one request; :func:`load_openai_engine` raises :class:`~ragbatch.core.errors.EngineError`
-when the server cannot be used at all.
+:meth:`~OpenAIJudgeEngine.stats` counts requests, attempts, retries and outcomes, and
+what the concurrency limit did (429s, the limit now, its highest and lowest, time
+paused for ``Retry-After``). The engine never raises for one request;
+:func:`load_openai_engine` raises :class:`~ragbatch.core.errors.EngineError` when the
+server cannot be used at all.
 """
 
 from __future__ import annotations
@@ -110,6 +141,7 @@ from typing import Any, Coroutine, Sequence, TypeVar, cast
 
 from ragbatch.config.job import OpenAIEngine
 from ragbatch.core.errors import EngineError
+from ragbatch.engines.openai_limits import AimdLimit, SendGate
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.redact import redact_url
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
@@ -126,6 +158,12 @@ CONNECT_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 30.0
 #: Longest wait a ``Retry-After`` header can impose, in seconds.
 MAX_RETRY_AFTER_S = 120.0
+#: Longest backoff before retrying a 429 reply that names no wait, in seconds (before the
+#: random factor): the k-th 429 of a request waits ``backoff_s * 2**(k-1)`` up to this.
+MAX_RATE_LIMIT_BACKOFF_S = 30.0
+#: ``error.code`` / ``error.type`` of a 429 reply that no wait can cure (OpenAI's for an
+#: account out of credit): such a reply is not retried.
+QUOTA_CODES = frozenset({"insufficient_quota"})
 #: Tokens added to the byte bound of a chat's length (:meth:`OpenAIJudgeEngine._fits_by_bytes`)
 #: for what the probe chats do not show of the template.
 BYTE_BOUND_MARGIN = 32
@@ -172,12 +210,47 @@ class _Failure(Exception):
         timed_out: bool = False,
         retry_after: float | None = None,
         context: bool = False,
+        rate_limited: bool = False,
     ):
         super().__init__(message)
         self.retryable = retryable
         self.timed_out = timed_out
         self.retry_after = retry_after
         self.context = context
+        self.rate_limited = rate_limited
+
+
+@dataclass
+class _Tries:
+    """Where one request stands in its retries."""
+
+    attempts: int = 0
+    #: Retries spent of ``max_retries`` (5xx replies, connection errors, timeouts).
+    server_retries: int = 0
+    #: 429 replies so far, and the event loop's time at the first.
+    rate_limits: int = 0
+    first_rate_limit: float | None = None
+    #: Added to the error text when the rate-limit budget ends the retries.
+    note: str = ""
+
+
+def _backoff(base_s: float, k: int, cap_s: float | None = None) -> float:
+    """``base_s * 2**(k-1)`` seconds (at most ``cap_s``), times a random factor in
+    [0.5, 1.5]: the wait before a request's k-th retry (k >= 1)."""
+    wait = base_s * 2.0 ** min(k - 1, 60)
+    if cap_s is not None:
+        wait = min(wait, cap_s)
+    return wait * random.uniform(0.5, 1.5)
+
+
+def _quota_spent(exc: Any) -> bool:
+    """Whether a 429 reply's ``error.code`` or ``error.type`` says the account's quota
+    is spent (:data:`QUOTA_CODES`): a limit that waiting does not lift."""
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(inner, dict):
+        return False
+    return bool({inner.get("code"), inner.get("type")} & QUOTA_CODES)
 
 
 class _LoopThread:
@@ -296,6 +369,9 @@ class OpenAIJudgeEngine(JudgeEngine):
         ``max_model_len``), else the config's ``max_model_len``.
     token_counter : {"tokenizer", "server", "none"}
         How prompt tokens are counted before a request is sent (see the module notes).
+    limit : ragbatch.engines.openai_limits.AimdLimit
+        The limit on requests in flight (see the module notes); its ``changes`` list
+        each rise and fall.
     """
 
     def __init__(self, spec: OpenAIEngine) -> None:
@@ -310,6 +386,15 @@ class OpenAIJudgeEngine(JudgeEngine):
             read, connect=min(CONNECT_TIMEOUT_S, read or CONNECT_TIMEOUT_S)
         )
         self._counters = _Counters()
+        # The concurrency limit and the gate every attempt passes through: one per
+        # engine, so that complete() calls from several threads share them.
+        self.limit = AimdLimit(
+            spec.max_concurrency,
+            floor=spec.min_concurrency,
+            adaptive=spec.adaptive_concurrency,
+            latency_backoff=spec.latency_backoff,
+        )
+        self._gate = SendGate(self.limit)
         self._tokenizer: Any = None
         self.token_counter = "none"
         self._chat_overhead = 0
@@ -338,10 +423,8 @@ class OpenAIJudgeEngine(JudgeEngine):
 
     async def _make_client(self, api_key: str) -> Any:
         # Built on the engine's loop: the client's connection pool belongs to the loop it
-        # runs on. Retries are done here, not by the client, so that every attempt counts.
-        # One semaphore for the engine, so that complete() calls from several threads
-        # together stay within max_concurrency.
-        self._semaphore = asyncio.Semaphore(self.spec.max_concurrency)
+        # runs on. Retries are done here, not by the client, so that every attempt counts
+        # and passes the engine's gate.
         return self._openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key, max_retries=0, timeout=self._timeout
         )
@@ -485,10 +568,17 @@ class OpenAIJudgeEngine(JudgeEngine):
             its prompt tokens are not included), ``tokenize_failures`` (prompt counts the server's
             ``/tokenize`` could not give), ``length_checks_by_bytes`` (requests sent
             without asking ``/tokenize``, their bytes showing that they fit; see the
-            module notes) and ``token_counter``.
+            module notes), ``token_counter``, and what the concurrency limit did
+            (:meth:`AimdLimit.stats <ragbatch.engines.openai_limits.AimdLimit.stats>`):
+            ``rate_limited`` (429 replies), ``concurrency`` (requests allowed in flight
+            now), ``concurrency_max`` and ``concurrency_min`` (most reached, and fewest
+            a decrease left), ``concurrency_decreases``, ``latency_decreases`` and
+            ``retry_after_paused_s`` (seconds during which ``Retry-After`` held back
+            every new send).
         """
         out: dict[str, Any] = dict(vars(self._counters))
         out["token_counter"] = self.token_counter
+        out.update(self.limit.stats())
         return out
 
     def __enter__(self) -> "OpenAIJudgeEngine":
@@ -514,14 +604,11 @@ class OpenAIJudgeEngine(JudgeEngine):
     # ------------------------------------------------------------- internals
 
     async def _complete_all(self, requests: list[EngineRequest]) -> list[Completion]:
-        semaphore = self._semaphore
         loop = asyncio.get_running_loop()
         budget = self.spec.batch_timeout_s
         deadline = None if budget is None else loop.time() + budget
         self._counters.requests += len(requests)
-        tasks = [
-            asyncio.ensure_future(self._complete_one(r, semaphore, deadline)) for r in requests
-        ]
+        tasks = [asyncio.ensure_future(self._complete_one(r, deadline)) for r in requests]
         done, pending = await asyncio.wait(tasks, timeout=budget)
         for task in pending:
             task.cancel()
@@ -566,24 +653,21 @@ class OpenAIJudgeEngine(JudgeEngine):
             return output.max_tokens + CHOICE_WRAPPER_TOKENS
         return output.max_tokens
 
-    async def _complete_one(
-        self, request: EngineRequest, semaphore: asyncio.Semaphore, deadline: float | None
-    ) -> Completion:
+    async def _complete_one(self, request: EngineRequest, deadline: float | None) -> Completion:
         messages = [m.as_dict() for m in request.messages]
         max_tokens = self._max_tokens(request.output)
-        async with semaphore:
-            prompt_tokens = await self._count_prompt(messages, max_tokens)
-            if prompt_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
-                return Completion(
-                    status=CONTEXT_TOO_LONG,
-                    prompt_tokens=prompt_tokens,
-                    error=(
-                        f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
-                        f"that exceeds max_model_len={self.max_model_len}"
-                    ),
-                )
-            body = self._request_body(request, messages)
-            return await self._send_with_retries(body, request, prompt_tokens or 0, deadline)
+        prompt_tokens = await self._count_prompt(messages, max_tokens)
+        if prompt_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
+            return Completion(
+                status=CONTEXT_TOO_LONG,
+                prompt_tokens=prompt_tokens,
+                error=(
+                    f"prompt has {prompt_tokens} tokens; with max_tokens={max_tokens} "
+                    f"that exceeds max_model_len={self.max_model_len}"
+                ),
+            )
+        body = self._request_body(request, messages)
+        return await self._send_with_retries(body, request, prompt_tokens or 0, deadline)
 
     async def _count_prompt(self, messages: list[dict[str, str]], max_tokens: int) -> int | None:
         if self.token_counter == "tokenizer":
@@ -593,7 +677,13 @@ class OpenAIJudgeEngine(JudgeEngine):
                 self._counters.length_checks_by_bytes += 1
                 return None
             try:
-                return await self._server_count(messages)
+                # A /tokenize call holds a slot as a chat request does, so that counting
+                # never floods the server.
+                await self._gate.acquire()
+                try:
+                    return await self._server_count(messages)
+                finally:
+                    self._gate.release()
             except Exception as exc:
                 self._counters.tokenize_failures += 1
                 logger.debug("/tokenize failed (%s); sending unchecked", exc)
@@ -655,43 +745,101 @@ class OpenAIJudgeEngine(JudgeEngine):
         deadline: float | None,
     ) -> Completion:
         loop = asyncio.get_running_loop()
-        attempts = self.spec.max_retries + 1
-        failure: _Failure | None = None
-        for attempt in range(attempts):
-            if attempt:
+        tries = _Tries()
+        while True:
+            if tries.attempts:
                 self._counters.retries += 1
+            tries.attempts += 1
             self._counters.attempts += 1
-            try:
-                reply = await self._client.post("/chat/completions", body=body, cast_to=object)
-            except Exception as exc:  # classified below; never raised to the caller
-                failure = self._classify(exc)
-            else:
+            reply, failure = await self._attempt(body, retry=tries.attempts > 1)
+            if failure is None:
                 return self._to_completion(reply, request)
             if failure.context:
                 return Completion(
                     status=CONTEXT_TOO_LONG, prompt_tokens=prompt_tokens, error=str(failure)
                 )
-            if not failure.retryable or attempt == attempts - 1:
+            wait = self._wait_before_retry(failure, tries, loop.time())
+            if wait is None or (deadline is not None and loop.time() + wait >= deadline):
                 break
-            wait = failure.retry_after
-            if wait is None:
-                wait = self.spec.backoff_s * 2**attempt * random.uniform(0.5, 1.5)
-            if deadline is not None and loop.time() + wait >= deadline:
-                break
-            await asyncio.sleep(wait)
-        assert failure is not None
-        tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
+            if not self._gate_waits(failure):
+                await asyncio.sleep(wait)
+        n = tries.attempts
+        attempts = f"{n} attempt{'s' if n > 1 else ''}"
         if failure.timed_out:
             return Completion(
                 status=TIMEOUT,
                 prompt_tokens=prompt_tokens,
                 error=(
-                    f"no reply within request_timeout_s={self.spec.request_timeout_s} s ({tries})"
+                    f"no reply within request_timeout_s={self.spec.request_timeout_s} s "
+                    f"({attempts})"
                 ),
             )
         return Completion(
-            status=JUDGE_ERROR, prompt_tokens=prompt_tokens, error=f"{failure} ({tries})"
+            status=JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            error=f"{failure}{tries.note} ({attempts})",
         )
+
+    async def _attempt(self, body: dict[str, Any], retry: bool) -> tuple[Any, _Failure | None]:
+        """One chat call in a slot of the gate: ``(reply, None)`` or ``(None, failure)``.
+        The concurrency limit is told how it went before the slot is given back."""
+        loop = asyncio.get_running_loop()
+        epoch = await self._gate.acquire(retry=retry)
+        try:
+            start = loop.time()
+            try:
+                reply = await self._client.post("/chat/completions", body=body, cast_to=object)
+            except Exception as exc:  # classified here; never raised to the caller
+                failure = self._classify(exc)
+                if failure.rate_limited:
+                    self.limit.on_rate_limit(epoch, loop.time(), failure.retry_after)
+                return None, failure
+            self.limit.on_success(epoch, loop.time() - start)
+            return reply, None
+        finally:
+            self._gate.release()
+
+    def _wait_before_retry(self, failure: _Failure, tries: _Tries, now: float) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up.
+
+        A 429 reply has a budget of its own (:meth:`_rate_limit_wait`); 5xx replies and
+        connection errors share ``max_retries``, waiting ``Retry-After`` if the server
+        sent one, else ``backoff_s * 2**(k-1)`` times a random factor in [0.5, 1.5]
+        before the k-th retry."""
+        if not failure.retryable:
+            return None
+        if failure.rate_limited:
+            return self._rate_limit_wait(failure, tries, now)
+        if tries.server_retries >= self.spec.max_retries:
+            return None
+        tries.server_retries += 1
+        if failure.retry_after is not None:
+            return failure.retry_after
+        return _backoff(self.spec.backoff_s, tries.server_retries)
+
+    def _rate_limit_wait(self, failure: _Failure, tries: _Tries, now: float) -> float | None:
+        """Seconds to wait after a 429 reply, or None once ``rate_limit_timeout_s`` has
+        passed since the request's first 429: ``Retry-After`` when sent, else
+        ``backoff_s * 2**(k-1)`` for the request's k-th 429, at most
+        :data:`MAX_RATE_LIMIT_BACKOFF_S`, times a random factor in [0.5, 1.5]."""
+        tries.rate_limits += 1
+        if tries.first_rate_limit is None:
+            tries.first_rate_limit = now
+        budget = self.spec.rate_limit_timeout_s
+        if budget is not None and now - tries.first_rate_limit >= budget:
+            tries.note = (
+                f"; still rate limited {now - tries.first_rate_limit:.1f} s after the "
+                f"first 429 (rate_limit_timeout_s={budget:g})"
+            )
+            return None
+        if failure.retry_after is not None:
+            return failure.retry_after
+        return _backoff(self.spec.backoff_s, tries.rate_limits, MAX_RATE_LIMIT_BACKOFF_S)
+
+    def _gate_waits(self, failure: _Failure) -> bool:
+        """Whether the gate itself holds the retry back: with an adaptive limit, a 429's
+        ``Retry-After`` pauses every send of the engine, this retry's included."""
+        return self.limit.adaptive and failure.rate_limited and failure.retry_after is not None
 
     def _classify(self, exc: BaseException) -> _Failure:
         openai = self._openai
@@ -705,10 +853,13 @@ class OpenAIJudgeEngine(JudgeEngine):
             status = exc.status_code
             message = _status_message(exc)
             text = f"HTTP {status}: {message}"
-            if status == 429 or status >= 500:
-                return _Failure(
-                    text, retryable=True, retry_after=_parse_retry_after(exc.response.headers)
-                )
+            retry_after = _parse_retry_after(exc.response.headers)
+            if status == 429 and _quota_spent(exc):
+                return _Failure(f"{text} (the account's quota is spent; not retried)", False)
+            if status == 429:
+                return _Failure(text, retryable=True, retry_after=retry_after, rate_limited=True)
+            if status >= 500:
+                return _Failure(text, retryable=True, retry_after=retry_after)
             if status in (400, 413, 422) and _CONTEXT_MESSAGE.search(message):
                 return _Failure(text, retryable=False, context=True)
             return _Failure(text, retryable=False)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.core.errors import EngineError
+from ragbatch.engines.threads import set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -197,8 +198,8 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
         ``spec.encode_batch_size``, or when unset :data:`CPU_ENCODE_BATCH` on a CPU
         (sentence-transformers' own default) and :data:`GPU_ENCODE_BATCH` on a GPU.
         When ``spec.threads`` is set, torch's intra-op threads in this process are set
-        to it (``torch.set_num_threads``): Ray otherwise leaves an actor as many as the
-        whole CPUs it reserved.
+        to it (:func:`ragbatch.engines.threads.set_torch_threads`): Ray otherwise leaves
+        an actor as many as the whole CPUs it reserved.
 
     Raises
     ------
@@ -210,7 +211,11 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
     """
     device = choose_device(spec)
     if spec.threads:
-        _import("torch").set_num_threads(spec.threads)
+        try:
+            set_torch_threads(spec.threads)
+        except ImportError:
+            _import("torch")  # the error that names the pip command
+            raise
     if isinstance(spec, CrossEncoderEngine):
         return _load_cross_encoder(spec, device)
     if isinstance(spec, EmbeddingEngine):

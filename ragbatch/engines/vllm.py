@@ -105,6 +105,7 @@ from typing import Any, Sequence
 
 from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
+from ragbatch.engines.threads import set_thread_variables
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
@@ -634,6 +635,8 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
         raise EngineError(
             f"judge model directory {spec.model!r} does not exist (engine type vllm, field model)"
         )
+    if spec.threads:  # before anything imports torch (the CUDA check does)
+        set_thread_variables(spec.threads)
     cuda = _cuda_available()
     for name, value in _cpu_environment_defaults(spec, cuda).items():
         os.environ.setdefault(name, value)
@@ -696,17 +699,18 @@ def _cpu_environment_defaults(spec: VllmEngine, cuda: bool) -> dict[str, str]:
 
 
 def _set_cpu_threads(spec: VllmEngine, cuda: bool) -> None:
-    """Without a GPU, give torch ``spec.threads`` threads before vLLM starts: its CPU
-    worker keeps the count the process has then (it turns ``torch.set_num_threads`` into
-    a no-op), and in a Ray actor that count is the CPUs the actor reserved, which the
-    pool rule may set below the threads it gives the engine
+    """Without a GPU, give torch ``spec.threads`` threads, in every thread of the process,
+    before vLLM starts (:func:`ragbatch.engines.threads.set_torch_threads`): its CPU worker
+    keeps the count the process has then (it turns ``torch.set_num_threads`` into a
+    no-op), and in a Ray actor that count is the CPUs the actor reserved, which the pool
+    rule may set below the threads it gives the engine
     (:func:`ragbatch.core.pool_sizing.vllm_pool`). Nothing to do on a GPU, or when
     ``threads`` is unset."""
     if cuda or not spec.threads:
         return
-    import torch
+    from ragbatch.engines.threads import set_torch_threads
 
-    torch.set_num_threads(spec.threads)
+    set_torch_threads(spec.threads)
 
 
 def _import_vllm(cuda: bool) -> Any:

@@ -219,7 +219,12 @@ class Manifest(_Section):
         description=("`root`, and the URIs of `scores`, `summary` and `manifest`")
     )
     stages: list[dict[str, Any]] = Field(
-        description=("the stages that ran, with their metrics and engines")
+        description=(
+            "the stages that ran, with their metrics and engines (`engine_spec` as run); "
+            "an actor stage's `pool`: `concurrency`, `num_cpus`, `num_gpus`, `threads`, "
+            "`batch_size`, `chosen` (the fields its engine's pool rule filled in) and `rule` "
+            "(why, in words)"
+        )
     )
     metrics: list[dict[str, Any]] = Field(
         description=(

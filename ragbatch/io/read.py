@@ -271,7 +271,7 @@ def _version_tag(info: dict) -> str | None:
 # --------------------------------------------------------------------------- reading
 
 
-def read_task(task: ReadTask, cfg: InputSection) -> pa.Table:
+def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozenset()) -> pa.Table:
     """Read one task's rows.
 
     Parameters
@@ -279,6 +279,13 @@ def read_task(task: ReadTask, cfg: InputSection) -> pa.Table:
     task : ReadTask
     cfg : InputSection
         ``uri``, ``storage_options`` and ``encoding`` are used.
+    views : frozenset of str
+        Columns that may come back as string views (``string_view``, or a list of them,
+        for a string or a list of strings) instead of the file's own type, when Polars'
+        decoder reads the file (:func:`_read_text_columns_fast`): the strings are then
+        not copied out of the decoded pages, which matters when many rows repeat the same
+        long text. :func:`ragbatch.io.schema.normalize` takes them with ``views=True``.
+        Empty (the default): every column has its type in the file, as PyArrow reads it.
 
     Returns
     -------
@@ -298,10 +305,13 @@ def read_task(task: ReadTask, cfg: InputSection) -> pa.Table:
         line).
     """
     fs, _ = resolve(cfg.uri, cfg.storage_options)
-    reader = _READERS[task.format]
+    if task.format == "parquet":
+        read = lambda: _read_parquet(fs, task, cfg, views)  # noqa: E731
+    else:
+        read = lambda: _READERS[task.format](fs, task, cfg)  # noqa: E731
     # The file was listed while planning, so an unreachable or throttling store now is
     # transient: wait and read again (see ragbatch.io.fs.with_storage_retries).
-    table = with_storage_retries(lambda: reader(fs, task, cfg), f"read {task.path}")
+    table = with_storage_retries(read, f"read {task.path}")
     return _add_partitions(table, task.partition)
 
 
@@ -431,7 +441,12 @@ def _parquet_metadata(fs: fsspec.AbstractFileSystem, path: str) -> pq.FileMetaDa
         raise describe_storage_error(where, exc) from exc
 
 
-def _read_parquet(fs: fsspec.AbstractFileSystem, task: ReadTask, cfg: InputSection) -> pa.Table:
+def _read_parquet(
+    fs: fsspec.AbstractFileSystem,
+    task: ReadTask,
+    cfg: InputSection,
+    views: frozenset[str] = frozenset(),
+) -> pa.Table:
     where = display_path(fs, task.path)
     _refuse_compressed_parquet(task.path)
     try:
@@ -440,7 +455,7 @@ def _read_parquet(fs: fsspec.AbstractFileSystem, task: ReadTask, cfg: InputSecti
             # fast as reading through a Python file object.
             parquet = pq.ParquetFile(task.path, memory_map=True)
             refuse_internal_names(parquet.schema_arrow.names, task.file_key)
-            fast = _read_text_columns_fast(parquet, task)
+            fast = _read_text_columns_fast(parquet, task, views)
             return fast if fast is not None else _read_row_groups(parquet, task)
         with fs.open(task.path, "rb") as handle:
             return _read_row_groups(pq.ParquetFile(handle), task)
@@ -462,7 +477,9 @@ def _read_row_groups(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table:
 _FAST_FIXED = (pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_())
 
 
-def _read_text_columns_fast(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table | None:
+def _read_text_columns_fast(
+    parquet: pq.ParquetFile, task: ReadTask, views: frozenset[str] = frozenset()
+) -> pa.Table | None:
     """The task's rows of a local Parquet file decoded by Polars' reader, cast back to the
     file's own Arrow schema (the table :func:`_read_row_groups` returns, equal value for
     value); None when this path does not apply, and the caller reads with Arrow.
@@ -472,6 +489,10 @@ def _read_text_columns_fast(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table
     contexts) about twice as slowly as Polars' (``docs/benchmarks/whole-job.md``). Any
     error on this path (an invalid file, invalid UTF-8, a name Polars refuses) also gives
     None, so that Arrow's reader meets the file and raises the error it always raised.
+
+    The columns named in ``views`` keep Polars' string views (:func:`_view_column`): the
+    same values, without copying the strings into one buffer per column (a Parquet
+    dictionary page of long texts that many rows share is decoded once, and stays so).
     """
     schema = parquet.schema_arrow
     meta = parquet.metadata
@@ -494,10 +515,46 @@ def _read_text_columns_fast(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table
         )
         if frame.columns != schema.names or frame.height != length:
             return None
-        table = frame.to_arrow().cast(schema)
+        if not views & set(schema.names):
+            return frame.to_arrow().cast(schema)
+        decoded = frame.to_arrow(compat_level=pl.CompatLevel.newest())
+        columns = [
+            _view_column(decoded.column(i), field)
+            if field.name in views
+            else decoded.column(i).cast(field.type)
+            for i, field in enumerate(schema)
+        ]
+        table = pa.Table.from_arrays(columns, schema=_view_schema(schema, views))
     except Exception:  # noqa: BLE001 - Arrow's reader reports the problem
         return None
     return table
+
+
+def _view_type(t: pa.DataType) -> pa.DataType:
+    """The type a column of type ``t`` gets from :func:`_view_column`: ``string_view`` for
+    a string, ``list<string_view>`` for a list of strings, else ``t``."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.string_view()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        if pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type):
+            return pa.list_(pa.field(t.value_field.name, pa.string_view(), True))
+    return t
+
+
+def _view_schema(schema: pa.Schema, views: frozenset[str]) -> pa.Schema:
+    """``schema`` with the columns named in ``views`` of their :func:`_view_type`."""
+    return pa.schema(
+        [f.with_type(_view_type(f.type)) if f.name in views else f for f in schema],
+        metadata=schema.metadata,
+    )
+
+
+def _view_column(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    """A column of Polars' Arrow export as :func:`_view_type` of the file's ``field``:
+    strings stay views; the offsets of a list become 32-bit (its items counted, not its
+    bytes)."""
+    wanted = _view_type(field.type)
+    return column if column.type == wanted else column.cast(wanted)
 
 
 def _fast_type(t: pa.DataType) -> bool:

@@ -313,6 +313,7 @@ def normalize(
     slices: list[tuple[str, str]] | None = None,
     *,
     quote_values: bool = True,
+    views: bool = False,
 ) -> pa.Table:
     """Canonical columns plus slice columns for one raw task table.
 
@@ -335,6 +336,13 @@ def normalize(
         :data:`ragbatch.core.reasons.QUOTE_MAX_CHARS`). False in runs with PII metrics
         (:attr:`ragbatch.pipeline.plan.Plan.quote_values`): the note says what was wrong and
         shows :data:`ragbatch.core.reasons.NOT_QUOTED` instead of the value.
+    views : bool
+        Give ``question``, ``answer`` and ``reference`` as ``string_view`` and
+        ``contexts`` as ``list<string_view>`` (:data:`VIEW_TYPES`): the same values,
+        taken from string views of ``raw`` without copying their strings (from
+        :func:`ragbatch.io.read.read_task` with ``views``), and the contexts that rows
+        share built once. For the expression stage, which reads them as Polars' string
+        views anyway (the in-process executor, :mod:`ragbatch.pipeline.in_process`).
 
     Returns
     -------
@@ -359,7 +367,9 @@ def normalize(
     -----
     Vectorized with pyarrow except where a value needs Python: non-string values in text
     columns, JSON contexts that hold objects or fail the strict batch decode, and the
-    cells flagged by :data:`ragbatch.io.read.NONSTRING_COLUMN`.
+    cells flagged by :data:`ragbatch.io.read.NONSTRING_COLUMN`. String contexts that
+    repeat (at most half the values distinct) are normalized once per distinct value
+    (:func:`_distinct_contexts`).
     """
     n = raw.num_rows
     with_ranking = _ranking(cfg)
@@ -367,18 +377,26 @@ def normalize(
     marks = _nonstring_rows(raw)
     out: dict[str, pa.Array] = {C.ROW_ID: _row_ids(raw, cfg, task)}
     for canonical in _TEXT_COLUMNS:
-        source = _source(raw, cfg, canonical, task)
+        source = _source(raw, cfg, canonical, task, views)
         out[canonical] = (
             pa.nulls(n, pa.string())
             if source is None
-            else _text(canonical, source, marks.get(getattr(cfg.columns, canonical), set()), issues)
+            else _text(
+                canonical,
+                source,
+                marks.get(getattr(cfg.columns, canonical), set()),
+                issues,
+                views=views,
+            )
         )
-    source = _source(raw, cfg, C.CONTEXTS, task)
+    source = _source(raw, cfg, C.CONTEXTS, task, views)
     out[C.CONTEXTS] = (
         pa.nulls(n, _LIST_OF_STRINGS)
         if source is None
         # a source only when the column is named: not None
-        else _contexts(source, marks.get(cast(str, cfg.columns.contexts), set()), cfg, issues)
+        else _contexts(
+            source, marks.get(cast(str, cfg.columns.contexts), set()), cfg, issues, views=views
+        )
     )
     source = _source(raw, cfg, C.LATENCY_S, task)
     out[C.LATENCY_S] = (
@@ -390,7 +408,8 @@ def normalize(
     if with_ranking:
         out.update(_ranking_columns(raw, cfg, task, out[C.CONTEXTS], marks, issues))
     out[C.ISSUES] = issues.to_array()
-    return _assemble(raw, out, slices if slices is not None else slice_columns(cfg, raw.schema))
+    chosen = slices if slices is not None else slice_columns(cfg, raw.schema)
+    return _assemble(raw, out, chosen, views=views)
 
 
 def _ranking_columns(
@@ -424,12 +443,29 @@ def _ranking_columns(
     return out
 
 
-def _assemble(raw: pa.Table, out: dict[str, pa.Array], slices: list[tuple[str, str]]) -> pa.Table:
+#: The types of the text columns and the contexts in ``normalize(..., views=True)``.
+VIEW_TYPES: dict[str, pa.DataType] = {
+    **{column: pa.string_view() for column in _TEXT_COLUMNS},
+    C.CONTEXTS: pa.list_(pa.string_view()),
+}
+
+
+def _assemble(
+    raw: pa.Table, out: dict[str, pa.Array], slices: list[tuple[str, str]], views: bool = False
+) -> pa.Table:
     fields = list(C.CANONICAL_SCHEMA)
     if C.RELEVANCE in out:
         issues_at = C.CANONICAL_SCHEMA.get_field_index(C.ISSUES)
         fields[issues_at] = pa.field(C.ISSUES, C.RANKING_ISSUES_TYPE)
         fields += list(C.RANKING_SCHEMA)
+    if views:
+        fields = [f.with_type(VIEW_TYPES[f.name]) if f.name in VIEW_TYPES else f for f in fields]
+        out = {
+            name: array.cast(VIEW_TYPES[name])
+            if name in VIEW_TYPES and array.type != VIEW_TYPES[name]
+            else array
+            for name, array in out.items()
+        }
     arrays: list[pa.ChunkedArray] = [pa.chunked_array([out[f.name]], f.type) for f in fields]
     for source, name in slices:
         column = (
@@ -452,7 +488,12 @@ def _nonstring_rows(raw: pa.Table) -> dict[str, set[int]]:
     return marks
 
 
-def _source(raw: pa.Table, cfg: InputSection, canonical: str, task: ReadTask) -> pa.Array | None:
+def _source(
+    raw: pa.Table, cfg: InputSection, canonical: str, task: ReadTask, views: bool = False
+) -> pa.Array | None:
+    """The column of ``raw`` mapped to ``canonical`` as one array, or None when unmapped
+    (or missing from an empty ``raw``). With ``views``, a string column in several chunks
+    (a CSV file's blocks) is joined as string views, without copying its strings."""
     name = getattr(cfg.columns, canonical)
     if name is None:
         return None
@@ -467,7 +508,11 @@ def _source(raw: pa.Table, cfg: InputSection, canonical: str, task: ReadTask) ->
     column = raw.column(name)
     # One chunk (a Parquet task of one row group, any text file): use it as it is;
     # combine_chunks would copy it.
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    if views and (_is_text(column.type) and not pa.types.is_dictionary(column.type)):
+        return pa.concat_arrays([chunk.cast(pa.string_view()) for chunk in column.chunks])
+    return column.combine_chunks()
 
 
 def _mask(n: int, rows: set[int]) -> pa.Array:
@@ -481,6 +526,23 @@ def _blank_rows(array: pa.Array, rows: set[int]) -> pa.Array:
 
 
 # ----- row_id
+
+
+def check_row_ids(raw: pa.Table, cfg: InputSection, task: ReadTask) -> None:
+    """Raise the error :func:`normalize` raises for the row ids of ``raw`` (the mapped
+    ``row_id`` column missing, null, repeated within ``raw`` or of a type that cannot be
+    a string); nothing when ``row_id`` is unmapped (ids are generated) or they are fine.
+
+    For a task normalized in slices (:mod:`ragbatch.pipeline.in_process`): a value
+    repeated in two slices of one task is refused, with the same message, as it is when
+    the task is normalized whole.
+
+    Raises
+    ------
+    InputError
+    """
+    if cfg.columns.row_id is not None:
+        _row_ids(raw, cfg, task)
 
 
 def _row_ids(raw: pa.Table, cfg: InputSection, task: ReadTask) -> pa.Array:
@@ -524,10 +586,14 @@ def _check_ids(ids: pa.Array, name: str, task: ReadTask) -> None:
 # ----- question / answer / reference
 
 
-def _text(column: str, source: pa.Array, marked: set[int], issues: _Issues) -> pa.Array:
+def _text(
+    column: str, source: pa.Array, marked: set[int], issues: _Issues, views: bool = False
+) -> pa.Array:
     n = len(source)
     if pa.types.is_null(source.type):
         return pa.nulls(n, pa.string())
+    if views and pa.types.is_string_view(source.type) and not marked:
+        return source  # the same strings, as views (normalize's ``views``)
     if _is_text(source.type):
         strings = pc.cast(source, pa.string())
         for row in sorted(marked):
@@ -619,14 +685,21 @@ def _drop_impossible(seconds: pa.Array, issues: _Issues) -> pa.Array:
 # ----- contexts
 
 
-def _contexts(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues) -> pa.Array:
+def _contexts(
+    source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues, views: bool = False
+) -> pa.Array:
     n = len(source)
     t = source.type
     if pa.types.is_null(t):
         return pa.nulls(n, _LIST_OF_STRINGS)
     if _is_list(t):
+        if views and pa.types.is_list(t) and pa.types.is_string_view(t.value_type):
+            return source  # a list of strings, as views (normalize's ``views``)
         return _contexts_from_lists(source, cfg, issues)
     if _is_text(t):
+        shared = _distinct_contexts(source, marked, cfg, issues, views)
+        if shared is not None:
+            return shared
         return _contexts_from_strings(pc.cast(source, pa.string()), marked, cfg, issues)
     for row, value in enumerate(source.to_pylist()):
         if value is not None:
@@ -637,6 +710,47 @@ def _contexts(source: pa.Array, marked: set[int], cfg: InputSection, issues: _Is
                 f"{_kind(value)} ({issues.preview(value)})",
             )
     return pa.nulls(n, _LIST_OF_STRINGS)
+
+
+def _distinct_contexts(
+    source: pa.Array, marked: set[int], cfg: InputSection, issues: _Issues, views: bool
+) -> pa.Array | None:
+    """:func:`_contexts_from_strings` of a string column computed once per distinct value
+    and given to every row holding it, or None when at most half the values repeat (or
+    JSON input marked some rows): then every value is normalized in turn.
+
+    A row's contexts and its issue depend on its value alone, so this gives the same
+    array and notes. Many rows share a value when a corpus repeats the same retrieved
+    passages (a JSON list of five 1,300-character chunks, say): decoding each once saves
+    the decoding, and with ``views`` the rows' lists point at the same strings
+    (:func:`_repeat_lists`) instead of copying them.
+    """
+    if marked or len(source) < 2:
+        return None
+    encoded = pc.dictionary_encode(source)
+    if 2 * len(encoded.dictionary) > len(source):
+        return None
+    distinct = pc.cast(encoded.dictionary, pa.string())
+    notes = _Issues(len(distinct), issues.quote_values)
+    lists = _contexts_from_strings(distinct, set(), cfg, notes)
+    indices = encoded.indices
+    if C.CONTEXTS in notes.notes:
+        per_row = pa.array(notes.notes[C.CONTEXTS], pa.string()).take(indices)
+        for row in pc.indices_nonzero(pc.is_valid(per_row)).to_pylist():
+            issues.add(C.CONTEXTS, row, per_row[row].as_py())
+    return _repeat_lists(lists, indices, views)
+
+
+def _repeat_lists(lists: pa.Array, indices: pa.Array, views: bool) -> pa.Array:
+    """``lists.take(indices)`` (null where an index is null); with ``views`` as
+    ``list<string_view>`` whose items point at the strings of ``lists`` (taken in Polars,
+    which copies the views, not the strings; pyarrow has no take for string views)."""
+    if not views:
+        return lists.take(indices)
+    import polars as pl
+
+    taken = pl.Series(lists).gather(pl.Series(indices))
+    return taken.to_arrow(compat_level=pl.CompatLevel.newest()).cast(VIEW_TYPES[C.CONTEXTS])
 
 
 def _contexts_from_lists(source: pa.Array, cfg: InputSection, issues: _Issues) -> pa.Array:
@@ -682,7 +796,7 @@ def _contexts_from_strings(
     if fmt == "json":
         parse = valid
     elif fmt == "auto":
-        parse = pc.and_(valid, pc.starts_with(pc.utf8_ltrim_whitespace(strings), "["))
+        parse = pc.and_(valid, _starts_a_list(strings))
     else:  # "text" wraps, "delimited" splits, "list" rejects every plain string
         parse = pa.array([False] * n)
     parse = pc.and_(parse, pc.invert(_mask(n, marked))) if marked else parse
@@ -697,11 +811,28 @@ def _contexts_from_strings(
             _special_context(strings[r].as_py(), r in marked, cfg, issues.preview) for r in special
         ]
         parts.append((special, _to_arrow(rows, issues, special)))
-    base = (
-        # InputSection requires contexts_delimiter with "delimited"
-        _split(strings, cast(str, cfg.contexts_delimiter)) if fmt == "delimited" else _wrap(strings)
-    )
-    return _overlay(base, parts)
+    if len(parts) == 1 and len(parts[0][0]) == n:  # every row parsed, in order
+        return parts[0][1]
+
+    def base() -> pa.Array:
+        if fmt == "delimited":
+            # InputSection requires contexts_delimiter with "delimited"
+            return _split(strings, cast(str, cfg.contexts_delimiter))
+        return _wrap(strings)
+
+    return _overlay(base(), parts)
+
+
+def _starts_a_list(strings: pa.Array) -> pa.Array:
+    """Per value, whether its text after leading whitespace starts with ``[`` (null for
+    null). Whitespace is stripped, at a copy of the text, only from the values that do not
+    start with ``[`` as they are: in a column of JSON lists, none."""
+    direct = pc.starts_with(strings, "[")
+    others = pc.fill_null(pc.invert(direct), False)
+    if not pc.any(others).as_py():
+        return direct
+    later = pc.starts_with(pc.utf8_ltrim_whitespace(strings.filter(others)), "[")
+    return pc.replace_with_mask(direct, others, later)
 
 
 def _split(strings: pa.Array, delimiter: str) -> pa.Array:
@@ -754,7 +885,9 @@ def _strict_json_lists(values: pa.Array) -> pa.Array | None:
 
     Each value is wrapped as ``{"c": <value>}`` on its own line and read with an explicit
     ``list<string>`` schema, which rejects numbers, objects, nested lists, bad JSON and a
-    value that spills into a neighbour (duplicate key or row count change).
+    value that spills into a neighbour (duplicate key or row count change). When no value
+    holds a line break (JSON allows them between tokens only), the reader cuts the lines
+    into blocks and decodes them on several threads; otherwise on one.
     """
     if len(values) == 0:
         return pa.array([], _LIST_OF_STRINGS)
@@ -772,7 +905,9 @@ def _strict_json_lists(values: pa.Array) -> pa.Array | None:
                 block_size=min(max(4 << 20, 2 * longest + 64), 2**31 - 1)
             ),
             parse_options=pajson.ParseOptions(
-                explicit_schema=schema, newlines_in_values=True, unexpected_field_behavior="error"
+                explicit_schema=schema,
+                newlines_in_values=_has_line_breaks(values),
+                unexpected_field_behavior="error",
             ),
         )
     except (pa.ArrowException, OverflowError):
@@ -780,6 +915,15 @@ def _strict_json_lists(values: pa.Array) -> pa.Array | None:
     if table.num_rows != len(values) or table.column("c").null_count:
         return None
     return table.column("c").combine_chunks()
+
+
+def _has_line_breaks(values: pa.Array) -> bool:
+    """Whether any value of a string array holds a line feed or a carriage return (the
+    search runs in Polars, over string views of the same bytes)."""
+    import polars as pl
+
+    series = pl.Series(values.cast(pa.string_view()))
+    return bool(series.str.contains(r"[\n\r]").any())
 
 
 def _concatenated(strings: pa.StringArray) -> pa.Buffer:

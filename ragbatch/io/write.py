@@ -309,17 +309,18 @@ def _key_checks(
     if only is not None:
         n_metrics = max(1, con.execute("SELECT count(DISTINCT metric) FROM agg").fetchone()[0])
         view = f"(SELECT row_id, metric FROM s WHERE metric = {_literal(only)})"
-        dups, n_distinct = _bucketed_keys(con, view, n_cells // n_metrics)
+        dups, n_distinct = _bucketed_keys(con, view, n_cells // n_metrics, one_metric=True)
         if dups is None:
             return None, n_distinct
     return _bucketed_keys(con, "s", n_cells)
 
 
 def _bucketed_keys(
-    con: duckdb.DuckDBPyConnection, relation: str, n_cells: int
+    con: duckdb.DuckDBPyConnection, relation: str, n_cells: int, one_metric: bool = False
 ) -> tuple[tuple[int, str] | None, int]:
     """:func:`_key_checks` over ``relation`` (a view or subquery with ``row_id`` and
-    ``metric``) of ``n_cells`` cells."""
+    ``metric``) of ``n_cells`` cells; ``one_metric``: every cell of ``relation`` has the
+    same metric (:func:`_bucket_keys`)."""
     buckets = max(1, math.ceil(n_cells / CELLS_PER_BUCKET))
     n_dup, examples, n_distinct = 0, [], 0
     folder = tempfile.mkdtemp(prefix="ragbatch-check-") if buckets > 1 else None
@@ -335,7 +336,7 @@ def _bucketed_keys(
                 for part in sorted(os.listdir(folder))
             ]
         for source in sources:
-            found, some, distinct = _bucket_keys(con, source)
+            found, some, distinct = _bucket_keys(con, source, one_metric)
             n_dup, n_distinct = n_dup + found, n_distinct + distinct
             examples.extend(some)
     finally:
@@ -350,12 +351,23 @@ def _bucketed_keys(
 
 
 def _bucket_keys(
-    con: duckdb.DuckDBPyConnection, source: str
+    con: duckdb.DuckDBPyConnection, source: str, one_metric: bool = False
 ) -> tuple[int, list[tuple[str, str, int]], int]:
     """Of the cells in ``source`` (a view or a ``read_parquet`` call with ``row_id`` and
     ``metric`` columns): the number of (row_id, metric) pairs that repeat, up to five of
     them as ``(row_id, metric, count)`` (most repeated first), and the number of
-    distinct row ids."""
+    distinct row ids.
+
+    With ``one_metric`` (every cell of ``source`` has the same metric), a pair repeats
+    exactly when its row id does, so one grouping of the row ids counts both, and no
+    examples are listed (:func:`_key_checks` checks every cell again when one repeats).
+    """
+    if one_metric:
+        n_distinct, n_dup = con.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE c > 1) FROM "
+            f"(SELECT row_id, count(*) AS c FROM {source} GROUP BY row_id)"
+        ).fetchone()
+        return int(n_dup), [], int(n_distinct)
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT row_id, metric, count(*) AS c "
         f"FROM {source} GROUP BY row_id, metric"

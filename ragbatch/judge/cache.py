@@ -106,6 +106,11 @@ class JudgmentCache:
         carries it as ``last_run``, so that retention by runs counts each entry for the
         run that used it, whoever folds the journal. None (a dry run's probe, tests)
         leaves ``last_run`` null for the fold to stamp.
+    repair : bool
+        Set aside a bucket file a lookup finds unreadable
+        (:meth:`~ragbatch.judge.cache_store.CacheFiles.set_aside`); False (a dry run's
+        probe, which changes nothing) only leaves it out. Either way its entries are
+        misses and a warning names it.
 
     Raises
     ------
@@ -136,6 +141,7 @@ class JudgmentCache:
         storage_options: dict[str, Any],
         metric_names: list[str] | None = None,
         run_id: str | None = None,
+        repair: bool = True,
     ):
         from ragbatch.io.fs import resolve
 
@@ -145,7 +151,7 @@ class JudgmentCache:
         fs, root = resolve(self.uri, storage_options)
         self.files = CacheFiles(fs, root)
         with self._errors("list"):
-            self.reader = BucketReader(self.files)
+            self.reader = BucketReader(self.files, repair=repair)
         self._batch: dict[str, tuple[Reply, str]] = {}
         self._fetched: set[str] = set()
         self._recent: OrderedDict[str, Reply] = OrderedDict()
@@ -174,7 +180,8 @@ class JudgmentCache:
         Raises
         ------
         OutputError
-            A bucket file cannot be read (the message names the URI).
+            A bucket file cannot be fetched (the message names the URI and the file; a
+            damaged one is set aside instead, see :meth:`lookup`).
         """
         asked = set(groups)
         with self._lock:
@@ -191,10 +198,16 @@ class JudgmentCache:
         answer a request from it with :meth:`hit`). It reads only the reader's state, so
         lookups may run on several threads at once.
 
+        A bucket file whose bytes are not a cache file's (cut short, not Parquet, the
+        wrong columns) does not fail the lookup: it is set aside with a warning naming
+        it, and its entries are misses, asked again
+        (:class:`~ragbatch.judge.cache_store.BucketReader`).
+
         Raises
         ------
         OutputError
-            A bucket file cannot be read (the message names the URI).
+            A bucket file cannot be fetched (the store is unreachable; the message names
+            the URI and the file).
         """
         groups = set(groups)
         if not groups or self.reader.empty:

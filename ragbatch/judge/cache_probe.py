@@ -14,6 +14,12 @@ sampling settings. A dry run works them out without loading the judge:
 * any other engine: its registry entry's ``identities`` hook
   (:class:`ragbatch.core.engine_registry.EngineType`); an engine type that is not registered
   is an error, never taken for another engine.
+
+A request counts as cached when the run would answer its first attempt from the cache:
+its key, or the key of the generation the run would use
+(:func:`ragbatch.judge.rejudge.first_generation`). With ``cache.rejudge`` naming
+``parse_failure``, a request whose cached replies all fail to parse is a call, as the run
+will ask it again.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from typing import Any, cast
 
 from ragbatch.judge.cache import JudgmentCache, cache_key, group_key
 from ragbatch.judge.metric import JudgeMetric
-from ragbatch.judge.protocol import Ask
+from ragbatch.judge.protocol import Ask, Completion
+from ragbatch.judge.rejudge import Found, first_generation, reasks_parse_failures, rejudge_key
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,13 @@ class CacheProbe:
         identity unknown).
     enabled : bool
         Whether the run will use the judgment cache (``cache.enabled``).
+    seed : int
+        The engine's seed (of the first attempt).
+    attempts : int
+        1 + the engine's ``parse_retries``.
+    rejudge : bool
+        Whether the run asks again for requests whose cached replies fail to parse
+        (``cache.rejudge`` names ``parse_failure``).
     """
 
     note: str
@@ -55,6 +69,8 @@ class CacheProbe:
     cache: JudgmentCache | None = None
     identities: list[_Identity] = field(default_factory=list)
     seed: int = 0
+    attempts: int = 1
+    rejudge: bool = False
 
     @property
     def active(self) -> bool:
@@ -62,18 +78,36 @@ class CacheProbe:
         return self.cache is not None and bool(self.identities) and not self.cache.empty
 
     def cached(self, metric: JudgeMetric, ask: Ask, row: dict[str, Any]) -> bool:
-        """Whether the first attempt of ``ask`` (already capped to the engine's
-        ``max_tokens``), asked for ``row``, is in the cache (the row's groups are
-        looked up once, :meth:`~ragbatch.judge.cache.JudgmentCache.prefetch`)."""
+        """Whether the run answers the first attempt of ``ask`` (already capped to the
+        engine's ``max_tokens``), asked for ``row``, from the cache: under the
+        generation of keys it would use (:func:`~ragbatch.judge.rejudge.first_generation`;
+        the row's groups are looked up once,
+        :meth:`~ragbatch.judge.cache.JudgmentCache.prefetch`)."""
         if not self.active:
             return False
         identity = metric.cache_identity()
         cache = cast(JudgmentCache, self.cache)  # not None when active
         cache.prefetch(group_key(engine, row) for engine in self.identities)
-        return any(
-            cache.get(cache_key(engine, identity, ask, self.seed)) is not None
-            for engine in self.identities
-        )
+        return any(self._answered(cache, engine, identity, ask) for engine in self.identities)
+
+    def _answered(
+        self, cache: JudgmentCache, engine: _Identity, identity: dict[str, Any], ask: Ask
+    ) -> bool:
+        """Whether the first attempt of ``ask`` under ``engine`` is a cache hit."""
+        from ragbatch.judge.run import parse_reply
+
+        def key(attempt: int) -> str:
+            return cache_key(engine, identity, ask, self.seed + attempt)
+
+        def lookup(k: str) -> Found | None:
+            completion = cache.get(k)
+            return None if completion is None else (completion, True)
+
+        def parses(completion: Completion) -> bool:
+            return parse_reply(ask, completion)[1] is None
+
+        generation = first_generation(key, self.attempts, lookup, parses, self.rejudge)
+        return cache.get(rejudge_key(key(0), generation)) is not None
 
 
 def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMetric]) -> CacheProbe:
@@ -102,17 +136,21 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     if not config.cache.enabled:
         return CacheProbe("judgment cache disabled (cache.enabled: false)", enabled=False)
     uri, options = config.cache_location()
-    cache = JudgmentCache(uri, options)
+    cache = JudgmentCache(uri, options, repair=False)  # a dry run moves nothing
     if cache.empty:
         return CacheProbe(f"judgment cache {uri}: no entries")
     identities, why = engine_identities(engine_name, spec)
     if not identities:
         return CacheProbe(f"judgment cache {uri}: not checked ({why})")
+    rejudge = reasks_parse_failures(config.cache.rejudge)
     return CacheProbe(
-        f"judgment cache {uri}: entries checked{why}",
+        f"judgment cache {uri}: entries checked{why}"
+        + ("; failed replies asked again (cache.rejudge)" if rejudge else ""),
         cache=cache,
         identities=identities,
         seed=spec.seed,
+        attempts=spec.parse_retries + 1,
+        rejudge=rejudge,
     )
 
 

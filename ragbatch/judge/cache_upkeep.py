@@ -13,11 +13,19 @@
 * :func:`prune` compacts and keeps only the entries used within the last ``keep_runs``
   runs or ``keep_days`` days (:func:`retained`).
 * :func:`cache_stats` counts files, entries, touches and bytes from the Parquet footers.
+* :func:`check_cache` finds the files that cannot be read, and with ``repair`` sets
+  them aside.
 
 Concurrent writers are safe: every step writes new files before it removes the files
 it read, and removes nothing else; a file another process removed meanwhile is
 skipped. The worst a race leaves is the same entry in two files, which lookups and the
 next compaction resolve.
+
+A file that cannot be read (cut short, not Parquet, the wrong columns) never stops a
+fold, a compaction or a prune: :meth:`CacheFiles.read
+<ragbatch.judge.cache_store.CacheFiles.read>` sets it aside under ``v2/damaged/`` with a
+warning naming it, and the step goes on without its rows (their entries are asked
+again by the runs that need them).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ragbatch.judge.cache_parquet import Damaged
 from ragbatch.judge.cache_store import (
     BUCKET_DIGITS,
     ENTRY_SCHEMA,
@@ -88,7 +97,9 @@ def fold_journal(
     ``run_id`` (None: they stay null, and only ``keep_days`` retains them).
 
     Memory: one journal file and one bucket's share of the journal at a time (the rows
-    are spread over a local temporary folder first).
+    are spread over a local temporary folder first). A journal file that cannot be read
+    is set aside (:meth:`CacheFiles.read <ragbatch.judge.cache_store.CacheFiles.read>`)
+    and the fold goes on without it.
 
     Raises
     ------
@@ -106,7 +117,7 @@ def fold_journal(
             for path in paths:
                 table = files.read(path)
                 if table is None:
-                    continue  # folded by another process meanwhile
+                    continue  # folded by another process meanwhile, or set aside
                 read.append(path)
                 table = _conform(table)
                 if run_id is not None:
@@ -175,9 +186,16 @@ def merge_entries(table: pa.Table) -> pl.DataFrame:
 
 def compact_bucket(files: CacheFiles, bucket: str, keep: Keep | None = None) -> tuple[int, int]:
     """Merge the files of ``bucket`` into one (:func:`merge_entries`), keeping the rows
-    ``keep`` selects (all when None); return (entries kept, entries dropped)."""
-    paths = files.bucket_files().get(bucket, [])
-    tables = [t for t in (files.read(p) for p in paths) if t is not None]
+    ``keep`` selects (all when None); return (entries kept, entries dropped). Only the
+    files read are removed: one another process removed meanwhile is skipped, and one
+    that cannot be read is set aside (its entries are lost, and asked again)."""
+    read: list[str] = []
+    tables = []
+    for path in files.bucket_files().get(bucket, []):
+        table = files.read(path)
+        if table is not None:
+            read.append(path)
+            tables.append(table)
     if not tables:
         return 0, 0
     merged = merge_entries(pa.concat_tables([_conform(t) for t in tables]))
@@ -188,7 +206,7 @@ def compact_bucket(files: CacheFiles, bucket: str, keep: Keep | None = None) -> 
             kept.to_arrow().cast(ENTRY_SCHEMA),
             ROW_GROUP_ROWS,
         )
-    for path in paths:
+    for path in read:
         _remove(files, path)
     return kept.height, merged.height - kept.height
 
@@ -296,17 +314,28 @@ def prune(
 
 @dataclass
 class AreaStats:
-    """Files, rows (entries and touches), touches and bytes of one part of the cache."""
+    """Files, rows (entries and touches), touches and bytes of one part of the cache,
+    and how many of its files cannot be read (counted in ``files`` and ``bytes`` only)."""
 
     files: int = 0
     rows: int = 0
     touches: int = 0
     bytes: int = 0
+    unreadable: int = 0
+
+
+def _legacy_footer(files: CacheFiles, path: str) -> Any:
+    """The footer of a file of the layout before (another schema: not checked)."""
+    with files.fs.open(path, "rb") as handle:
+        return pq.ParquetFile(handle).metadata
 
 
 def cache_stats(files: CacheFiles) -> dict[str, AreaStats]:
-    """``{"buckets", "journal", "legacy"}`` -> :class:`AreaStats`, from the footers only
-    (rows of the legacy layout, which is not read, are counted as entries)."""
+    """``{"buckets", "journal", "legacy", "damaged"}`` -> :class:`AreaStats`, from the
+    footers only (rows of the legacy layout, which is not read, are counted as entries;
+    the files set aside under ``damaged`` are counted with their bytes, not read). A
+    file whose footer cannot be read is counted as ``unreadable`` and left where it is
+    (``ragbatch cache check --repair`` sets such files aside)."""
     out: dict[str, AreaStats] = {}
     areas = {
         "buckets": [p for ps in files.bucket_files().values() for p in ps],
@@ -317,11 +346,17 @@ def cache_stats(files: CacheFiles) -> dict[str, AreaStats]:
         stats = out[area] = AreaStats()
         for path in paths:
             try:
-                with files.fs.open(path, "rb") as handle:
-                    meta = pq.ParquetFile(handle).metadata
-                size = files.fs.size(path)
+                meta = _legacy_footer(files, path) if area == "legacy" else files.read_footer(path)
+                size = files.size(path)
             except FileNotFoundError:
                 continue
+            except (Damaged, pa.ArrowException):
+                stats.files += 1
+                stats.unreadable += 1
+                stats.bytes += files.sizes.get(path, 0)
+                continue
+            if meta is None:
+                continue  # removed meanwhile
             stats.files += 1
             stats.rows += meta.num_rows
             stats.bytes += int(size or 0)
@@ -331,7 +366,48 @@ def cache_stats(files: CacheFiles) -> dict[str, AreaStats]:
                 for i in range(meta.num_row_groups):
                     s = meta.row_group(i).column(column).statistics
                     stats.touches += s.null_count if s is not None and s.has_null_count else 0
+    damaged = out["damaged"] = AreaStats()
+    for path in files.damaged_files():
+        damaged.files += 1
+        damaged.bytes += files.sizes.get(path, 0)
     return out
+
+
+@dataclass
+class CheckResult:
+    """What :func:`check_cache` found: files checked, the unreadable ones with why, and
+    where ``repair`` moved them (another process may have moved one first: then it is
+    not listed there)."""
+
+    files: int = 0
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+    set_aside: list[tuple[str, str]] = field(default_factory=list)
+
+
+def check_cache(files: CacheFiles, data: bool = False, repair: bool = False) -> CheckResult:
+    """Check every bucket and journal file: its footer parses and its columns are a
+    cache file's (one ranged read per file), and with ``data`` every page decodes (the
+    whole file is read). With ``repair``, set each file found unreadable aside
+    (:meth:`CacheFiles.set_aside <ragbatch.judge.cache_store.CacheFiles.set_aside>`).
+
+    Raises
+    ------
+    OSError
+        The store cannot be listed or read, or a file cannot be moved.
+    """
+    result = CheckResult()
+    paths = [p for ps in files.bucket_files().values() for p in ps] + files.journal_files()
+    for path in paths:
+        why = files.problem(path, data)
+        result.files += 1
+        if why is None:
+            continue
+        result.damaged.append((path, why))
+        if repair:
+            target = files.set_aside(path, why)
+            if target is not None:
+                result.set_aside.append((path, target))
+    return result
 
 
 def settle_journal(config: Any, run_id: str, stages: Any) -> FoldResult | None:

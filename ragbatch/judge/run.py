@@ -7,6 +7,9 @@ serves what it can from the judgment cache (the entries of the batch's rows, loo
 once when it starts), sends the rest to the engine in one ``complete`` call, parses the
 replies, retries unparseable ones (up to ``parse_retries`` times, each with a new seed,
 which also gives it a new cache key), and sends the parsed values back to the programs.
+A request whose cached replies all fail to parse is asked again under a new generation of
+keys when the runner re-asks parse failures (``rejudge``, :mod:`ragbatch.judge.rejudge`);
+every run follows those generations to the first reply that parses.
 Under :meth:`JudgeRunner.run_async` the lookup runs on a worker thread and the engine
 calls are awaited through ``complete_async``, so that several batches share one engine
 and one event loop.
@@ -36,7 +39,7 @@ import copy
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Generator, Protocol, Sequence, cast, runtime_checkable
 
 import numpy as np
 
@@ -45,6 +48,7 @@ from ragbatch.judge.cache_store import Reply
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
+from ragbatch.judge.rejudge import Found, first_generation, rejudge_key
 from ragbatch.metrics.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
 
@@ -275,6 +279,22 @@ def _checked(metric: JudgeMetric, cell: Any) -> PyCell:
     return cell
 
 
+def parse_reply(ask: Ask, completion: Completion) -> tuple[Any, str | None]:
+    """``(value, None)`` for an ``ok`` completion whose reply ``ask`` parses, else
+    ``(None, problem)``: the reply was cut at ``max_tokens``, or its parser raised (the
+    problem names the step and what was wrong)."""
+    if completion.status != OK:
+        return None, f"{ask.step}: {completion.error or completion.status}"
+    if completion.finish_reason == "length":
+        return None, f"{ask.step}: reply cut at max_tokens ({ask.output.max_tokens})"
+    try:
+        return ask.parse(completion.text or ""), None
+    except ParseError as exc:
+        return None, f"{ask.step}: {exc}"
+    except Exception as exc:
+        return None, f"{ask.step}: {type(exc).__name__}: {exc}"
+
+
 def _engine_failed(requests: list[EngineRequest], exc: Exception) -> list[Completion]:
     """A ``judge_error`` completion per request of an engine call that raised ``exc``."""
     log.warning("judge engine failed on %d requests: %r", len(requests), exc)
@@ -307,6 +327,10 @@ class JudgeRunner:
         Seed of the first attempt; attempt ``k`` uses ``seed + k``.
     max_tokens : int, optional
         Cap on every request's completion budget (the lower of it and the metric's).
+    rejudge : bool
+        Re-ask a request whose cached replies (every attempt's) fail to parse, under the
+        next generation of its keys (:func:`~ragbatch.judge.rejudge.first_generation`);
+        False follows the generations earlier runs paid for but starts none.
 
     The metrics are the stage's: those with ``prompt_layout: instructions_first`` are
     given one instruction block, of them all (:func:`~ragbatch.judge.metric.bind_instructions`).
@@ -321,8 +345,10 @@ class JudgeRunner:
         parse_retries: int = 1,
         seed: int = 0,
         max_tokens: int | None = None,
+        rejudge: bool = False,
     ):
         self.max_tokens = max_tokens
+        self.rejudge = rejudge
         self.engine = engine
         self.metrics = list(metrics)
         bind_instructions(self.metrics)
@@ -383,8 +409,8 @@ class JudgeRunner:
         (the synchronous path). Run concurrent batches on runners of their own
         (:meth:`fork`), so that each batch's totals stay its own.
 
-        The lookup (:meth:`_lookup`: reading the bucket files of the batch's groups, a
-        tenth of a second on local disk, over a second on object storage) is awaited
+        The lookup (:meth:`_lookup`: reading the bucket files of the batch's groups,
+        about 0.07 s on local disk and 0.35 s on S3 on loopback) is awaited
         through :func:`asyncio.to_thread`; everything else, the cache hits included,
         stays on the loop. A cancelled batch stops waiting for its lookup at once; the
         thread finishes the read and its result is dropped.
@@ -485,9 +511,15 @@ class JudgeRunner:
         values: dict[int, list[Any]] = {id(s): [None] * len(s.pending) for s in live}
         self._embed(live, values)
         asks = [(s, j) for s in live for j, r in enumerate(s.pending) if isinstance(r, Ask)]
+        for slot, j in asks:
+            slot.pending[j] = self._capped(slot.pending[j])
+        keys: dict[tuple[int, int, int], str] = {}
+        generations = {
+            (id(s), j): self._generation(s, j, keys) for s, j in asks if s.result is None
+        }
         attempt = 0
         while asks:
-            failed = yield from self._ask_round(asks, attempt, values)
+            failed = yield from self._ask_round(asks, attempt, values, keys, generations)
             attempt += 1
             if attempt > self.parse_retries:
                 for slot, _, problem, completion in failed:
@@ -528,18 +560,58 @@ class JudgeRunner:
                 values[id(slot)][j] = vectors[at : at + n]
                 at += n
 
+    def _key(self, slot: _Slot, j: int, attempt: int, keys: dict[tuple[int, int, int], str]) -> str:
+        """The generation-0 cache key of attempt ``attempt`` of ``slot``'s request ``j``
+        (seed ``seed + attempt``), worked out once per step (``keys``)."""
+        at = (id(slot), j, attempt)
+        if at not in keys:
+            identity = slot.metric.cache_identity()
+            keys[at] = cache_key(self.engine, identity, slot.pending[j], self.seed + attempt)
+        return keys[at]
+
+    def _generation(self, slot: _Slot, j: int, keys: dict[tuple[int, int, int], str]) -> int:
+        """The generation of cache keys ``slot``'s request ``j`` is answered from
+        (:func:`~ragbatch.judge.rejudge.first_generation`): 0 without a cache."""
+        if self.cache is None:
+            return 0
+        ask = slot.pending[j]
+        return first_generation(
+            lambda attempt: self._key(slot, j, attempt, keys),
+            self.parse_retries + 1,
+            self._peek,
+            lambda completion: parse_reply(ask, completion)[1] is None,
+            self.rejudge,
+        )
+
+    def _peek(self, key: str) -> Found | None:
+        """The cached completion of ``key`` and whether it was read from the cache's
+        files (this batch's entries) rather than obtained by this process; the use of a
+        stored entry is noted (a touch), as for :meth:`_cached`."""
+        found = self._found.get(key)
+        if found is not None:
+            return cast(JudgmentCache, self.cache).hit(key, found), True
+        completion = self._cached(key)
+        return None if completion is None else (completion, False)
+
     def _ask_round(
-        self, asks: list[tuple[_Slot, int]], attempt: int, values: dict[int, list[Any]]
+        self,
+        asks: list[tuple[_Slot, int]],
+        attempt: int,
+        values: dict[int, list[Any]],
+        keys: dict[tuple[int, int, int], str],
+        generations: dict[tuple[int, int], int],
     ) -> Generator[list[EngineRequest], list[Completion], list[tuple[_Slot, int, str, Completion]]]:
-        """One attempt for each ask; the requests not served by the cache are yielded
-        (see :data:`Rounds`). Returns the asks whose reply could not be parsed."""
+        """One attempt for each ask, under the cache keys of its generation
+        (``generations``, from :meth:`_generation`); the requests not served by the cache
+        are yielded (see :data:`Rounds`). Returns the asks whose reply could not be
+        parsed."""
         seed = self.seed + attempt
         keyed: dict[str, list[tuple[_Slot, int]]] = {}
         for slot, j in asks:
             if slot.result is not None:
                 continue
-            slot.pending[j] = self._capped(slot.pending[j])
-            key = cache_key(self.engine, slot.metric.cache_identity(), slot.pending[j], seed)
+            generation = generations.get((id(slot), j), 0)
+            key = rejudge_key(self._key(slot, j, attempt, keys), generation)
             keyed.setdefault(key, []).append((slot, j))
         answers: dict[str, tuple[Completion, bool]] = {}
         to_send: list[str] = []
@@ -626,14 +698,10 @@ class JudgeRunner:
                 )
             )
             return None
-        if completion.finish_reason == "length":
-            return f"{ask.step}: reply cut at max_tokens ({ask.output.max_tokens})"
-        try:
-            values[id(slot)][j] = ask.parse(completion.text or "")
-        except ParseError as exc:
-            return f"{ask.step}: {exc}"
-        except Exception as exc:
-            return f"{ask.step}: {type(exc).__name__}: {exc}"
+        value, problem = parse_reply(ask, completion)
+        if problem is not None:
+            return problem
+        values[id(slot)][j] = value
         if ask.verdicts is not None:
             slot.verdict_replies[j] = (completion, ask.verdicts)
         return None

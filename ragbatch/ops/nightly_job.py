@@ -147,7 +147,9 @@ def run_nightly(
     Parameters
     ----------
     config : JobConfig
-        As loaded, URIs not yet rendered (``--input``/``--output`` overrides applied).
+        As loaded, URIs not yet rendered (``--input``/``--output``/``--rejudge``
+        overrides applied). ``cache.rejudge`` left unset becomes ``[parse_failure]``
+        (:func:`nightly_rejudge`).
     config_dir : path, optional
         Directory of the config file (for ``binary`` callbacks).
     run_date : datetime.date, optional
@@ -200,6 +202,7 @@ def run_nightly(
         # run_job renders the config itself; this copy names the paths beforehand.
         config = config.model_copy(deep=True)
         config.run.run_date = night
+        config.cache.rejudge = nightly_rejudge(config.cache.rejudge)
         outcome.config = render_config(config, night)
         probe_output(outcome.config.output.uri, outcome.config.output.storage_options)
         outcome.already_committed = _committed(outcome.config, night, outcome.run_id)
@@ -228,6 +231,17 @@ def run_nightly(
         config.diagnostics.fail_on_degenerate if fail_on_degenerate is None else fail_on_degenerate
     )
     return _publish(outcome, report, gate)
+
+
+def nightly_rejudge(configured: list[str] | None) -> list[str]:
+    """The statuses a night asks the judge again for (``cache.rejudge`` as run): those
+    the config (or ``--rejudge``) names, else
+    :data:`~ragbatch.judge.rejudge.NIGHTLY_REJUDGE` (``parse_failure``), so that a night
+    after a judge server returned malformed replies re-asks them rather than serving
+    them from the judgment cache again (docs/cache.md, "Asking failed replies again")."""
+    from ragbatch.judge.rejudge import NIGHTLY_REJUDGE
+
+    return list(NIGHTLY_REJUDGE) if configured is None else list(configured)
 
 
 def _failed(outcome: NightlyOutcome, code: int, message: str) -> NightlyOutcome:

@@ -229,7 +229,7 @@ def _size_pools(plan: Any, address: str | None) -> str:
             where = f"the cluster at {address}"
         except ConfigError as exc:
             where = f"this machine (the cluster could not be read: {exc.problems[0]})"
-    plan.size_pools(nodes if nodes is not None else local_nodes())
+    plan.size_pools(nodes if nodes is not None else local_nodes(without_ray=True))
     return where
 
 
@@ -356,7 +356,13 @@ def _resources(spec: Any) -> dict[str, Any]:
         "num_gpus": spec.num_gpus,
         "batch_size": spec.batch_size,
     }
-    for name in ("threads", "accelerator_type", "resources", "tensor_parallel_size"):
+    for name in (
+        "threads",
+        "batches_in_flight",
+        "accelerator_type",
+        "resources",
+        "tensor_parallel_size",
+    ):
         value = getattr(spec, name, None)
         if value is not None and value != {}:
             out[name] = value

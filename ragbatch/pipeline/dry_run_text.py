@@ -73,7 +73,10 @@ def _stage_lines(number: int, stage: StagePlan) -> list[str]:
             initial_indent=pad,
             subsequent_indent=pad + "  ",
         )
-    lines += [f"{pad}{note}" for note in stage.notes]
+    for note in stage.notes:
+        lines += textwrap.wrap(
+            note, width=_WIDTH, initial_indent=pad, subsequent_indent=pad + "  "
+        ) or [pad]
     if not stage.metrics and stage.actors is None:
         # read and write stages: the note is the description; put it on the first line
         lines = [f"{head}{stage.notes[0]}"] + [f"{pad}{n}" for n in stage.notes[1:]]

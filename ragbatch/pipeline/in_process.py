@@ -6,11 +6,13 @@ no PII engine) has nothing to place on actors. When it also has no Ray cluster t
 a local Ray instance costs more than the work on small and medium inputs: about 5-6 s
 for ``ray.init`` on a two-core machine, then a worker process per task and for Ray
 Data's own actors, each importing Ray Data (about 2 CPU-s each), before the first row
-is read. :func:`execute_in_process` runs the same stages in this process instead, two
-read tasks at a time on two threads: the same reader and normalizer (:mod:`ragbatch.io.read`,
+is read. :func:`execute_in_process` runs the same stages in this process instead, on two
+threads: the same reader and normalizer (:mod:`ragbatch.io.read`,
 :mod:`ragbatch.io.schema`), the same expression stage (:mod:`udfs.expressions`) and
 wide-to-long step (:mod:`udfs.scores`), and score files of the same schema in the
-attempt's staging folder. Polars and PyArrow also use every core within each step.
+attempt's staging folder. Polars and PyArrow also use every core within each step. The
+text columns travel as string views from the reader to the expression stage
+(:func:`view_columns`), and a large task is scored in slices (:data:`SLICE_ROWS`).
 
 ``run.executor`` chooses (:func:`choose_executor`): ``auto`` (the default) runs in
 process when the conditions above hold, ``ray`` always uses Ray, ``in_process``
@@ -21,16 +23,18 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.stages import StageKind
 
-#: Read tasks :func:`execute_in_process` works on at once, each on its own thread: while
-#: one task's file is decoded, the other's rows are scored and written (NumPy, Polars,
-#: PyArrow and the Parquet writer release the GIL). Measured at 3,000,000 rows on two
-#: cores: 19.1 s with two against 32.7 s with one (docs/benchmarks/whole-job.md).
+#: Threads :func:`execute_in_process` works on, and read tasks it holds open at once:
+#: while one task's file is decoded, rows already read are scored and written (NumPy,
+#: Polars, PyArrow and the Parquet writer release the GIL). Measured at 3,000,000 rows on
+#: two cores: 19.1 s with two against 32.7 s with one (docs/benchmarks/whole-job.md).
 TASKS_IN_FLIGHT = 2
 
 
@@ -92,12 +96,16 @@ def execute_in_process(
     return a :class:`ragbatch.pipeline.runner.Executed` (no judge totals, faults or
     placement: there are no actors).
 
-    Up to :data:`TASKS_IN_FLIGHT` tasks run at once, on threads of this process; the
-    files they write are named by task index, so they do not depend on which finishes
-    first. The first task that fails stops the run: no task is started after it, the
-    one still running finishes, and its error is raised.
+    The work runs on :data:`TASKS_IN_FLIGHT` threads of this process. A task's rows are
+    read in one piece, then scored and written whole or, when large, in slices
+    (:func:`_slices`), each slice on whichever thread is free: slices of a read task
+    go before the next read, and at most :data:`TASKS_IN_FLIGHT` tasks are open (read,
+    or being read, and not yet written) at once. The files are named by task and slice,
+    so they do not depend on which finishes first. The first failure stops the run: no
+    task is read after it, the slices of the tasks already read are finished, and its
+    error is raised.
 
-    Each task's score rows are written as one Parquet file (split past
+    Each slice's score rows are written as one Parquet file (split past
     :data:`ragbatch.pipeline.runner.ROWS_PER_FILE` rows) under ``scores_dir``, first
     under a temporary name and then renamed, so a run killed mid-write leaves whole
     files only, which a resumed attempt keeps; rows in ``done_rows`` are read and
@@ -109,7 +117,7 @@ def execute_in_process(
         A task's file cannot be read (as in the Ray path).
     """
     from ragbatch.io.read import read_task
-    from ragbatch.io.schema import normalize
+    from ragbatch.io.schema import check_row_ids, normalize
     from ragbatch.pipeline.runner import ROWS_PER_FILE, Executed
     from udfs.expressions import expression_stage
     from udfs.judge import JudgeLedger
@@ -119,44 +127,144 @@ def execute_in_process(
     cfg = plan.config.input
     done = sorted(done_rows) if done_rows else []
     token = uuid.uuid4().hex[:12]
+    # A resumed run filters rows by id, which pyarrow cannot do on string views.
+    views = frozenset() if done else view_columns(plan)
 
-    def run_task(index: int, task: Any) -> int:
+    def read(index: int, task: Any) -> tuple[int, list[Callable[[], None]]]:
+        raw = read_task(task, cfg, views)
+        pieces = _slices(raw, task)
+        units: list[Callable[[], None]] = [
+            partial(score, index, part, *piece) for part, piece in enumerate(pieces)
+        ]
+        if len(pieces) > 1:
+            # Row ids repeated within the task (in two slices), null or of a type that
+            # cannot be a string are refused as the task's normalization refuses them;
+            # checked beside the slices, on the other thread.
+            units.insert(0, partial(check_row_ids, raw, cfg, task))
+        return raw.num_rows, units
+
+    def score(index: int, part: int, raw: Any, task: Any) -> None:
         table = normalize(
-            read_task(task, cfg), cfg, task, slices=plan.slices, quote_values=plan.quote_values
+            raw, cfg, task, slices=plan.slices, quote_values=plan.quote_values, views=bool(views)
         )
-        n = table.num_rows
         if done:
             table = drop_rows(table, done)
         for stage in plan.stages:
             table = expression_stage(table, metrics=stage.metrics)
         scores = to_long(table, metric_ids=plan.metric_ids, slices=plan.slice_names)
-        for part, start in enumerate(range(0, scores.num_rows, ROWS_PER_FILE)):
-            name = f"{scores_dir}/{token}-{index:06d}-{part:03d}.parquet"
+        for piece, start in enumerate(range(0, scores.num_rows, ROWS_PER_FILE)):
+            name = f"{scores_dir}/{token}-{index:06d}-{part:04d}-{piece:03d}.parquet"
             _write_whole(layout, name, scores.slice(start, ROWS_PER_FILE))
-        return n
 
-    n_rows = 0
-    workers = max(1, min(TASKS_IN_FLIGHT, len(plan.read_tasks)))
+    workers = TASKS_IN_FLIGHT
     with ThreadPoolExecutor(workers, thread_name_prefix="ragbatch-task") as pool:
-        pending: set[Future] = set()
-        for index, task in enumerate(plan.read_tasks):
-            n_rows += _collect(pending, leave=workers - 1)
-            pending.add(pool.submit(run_task, index, task))
-        n_rows += _collect(pending, leave=0)
+        n_rows = _Schedule(pool, workers, read).run(list(plan.read_tasks))
     return Executed(n_rows, JudgeLedger().totals(), {}, {})
 
 
-def _collect(pending: set[Future], leave: int) -> int:
-    """Wait for tasks of ``pending`` as they end, whichever ends first, until at most
-    ``leave`` are left; remove them from ``pending`` and return the sum of their results
-    (rows read). A task that failed raises its error here, as soon as it has ended, so
-    that no further task is started."""
-    total = 0
-    while len(pending) > leave:
-        finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-        pending -= finished
-        total += sum(future.result() for future in finished)
-    return total
+#: Rows of the slices a large read task is scored and written in
+#: (:func:`execute_in_process`): a task of more than twice this many rows (one large
+#: Parquet row group, a large text file) is cut into as few slices of about equal size
+#: as keep each within it, so that its slices are scored on both threads and its memory
+#: is not held three times over (raw, normalized, scored). Smaller tasks stay whole:
+#: each slice costs a fixed share of work (the stage's queries, a file, the check of
+#: the task's row ids), and tasks of 125,000 rows took 3.4-3.6 s whole against
+#: 4.1-4.5 s in two slices (1,000,000 rows; docs/benchmarks/whole-job.md, round four).
+SLICE_ROWS = 100_000
+
+
+def _slices(raw: Any, task: Any) -> list[tuple[Any, Any]]:
+    """``raw`` (a task's rows) whole, or past ``2 * SLICE_ROWS`` rows as ``(rows, task)``
+    pieces of about equal size, at most :data:`SLICE_ROWS` rows each; each piece's task is
+    ``task`` with the ``row_offset`` of its first row (generated row ids and messages
+    count rows from it)."""
+    import dataclasses
+
+    n = raw.num_rows
+    if n <= 2 * SLICE_ROWS:
+        return [(raw, task)]
+    count = -(-n // SLICE_ROWS)
+    size = -(-n // count)
+    return [
+        (raw.slice(start, size), dataclasses.replace(task, row_offset=task.row_offset + start))
+        for start in range(0, n, size)
+    ]
+
+
+class _Schedule:
+    """The order in which :func:`execute_in_process` reads tasks and scores slices.
+
+    ``read(index, task)`` reads a task and returns its rows and its units of work (the
+    scoring of each slice, and any check of the whole task), each a call without
+    arguments. Up to ``workers`` calls run at once on ``pool``; a free thread takes a
+    unit of a task already read before it reads another task, and a task is read only
+    while fewer than ``workers`` tasks are open (read or being read, with units left).
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, workers: int, read: Callable) -> None:
+        self.pool, self.workers, self.read = pool, workers, read
+        self.ready: deque[tuple[int, Callable[[], None]]] = deque()
+        self.left: dict[int, int] = {}  # task index -> units not yet done (1: its read)
+        self.pending: dict[Future, tuple[int, bool]] = {}  # -> task index, is a read
+        self.failure: BaseException | None = None
+        self.n_rows = 0
+
+    def run(self, tasks: list[Any]) -> int:
+        """Read and score every task; the rows read. Raises the first failure, once the
+        units of the tasks already read are done."""
+        queue = deque(enumerate(tasks))
+        while True:
+            while len(self.pending) < self.workers:
+                if self.ready:
+                    index, unit = self.ready.popleft()
+                    self.pending[self.pool.submit(unit)] = (index, False)
+                elif self.failure is None and queue and len(self.left) < self.workers:
+                    index, task = queue.popleft()
+                    self.left[index] = 1
+                    self.pending[self.pool.submit(self.read, index, task)] = (index, True)
+                else:
+                    break
+            if not self.pending:
+                break
+            finished, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                self._finished(future, *self.pending.pop(future))
+        if self.failure is not None:
+            raise self.failure
+        return self.n_rows
+
+    def _finished(self, future: Future, index: int, is_read: bool) -> None:
+        try:
+            value = future.result()
+        except BaseException as exc:  # noqa: BLE001 - raised by run, once the rest is done
+            self.failure = self.failure or exc
+            is_read = False
+        if is_read:
+            n_rows, units = value
+            self.n_rows += n_rows
+            self.left[index] += len(units)
+            self.ready.extend((index, unit) for unit in units)
+        self.left[index] -= 1
+        if self.left[index] == 0:
+            del self.left[index]
+
+
+def view_columns(plan: Any) -> frozenset[str]:
+    """The input columns the in-process executor reads as string views: those mapped to
+    ``question``, ``contexts``, ``answer`` or ``reference``, unless one also passes through
+    as a slice or label column (those keep their own type in the scores table).
+
+    The expression stage reads these columns as Polars' string views; read as views
+    (:func:`ragbatch.io.read.read_task`) and normalized as views
+    (:func:`ragbatch.io.schema.normalize`), their strings are not copied on the way, and
+    texts that many rows share stay one copy (docs/benchmarks/whole-job.md, round four).
+    """
+    from ragbatch.core import columns as C
+
+    mapping = plan.config.input.columns
+    mapped = {getattr(mapping, c) for c in (C.QUESTION, C.CONTEXTS, C.ANSWER, C.REFERENCE)}
+    passed = {source for source, _ in plan.slices}
+    return frozenset(mapped - {None} - passed)
 
 
 def _write_whole(layout: Any, path: str, table: Any) -> None:

@@ -151,17 +151,17 @@ def run_job(
         )
 
         t1 = time.perf_counter()
-        stopping: threading.Thread | None = None
         if executor == "in_process":
             ray_info = {"executor": "in_process", "address": None, "started_locally": False}
             done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)
         else:
-            ray_info = {"executor": "ray", **ensure_ray(address)}
+            actors = any(stage.engine is not None for stage in plan.stages)
+            ray_info = {"executor": "ray", **ensure_ray(address, data_actors_first=not actors)}
             size_pools(plan)
             check_fit(plan, started_locally=ray_info.get("started_locally", False))
             settle_journal(plan.config, run_id, plan.stages)
             done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
-            stopping = _stop_local_ray(ray_info)
+            _stop_local_ray(ray_info)
         n_rows = done.n_rows
         timings["execute_s"] = time.perf_counter() - t1
 
@@ -199,8 +199,6 @@ def run_job(
         )
         staging.publish(files, summary.table, manifest)
         settle_journal(plan.config, run_id, plan.stages)
-        if stopping is not None:
-            stopping.join()
         log.info(
             "run %s committed: %d rows x %d metrics in %.1f s",
             run_id,
@@ -211,18 +209,26 @@ def run_job(
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
 
 
-def _stop_local_ray(ray_info: dict[str, Any]) -> threading.Thread | None:
-    """Shut down the local Ray instance this run started, in a thread of its own (about
-    a second of stopping processes, while the run verifies, summarizes and publishes
-    what it wrote, which needs no Ray). None when the run joined a Ray it did not start:
-    that one is left running."""
+#: Shutdowns of a local Ray under way (:func:`_stop_local_ray`).
+_STOPPING: list[threading.Thread] = []
+
+
+def _stop_local_ray(ray_info: dict[str, Any]) -> None:
+    """Shut down the local Ray instance this run started, in a thread of its own: about a
+    second of stopping processes, while the run verifies, summarizes and publishes what
+    it wrote (which needs no Ray) and the command prints it. A Ray the run joined but did
+    not start is left running.
+
+    The thread is not a daemon: the interpreter waits for it before it exits (and before
+    Ray's own exit hook, which then finds nothing to do), and :func:`ensure_ray` waits
+    for it before it starts another instance."""
     if not ray_info.get("started_locally"):
-        return None
+        return
     import ray
 
-    thread = threading.Thread(target=ray.shutdown, name="ragbatch-ray-shutdown", daemon=True)
+    thread = threading.Thread(target=ray.shutdown, name="ragbatch-ray-shutdown")
+    _STOPPING.append(thread)
     thread.start()
-    return thread
 
 
 def _check_labels(plan: Plan) -> dict[str, Any]:
@@ -315,13 +321,22 @@ def prepare_import_paths(config_dir: str | Path | None) -> tuple[str, ...]:
     return set_callback_dirs([os.getcwd(), *([config_dir] if config_dir is not None else [])])
 
 
-def ensure_ray(address: str | None) -> dict[str, Any]:
+def ensure_ray(address: str | None, data_actors_first: bool = True) -> dict[str, Any]:
     """Connect to ``address`` (or ``RAY_ADDRESS``), or start Ray locally
     (:func:`ragbatch.pipeline.ray_paths.start_local_ray`: no user folder on the workers' module
     path); return facts about the cluster for the manifest. An already initialised Ray
-    is reused."""
+    is reused.
+
+    With ``data_actors_first`` a local Ray starts Ray Data's own actors at once
+    (:func:`~ragbatch.pipeline.ray_paths.start_data_actors`), so that a job of tasks
+    alone runs its tasks side by side from the start. A job with actor stages passes
+    False: a small machine starts two worker processes at a time, and its model actors,
+    which take longest to load, would otherwise wait behind those two (seconds of fixed
+    cost); Ray Data then starts them itself beside its pools."""
     import ray
 
+    while _STOPPING:
+        _STOPPING.pop().join()
     started_locally = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
@@ -336,7 +351,8 @@ def ensure_ray(address: str | None) -> dict[str, Any]:
             # "local" always starts a new instance; a bare init() would join any Ray
             # cluster already running on this machine.
             start_local_ray(runtime_env, include_dashboard=False, log_to_driver=True)
-            start_data_actors()
+            if data_actors_first:
+                start_data_actors()
             started_locally = True
     ctx = ray.get_runtime_context()
     return {
@@ -758,7 +774,12 @@ def _judge_stage(
     cache = None
     if plan.config.cache.enabled:
         uri, options = plan.config.cache_location()
-        cache = {"uri": uri, "storage_options": options, "run_id": run_id}
+        cache = {
+            "uri": uri,
+            "storage_options": options,
+            "run_id": run_id,
+            "rejudge": list(plan.config.cache.rejudge or []),
+        }
     return _actor_stage(
         ds,
         stage,
