@@ -535,15 +535,9 @@ def ensure_tonic_venv() -> Path:
     return python
 
 
-def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
-    """Runs inside the Tonic Validate environment (no ragbatch, Polars or NumPy there)."""
-    import asyncio
-    from importlib import metadata
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from tonic_validate.classes.benchmark import BenchmarkItem
-    from tonic_validate.classes.llm_response import LLMResponse
+def tonic_metrics() -> list:
+    """Tonic Validate's six metric classes with the settings of ``METRIC_SETS["tonic6"]``
+    (run inside the Tonic Validate environment)."""
     from tonic_validate.metrics import (
         AnswerMatchMetric,
         ContainsTextMetric,
@@ -553,7 +547,7 @@ def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
         ResponseLengthMetric,
     )
 
-    metrics = [
+    return [
         AnswerMatchMetric("answer_match", "I don't know.", case_sensitive=False),
         ContainsTextMetric("mentions_data_model", ["data", "model"], case_sensitive=False),
         RegexMetric("two_citations", r"\[\d+\]", match_count=2),
@@ -561,6 +555,19 @@ def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
         ContextLengthMetric("context_length", min_length=200, max_length=1400),
         LatencyMetric(target_time=5.0),
     ]
+
+
+def tonic_worker(input_path: str, rows: int, out_dir: str) -> None:
+    """Runs inside the Tonic Validate environment (no ragbatch, Polars or NumPy there)."""
+    import asyncio
+    from importlib import metadata
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tonic_validate.classes.benchmark import BenchmarkItem
+    from tonic_validate.classes.llm_response import LLMResponse
+
+    metrics = tonic_metrics()
 
     async def score_all(responses: list) -> list[list[float]]:
         # One event loop for the whole batch; every score coroutine is awaited directly

@@ -218,41 +218,15 @@ def timed(command: list[str], env: dict[str, str] | None = None) -> float:
 def contestants(part: str, workdir: Path, data: Path) -> dict[str, list[str]]:
     out = workdir / "out"
     out.mkdir(parents=True, exist_ok=True)
-    if part == "bi":
+    if part in ("bi", "ce"):
+        model = build_cross_encoder(workdir) if part == "ce" else None
+        script = RAW_CE if part == "ce" else RAW_BI
+        raw = [PYTHON, "-c", script, str(data), str(out / f"raw_{part}_{data.stem}.parquet")]
+        raw += [str(model)] if model is not None else []
         return {
-            "ragbatch": [RAGBATCH, "run", str(job_config(workdir, data, "bi", None))],
-            "raw": [PYTHON, "-c", RAW_BI, str(data), str(out / f"raw_bi_{data.stem}.parquet")],
-            "raw_hand_set": [
-                PYTHON,
-                "-c",
-                RAW_BI,
-                str(data),
-                str(out / f"raw_bi_{data.stem}.parquet"),
-                str(HAND_SET_ENCODE_BATCH),
-            ],
-            "ray_start": [PYTHON, "-c", RAY_START],
-        }
-    if part == "ce":
-        ce = build_cross_encoder(workdir)
-        return {
-            "ragbatch": [RAGBATCH, "run", str(job_config(workdir, data, "ce", ce))],
-            "raw": [
-                PYTHON,
-                "-c",
-                RAW_CE,
-                str(data),
-                str(out / f"raw_ce_{data.stem}.parquet"),
-                str(ce),
-            ],
-            "raw_hand_set": [
-                PYTHON,
-                "-c",
-                RAW_CE,
-                str(data),
-                str(out / f"raw_ce_{data.stem}.parquet"),
-                str(ce),
-                str(HAND_SET_ENCODE_BATCH),
-            ],
+            "ragbatch": [RAGBATCH, "run", str(job_config(workdir, data, part, model))],
+            "raw": raw,
+            "raw_hand_set": [*raw, str(HAND_SET_ENCODE_BATCH)],
             "ray_start": [PYTHON, "-c", RAY_START],
         }
     driver = INSTANT_DRIVER.format(benchmarks=str(ROOT / "benchmarks"))

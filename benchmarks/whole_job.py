@@ -402,23 +402,8 @@ def tonic_worker(input_path: str, out_dir: str) -> None:
     import pyarrow.parquet as pq
     from tonic_validate.classes.benchmark import BenchmarkItem
     from tonic_validate.classes.llm_response import LLMResponse
-    from tonic_validate.metrics import (
-        AnswerMatchMetric,
-        ContainsTextMetric,
-        ContextLengthMetric,
-        LatencyMetric,
-        RegexMetric,
-        ResponseLengthMetric,
-    )
 
-    metrics = [
-        AnswerMatchMetric("answer_match", "I don't know.", case_sensitive=False),
-        ContainsTextMetric("mentions_data_model", ["data", "model"], case_sensitive=False),
-        RegexMetric("two_citations", r"\[\d+\]", match_count=2),
-        ResponseLengthMetric("response_length", min_length=1, max_length=1500),
-        ContextLengthMetric("context_length", min_length=200, max_length=1400),
-        LatencyMetric(target_time=5.0),
-    ]
+    metrics = es.tonic_metrics()
     columns = ["question", "answer", "reference", "contexts", "latency_s"]
 
     async def score_all(responses: list) -> int:

@@ -20,7 +20,7 @@ import yaml
 
 from ragbatch.cli import main
 from support.canned_judge_server import SERVED_NAME, CannedJudgeServer
-from support.degenerate_judge import ARES
+from support.degenerate_judge import ares_tsv_input
 
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytestmark = pytest.mark.slow
@@ -32,16 +32,8 @@ GOOD = '{"reason": "The answer is polite.", "verdict": false}'
 
 def _config(tmp_path: Path, base_url: str) -> Path:
     """hate_speech (one judge request a row, one parse retry) on the first ROWS ARES rows."""
-    rows = ARES.read_text(encoding="utf-8").splitlines(keepends=True)[: ROWS + 1]
-    data = tmp_path / "ares.tsv"
-    data.write_text("".join(rows), encoding="utf-8")
     config = {
-        "input": {
-            "uri": str(data),
-            "format": "tsv",
-            "contexts_format": "text",
-            "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
-        },
+        "input": ares_tsv_input(tmp_path, ROWS),
         "output": {"uri": str(tmp_path / "out")},
         "engines": {
             "judge": {

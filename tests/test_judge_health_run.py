@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from support.canned_judge_server import SERVED_NAME, CannedJudgeServer
-from support.degenerate_judge import ARES, CONSTANT_TRUE, N_ROWS
+from support.degenerate_judge import CONSTANT_TRUE, N_ROWS, ares_tsv_input
 from ragbatch.cli import main
 from ragbatch.core.exit_codes import EXIT_CODES, EXIT_DEGENERATE
 
@@ -29,16 +29,8 @@ NIGHT = "2024-06-02"
 
 
 def _config(tmp_path: Path, base_url: str, **diagnostics) -> Path:
-    rows = ARES.read_text(encoding="utf-8").splitlines(keepends=True)[: N_ROWS + 1]
-    data = tmp_path / "ares_24.tsv"
-    data.write_text("".join(rows), encoding="utf-8")
     config = {
-        "input": {
-            "uri": str(data),
-            "format": "tsv",
-            "contexts_format": "text",
-            "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
-        },
+        "input": ares_tsv_input(tmp_path, N_ROWS, "ares_24.tsv"),
         "output": {"uri": str(tmp_path / "out")},
         "engines": {
             "judge": {

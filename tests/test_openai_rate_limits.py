@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,6 +27,7 @@ from support.canned_judge_server import (
     TokenBucket,
     admitted_share,
 )
+from support.degenerate_judge import ares_tsv_input
 from udfs.judge import combine_engine_stats
 
 # ------------------------------------------------------------ the limit alone
@@ -348,8 +348,6 @@ def test_spent_quota_is_not_retried():
 
 # ------------------------------------------------- a whole run through Ray
 
-REPO = Path(__file__).resolve().parents[1]
-ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"
 #: ARES rows of the run, each one hate_speech request.
 RUN_ROWS = 120
 
@@ -358,18 +356,10 @@ RUN_ROWS = 120
 def test_ragbatch_run_under_a_rate_limit_scores_every_row(ray_local, tmp_path):
     from ragbatch.cli import main
 
-    lines = ARES.read_text(encoding="utf-8").splitlines(keepends=True)[: RUN_ROWS + 1]
-    data = tmp_path / "ares.tsv"
-    data.write_text("".join(lines), encoding="utf-8")
     reply = json.dumps({"reason": "No hateful language.", "verdict": False})
     with CannedJudgeProcess(reply, rate_per_s=20.0, burst=4, latency_s=LATENCY_S) as srv:
         config = {
-            "input": {
-                "uri": str(data),
-                "format": "tsv",
-                "contexts_format": "text",
-                "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
-            },
+            "input": ares_tsv_input(tmp_path, RUN_ROWS),
             "output": {"uri": str(tmp_path / "out")},
             "engines": {
                 "judge": {

@@ -60,6 +60,21 @@ def ares_rows(n: int = N_ROWS) -> pl.DataFrame:
     )
 
 
+def ares_tsv_input(folder: Path, n: int, name: str = "ares.tsv") -> dict:
+    """The ``input`` section of a job reading the first ``n`` ARES rows, copied line for
+    line into ``folder / name`` (TSV; the document as one context, ``contexts_format:
+    text``; no reference)."""
+    lines = ARES.read_text(encoding="utf-8").splitlines(keepends=True)[: n + 1]
+    data = folder / name
+    data.write_text("".join(lines), encoding="utf-8")
+    return {
+        "uri": str(data),
+        "format": "tsv",
+        "contexts_format": "text",
+        "columns": {"question": "Question", "contexts": "Document", "answer": "Answer"},
+    }
+
+
 CONSTANT_TRUE = '{"reason":"true","verdict":true}'
 
 
