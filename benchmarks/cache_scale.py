@@ -166,7 +166,7 @@ def judge_night(uri: str | None, start: int, n: int, batch: int) -> dict[str, An
     from ragbatch.judge.batch import judge_frame
     from ragbatch.judge.cache import JudgmentCache
     from ragbatch.judge.run import JudgeRunner
-    from ragbatch.core.registry import get_metric
+    from ragbatch.scoring.registry import get_metric
 
     t0 = time.perf_counter()
     cache = JudgmentCache(uri, {}) if uri else None

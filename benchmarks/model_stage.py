@@ -262,7 +262,7 @@ def profile_batch(workdir: Path, rows: int, repeat: int) -> dict[str, Any]:
     instant_model.install()
     from ragbatch.core.heap import release_free_heap
     from ragbatch.metrics import semantic_similarity as ss
-    from ragbatch.metrics.cells import batch_cells, guard_status
+    from ragbatch.scoring.cells import batch_cells, guard_status
     from udfs.base import cell_array
     from udfs.guard import batch_key
     from udfs.ledger import RunLedger

@@ -303,7 +303,7 @@ def account(rows: list[dict[str, Any]], chats_of, encode, block: int) -> dict[st
 
 def _metrics(names: tuple[str, ...], layout: str) -> list[Any]:
     """ragbatch's metrics ``names`` in ``layout``, bound as one judge stage."""
-    from ragbatch.core.registry import get_metric
+    from ragbatch.scoring.registry import get_metric
     from ragbatch.judge.metric import bind_instructions
 
     params = {"prompt_layout": layout}

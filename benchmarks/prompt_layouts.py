@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import polars as pl
 
     from ragbatch.config.job import EmbeddingEngine, VllmEngine
-    from ragbatch.core.registry import get_metric
+    from ragbatch.scoring.registry import get_metric
     from ragbatch.engines import load_judge_engine
     from ragbatch.engines.sentence_transformers import load_model
     from ragbatch.judge.batch import judge_frame

@@ -12,8 +12,8 @@ import pytest
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES_TYPE, cell_column
 from ragbatch.core.errors import ConfigError, EngineError
-from ragbatch.metrics.base import ExpressionMetric, ModelMetric
-from ragbatch.metrics.cells import CELL_DTYPE
+from ragbatch.scoring.base import ExpressionMetric, ModelMetric
+from ragbatch.scoring.cells import CELL_DTYPE
 from ragbatch.metrics.exact_match import ExactMatch
 from ragbatch.pipeline.plan import Stage
 from ragbatch.core.stages import StageKind

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ragbatch.cli import main
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.registry import all_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"

@@ -27,7 +27,7 @@ from ragbatch.config.job import JobConfig
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.metric import Embed, JudgeMetric
 from ragbatch.judge.protocol import Ask
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.registry import all_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ARES = REPO / "examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv"

@@ -11,7 +11,7 @@ import pytest
 from ragbatch.config.job import InputSection
 from ragbatch.core import columns as C
 from ragbatch.core.errors import ConfigError, InputError
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from ragbatch.io import ReadTask, normalize, plan_read, read_task
 from ragbatch.io.read import peek_schema
 from support.metric_frames import run_metric

@@ -1,7 +1,7 @@
 """The import-direction contract of pyproject.toml ([tool.importlinter]) holds.
 
 Higher layers (commands, operations, calibration, pipeline) may import lower ones
-(UDFs, analysis, engines, metrics and judges, input, config, core), never the reverse.
+(UDFs, analysis, engines, metrics, judges, scoring, input, config, core), never the reverse.
 """
 
 from __future__ import annotations

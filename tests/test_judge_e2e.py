@@ -28,7 +28,7 @@ import polars as pl
 import pytest
 
 from ragbatch.config.job import load_config
-from ragbatch.core.registry import all_metrics, get_metric
+from ragbatch.scoring.registry import all_metrics, get_metric
 from ragbatch.pipeline.runner import run_job
 from ragbatch.core.status import STATUSES
 from support.vllm_server import SMOLLM2_DTYPE, SMOLLM2_SERVED_NAME

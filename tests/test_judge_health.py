@@ -32,7 +32,7 @@ from ragbatch.core.errors import ConfigError
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 
 ARES_METRICS = (
     "faithfulness",

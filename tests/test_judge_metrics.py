@@ -34,7 +34,7 @@ from ragbatch.judge import recorded
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
 from ragbatch.judge.prompt import INSTRUCTIONS_PREAMBLE, SYSTEM_PROMPT, shared_block
 from ragbatch.judge.recorded import RecordedReplies, run_example
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.registry import all_metrics
 from ragbatch.core.status import OK, STATUSES
 
 DATA = Path(__file__).resolve().parent / "data" / "judge_replies"

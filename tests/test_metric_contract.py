@@ -8,8 +8,8 @@ import pytest
 
 from support.metric_frames import canonical_frame, run_metric
 from ragbatch.core.columns import CANONICAL
-from ragbatch.metrics.base import ExpressionMetric, ModelMetric
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.base import ExpressionMetric, ModelMetric
+from ragbatch.scoring.registry import all_metrics
 from ragbatch.core.status import STATUSES
 
 METRICS = all_metrics()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ragbatch.cli import main
 from ragbatch.cli.metrics_doc import REGENERATE, _type, render_markdown
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -84,7 +84,7 @@ def test_committed_examples_doc_is_the_generated_one(capsys):
 def test_examples_doc_shows_every_example_with_its_inputs_replies_and_cell():
     from ragbatch.cli.examples_doc import render_examples_markdown
     from ragbatch.cli.metrics_doc import examples_count
-    from ragbatch.core.registry import all_metrics
+    from ragbatch.scoring.registry import all_metrics
 
     text = render_examples_markdown()
     sections = dict((part.split("`", 2)[1], part) for part in text.split("\n## ")[1:])

@@ -12,7 +12,7 @@ import pytest
 
 from support.metric_frames import run_metric
 from ragbatch.core.errors import ConfigError
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 
 NULL = None
 OK, MISSING, NA, ERROR = "ok", "missing_input", "not_applicable", "error"

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.metric_frames import run_metric
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 
 # Characters assigned in this Python's Unicode database (case mappings of characters added
 # in later Unicode versions legitimately differ between Python and Rust builds).

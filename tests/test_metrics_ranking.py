@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from support.metric_frames import run_metric
 
 pytrec_eval = pytest.importorskip("pytrec_eval")

@@ -22,7 +22,7 @@ from ragbatch.config.job import JobConfig
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
 from ragbatch.pipeline.plan import build_plan
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from udfs.pii import PiiStage
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "pii_presidio_synthetic"

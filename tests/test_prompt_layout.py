@@ -14,7 +14,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.prompt import Instructions, StepPrompt
 from ragbatch.judge.recorded import RecordedReplies

@@ -28,7 +28,7 @@ from polars.testing import assert_frame_equal
 
 from ragbatch.config.job import InputSection
 from ragbatch.core.columns import RANKING, RANKING_SCHEMA, cell_column
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from ragbatch.io import ReadTask, normalize
 from ragbatch.metrics import _ranking
 from ragbatch.metrics._ranking import RankedIds

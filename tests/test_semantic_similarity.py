@@ -28,13 +28,13 @@ from ragbatch.engines.sentence_transformers import (
     sigmoid,
 )
 from ragbatch.core.errors import EngineError
-from ragbatch.metrics.cells import CELL_DTYPE
+from ragbatch.scoring.cells import CELL_DTYPE
 from ragbatch.metrics.semantic_similarity import (
     SemanticSimilarity,
     cosine_to_score,
     pair_cosines,
 )
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 
 ISSUES_DTYPE = pl.Struct({name: pl.String for name in NULLABLE_INPUTS})
 

@@ -11,9 +11,9 @@ from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available
-from ragbatch.metrics.base import ModelMetric
+from ragbatch.scoring.base import ModelMetric
 from ragbatch.metrics.semantic_similarity import SemanticSimilarity
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.registry import all_metrics
 from test_semantic_similarity import write_tiny_bert
 from udfs.base import stage_options
 from udfs.similarity import ModelStage

@@ -24,7 +24,7 @@ from ragbatch.judge.verdicts import (
     verdicts_ask,
 )
 from ragbatch.metrics import retrieval_precision
-from ragbatch.core.registry import all_metrics
+from ragbatch.scoring.registry import all_metrics
 
 VERDICT_METRICS = sorted(
     (cls for cls in all_metrics() if issubclass(cls, VerdictMetric)), key=lambda cls: cls.name

@@ -37,13 +37,13 @@ from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import HeapTrimmer
 from ragbatch.engines.threads import set_thread_variables
-from ragbatch.metrics.base import Metric
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.base import Metric
+from ragbatch.scoring.registry import get_metric
 from ragbatch.core.stages import StageKind
 from udfs.guard import BatchGuard
 from udfs.ledger import report_placement
 
-#: A metric as an actor stage takes it: a built :class:`~ragbatch.metrics.base.Metric`
+#: A metric as an actor stage takes it: a built :class:`~ragbatch.scoring.base.Metric`
 #: (what a run passes), or ``{"name": str, "id": str, "params": dict}`` built in the actor.
 MetricEntry = Metric | dict[str, Any]
 

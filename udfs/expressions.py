@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ragbatch.core.columns import CELL_TYPE, cell_column
-from ragbatch.metrics.base import ExpressionMetric
+from ragbatch.scoring.base import ExpressionMetric
 
 
 def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Table:
@@ -20,7 +20,7 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
 
     A Ray Data batch function (run as tasks): rows come back 1:1 in the same order.
     The batch is converted to Polars once; the intermediates the metrics declare
-    (:meth:`ragbatch.metrics.base.ExpressionMetric.intermediates`, e.g. the ranking
+    (:meth:`ragbatch.scoring.base.ExpressionMetric.intermediates`, e.g. the ranking
     metrics' matched ids) are computed once each over it, and every metric's expression
     is then evaluated over it in its own lazy ``select``, concurrently on Polars' thread
     count.

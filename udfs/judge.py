@@ -36,8 +36,8 @@ from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.rejudge import reasks_parse_failures
 from ragbatch.judge.run import JudgeRunner
-from ragbatch.metrics.base import Metric
-from ragbatch.metrics.cells import CELL_DTYPE
+from ragbatch.scoring.base import Metric
+from ragbatch.scoring.cells import CELL_DTYPE
 from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, MetricEntry, appended, engine_errors, parse_engine_spec
 

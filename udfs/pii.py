@@ -30,7 +30,7 @@ from ragbatch.core.columns import cell_column
 from ragbatch.config.job import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector, unsupported_reason
 from ragbatch.core.errors import ConfigError
-from ragbatch.metrics.base import Metric
+from ragbatch.scoring.base import Metric
 from ragbatch.metrics.pii_base import PiiMetric, PiiResults
 from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, cell_array, engine_errors

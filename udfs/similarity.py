@@ -24,7 +24,7 @@ import pyarrow as pa
 from ragbatch.core.columns import cell_column
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.core.errors import ConfigError
-from ragbatch.metrics.base import Metric, ModelMetric
+from ragbatch.scoring.base import Metric, ModelMetric
 from ragbatch.core.stages import StageKind
 from udfs.base import ActorStage, cell_array, engine_errors
 
@@ -40,7 +40,7 @@ class ModelStage(ActorStage):
         An ``embedding`` or ``cross_encoder`` engine spec, validated with the config's
         engine models.
     metrics : list of ModelMetric or dict
-        Built :class:`~ragbatch.metrics.base.ModelMetric` objects on this engine, or
+        Built :class:`~ragbatch.scoring.base.ModelMetric` objects on this engine, or
         ``{"name": str, "id": str, "params": dict}`` per metric; each must support the
         engine's type.
     ledger : ray actor handle, optional

@@ -57,7 +57,7 @@ class MetricFacts:
 def metric_facts(*runs: CommittedRun) -> dict[str, MetricFacts]:
     """Metric id -> :class:`MetricFacts` for every metric of ``runs`` (the first run that
     names an id wins), in the runs' config order."""
-    from ragbatch.core.registry import get_metric
+    from ragbatch.scoring.registry import get_metric
 
     out: dict[str, MetricFacts] = {}
     for run in runs:

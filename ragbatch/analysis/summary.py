@@ -133,7 +133,7 @@ class MetricInfo:
 
     @classmethod
     def of(cls, metric: Any) -> "MetricInfo":
-        """From a :class:`ragbatch.metrics.base.Metric` instance."""
+        """From a :class:`ragbatch.scoring.base.Metric` instance."""
         health = metric.health if getattr(metric, "kind", None) == "judge" else None
         low, high = metric.score_range
         return cls(metric.id, metric.name, bool(metric.boolean), (float(low), float(high)), health)

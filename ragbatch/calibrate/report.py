@@ -156,7 +156,7 @@ def _reliability_charts(cal: Any, rows: list[dict[str, Any]]) -> list[dict[str, 
 
 def _prompt_version(entry: dict[str, Any]) -> str | None:
     """The prompt version of a manifest's metric entry (None when it no longer builds)."""
-    from ragbatch.core.registry import get_metric
+    from ragbatch.scoring.registry import get_metric
 
     try:
         cls = get_metric(entry["name"])

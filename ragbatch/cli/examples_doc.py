@@ -1,6 +1,6 @@
 """docs/metric-examples.md: every metric's worked examples, generated from the classes.
 
-Each metric class carries worked examples: :class:`~ragbatch.metrics.base.Example` (an
+Each metric class carries worked examples: :class:`~ragbatch.scoring.base.Example` (an
 input row, params and the cell it must give) for the metrics computed without a model,
 :class:`~ragbatch.judge.metric.JudgeExample` (the same plus the judge's replies, in the
 order the metric asks for them) for the judge metrics. The tests run every one of them
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ragbatch.cli.metrics_doc import REGENERATE, _cell, worked_examples
-from ragbatch.metrics.base import Metric
+from ragbatch.scoring.base import Metric
 
 HEADER = f"""# Worked examples of every metric
 
@@ -36,11 +36,11 @@ def render_examples_markdown(metrics: Sequence[type[Metric]] | None = None) -> s
     """The whole text of docs/metric-examples.md, ending in one newline.
 
     ``metrics``: the metric classes, in order (default: every registered metric, sorted
-    by name, :func:`ragbatch.core.registry.all_metrics`); those without examples are
+    by name, :func:`ragbatch.scoring.registry.all_metrics`); those without examples are
     left out.
     """
     if metrics is None:
-        from ragbatch.core.registry import all_metrics
+        from ragbatch.scoring.registry import all_metrics
 
         metrics = all_metrics()
     parts = [HEADER]

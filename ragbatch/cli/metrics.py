@@ -13,7 +13,7 @@ from ragbatch.core.exit_codes import EXIT_INVALID, EXIT_OK
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from ragbatch.core.registry import all_metrics
+    from ragbatch.scoring.registry import all_metrics
 
     examples = getattr(args, "examples", False)
     if getattr(args, "config", None):

@@ -2,7 +2,7 @@
 
 Everything a metric declares (name, kind, inputs, engines, params with their types and
 defaults, score range, source, degenerate-input policy) comes from its class
-(:class:`ragbatch.metrics.base.Metric`); the statuses come from
+(:class:`ragbatch.scoring.base.Metric`); the statuses come from
 :data:`ragbatch.core.status.DESCRIPTIONS`. The few paragraphs that hold for many metrics at
 once are in :data:`GENERAL_NOTES` here. ``tests/test_metrics_doc.py`` checks that the
 committed docs/metrics.md is exactly :func:`render_markdown`'s output.
@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from ragbatch.core.status import DESCRIPTIONS, STATUSES
 
 if TYPE_CHECKING:
-    from ragbatch.metrics.base import Metric
+    from ragbatch.scoring.base import Metric
 
 #: The command that writes docs/metrics.md, named in its header.
 REGENERATE = "make docs"
@@ -107,10 +107,10 @@ def render_markdown(metrics: Sequence[type[Metric]] | None = None) -> str:
     """The whole text of docs/metrics.md, ending in one newline.
 
     ``metrics``: the metric classes to document, in order (default: every registered
-    metric, sorted by name, :func:`ragbatch.core.registry.all_metrics`).
+    metric, sorted by name, :func:`ragbatch.scoring.registry.all_metrics`).
     """
     if metrics is None:
-        from ragbatch.core.registry import all_metrics
+        from ragbatch.scoring.registry import all_metrics
 
         metrics = all_metrics()
     described = [(cls, cls.describe()) for cls in metrics]

@@ -20,7 +20,7 @@ class PlannedInput(Protocol):
     Attributes
     ----------
     config : ragbatch.config.job.JobConfig
-    metrics : list of ragbatch.metrics.base.Metric
+    metrics : list of ragbatch.scoring.base.Metric
         The run's metrics; readers use ``id`` and ``score_range``.
     read_tasks : list of ReadTask
         The input's read tasks, in read order (set when the input was inspected).

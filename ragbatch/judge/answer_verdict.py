@@ -10,7 +10,7 @@ from ragbatch.core.columns import ANSWER
 from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics.cells import Guard, PyCell, blank, missing
+from ragbatch.scoring.cells import Guard, PyCell, blank, missing
 
 #: The reply: a reason, then the verdict (generated in this order).
 SCHEMA: dict[str, Any] = {

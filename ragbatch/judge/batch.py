@@ -20,7 +20,7 @@ from ragbatch.core.columns import (
 )
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.run import JudgeCell, JudgeRunner
-from ragbatch.metrics.cells import guard_status
+from ragbatch.scoring.cells import guard_status
 
 #: Polars dtype of the per-cell judge record (:data:`ragbatch.core.columns.JUDGE_FIELDS`).
 JUDGE_DTYPE = pl.Struct(dict(pl.from_arrow(pa.schema(list(JUDGE_FIELDS)).empty_table()).schema))

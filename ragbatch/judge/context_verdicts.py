@@ -12,7 +12,7 @@ from ragbatch.core.columns import CONTEXTS
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, context_guards
+from ragbatch.scoring.cells import Guard, PyCell, context_guards
 
 #: The ``instructions_first`` layout's ask of a per-context verdict step.
 ASK = "Items in the reply: {n}."
@@ -34,7 +34,7 @@ class ContextVerdictMetric(VerdictMetric):
     takes ``{n}``, the number of contexts, and any fields :meth:`step_fields` gives),
     :attr:`nonblank` and :meth:`score_verdicts`. The step is also the metric's
     ``verdict_prompts`` (checked for the bare-verdict rewording when the class is
-    defined). Guards (:func:`~ragbatch.metrics.cells.context_guards`): a null value in
+    defined). Guards (:func:`~ragbatch.scoring.cells.context_guards`): a null value in
     any of :attr:`inputs`, a blank :attr:`nonblank`, an empty context list or one of
     blank chunks only are ``missing_input``.
     """

@@ -3,7 +3,7 @@
 A judge metric is a *program* per row: a generator that yields lists of requests
 (:class:`~ragbatch.judge.protocol.Ask` for the judge, :class:`Embed` for the embedding
 model), receives the parsed results in the same order, and finally returns the row's
-:class:`~ragbatch.metrics.cells.PyCell`. Multi-step metrics (extract statements, then
+:class:`~ragbatch.scoring.cells.PyCell`. Multi-step metrics (extract statements, then
 verify each) are two yields. The judge stage (:mod:`ragbatch.judge.run`) runs the
 programs of every row of a batch in lockstep, so each step is one batched engine call.
 
@@ -31,8 +31,8 @@ from ragbatch.judge.prompt import (
     build_messages,
 )
 from ragbatch.judge.protocol import Ask, Message
-from ragbatch.metrics.cells import Guard, PyCell, missing
-from ragbatch.metrics.base import Metric, StrictParams
+from ragbatch.scoring.cells import Guard, PyCell, missing
+from ragbatch.scoring.base import Metric, StrictParams
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class _JudgeEngineTypes:
 class JudgeMetric(Metric):
     """A metric computed by an LLM judge inside the judge stage's actor pool.
 
-    Subclasses set the :class:`~ragbatch.metrics.base.Metric` class attributes plus
+    Subclasses set the :class:`~ragbatch.scoring.base.Metric` class attributes plus
     :attr:`version` (bump it whenever a prompt, schema or scoring rule changes: it is
     part of every cache key) and :attr:`judge_examples`, and implement :meth:`program`.
     """

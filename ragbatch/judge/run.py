@@ -49,7 +49,7 @@ from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
 from ragbatch.judge.rejudge import Found, first_generation, rejudge_key
-from ragbatch.metrics.cells import PyCell
+from ragbatch.scoring.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from ragbatch.judge.parse import (
 from ragbatch.judge.prompt import numbered
 from ragbatch.judge.protocol import Ask, Message, OutputSpec
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
-from ragbatch.metrics.cells import Guard, PyCell, context_guards, share_cell
+from ragbatch.scoring.cells import Guard, PyCell, context_guards, share_cell
 
 #: Completion budget of a statements step whose task caps the list at 20 items: the
 #: longest reply the schema allows (MAX_STATEMENTS strings of STATEMENT_MAX_CHARS, at
@@ -55,7 +55,7 @@ class StatementVerdictMetric(VerdictMetric):
     ``{n}``), :attr:`statements_of`, :attr:`extracted`, :attr:`statements_max_tokens`,
     :attr:`verdict_max_tokens`, :attr:`no_statements` and :attr:`missed`; both steps
     take the fields of :meth:`step_fields` too. The verdict step is the metric's
-    ``verdict_prompts``. Guards (:func:`~ragbatch.metrics.cells.context_guards`): a null
+    ``verdict_prompts``. Guards (:func:`~ragbatch.scoring.cells.context_guards`): a null
     value in any of :attr:`inputs`, a blank :attr:`statements_of`, an empty context list or one
     of blank chunks only are ``missing_input``. A text with no statement is
     ``not_applicable`` (one judge call).

@@ -1,9 +1,10 @@
 """Metric definitions, one module per metric.
 
-Each module registers its metric with :func:`ragbatch.core.registry.register`; the registry
+Each module registers its metric with :func:`ragbatch.scoring.registry.register`; the registry
 imports every module here (:func:`load_all`) the first time a metric is looked up.
 Adding a metric means adding one file here. The modules of :data:`SUPPORT_MODULES` hold
-what the metrics share (base classes, cell helpers) and register nothing.
+what some metrics share and register nothing; the base classes and cell helpers all
+metrics and judges use live a layer below, in :mod:`ragbatch.scoring`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-#: Modules of this package that define no metric: the base classes
-#: (:mod:`ragbatch.metrics.base`, :mod:`ragbatch.metrics.pii_base`) and the cell helpers
-#: (:mod:`ragbatch.metrics.cells`). Private modules (a leading ``_``) are skipped too.
-SUPPORT_MODULES = ("base", "cells", "pii_base")
+#: Modules of this package that define no metric: the PII base class
+#: (:mod:`ragbatch.metrics.pii_base`). Private modules (a leading ``_``) are skipped too.
+SUPPORT_MODULES = ("pii_base",)
 
 
 def load_all() -> None:

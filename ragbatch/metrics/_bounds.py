@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field, model_validator
 
-from ragbatch.metrics.base import StrictParams
+from ragbatch.scoring.base import StrictParams
 
 
 class LengthBounds(StrictParams):

@@ -50,8 +50,8 @@ from pydantic import Field
 
 from ragbatch.core.columns import CONTEXT_IDS, ISSUES, RANKING, RELEVANCE, RELEVANT_IDS
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
-from ragbatch.metrics.base import ExpressionMetric, Intermediate, StrictParams
-from ragbatch.metrics.cells import Guard, frame_cells, missing
+from ragbatch.scoring.base import ExpressionMetric, Intermediate, StrictParams
+from ragbatch.scoring.cells import Guard, frame_cells, missing
 
 #: Largest ``k`` a config may give (far above any ranking a RAG system retrieves).
 K_MAX = 100_000

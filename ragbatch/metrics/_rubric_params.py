@@ -15,7 +15,7 @@ from pydantic import Field, StrictInt, field_validator
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.judge.metric import ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS
-from ragbatch.metrics.base import StrictParams
+from ragbatch.scoring.base import StrictParams
 
 #: The canonical columns a rubric may show the judge (the row's text; ``row_id`` and
 #: ``latency_s`` are not something a judge reads), in the order the prompt names them.

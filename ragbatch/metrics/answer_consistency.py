@@ -10,7 +10,7 @@ from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.statement_verdicts import LISTED_STATEMENTS_MAX_TOKENS, StatementVerdictMetric
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 #: Completion budget of the main-points step (at most 20 points).

@@ -10,7 +10,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics.cells import (
+from ragbatch.scoring.cells import (
     Guard,
     PyCell,
     blank,
@@ -18,7 +18,7 @@ from ragbatch.metrics.cells import (
     every_context_blank,
     missing,
 )
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import NOT_APPLICABLE
 
 #: The reply: a reason first (property names sort into generation order), then whether

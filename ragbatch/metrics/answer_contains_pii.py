@@ -7,7 +7,7 @@ from typing import ClassVar
 import polars as pl
 
 from ragbatch.core.columns import ANSWER
-from ragbatch.metrics.cells import PyCell
+from ragbatch.scoring.cells import PyCell
 from ragbatch.metrics.pii_base import (
     PiiMetric,
     PiiResults,
@@ -15,8 +15,8 @@ from ragbatch.metrics.pii_base import (
     describe_counts,
     detector_failure,
 )
-from ragbatch.metrics.base import Example
-from ragbatch.core.registry import register
+from ragbatch.scoring.base import Example
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import ERROR
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from ragbatch.metrics.cells import cell, missing
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import cell, missing
+from ragbatch.scoring.base import Example, ExpressionMetric, StrictParams
+from ragbatch.scoring.registry import register
 
 
 class AnswerMatchParams(StrictParams):

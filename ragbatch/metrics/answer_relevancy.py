@@ -13,8 +13,8 @@ from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, JudgeParams,
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import Guard, PyCell, blank, missing
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import Guard, PyCell, blank, missing
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 #: Longest generated question, in characters.

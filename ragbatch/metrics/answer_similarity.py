@@ -9,8 +9,8 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.metrics.cells import Guard, PyCell, blank, missing
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import Guard, PyCell, blank, missing
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 #: The replies the judge may give: one digit.

@@ -12,7 +12,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import (
+from ragbatch.scoring.cells import (
     Guard,
     PyCell,
     blank,
@@ -20,7 +20,7 @@ from ragbatch.metrics.cells import (
     every_context_blank,
     missing,
 )
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 #: Completion budget per context: a reason of REASON_MAX_CHARS (about 3 characters a

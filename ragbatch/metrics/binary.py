@@ -10,11 +10,11 @@ import polars as pl
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, LATENCY_S, QUESTION, REFERENCE, ROW_ID
-from ragbatch.metrics.cells import CELL_DTYPE, PyCell, to_cell_dict
+from ragbatch.scoring.cells import CELL_DTYPE, PyCell, to_cell_dict
 from ragbatch.metrics.callback_import import find_module_file, import_callback_module
-from ragbatch.metrics.base import ExpressionMetric, StrictParams
+from ragbatch.scoring.base import ExpressionMetric, StrictParams
 from ragbatch.core.reasons import NOT_QUOTED, cut, quote
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import ERROR, NOT_APPLICABLE
 
 #: Columns the callback sees, in this order.

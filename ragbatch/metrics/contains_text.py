@@ -7,9 +7,9 @@ from functools import lru_cache
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics.cells import frame_cells, missing
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import frame_cells, missing
+from ragbatch.scoring.base import Example, ExpressionMetric, StrictParams
+from ragbatch.scoring.registry import register
 
 
 class ContainsTextParams(StrictParams):

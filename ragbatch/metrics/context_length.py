@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 
 from ragbatch.metrics._bounds import LengthBounds
-from ragbatch.metrics.cells import Guard, details_json, frame_cells, missing
-from ragbatch.metrics.base import Example, ExpressionMetric
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import Guard, details_json, frame_cells, missing
+from ragbatch.scoring.base import Example, ExpressionMetric
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 

@@ -14,7 +14,7 @@ from ragbatch.judge.statement_verdicts import (
     STATEMENT_VERDICTS_ASK,
     StatementVerdictMetric,
 )
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 #: Completion budget of the statements step (at most 20 statements).

@@ -12,8 +12,8 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, ParseError
-from ragbatch.metrics.cells import Guard, PyCell, context_guards, share_cell
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import Guard, PyCell, context_guards, share_cell
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 #: The end of a sentence inside a line: one or more of ``.!?``, any closing quotes or

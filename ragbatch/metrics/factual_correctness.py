@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.health import HealthFields
@@ -19,7 +19,7 @@ from ragbatch.judge.protocol import Ask
 from ragbatch.judge.statement_verdicts import statements_ask
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric, VerdictParams
 from ragbatch.metrics import context_recall, faithfulness
-from ragbatch.metrics.cells import Guard, PyCell, blank, missing
+from ragbatch.scoring.cells import Guard, PyCell, blank, missing
 
 #: The answer's claims: the statement step of ``faithfulness``, word for word, under its
 #: name, so a stage running both metrics shows that instruction set once.

@@ -11,7 +11,7 @@ from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.statement_verdicts import STATEMENT_VERDICTS_ASK, StatementVerdictMetric
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 
 STATEMENTS_TASK = """\

@@ -9,7 +9,7 @@ from ragbatch.judge.health import HealthFields
 from ragbatch.judge.answer_verdict import AnswerVerdictMetric
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 TASK = """\

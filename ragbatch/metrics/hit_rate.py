@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.metrics._ranking import SHARED_POLICY, RankingMetric
-from ragbatch.metrics.base import Example
+from ragbatch.scoring.base import Example
 
 _R = {"context_ids": ["d1", "d2", "d3", "d4"], "relevant_ids": ["d2", "d4", "d9"]}
 

@@ -8,10 +8,10 @@ from typing import Any
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics.cells import PyCell, frame_cells, missing
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.scoring.cells import PyCell, frame_cells, missing
+from ragbatch.scoring.base import Example, ExpressionMetric, StrictParams
 from ragbatch.core.reasons import cut
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import OK
 
 

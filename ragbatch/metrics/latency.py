@@ -5,10 +5,10 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from ragbatch.metrics.cells import Guard, cell, missing, number_text
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.scoring.cells import Guard, cell, missing, number_text
+from ragbatch.scoring.base import Example, ExpressionMetric, StrictParams
 from ragbatch.core.reasons import number_text as number_text_of
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 

@@ -15,7 +15,7 @@ import polars as pl
 from pydantic import Field, field_validator
 
 from ragbatch.core.columns import ISSUES
-from ragbatch.metrics.base import ModelMetric, StrictParams
+from ragbatch.scoring.base import ModelMetric, StrictParams
 
 
 class PiiParams(StrictParams):
@@ -107,14 +107,14 @@ class PiiMetric(ModelMetric):
         Returns
         -------
         polars.Series
-            ``len(frame)`` cells of :data:`~ragbatch.metrics.cells.CELL_DTYPE`, named
+            ``len(frame)`` cells of :data:`~ragbatch.scoring.cells.CELL_DTYPE`, named
             after the metric id; ``score`` 1.0/0.0 when ``ok``. Null inputs get
-            :func:`~ragbatch.metrics.cells.missing` (the normalizer's note, which in a
+            :func:`~ragbatch.scoring.cells.missing` (the normalizer's note, which in a
             run with PII metrics never quotes the value); every other row gets the
             subclass's ``_cell``.
         """
         from ragbatch.core.columns import NULLABLE_INPUTS
-        from ragbatch.metrics.cells import CELL_DTYPE, missing, python_cells
+        from ragbatch.scoring.cells import CELL_DTYPE, missing, python_cells
 
         column = self.inputs[0]
         wanted = self.params.pii_types

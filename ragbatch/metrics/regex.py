@@ -9,10 +9,10 @@ from typing import Any
 import polars as pl
 from pydantic import Field, field_validator
 
-from ragbatch.metrics.cells import PyCell, cell, details_json, missing, python_cells
-from ragbatch.metrics.base import Example, ExpressionMetric, StrictParams
+from ragbatch.scoring.cells import PyCell, cell, details_json, missing, python_cells
+from ragbatch.scoring.base import Example, ExpressionMetric, StrictParams
 from ragbatch.core.regex_compat import Translation, translate
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import ERROR, TIMEOUT
 from ragbatch.core.time_limit import TIMED_OUT, Failed, map_with_time_limit
 

@@ -9,8 +9,8 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
-from ragbatch.metrics.cells import PyCell, share_cell
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import PyCell, share_cell
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
 TASK = """\

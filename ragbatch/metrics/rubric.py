@@ -8,7 +8,7 @@ from pydantic import BaseModel, ValidationError
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.core.errors import ConfigError
-from ragbatch.core.registry import register
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
@@ -16,8 +16,8 @@ from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask
 from ragbatch.metrics import _rubric_prompt as prompt
 from ragbatch.metrics._rubric_params import RubricParams, describe_scale, rubric_problems
-from ragbatch.metrics.cells import Guard, PyCell, blank, empty_contexts, every_context_blank
-from ragbatch.metrics.cells import missing
+from ragbatch.scoring.cells import Guard, PyCell, blank, empty_contexts, every_context_blank
+from ragbatch.scoring.cells import missing
 
 #: Params of the worked examples below: a 1-5 scale on the question and the answer.
 _SCALE = {

@@ -22,9 +22,9 @@ import polars as pl
 from ragbatch.core.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
 from ragbatch.engines.sentence_transformers import LoadedModel
 from ragbatch.core.errors import EngineError
-from ragbatch.metrics.cells import CELL_DTYPE, Guard, batch_cells, blank, missing
-from ragbatch.metrics.base import Example, ModelMetric
-from ragbatch.core.registry import register
+from ragbatch.scoring.cells import CELL_DTYPE, Guard, batch_cells, blank, missing
+from ragbatch.scoring.base import Example, ModelMetric
+from ragbatch.scoring.registry import register
 from ragbatch.core.status import ERROR
 
 logger = logging.getLogger(__name__)
@@ -299,7 +299,7 @@ class SemanticSimilarity(ModelMetric):
         Returns
         -------
         polars.Series
-            Named after the metric id, dtype :data:`~ragbatch.metrics.cells.CELL_DTYPE`,
+            Named after the metric id, dtype :data:`~ragbatch.scoring.cells.CELL_DTYPE`,
             ``len(frame)`` cells in row order. ``score`` is Float64 in [0, 1] when the
             status is ``ok`` and null otherwise; ``details`` is ``{"cosine": c}``
             (embedding) or ``{"logit": z}`` (cross-encoder); ``model`` is

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ragbatch.core.errors import ConfigError
-from ragbatch.metrics.base import Metric
+from ragbatch.scoring.base import Metric
 
 #: Never copied from a shipped package folder.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".git")

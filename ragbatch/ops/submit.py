@@ -42,7 +42,7 @@ from ragbatch.config.job import JobConfig, load_config
 from ragbatch.core.errors import ClusterError, ConfigError, JobNotFoundError
 from ragbatch.core.exit_codes import EXIT_FAILED, EXIT_OK
 from ragbatch.core.ids import check_id
-from ragbatch.metrics.base import Metric
+from ragbatch.scoring.base import Metric
 from ragbatch.core.redact import redact_url
 from ragbatch.core.run_date import choose_run_date
 

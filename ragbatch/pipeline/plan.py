@@ -17,10 +17,10 @@ from ragbatch.config.job import JobConfig, engine_adapter
 from ragbatch.core.engine_registry import engine_of
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
-from ragbatch.metrics.base import ExpressionMetric, Metric, ModelMetric
+from ragbatch.scoring.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.core.placement import Node, StageDemand, accelerator_problems
 from ragbatch.core.pool_sizing import PoolChoice
-from ragbatch.core.registry import get_metric
+from ragbatch.scoring.registry import get_metric
 from ragbatch.core.stages import StageKind
 
 
@@ -322,7 +322,7 @@ def build_plan(config: JobConfig, *, inspect_input: bool = True) -> Plan:
 
 def _unmapped_inputs(config: JobConfig, metrics: list[Metric]) -> list[str]:
     """The metrics' problems with the canonical columns ``input.columns`` leaves unmapped
-    (:meth:`~ragbatch.metrics.base.Metric.check_input`), each after the metric's place in
+    (:meth:`~ragbatch.scoring.base.Metric.check_input`), each after the metric's place in
     the config (``metrics[i]: ...``)."""
     mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
     where = {spec.metric_id: f"metrics[{i}]" for i, spec in enumerate(config.metrics)}

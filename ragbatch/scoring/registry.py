@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ragbatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ragbatch.metrics.base import Metric
+    from ragbatch.scoring.base import Metric
 
 _REGISTRY: dict[str, type["Metric"]] = {}
 _loaded = False

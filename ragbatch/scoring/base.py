@@ -246,7 +246,7 @@ class ModelMetric(Metric):
 
     ``engine_types`` lists the engine ``type`` values the metric works with; when the
     config names no engine, :attr:`default_engine` (an engine spec mapping) is used.
-    Input guards are Polars expressions (see :mod:`ragbatch.metrics.cells`) so that null
+    Input guards are Polars expressions (see :mod:`ragbatch.scoring.cells`) so that null
     and empty inputs are settled before any model call.
     """
 
