@@ -9,12 +9,16 @@ from typing import Any, Literal, Sequence
 import pytest
 
 from ragbatch.calibrate.config import calibration_from_dict
-from ragbatch.config.job import JobConfig, JudgeSettings, OpenAIEngine, VllmEngine
+from ragbatch.config.engine_spec import JudgeSettings
+from ragbatch.config.job import JobConfig
 from ragbatch.engines import load_judge_engine
+from ragbatch.engines.openai import OpenAIEngine
+from ragbatch.engines.vllm import VllmEngine
 from ragbatch.core.engine_registry import (
     EngineType,
     engine_names,
     engine_of,
+    engine_types,
     register_engine,
     unregister_engine,
 )
@@ -95,12 +99,55 @@ def _config(engines: dict, metrics: list[dict]) -> dict:
 
 
 FAKE_ENTRY = {"kind": FAKE, "model": "echo-1", "flavour": "salty"}
+#: The judge engines registered before the fake one.
+JUDGES = engine_names("judge")
 
 
-def test_built_in_engine_types_in_order():
-    assert engine_names() == ("embedding", "cross_encoder", "vllm", "openai", "presidio")
-    assert engine_names("judge") == ("vllm", "openai")
-    assert JudgeMetric.engine_types == ("vllm", "openai")
+def test_each_built_in_engine_is_one_module_of_the_engines_package():
+    import pkgutil
+
+    import ragbatch.engines
+
+    modules = {f"ragbatch.engines.{m.name}" for m in pkgutil.iter_modules(ragbatch.engines.__path__)}
+    built_in = [e for e in engine_types() if e.spec.__module__ in modules]
+    assert built_in == engine_types()  # nothing else is installed in this environment
+    for entry in built_in:
+        # spec model, adapter and registration in one module
+        assert isinstance(entry.loader, str)
+        assert entry.loader.partition(":")[0] == entry.spec.__module__, entry.name
+    assert [e.order for e in built_in] == sorted(e.order for e in built_in)
+    assert engine_names("judge") == tuple(e.name for e in built_in if e.stage == "judge")
+    assert JudgeMetric.engine_types == engine_names("judge")
+    assert set(engine_names()) >= {"embedding", "vllm", "presidio"}  # the synonyms' targets
+
+
+def test_an_unknown_type_names_the_field_and_the_known_types():
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict(_config({"j": {"kind": "vlm", "model": "m"}}, [{"name": "faithfulness"}]))
+    known = ", ".join(engine_names())
+    assert str(err.value) == (
+        f"engines.j.type: unknown engine type 'vlm' (did you mean 'vllm'?); the engine types "
+        f"are {known}"
+    )
+    with pytest.raises(ConfigError, match="engines.j.type: required field is missing"):
+        JobConfig.from_dict(_config({"j": {"model": "m"}}, [{"name": "faithfulness"}]))
+
+
+def test_engine_modules_do_not_import_their_backends():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ragbatch.engines.vllm, ragbatch.engines.openai, "
+        "ragbatch.engines.sentence_transformers, ragbatch.engines.presidio\n"
+        "from ragbatch.config.job import JobConfig\n"
+        "JobConfig.from_dict({'input': {'uri': 'x.csv'}, 'output': {'uri': 'o'}, "
+        "'metrics': [{'name': 'exact_match'}], 'engines': {'e': {'kind': 'vllm', 'model': 'm'}}})\n"
+        "heavy = ('vllm', 'torch', 'ray', 'presidio_analyzer', 'sentence_transformers', 'openai')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_fake_engine_validates_in_a_config_and_unregisters(fake_engine):
@@ -114,7 +161,7 @@ def test_fake_engine_validates_in_a_config_and_unregisters(fake_engine):
             _config({"j": {**FAKE_ENTRY, "flavor": "x"}}, [{"name": "faithfulness", "engine": "j"}])
         )
     assert "engines.j.flavor: unknown field (did you mean 'flavour'" in str(err.value)
-    assert JudgeMetric.engine_types == ("vllm", "openai", FAKE)
+    assert JudgeMetric.engine_types == (*JUDGES, FAKE)
     calibration = calibration_from_dict(
         {
             "input": {"uri": "in.parquet"},
@@ -130,8 +177,8 @@ def test_fake_engine_validates_in_a_config_and_unregisters(fake_engine):
     unregister_engine(FAKE)
     with pytest.raises(ConfigError) as err:
         JobConfig.from_dict(_config({"j": FAKE_ENTRY}, [{"name": "faithfulness", "engine": "j"}]))
-    assert "does not match any of the expected tags" in str(err.value)
-    assert JudgeMetric.engine_types == ("vllm", "openai")
+    assert "engines.j.type: unknown engine type 'fake_echo'" in str(err.value)
+    assert JudgeMetric.engine_types == JUDGES
     register_engine(FAKE_TYPE)
 
 

@@ -21,19 +21,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ragbatch.config.engine_spec import EngineSpec
 from ragbatch.config.job import (
     CacheSection,
-    EngineSpec,
     InputSection,
     MetricSpec,
     OutputSection,
     _describe,
-    normalize_engine,
     read_yaml,
 )
-from ragbatch.core.engine_registry import engine_names, on_change
+from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 
@@ -96,6 +95,8 @@ class CalibrationConfig(_Strict):
     limit: int | None = Field(None, ge=1)
     pairs: PairsSection | None = None
     output: OutputSection
+    #: Validated as a job's ``engines`` (:mod:`ragbatch.config.engine_spec`: synonyms,
+    #: the registry's spec models).
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     #: Engine names; each judge's scores are run ``<calibration id>-<judge>``, so each is
     #: checked as a path segment (:mod:`ragbatch.core.ids`).
@@ -105,13 +106,6 @@ class CalibrationConfig(_Strict):
     cache: CacheSection = Field(default_factory=CacheSection)
     bootstrap: BootstrapSection = Field(default_factory=BootstrapSection)
     top_disagreements: int = Field(10, ge=0)
-
-    @field_validator("engines", mode="before")
-    @classmethod
-    def _engine_synonyms(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: normalize_engine(v) for k, v in value.items()}
-        return value
 
     @model_validator(mode="after")
     def _names_known(self) -> "CalibrationConfig":
@@ -144,9 +138,6 @@ class CalibrationConfig(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-on_change(lambda: CalibrationConfig.model_rebuild(force=True))  # its `engines` union
 
 
 def load_calibration(path: str | Path) -> CalibrationConfig:

