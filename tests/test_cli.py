@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from ragbatch.cli import main
+from ragbatch.core.engine_registry import engine_names
 from ragbatch.scoring.registry import all_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,11 +50,13 @@ def test_metrics_lists_every_metric(capsys):
     assert {d["name"] for d in json.loads(out)} == {c.name for c in all_metrics()}
 
 
+#: The judge engine types, from the engine registry.
+JUDGES = list(engine_names("judge"))
 #: The engines a metric needs, as docs/judges.md and the metric docs describe them.
 ENGINES = {
-    "faithfulness": (["vllm", "openai"], []),
-    "context_relevancy": (["vllm", "openai"], []),
-    "answer_relevancy": (["vllm", "openai"], ["embedding"]),
+    "faithfulness": (JUDGES, []),
+    "context_relevancy": (JUDGES, []),
+    "answer_relevancy": (JUDGES, ["embedding"]),
     "semantic_similarity": (["embedding", "cross_encoder"], []),
     "answer_contains_pii": (["presidio"], []),
     "context_contains_pii": (["presidio"], []),
@@ -73,7 +76,7 @@ def test_metrics_says_which_engine_each_metric_needs(capsys):
     for d in described.values():
         assert {"engine", "second_engine"} <= set(d), d["name"]
         if d["kind"] == "judge":
-            assert d["engine"] == ["vllm", "openai"], d["name"]
+            assert d["engine"] == JUDGES, d["name"]
         if d["kind"] == "expression":
             assert d["engine"] == [] and d["second_engine"] == [], d["name"]
     code, out, _ = _run(capsys, "metrics")
@@ -83,8 +86,8 @@ def test_metrics_says_which_engine_each_metric_needs(capsys):
         for i, line in enumerate(lines)
         if "  [" in line and not line.startswith(" ")
     }
-    assert engine_of["faithfulness"] == "engine: vllm or openai"
-    assert engine_of["answer_relevancy"] == "engine: vllm or openai, and embedding"
+    assert engine_of["faithfulness"] == f"engine: {' or '.join(JUDGES)}"
+    assert engine_of["answer_relevancy"] == f"engine: {' or '.join(JUDGES)}, and embedding"
     assert engine_of["semantic_similarity"] == "engine: embedding or cross_encoder"
     assert engine_of["answer_contains_pii"] == "engine: presidio"
     assert engine_of["exact_match"] == "engine: none"

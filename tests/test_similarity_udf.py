@@ -267,7 +267,7 @@ def test_actor_stage_blocks_are_cut_to_batches(ray_local):
     # as blocks of at most ACTOR_BLOCK_BATCHES * 4 rows, every row once.
     import ray.data
 
-    from ragbatch.pipeline.runner import ACTOR_BLOCK_BATCHES, _actor_sized_blocks
+    from ragbatch.pipeline.stage_builders import ACTOR_BLOCK_BATCHES, _actor_sized_blocks
 
     table = pa.table({"row_id": [f"r{i}" for i in range(1000)], "answer": ["猫 🍕"] * 1000})
     ds = _actor_sized_blocks(ray.data.from_arrow(table), 4).materialize()

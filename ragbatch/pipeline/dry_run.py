@@ -302,7 +302,7 @@ def _stage_plans(plan: Any, where: str = "this machine") -> list[StagePlan]:
             out.append(
                 StagePlan(
                     stage.name,
-                    stage.kind.value,
+                    str(stage.kind),
                     metrics,
                     notes=["Ray tasks, no actors (one Polars pass per batch)"],
                 )
@@ -311,7 +311,7 @@ def _stage_plans(plan: Any, where: str = "this machine") -> list[StagePlan]:
         spec = stage.engine
         item = StagePlan(
             stage.name,
-            stage.kind.value,
+            str(stage.kind),
             metrics,
             f"{stage.engine_name} ({spec.type})",
             _actors(spec.concurrency),

@@ -21,14 +21,18 @@ from ragbatch.scoring.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.core.placement import Node, StageDemand, accelerator_problems
 from ragbatch.core.pool_sizing import PoolChoice
 from ragbatch.scoring.registry import get_metric
-from ragbatch.core.stages import StageKind
+from ragbatch.core.stages import StageKind, stage_kind, stage_types
 
 
 @dataclass
 class Stage:
-    """One pipeline stage: all expression metrics, or the model metrics of one engine."""
+    """One pipeline stage: all expression metrics, or the metrics of one engine.
 
-    kind: StageKind  # a plain string is converted (ValueError: not a kind)
+    ``kind`` is a registered stage kind (:mod:`ragbatch.core.stages`): a plain string is
+    converted to its :class:`~ragbatch.core.stages.StageKind` member when it is a built-in
+    kind (ValueError: not a registered kind)."""
+
+    kind: StageKind | str
     name: str
     metrics: list[Metric]
     engine_name: str | None = None
@@ -38,12 +42,12 @@ class Stage:
     pool: PoolChoice | None = None
 
     def __post_init__(self) -> None:
-        self.kind = StageKind(self.kind)
+        self.kind = stage_kind(self.kind)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "stage": self.name,
-            "kind": self.kind.value,
+            "kind": str(self.kind),
             "metrics": [m.id for m in self.metrics],
         }
         if self.engine is not None:
@@ -263,20 +267,26 @@ def _engine_problems(engines: dict[str, Any]) -> list[str]:
 
 
 def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
+    """The plan's stages, in the order of the stage-kind registry
+    (:func:`ragbatch.core.stages.stage_types`): the stage without actors holds every
+    expression metric; each stage kind with actors gets one stage per engine whose
+    engine type runs in it (:attr:`ragbatch.core.engine_registry.EngineType.stage`),
+    holding the metrics that name that engine."""
     stages: list[Stage] = []
-    expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
-    if expression:
-        stages.append(Stage(StageKind.EXPRESSION, "expressions", expression))
-    for kind in (StageKind.PII, StageKind.MODEL):
-        of_kind = [m for m in metrics if isinstance(m, ModelMetric) and m.kind == kind]
+    for kind in stage_types():
+        if not kind.actors:
+            expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
+            if expression:
+                stages.append(Stage(kind.name, "expressions", expression))
+            continue
+        of_kind = [
+            m
+            for m in metrics
+            if m.engine is not None and engine_of(engines[m.engine]).stage == kind.name
+        ]
         for name in dict.fromkeys(m.engine for m in of_kind):
             members = [m for m in of_kind if m.engine == name]
-            stages.append(Stage(kind, f"{kind.value}:{name}", members, name, engines[name]))
-    for name in dict.fromkeys(m.engine for m in metrics if isinstance(m, JudgeMetric)):
-        members = [m for m in metrics if isinstance(m, JudgeMetric) and m.engine == name]
-        stages.append(
-            Stage(StageKind.JUDGE, f"{StageKind.JUDGE.value}:{name}", members, name, engines[name])
-        )
+            stages.append(Stage(kind.name, f"{kind.name}:{name}", members, name, engines[name]))
     return stages
 
 
@@ -338,6 +348,9 @@ def preflight_engines(plan: Plan) -> None:
     judge engine of the plan (:mod:`ragbatch.core.engine_registry`): for an OpenAI-compatible
     server, that it answers and serves its model (a few seconds at most).
 
+    Engines of other stage kinds run their ``preflight`` hook too (the built-in ones
+    have none).
+
     Raises
     ------
     EngineError
@@ -347,7 +360,7 @@ def preflight_engines(plan: Plan) -> None:
     from ragbatch.core.errors import EngineError
 
     for stage in plan.stages:
-        if stage.kind is not StageKind.JUDGE:
+        if stage.engine is None:
             continue
         try:
             engine_of(stage.engine).check(stage.engine)

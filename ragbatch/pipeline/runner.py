@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,6 @@ from typing import Any
 
 from ragbatch.analysis.summary import RunSummary, summarize_run, summary_settings
 from ragbatch.config.job import JobConfig
-from ragbatch.core.columns import ROW_ID
 from ragbatch.core.errors import InputError, OutputError, RunInterrupted
 from ragbatch.core.ids import check_id
 from ragbatch.io.budget import check_error_budget
@@ -33,7 +32,8 @@ from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.judge.cache_upkeep import settle_journal
 from ragbatch.pipeline.manifest import build_manifest
 from ragbatch.io.manifest_model import Manifest
-from ragbatch.pipeline.plan import Plan, Stage, build_plan, preflight_engines
+from ragbatch.pipeline.plan import Plan, build_plan, preflight_engines
+from ragbatch.pipeline.stage_builders import StageRun, chain_stages
 from ragbatch.pipeline.in_process import choose_executor, execute_in_process
 from ragbatch.pipeline.ray_paths import start_data_actors, start_local_ray, worker_pythonpath
 from ragbatch.core.run_date import choose_run_date, today_utc
@@ -489,7 +489,7 @@ def _run_pipeline(
         ds = ds.map_batches(
             drop_rows, batch_format="pyarrow", fn_kwargs={"row_ids": ray.put(sorted(done_rows))}
         )
-    ds = _score(ds, plan, judge_ledger, ledger, layout.run_id)
+    ds = chain_stages(ds, plan, StageRun(judge_ledger, ledger, layout.run_id))
     own = None
     try:
         _write(ds, layout, scores_dir)
@@ -655,152 +655,6 @@ def _source(plan: Plan, ledger: Any) -> tuple[Any, int | None]:
         },
     )
     return ds, None
-
-
-def _score(
-    ds: Any, plan: Plan, judge_ledger: Any = None, ledger: Any = None, run_id: str | None = None
-) -> Any:
-    """Chain the metric stages and the wide-to-long stage (``run_id`` stamps what judge
-    stages write to the judgment cache)."""
-    from udfs.expressions import expression_stage
-    from udfs.scores import to_long
-
-    last_actor = max((i for i, s in enumerate(plan.stages) if s.engine is not None), default=-1)
-    for i, stage in enumerate(plan.stages):
-        if stage.kind is StageKind.EXPRESSION:
-            ds = ds.map_batches(
-                expression_stage, batch_format="pyarrow", fn_kwargs={"metrics": stage.metrics}
-            )
-            continue
-        ds = _actor_sized_blocks(ds, stage.engine.batch_size)
-        # The last actor stage passes on only what the scores table is built from.
-        keep = _long_table_columns(plan) if i == last_actor else None
-        ds = ACTOR_STAGES[stage.kind](ds, plan, stage, judge_ledger, ledger, run_id, keep)
-    return ds.map_batches(
-        to_long,
-        batch_format="pyarrow",
-        fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names},
-    )
-
-
-def _long_table_columns(plan: Plan) -> list[str]:
-    """The columns :func:`udfs.scores.to_long` reads besides the pipeline's own (cells,
-    judge fields): ``row_id`` and the slice columns."""
-    return [ROW_ID, *plan.slice_names]
-
-
-#: An actor stage receives blocks of at most this many of its batches. A read task's block
-#: (up to 100,000 rows) would otherwise go whole to one actor: on a slow model that is
-#: one call of hours, the other actors of the pool idle beside it and the progress bar
-#: still. A few batches a block keep Ray Data's cost per task small against the batches'.
-ACTOR_BLOCK_BATCHES = 4
-
-
-def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
-    """``ds`` cut into blocks of at most ``ACTOR_BLOCK_BATCHES * batch_size`` rows (Ray
-    Data's streaming repartition; smaller blocks pass as they are, or are joined up to
-    that size). Ray Data versions without it return ``ds`` unchanged."""
-    import inspect
-
-    if "target_num_rows_per_block" not in inspect.signature(ds.repartition).parameters:
-        return ds
-    return ds.repartition(target_num_rows_per_block=ACTOR_BLOCK_BATCHES * batch_size)
-
-
-def _actor_stage(ds: Any, stage: Stage, cls: type, **kwargs: Any) -> Any:
-    """``ds`` through an actor pool of ``cls`` (an :class:`udfs.base.ActorStage`) for
-    ``stage``, handed the stage's built metrics (pickled with its constructor
-    arguments) and ``kwargs`` (``keep_columns`` among them)."""
-    from udfs.base import stage_options
-
-    spec = stage.engine.model_dump(mode="json")
-    return ds.map_batches(
-        cls,
-        batch_format="pyarrow",
-        fn_constructor_kwargs={
-            "engine_name": stage.engine_name,
-            "engine_spec": spec,
-            "metrics": list(stage.metrics),
-            **kwargs,
-        },
-        **stage_options(spec),
-    )
-
-
-def _model_stage(
-    ds: Any,
-    plan: Plan,
-    stage: Stage,
-    judge_ledger: Any,
-    ledger: Any,
-    run_id: str | None,
-    keep: list[str] | None = None,
-) -> Any:
-    from udfs.similarity import ModelStage
-
-    return _actor_stage(ds, stage, ModelStage, ledger=ledger, keep_columns=keep)
-
-
-def _pii_stage(
-    ds: Any,
-    plan: Plan,
-    stage: Stage,
-    judge_ledger: Any,
-    ledger: Any,
-    run_id: str | None,
-    keep: list[str] | None = None,
-) -> Any:
-    from udfs.pii import PiiStage
-
-    return _actor_stage(ds, stage, PiiStage, ledger=ledger, keep_columns=keep)
-
-
-def _judge_stage(
-    ds: Any,
-    plan: Plan,
-    stage: Stage,
-    judge_ledger: Any,
-    ledger: Any,
-    run_id: str | None,
-    keep: list[str] | None = None,
-) -> Any:
-    from udfs.judge import judge_stage_class
-
-    embedders = {
-        name: plan.engines[name].model_dump(mode="json")
-        for m in stage.metrics
-        for name in m.embedders()
-    }
-    cache = None
-    if plan.config.cache.enabled:
-        uri, options = plan.config.cache_location()
-        cache = {
-            "uri": uri,
-            "storage_options": options,
-            "run_id": run_id,
-            "rejudge": list(plan.config.cache.rejudge or []),
-        }
-    return _actor_stage(
-        ds,
-        stage,
-        judge_stage_class(stage.engine),
-        embedders=embedders,
-        cache=cache,
-        ledger=judge_ledger,
-        run_ledger=ledger,
-        keep_columns=keep,
-    )
-
-
-#: The function that adds an actor stage of each kind to the pipeline:
-#: ``(ds, plan, stage, judge_ledger, run_ledger, run_id, keep_columns) -> ds``.
-ACTOR_STAGES: dict[
-    StageKind, Callable[[Any, Plan, Stage, Any, Any, str | None, list[str] | None], Any]
-] = {
-    StageKind.MODEL: _model_stage,
-    StageKind.PII: _pii_stage,
-    StageKind.JUDGE: _judge_stage,
-}
 
 
 def _write(ds: Any, layout: OutputLayout, scores_dir: str) -> None:
