@@ -108,7 +108,9 @@ def test_each_built_in_engine_is_one_module_of_the_engines_package():
 
     import ragbatch.engines
 
-    modules = {f"ragbatch.engines.{m.name}" for m in pkgutil.iter_modules(ragbatch.engines.__path__)}
+    modules = {
+        f"ragbatch.engines.{m.name}" for m in pkgutil.iter_modules(ragbatch.engines.__path__)
+    }
     built_in = [e for e in engine_types() if e.spec.__module__ in modules]
     assert built_in == engine_types()  # nothing else is installed in this environment
     for entry in built_in:
@@ -123,7 +125,9 @@ def test_each_built_in_engine_is_one_module_of_the_engines_package():
 
 def test_an_unknown_type_names_the_field_and_the_known_types():
     with pytest.raises(ConfigError) as err:
-        JobConfig.from_dict(_config({"j": {"kind": "vlm", "model": "m"}}, [{"name": "faithfulness"}]))
+        JobConfig.from_dict(
+            _config({"j": {"kind": "vlm", "model": "m"}}, [{"name": "faithfulness"}])
+        )
     known = ", ".join(engine_names())
     assert str(err.value) == (
         f"engines.j.type: unknown engine type 'vlm' (did you mean 'vllm'?); the engine types "

@@ -120,8 +120,7 @@ class EngineType:
         kinds = stage_kind_names(actors=True)
         if self.stage not in kinds:
             raise ValueError(
-                f"engine type {self.name!r}: stage {self.stage!r} is not one of "
-                f"{', '.join(kinds)}"
+                f"engine type {self.name!r}: stage {self.stage!r} is not one of {', '.join(kinds)}"
             )
         tag = getattr(self.spec, "model_fields", {}).get("type")
         if tag is None or getattr(tag.annotation, "__args__", None) != (self.name,):

@@ -84,8 +84,9 @@ def load_entry_points(group: str, register: Callable[[Any], Any]) -> list[str]:
             if point.attr:
                 register(obj)
         except Exception as exc:  # a third-party module: any failure is reported, not raised
-            log.warning("entry point %s = %s of %s failed to load: %s", point.name, point.value,
-                        group, exc)
+            log.warning(
+                "entry point %s = %s of %s failed to load: %s", point.name, point.value, group, exc
+            )
             continue
         loaded.append(f"{point.name} = {point.value}")
     return loaded
