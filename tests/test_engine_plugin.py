@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -58,6 +59,7 @@ def _fresh_venv(root: Path) -> Path:
 @pytest.mark.slow
 def test_an_installed_engine_runs_a_job_on_ray(tmp_path):
     python = _fresh_venv(tmp_path / "venv")
+    plugin = shutil.copytree(PLUGIN, tmp_path / PLUGIN.name)  # pip builds in the folder
     install = subprocess.run(
         [
             sys.executable,
@@ -70,7 +72,7 @@ def test_an_installed_engine_runs_a_job_on_ray(tmp_path):
             "--no-build-isolation",
             "--no-index",
             "--quiet",
-            str(PLUGIN),
+            str(plugin),
         ],
         capture_output=True,
         text=True,

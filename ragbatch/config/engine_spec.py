@@ -172,7 +172,8 @@ def validate_engine(value: Any) -> Any:
         raise ValidationError.from_exception_data(
             "engine", [InitErrorDetails(type=error, loc=("type",), input=tag)]
         )
-    return entry.spec.model_validate(value)
+    model: type[BaseModel] = entry.spec
+    return model.model_validate(value)
 
 
 class _EngineSpec:

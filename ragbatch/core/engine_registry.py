@@ -151,7 +151,10 @@ class EngineType:
             The adapter or its backend is not installed (the message gives
             :attr:`install`), or the adapter's own load fails.
         """
-        return self._hook(self.loader)(spec)
+        loader = self._hook(self.loader)
+        if loader is None:
+            raise EngineError(f"engine type {self.name!r} has no loader")
+        return loader(spec)
 
     def engine_identities(self, spec: Any) -> list[Identity]:
         """The (model id, sampling key) pairs the engine will record; see
@@ -308,7 +311,7 @@ def engine_of(spec: Any) -> EngineType:
     ConfigError
         ``spec.type`` is not a registered engine type.
     """
-    return engine_type(getattr(spec, "type", None), "engine spec")
+    return engine_type(str(getattr(spec, "type", None)), "engine spec")
 
 
 def engine_types(stage: str | None = None) -> list[EngineType]:

@@ -217,7 +217,7 @@ def _resolve_engine(
         name = f"default_{default.type}"
         engines.setdefault(name, default)
     spec = engines[name]
-    if spec.type not in cls.engine_types:  # type: ignore[attr-defined]
+    if spec.type not in cls.engine_types:
         raise ConfigError(
             f"{where}.engine: engine {name!r} has type {spec.type!r}, but {cls.name} needs "
             f"{' or '.join(repr(t) for t in cls.engine_types)}"
@@ -232,7 +232,7 @@ def _pii_problems(metrics: list[Metric], engines: dict[str, Any]) -> list[str]:
 
     pii = [m for m in metrics if isinstance(m, PiiMetric)]
     problems: list[str] = []
-    for name in dict.fromkeys(m.engine for m in pii):
+    for name in dict.fromkeys(m.engine for m in pii if m.engine is not None):
         from ragbatch.engines.presidio import supported_entities, unsupported_reason
 
         try:
@@ -273,19 +273,15 @@ def _stages(metrics: list[Metric], engines: dict[str, Any]) -> list[Stage]:
     engine type runs in it (:attr:`ragbatch.core.engine_registry.EngineType.stage`),
     holding the metrics that name that engine."""
     stages: list[Stage] = []
+    named = list(dict.fromkeys(m.engine for m in metrics if m.engine is not None))
     for kind in stage_types():
         if not kind.actors:
-            expression = [m for m in metrics if isinstance(m, ExpressionMetric)]
+            expression: list[Metric] = [m for m in metrics if isinstance(m, ExpressionMetric)]
             if expression:
                 stages.append(Stage(kind.name, "expressions", expression))
             continue
-        of_kind = [
-            m
-            for m in metrics
-            if m.engine is not None and engine_of(engines[m.engine]).stage == kind.name
-        ]
-        for name in dict.fromkeys(m.engine for m in of_kind):
-            members = [m for m in of_kind if m.engine == name]
+        for name in [n for n in named if engine_of(engines[n]).stage == kind.name]:
+            members = [m for m in metrics if m.engine == name]
             stages.append(Stage(kind.name, f"{kind.name}:{name}", members, name, engines[name]))
     return stages
 

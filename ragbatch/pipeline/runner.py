@@ -151,6 +151,7 @@ def run_job(
         )
 
         t1 = time.perf_counter()
+        ray_info: dict[str, Any]
         if executor == "in_process":
             ray_info = {"executor": "in_process", "address": None, "started_locally": False}
             done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)

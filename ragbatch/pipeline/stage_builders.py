@@ -17,6 +17,7 @@ from typing import Any
 
 from ragbatch.core.columns import ROW_ID
 from ragbatch.core.stages import stage_type
+from ragbatch.judge.metric import JudgeMetric
 from ragbatch.pipeline.plan import Plan, Stage
 
 #: An actor stage receives blocks of at most this many of its batches. A read task's block
@@ -155,6 +156,7 @@ def judge_stage(ds: Any, plan: Plan, stage: Stage, run: StageRun) -> Any:
     embedders = {
         name: plan.engines[name].model_dump(mode="json")
         for m in stage.metrics
+        if isinstance(m, JudgeMetric)
         for name in m.embedders()
     }
     cache = None
