@@ -124,6 +124,12 @@ def register_stage_kind(entry: StageType) -> StageType:
     return entry
 
 
+def unregister_stage_kind(name: str) -> None:
+    """Remove the entry ``name`` (for tests that register a temporary kind); a name that
+    is not registered is ignored."""
+    _KINDS.pop(name, None)
+
+
 def _register_loaded(obj: Any) -> None:
     if isinstance(obj, StageType):
         register_stage_kind(obj)
