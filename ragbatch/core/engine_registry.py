@@ -268,8 +268,8 @@ def unregister_engine(name: str) -> None:
 
 
 def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` after every registration change (the config models rebuild
-    their ``engines`` union this way)."""
+    """Call ``listener()`` after every registration change (for a cache of anything
+    derived from the registered engines)."""
     _listeners.append(listener)
 
 

@@ -1,14 +1,19 @@
-"""Model engine adapters, one module per backend library.
+"""Model engines, one module per engine: its spec model, its adapter and its registration.
 
-Every call into a backend library lives in its adapter module, so that a change in that
-library's API between releases touches one file. Adapter modules import their backend
-lazily (inside the functions that need it): importing :mod:`ragbatch.engines` or a
-metric that uses it never pulls in torch.
+Each module registers its engine type with
+:func:`ragbatch.core.engine_registry.register_engine` when imported; the registry imports
+every module of this package (and the ``ragbatch.engines`` entry points of other
+installed distributions) the first time it is asked anything. Every call into a backend
+library lives in its adapter module, so that a change in that library's API between
+releases touches one file. Adapter modules import their backend lazily (inside the
+functions that need it): importing an engine module, or validating a config, never pulls
+in torch, vLLM or Presidio.
 
 * :mod:`ragbatch.engines.sentence_transformers`: bi-encoders (``embedding`` engines) and
   cross-encoders (``cross_encoder`` engines) through sentence-transformers.
 * :mod:`ragbatch.engines.vllm`: the offline ``vllm.LLM`` judge engine (``vllm``).
 * :mod:`ragbatch.engines.openai`: any OpenAI-compatible judge server (``openai``).
+* :mod:`ragbatch.engines.presidio`: local PII detection (``presidio``).
 * :mod:`ragbatch.core.engine_registry`: one entry per engine ``type`` (its config model,
   stage kind, loader and judge hooks); every site that differs by engine asks it.
 """
