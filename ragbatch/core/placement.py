@@ -3,7 +3,7 @@ options that ask Ray Data for them, and a check that a cluster can hold them.
 
 Every model, PII and judge stage is a Ray Data actor pool sized by its engine spec
 (``num_cpus``, ``num_gpus``, ``concurrency``, ``batch_size``, ``accelerator_type``,
-``resources``; see :class:`ragbatch.config.job._StageResources`). An actor holds one
+``resources``; see :class:`ragbatch.config.engine_spec.StageResources`). An actor holds one
 *bundle* of resources, except a vLLM engine with ``tensor_parallel_size`` n > 1: its
 actor reserves a placement group of n bundles with one GPU each, packed onto one node
 (``STRICT_PACK``), and vLLM starts its n tensor-parallel workers inside it (vLLM's
