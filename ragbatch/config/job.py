@@ -29,30 +29,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ragbatch.config.engine_spec import (
-    ENGINE_TYPE_SYNONYMS,
-    EngineSpec,
-    JudgeSettings,
-    StageResources,
-    engine_adapter,
-    engine_spec_models,
-    normalize_engine,
-)
+from ragbatch.config.engine_spec import EngineSpec, engine_spec_models
+
+# Names of ragbatch.config.engine_spec that this module has always offered.
+from ragbatch.config.engine_spec import ENGINE_TYPE_SYNONYMS as ENGINE_TYPE_SYNONYMS
+from ragbatch.config.engine_spec import JudgeSettings as JudgeSettings
+from ragbatch.config.engine_spec import StageResources as StageResources
+from ragbatch.config.engine_spec import engine_adapter as engine_adapter
+from ragbatch.config.engine_spec import normalize_engine as normalize_engine
 from ragbatch.core.engine_registry import engine_type
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
-#: Names of :mod:`ragbatch.config.engine_spec` that this module has always offered.
-__all__ = [
-    "ENGINE_TYPE_SYNONYMS",
-    "EngineSpec",
-    "JudgeSettings",
-    "StageResources",
-    "engine_adapter",
-    "engine_spec_models",
-    "normalize_engine",
-]
 
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 

@@ -52,7 +52,7 @@ class EngineType:
     ----------
     name : str
         The ``type:`` value of a config entry; the spec model's ``type`` field must be
-        ``Literal[name]`` (it is the tag of the config's discriminated union).
+        ``Literal[name]`` (the config validates an entry of that ``type`` with it).
     spec : type of pydantic.BaseModel
         The validated config entry: a subclass of
         :class:`ragbatch.config.engine_spec.StageResources` (for a judge engine of

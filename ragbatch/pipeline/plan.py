@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from ragbatch.config.job import JobConfig, engine_adapter
+from ragbatch.config.engine_spec import engine_adapter
+from ragbatch.config.job import JobConfig
 from ragbatch.core.engine_registry import engine_of
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
