@@ -56,17 +56,25 @@ def _fresh_venv(root: Path) -> Path:
     return python
 
 
+def _pip_for(python: Path) -> list[str]:
+    """The pip command that installs into ``python``'s environment: this interpreter's pip
+    with ``--python`` (pip 22.3 and later), else the fresh interpreter's own ``-m pip``,
+    which it finds through the ``.pth`` file."""
+    from importlib.metadata import version
+
+    major, minor = (int(p) for p in version("pip").split(".")[:2])
+    if (major, minor) >= (22, 3):
+        return [sys.executable, "-m", "pip", "--python", str(python)]
+    return [str(python), "-m", "pip"]
+
+
 @pytest.mark.slow
 def test_an_installed_engine_runs_a_job_on_ray(tmp_path):
     python = _fresh_venv(tmp_path / "venv")
     plugin = shutil.copytree(PLUGIN, tmp_path / PLUGIN.name)  # pip builds in the folder
     install = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
+            *_pip_for(python),
             "install",
             "--no-deps",
             "--no-build-isolation",
