@@ -286,3 +286,21 @@ def test_every_judge_engine_has_a_row_in_the_judges_doc():
     text = (Path(__file__).resolve().parents[1] / "docs" / "judges.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `")}
     assert {f"`{name}`" for name in engine_names("judge")} <= rows
+
+
+def test_entry_points_register_modules_and_objects_and_a_broken_one_is_skipped(monkeypatch, caplog):
+    from importlib.metadata import EntryPoint
+
+    from ragbatch.core import plugins
+
+    points = [
+        EntryPoint("broken", "ragbatch_no_such_engine_module", "ragbatch.engines"),
+        EntryPoint("fake", "test_engine_registry:FAKE_TYPE", "ragbatch.engines"),
+        EntryPoint("module", "json", "ragbatch.engines"),
+    ]
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: points)
+    registered: list = []
+    loaded = plugins.load_entry_points("ragbatch.engines", registered.append)
+    assert loaded == ["fake = test_engine_registry:FAKE_TYPE", "module = json"]
+    assert registered == [FAKE_TYPE]  # a module is only imported: it registers itself
+    assert "entry point broken = ragbatch_no_such_engine_module" in caplog.text

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -203,6 +204,8 @@ class EngineType:
 _REGISTRY: dict[str, EngineType] = {}
 _listeners: list[Callable[[], None]] = []
 _loaded: list[str] = []
+_LOADING = "<loading>"
+_LOCK = threading.RLock()
 
 
 def load_engines() -> tuple[str, ...]:
@@ -223,13 +226,20 @@ def load_engines() -> tuple[str, ...]:
         A built-in engine module cannot be imported. A third-party entry point that
         fails is logged and skipped (:func:`ragbatch.core.plugins.load_entry_points`).
     """
-    if _loaded:
+    if _loaded and _loaded[0] != _LOADING:
         return ()
-    _loaded.append("loading")  # a lookup made while the modules load does not recurse
-    names = import_package_modules(BUILT_IN_PACKAGE)
-    names += load_entry_points(ENTRY_POINT_GROUP, _register_loaded)
-    _loaded[:] = names or ["none"]
-    return tuple(names)
+    with _LOCK:  # another thread's lookup waits until the modules are loaded
+        if _loaded:  # loaded, or being loaded by this thread: a lookup made meanwhile
+            return ()
+        _loaded.append(_LOADING)
+        try:
+            names = import_package_modules(BUILT_IN_PACKAGE)
+            names += load_entry_points(ENTRY_POINT_GROUP, _register_loaded)
+        except BaseException:
+            _loaded.clear()  # the next lookup tries again, and fails the same way
+            raise
+        _loaded[:] = names or ["none"]
+        return tuple(names)
 
 
 def _register_loaded(obj: Any) -> None:
