@@ -364,6 +364,28 @@ def _worst_sections(
     return sections, notes
 
 
+def _p_value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def _flag_rule(comparison: Comparison) -> str:
+    """When a change is marked, in one sentence (the comparison's lines are all of its
+    metrics and slice values, adjusted together)."""
+    if comparison.fdr is None:
+        return (
+            "a change is marked when its interval excludes zero (no control for testing "
+            "many lines at once)."
+        )
+    return (
+        "a change is marked when its interval excludes zero and its p-value (McNemar's "
+        "exact test for 0/1 scores, else a paired t-test), adjusted over all lines of the "
+        f"comparison by Benjamini-Hochberg, is at most {comparison.fdr:g}: the expected "
+        "share of false alarms among marked lines."
+    )
+
+
 def _comparison_section(
     comparison: Comparison, baseline: CommittedRun, run: CommittedRun, facts: dict[str, MetricFacts]
 ) -> dict[str, Any]:
@@ -376,6 +398,8 @@ def _comparison_section(
             "candidate_mean": _num(r["candidate_mean"]),
             "mean_diff": "-" if r["mean_diff"] is None else f"{r['mean_diff']:+.3f}",
             "interval": _interval(r["ci_low"], r["ci_high"]),
+            "p_value": _p_value(r["p_value"]),
+            "p_adjusted": _p_value(r["p_adjusted"]),
             "change": r["change"],
             "n_status_changed": r["n_status_changed"],
         }
@@ -443,6 +467,7 @@ def _comparison_section(
     return {
         "baseline": baseline.describe(),
         "pairing": pairing_line(comparison),
+        "flag_rule": _flag_rule(comparison),
         "notes": notes,
         "chart": chart,
         "rows": rows,

@@ -122,13 +122,13 @@ a calibrated judge lies on the diagonal.</p>
 <p>{{ comparison.pairing }}</p>
 {% for note in comparison.notes %}<p class="note">{{ note }}</p>{% endfor %}
 <p>Paired differences (this run minus the baseline) over rows <code>ok</code> in both runs, with
-{{ confidence_label }} paired bootstrap intervals; a change is marked when its interval excludes zero.</p>
+{{ confidence_label }} paired bootstrap intervals; {{ comparison.flag_rule }}</p>
 {% if comparison.chart %}<figure class="chart"><img alt="paired differences by metric" src="{{ comparison.chart }}"></figure>{% endif %}
 <table id="comparison-table">
-<tr><th>metric</th><th>pairs</th><th>baseline</th><th>this run</th><th>difference</th><th>{{ confidence_label }} interval</th><th>change</th><th>status changed</th></tr>
+<tr><th>metric</th><th>pairs</th><th>baseline</th><th>this run</th><th>difference</th><th>{{ confidence_label }} interval</th><th>p</th><th>p adjusted</th><th>change</th><th>status changed</th></tr>
 {% for r in comparison.rows %}<tr><td><code>{{ r.metric }}</code></td><td class="num">{{ r.n_pairs }}</td>
 <td class="num">{{ r.baseline_mean }}</td><td class="num">{{ r.candidate_mean }}</td><td class="num">{{ r.mean_diff }}</td>
-<td class="num">{{ r.interval }}</td><td class="{{ r.change or '' }}">{{ r.change or "" }}</td><td class="num">{{ r.n_status_changed }}</td></tr>
+<td class="num">{{ r.interval }}</td><td class="num">{{ r.p_value }}</td><td class="num">{{ r.p_adjusted }}</td><td class="{{ r.change or '' }}">{{ r.change or "" }}</td><td class="num">{{ r.n_status_changed }}</td></tr>
 {% endfor %}</table>
 {% if comparison.status_changes %}<h3>Status changes</h3>
 <table><tr><th>metric</th><th>baseline</th><th>this run</th><th>cells</th></tr>

@@ -8,6 +8,7 @@ from pathlib import Path
 from ragbatch.core.exit_codes import EXIT_OK, EXIT_REGRESSION
 from ragbatch.cli.common import (
     _RUN_ID,
+    _add_fdr_arg,
     _add_storage_option_args,
     _column_list,
     _confidence,
@@ -60,12 +61,13 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "--fail-on-regression",
         type=float,
         metavar="THRESHOLD",
-        help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant, "
-        "worse, and larger than THRESHOLD in the metric's units",
+        help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant "
+        "(after --fdr control), worse, and larger than THRESHOLD in the metric's units",
     )
     p.add_argument(
         "--confidence", type=_confidence, default=0.95, help="interval level (default 0.95)"
     )
+    _add_fdr_arg(p)
     p.add_argument(
         "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
     )
@@ -121,6 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         top=args.top,
         threshold=args.fail_on_regression,
         min_pairs=args.min_pairs,
+        fdr=args.fdr,
     )
     print(format_comparison(result))
     if args.json_path:
