@@ -145,6 +145,27 @@ a calibrated judge lies on the diagonal.</p>
 {% endfor %}</table>{% endif %}
 {% endif %}
 
+{% if trend %}
+<h2 id="trend">Trend over the last {{ trend.nights }} runs</h2>
+<p>Each metric's mean with its {{ confidence_label }} interval in every committed run under this output
+root up to this one (oldest first; from each run's summary), all rows and per slice value for slice
+columns with few values. A shift is marked when the last {{ trend.shift_nights }} runs' intervals all lie
+on one side of the median of the earlier runs' means: a move that has lasted, not one night's noise.</p>
+{% if trend.shifts %}<table id="trend-shifts">
+<tr><th>metric</th><th>slice</th><th>shift</th><th>reference (earlier median)</th><th>latest means</th><th>runs in a row</th></tr>
+{% for s in trend.shifts %}<tr><td><code>{{ s.metric }}</code></td><td>{{ s.slice }}</td><td class="{{ s.change }}">{{ s.direction }} ({{ s.change }})</td>
+<td class="num">{{ s.reference }}</td><td class="num">{{ s.latest }}</td><td class="num">{{ s.nights }}</td></tr>
+{% endfor %}</table>{% else %}<p id="trend-shifts" class="muted">No shift has lasted {{ trend.shift_nights }} runs.</p>{% endif %}
+<div class="charts" id="trends">
+{% for c in trend.charts %}<figure class="chart"><img alt="trend of {{ c.metric }}" src="{{ c.chart }}"></figure>
+{% endfor %}</div>
+<details><summary>table: all-rows mean [{{ confidence_label }} interval] per run</summary>
+<div class="wide"><table id="trend-table">
+<tr><th>run date</th><th>run id</th>{% for mid in trend.metric_ids %}<th><code>{{ mid }}</code></th>{% endfor %}</tr>
+{% for row in trend.table %}<tr><td>{{ row.run_date }}</td><td><code>{{ row.run_id }}</code></td>{% for cell in row.cells %}<td class="num">{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</table></div></details>
+{% endif %}
+
 <h2 id="worst">Worst rows</h2>
 <p>Per metric, the {{ top }} lowest-scoring <code>ok</code> cells (highest for lower-is-better metrics;
 ties by row id), then up to {{ top }} cells that failed (any status but <code>ok</code> and

@@ -13,6 +13,7 @@ from ragbatch.cli.common import (
     _column_list,
     _confidence,
     _other_root,
+    _non_negative_int,
     _positive_int,
     _storage_options,
 )
@@ -104,6 +105,15 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
     )
+    p.add_argument(
+        "--trend-nights",
+        type=_non_negative_int,
+        default=14,
+        metavar="N",
+        help="show each metric's trend over the last N committed runs under the output "
+        "root, this one included, and mark shifts that lasted 3 runs; 0: no trend "
+        "(default %(default)s)",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -143,7 +153,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     baseline = None
     if args.baseline:
         baseline = find_run(baseline_root, args.baseline, baseline_options)
-    html = build_report(run, baseline, top=args.top, calibration_section=calibration_section)
+    html = build_report(
+        run,
+        baseline,
+        top=args.top,
+        calibration_section=calibration_section,
+        trend_nights=args.trend_nights,
+    )
     Path(args.report_path).write_text(html, encoding="utf-8")
     print(
         f"report of run {run.run_id} written to {args.report_path}"
