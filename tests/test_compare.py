@@ -147,6 +147,32 @@ CAND = _scores(
 )
 
 
+def _step_up(p_values):
+    """Benjamini-Hochberg adjusted p-values by the textbook rule: sort ascending, scale
+    the i-th smallest by m / i, then take running minima from the largest down."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    out = [0.0] * m
+    running = 1.0
+    for rank in range(m, 0, -1):
+        i = order[rank - 1]
+        running = min(running, p_values[i] * m / rank)
+        out[i] = running
+    return out
+
+
+def _reference_p(test, diffs):
+    """The two-sided p-value of ``diffs`` by the named test, from SciPy directly."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    if test == "mcnemar_exact":
+        up, down = int((d > 0).sum()), int((d < 0).sum())
+        return 1.0 if up + down == 0 else stats.binomtest(up, up + down, 0.5).pvalue
+    assert test == "paired_t"
+    return 1.0 if not d.any() else stats.ttest_1samp(d, 0.0).pvalue
+
+
 @pytest.fixture(scope="module")
 def small_comparison():
     pairs, left_b, left_c = pair_by_row_id(
@@ -160,6 +186,9 @@ def small_comparison():
         by=["app"],
         top=2,
         threshold=0.3,
+        # a handful of hand-worked pairs: the per-line interval rule (control across
+        # lines is tested in tests/test_compare_fdr.py)
+        fdr=None,
     )
 
 
@@ -410,6 +439,13 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(
     result = json.loads(out_json.read_text(encoding="utf-8"))
     overall = {m["metric"]: m for m in result["metrics"] if m["slice"] is None}
     assert set(overall) == set(expected_changes)
+    # Benjamini-Hochberg over every line with a p-value, worked out here from the
+    # reported p-values (a second implementation of the step-up rule)
+    family = [m for m in result["metrics"] if m["p_value"] is not None]
+    adjusted = {id(m): q for m, q in zip(family, _step_up([m["p_value"] for m in family]))}
+    for m in family:
+        assert m["p_adjusted"] == pytest.approx(adjusted[id(m)], rel=1e-9)
+    assert result["fdr"] == 0.05 and result["fdr_method"] == "benjamini-hochberg"
     flagged = set()
     for metric, expected in expected_changes.items():
         got = overall[metric]
@@ -421,7 +457,9 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(
         assert got["mean_diff"] == pytest.approx(np.mean(diffs), abs=1e-12)
         low, high = _scipy_interval(diffs)
         assert (got["ci_low"], got["ci_high"]) == (pytest.approx(low), pytest.approx(high))
-        assert got["significant"] is bool(low > 0 or high < 0)
+        assert got["p_value"] == pytest.approx(_reference_p(got["test"], diffs), rel=1e-9)
+        excludes_zero = bool(low > 0 or high < 0)
+        assert got["significant"] is (excludes_zero and adjusted[id(got)] <= 0.05)
         if got["significant"]:
             flagged.add(metric)
         moved = {r["baseline_row_id"] for r in result["moved"] if r["metric"] == metric}
@@ -448,6 +486,17 @@ def test_altered_answers_are_flagged_on_the_right_metrics_and_rows(
     biggest = max(abs(overall[m]["mean_diff"]) for m in flagged)
     code, out, _ = run_cli(argv + ["--fail-on-regression", f"{biggest + 0.01:.3f}"])
     assert code == 0 and "no metric regresses beyond" in out
+    # --fdr off: each line flagged by its own interval, no adjusted p-values
+    code, out, err = run_cli(argv + ["--fdr", "off"])
+    assert code == 0, err
+    off = json.loads(out_json.read_text(encoding="utf-8"))
+    assert off["fdr"] is None and off["fdr_method"] is None
+    for m in off["metrics"]:
+        assert m["p_adjusted"] is None
+        interval_flag = m["ci_low"] is not None and (m["ci_low"] > 0 or m["ci_high"] < 0)
+        enough = m["slice"] is None or m["n_pairs"] >= 20
+        assert m["significant"] is (interval_flag and enough)
+    assert "--fdr off" in out
 
 
 @pytest.mark.slow

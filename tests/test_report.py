@@ -20,6 +20,7 @@ from support.headless_chromium import HeadlessChromium
 from support.nightly_runs import (
     ALTERED,
     ALTERED_NIGHT,
+    NIGHTS,
     ORIGINAL,
     altered_answer,
     read_ares,
@@ -155,6 +156,7 @@ def test_report_renders_in_chromium_without_errors(chromium, ares_nights, report
         {f"distribution of {m} scores" for m in metrics}
         | {f"means by {c}" for c in _chartable_slice_columns()}
         | {"cells by status", "paired differences by metric"}
+        | {f"trend of {m}" for m in metrics}
     )
     assert sorted(alt for alt, _ in images) == sorted(expected)
     assert all(width > 0 for _, width in images), images
@@ -192,6 +194,14 @@ def test_report_content_matches_the_runs(ares_nights, report_html):
     assert f"Comparison with baseline <code>{ares_nights.run_ids[ORIGINAL]}" in html
     moved = html_lib.unescape(html.split('id="moved-rows"', 1)[1].split("</table>", 1)[0])
     assert "I'm sorry, I don't know. 我不知道 🤷" in moved
+    # The trend: the three nights under the root, oldest first; three runs cannot show a
+    # shift (it needs three earlier runs as its reference).
+    assert "Trend over the last 3 runs" in html
+    trend = html.split('id="trend-table"', 1)[1].split("</table>", 1)[0]
+    assert re.findall(r"<td><code>([^<]+)</code></td>", trend) == [
+        ares_nights.run_ids[night] for night in NIGHTS
+    ]
+    assert "No shift has lasted 3 runs." in html
 
 
 @pytest.mark.slow

@@ -10,9 +10,16 @@ estimator of the run summaries: the percentile bootstrap (the same as
 :func:`~ragbatch.analysis.intervals.paired_bootstrap_diff_ci` on sorted pairs), drawn as
 multinomial counts when the differences take few distinct values (0/1 metrics give
 -1, 0, 1) and its normal approximation for large samples of many distinct values, so the
-cost stays bounded for millions of rows; ``ci_method`` says which. A change
-is *significant* when its interval excludes zero; it is *better* or *worse* according to
-the metric's direction (``higher_is_better`` in the registry). Cells whose status
+cost stays bounded for millions of rows; ``ci_method`` says which.
+
+Each line also gets a p-value from a paired test (McNemar's exact test for 0/1 scores,
+a paired t-test otherwise; ``test`` says which), and the p-values of all lines of one
+comparison (every metric, the all-rows lines and every slice value) are adjusted
+together with Benjamini-Hochberg (:mod:`ragbatch.analysis.multiple_testing`). A change
+is *significant* when its adjusted p-value is at most the false discovery rate ``fdr``
+(default 0.05) and its interval excludes zero; with ``fdr=None`` (control off) the
+interval alone decides, line by line. It is *better* or *worse* according to the
+metric's direction (``higher_is_better`` in the registry). Cells whose status
 differs between the runs (``ok`` -> ``timeout``, ...) are counted separately: they have
 no paired difference.
 
@@ -43,6 +50,7 @@ from ragbatch.core import columns as C
 from ragbatch.analysis.corrected import CORRECTED_SCHEMA, corrected_means
 from ragbatch.analysis.intervals import CONFIDENCE, N_RESAMPLES, SEED, mean_ci
 from ragbatch.analysis.metric_facts import metric_facts
+from ragbatch.analysis.multiple_testing import DEFAULT_FDR, FDR_METHOD, bh_adjust, paired_test
 from ragbatch.analysis.pairing import DEFAULT_MATCH_ON, Pairing, pair_runs
 from ragbatch.analysis.runs import CommittedRun, load_scores
 from ragbatch.core.errors import InputError
@@ -71,6 +79,9 @@ METRIC_SCHEMA = {
     "ci_low": pl.Float64,
     "ci_high": pl.Float64,
     "ci_method": pl.String,
+    "test": pl.String,
+    "p_value": pl.Float64,
+    "p_adjusted": pl.Float64,
     "significant": pl.Boolean,
     "change": pl.String,
 }
@@ -89,8 +100,12 @@ class Comparison:
         whose status differs; means are over the ``n_pairs`` pairs; ``mean_diff`` is
         ``candidate - baseline`` in the metric's units with its interval ``[ci_low,
         ci_high]`` at ``confidence`` (``ci_method``: ``bootstrap`` or ``normal``, see the
-        module notes); ``change`` is ``"better"``, ``"worse"`` or null (not significant,
-        or a slice line with fewer than ``min_pairs`` pairs).
+        module notes); ``test`` (``mcnemar_exact`` or ``paired_t``) and its two-sided
+        ``p_value`` (null with fewer than two pairs), ``p_adjusted`` the
+        Benjamini-Hochberg adjusted p-value over all lines (null when ``fdr`` is None);
+        ``significant``: flagged (see the module notes); ``change`` is ``"better"``,
+        ``"worse"`` or null (not significant, or a slice line with fewer than
+        ``min_pairs`` pairs).
     moved : polars.DataFrame
         Per metric, the ``top`` pairs with the largest ``|diff|`` (ties by baseline row
         id): ``metric``, ``baseline_row_id``, ``candidate_row_id``, ``baseline_score``,
@@ -111,6 +126,8 @@ class Comparison:
         Metric ids computed by one run only (not compared).
     threshold : float or None
         The regression threshold, when one was given.
+    fdr : float or None
+        The false discovery rate the lines were flagged at; None: no control.
     """
 
     metrics: pl.DataFrame
@@ -124,6 +141,7 @@ class Comparison:
     confidence: float = CONFIDENCE
     threshold: float | None = None
     min_pairs: int = MIN_SLICE_PAIRS
+    fdr: float | None = DEFAULT_FDR
     baseline: CommittedRun | None = None
     candidate: CommittedRun | None = None
     #: Per run (``baseline``, ``candidate``), each metric's mean corrected by human labels
@@ -164,6 +182,8 @@ class Comparison:
             "threshold": self.threshold,
             "by": self.by,
             "min_pairs": self.min_pairs,
+            "fdr": self.fdr,
+            "fdr_method": FDR_METHOD if self.fdr is not None else None,
             "pairing": {
                 **self.pairing.counts(),
                 "match_on": list(self.pairing.match_on),
@@ -250,13 +270,11 @@ def _stats(
     diff, low, high, method = mean_ci(
         np.sort(c - b), confidence=confidence, n_resamples=n_resamples, seed=seed
     )
+    p_value, test = paired_test(b, c)
     # mean_ci gives all of mean, low and high, or none of them: low checked for all three
     significant = (
         low is not None and (low > 0 or cast(float, high) < 0) and len(both_ok) >= min_pairs
     )
-    change = None
-    if significant:
-        change = BETTER if (cast(float, diff) > 0) == higher_is_better else WORSE
     return {
         "higher_is_better": higher_is_better,
         "n_pairs": len(both_ok),
@@ -267,9 +285,26 @@ def _stats(
         "ci_low": low,
         "ci_high": high,
         "ci_method": method,
+        "test": test,
+        "p_value": p_value,
+        "p_adjusted": None,
         "significant": bool(significant),
-        "change": change,
+        "change": None,
     }
+
+
+def _flag(lines: list[dict[str, Any]], fdr: float | None) -> None:
+    """Set ``p_adjusted``, ``significant`` and ``change`` of every line in place: a line
+    whose interval excludes zero (``significant`` as :func:`_stats` left it) stays
+    flagged when ``fdr`` is None or its adjusted p-value is at most ``fdr``."""
+    if fdr is not None:
+        for line, adjusted in zip(lines, bh_adjust([line["p_value"] for line in lines])):
+            line["p_adjusted"] = adjusted
+            line["significant"] = line["significant"] and adjusted is not None and adjusted <= fdr
+    for line in lines:
+        if line["significant"]:
+            up = cast(float, line["mean_diff"]) > 0
+            line["change"] = BETTER if up == line["higher_is_better"] else WORSE
 
 
 def compare_scores(
@@ -286,6 +321,7 @@ def compare_scores(
     top: int = TOP_ROWS,
     threshold: float | None = None,
     min_pairs: int = MIN_SLICE_PAIRS,
+    fdr: float | None = DEFAULT_FDR,
 ) -> Comparison:
     """Compare two scores tables over paired rows (see the module notes).
 
@@ -311,12 +347,15 @@ def compare_scores(
         Regression threshold recorded on the result (:meth:`Comparison.regressions`).
     min_pairs : int
         Fewest pairs a slice line needs to be flagged (the all-rows line has no minimum).
+    fdr : float or None
+        False discovery rate in (0, 1) across all lines (Benjamini-Hochberg); None turns
+        the control off (each line flagged by its own interval).
 
     Raises
     ------
     InputError
-        A ``by`` column is in neither scores table, ``threshold`` is negative, or
-        ``min_pairs`` is below 1.
+        A ``by`` column is in neither scores table, ``threshold`` is negative,
+        ``min_pairs`` is below 1, or ``fdr`` is outside (0, 1).
     """
     for s in by:
         if s not in baseline_scores.columns and s not in candidate_scores.columns:
@@ -334,6 +373,8 @@ def compare_scores(
         )
     if min_pairs < 1:
         raise InputError(f"--min-pairs {min_pairs}: must be at least 1")
+    if fdr is not None and not 0.0 < fdr < 1.0:
+        raise InputError(f"--fdr {fdr}: must be in (0, 1), e.g. 0.05, or 'off'")
     b_metrics = list(dict.fromkeys(baseline_scores["metric"].to_list()))
     c_metrics = set(candidate_scores["metric"].to_list())
     order = list(metrics) if metrics is not None else b_metrics
@@ -363,6 +404,7 @@ def compare_scores(
                         **_stats(group, **kwargs, min_pairs=min_pairs),
                     }
                 )
+    _flag(lines, fdr)
     table = (
         pl.DataFrame(lines, schema=METRIC_SCHEMA) if lines else pl.DataFrame(schema=METRIC_SCHEMA)
     )
@@ -379,6 +421,7 @@ def compare_scores(
         confidence,
         threshold,
         min_pairs,
+        fdr,
     )
 
 
@@ -468,6 +511,7 @@ def compare_runs(
     top: int = TOP_ROWS,
     threshold: float | None = None,
     min_pairs: int = MIN_SLICE_PAIRS,
+    fdr: float | None = DEFAULT_FDR,
 ) -> Comparison:
     """Load two committed runs, pair their rows and compare them (:func:`compare_scores`).
 
@@ -475,7 +519,7 @@ def compare_runs(
     ------
     InputError
         A run has no score or summary files, a ``by`` or ``match_on`` column is unknown,
-        the threshold is negative, or ``min_pairs`` is below 1.
+        the threshold is negative, ``min_pairs`` is below 1, or ``fdr`` is outside (0, 1).
     """
     for s in by:
         if s not in baseline.slice_columns and s not in candidate.slice_columns:
@@ -504,6 +548,7 @@ def compare_runs(
         top=top,
         threshold=threshold,
         min_pairs=min_pairs,
+        fdr=fdr,
     )
     result.baseline, result.candidate = baseline, candidate
     result.corrected = corrected_means([("baseline", baseline), ("candidate", candidate)])

@@ -12,6 +12,13 @@ def _num(value: float | None, width: int = 9, sign: str = "") -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{sign}{width}.3f}"
 
 
+def _p(value: float | None) -> str:
+    """A p-value in 8 characters: ``0.0312``, ``<0.0001``, or ``-`` when there is none."""
+    if value is None:
+        return f"{'-':>8}"
+    return f"{'<0.0001':>8}" if value < 1e-4 else f"{value:>8.4f}"
+
+
 def _short(text: str | None, limit: int = _REASON_CHARS) -> str:
     if text is None:
         return "-"
@@ -37,7 +44,8 @@ def pairing_line(comparison: Comparison) -> str:
 
 def format_comparison(comparison: Comparison, *, max_ids: int = 10) -> str:
     """The comparison as the text ``ragbatch compare`` prints: runs, pairing, one line per
-    metric and slice value (``*`` marks a change whose interval excludes zero), status
+    metric and slice value (``*`` marks a flagged change: see
+    :mod:`ragbatch.analysis.compare`), with its p-value and adjusted p-value, status
     changes, the rows that moved most with their reasons, and the regressions when a
     threshold was given."""
     out: list[str] = []
@@ -119,7 +127,7 @@ def _metric_table(comparison: Comparison) -> list[str]:
     level = f"{comparison.confidence:.0%} interval"
     header = (
         f"{'metric':<{mwidth}}  {'slice':<{swidth}} {'pairs':>6} {'baseline':>9} "
-        f"{'candidate':>9} {'diff':>9}  {level:<20} change"
+        f"{'candidate':>9} {'diff':>9}  {level:<20} {'p':>8} {'p adj':>8} change"
     )
     lines = [header, "-" * len(header)]
     previous = None
@@ -133,11 +141,22 @@ def _metric_table(comparison: Comparison) -> list[str]:
         lines.append(
             f"{name:<{mwidth}}  {_short(label, swidth):<{swidth}} {r['n_pairs']:>6} "
             f"{_num(r['baseline_mean'])} {_num(r['candidate_mean'])} "
-            f"{_num(r['mean_diff'], sign='+')}  {interval:<20} {change}".rstrip()
+            f"{_num(r['mean_diff'], sign='+')}  {interval:<20} {_p(r['p_value'])} "
+            f"{_p(r['p_adjusted'])} {change}".rstrip()
         )
-    lines.append(
-        f"* the change's {level} excludes zero (paired bootstrap over rows ok in both runs)"
-    )
+    if comparison.fdr is None:
+        lines.append(
+            f"* the change's {level} excludes zero (paired bootstrap over rows ok in both "
+            "runs); no control for testing many lines at once (--fdr off)"
+        )
+    else:
+        n = table["p_value"].drop_nulls().len()
+        lines.append(
+            f"* flagged: the change's {level} excludes zero (paired bootstrap over rows ok "
+            f"in both runs) and its p-value adjusted over the {n} lines (Benjamini-Hochberg; "
+            f"p: McNemar's exact test for 0/1 scores, else a paired t-test) is at most "
+            f"{comparison.fdr:g}, the false discovery rate (--fdr)"
+        )
     if comparison.by:
         lines.append(
             f"  a slice needs at least {comparison.min_pairs} pairs to be flagged (--min-pairs)"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragbatch.analysis.compare import Comparison, compare_runs
+from ragbatch.analysis.multiple_testing import DEFAULT_FDR
 from ragbatch.analysis.compare_text import format_comparison
 from ragbatch.analysis.report import CalibrationSection, build_report
 from ragbatch.analysis.runs import CommittedRun, find_run, previous_run
@@ -70,6 +71,7 @@ def compare_with_previous(
     run_id: str,
     storage_options: dict[str, Any] | None = None,
     threshold: float | None = None,
+    fdr: float | None = DEFAULT_FDR,
 ) -> tuple[CommittedRun, CommittedRun | None, Comparison | None]:
     """Committed run ``run_id`` under ``root``, the previous committed run and their
     comparison (both None for the first run under ``root``); nothing is written.
@@ -78,15 +80,20 @@ def compare_with_previous(
     ----------
     threshold : float, optional
         Regression threshold recorded on the comparison (:meth:`Comparison.regressions`).
+    fdr : float or None
+        False discovery rate across the comparison's lines (None: no control).
 
     Raises
     ------
     InputError
-        ``run_id`` is not committed under ``root``, or ``threshold`` is negative.
+        ``run_id`` is not committed under ``root``, ``threshold`` is negative, or
+        ``fdr`` is outside (0, 1).
     """
     run = find_run(root, run_id, storage_options)
     baseline = previous_run(run, storage_options)
-    comparison = compare_runs(baseline, run, threshold=threshold) if baseline is not None else None
+    comparison = (
+        compare_runs(baseline, run, threshold=threshold, fdr=fdr) if baseline is not None else None
+    )
     return run, baseline, comparison
 
 
@@ -95,6 +102,7 @@ def write_run_report(
     run_id: str,
     storage_options: dict[str, Any] | None = None,
     threshold: float | None = None,
+    fdr: float | None = DEFAULT_FDR,
     calibration_options: dict[str, Any] | None = None,
     calibration_section: CalibrationSection | None = None,
 ) -> NightlyReport:
@@ -111,6 +119,8 @@ def write_run_report(
     threshold : float, optional
         Regression threshold recorded in ``comparison.json`` (``ragbatch nightly
         --fail-on-regression``).
+    fdr : float or None
+        False discovery rate of the comparison (``ragbatch nightly --fdr``).
     calibration_options : dict, optional
         fsspec options of a calibration root other than ``root`` (the job config's
         ``calibration.storage_options``); see
@@ -130,7 +140,7 @@ def write_run_report(
     OSError
         A file cannot be written.
     """
-    run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold)
+    run, baseline, comparison = compare_with_previous(root, run_id, storage_options, threshold, fdr)
     html = build_report(
         run,
         baseline,

@@ -314,3 +314,82 @@ def reliability_diagram(
         ax.set_ylabel("share labelled 1")
         ax.set_title(_clip(title, 48))
         return _svg(fig)
+
+
+def trend_chart(
+    ticks: Sequence[str],
+    panels: Sequence[
+        tuple[str, dict[str, tuple[list[float | None], list[float | None], list[float | None]]]]
+    ],
+    *,
+    title: str,
+    marked: set[tuple[str, str]] | None = None,
+    score_range: tuple[float, float] | None = None,
+) -> str:
+    """Series over runs: one panel per entry of ``panels``, one line per series, each
+    point with its interval as an error bar.
+
+    Parameters
+    ----------
+    ticks : sequence of str
+        One x label per run, oldest first (the x axis is the run's position).
+    panels : sequence of (str, dict)
+        Panel title -> series label -> ``(means, lows, highs)``, each one value per run
+        (None: no value that run; the line breaks there).
+    title : str
+    marked : set of (str, str), optional
+        ``(panel title, series label)`` pairs drawn with a heavier line and a ring on the
+        last points: the series with a shift (:mod:`ragbatch.analysis.trends`).
+    score_range : tuple of float, optional
+        The metric's score range, used as the y limits (padded by 5 %).
+
+    Returns
+    -------
+    str
+        An SVG document, panels stacked top to bottom.
+    """
+    marked = marked or set()
+    n = max(len(panels), 1)
+    x = np.arange(len(ticks))
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(7, 2.1 * n + 0.6), layout="constrained")
+        axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+        for ax, (name, series) in zip(axes, panels):
+            for label, (means, lows, highs) in series.items():
+                est = np.array([np.nan if v is None else v for v in means], dtype=float)
+                lo = np.array([np.nan if v is None else v for v in lows], dtype=float)
+                hi = np.array([np.nan if v is None else v for v in highs], dtype=float)
+                err = np.vstack(
+                    [np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)]
+                )
+                shifted = (name, label) in marked
+                bars = ax.errorbar(
+                    x,
+                    est,
+                    yerr=err,
+                    fmt="-o",
+                    capsize=2,
+                    markersize=3,
+                    linewidth=2.2 if shifted else 1.0,
+                    label=_clip(label, 30) + (" (shift)" if shifted else ""),
+                )
+                if shifted:
+                    last = ~np.isnan(est)
+                    ax.plot(
+                        x[last][-3:],
+                        est[last][-3:],
+                        "o",
+                        markersize=9,
+                        markerfacecolor="none",
+                        markeredgecolor="#d0605e",
+                        color=bars[0].get_color(),
+                    )
+            ax.set_title(_clip(name, 60))
+            ax.set_xticks(x, [_clip(t, 12) for t in ticks], rotation=30, ha="right")
+            if score_range is not None:
+                pad = 0.05 * (score_range[1] - score_range[0])
+                ax.set_ylim(score_range[0] - pad, score_range[1] + pad)
+            if len(series) > 1 or any(key[0] == name for key in marked):
+                ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.suptitle(title)
+        return _svg(fig, tight=False)

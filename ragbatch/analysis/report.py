@@ -36,7 +36,7 @@ import polars as pl
 
 from ragbatch import __version__
 from ragbatch.core import columns as C
-from ragbatch.analysis import plots
+from ragbatch.analysis import plots, trends
 from ragbatch.analysis.compare import Comparison, compare_runs
 from ragbatch.analysis.compare_text import pairing_line
 from ragbatch.analysis.corrected import corrected_rows
@@ -364,6 +364,141 @@ def _worst_sections(
     return sections, notes
 
 
+def _p_value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "<0.0001" if value < 1e-4 else f"{value:.4f}"
+
+
+def _flag_rule(comparison: Comparison) -> str:
+    """When a change is marked, in one sentence (the comparison's lines are all of its
+    metrics and slice values, adjusted together)."""
+    if comparison.fdr is None:
+        return (
+            "a change is marked when its interval excludes zero (no control for testing "
+            "many lines at once)."
+        )
+    return (
+        "a change is marked when its interval excludes zero and its p-value (McNemar's "
+        "exact test for 0/1 scores, else a paired t-test), adjusted over all lines of the "
+        f"comparison by Benjamini-Hochberg, is at most {comparison.fdr:g}: the expected "
+        "share of false alarms among marked lines."
+    )
+
+
+#: Most series a slice column's trend panel draws (values of the latest run); a column
+#: with more values is left out of the trend chart (its values are in the Slices section).
+MAX_TREND_LINES = 8
+
+
+def _trend_section(
+    run: CommittedRun, metric_ids: list[str], facts: dict[str, MetricFacts], nights: int
+) -> dict[str, Any] | None:
+    """The trend over the last ``nights`` committed runs (:mod:`ragbatch.analysis.trends`):
+    per metric a chart (all rows, then one panel per slice column with few values), the
+    all-rows means per run, and the shifts; None for the first run under its root."""
+    runs = trends.trend_runs(run, nights)
+    if len(runs) < 2:
+        return None
+    series = trends.trend_series(runs)
+    shifts = trends.find_shifts(series)
+    ticks = [r.run_date.isoformat() for r in runs]
+    latest = series.filter(pl.col("night") == len(runs) - 1)
+
+    def values(rows: pl.DataFrame) -> tuple[list, list, list]:
+        by_night = {r["night"]: r for r in rows.iter_rows(named=True)}
+        got = [by_night.get(i, {}) for i in range(len(runs))]
+        return (
+            [g.get("mean") for g in got],
+            [g.get("mean_ci_low") for g in got],
+            [g.get("mean_ci_high") for g in got],
+        )
+
+    charts = []
+    for mid in metric_ids:
+        mine = series.filter(pl.col("metric") == mid)
+        panels = [("all rows", {"all rows": values(mine.filter(pl.col("slice_column").is_null()))})]
+        marked = {
+            ("all rows", "all rows") for s in shifts if s.metric == mid and s.slice_column is None
+        }
+        columns = mine["slice_column"].drop_nulls().unique(maintain_order=True).to_list()
+        for column in columns:
+            shown = (
+                latest.filter((pl.col("metric") == mid) & (pl.col("slice_column") == column))[
+                    "slice_value"
+                ]
+                .fill_null("(null)")
+                .to_list()
+            )
+            if not 0 < len(shown) <= MAX_TREND_LINES:
+                continue
+            in_column = mine.filter(pl.col("slice_column") == column).with_columns(
+                pl.col("slice_value").fill_null("(null)")
+            )
+            name = f"by {column}"
+            panels.append(
+                (name, {v: values(in_column.filter(pl.col("slice_value") == v)) for v in shown})
+            )
+            marked |= {
+                (name, s.slice_value or "(null)")
+                for s in shifts
+                if s.metric == mid and s.slice_column == column
+            }
+        fact = facts.get(mid)
+        chart = plots.trend_chart(
+            ticks,
+            panels,
+            title=f"{mid} over the last {len(runs)} runs",
+            marked=marked,
+            score_range=fact.score_range if fact is not None else None,
+        )
+        charts.append({"metric": mid, "chart": _data_uri(chart)})
+    overall = series.filter(pl.col("slice_column").is_null())
+    table = []
+    for night, r in enumerate(runs):
+        cells = {
+            row["metric"]: row
+            for row in overall.filter(pl.col("night") == night).iter_rows(named=True)
+        }
+        table.append(
+            {
+                "run_date": r.run_date.isoformat(),
+                "run_id": r.run_id,
+                "cells": [
+                    "-"
+                    if cells.get(mid, {}).get("mean") is None
+                    else f"{cells[mid]['mean']:.3f} "
+                    f"{_interval(cells[mid]['mean_ci_low'], cells[mid]['mean_ci_high'])}"
+                    for mid in metric_ids
+                ],
+            }
+        )
+    return {
+        "nights": len(runs),
+        "charts": charts,
+        "metric_ids": metric_ids,
+        "table": table,
+        "shift_nights": trends.SHIFT_NIGHTS,
+        "shifts": [
+            {
+                "metric": s.metric,
+                "slice": "all rows"
+                if s.slice_column is None
+                else f"{s.slice_column}={s.slice_value if s.slice_value is not None else '(null)'}",
+                "direction": s.direction,
+                "change": "better"
+                if (s.direction == "up")
+                == (facts[s.metric].higher_is_better if s.metric in facts else True)
+                else "worse",
+                "reference": f"{s.reference:.3f}",
+                "latest": ", ".join(f"{m:.3f}" for m in s.latest),
+                "nights": s.nights,
+            }
+            for s in shifts
+        ],
+    }
+
+
 def _comparison_section(
     comparison: Comparison, baseline: CommittedRun, run: CommittedRun, facts: dict[str, MetricFacts]
 ) -> dict[str, Any]:
@@ -376,6 +511,8 @@ def _comparison_section(
             "candidate_mean": _num(r["candidate_mean"]),
             "mean_diff": "-" if r["mean_diff"] is None else f"{r['mean_diff']:+.3f}",
             "interval": _interval(r["ci_low"], r["ci_high"]),
+            "p_value": _p_value(r["p_value"]),
+            "p_adjusted": _p_value(r["p_adjusted"]),
             "change": r["change"],
             "n_status_changed": r["n_status_changed"],
         }
@@ -443,6 +580,7 @@ def _comparison_section(
     return {
         "baseline": baseline.describe(),
         "pairing": pairing_line(comparison),
+        "flag_rule": _flag_rule(comparison),
         "notes": notes,
         "chart": chart,
         "rows": rows,
@@ -465,6 +603,7 @@ def build_report(
     comparison: Comparison | None = None,
     calibration_options: dict[str, Any] | None = None,
     calibration_section: CalibrationSection | None = None,
+    trend_nights: int = trends.TREND_NIGHTS,
 ) -> str:
     """Render the HTML report of ``run``.
 
@@ -484,6 +623,9 @@ def build_report(
     calibration_section : callable, optional
         Builds the "Agreement with human labels" section (:data:`CalibrationSection`);
         without it the report has no such section.
+    trend_nights : int
+        How many committed runs under the run's root (the run and those before it) the
+        trend section shows (:mod:`ragbatch.analysis.trends`); 0 leaves it out.
 
     Returns
     -------
@@ -521,6 +663,7 @@ def build_report(
         corrected=_corrected_section(summary, run),
         **_status_section(summary),
         comparison=section,
+        trend=_trend_section(run, metric_ids, facts, trend_nights) if trend_nights > 0 else None,
         worst=worst,
         top=top,
         clip=CLIP,

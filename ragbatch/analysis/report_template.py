@@ -122,13 +122,13 @@ a calibrated judge lies on the diagonal.</p>
 <p>{{ comparison.pairing }}</p>
 {% for note in comparison.notes %}<p class="note">{{ note }}</p>{% endfor %}
 <p>Paired differences (this run minus the baseline) over rows <code>ok</code> in both runs, with
-{{ confidence_label }} paired bootstrap intervals; a change is marked when its interval excludes zero.</p>
+{{ confidence_label }} paired bootstrap intervals; {{ comparison.flag_rule }}</p>
 {% if comparison.chart %}<figure class="chart"><img alt="paired differences by metric" src="{{ comparison.chart }}"></figure>{% endif %}
 <table id="comparison-table">
-<tr><th>metric</th><th>pairs</th><th>baseline</th><th>this run</th><th>difference</th><th>{{ confidence_label }} interval</th><th>change</th><th>status changed</th></tr>
+<tr><th>metric</th><th>pairs</th><th>baseline</th><th>this run</th><th>difference</th><th>{{ confidence_label }} interval</th><th>p</th><th>p adjusted</th><th>change</th><th>status changed</th></tr>
 {% for r in comparison.rows %}<tr><td><code>{{ r.metric }}</code></td><td class="num">{{ r.n_pairs }}</td>
 <td class="num">{{ r.baseline_mean }}</td><td class="num">{{ r.candidate_mean }}</td><td class="num">{{ r.mean_diff }}</td>
-<td class="num">{{ r.interval }}</td><td class="{{ r.change or '' }}">{{ r.change or "" }}</td><td class="num">{{ r.n_status_changed }}</td></tr>
+<td class="num">{{ r.interval }}</td><td class="num">{{ r.p_value }}</td><td class="num">{{ r.p_adjusted }}</td><td class="{{ r.change or '' }}">{{ r.change or "" }}</td><td class="num">{{ r.n_status_changed }}</td></tr>
 {% endfor %}</table>
 {% if comparison.status_changes %}<h3>Status changes</h3>
 <table><tr><th>metric</th><th>baseline</th><th>this run</th><th>cells</th></tr>
@@ -143,6 +143,27 @@ a calibrated judge lies on the diagonal.</p>
 <td class="text">{{ r.question }}</td><td class="text">{{ r.baseline_answer }}</td><td class="text">{{ r.candidate_answer }}</td>{% endif %}
 <td class="text">baseline: {{ r.baseline_reason }}<br>this run: {{ r.candidate_reason }}</td></tr>
 {% endfor %}</table>{% endif %}
+{% endif %}
+
+{% if trend %}
+<h2 id="trend">Trend over the last {{ trend.nights }} runs</h2>
+<p>Each metric's mean with its {{ confidence_label }} interval in every committed run under this output
+root up to this one (oldest first; from each run's summary), all rows and per slice value for slice
+columns with few values. A shift is marked when the last {{ trend.shift_nights }} runs' intervals all lie
+on one side of the median of the earlier runs' means: a move that has lasted, not one night's noise.</p>
+{% if trend.shifts %}<table id="trend-shifts">
+<tr><th>metric</th><th>slice</th><th>shift</th><th>reference (earlier median)</th><th>latest means</th><th>runs in a row</th></tr>
+{% for s in trend.shifts %}<tr><td><code>{{ s.metric }}</code></td><td>{{ s.slice }}</td><td class="{{ s.change }}">{{ s.direction }} ({{ s.change }})</td>
+<td class="num">{{ s.reference }}</td><td class="num">{{ s.latest }}</td><td class="num">{{ s.nights }}</td></tr>
+{% endfor %}</table>{% else %}<p id="trend-shifts" class="muted">No shift has lasted {{ trend.shift_nights }} runs.</p>{% endif %}
+<div class="charts" id="trends">
+{% for c in trend.charts %}<figure class="chart"><img alt="trend of {{ c.metric }}" src="{{ c.chart }}"></figure>
+{% endfor %}</div>
+<details><summary>table: all-rows mean [{{ confidence_label }} interval] per run</summary>
+<div class="wide"><table id="trend-table">
+<tr><th>run date</th><th>run id</th>{% for mid in trend.metric_ids %}<th><code>{{ mid }}</code></th>{% endfor %}</tr>
+{% for row in trend.table %}<tr><td>{{ row.run_date }}</td><td><code>{{ row.run_id }}</code></td>{% for cell in row.cells %}<td class="num">{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</table></div></details>
 {% endif %}
 
 <h2 id="worst">Worst rows</h2>

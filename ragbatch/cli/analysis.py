@@ -8,10 +8,12 @@ from pathlib import Path
 from ragbatch.core.exit_codes import EXIT_OK, EXIT_REGRESSION
 from ragbatch.cli.common import (
     _RUN_ID,
+    _add_fdr_arg,
     _add_storage_option_args,
     _column_list,
     _confidence,
     _other_root,
+    _non_negative_int,
     _positive_int,
     _storage_options,
 )
@@ -60,12 +62,13 @@ def _add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "--fail-on-regression",
         type=float,
         metavar="THRESHOLD",
-        help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant, "
-        "worse, and larger than THRESHOLD in the metric's units",
+        help=f"exit {EXIT_REGRESSION} when a metric's all-rows change is significant "
+        "(after --fdr control), worse, and larger than THRESHOLD in the metric's units",
     )
     p.add_argument(
         "--confidence", type=_confidence, default=0.95, help="interval level (default 0.95)"
     )
+    _add_fdr_arg(p)
     p.add_argument(
         "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
     )
@@ -102,6 +105,15 @@ def _add_report_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top", type=_positive_int, default=10, help="rows listed per metric (default 10)"
     )
+    p.add_argument(
+        "--trend-nights",
+        type=_non_negative_int,
+        default=14,
+        metavar="N",
+        help="show each metric's trend over the last N committed runs under the output "
+        "root, this one included, and mark shifts that lasted 3 runs; 0: no trend "
+        "(default %(default)s)",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -121,6 +133,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         top=args.top,
         threshold=args.fail_on_regression,
         min_pairs=args.min_pairs,
+        fdr=args.fdr,
     )
     print(format_comparison(result))
     if args.json_path:
@@ -140,7 +153,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     baseline = None
     if args.baseline:
         baseline = find_run(baseline_root, args.baseline, baseline_options)
-    html = build_report(run, baseline, top=args.top, calibration_section=calibration_section)
+    html = build_report(
+        run,
+        baseline,
+        top=args.top,
+        calibration_section=calibration_section,
+        trend_nights=args.trend_nights,
+    )
     Path(args.report_path).write_text(html, encoding="utf-8")
     print(
         f"report of run {run.run_id} written to {args.report_path}"

@@ -135,6 +135,36 @@ def _confidence(text: str) -> float:
     return value
 
 
+def _fdr(text: str) -> float | None:
+    """``--fdr``: a false discovery rate in (0, 1), or ``off`` (no control)."""
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"must be a false discovery rate strictly between 0 and 1 (e.g. 0.05), or "
+            f"'off', got {text!r}"
+        )
+    return value
+
+
+def _add_fdr_arg(p: argparse.ArgumentParser) -> None:
+    """``--fdr Q``: the false discovery rate across a comparison's lines."""
+    p.add_argument(
+        "--fdr",
+        type=_fdr,
+        default=0.05,
+        metavar="Q",
+        help="false discovery rate across all lines of the comparison (metrics x "
+        "slices; Benjamini-Hochberg over paired-test p-values): a line is flagged when "
+        "its adjusted p-value is at most Q and its interval excludes zero; 'off' flags "
+        "by the interval alone (default %(default)s)",
+    )
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if not value >= 0.0:
@@ -146,6 +176,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
     return value
 
 

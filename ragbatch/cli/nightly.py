@@ -12,6 +12,7 @@ from ragbatch.cli.common import (
     _RUN_ID,
     _add_config_args,
     _add_degenerate_flag,
+    _add_fdr_arg,
     _add_rejudge_flag,
     _load,
     _non_negative,
@@ -37,8 +38,10 @@ def _add_nightly_parser(sub: argparse._SubParsersAction) -> None:
         type=_non_negative,
         metavar="THRESHOLD",
         help="exit 3 when a metric's all-rows change against the previous committed "
-        "run is significant, worse, and larger than THRESHOLD in its units",
+        "run is significant (after --fdr control), worse, and larger than THRESHOLD "
+        "in its units",
     )
+    _add_fdr_arg(p)
     p.add_argument(
         "--no-report",
         dest="report",
@@ -69,6 +72,7 @@ def cmd_nightly(args: argparse.Namespace) -> int:
         report=args.report,
         allow_uncalibrated=args.allow_uncalibrated,
         fail_on_degenerate=args.fail_on_degenerate,
+        fdr=args.fdr,
     )
     print(format_outcome(outcome))
     if outcome.exit_code in (EXIT_FAILED, EXIT_INVALID):

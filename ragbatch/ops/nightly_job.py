@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ragbatch.analysis.multiple_testing import DEFAULT_FDR
 from ragbatch.config.job import InputSection, JobConfig
 from ragbatch.core.errors import (
     ConfigError,
@@ -104,6 +105,8 @@ class NightlyOutcome:
         The all-rows comparison lines that regress beyond ``threshold`` (None without a
         threshold or without a previous run).
     threshold : float or None
+    fdr : float or None
+        False discovery rate the comparison's lines were flagged at (None: no control).
     compared : bool
         False when no comparison was asked for (``report=False`` without a threshold).
     degenerate : dict
@@ -124,6 +127,7 @@ class NightlyOutcome:
     report: NightlyReport | None = None
     regressions: pl.DataFrame | None = None
     threshold: float | None = None
+    fdr: float | None = DEFAULT_FDR
     compared: bool = True
     degenerate: dict[str, str] = field(default_factory=dict)
 
@@ -139,6 +143,7 @@ def run_nightly(
     report: bool = True,
     allow_uncalibrated: bool = False,
     fail_on_degenerate: bool | None = None,
+    fdr: float | None = DEFAULT_FDR,
 ) -> NightlyOutcome:
     """Run one night of ``config`` and publish its report; never raises for the failures
     :data:`~ragbatch.core.exit_codes.EXIT_CODES` name (they become the outcome's exit code and
@@ -174,6 +179,9 @@ def run_nightly(
     fail_on_degenerate : bool, optional
         Exit 5 when a judge metric's all-rows result is degenerate; default the
         config's ``diagnostics.fail_on_degenerate``.
+    fdr : float or None
+        False discovery rate of the comparison with the previous run (default 0.05;
+        :mod:`ragbatch.analysis.multiple_testing`); None turns the control off.
 
     Returns
     -------
@@ -185,6 +193,7 @@ def run_nightly(
         night,
         nightly_run_id(night) if run_id is None else run_id,
         threshold=fail_on_regression,
+        fdr=fdr,
     )
     try:
         check_id(outcome.run_id, "nightly run id" if run_id is None else "--run-id")
@@ -319,6 +328,7 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
                 outcome.run_id,
                 output.storage_options,
                 threshold=outcome.threshold,
+                fdr=outcome.fdr,
                 calibration_options=calibration_options(config),
                 calibration_section=calibration_section,
             )
@@ -327,7 +337,7 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
             outcome.comparison = written.comparison
         elif outcome.threshold is not None:
             outcome.run, outcome.baseline, outcome.comparison = compare_with_previous(
-                output.uri, outcome.run_id, output.storage_options, outcome.threshold
+                output.uri, outcome.run_id, output.storage_options, outcome.threshold, outcome.fdr
             )
         else:
             outcome.run = find_run(output.uri, outcome.run_id, output.storage_options)
