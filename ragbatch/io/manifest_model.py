@@ -153,10 +153,20 @@ _JUDGE = (
     "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
     "judges.md)"
 )
+#: The fault counters of each actor stage (:meth:`udfs.ledger.RunLedger.faults`), in the
+#: order written, each with its note in docs/output-schema.md ("": none).
+FAULT_COUNTERS: dict[str, str] = {
+    "batches": "",
+    "batch_starts": "",
+    "batch_retries": "in-process",
+    "actors_lost": "died holding a batch; replaced",
+    "failed_batches": "",
+    "failed_rows": "marked `error`",
+}
 _FAULTS = (
-    "`error_budget`; `stages`: per actor stage (`engine <name>`) `batches`, "
-    "`batch_starts`, `batch_retries` (in-process), `actors_lost` (died holding a batch; "
-    "replaced), `failed_batches`, `failed_rows` (marked `error`); `total`: their sums"
+    "`error_budget`; `stages`: per actor stage (`engine <name>`) "
+    + ", ".join(f"`{k}`" + (f" ({note})" if note else "") for k, note in FAULT_COUNTERS.items())
+    + "; `total`: their sums"
 )
 _PLACEMENT = (
     "per actor stage (plan name: `model:<engine>`, `pii:<engine>`, `judge:<engine>`): "
