@@ -9,6 +9,7 @@ from abc import abstractmethod
 from typing import Any, ClassVar
 
 from ragbatch.core.columns import CONTEXTS
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Program
 from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
@@ -18,12 +19,8 @@ from ragbatch.scoring.cells import Guard, PyCell, context_guards
 ASK = "Items in the reply: {n}."
 
 #: The last rows of every such metric's ``policy``: the failures its one step can meet.
-FAILURE_POLICY: tuple[tuple[str, str], ...] = (
-    ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-    (
-        "verdict count differs from the number of contexts, or a reply cut at max_tokens",
-        "parse_failure after the retries; the raw reply is kept",
-    ),
+FAILURE_POLICY: tuple[tuple[str, str], ...] = failure_policy(
+    "verdict count differs from the number of contexts, or a reply cut at max_tokens"
 )
 
 

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
@@ -134,10 +135,8 @@ class ContextRecall(StatementVerdictMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports no statement, so it cannot raise the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
+        *failure_policy(
             "verdict count differs from the statement count, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.answer_verdict import AnswerVerdictMetric
 from ragbatch.judge.metric import JudgeExample
@@ -72,13 +73,9 @@ class Duplication(AnswerVerdictMetric):
             "no effect: the task tells the judge "
             "to ignore the contexts (they stay in the shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "reply not of the schema (prose, a verdict that is not a boolean) or cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            "the shared block holds the contexts too",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

@@ -10,6 +10,7 @@ from pydantic import Field
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
@@ -229,13 +230,9 @@ class FactualCorrectness(VerdictMetric):
             "no effect: the task tells the judge not to use the contexts (they stay in the "
             "shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "verdict count differs from the claim count, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            "the shared block holds the contexts too",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

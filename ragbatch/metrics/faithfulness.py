@@ -6,6 +6,7 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS
@@ -110,11 +111,7 @@ class Faithfulness(StatementVerdictMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports no statement, so it cannot raise the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "verdict count differs from the statement count",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *failure_policy("verdict count differs from the statement count"),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(

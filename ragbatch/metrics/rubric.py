@@ -10,6 +10,7 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.prompt import StepPrompt
@@ -104,11 +105,9 @@ class Rubric(JudgeMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text when contexts are among `inputs`",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
+        *failure_policy(
             "reply not of the schema (a value off the scale, not a choice, prose) or cut at "
             "max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
