@@ -238,7 +238,10 @@ class Manifest(_Section):
     )
     metrics: list[dict[str, Any]] = Field(
         description=(
-            "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for `regex`)"
+            "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for "
+            "`regex`), then the facts analysis reads: `boolean` (every `ok` score is 0 or 1), "
+            "`higher_is_better` and `score_range` (`[low, high]`); manifests written before "
+            "these three lack them, and analysis takes them from the metric registry"
         )
     )
     models: dict[str, list[str]] = Field(description="metric id -> model ids that scored it")

@@ -160,6 +160,18 @@ class Metric(ABC):
             "engine": self.engine,
         }
 
+    @classmethod
+    def facts(cls) -> dict[str, Any]:
+        """What analysis reads about the metric's scores, recorded in its manifest entry:
+        ``boolean`` (every ``ok`` score is 0.0 or 1.0), ``higher_is_better`` and
+        ``score_range`` (``[low, high]``, floats, closed)."""
+        low, high = cls.score_range
+        return {
+            "boolean": bool(cls.boolean),
+            "higher_is_better": bool(cls.higher_is_better),
+            "score_range": [float(low), float(high)],
+        }
+
     def validate_notes(self) -> list[str]:
         """Lines ``ragbatch validate`` prints about how this metric will run, each
         without the metric id (the command puts it first). None by default."""
