@@ -18,6 +18,18 @@ from ragbatch.scoring.cells import Guard, PyCell, context_guards
 #: The ``instructions_first`` layout's ask of a per-context verdict step.
 ASK = "Items in the reply: {n}."
 
+#: The reply format that ends the task of every such step (a ``str.format`` template
+#: taking ``{n}``, after a blank line).
+TASK_REPLY = """\
+Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
+{n} items, the first for context [1]."""
+
+#: The reply format that ends the ``instructions_first`` layout's instructions of every
+#: such step (plain text).
+INSTRUCTIONS_REPLY = """\
+Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
+context, the first for context [1]."""
+
 #: The last rows of every such metric's ``policy``: the failures its one step can meet.
 FAILURE_POLICY: tuple[tuple[str, str], ...] = failure_policy(
     "verdict count differs from the number of contexts, or a reply cut at max_tokens"
