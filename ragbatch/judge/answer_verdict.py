@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from ragbatch.core.columns import ANSWER
 from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
-from ragbatch.judge.policy import failure_policy
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.scoring.cells import Guard, PyCell, blank, missing
 
@@ -47,7 +47,7 @@ INPUT_POLICY: tuple[tuple[str, str], ...] = (
 #: The last rows of every such metric's ``policy``: the failures its one step can meet.
 FAILURE_POLICY: tuple[tuple[str, str], ...] = failure_policy(
     "reply not of the schema (prose, a verdict that is not a boolean) or cut at max_tokens",
-    "the shared block holds the contexts too",
+    SHARED_BLOCK,
 )
 
 

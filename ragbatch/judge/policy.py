@@ -11,6 +11,9 @@ from __future__ import annotations
 
 #: The case of the window row, before a metric's note on what its prompt holds.
 TOO_LONG = "prompt longer than the judge's window"
+#: The window note of a metric whose step reads little of the row: the prompt's shared
+#: block (:mod:`ragbatch.judge.prompt`) holds the contexts all the same.
+SHARED_BLOCK = "the shared block holds the contexts too"
 #: What a cell of a prompt over the judge's window holds.
 TOO_LONG_OUTCOME = "context_too_long; nothing is truncated"
 #: What a cell whose reply did not parse holds.

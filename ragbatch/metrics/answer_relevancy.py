@@ -8,7 +8,7 @@ import numpy as np
 from pydantic import Field
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.policy import failure_policy
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, JudgeParams, Program
 from ragbatch.judge.parse import parse_json
@@ -178,7 +178,7 @@ class AnswerRelevancy(JudgeMetric):
         *failure_policy(
             "question count differs from n_questions, a flag other than 0/1, or a reply cut at "
             "max_tokens",
-            "the shared block holds the contexts too",
+            SHARED_BLOCK,
         ),
         ("embedding engine fails or returns the wrong number of rows", "error, with the exception"),
     )

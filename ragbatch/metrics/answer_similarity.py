@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.policy import failure_policy
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import StepPrompt
@@ -119,7 +119,7 @@ class AnswerSimilarity(JudgeMetric):
         ),
         *failure_policy(
             "reply not a single digit 0-5 (out of range, prose) or cut at max_tokens",
-            "the shared block holds the contexts too",
+            SHARED_BLOCK,
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

@@ -11,7 +11,7 @@ from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
 from ragbatch.judge.verdicts import VERDICTS_INSTRUCTIONS_REPLY, VERDICTS_TASK_REPLY
-from ragbatch.judge.policy import failure_policy
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
@@ -247,7 +247,7 @@ class FactualCorrectness(VerdictMetric):
         ),
         *failure_policy(
             "verdict count differs from the claim count, or a reply cut at max_tokens",
-            "the shared block holds the contexts too",
+            SHARED_BLOCK,
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
