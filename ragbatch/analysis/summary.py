@@ -309,8 +309,7 @@ def _code_cells(
 
     With ``materialize`` false, ``coded`` is a view, computed again by each query: for a
     summary without judge health measures or labels, whose three scans of it cost less
-    than writing it out once (3,000,000 rows x 6 metrics: 2.8 s to materialize, about 1
-    s per scan of the view)."""
+    than writing it out once (measured in docs/benchmarks/whole-job.md)."""
     joins, codes = [], []
     for i, column in enumerate(slices):
         kept_i = internal(f"kept{i}")

@@ -36,10 +36,10 @@ log = logging.getLogger(__name__)
 #: Row groups whose ``group`` range a reader keeps, over all bucket files (the ranges of
 #: the least recently used files are dropped first, and read again when needed).
 RANGE_CACHE_ROW_GROUPS = 65_536
-#: Bytes of bucket-file footers a reader keeps, serialized (about 1.1 KiB per row group,
-#: a tenth of a parsed footer): 32 MiB hold every footer of a cache of about 14 million
-#: entries. A file whose footer is not kept has it read again, one more request to the
-#: store per file a lookup reads.
+#: Bytes of bucket-file footers a reader keeps, serialized (about a tenth of a parsed
+#: footer; the measured sizes, and the cache size whose footers fit, are in
+#: docs/benchmarks/cache.md). A file whose footer is not kept has it read again, one more
+#: request to the store per file a lookup reads.
 FOOTER_CACHE_BYTES = 32 << 20
 #: Bucket files one lookup reads at once, each on its own thread. A batch's groups fall in
 #: dozens of buckets; read one after another, every file's request would wait on its own
@@ -115,7 +115,7 @@ class BucketReader:
     the store anything (:meth:`_plan`; sizes come from the listing made when the reader
     was opened) and all are sent at once (:meth:`CacheFiles.start_fetch`). So with the
     footers kept, a batch's lookup makes one request per file that may hold one of its
-    groups (about 57 for 64 rows over 256 buckets), whatever the cache's size, and no
+    groups (docs/benchmarks/cache.md counts them), whatever the cache's size, and no
     request for a size, a listing or an object's metadata.
 
     A file whose bytes are not a cache file's (cut short, not Parquet, a footer that
