@@ -11,14 +11,7 @@ from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParam
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.scoring.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.scoring.cells import Guard, PyCell, context_guards
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import NOT_APPLICABLE
 
@@ -177,13 +170,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     )
 
     def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(CONTEXTS),
-            missing(ANSWER),
-            blank(ANSWER),
-            empty_contexts(),
-            every_context_blank(),
-        )
+        return context_guards(self.inputs, ANSWER)
 
     def program(self, row: dict[str, Any]) -> Program:
         [reply] = yield [
