@@ -128,7 +128,9 @@ class ResumeInfo(_Section):
 
 
 class FaultInfo(_Section):
-    """The manifest's ``faults`` section (:func:`ragbatch.pipeline.manifest.fault_summary`)."""
+    """The manifest's ``faults`` section (:func:`ragbatch.pipeline.manifest.fault_summary`):
+    ``stages`` maps each actor stage to its counters (:data:`FAULT_COUNTERS`, ints >= 0)
+    and ``total`` holds their sums."""
 
     error_budget: float = Field(0.01, description="fraction of input rows in [0, 1]")
     stages: dict[str, dict[str, int]] = Field(default_factory=dict)
