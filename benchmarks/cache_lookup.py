@@ -128,7 +128,7 @@ def _worker(job: dict) -> dict:
 def _record_ranges() -> list:
     """Record the byte ranges the cache's files fetch from now on (this tree's reader;
     the list stays empty for a version without ``start_fetch``)."""
-    from ragbatch.judge.cache_store import CacheFiles
+    from ragbatch.judge.cache_files import CacheFiles
 
     seen: list = []
     for name in ("start_fetch", "fetch"):

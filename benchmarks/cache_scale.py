@@ -121,7 +121,7 @@ def write_filler(uri: str, entries: int, seed: int = 0) -> float:
 
     import pyarrow as pa
 
-    from ragbatch.judge.cache_store import ENTRY_SCHEMA, ROW_GROUP_ROWS
+    from ragbatch.judge.cache_files import ENTRY_SCHEMA, ROW_GROUP_ROWS
     from ragbatch.judge.cache_upkeep import open_files
 
     t = time.perf_counter()

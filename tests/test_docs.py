@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from ragbatch.core.columns import SCORES_COLUMNS
-from ragbatch.analysis.summary import SUMMARY_SCHEMA
+from ragbatch.analysis.summary_types import SUMMARY_SCHEMA
 from ragbatch.scoring.registry import all_metrics
 from ragbatch.core.status import STATUSES
 

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.score_cells import mean_ci_as_set, write_cells
-import ragbatch.analysis.summary as summary_module
-from ragbatch.analysis.summary import MetricInfo, SummarySettings, summarize_view
+import ragbatch.analysis.summary_groups as summary_groups
+from ragbatch.analysis.summary import summarize_view
+from ragbatch.analysis.summary_types import MetricInfo, SummarySettings
 from ragbatch.config.job import JobConfig, OutputSection
 from ragbatch.core.errors import ConservationError
 from ragbatch.io.write import OutputLayout, verify_run
@@ -188,12 +189,12 @@ def test_hostile_slice_values_of_every_type(tmp_path, monkeypatch, path):
     # one grouping, per slice column, or (max_distinct exceeded on purpose) as a sorted
     # stream: every text-slice row equals the counts and mean_ci worked out here, and
     # every column's rows add up to the overall counts.
-    monkeypatch.setattr(summary_module, "MAX_GROUP_ROWS", 1 if path == "per column" else 1 << 40)
+    monkeypatch.setattr(summary_groups, "MAX_GROUP_ROWS", 1 if path == "per column" else 1 << 40)
     if path == "sorted":
-        real = summary_module._distinct_ok_scores
+        real = summary_groups.distinct_ok_scores
         monkeypatch.setattr(
-            summary_module,
-            "_distinct_ok_scores",
+            summary_groups,
+            "distinct_ok_scores",
             lambda con, ids: {k: 10**9 for k in real(con, ids)},
         )
     rng = np.random.default_rng(17)
@@ -249,12 +250,12 @@ def test_scores_at_and_past_max_distinct(tmp_path, monkeypatch, extra):
     # distinct, counted. With 0.5 as well: 5, a sorted stream. Either way each row is
     # mean_ci of its sorted scores, and only the exact 1.0 passes.
     values = [-0.0, 0.0, 0.25, 0.9999999999999999, 1.0, *extra]
-    other = "_ok_streams" if not extra else "_counted_streams"
+    other = "ok_streams" if not extra else "counted_streams"
 
     def wrong_path(*args, **kwargs):
         raise AssertionError(f"{len(values)} scores must not take {other}")
 
-    monkeypatch.setattr(summary_module, other, wrong_path)
+    monkeypatch.setattr(summary_groups, other, wrong_path)
     n = 240
     scores = np.array(values)[np.arange(n) * 7 % len(values)]
     status = np.array(["ok"] * n)
@@ -328,8 +329,8 @@ def test_many_slice_columns_split_the_counts_but_not_the_counted_scores(tmp_path
     settings = SummarySettings(max_resample_n=40, max_distinct=2, n_resamples=200)
     slices = [f"c{j}" for j in range(6)]
     kept = [[str(v) for v in range(4)]] * 6
-    assert len(summary_module._groupings(kept, 18)) == 6
-    assert len(summary_module._groupings(kept, 2)) == 1
+    assert len(summary_groups.groupings(kept, 18)) == 6
+    assert len(summary_groups.groupings(kept, 2)) == 1
     rows = _summarize(tmp_path, table, [MetricInfo("m", "exact_match", True)], slices, settings)
     assert len(rows) == 1 + 6 * 4
     _assert_matches(rows[0], _expected_row(scores, status, settings))

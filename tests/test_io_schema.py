@@ -14,7 +14,7 @@ from ragbatch.core import columns as C
 from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
 from ragbatch.io import ReadTask, check_columns, normalize, plan_read, read_task, slice_columns
-from ragbatch.io.schema import _parse_one, _strict_json_lists
+from ragbatch.io.contexts import _parse_one, _strict_json_lists
 from ragbatch.core.reasons import quote
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")

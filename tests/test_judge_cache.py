@@ -17,7 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ragbatch.cli.main import main
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
-from ragbatch.judge.cache_store import ROW_GROUP_ROWS, CacheFiles
+from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
 from ragbatch.judge.cache_upkeep import (
     cache_stats,
     compact,

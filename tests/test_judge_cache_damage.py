@@ -23,7 +23,7 @@ from ragbatch.core.errors import OutputError
 from ragbatch.core.status import OK
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache, group_key
-from ragbatch.judge.cache_store import bucket_of
+from ragbatch.judge.cache_files import bucket_of
 from ragbatch.judge.cache_upkeep import (
     cache_stats,
     check_cache,

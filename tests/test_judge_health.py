@@ -26,7 +26,8 @@ from support.degenerate_judge import (
     degenerate_reply,
     healthy_reply,
 )
-from ragbatch.analysis.summary import MetricInfo, summarize_view
+from ragbatch.analysis.summary import summarize_view
+from ragbatch.analysis.summary_types import MetricInfo
 from ragbatch.config.job import DiagnosticsSection, JobConfig
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.batch import judge_frame

@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ragbatch.io.schema as schema_module
+import ragbatch.io.contexts as contexts_module
 from ragbatch.config.job import InputSection
 from ragbatch.core import columns as C
 from ragbatch.io import ReadTask, normalize, read_task
 from ragbatch.io.read import _read_row_groups, _read_text_columns_fast
-from ragbatch.io.schema import VIEW_TYPES, _starts_a_list, _strict_json_lists
+from ragbatch.io.contexts import _starts_a_list, _strict_json_lists
+from ragbatch.io.schema import VIEW_TYPES
 
 TASK = ReadTask("/data/f.csv", "f.csv", "csv")
 
@@ -72,13 +73,13 @@ def test_repeated_contexts_are_normalized_once_with_the_same_rows_and_issues(mon
     rows = [VALUES[(7 * i) % len(VALUES)] for i in range(5 * len(VALUES))]
     config = cfg(columns={"contexts": "c"}, **options)
     sizes: list[int] = []
-    real = schema_module._contexts_from_strings
+    real = contexts_module._contexts_from_strings
 
     def counting(strings, *args):
         sizes.append(len(strings))
         return real(strings, *args)
 
-    monkeypatch.setattr(schema_module, "_contexts_from_strings", counting)
+    monkeypatch.setattr(contexts_module, "_contexts_from_strings", counting)
     for views in (False, True):
         sizes.clear()
         raw = pa.table({"c": pa.array(rows, pa.string_view() if views else pa.string())})
@@ -95,13 +96,13 @@ def test_repeated_contexts_are_normalized_once_with_the_same_rows_and_issues(mon
 
 def test_mostly_distinct_contexts_are_normalized_row_by_row(monkeypatch):
     sizes: list[int] = []
-    real = schema_module._contexts_from_strings
+    real = contexts_module._contexts_from_strings
 
     def counting(strings, *args):
         sizes.append(len(strings))
         return real(strings, *args)
 
-    monkeypatch.setattr(schema_module, "_contexts_from_strings", counting)
+    monkeypatch.setattr(contexts_module, "_contexts_from_strings", counting)
     rows = [json.dumps([f"c{i}"]) for i in range(9)] + ['["c0"]']
     out = normalize(pa.table({"c": rows}), cfg(columns={"contexts": "c"}), TASK)
     assert sizes == [10]

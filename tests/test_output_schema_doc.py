@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from ragbatch.analysis.summary import SUMMARY_SCHEMA
+from ragbatch.analysis.summary_types import SUMMARY_SCHEMA
 from ragbatch.core.columns import SCORES_COLUMNS
 from ragbatch.core.status import DESCRIPTIONS, STATUSES
 from support.summary_run import RUN_DATE, RUN_ID, small_run

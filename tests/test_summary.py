@@ -21,13 +21,8 @@ from scipy import stats
 from support.score_cells import mean_ci_as_set
 from support.summary_run import COMBINING, PRECOMPOSED, small_run
 from ragbatch.analysis.intervals import N_RESAMPLES, SEED
-from ragbatch.analysis.summary import (
-    SUMMARY_SCHEMA,
-    MetricInfo,
-    SummarySettings,
-    summarize_run,
-    summarize_view,
-)
+from ragbatch.analysis.summary import summarize_run, summarize_view
+from ragbatch.analysis.summary_types import SUMMARY_SCHEMA, MetricInfo, SummarySettings
 from ragbatch.cli.run import _summary_text
 from ragbatch.core.errors import OutputError
 from ragbatch.core.status import STATUSES
@@ -358,9 +353,9 @@ def test_streamed_groups_equal_mean_ci_of_each_sorted_group(tmp_path, monkeypatc
     # index bootstrap), 'z' (270 scores, many values: normal). Streamed in batches of 7
     # scores, each group's interval must still be mean_ci of its sorted scores (exactly
     # for the bootstrap paths, to rounding for the normal one).
-    import ragbatch.analysis.summary as summary_module
+    import ragbatch.analysis.summary_groups as summary_groups
 
-    monkeypatch.setattr(summary_module, "CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(summary_groups, "CHUNK_ROWS", chunk_rows)
     rng = np.random.default_rng(11)
     app = np.array(["x"] * 300 + ["y"] * 30 + ["z"] * 270)
     score = np.concatenate([rng.choice([0.0, 0.5, 1.0], 300), rng.random(30), rng.random(270)])
@@ -418,14 +413,14 @@ def test_counted_groups_equal_mean_ci_of_each_sorted_group(
     # with max_group_rows 1, one at a time, and with the coded cells written out as a
     # table (as for scores on an object store). 12 error cells and a second metric sit
     # beside.
-    import ragbatch.analysis.summary as summary_module
+    import ragbatch.analysis.summary_groups as summary_groups
 
-    monkeypatch.setattr(summary_module, "MAX_GROUP_ROWS", max_group_rows)
+    monkeypatch.setattr(summary_groups, "MAX_GROUP_ROWS", max_group_rows)
 
     def no_sorted_stream(*args, **kwargs):
         raise AssertionError("a metric of 5 distinct scores must take the counted path")
 
-    monkeypatch.setattr(summary_module, "_ok_streams", no_sorted_stream)
+    monkeypatch.setattr(summary_groups, "ok_streams", no_sorted_stream)
     rng = np.random.default_rng(29)
     n = 912
     score = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], n)

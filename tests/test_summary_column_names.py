@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from support.score_cells import write_cells
-from ragbatch.analysis.summary import MetricInfo, summarize_run
+from ragbatch.analysis.summary import summarize_run
+from ragbatch.analysis.summary_types import MetricInfo
 from ragbatch.config.job import InputSection, JobConfig, OutputSection
 from ragbatch.core.errors import OutputError
 from ragbatch.io.budget import check_error_budget

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragbatch.io.manifest_model import FAULT_COUNTERS
+
 
 @dataclass
 class _Batch:
@@ -118,25 +120,16 @@ class RunLedger:
         )
 
     def faults(self) -> dict[str, dict[str, int]]:
-        """Per stage: ``batches`` (distinct), ``batch_starts``, ``batch_retries``
-        (in-process attempts after the first), ``actors_lost`` (starts that ended with
-        the actor dead while holding the batch; Ray Data replaced each),
-        ``failed_batches`` and ``failed_rows`` (rows marked ``error``)."""
+        """Per stage, the counters of :data:`ragbatch.io.manifest_model.FAULT_COUNTERS`:
+        ``batches`` (distinct), ``batch_starts``, ``batch_retries`` (in-process attempts
+        after the first), ``actors_lost`` (starts that ended with the actor dead while
+        holding the batch; Ray Data replaced each), ``failed_batches`` and
+        ``failed_rows`` (rows marked ``error``)."""
         out: dict[str, dict[str, int]] = {}
         for (stage, _), batch in self._batches.items():
             s = out.setdefault(
                 stage,
-                dict.fromkeys(
-                    (
-                        "batches",
-                        "batch_starts",
-                        "batch_retries",
-                        "actors_lost",
-                        "failed_batches",
-                        "failed_rows",
-                    ),
-                    0,
-                ),
+                dict.fromkeys(FAULT_COUNTERS, 0),
             )
             s["batches"] += 1
             s["batch_starts"] += len(batch.starts)

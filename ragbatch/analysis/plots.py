@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -162,25 +163,11 @@ def interval_dots(
         An SVG document; height grows with the number of labels.
     """
     n = len(labels)
-    est = np.array([np.nan if v is None else v for v in estimates], dtype=float)
-    lo = np.array([np.nan if v is None else v for v in lows], dtype=float)
-    hi = np.array([np.nan if v is None else v for v in highs], dtype=float)
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(6, 0.3 * max(n, 2) + 0.9), layout="constrained")
         ax = fig.add_subplot()
         y = np.arange(n)
-        ok = ~np.isnan(est)
-        err = np.vstack([np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)])
-        ax.errorbar(
-            est[ok],
-            y[ok],
-            xerr=err[:, ok],
-            fmt="o",
-            color="#4c72b0",
-            ecolor="#7f7f7f",
-            capsize=3,
-            markersize=4,
-        )
+        _dots(ax, y, estimates, lows, highs)
         if zero_line:
             ax.axvline(0.0, color="#d0605e", linewidth=1)
         ax.set_yticks(y, [_clip(label, 40) for label in labels])
@@ -188,6 +175,32 @@ def interval_dots(
         ax.set_xlabel(xlabel)
         ax.set_title(title)
         return _svg(fig)
+
+
+def _dots(
+    ax: Any,
+    y: np.ndarray,
+    estimates: Sequence[float | None],
+    lows: Sequence[float | None],
+    highs: Sequence[float | None],
+) -> None:
+    """Draw a dot at each estimate (at height ``y``) with a horizontal error bar from its
+    low to its high (none where a bound is None; no dot where the estimate is None)."""
+    est = np.array([np.nan if v is None else v for v in estimates], dtype=float)
+    lo = np.array([np.nan if v is None else v for v in lows], dtype=float)
+    hi = np.array([np.nan if v is None else v for v in highs], dtype=float)
+    ok = ~np.isnan(est)
+    err = np.vstack([np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)])
+    ax.errorbar(
+        est[ok],
+        y[ok],
+        xerr=err[:, ok],
+        fmt="o",
+        color="#4c72b0",
+        ecolor="#7f7f7f",
+        capsize=3,
+        markersize=4,
+    )
 
 
 def _clip(text: str, limit: int) -> str:
@@ -247,23 +260,7 @@ def slice_panel(
                 ax.set_visible(False)
                 continue
             mid = metrics[index]
-            est = np.array([np.nan if v is None else v for v in estimates[mid]], dtype=float)
-            lo = np.array([np.nan if v is None else v for v in lows[mid]], dtype=float)
-            hi = np.array([np.nan if v is None else v for v in highs[mid]], dtype=float)
-            ok = ~np.isnan(est)
-            err = np.vstack(
-                [np.where(np.isnan(lo), 0, est - lo), np.where(np.isnan(hi), 0, hi - est)]
-            )
-            ax.errorbar(
-                est[ok],
-                y[ok],
-                xerr=err[:, ok],
-                fmt="o",
-                color="#4c72b0",
-                ecolor="#7f7f7f",
-                capsize=3,
-                markersize=4,
-            )
+            _dots(ax, y, estimates[mid], lows[mid], highs[mid])
             ax.set_title(_clip(mid, 30))
             span = (ranges or {}).get(mid)
             if span is not None:

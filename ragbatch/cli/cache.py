@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ragbatch.cli.common import _storage_option
+from ragbatch.cli.common import add_storage_option
 from ragbatch.core.errors import ConfigError, OutputError
 from ragbatch.core.exit_codes import EXIT_CACHE_DAMAGED, EXIT_OK
 
@@ -27,15 +27,7 @@ def _add_cache_parser(sub: Any) -> None:
     p.add_argument("action", choices=("stats", "compact", "prune", "check"))
     p.add_argument("config", nargs="?", help="job config (YAML) whose cache to use")
     p.add_argument("--uri", help="the cache root (instead of a config's)")
-    p.add_argument(
-        "--storage-option",
-        dest="storage_option",
-        action="append",
-        default=[],
-        type=_storage_option,
-        metavar="KEY=VALUE",
-        help="fsspec storage option of --uri (repeatable; as for ragbatch compare)",
-    )
+    add_storage_option(p, "fsspec storage option of --uri (repeatable; as for ragbatch compare)")
     p.add_argument("--keep-runs", type=int, help="prune: keep entries used in the last N runs")
     p.add_argument("--keep-days", type=float, help="prune: keep entries used in the last D days")
     p.add_argument(

@@ -61,26 +61,30 @@ def _add_storage_option_args(p: argparse.ArgumentParser, root_flag: str, other_f
         "(client_kwargs.region_name=eu-west-1); the AWS_*/GOOGLE_* environment applies "
         "to what is not given"
     )
-    p.add_argument(
-        "--storage-option",
-        dest="storage_option",
-        action="append",
-        default=[],
-        type=_storage_option,
-        metavar="KEY=VALUE",
-        help=f"fsspec storage option of the {root_flag} root ({form})",
-    )
+    add_storage_option(p, f"fsspec storage option of the {root_flag} root ({form})")
     other = other_flag.removesuffix("-output").lstrip("-")
-    p.add_argument(
-        f"--{other}-storage-option",
-        dest=f"{other}_storage_option",
-        action="append",
-        default=[],
-        type=_storage_option,
-        metavar="KEY=VALUE",
-        help=f"storage option of the {other_flag} root, as --storage-option; only "
+    add_storage_option(
+        p,
+        f"storage option of the {other_flag} root, as --storage-option; only "
         f"these apply there (default: none; without {other_flag} the "
         f"{root_flag} root and its options are used)",
+        prefix=other,
+    )
+
+
+def add_storage_option(p: argparse.ArgumentParser, help_text: str, prefix: str = "") -> None:
+    """Add the repeatable flag ``--storage-option KEY=VALUE`` (``--<prefix>-storage-option``
+    with a ``prefix``) to ``p``: each value parsed into ``args.storage_option``
+    (``args.<prefix>_storage_option``), a list of ``(key path, value)`` pairs
+    (:func:`ragbatch.io.options.parse_storage_option`; a bad one is a usage error)."""
+    p.add_argument(
+        f"--{prefix}-storage-option" if prefix else "--storage-option",
+        dest=f"{prefix}_storage_option" if prefix else "storage_option",
+        action="append",
+        default=[],
+        type=_storage_option,
+        metavar="KEY=VALUE",
+        help=help_text,
     )
 
 

@@ -43,7 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"  summary:  {redact_url(layout.uri(layout.summary_path))}")
     print(f"  manifest: {redact_url(layout.uri(layout.manifest_path))}")
     print()
-    print(_summary_text(result.summary.table.to_pylist(), result.summary.settings.confidence))
+    summary = result.summary
+    assert summary is not None, "run_job summarizes every run it commits"
+    print(_summary_text(summary.table.to_pylist(), summary.settings.confidence))
     judge = result.manifest.judge
     if judge.metrics:
         t = judge.total
@@ -68,8 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         _write_run_report(result.config or config, result.run_id)
     gate = args.fail_on_degenerate or config.diagnostics.fail_on_degenerate
-    if gate and result.summary.degenerate():
-        names = ", ".join(result.summary.degenerate())
+    if gate and summary.degenerate():
+        names = ", ".join(summary.degenerate())
         print(
             f"ragbatch: run {result.run_id} committed, but these judge metrics are degenerate: "
             f"{names}",
@@ -122,7 +124,7 @@ def _write_run_report(config: JobConfig, run_id: str) -> None:
         ) from exc
     print()
     print(f"report:     {written.report}")
-    if written.comparison is None:
+    if written.comparison is None or written.baseline is None:  # both or neither
         print("comparison: none (no earlier committed run under this output root)")
         return
     print(f"comparison: {written.comparison_text} (with {written.baseline.describe()})")

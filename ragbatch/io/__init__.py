@@ -17,7 +17,8 @@ from ragbatch.io.read import (
     plan_read,
     read_task,
 )
-from ragbatch.io.schema import CONTEXT_TEXT_FIELDS, check_columns, normalize, slice_columns
+from ragbatch.io.contexts import CONTEXT_TEXT_FIELDS
+from ragbatch.io.schema import check_columns, normalize, slice_columns
 
 __all__ = [
     "CONTEXT_TEXT_FIELDS",

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ragbatch.core.errors import InputError
 from ragbatch.io.fs import resolve
+from ragbatch.io.issues import is_number
 from ragbatch.io.read import ReadTask, read_task
 
 if TYPE_CHECKING:
@@ -63,13 +64,7 @@ def label_problems(config: "JobConfig", schema: pa.Schema) -> list[str]:
 
 
 def _label_type(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_null(t)
-    )
+    return is_number(t) or pa.types.is_boolean(t) or pa.types.is_null(t)
 
 
 def check_label_values(plan: "PlannedInput") -> dict[str, int]:

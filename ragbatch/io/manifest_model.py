@@ -128,7 +128,9 @@ class ResumeInfo(_Section):
 
 
 class FaultInfo(_Section):
-    """The manifest's ``faults`` section (:func:`ragbatch.pipeline.manifest.fault_summary`)."""
+    """The manifest's ``faults`` section (:func:`ragbatch.pipeline.manifest.fault_summary`):
+    ``stages`` maps each actor stage to its counters (:data:`FAULT_COUNTERS`, ints >= 0)
+    and ``total`` holds their sums."""
 
     error_budget: float = Field(0.01, description="fraction of input rows in [0, 1]")
     stages: dict[str, dict[str, int]] = Field(default_factory=dict)
@@ -153,10 +155,20 @@ _JUDGE = (
     "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
     "judges.md)"
 )
+#: The fault counters of each actor stage (:meth:`udfs.ledger.RunLedger.faults`), in the
+#: order written, each with its note in docs/output-schema.md ("": none).
+FAULT_COUNTERS: dict[str, str] = {
+    "batches": "",
+    "batch_starts": "",
+    "batch_retries": "in-process",
+    "actors_lost": "died holding a batch; replaced",
+    "failed_batches": "",
+    "failed_rows": "marked `error`",
+}
 _FAULTS = (
-    "`error_budget`; `stages`: per actor stage (`engine <name>`) `batches`, "
-    "`batch_starts`, `batch_retries` (in-process), `actors_lost` (died holding a batch; "
-    "replaced), `failed_batches`, `failed_rows` (marked `error`); `total`: their sums"
+    "`error_budget`; `stages`: per actor stage (`engine <name>`) "
+    + ", ".join(f"`{k}`" + (f" ({note})" if note else "") for k, note in FAULT_COUNTERS.items())
+    + "; `total`: their sums"
 )
 _PLACEMENT = (
     "per actor stage (plan name: `model:<engine>`, `pii:<engine>`, `judge:<engine>`): "
@@ -228,7 +240,10 @@ class Manifest(_Section):
     )
     metrics: list[dict[str, Any]] = Field(
         description=(
-            "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for `regex`)"
+            "per metric: `id`, `name`, `kind`, `params`, `engine` (and the regex engine for "
+            "`regex`), then the facts analysis reads: `boolean` (every `ok` score is 0 or 1), "
+            "`higher_is_better` and `score_range` (`[low, high]`); manifests written before "
+            "these three lack them, and analysis takes them from the metric registry"
         )
     )
     models: dict[str, list[str]] = Field(description="metric id -> model ids that scored it")

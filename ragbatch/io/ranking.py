@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ragbatch.core import columns as C
+from ragbatch.io.issues import is_number, is_text
 
 _IDS_TYPE = pa.list_(pa.string())
 
@@ -65,27 +66,16 @@ _EXPECTED = {
 }
 
 
-def _text(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        return _text(t.value_type)
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
 def _list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
 def _id_type(t: pa.DataType) -> bool:
-    return _text(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+    return is_text(t) or pa.types.is_integer(t) or pa.types.is_null(t)
 
 
 def _grade_type(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_floating(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_null(t)
-    )
+    return is_number(t) or pa.types.is_null(t)
 
 
 def type_problem(canonical: str, t: pa.DataType) -> str | None:
@@ -95,7 +85,7 @@ def type_problem(canonical: str, t: pa.DataType) -> str | None:
     The message starts after "column 'x' " and ends with the fix, as
     :func:`ragbatch.io.schema.check_columns` prints it.
     """
-    if pa.types.is_null(t) or _text(t):
+    if pa.types.is_null(t) or is_text(t):
         return None
     if canonical == C.RELEVANCE:
         if pa.types.is_map(t) and _id_type(t.key_type) and _grade_type(t.item_type):
@@ -140,7 +130,7 @@ def ids(column: str, source: pa.Array, marked: set[int], issues: Any) -> pa.Arra
         return pa.nulls(n, _IDS_TYPE)
     if _list(t) and _id_type(t.value_type):
         return pc.cast(source, _IDS_TYPE)
-    if _text(t):
+    if is_text(t):
         values = pc.cast(source, pa.string()).to_pylist()
         rows = [None if v is None else _parse_ids(column, v, issues.preview) for v in values]
     else:
@@ -219,7 +209,7 @@ def relevance(source: pa.Array, marked: set[int], issues: Any) -> pa.Array:
     fast = _relevance_arrow(source)
     if fast is not None:
         return _reject_bad_entries(fast, issues)
-    if _text(t):
+    if is_text(t):
         values = pc.cast(source, pa.string()).to_pylist()
         rows = [None if v is None else _parse_relevance(v, issues.preview) for v in values]
     else:  # a struct column whose fields are ids, or a type validate refuses

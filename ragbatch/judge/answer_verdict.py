@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from ragbatch.core.columns import ANSWER
 from ragbatch.judge.metric import JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
 from ragbatch.scoring.cells import Guard, PyCell, blank, missing
 
@@ -27,6 +28,27 @@ SLOTS = VerdictSlots((("true", 1.0), ("false", 0.0)), key="verdict")
 #: Completion budget: a reason of REASON_MAX_CHARS (about 3 characters a token) plus the
 #: keys and a boolean.
 MAX_TOKENS = REASON_MAX_CHARS // 3 + 24
+
+#: The reply format that ends the step's task (after a blank line): the JSON of
+#: :data:`SCHEMA`.
+REPLY_FORMAT = 'Reply with JSON: {"reason": "...", "verdict": true or false}'
+
+#: The first rows of every such metric's ``policy``: the inputs it guards and those it
+#: does not read.
+INPUT_POLICY: tuple[tuple[str, str], ...] = (
+    ("answer is null", "missing_input"),
+    ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
+    (
+        "question or contexts null, or contexts an empty list",
+        "not read: only the answer's text is judged",
+    ),
+)
+
+#: The last rows of every such metric's ``policy``: the failures its one step can meet.
+FAILURE_POLICY: tuple[tuple[str, str], ...] = failure_policy(
+    "reply not of the schema (prose, a verdict that is not a boolean) or cut at max_tokens",
+    SHARED_BLOCK,
+)
 
 
 def parse_reply(text: str) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from typing import Any, Iterable, Iterator, Protocol
 import pyarrow as pa
 
 from ragbatch.core.errors import OutputError
-from ragbatch.judge.cache_store import ENTRY_SCHEMA, BucketReader, CacheFiles, Reply
+from ragbatch.judge.cache_files import ENTRY_SCHEMA, CacheFiles, Reply
+from ragbatch.judge.cache_store import BucketReader
 from ragbatch.judge.protocol import Ask, Completion, logprobs_from_json, logprobs_json
 from ragbatch.core.status import OK
 
@@ -108,7 +109,7 @@ class JudgmentCache:
         leaves ``last_run`` null for the fold to stamp.
     repair : bool
         Set aside a bucket file a lookup finds unreadable
-        (:meth:`~ragbatch.judge.cache_store.CacheFiles.set_aside`); False (a dry run's
+        (:meth:`~ragbatch.judge.cache_files.CacheFiles.set_aside`); False (a dry run's
         probe, which changes nothing) only leaves it out. Either way its entries are
         misses and a warning names it.
 

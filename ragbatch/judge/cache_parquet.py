@@ -11,7 +11,7 @@ in memory. That also draws the line between the two kinds of failure:
 * the bytes fetched are not a cache file (cut short, not Parquet, a footer that does
   not parse or points outside the file, columns missing or of another type, pages that
   do not decode): :class:`Damaged`, and the file is set aside
-  (:meth:`~ragbatch.judge.cache_store.CacheFiles.set_aside`) while its entries count as
+  (:meth:`~ragbatch.judge.cache_files.CacheFiles.set_aside`) while its entries count as
   misses.
 """
 
@@ -109,10 +109,10 @@ def check_schema(meta: Any) -> None:
     ------
     Damaged
         A column of :data:`REQUIRED_COLUMNS` is missing, or a column of
-        :data:`~ragbatch.judge.cache_store.ENTRY_SCHEMA` has another type (the message
+        :data:`~ragbatch.judge.cache_files.ENTRY_SCHEMA` has another type (the message
         names it). Other columns may be absent (files written before they existed).
     """
-    from ragbatch.judge.cache_store import ENTRY_SCHEMA
+    from ragbatch.judge.cache_files import ENTRY_SCHEMA
 
     try:
         schema = meta.schema.to_arrow_schema()

@@ -23,7 +23,7 @@ next compaction resolve.
 
 A file that cannot be read (cut short, not Parquet, the wrong columns) never stops a
 fold, a compaction or a prune: :meth:`CacheFiles.read
-<ragbatch.judge.cache_store.CacheFiles.read>` sets it aside under ``v2/damaged/`` with a
+<ragbatch.judge.cache_files.CacheFiles.read>` sets it aside under ``v2/damaged/`` with a
 warning naming it, and the step goes on without its rows (their entries are asked
 again by the runs that need them).
 """
@@ -42,12 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ragbatch.judge.cache_parquet import Damaged
-from ragbatch.judge.cache_store import (
-    BUCKET_DIGITS,
-    ENTRY_SCHEMA,
-    ROW_GROUP_ROWS,
-    CacheFiles,
-)
+from ragbatch.judge.cache_files import BUCKET_DIGITS, ENTRY_SCHEMA, ROW_GROUP_ROWS, CacheFiles
 
 #: A bucket with more files than this after a fold is compacted at once.
 MAX_BUCKET_FILES = 8
@@ -98,7 +93,7 @@ def fold_journal(
 
     Memory: one journal file and one bucket's share of the journal at a time (the rows
     are spread over a local temporary folder first). A journal file that cannot be read
-    is set aside (:meth:`CacheFiles.read <ragbatch.judge.cache_store.CacheFiles.read>`)
+    is set aside (:meth:`CacheFiles.read <ragbatch.judge.cache_files.CacheFiles.read>`)
     and the fold goes on without it.
 
     Raises
@@ -388,7 +383,7 @@ def check_cache(files: CacheFiles, data: bool = False, repair: bool = False) -> 
     """Check every bucket and journal file: its footer parses and its columns are a
     cache file's (one ranged read per file), and with ``data`` every page decodes (the
     whole file is read). With ``repair``, set each file found unreadable aside
-    (:meth:`CacheFiles.set_aside <ragbatch.judge.cache_store.CacheFiles.set_aside>`).
+    (:meth:`CacheFiles.set_aside <ragbatch.judge.cache_files.CacheFiles.set_aside>`).
 
     Raises
     ------

@@ -9,21 +9,31 @@ from abc import abstractmethod
 from typing import Any, ClassVar
 
 from ragbatch.core.columns import CONTEXTS
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Program
-from ragbatch.judge.verdicts import REASONED_VERDICT_MAX_TOKENS, VerdictMetric
+from ragbatch.judge.verdicts import (
+    REASONED_VERDICT_MAX_TOKENS,
+    VERDICTS_INSTRUCTIONS_REPLY,
+    VERDICTS_TASK_REPLY,
+    VerdictMetric,
+)
 from ragbatch.scoring.cells import Guard, PyCell, context_guards
 
 #: The ``instructions_first`` layout's ask of a per-context verdict step.
 ASK = "Items in the reply: {n}."
 
+#: The reply format that ends the task of every such step (a ``str.format`` template
+#: taking ``{n}``, after a blank line).
+TASK_REPLY = VERDICTS_TASK_REPLY + ", the first for context [1]."
+
+#: The reply format that ends the ``instructions_first`` layout's instructions of every
+#: such step (plain text).
+INSTRUCTIONS_REPLY = VERDICTS_INSTRUCTIONS_REPLY + "\ncontext, the first for context [1]."
+
 #: The last rows of every such metric's ``policy``: the failures its one step can meet.
-FAILURE_POLICY: tuple[tuple[str, str], ...] = (
-    ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-    (
-        "verdict count differs from the number of contexts, or a reply cut at max_tokens",
-        "parse_failure after the retries; the raw reply is kept",
-    ),
+FAILURE_POLICY: tuple[tuple[str, str], ...] = failure_policy(
+    "verdict count differs from the number of contexts, or a reply cut at max_tokens"
 )
 
 

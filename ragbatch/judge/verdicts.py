@@ -42,6 +42,15 @@ _REASON_SENTENCE = re.compile(r",\s+each\s+with\s+a\s+one-sentence\s+reason\.")
 _REASON_FORMAT = '{{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}}'
 _BARE_FORMAT = '{{"verdicts": [0 or 1, ...]}}'
 
+#: How a reasoned verdict step's task asks for its reply, up to what ends it (``"."``, or
+#: which item comes first): a ``str.format`` template taking ``{n}``.
+VERDICTS_TASK_REPLY = "Reply with JSON: " + _REASON_FORMAT + " with exactly\n{n} items"
+#: The same in the ``instructions_first`` layout's instructions (plain text), up to what
+#: each item is for (``" statement."``, ...).
+VERDICTS_INSTRUCTIONS_REPLY = (
+    'Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per'
+)
+
 
 #: Where a :func:`~ragbatch.judge.parse.verdicts_schema` reply holds its 0/1 verdicts,
 #: with and without reasons.

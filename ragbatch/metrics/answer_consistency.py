@@ -6,6 +6,8 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.verdicts import VERDICTS_INSTRUCTIONS_REPLY, VERDICTS_TASK_REPLY
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
@@ -33,7 +35,8 @@ POINTS_ASK = ""
 
 POINTS = StepPrompt("answer_consistency/main points", POINTS_TASK, POINTS_INSTRUCTIONS, POINTS_ASK)
 
-DERIVABLE_TASK = """\
+DERIVABLE_TASK = (
+    """\
 Below are the main points of the answer. For each point, decide whether it can be
 derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
 follows from what they state. Verdict 0: the point needs information the contexts do not
@@ -43,18 +46,24 @@ per point, in the same order, each with a one-sentence reason.
 Main points:
 {points}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+"""
+    + VERDICTS_TASK_REPLY
+    + "."
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-DERIVABLE_INSTRUCTIONS = """\
+DERIVABLE_INSTRUCTIONS = (
+    """\
 The task lists main points of the answer. For each point, decide whether it can be
 derived from the retrieved contexts alone. Verdict 1: the contexts state the point or it
 follows from what they state. Verdict 0: the point needs information the contexts do not
 give, or the contexts contradict it. Your own knowledge does not count. Give one verdict
 per point, in the same order, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per point."""
+"""
+    + VERDICTS_INSTRUCTIONS_REPLY
+    + " point."
+)
 
 #: The ``instructions_first`` layout's ask of this step.
 DERIVABLE_ASK = """\
@@ -122,10 +131,8 @@ class AnswerConsistency(StatementVerdictMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports no point, so it cannot raise the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
+        *failure_policy(
             "verdict count differs from the number of points, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

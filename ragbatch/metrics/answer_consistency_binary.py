@@ -5,19 +5,13 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.protocol import Ask, OutputSpec, VerdictSlots
-from ragbatch.scoring.cells import (
-    Guard,
-    PyCell,
-    blank,
-    empty_contexts,
-    every_context_blank,
-    missing,
-)
+from ragbatch.scoring.cells import Guard, PyCell, context_guards
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import NOT_APPLICABLE
 
@@ -119,11 +113,7 @@ class AnswerConsistencyBinary(JudgeMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports nothing, so it cannot turn a 0 into a 1",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "reply not of the schema (prose, a missing key) or cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *failure_policy("reply not of the schema (prose, a missing key) or cut at max_tokens"),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(
@@ -180,13 +170,7 @@ class AnswerConsistencyBinary(JudgeMetric):
     )
 
     def guards(self) -> tuple[Guard, ...]:
-        return (
-            missing(CONTEXTS),
-            missing(ANSWER),
-            blank(ANSWER),
-            empty_contexts(),
-            every_context_blank(),
-        )
+        return context_guards(self.inputs, ANSWER)
 
     def program(self, row: dict[str, Any]) -> Program:
         [reply] = yield [

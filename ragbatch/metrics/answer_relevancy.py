@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, JudgeParams, Program
 from ragbatch.judge.parse import parse_json
@@ -174,14 +175,10 @@ class AnswerRelevancy(JudgeMetric):
             "no effect: the questions come from "
             "the answer (the contexts stay in the shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "question count differs from n_questions, a flag other than 0/1, or a reply cut at "
             "max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            SHARED_BLOCK,
         ),
         ("embedding engine fails or returns the wrong number of rows", "error, with the exception"),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program, ScoreParams
 from ragbatch.judge.parse import parse_choice
 from ragbatch.judge.prompt import StepPrompt
@@ -116,13 +117,9 @@ class AnswerSimilarity(JudgeMetric):
             "no effect: the task tells the judge "
             "not to use the contexts (they stay in the shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "reply not a single digit 0-5 (out of range, prose) or cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            SHARED_BLOCK,
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

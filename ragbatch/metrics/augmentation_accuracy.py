@@ -6,33 +6,43 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
+from ragbatch.judge.context_verdicts import (
+    ASK,
+    FAILURE_POLICY,
+    INSTRUCTIONS_REPLY,
+    TASK_REPLY,
+    ContextVerdictMetric,
+)
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.scoring.cells import PyCell, share_cell
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
-TASK = """\
+TASK = (
+    """\
 For each retrieved context above, from [1] to [{n}], decide whether the answer uses
 information from it. Verdict 1: some information in the answer comes from that context
 (stated there, quoted or paraphrased); using part of a context counts. Verdict 0: the
 answer takes nothing from that context. Give one verdict per context, in the order of
 their numbers, each with a one-sentence reason.
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+"""
+    + TASK_REPLY
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-INSTRUCTIONS = """\
+INSTRUCTIONS = (
+    """\
 For each retrieved context, in the order of their numbers, decide whether the answer
 uses information from it. Verdict 1: some information in the answer comes from that
 context (stated there, quoted or paraphrased); using part of a context counts. Verdict 0:
 the answer takes nothing from that context. Give one verdict per context, in the order
 of their numbers, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
-context, the first for context [1]."""
+"""
+    + INSTRUCTIONS_REPLY
+)
 
 
 PROMPT = StepPrompt("augmentation_accuracy", TASK, INSTRUCTIONS, ASK)

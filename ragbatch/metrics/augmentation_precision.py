@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_json
@@ -159,11 +160,9 @@ class AugmentationPrecision(JudgeMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other context: irrelevant, so it leaves the ratio unchanged",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "item count differs from the number of contexts, a value other than 0/1, or a "
-            "reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+        *failure_policy(
+            "item count differs from the number of contexts, a value other than 0/1, or a reply "
+            "cut at max_tokens",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

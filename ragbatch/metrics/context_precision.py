@@ -6,14 +6,21 @@ from typing import Any, ClassVar, Sequence
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
-from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
+from ragbatch.judge.context_verdicts import (
+    ASK,
+    FAILURE_POLICY,
+    INSTRUCTIONS_REPLY,
+    TASK_REPLY,
+    ContextVerdictMetric,
+)
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.scoring.cells import PyCell
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
-TASK = """\
+TASK = (
+    """\
 Reference answer to the question:
 {reference}
 
@@ -23,11 +30,13 @@ reference answer states or that leads to it. Verdict 0: it does not. Judge again
 question and the reference answer; ignore the system's answer. Give one verdict per
 context, in the order of their numbers, each with a one-sentence reason.
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+"""
+    + TASK_REPLY
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-INSTRUCTIONS = """\
+INSTRUCTIONS = (
+    """\
 For each retrieved context, in the order of their numbers, decide whether it was useful
 for arriving at the reference answer. Verdict 1: the context holds
 information that the reference answer states or that leads to it. Verdict 0: it does
@@ -35,8 +44,9 @@ not. Judge against the question and the reference answer; ignore the system's an
 Give one verdict per context, in the order of their numbers, each with a one-sentence
 reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
-context, the first for context [1]."""
+"""
+    + INSTRUCTIONS_REPLY
+)
 
 
 PROMPT = StepPrompt("context_precision", TASK, INSTRUCTIONS, ASK)

@@ -6,6 +6,8 @@ from typing import Any, ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
+from ragbatch.judge.verdicts import VERDICTS_INSTRUCTIONS_REPLY, VERDICTS_TASK_REPLY
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
@@ -46,7 +48,8 @@ STATEMENTS = StepPrompt(
     "context_recall/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
 )
 
-ATTRIBUTION_TASK = """\
+ATTRIBUTION_TASK = (
+    """\
 Reference answer to the question:
 {reference}
 
@@ -59,18 +62,24 @@ one-sentence reason.
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+"""
+    + VERDICTS_TASK_REPLY
+    + "."
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-ATTRIBUTION_INSTRUCTIONS = """\
+ATTRIBUTION_INSTRUCTIONS = (
+    """\
 The task lists the statements of the reference answer. For each statement,
 decide whether it can be attributed to the retrieved contexts. Verdict 1: the contexts
 state it or it follows from what they state. Verdict 0: the contexts do not give it, or
 contradict it. Your own knowledge does not count. Give one verdict per statement, in the
 same order, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
+"""
+    + VERDICTS_INSTRUCTIONS_REPLY
+    + " statement."
+)
 
 #: The ``instructions_first`` layout's ask of this step.
 ATTRIBUTION_ASK = STATEMENT_VERDICTS_ASK
@@ -134,10 +143,8 @@ class ContextRecall(StatementVerdictMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports no statement, so it cannot raise the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
+        *failure_policy(
             "verdict count differs from the statement count, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.parse import parse_json
 from ragbatch.judge.prompt import StepPrompt
@@ -171,13 +172,9 @@ class ContextRelevancy(JudgeMetric):
             "text: its sentences are irrelevant and lower the score; lines with no letter or "
             "digit are not sentences",
         ),
-        (
-            "prompt longer than the judge's window (the sentences repeat the contexts)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "a sentence number outside 1..N or repeated, prose, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            "the sentences repeat the contexts",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

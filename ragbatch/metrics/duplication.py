@@ -6,13 +6,19 @@ from typing import ClassVar
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
 from ragbatch.judge.health import HealthFields
-from ragbatch.judge.answer_verdict import AnswerVerdictMetric
+from ragbatch.judge.answer_verdict import (
+    FAILURE_POLICY,
+    INPUT_POLICY,
+    REPLY_FORMAT,
+    AnswerVerdictMetric,
+)
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
-TASK = """\
+TASK = (
+    """\
 Decide whether the answer repeats itself: whether it gives the same piece of information
 more than once, in the same words or in different ones. A closing summary that restates
 points already made counts as repetition. Naming the same thing in two statements that
@@ -22,7 +28,9 @@ contexts and the question.
 Give a one-sentence reason first (quote the repeated information when there is some),
 then the verdict: true when the answer repeats information, false when it does not.
 
-Reply with JSON: {"reason": "...", "verdict": true or false}"""
+"""
+    + REPLY_FORMAT
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
 INSTRUCTIONS = TASK  # the same text: this step's task needs no row-specific part
@@ -56,12 +64,7 @@ class Duplication(AnswerVerdictMetric):
     summary: ClassVar[str] = "1 when the answer repeats the same information"
     source: ClassVar[str] = "Tonic Validate DuplicationMetric (duplicate information in the answer)"
     policy: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("answer is null", "missing_input"),
-        ("answer empty or only whitespace", "missing_input; reason 'answer is empty'"),
-        (
-            "question or contexts null, or contexts an empty list",
-            "not read: only the answer's text is judged",
-        ),
+        *INPUT_POLICY,
         (
             "answer makes no claim (a refusal)",
             "judged like any other text: a short refusal repeats nothing and scores 0.0",
@@ -72,14 +75,7 @@ class Duplication(AnswerVerdictMetric):
             "no effect: the task tells the judge "
             "to ignore the contexts (they stay in the shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
-            "reply not of the schema (prose, a verdict that is not a boolean) or cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *FAILURE_POLICY,
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(

@@ -10,6 +10,8 @@ from pydantic import Field
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT, NOT_APPLICABLE
+from ragbatch.judge.verdicts import VERDICTS_INSTRUCTIONS_REPLY, VERDICTS_TASK_REPLY
+from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.assumed import assumed_statements
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, Program
@@ -27,7 +29,8 @@ ANSWER_CLAIMS = faithfulness.STATEMENTS
 #: The reference answer's claims: the statement step of ``context_recall``, likewise.
 REFERENCE_CLAIMS = context_recall.STATEMENTS
 
-ANSWER_VERDICTS_TASK = """\
+ANSWER_VERDICTS_TASK = (
+    """\
 Reference answer to the question:
 {reference}
 
@@ -41,11 +44,14 @@ same order, each with a one-sentence reason.
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+"""
+    + VERDICTS_TASK_REPLY
+    + "."
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-ANSWER_VERDICTS_INSTRUCTIONS = """\
+ANSWER_VERDICTS_INSTRUCTIONS = (
+    """\
 The task lists statements taken from the system's answer. For each statement, decide
 whether the reference answer supports it. Verdict 1: the reference answer states it or
 it follows directly from what the reference answer states. Verdict 0: the reference
@@ -53,7 +59,10 @@ answer does not give it, or contradicts it. Judge against the reference answer o
 neither the retrieved contexts nor your own knowledge count. Give one verdict per
 statement, in the same order, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
+"""
+    + VERDICTS_INSTRUCTIONS_REPLY
+    + " statement."
+)
 
 #: The ``instructions_first`` layout's ask of the two verdict steps: faithfulness's own.
 VERDICTS_ASK = faithfulness.VERDICTS_ASK
@@ -65,7 +74,8 @@ ANSWER_VERDICTS = StepPrompt(
     VERDICTS_ASK,
 )
 
-REFERENCE_VERDICTS_TASK = """\
+REFERENCE_VERDICTS_TASK = (
+    """\
 Below are statements taken from the reference answer. For each one, decide whether the
 system's answer above supports it. Verdict 1: the answer states it or it follows
 directly from what the answer states. Verdict 0: the answer does not give it, or
@@ -76,11 +86,14 @@ with a one-sentence reason.
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+"""
+    + VERDICTS_TASK_REPLY
+    + "."
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-REFERENCE_VERDICTS_INSTRUCTIONS = """\
+REFERENCE_VERDICTS_INSTRUCTIONS = (
+    """\
 The task lists statements taken from the reference answer. For each statement, decide
 whether the system's answer supports it. Verdict 1: the answer states it or it follows
 directly from what the answer states. Verdict 0: the answer does not give it, or
@@ -88,7 +101,10 @@ contradicts it. Judge against the system's answer only: neither the retrieved co
 nor your own knowledge count. Give one verdict per statement, in the same order, each
 with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
+"""
+    + VERDICTS_INSTRUCTIONS_REPLY
+    + " statement."
+)
 
 REFERENCE_VERDICTS = StepPrompt(
     "factual_correctness/reference verdicts",
@@ -229,13 +245,9 @@ class FactualCorrectness(VerdictMetric):
             "no effect: the task tells the judge not to use the contexts (they stay in the "
             "shared prompt block)",
         ),
-        (
-            "prompt longer than the judge's window (the shared block holds the contexts too)",
-            "context_too_long; nothing is truncated",
-        ),
-        (
+        *failure_policy(
             "verdict count differs from the claim count, or a reply cut at max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
+            SHARED_BLOCK,
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (

@@ -6,6 +6,8 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.judge.verdicts import VERDICTS_INSTRUCTIONS_REPLY, VERDICTS_TASK_REPLY
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS, VERDICT_MAX_TOKENS
@@ -35,7 +37,8 @@ STATEMENTS = StepPrompt(
     "faithfulness/statements", STATEMENTS_TASK, STATEMENTS_INSTRUCTIONS, STATEMENTS_ASK
 )
 
-VERDICTS_TASK = """\
+VERDICTS_TASK = (
+    """\
 For each statement below, decide whether it can be inferred from the retrieved contexts
 alone. Verdict 1: the contexts state it or it follows directly from them. Verdict 0: the
 contexts do not support it, or contradict it. Give one verdict per statement, in the same
@@ -44,17 +47,23 @@ order, each with a one-sentence reason.
 Statements:
 {statements}
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items."""
+"""
+    + VERDICTS_TASK_REPLY
+    + "."
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-VERDICTS_INSTRUCTIONS = """\
+VERDICTS_INSTRUCTIONS = (
+    """\
 For each statement the task lists, decide whether it can be inferred from the retrieved
 contexts alone. Verdict 1: the contexts state it or it follows directly from them.
 Verdict 0: the contexts do not support it, or contradict it. Give one verdict per
 statement, in the same order, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per statement."""
+"""
+    + VERDICTS_INSTRUCTIONS_REPLY
+    + " statement."
+)
 
 #: The ``instructions_first`` layout's ask of this step.
 VERDICTS_ASK = STATEMENT_VERDICTS_ASK
@@ -110,11 +119,7 @@ class Faithfulness(StatementVerdictMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text: it supports no statement, so it cannot raise the score",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
-            "verdict count differs from the statement count",
-            "parse_failure after the retries; the raw reply is kept",
-        ),
+        *failure_policy("verdict count differs from the statement count"),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
         JudgeExample(

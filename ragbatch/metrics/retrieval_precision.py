@@ -6,33 +6,43 @@ from typing import ClassVar
 
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
-from ragbatch.judge.context_verdicts import ASK, FAILURE_POLICY, ContextVerdictMetric
+from ragbatch.judge.context_verdicts import (
+    ASK,
+    FAILURE_POLICY,
+    INSTRUCTIONS_REPLY,
+    TASK_REPLY,
+    ContextVerdictMetric,
+)
 from ragbatch.judge.prompt import StepPrompt
 from ragbatch.judge.metric import JudgeExample
 from ragbatch.scoring.cells import PyCell, share_cell
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
 
-TASK = """\
+TASK = (
+    """\
 For each retrieved context above, from [1] to [{n}], decide whether it is relevant to the
 question. Verdict 1: the context holds information that helps answer the question.
 Verdict 0: it does not (another subject, navigation or markup, text only loosely
 related). Judge the contexts against the question only; ignore the answer. Give one
 verdict per context, in the order of their numbers, each with a one-sentence reason.
 
-Reply with JSON: {{"verdicts": [{{"reason": "...", "verdict": 0 or 1}}, ...]}} with exactly
-{n} items, the first for context [1]."""
+"""
+    + TASK_REPLY
+)
 
 #: The ``instructions_first`` layout's instruction set of this step (plain text).
-INSTRUCTIONS = """\
+INSTRUCTIONS = (
+    """\
 For each retrieved context, in the order of their numbers, decide whether it is relevant
 to the question. Verdict 1: the context holds information that helps answer the
 question. Verdict 0: it does not (another subject, navigation or markup, text only
 loosely related). Judge the contexts against the question only; ignore the answer. Give
 one verdict per context, in the order of their numbers, each with a one-sentence reason.
 
-Reply with JSON: {"verdicts": [{"reason": "...", "verdict": 0 or 1}, ...]}, one item per
-context, the first for context [1]."""
+"""
+    + INSTRUCTIONS_REPLY
+)
 
 
 PROMPT = StepPrompt("retrieval_precision", TASK, INSTRUCTIONS, ASK)

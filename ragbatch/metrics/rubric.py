@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION, REFERENCE
 from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.registry import register
 from ragbatch.core.status import MISSING_INPUT
+from ragbatch.judge.policy import failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import JudgeExample, JudgeMetric, Program
 from ragbatch.judge.prompt import StepPrompt
@@ -104,11 +105,9 @@ class Rubric(JudgeMetric):
             "a context chunk is junk (markup, boilerplate)",
             "judged like any other text when contexts are among `inputs`",
         ),
-        ("prompt longer than the judge's window", "context_too_long; nothing is truncated"),
-        (
+        *failure_policy(
             "reply not of the schema (a value off the scale, not a choice, prose) or cut at "
             "max_tokens",
-            "parse_failure after the retries; the raw reply is kept",
         ),
     )
     judge_examples: ClassVar[tuple[JudgeExample, ...]] = (
@@ -183,33 +182,11 @@ class Rubric(JudgeMetric):
         self._scores = dict(prompt.verdict_values(params))
 
     @classmethod
-    def from_params(
-        cls,
-        params: dict[str, Any] | None = None,
-        *,
-        metric_id: str | None = None,
-        engine: str | None = None,
-        where: str = "params",
-    ) -> "Rubric":
-        """As :meth:`Metric.from_params`, then :func:`rubric_problems`.
-
-        Raises
-        ------
-        ConfigError
-            A param is unknown, missing or invalid, or the params do not fit together
-            (no scale or choices, a bad scale, incomplete ``choice_scores``, an example
-            off the scale...); each problem names ``<where>.<param>`` and the fix.
-        """
-        try:
-            parsed = RubricParams.model_validate(params or {})
-        except ValidationError:
-            # the base class words every problem with its param path, then raises
-            super().from_params(params, metric_id=metric_id, engine=engine, where=where)
-            raise
-        problems = rubric_problems(parsed)
-        if problems:
-            raise ConfigError([f"{where}.{path}: {text}" for path, text in problems])
-        return cls(metric_id or cls.name, parsed, engine)
+    def params_problems(cls, params: BaseModel) -> list[tuple[str, str]]:
+        """:func:`rubric_problems`: the params do not fit together (no scale or choices, a
+        bad scale, incomplete ``choice_scores``, an example off the scale...), which
+        :meth:`Metric.from_params` raises as ``<where>.<param>: <problem and fix>``."""
+        return rubric_problems(cast(RubricParams, params))
 
     #: ``choice_scores`` turns a choice into a score and is not shown to the judge: a
     #: change keeps the judgments but not a calibration (:meth:`cache_identity`).

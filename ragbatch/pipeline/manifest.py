@@ -137,7 +137,7 @@ def build_manifest(
             "manifest": layout.uri(layout.manifest_path),
         },
         "stages": [s.describe() for s in plan.stages],
-        "metrics": [m.manifest_info() for m in plan.metrics],
+        "metrics": [{**m.manifest_info(), **m.facts()} for m in plan.metrics],
         "models": check.models,
         "counts": check.counts,
         "rows": {"input": check.n_rows, "scores": check.n_cells},

@@ -139,7 +139,16 @@ class Metric(ABC):
                     msg = f"unknown param for {cls.name} (known: {known})"
                 problems.append(f"{path}: {msg}")
             raise ConfigError(problems) from None
+        problems = [f"{where}.{path}: {text}" for path, text in cls.params_problems(parsed)]
+        if problems:
+            raise ConfigError(problems)
         return cls(metric_id or cls.name, parsed, engine)
+
+    @classmethod
+    def params_problems(cls, params: BaseModel) -> list[tuple[str, str]]:
+        """``(path under params, problem and fix)`` pairs for valid params that do not fit
+        together, which :meth:`from_params` raises; none unless a metric says otherwise."""
+        return []
 
     def manifest_info(self) -> dict[str, Any]:
         """What the run manifest records about this metric."""
@@ -149,6 +158,18 @@ class Metric(ABC):
             "kind": self.kind,
             "params": self.params.model_dump(mode="json"),
             "engine": self.engine,
+        }
+
+    @classmethod
+    def facts(cls) -> dict[str, Any]:
+        """What analysis reads about the metric's scores, recorded in its manifest entry:
+        ``boolean`` (every ``ok`` score is 0.0 or 1.0), ``higher_is_better`` and
+        ``score_range`` (``[low, high]``, floats, closed)."""
+        low, high = cls.score_range
+        return {
+            "boolean": bool(cls.boolean),
+            "higher_is_better": bool(cls.higher_is_better),
+            "score_range": [float(low), float(high)],
         }
 
     def validate_notes(self) -> list[str]:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ragbatch.analysis.intervals import mean_ci
-from ragbatch.analysis.summary import SummarySettings
+from ragbatch.analysis.summary_types import SummarySettings
 
 
 def write_cells(path: Path, row_ids: list, metrics: list) -> str:
