@@ -9,7 +9,9 @@ from typing import Any, Literal, Sequence
 import pytest
 
 from ragbatch.calibrate.config import calibration_from_dict
-from ragbatch.config.engine_spec import JudgeSettings
+from pydantic import BaseModel
+
+from ragbatch.config.engine_spec import JudgeSettings, normalize_engine
 from ragbatch.config.job import JobConfig
 from ragbatch.engines import load_judge_engine
 from ragbatch.engines.openai import OpenAIEngine
@@ -304,3 +306,52 @@ def test_entry_points_register_modules_and_objects_and_a_broken_one_is_skipped(m
     assert loaded == ["fake = test_engine_registry:FAKE_TYPE", "module = json"]
     assert registered == [FAKE_TYPE]  # a module is only imported: it registers itself
     assert "entry point broken = ragbatch_no_such_engine_module" in caplog.text
+
+
+class FakeEmbedSpec(BaseModel):
+    """A fake model-stage engine that says it embeds texts (it is never loaded here)."""
+
+    type: Literal["fake_embed"]
+    model: str = "none"
+
+
+def test_metrics_ask_for_capabilities_so_a_new_engine_serves_them():
+    from ragbatch.scoring.registry import get_metric
+
+    similarity, pii = get_metric("semantic_similarity"), get_metric("answer_contains_pii")
+    relevancy = get_metric("answer_relevancy")
+    # the built-in engines, by what they provide
+    assert set(similarity.engine_types) == {"embedding", "cross_encoder"}
+    assert pii.engine_types == ("presidio",) and relevancy.second_engine_types == ("embedding",)
+    assert similarity.default_engine == {"type": "embedding"}
+    assert pii.default_engine == {"type": "presidio"}
+    entry = EngineType(
+        "fake_embed", FakeEmbedSpec, "model", "x:y", "pip install z", provides=("embed",)
+    )
+    register_engine(entry)
+    try:
+        assert "fake_embed" in similarity.engine_types
+        assert "fake_embed" in relevancy.second_engine_types
+        assert "fake_embed" not in pii.engine_types
+        # it takes no default: the packaged model stays the default for `embed`
+        assert similarity.default_engine == {"type": "embedding"}
+        # a synonym resolves to its engine; a second default for one capability is refused
+        assert normalize_engine({"kind": "pii"}) == {"type": "presidio"}
+        unregister_engine("fake_embed")
+        register_engine(
+            EngineType(
+                "fake_embed",
+                FakeEmbedSpec,
+                "model",
+                "x:y",
+                "pip install z",
+                provides=("embed",),
+                default_for=("embed",),
+            )
+        )
+        with pytest.raises(ConfigError, match="claim to be the default"):
+            similarity.default_engine  # noqa: B018 - the descriptor raises
+    finally:
+        unregister_engine("fake_embed")
+    with pytest.raises(ValueError, match="does not provide"):
+        EngineType("fake_embed", FakeEmbedSpec, "model", "x:y", "z", default_for=("embed",))

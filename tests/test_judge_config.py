@@ -114,7 +114,7 @@ def test_answer_relevancy_embedder_is_resolved(tmp_path):
             judge,
             [{"name": "answer_relevancy", "engine": "judge", "params": {"embedder": "judge"}}],
         )
-    assert "it must be an embedding (sentence_transformers) engine" in str(err.value)
+    assert "it must be an engine that embeds texts (embedding)" in str(err.value)
 
 
 def test_stages_group_metrics_by_kind_and_engine(tmp_path):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 
-from ragbatch.core.engine_registry import engine_names, engine_types, unknown_type
+from ragbatch.core.engine_registry import engine_names, engine_synonyms, engine_types, unknown_type
 
 
 class _Strict(BaseModel):
@@ -102,13 +102,10 @@ class JudgeSettings(StageResources):
     batch_timeout_s: float | None = Field(None, gt=0)
 
 
-#: Synonyms accepted for engine types (``kind`` is accepted as a synonym of ``type``).
-ENGINE_TYPE_SYNONYMS = {"sentence_transformers": "embedding", "pii": "presidio"}
-
-
 def normalize_engine(spec: Any) -> Any:
-    """Accept ``kind:`` as a synonym of ``type:`` and the names of
-    :data:`ENGINE_TYPE_SYNONYMS` for their types; anything else is returned unchanged.
+    """Accept ``kind:`` as a synonym of ``type:`` and each engine's other names
+    (:attr:`ragbatch.core.engine_registry.EngineType.synonyms`) for its type; anything
+    else is returned unchanged.
 
     Parameters
     ----------
@@ -126,7 +123,7 @@ def normalize_engine(spec: Any) -> Any:
     if "kind" in spec and "type" not in spec:
         spec["type"] = spec.pop("kind")
     if isinstance(spec.get("type"), str):
-        spec["type"] = ENGINE_TYPE_SYNONYMS.get(spec["type"], spec["type"])
+        spec["type"] = engine_synonyms().get(spec["type"], spec["type"])
     return spec
 
 

@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ragbatch.config.engine_spec import EngineSpec, engine_spec_models
 
 # Names of ragbatch.config.engine_spec that this module has always offered.
-from ragbatch.config.engine_spec import ENGINE_TYPE_SYNONYMS as ENGINE_TYPE_SYNONYMS
 from ragbatch.config.engine_spec import JudgeSettings as JudgeSettings
 from ragbatch.config.engine_spec import StageResources as StageResources
 from ragbatch.config.engine_spec import engine_adapter as engine_adapter

@@ -100,6 +100,18 @@ class EngineType:
         Where the engine stands in listings (:func:`engine_types`; for example the judge
         engines a judge metric names in ``ragbatch metrics``): lower first, ties in
         registration order. Default 100, after the built-in engines (10 to 50).
+    provides : tuple of str
+        What the engine can do for a metric, as capability names that metrics ask for
+        instead of engine names (:class:`EnginesProviding`): ``embed`` (texts to
+        vectors), ``score_pairs`` (a relevance score per text pair), ``detect_pii``.
+        Judge engines are found by their stage instead. Default: none.
+    synonyms : tuple of str
+        Other names a config may give as the ``type`` (for example ``pii`` for
+        ``presidio``); :func:`engine_synonyms` maps them.
+    default_for : tuple of str
+        Capabilities for which ``{type: <name>}`` with every setting at its default is
+        the engine a metric gets when its config names none (:func:`default_engine`).
+        At most one registered engine may be the default for a capability.
     """
 
     name: str
@@ -116,6 +128,9 @@ class EngineType:
     preflight: Hook = None
     pool_rule: PoolRule = TORCH_POOL
     order: int = 100
+    provides: tuple[str, ...] = ()
+    default_for: tuple[str, ...] = ()
+    synonyms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         kinds = stage_kind_names(actors=True)
@@ -128,6 +143,11 @@ class EngineType:
             raise ValueError(
                 f"engine type {self.name!r}: {self.spec.__name__} needs a field "
                 f"`type: Literal[{self.name!r}]`"
+            )
+        if not set(self.default_for) <= set(self.provides):
+            raise ValueError(
+                f"engine type {self.name!r}: default_for {self.default_for} names a "
+                f"capability it does not provide ({self.provides})"
             )
 
     def _hook(self, ref: Hook) -> Callable[..., Any] | None:
@@ -335,3 +355,58 @@ def engine_types(stage: str | None = None) -> list[EngineType]:
 def engine_names(stage: str | None = None) -> tuple[str, ...]:
     """The ``type`` names of :func:`engine_types`."""
     return tuple(e.name for e in engine_types(stage))
+
+
+def engine_synonyms() -> dict[str, str]:
+    """Other name -> engine ``type`` over every registered engine
+    (:attr:`EngineType.synonyms`); a registered type name is never a synonym."""
+    entries = engine_types()
+    names = {e.name for e in entries}
+    return {alias: e.name for e in entries for alias in e.synonyms if alias not in names}
+
+
+def engines_providing(*capabilities: str) -> tuple[str, ...]:
+    """The ``type`` names of the registered engines that provide any of
+    ``capabilities`` (:attr:`EngineType.provides`), in :func:`engine_types` order."""
+    wanted = set(capabilities)
+    return tuple(e.name for e in engine_types() if wanted & set(e.provides))
+
+
+def default_engine(capability: str) -> dict[str, Any] | None:
+    """``{"type": name}`` of the registered engine that is the default for
+    ``capability`` (:attr:`EngineType.default_for`), or None when none is.
+
+    Raises
+    ------
+    ConfigError
+        Two registered engines claim to be the default for ``capability``.
+    """
+    claims = [e.name for e in engine_types() if capability in e.default_for]
+    if len(claims) > 1:
+        raise ConfigError(
+            f"engine types {', '.join(claims)} all claim to be the default for "
+            f"{capability!r}; uninstall or fix one of them"
+        )
+    return {"type": claims[0]} if claims else None
+
+
+class EnginesProviding:
+    """A metric's ``engine_types`` (or ``second_engine_types``) given by capability: the
+    names of every registered engine that provides one of ``capabilities``, read when
+    asked, so an engine registered later (by a plugin) serves the metric too."""
+
+    def __init__(self, *capabilities: str) -> None:
+        self.capabilities = capabilities
+
+    def __get__(self, instance: Any, owner: Any) -> tuple[str, ...]:
+        return engines_providing(*self.capabilities)
+
+
+class DefaultEngineFor:
+    """A metric's ``default_engine`` given by capability (:func:`default_engine`)."""
+
+    def __init__(self, capability: str) -> None:
+        self.capability = capability
+
+    def __get__(self, instance: Any, owner: Any) -> dict[str, Any] | None:
+        return default_engine(self.capability)

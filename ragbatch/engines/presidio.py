@@ -139,6 +139,9 @@ register_engine(
         ("presidio-analyzer", "spacy", "phonenumbers", "tldextract"),
         pool_rule=SINGLE_THREAD_POOL,
         order=50,
+        provides=("detect_pii",),
+        default_for=("detect_pii",),
+        synonyms=("pii",),
     )
 )
 

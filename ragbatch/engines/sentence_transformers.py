@@ -75,6 +75,9 @@ register_engine(
         _ST_INSTALL,
         _ST_PACKAGES,
         order=10,
+        provides=("embed",),
+        default_for=("embed",),
+        synonyms=("sentence_transformers",),
     )
 )
 register_engine(
@@ -86,6 +89,7 @@ register_engine(
         _ST_INSTALL,
         _ST_PACKAGES,
         order=20,
+        provides=("score_pairs",),
     )
 )
 
@@ -150,6 +154,13 @@ class LoadedModel:
         self.model_id = model_id
         self.device = device
         self.batch_size = batch_size
+
+    @property
+    def scores_pairs(self) -> bool:
+        """True for a model that scores a text pair directly (a cross-encoder: use
+        :func:`pair_probabilities`), False for one that embeds texts (use
+        :func:`pair_cosines`)."""
+        return self.kind == "cross_encoder"
 
     def __repr__(self) -> str:
         return (

@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field
 
 from ragbatch.core.columns import ANSWER, CONTEXTS, QUESTION
+from ragbatch.core.engine_registry import EnginesProviding
 from ragbatch.judge.policy import SHARED_BLOCK, failure_policy
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.metric import Embed, JudgeExample, JudgeMetric, JudgeParams, Program
@@ -149,7 +150,7 @@ class AnswerRelevancy(JudgeMetric):
     health: ClassVar[HealthFields] = HealthFields(
         extraction="questions", extraction_void="noncommittal"
     )
-    second_engine_types: ClassVar[tuple[str, ...]] = ("embedding",)
+    second_engine_types: ClassVar[tuple[str, ...]] = EnginesProviding("embed")  # type: ignore[assignment]
     version: ClassVar[int] = 1
     inputs: ClassVar[tuple[str, ...]] = (QUESTION, ANSWER)
     Params = AnswerRelevancyParams

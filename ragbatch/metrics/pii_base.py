@@ -15,6 +15,7 @@ import polars as pl
 from pydantic import Field, field_validator
 
 from ragbatch.core.columns import ISSUES
+from ragbatch.core.engine_registry import DefaultEngineFor, EnginesProviding
 from ragbatch.scoring.base import ModelMetric, StrictParams
 
 
@@ -42,8 +43,8 @@ class PiiMetric(ModelMetric):
 
     kind: ClassVar[str] = "pii"
     Params = PiiParams
-    engine_types: ClassVar[tuple[str, ...]] = ("presidio",)
-    default_engine: ClassVar[dict[str, Any] | None] = {"type": "presidio"}
+    engine_types: ClassVar[tuple[str, ...]] = EnginesProviding("detect_pii")  # type: ignore[assignment]
+    default_engine: ClassVar[dict[str, Any] | None] = DefaultEngineFor("detect_pii")  # type: ignore[assignment]
     boolean: ClassVar[bool] = True
     higher_is_better: ClassVar[bool] = False
 

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from ragbatch.core.columns import ANSWER, ISSUES, NULLABLE_INPUTS, REFERENCE
+from ragbatch.core.engine_registry import DefaultEngineFor, EnginesProviding
 from ragbatch.engines.sentence_transformers import LoadedModel
 from ragbatch.core.errors import EngineError
 from ragbatch.scoring.cells import CELL_DTYPE, Guard, batch_cells, blank, missing
@@ -180,7 +181,7 @@ def score_frame(model: LoadedModel, rows: pl.DataFrame) -> pl.DataFrame:
         return _failed_cells(0, "")
     answers, references = rows.get_column(ANSWER), rows.get_column(REFERENCE)
     try:
-        if model.kind == "cross_encoder":
+        if model.scores_pairs:
             probability, logit = pair_probabilities(model, answers, references)
             return _value_cells(
                 logit, "logit", probability, "cross-encoder returned a non-finite logit"
@@ -225,8 +226,9 @@ class SemanticSimilarity(ModelMetric):
 
     name: ClassVar[str] = "semantic_similarity"
     inputs: ClassVar[tuple[str, ...]] = (ANSWER, REFERENCE)
-    engine_types: ClassVar[tuple[str, ...]] = ("embedding", "cross_encoder")
-    default_engine: ClassVar[dict[str, Any] | None] = {"type": "embedding"}
+    # any engine that embeds texts or scores text pairs; by default the packaged model
+    engine_types: ClassVar[tuple[str, ...]] = EnginesProviding("embed", "score_pairs")  # type: ignore[assignment]
+    default_engine: ClassVar[dict[str, Any] | None] = DefaultEngineFor("embed")  # type: ignore[assignment]
     score_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     boolean: ClassVar[bool] = False
     higher_is_better: ClassVar[bool] = True

