@@ -33,12 +33,12 @@ from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.base import Metric
 from ragbatch.metrics.pii_base import PiiMetric, PiiResults
 from ragbatch.core.stages import StageKind
-from udfs.base import ActorStage, cell_array, engine_errors
+from udfs.base import SyncActorStage, cell_array, engine_errors
 
 logger = logging.getLogger(__name__)
 
 
-class PiiStage(ActorStage):
+class PiiStage(SyncActorStage):
     """Ray Data callable class computing the PII metrics of one engine.
 
     Parameters

@@ -268,10 +268,19 @@ class _LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on this loop and wait for its result, blocking the caller."""
+        return self._submit(coro).result()
+
+    async def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on this loop and await its result from the caller's loop;
+        cancelling the caller cancels ``coro``."""
+        return await asyncio.wrap_future(self._submit(coro))
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Any:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("OpenAIJudgeEngine methods cannot be called from its own loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -513,8 +522,11 @@ class OpenAIJudgeEngine(JudgeEngine):
 
     # ------------------------------------------------------------- the protocol
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         """Send every request and wait for all replies.
+
+        The requests run on the engine's own event loop (in a thread of its own), shared
+        with the other calls in flight; the caller's loop awaits them.
 
         Parameters
         ----------
@@ -537,7 +549,7 @@ class OpenAIJudgeEngine(JudgeEngine):
             raise EngineError("the openai engine was closed; load it again")
         if not requests:
             return []
-        return self._loop.run(self._complete_all(list(requests)))
+        return await self._loop.run_async(self._complete_all(list(requests)))
 
     def sampling_key(self) -> dict[str, Any]:
         """``{"engine": "openai", "temperature", "top_p", "structured_outputs"}``, plus

@@ -107,7 +107,7 @@ from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
 from ragbatch.engines.threads import set_thread_variables
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec, TokenLogprob
-from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class VllmJudgeEngine(JudgeEngine):
         self._structured = structured_outputs
         self._dtype = dtype
         self._tokenizer = llm.get_tokenizer()
-        self._feed: Any = None  # the VllmFeed of complete_async, made on first use
+        self._feed: Any = None  # the VllmFeed that steps the engine, made on first use
 
     # -- prompts ---------------------------------------------------------------------
 
@@ -246,14 +246,14 @@ class VllmJudgeEngine(JudgeEngine):
 
     # -- JudgeEngine -------------------------------------------------------------------
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         """Answer every request; one completion per request, in order.
 
         Parameters
         ----------
         requests : sequence of EngineRequest
-            Chats with their structured output and seed. Requests are generated
-            together, in one engine run.
+            Chats with their structured output and seed. Their requests share the
+            engine with those of every other call in flight on the same event loop.
 
         Returns
         -------
@@ -271,49 +271,21 @@ class VllmJudgeEngine(JudgeEngine):
               the request (for example a JSON Schema the grammar backend does not
               support) or the engine fails while generating (``error`` holds
               ``"<exception type>: <message>"``);
-            * ``timeout`` for requests still running when ``batch_timeout_s`` passed.
+            * ``timeout`` for requests still running when ``batch_timeout_s`` passed
+              (counted from the moment the call's requests were added to the engine).
 
         Notes
         -----
         Does not raise for a failed request. If vLLM refuses the batch as a whole, the
         requests are added again one by one, so that one unsupported request does not
         fail the others.
-        """
-        if self._feed is not None and self._feed.busy:
-            raise RuntimeError(
-                "VllmJudgeEngine.complete called while complete_async calls are in flight; "
-                "use one or the other at a time"
-            )
-        results, to_run = self._prepare(requests)
-        if to_run:
-            for (i, ids), completion in zip(to_run, self._generate(requests, to_run)):
-                results[i] = completion
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
 
-    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
-        """:meth:`complete` as a coroutine whose requests share the engine with those of
-        every other ``complete_async`` call in flight on the same event loop.
-
-        Parameters
-        ----------
-        requests : sequence of EngineRequest
-
-        Returns
-        -------
-        list of Completion
-            As :meth:`complete`, one per request, in order; ``batch_timeout_s`` bounds
-            each call from the moment its requests are added to the engine.
-
-        Notes
-        -----
         The engine is stepped by one task on the caller's event loop
         (:class:`ragbatch.engines.vllm_feed.VllmFeed`): while any call has unfinished
         requests it runs ``LLM.llm_engine.step()``, hands each finished request to its
         call and yields to the loop between steps, so a call that starts while others
         are running joins vLLM's running batch instead of waiting for it to drain.
-        Every call must come from the same event loop thread; :meth:`complete` raises
-        ``RuntimeError`` while such calls are in flight.
+        Every call must come from the same event loop thread.
         """
         if self._feed is None:
             from ragbatch.engines.vllm_feed import VllmFeed
@@ -348,27 +320,6 @@ class VllmJudgeEngine(JudgeEngine):
                 continue
             to_run.append((i, ids))
         return results, to_run
-
-    def _generate(
-        self, requests: Sequence[EngineRequest], to_run: list[tuple[int, list[int]]]
-    ) -> list[Completion]:
-        """Run ``to_run`` (request index, prompt ids) through the engine; completions in
-        the order of ``to_run``."""
-        lengths = [len(ids) for _, ids in to_run]
-        out: list[Completion | None] = [None] * len(to_run)
-        request_ids = self._enqueue(requests, to_run, out)
-        pending = {k for k, rid in enumerate(request_ids) if rid is not None}
-        start = time.monotonic()
-        timed_out, failure = self._run_until_finished(request_ids, pending, out, lengths, start)
-        if pending:
-            error: str | None
-            if timed_out:
-                status, error = TIMEOUT, self._timeout_error(len(to_run), start)
-            else:
-                status, error = JUDGE_ERROR, failure
-            for k in pending:
-                out[k] = Completion(status, prompt_tokens=lengths[k], error=error)
-        return out  # type: ignore[return-value]
 
     def _timeout_error(self, n_requests: int, start: float) -> str:
         """The error of a request aborted at the batch time limit."""
@@ -409,57 +360,6 @@ class VllmJudgeEngine(JudgeEngine):
                     JUDGE_ERROR, prompt_tokens=len(to_run[k][1]), error=_describe(exc)
                 )
         return request_ids
-
-    def _run_until_finished(
-        self,
-        request_ids: list[str | None],
-        pending: set[int],
-        out: list[Completion | None],
-        lengths: list[int],
-        start: float,
-    ) -> tuple[bool, str | None]:
-        """Step the engine until the ``pending`` requests (positions in ``request_ids``)
-        have finished, the batch time limit has passed or the engine fails; finished
-        requests leave ``pending`` and get their completion in ``out``. Requests still
-        pending at the end are aborted.
-
-        Returns ``(timed_out, failure)``: whether the time limit stopped the loop, and
-        why the engine stopped otherwise (None when every request finished)."""
-        index = _output_index(request_ids)
-        try:
-            return self._step_loop(index, pending, out, lengths, start)
-        except Exception as exc:  # the engine failed mid-run: the unfinished requests fail
-            failure = _describe(exc)
-            logger.warning(
-                "vLLM failed with %d of %d requests unfinished: %s",
-                len(pending),
-                len(request_ids),
-                failure,
-            )
-            return False, failure
-        finally:
-            if pending:
-                self._abort([request_ids[k] for k in pending])
-
-    def _step_loop(
-        self,
-        index: dict[str, int],
-        pending: set[int],
-        out: list[Completion | None],
-        lengths: list[int],
-        start: float,
-    ) -> tuple[bool, str | None]:
-        """The loop ``LLM.generate`` runs, plus the time limit: one ``engine.step()`` at a
-        time while requests are pending. Returns as :meth:`_run_until_finished`."""
-        engine = self._llm.llm_engine
-        timeout = self.spec.batch_timeout_s
-        while pending:
-            if timeout is not None and time.monotonic() - start >= timeout:
-                return True, None
-            if not engine.has_unfinished_requests():
-                return False, "vLLM finished without returning this request"
-            _collect_finished(engine.step(), index, pending, out, lengths)
-        return False, None
 
     def _abort(self, request_ids: list[str | None]) -> None:
         ids = [rid for rid in request_ids if rid is not None]
@@ -850,24 +750,6 @@ def _output_index(request_ids: list[str | None]) -> dict[str, int]:
             index[rid] = k
             index.setdefault(rid.rsplit("-", 1)[0], k)
     return index
-
-
-def _collect_finished(
-    results: Sequence[Any],
-    index: dict[str, int],
-    pending: set[int],
-    out: list[Completion | None],
-    lengths: list[int],
-) -> None:
-    """Take the finished requests of one engine step (``vllm.RequestOutput``) out of
-    ``pending`` and put their completions into ``out``; outputs of unknown, already
-    collected or unfinished requests are skipped."""
-    for result in results:
-        k = index.get(result.request_id)
-        if k is None or k not in pending or not result.finished:
-            continue
-        pending.discard(k)
-        out[k] = _completion(result, lengths[k])
 
 
 def _completion(result: Any, prompt_tokens: int) -> Completion:

@@ -1,18 +1,15 @@
-"""Several judge calls sharing one ``vllm.LLM`` from one event loop: the engine of
-:meth:`ragbatch.engines.vllm.VllmJudgeEngine.complete_async`.
+"""Several judge calls sharing one ``vllm.LLM`` from one event loop: how
+:meth:`ragbatch.engines.vllm.VllmJudgeEngine.complete` runs.
 
-:meth:`VllmJudgeEngine.complete <ragbatch.engines.vllm.VllmJudgeEngine.complete>` adds
-its requests and steps the engine until the last of them finishes, so the engine runs
-fewer and fewer requests towards the end of each call and nothing between two calls.
-:class:`VllmFeed` lets calls overlap instead. Each call (a coroutine) renders and adds
-its requests exactly as ``complete`` does (``LLM.enqueue``), then waits; one task on the
-same event loop steps the engine (``LLM.llm_engine.step()``) while any call has
-unfinished requests, hands each finished ``RequestOutput`` to the call that added it,
-wakes a call when its last request finishes, and yields to the loop after every step.
-A call that starts while others run (the next round of a judge program, another
-batch) therefore joins vLLM's running batch at the next step.
+Each call (a coroutine) renders and adds its requests (``LLM.enqueue``), then waits; one
+task on the same event loop steps the engine (``LLM.llm_engine.step()``) while any call
+has unfinished requests, hands each finished ``RequestOutput`` to the call that added
+it, wakes a call when its last request finishes, and yields to the loop after every
+step. A call that starts while others run (the next round of a judge program, another
+batch) therefore joins vLLM's running batch at the next step, and with one call at a
+time this is the loop ``LLM.generate`` runs, plus the time limit.
 
-Only vLLM calls the adapter already makes are used (``LLM.enqueue``,
+Only the vLLM calls listed in docs/engines.md are used (``LLM.enqueue``,
 ``llm_engine.step``, ``llm_engine.has_unfinished_requests``,
 ``llm_engine.abort_request``), all from the one thread that runs the loop: vLLM's
 offline engine is not thread-safe, and nothing here needs a second thread. On a GPU
@@ -20,13 +17,13 @@ the engine core runs in its own process and keeps computing while the loop runs 
 callers' Python; on a CPU with the engine in the calling process a step and the
 callers' Python take turns.
 
-Time limits and failures are per call, as with ``complete``: ``batch_timeout_s`` counts
-from the moment a call's requests are added, and once it has passed that call's
-unfinished requests are aborted and come back as ``timeout`` while the other calls go
-on. A request vLLM refuses at ``enqueue`` fails alone (``judge_error``). An exception
-from ``step()`` fails the unfinished requests of every call in flight (``judge_error``,
-the exception's type and message), since a step serves them all. A caller that is
-cancelled while waiting has its unfinished requests aborted.
+Time limits and failures are per call: ``batch_timeout_s`` counts from the moment a
+call's requests are added, and once it has passed that call's unfinished requests are
+aborted and come back as ``timeout`` while the other calls go on. A request vLLM
+refuses at ``enqueue`` fails alone (``judge_error``). An exception from ``step()``
+fails the unfinished requests of every call in flight (``judge_error``, the exception's
+type and message), since a step serves them all. A caller that is cancelled while
+waiting has its unfinished requests aborted.
 """
 
 from __future__ import annotations
@@ -69,7 +66,7 @@ class VllmFeed:
     ----------
     engine : VllmJudgeEngine
         The loaded engine; its ``vllm.LLM`` must not be stepped by anything else while
-        calls are in flight (``VllmJudgeEngine.complete`` refuses to run then).
+        calls are in flight.
 
     Attributes
     ----------
@@ -87,11 +84,6 @@ class VllmFeed:
         self.steps = 0
         self.peak = 0
 
-    @property
-    def busy(self) -> bool:
-        """Whether a call has requests in the engine."""
-        return bool(self._calls)
-
     async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         """Answer ``requests``, sharing the engine with the other calls in flight.
 
@@ -102,8 +94,8 @@ class VllmFeed:
         Returns
         -------
         list of Completion
-            One per request, in order, with the statuses of
-            :meth:`VllmJudgeEngine.complete`.
+            One per request, in order, with the statuses
+            :meth:`VllmJudgeEngine.complete` documents.
 
         Raises
         ------

@@ -4,15 +4,14 @@
 row) that passed the metric's guards and advances them all in lockstep: each round
 collects the requests every live program yielded, answers identical requests once,
 serves what it can from the judgment cache (the entries of the batch's rows, looked up
-once when it starts), sends the rest to the engine in one ``complete`` call, parses the
+once when it starts), sends the rest to the engine in one awaited ``complete`` call, parses the
 replies, retries unparseable ones (up to ``parse_retries`` times, each with a new seed,
 which also gives it a new cache key), and sends the parsed values back to the programs.
 A request whose cached replies all fail to parse is asked again under a new generation of
 keys when the runner re-asks parse failures (``rejudge``, :mod:`ragbatch.judge.rejudge`);
 every run follows those generations to the first reply that parses.
-Under :meth:`JudgeRunner.run_async` the lookup runs on a worker thread and the engine
-calls are awaited through ``complete_async``, so that several batches share one engine
-and one event loop.
+:meth:`JudgeRunner.run` is a coroutine: the lookup runs on a worker thread and the engine
+calls are awaited, so that several batches share one engine and one event loop.
 
 Replies that hold verdicts also give their verdicts' probabilities
 (:mod:`ragbatch.judge.confidence`), which become the cell's ``confidence``, its
@@ -39,7 +38,7 @@ import copy
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Protocol, Sequence, cast, runtime_checkable
+from typing import Any, Callable, Generator, Sequence, cast
 
 import numpy as np
 
@@ -48,6 +47,7 @@ from ragbatch.judge.cache_store import Reply
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
+from ragbatch.core.errors import EngineError
 from ragbatch.judge.rejudge import Found, first_generation, rejudge_key
 from ragbatch.scoring.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 #: replies are cut and end with "…[truncated]".
 REPLY_MAX_CHARS = 4000
 
+#: What an engine call may raise that fails its requests (``judge_error``) instead of the
+#: run: the engine's own failures and time limits. Anything else is a bug and propagates.
+ENGINE_FAULTS = (EngineError, TimeoutError)
+
 #: An embedding function: texts -> float32 array (len(texts), dim), rows L2-normalised.
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -65,15 +69,6 @@ Embedder = Callable[[list[str]], np.ndarray]
 #: and is sent their completions (same length and order); it returns metric id -> row
 #: position -> :class:`JudgeCell`.
 Rounds = Generator[list[EngineRequest], list[Completion], dict[str, dict[int, "JudgeCell"]]]
-
-
-@runtime_checkable
-class AsyncJudgeEngine(Protocol):
-    """A judge engine that can also answer as a coroutine, sharing itself with other
-    calls in flight on the same event loop (the ``vllm`` engine's ``complete_async``).
-    :meth:`JudgeRunner.run_async` uses it when the engine has it."""
-
-    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]: ...
 
 
 @dataclass
@@ -360,7 +355,7 @@ class JudgeRunner:
         # the cached entries of the batch being judged (:meth:`_rounds`)
         self._found: dict[str, tuple[Reply, str]] = {}
 
-    def run(
+    async def run(
         self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
     ) -> dict[str, dict[int, JudgeCell]]:
         """Judge the rows that passed each metric's guards.
@@ -374,51 +369,20 @@ class JudgeRunner:
         -------
         dict
             Metric id -> row position -> :class:`JudgeCell`, for every position given.
-        """
-        groups = self._groups(todo)
-        rounds = self._rounds(todo, groups, self._lookup(groups))
-        try:
-            requests = next(rounds)
-            while True:
-                requests = rounds.send(self._complete(requests))
-        except StopIteration as stop:
-            return stop.value
-
-    async def run_async(
-        self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
-    ) -> dict[str, dict[int, JudgeCell]]:
-        """:meth:`run` as a coroutine: the batch's judgment-cache lookup runs on a worker
-        thread and each round's engine call is awaited, so that other batches judged on
-        the same event loop run meanwhile.
-
-        Parameters
-        ----------
-        todo : dict
-            As :meth:`run`.
-
-        Returns
-        -------
-        dict
-            As :meth:`run`: the same cells and the same totals for the same rows.
-
-        Notes
-        -----
-        With an :class:`AsyncJudgeEngine` the requests go to ``complete_async``, where
-        they share the engine with the rounds of every other batch in flight; with any
-        other engine each round calls ``complete`` and holds the loop until it returns
-        (the synchronous path). Run concurrent batches on runners of their own
-        (:meth:`fork`), so that each batch's totals stay its own.
-
-        The lookup (:meth:`_lookup`: reading the bucket files of the batch's groups,
-        about 0.07 s on local disk and 0.35 s on S3 on loopback) is awaited
-        through :func:`asyncio.to_thread`; everything else, the cache hits included,
-        stays on the loop. A cancelled batch stops waiting for its lookup at once; the
-        thread finishes the read and its result is dropped.
 
         Raises
         ------
         OutputError
-            The judgment cache cannot be read (as :meth:`run`).
+            The judgment cache cannot be read.
+
+        Notes
+        -----
+        A coroutine: the batch's judgment-cache lookup (:meth:`_lookup`) runs on a
+        worker thread and each round's engine call is awaited, so that other batches
+        judged on the same event loop run meanwhile and share the engine. Run concurrent
+        batches on runners of their own (:meth:`fork`), so that each batch's totals stay
+        its own. A cancelled batch stops waiting for its lookup at once; the thread
+        finishes the read and its result is dropped.
         """
         groups = self._groups(todo)
         found = await asyncio.to_thread(self._lookup, groups) if groups else {}
@@ -426,7 +390,7 @@ class JudgeRunner:
         try:
             requests = next(rounds)
             while True:
-                requests = rounds.send(await self._complete_async(requests))
+                requests = rounds.send(await self._complete(requests))
         except StopIteration as stop:
             return stop.value
 
@@ -476,7 +440,7 @@ class JudgeRunner:
         (:meth:`JudgmentCache.lookup`); empty without a cache.
 
         It changes nothing on this runner and uses only the cache's reader, which is
-        thread-safe, so it may run on any thread (:meth:`run_async` runs it off the
+        thread-safe, so it may run on any thread (:meth:`run` runs it off the
         event loop).
 
         Raises
@@ -652,20 +616,12 @@ class JudgeRunner:
     def _capped(self, ask: Ask) -> Ask:
         return capped(ask, self.max_tokens)
 
-    def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
+    async def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
+        """The engine's completions of ``requests``; a ``judge_error`` per request when
+        the engine fails (:data:`ENGINE_FAULTS`) or returns another number of them."""
         try:
-            completions = self.engine.complete(requests)
-        except Exception as exc:  # the engine itself failed: every request of the call fails
-            return _engine_failed(requests, exc)
-        return _one_each(requests, completions)
-
-    async def _complete_async(self, requests: list[EngineRequest]) -> list[Completion]:
-        """:meth:`_complete` through ``complete_async`` when the engine has it."""
-        if not isinstance(self.engine, AsyncJudgeEngine):
-            return self._complete(requests)
-        try:
-            completions = await self.engine.complete_async(requests)
-        except Exception as exc:  # as in _complete: every request of the call fails
+            completions = await self.engine.complete(requests)
+        except ENGINE_FAULTS as exc:  # the engine failed: every request of the call fails
             return _engine_failed(requests, exc)
         return _one_each(requests, completions)
 
