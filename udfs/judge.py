@@ -148,7 +148,7 @@ class JudgeStage(ActorStage):
             self.engine = load_judge_engine(self.spec)
         self.runner = JudgeRunner(
             self.engine,
-            self.metrics,
+            self.judge_metrics(),
             embedders=self._embedders(self._embedder_specs),
             cache=self.cache,
             parse_retries=self.spec.parse_retries,
@@ -159,11 +159,16 @@ class JudgeStage(ActorStage):
         self._in_flight = max(1, int(getattr(self.spec, "batches_in_flight", 1) or 1))
         self._gates: dict[asyncio.AbstractEventLoop, _Gate] = {}
 
+    def judge_metrics(self) -> list[JudgeMetric]:
+        """:attr:`metrics`, each a :class:`~ragbatch.judge.metric.JudgeMetric` (as
+        :attr:`metric_class` makes sure when they are built)."""
+        return [m for m in self.metrics if isinstance(m, JudgeMetric)]
+
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
 
         out = {}
-        for name in dict.fromkeys(n for m in self.metrics for n in m.embedders()):
+        for name in dict.fromkeys(n for m in self.judge_metrics() for n in m.embedders()):
             if name not in specs:
                 raise ConfigError(
                     f"engines.{name}: embedding engine used by a judge metric is not defined"
