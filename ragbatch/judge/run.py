@@ -48,6 +48,7 @@ from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
 from ragbatch.core.errors import EngineError
+from ragbatch.io.manifest_model import JudgeTally
 from ragbatch.judge.rejudge import Found, first_generation, rejudge_key
 from ragbatch.scoring.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
@@ -132,36 +133,9 @@ class JudgeCell:
     trace: Trace
 
 
-@dataclass
-class Tally:
-    """Per-metric totals of a batch.
-
-    Attributes
-    ----------
-    judge_calls : int
-        Requests the engine served in this run (cache hits and refused requests
-        excluded; identical requests of a batch share one).
-    cache_hits : int
-        Requests answered from the judgment cache or by an identical request.
-    prompt_tokens, completion_tokens, cached_prompt_tokens : int
-        Tokens of the served requests.
-    refused_too_long : int
-        Requests refused as ``context_too_long`` without being served
-        (:attr:`Completion.refused`).
-    refused_prompt_tokens : int
-        Prompt tokens counted for the refused requests (where the engine counted them).
-    """
-
-    judge_calls: int = 0
-    cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    refused_too_long: int = 0
-    refused_prompt_tokens: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+#: Per-metric totals of a batch, counted as the batch is judged: the manifest's judge
+#: counters (:class:`~ragbatch.io.manifest_model.JudgeTally`), one definition for both.
+Tally = JudgeTally
 
 
 class _Slot:
@@ -664,6 +638,6 @@ class JudgeRunner:
 
     def take_tallies(self) -> dict[str, dict[str, int]]:
         """The per-metric totals since the last call (then reset)."""
-        out = {mid: t.as_dict() for mid, t in self.tallies.items()}
+        out = {mid: t.model_dump() for mid, t in self.tallies.items()}
         self.tallies = {m.id: Tally() for m in self.metrics}
         return out
