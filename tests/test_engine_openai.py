@@ -405,8 +405,8 @@ def test_concurrency_is_bounded_and_works_inside_an_event_loop(vllm_base_url):
         eng = load_openai_engine(_spec(proxy.base_url, max_concurrency=2))
         try:
 
-            async def caller():  # complete() is blocking but must not trip on a running loop
-                return run_sync(eng.complete([_ask(f"q{i}", seed=i) for i in range(6)]))
+            async def caller():  # awaited from a running loop other than the engine's own
+                return await eng.complete([_ask(f"q{i}", seed=i) for i in range(6)])
 
             out = asyncio.run(caller())
         finally:

@@ -28,7 +28,8 @@ from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync
 
-from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id
+from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine
+from ragbatch.engines.vllm_setup import model_files_id
 
 WINDOW = 512
 
@@ -350,9 +351,9 @@ def vllm_env(monkeypatch):
 def test_engine_runs_in_process_only_without_a_gpu(
     tiny_judge_model, vllm_env, cuda, preset, tensor_parallel, expected
 ):
-    import ragbatch.engines.vllm as adapter
+    import ragbatch.engines.vllm_setup as setup
 
-    vllm_env.setattr(adapter, "_cuda_available", lambda: cuda)
+    vllm_env.setattr(setup, "cuda_available", lambda: cuda)
     vllm_env.setitem(sys.modules, "vllm", None)  # stop right after the defaults are set
     if preset is not None:
         vllm_env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)

@@ -33,9 +33,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ragbatch.core.status import JUDGE_ERROR, TIMEOUT
-from ragbatch.engines.vllm import _completion, _describe, _output_index
-from ragbatch.judge.protocol import Completion, EngineRequest
+from ragbatch.core.status import JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.engines.vllm import _describe
+from ragbatch.judge.protocol import Completion, EngineRequest, TokenLogprob
 
 if TYPE_CHECKING:
     from ragbatch.engines.vllm import VllmJudgeEngine
@@ -194,3 +194,68 @@ class VllmFeed:
                 woken.append(call)
         for call in woken:
             self._drop(call, abort=False)
+
+
+def _output_index(request_ids: list[str | None]) -> dict[str, int]:
+    """Position of each request by the id its outputs carry.
+
+    ``LLM.enqueue`` returns the engine's internal id, ``"<id>-<8 random characters>"``,
+    while a ``RequestOutput`` carries ``<id>``, the id the request was added under (the
+    engine appends the characters to keep ids unique; with
+    ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` the two are the same). vLLM exposes no
+    public way to learn ``<id>`` from the returned id, so both forms are indexed.
+    """
+    index: dict[str, int] = {}
+    for k, rid in enumerate(request_ids):
+        if rid is not None:
+            index[rid] = k
+            index.setdefault(rid.rsplit("-", 1)[0], k)
+    return index
+
+
+def _completion(result: Any, prompt_tokens: int) -> Completion:
+    """A :class:`Completion` from a finished ``vllm.RequestOutput``."""
+    if not result.outputs:
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            error="vLLM returned no output for the request",
+        )
+    choice = result.outputs[0]
+    cached = getattr(result, "num_cached_tokens", None)
+    finish = choice.finish_reason
+    if finish not in ("stop", "length"):
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(choice.token_ids),
+            error=f"vLLM finished the request with reason {finish!r}",
+        )
+    return Completion(
+        OK,
+        text=choice.text,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(choice.token_ids),
+        cached_prompt_tokens=int(cached) if cached is not None else None,
+        logprobs=_token_logprobs(choice),
+    )
+
+
+def _token_logprobs(choice: Any) -> tuple[TokenLogprob, ...] | None:
+    """The generated tokens of a ``vllm.CompletionOutput`` with their top logprobs, or
+    None when none were asked for (or vLLM returned fewer positions than tokens)."""
+    positions = choice.logprobs
+    if not positions or len(positions) != len(choice.token_ids):
+        return None
+    out = []
+    for token_id, entry in zip(choice.token_ids, positions):
+        chosen = entry.get(token_id) if entry else None
+        if chosen is None:
+            return None
+        top = sorted(
+            ((lp.decoded_token or "", float(lp.logprob)) for lp in entry.values()),
+            key=lambda item: -item[1],
+        )
+        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), tuple(top)))
+    return tuple(out)
