@@ -27,8 +27,13 @@ status              when
 ``timeout``          the request ran past its time limit
 ``parse_failure``    the reply was cut at ``max_tokens`` or had the wrong shape, on
                      the first try and every retry; ``judge_reply`` keeps it
-``error``            the metric's own code raised (a bug, reported with the exception)
+``error``            the metric's program returned something other than a cell in
+                     range, or an embedding failed
 ==================  ==============================================================
+
+An exception raised by a metric's program, or by an engine call with anything but an
+engine fault (:data:`ENGINE_FAULTS`), is a bug: it propagates, and the judge stage's
+batch guard fails the run with the stage named (:mod:`udfs.guard`).
 """
 
 from __future__ import annotations
@@ -154,17 +159,15 @@ class _Slot:
         self.verdict_replies: dict[int, tuple[Completion, Any]] = {}
 
     def advance(self, values: list[Any] | None) -> None:
-        """Send ``values`` (None to start) and store the next requests or the result."""
+        """Send ``values`` (None to start) and store the next requests or the result.
+        An exception the program raises is a bug in the metric's code: it propagates
+        (the run fails with the stage named), no cell is made of it."""
         try:
             step = next(self.program) if values is None else self.program.send(values)
         except StopIteration as stop:
             self.result = _checked(
                 self.metric, settle(self.metric, stop.value, self.trace.confidence)
             )
-            return
-        except Exception as exc:  # the metric's code failed for this row
-            log.warning("%s: program raised on a row: %r", self.metric.id, exc)
-            self.result = PyCell(None, ERROR, f"{type(exc).__name__}: {exc}")
             return
         self.pending = list(step)
         if not self.pending or not all(isinstance(r, (Ask, Embed)) for r in self.pending):
