@@ -320,7 +320,7 @@ def count_with_tokenizer(tokenizer: Any, messages: list[dict[str, str]]) -> int:
     """Prompt tokens of ``messages`` rendered with the tokenizer's chat template and the
     generation prompt."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys") and "input_ids" in ids:  # BatchEncoding (transformers 5)
+    if hasattr(ids, "keys") and "input_ids" in ids:  # a BatchEncoding (docs/engines.md)
         ids = ids["input_ids"]
     if ids and isinstance(ids[0], list):
         ids = ids[0]

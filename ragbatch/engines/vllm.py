@@ -91,11 +91,10 @@ class VllmJudgeEngine(JudgeEngine):
     requests that have not finished and returns them as ``timeout`` (finished ones keep
     their replies). The limit is checked between engine steps, so a call can overrun it
     by the length of one step (one batched forward pass, usually well under a second;
-    longer for a large prefill); with :meth:`complete_async` it bounds each call the
-    same way while the other calls in flight go on. ``request_timeout_s`` does not
-    apply: the offline
-    engine schedules every request of a call together and reports no per-request
-    timing to act on; a single request is bounded by its ``max_tokens``.
+    longer for a large prefill); the other calls in flight go on meanwhile.
+    ``request_timeout_s`` does not apply: the offline engine schedules every request
+    of a call together and reports no per-request timing to act on; a single request
+    is bounded by its ``max_tokens``.
     """
 
     def __init__(
