@@ -82,7 +82,7 @@ class InstantEngine:
     def stats(self) -> dict[str, Any]:
         return {}
 
-    def complete(self, requests: Sequence[Any]) -> list[Any]:
+    async def complete(self, requests: Sequence[Any]) -> list[Any]:
         from instant_judge import instance
 
         from ragbatch.judge.protocol import Completion
@@ -164,6 +164,7 @@ def judge_night(uri: str | None, start: int, n: int, batch: int) -> dict[str, An
     import polars as pl
 
     from ragbatch.judge.batch import judge_frame
+    from ragbatch.judge.protocol import run_sync
     from ragbatch.judge.cache import JudgmentCache
     from ragbatch.judge.run import JudgeRunner
     from ragbatch.scoring.registry import get_metric
@@ -184,7 +185,7 @@ def judge_night(uri: str | None, start: int, n: int, batch: int) -> dict[str, An
     hits = asked = flushes = 0
     for at in range(start, start + n, batch):
         frame = pl.DataFrame(_rows(at, min(batch, start + n - at)), schema=schema)
-        judge_frame(runner, frame)
+        run_sync(judge_frame(runner, frame))
         for tally in runner.take_tallies().values():
             hits += tally["cache_hits"]
             asked += tally["cache_hits"] + tally["judge_calls"]

@@ -60,8 +60,9 @@ window, ``enforce_eager``, KV-cache size).
    ceiling); the stage on all rows as **one batch**; the stage on **small batches** of
    ``--drain-batch-size`` rows one after another (``JudgeStage``, ``batches_in_flight``
    1: each batch drains before the next starts); and the same small batches **in
-   flight** ``--in-flight`` at a time (``AsyncJudgeStage``, their rounds sharing the
-   engine through ``VllmJudgeEngine.complete_async``, driven by one ``asyncio`` event
+   flight** ``--in-flight`` at a time (``JudgeStage`` with ``batches_in_flight`` above
+   1, their rounds sharing the engine through ``VllmJudgeEngine.complete``, driven by
+   one ``asyncio`` event
    loop as a Ray Data actor drives it). Each stage pass's rows per second is given as a
    ratio of the raw pass's; the load average is recorded after every pass.
 
@@ -187,9 +188,9 @@ class Recorder:
         finally:
             self.tokenize_s += time.perf_counter() - start
 
-    def __call__(self, requests):
+    async def __call__(self, requests):
         start = time.perf_counter()
-        completions = self.inner(requests)
+        completions = await self.inner(requests)
         self.complete_s += time.perf_counter() - start
         if self.on:
             self.calls.append((list(requests), list(completions)))
@@ -266,8 +267,10 @@ def run_stage(stage: Any, rows, batch_size: int) -> dict[str, Any]:
     """Time ``stage.__call__`` over ``rows`` in batches of ``batch_size``."""
     batches = [rows.slice(i, batch_size) for i in range(0, rows.num_rows, batch_size)]
     start = time.perf_counter()
+    from ragbatch.judge.protocol import run_sync
+
     for batch in batches:
-        stage(batch)
+        run_sync(stage(batch))
     wall = time.perf_counter() - start
     tally = stage.ledger.take()
     return {
@@ -282,7 +285,7 @@ def run_stage(stage: Any, rows, batch_size: int) -> dict[str, Any]:
 
 
 def run_stage_in_flight(stage: Any, rows, batch_size: int) -> dict[str, Any]:
-    """Time an ``AsyncJudgeStage`` over ``rows`` in batches of ``batch_size``, all handed
+    """Time a ``JudgeStage`` with ``batches_in_flight`` above 1 over ``rows`` in batches of ``batch_size``, all handed
     to it at once on one event loop (it judges ``batches_in_flight`` of them at a time)."""
     import asyncio
 
@@ -633,15 +636,11 @@ def drain_study(
 ) -> dict[str, Any]:
     """Step 5 of the module docstring: one batch, small batches one at a time and small
     batches in flight, each against raw ``LLM.generate`` over the same requests."""
-    from udfs.judge import AsyncJudgeStage
-
     llm = engine._llm
     n_rows = rows.num_rows
     small = max(1, args.drain_batch_size)
     one_at_a_time = make_stage(engine, engine_spec, metrics)
-    in_flight = make_stage(
-        engine, engine_spec | {"batches_in_flight": args.in_flight}, metrics, AsyncJudgeStage
-    )
+    in_flight = make_stage(engine, engine_spec | {"batches_in_flight": args.in_flight}, metrics)
     # Untimed warm-up of the in-flight path (the feed, its first event loop).
     run_stage_in_flight(in_flight, rows.slice(0, min(2 * small, n_rows)), small)
     recorder.take()

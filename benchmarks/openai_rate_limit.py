@@ -46,7 +46,7 @@ for path in (ROOT, ROOT / "tests"):  # for tests/support when run as a script
 from ragbatch.config.job import OpenAIEngine  # noqa: E402
 from ragbatch.engines import openai_limits  # noqa: E402
 from ragbatch.engines.openai import load_openai_engine  # noqa: E402
-from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
+from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync  # noqa: E402
 from support.canned_judge_server import SERVED_NAME, CannedJudgeProcess  # noqa: E402
 
 MODES = ("adaptive", "static", "adaptive-0.5")
@@ -83,7 +83,7 @@ def run_once(
             spec = spec.model_copy(update={"base_url": srv.base_url})
             with load_openai_engine(spec) as engine:
                 start = time.monotonic()
-                out = engine.complete(requests)
+                out = run_sync(engine.complete(requests))
                 wall = time.monotonic() - start
                 stats = engine.stats()
             log, share = srv.log(), srv.admitted_share()

@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from ragbatch.engines import load_judge_engine
     from ragbatch.engines.sentence_transformers import load_model
     from ragbatch.judge.batch import judge_frame
+    from ragbatch.judge.protocol import run_sync
     from ragbatch.judge.run import JudgeRunner
 
     names = [m for m in args.metrics.split(",") if m] or list(
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             getattr(getattr(engine, "_llm", None), "reset_prefix_cache", lambda: None)()
             load_before = os.getloadavg()
             t0 = time.perf_counter()
-            judged = judge_frame(runner, frame)
+            judged = run_sync(judge_frame(runner, frame))
             wall = time.perf_counter() - t0
             tallies = runner.take_tallies()
             per_metric = {}

@@ -1,4 +1,4 @@
-"""udfs.base.ActorStage with a minimal subclass (no model), and the StageKind enum."""
+"""udfs.base.SyncActorStage with a minimal subclass (no model), and the StageKind enum."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES_TYPE, cell_column
-from ragbatch.core.errors import ConfigError, EngineError
+from ragbatch.core.errors import ConfigError, EngineError, StageBugError
 from ragbatch.scoring.base import ExpressionMetric, ModelMetric
 from ragbatch.scoring.cells import CELL_DTYPE
 from ragbatch.metrics.exact_match import ExactMatch
 from ragbatch.pipeline.plan import Stage
 from ragbatch.core.stages import StageKind
-from udfs.base import ActorStage, cell_array, engine_errors
+from udfs.base import SyncActorStage, cell_array, engine_errors
 from udfs.guard import BATCH_ATTEMPTS
 
 
@@ -54,13 +54,24 @@ class AnswerChars(ModelMetric):
 
 
 class Broken(AnswerChars):
+    """Fault injector: its "model" fails as an engine does (an EngineError)."""
+
     name: ClassVar[str] = "broken"
 
     def compute(self, model, frame: pl.DataFrame) -> pl.Series:
-        raise RuntimeError("the model fell over")
+        raise EngineError("the model fell over")
 
 
-class CharStage(ActorStage):
+class Buggy(AnswerChars):
+    """Test-only fault injection: a bug in the metric's own code (a TypeError)."""
+
+    name: ClassVar[str] = "buggy"
+
+    def compute(self, model, frame: pl.DataFrame) -> pl.Series:
+        raise TypeError("injected bug")
+
+
+class CharStage(SyncActorStage):
     """Test stage: loads ``0`` as its model and appends each metric's cells."""
 
     kind = StageKind.MODEL
@@ -117,10 +128,34 @@ def test_failing_batch_gets_error_cells_through_the_guard():
     stage = CharStage("toy", SPEC, [Broken.from_params({}, metric_id="b", engine="toy")])
     out = stage(table())
     cells = out.column(cell_column("b")).to_pylist()
-    reason = f"engine toy: batch failed {BATCH_ATTEMPTS} times: RuntimeError: the model fell over"
+    reason = f"engine toy: batch failed {BATCH_ATTEMPTS} times: EngineError: the model fell over"
     assert [c["status"] for c in cells] == ["error"] * 3
     assert {c["reason"] for c in cells} == {reason}
     assert out.select(table().column_names).equals(table())
+
+
+def test_a_bug_fails_the_call_naming_the_stage_without_error_cells():
+    stage = CharStage("toy", SPEC, [Buggy.from_params({}, metric_id="b", engine="toy")])
+    with pytest.raises(StageBugError) as caught:
+        stage(table())
+    message = str(caught.value)
+    assert message.startswith(
+        "stage model:toy failed with a bug in ragbatch's own code: TypeError: injected bug "
+        "(traceback follows)\nTraceback (most recent call last):"
+    )
+    assert 'raise TypeError("injected bug")' in message
+    assert isinstance(caught.value.__cause__, TypeError)
+
+
+def test_a_stage_without_its_required_hooks_cannot_be_made():
+    class NoColumns(SyncActorStage):
+        kind = StageKind.MODEL
+
+        def load(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="abstract method '?columns"):
+        NoColumns("toy", SPEC, [chars()])
 
 
 def test_batch_errors_that_are_not_batch_faults():

@@ -26,7 +26,7 @@ pytest.importorskip("vllm", reason="these tests serve a model with vllm (ragbatc
 from ragbatch.config.job import OpenAIEngine  # noqa: E402
 from ragbatch.engines.openai import BYTE_BOUND_MARGIN, load_openai_engine  # noqa: E402
 from ragbatch.core.errors import EngineError  # noqa: E402
-from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
+from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync  # noqa: E402
 
 from support.vllm_server import MAX_MODEL_LEN, SERVED_NAME, free_port  # noqa: E402
 
@@ -270,7 +270,7 @@ def test_choice_and_schema_replies_follow_the_spec(engine):
     requests = [_ask(f"Is {i} even?", YES_NO, seed=i) for i in range(4)]
     requests += [_ask(f"Is claim {i} supported?", VERDICT, seed=i) for i in range(2)]
     before = engine.stats()
-    out = engine.complete(requests)
+    out = run_sync(engine.complete(requests))
     assert [c.status for c in out] == ["ok"] * 6, [c.error for c in out]
     for c in out[:4]:
         assert c.text in ("yes", "no") and c.finish_reason == "stop"
@@ -289,7 +289,9 @@ def test_response_format_mode_sends_json_schemas_and_unwraps_choices(vllm_base_u
     with FaultInjector(_upstream(vllm_base_url)) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, structured_outputs="response_format"))
         try:
-            out = eng.complete([_ask("Is the sky blue?", YES_NO), _ask("Supported?", VERDICT)])
+            out = run_sync(
+                eng.complete([_ask("Is the sky blue?", YES_NO), _ask("Supported?", VERDICT)])
+            )
         finally:
             eng.close()
     assert [c.status for c in out] == ["ok", "ok"], [c.error for c in out]
@@ -309,7 +311,7 @@ def test_response_format_mode_sends_json_schemas_and_unwraps_choices(vllm_base_u
 def test_too_long_prompt_is_caught_before_sending(engine, vllm_base_url, tiny_judge_model):
     long_request = _ask("word " * (MAX_MODEL_LEN + 500))
     before = engine.stats()
-    (c,) = engine.complete([long_request])
+    (c,) = run_sync(engine.complete([long_request]))
     assert c.status == "context_too_long"
     assert c.prompt_tokens > MAX_MODEL_LEN and c.text is None
     assert f"max_model_len={MAX_MODEL_LEN}" in c.error
@@ -318,8 +320,8 @@ def test_too_long_prompt_is_caught_before_sending(engine, vllm_base_url, tiny_ju
     local = load_openai_engine(_spec(vllm_base_url, tokenizer=str(tiny_judge_model)))
     try:
         assert local.token_counter == "tokenizer"
-        (d,) = local.complete([long_request])
-        (ok,) = local.complete([_ask("short")])
+        (d,) = run_sync(local.complete([long_request]))
+        (ok,) = run_sync(local.complete([_ask("short")]))
     finally:
         local.close()
     assert d.status == "context_too_long" and d.prompt_tokens == c.prompt_tokens
@@ -357,12 +359,12 @@ def test_tokenize_is_asked_only_when_a_prompt_might_not_fit(vllm_base_url):
         try:
             probes = proxy.tokenize_calls
             assert probes == 2 and eng.token_counter == "server"
-            (short,) = eng.complete([_ask("Is the sky blue?")])
+            (short,) = run_sync(eng.complete([_ask("Is the sky blue?")]))
             assert proxy.tokenize_calls == probes  # its bytes show it fits: not counted
             assert short.status == "ok" and short.prompt_tokens > 0  # from the reply's usage
             # multi-byte text whose bytes, not its tokens, come near the window is counted
             text = "东京塔" * (MAX_MODEL_LEN // 9 + 1)
-            (near,) = eng.complete([_ask(text)])
+            (near,) = run_sync(eng.complete([_ask(text)]))
             assert proxy.tokenize_calls == probes + 1
             assert near.status in ("ok", "context_too_long")
             stats = eng.stats()
@@ -373,10 +375,12 @@ def test_tokenize_is_asked_only_when_a_prompt_might_not_fit(vllm_base_url):
 
 def test_prompt_plus_max_tokens_over_window_is_too_long(engine):
     prompt = _ask("hello there")
-    (ok,) = engine.complete([prompt])
+    (ok,) = run_sync(engine.complete([prompt]))
     window_left = MAX_MODEL_LEN - ok.prompt_tokens
-    (c,) = engine.complete(
-        [EngineRequest(prompt.messages, OutputSpec.of_choice(["yes", "no"], window_left + 1))]
+    (c,) = run_sync(
+        engine.complete(
+            [EngineRequest(prompt.messages, OutputSpec.of_choice(["yes", "no"], window_left + 1))]
+        )
     )
     assert c.status == "context_too_long" and c.prompt_tokens == ok.prompt_tokens
 
@@ -386,7 +390,7 @@ def test_without_tokenize_the_servers_refusal_maps_to_context_too_long(vllm_base
         eng = load_openai_engine(_spec(proxy.base_url))
         try:
             assert eng.token_counter == "none"
-            out = eng.complete([_ask("word " * (MAX_MODEL_LEN + 500)), _ask("short")])
+            out = run_sync(eng.complete([_ask("word " * (MAX_MODEL_LEN + 500)), _ask("short")]))
             stats = eng.stats()
         finally:
             eng.close()
@@ -401,8 +405,8 @@ def test_concurrency_is_bounded_and_works_inside_an_event_loop(vllm_base_url):
         eng = load_openai_engine(_spec(proxy.base_url, max_concurrency=2))
         try:
 
-            async def caller():  # complete() is blocking but must not trip on a running loop
-                return eng.complete([_ask(f"q{i}", seed=i) for i in range(6)])
+            async def caller():  # awaited from a running loop other than the engine's own
+                return await eng.complete([_ask(f"q{i}", seed=i) for i in range(6)])
 
             out = asyncio.run(caller())
         finally:
@@ -426,7 +430,7 @@ def test_engine_works_inside_a_ray_actor(ray_local, vllm_base_url):
             self.engine = load_openai_engine(_spec(base_url))
 
         def run(self, texts: list[str]):
-            out = self.engine.complete([_ask(t) for t in texts])
+            out = run_sync(self.engine.complete([_ask(t) for t in texts]))
             return [(c.status, c.text) for c in out], self.engine.stats()
 
     actor = Judge.remote(vllm_base_url)
@@ -450,7 +454,7 @@ def test_rate_limited_requests_are_retried_honoring_retry_after(vllm_base_url):
         )
         try:
             start = time.monotonic()
-            (c,) = eng.complete([_ask("Is water wet?")])
+            (c,) = run_sync(eng.complete([_ask("Is water wet?")]))
             elapsed = time.monotonic() - start
             stats = eng.stats()
         finally:
@@ -468,7 +472,7 @@ def test_stalled_request_times_out(vllm_base_url):
         )
         try:
             start = time.monotonic()
-            (c,) = eng.complete([_ask("Anyone there?")])
+            (c,) = run_sync(eng.complete([_ask("Anyone there?")]))
             elapsed = time.monotonic() - start
             stats = eng.stats()
         finally:
@@ -486,7 +490,7 @@ def test_batch_timeout_marks_unfinished_requests(vllm_base_url):
         )
         try:
             start = time.monotonic()
-            out = eng.complete([_ask("a"), _ask("b")])
+            out = run_sync(eng.complete([_ask("a"), _ask("b")]))
             elapsed = time.monotonic() - start
         finally:
             eng.close()
@@ -499,7 +503,7 @@ def test_server_errors_exhaust_retries_into_judge_error(vllm_base_url):
     with FaultInjector(_upstream(vllm_base_url), always_500=True) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, max_retries=2, backoff_s=0.01))
         try:
-            (c,) = eng.complete([_ask("Will this work?")])
+            (c,) = run_sync(eng.complete([_ask("Will this work?")]))
             stats = eng.stats()
         finally:
             eng.close()
@@ -605,7 +609,7 @@ def test_malformed_replies_become_judge_errors(vllm_base_url, reply, status, tex
     with FaultInjector(_upstream(vllm_base_url), chat_reply=reply) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, max_retries=2))
         try:
-            (c,) = eng.complete([_ask("Is the sky blue?")])
+            (c,) = run_sync(eng.complete([_ask("Is the sky blue?")]))
         finally:
             eng.close()
     assert c.status == status
@@ -624,7 +628,7 @@ def test_client_errors_are_not_retried(engine):
         output=OutputSpec(json_schema="{\"type\": \"no-such-type\"}"),
     )
     before = engine.stats()
-    (c,) = engine.complete([bad])
+    (c,) = run_sync(engine.complete([bad]))
     assert c.status == "judge_error" and "HTTP 400" in c.error
     assert engine.stats()["attempts"] - before["attempts"] == 1
 
@@ -661,7 +665,7 @@ def test_logprobs_switch_decides_what_is_asked_and_the_cache_identity(vllm_base_
     with FaultInjector(_upstream(vllm_base_url)) as proxy:
         eng = load_openai_engine(_spec(proxy.base_url, logprobs=logprobs))
         try:
-            (c,) = eng.complete([_ask("Is the sky blue?", output=verdict)])
+            (c,) = run_sync(eng.complete([_ask("Is the sky blue?", output=verdict)]))
             key = eng.sampling_key()
         finally:
             eng.close()

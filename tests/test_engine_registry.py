@@ -54,7 +54,7 @@ class FakeEchoEngine(JudgeEngine):
         self.max_model_len = 4096
         self.closed = False
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         raise NotImplementedError
 
     def sampling_key(self) -> dict[str, Any]:

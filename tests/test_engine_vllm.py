@@ -26,9 +26,10 @@ import pytest
 
 from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
-from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec
+from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync
 
-from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine, model_files_id
+from ragbatch.engines.vllm import CPU_INSTALL, load_vllm_engine
+from ragbatch.engines.vllm_setup import model_files_id
 
 WINDOW = 512
 
@@ -90,7 +91,7 @@ def test_choice_reply_carries_its_verdict_probability(engine):
     from ragbatch.metrics.answer_similarity import RATINGS, SLOTS
 
     output = replace(OutputSpec.of_choice(RATINGS, max_tokens=4), logprobs=VERDICT_TOP_LOGPROBS)
-    (reply,) = engine.complete([_request("Rate the answer from 0 to 5.", output)])
+    (reply,) = run_sync(engine.complete([_request("Rate the answer from 0 to 5.", output)]))
     assert reply.status == "ok", reply.error
     assert reply.text in RATINGS and reply.logprobs
     (verdict,) = verdict_probabilities(reply, SLOTS)
@@ -110,7 +111,7 @@ def test_choice_reply_is_one_of_the_choices(engine):
         )
         for i in range(4)
     ]
-    completions = engine.complete(requests)
+    completions = run_sync(engine.complete(requests))
     assert len(completions) == 4
     for completion in completions:
         assert completion.status == "ok", completion.error
@@ -124,7 +125,7 @@ def test_json_reply_parses_and_follows_the_schema(engine):
         _request(f"Rate answer {i}.", _json(), seed=i, system="You are a strict judge.")
         for i in range(2)
     ]
-    for completion in engine.complete(requests):
+    for completion in run_sync(engine.complete(requests)):
         assert completion.status == "ok", completion.error
         assert completion.finish_reason == "stop", completion.text
         jsonschema.validate(json.loads(completion.text), VERDICT_SCHEMA)
@@ -143,8 +144,8 @@ def test_bare_verdicts_fit_their_budget(engine, n):
         "contexts": [f"c{i} 文🚀" for i in range(n)],
     }
     ask = verdicts_ask(row, TASK, n, reasons=False, max_tokens_per_verdict=128)
-    completions = engine.complete(
-        [EngineRequest(ask.messages, ask.output, seed=s) for s in range(3)]
+    completions = run_sync(
+        engine.complete([EngineRequest(ask.messages, ask.output, seed=s) for s in range(3)])
     )
     for completion in completions:
         assert completion.status == "ok", completion.error
@@ -161,7 +162,7 @@ def test_prompt_tokens_are_those_of_the_chat_template(engine, tiny_judge_model):
     assert AutoTokenizer.from_pretrained(tiny_judge_model).decode(ids) == (
         "<|bos|><|system|>Be brief.<|eos|><|user|>Hello there.<|eos|><|assistant|>"
     )
-    assert engine.complete([request])[0].prompt_tokens == len(ids)
+    assert run_sync(engine.complete([request]))[0].prompt_tokens == len(ids)
 
 
 def test_too_long_prompt_is_refused_without_generating(engine):
@@ -169,7 +170,7 @@ def test_too_long_prompt_is_refused_without_generating(engine):
     n = len(engine.prompt_token_ids(long_request))
     assert n > WINDOW
     before = engine.stats()
-    [completion] = engine.complete([long_request])
+    [completion] = run_sync(engine.complete([long_request]))
     assert completion.status == "context_too_long"
     assert completion.prompt_tokens == n
     assert completion.text is None and completion.completion_tokens == 0
@@ -187,7 +188,7 @@ def test_window_boundary_counts_the_completion_budget(engine):
         "Is this on topic?", OutputSpec.of_choice(["yes", "no"], max_tokens=WINDOW - n + 1)
     )
     short = _request("Short one.", OutputSpec.of_choice(["yes", "no"]))
-    fit, too_long, ok = engine.complete([fits, over, short])
+    fit, too_long, ok = run_sync(engine.complete([fits, over, short]))
     assert fit.status == "ok" and fit.text in ("yes", "no")
     assert too_long.status == "context_too_long" and too_long.prompt_tokens == n
     assert f"+ {WINDOW - n + 1} completion tokens" in too_long.error
@@ -195,7 +196,7 @@ def test_window_boundary_counts_the_completion_budget(engine):
 
 
 def test_reply_cut_at_max_tokens_has_finish_reason_length(engine):
-    [completion] = engine.complete([_request("Rate this.", _json(max_tokens=1))])
+    [completion] = run_sync(engine.complete([_request("Rate this.", _json(max_tokens=1))]))
     assert completion.status == "ok"
     assert completion.finish_reason == "length"
     assert completion.completion_tokens == 1
@@ -213,10 +214,12 @@ def test_same_seed_gives_the_same_reply(engine):
         max_tokens=40,
     )
     request = _request("Rate the answer: Paris is in France.", output, seed=7)
-    first, second, other = engine.complete(
-        [request, request, _request("Rate the answer: Paris is in France.", output, seed=8)]
+    first, second, other = run_sync(
+        engine.complete(
+            [request, request, _request("Rate the answer: Paris is in France.", output, seed=8)]
+        )
     )
-    [again] = engine.complete([request])
+    [again] = run_sync(engine.complete([request]))
     assert first.status == second.status == again.status == other.status == "ok"
     assert first.text == second.text == again.text
     assert other.text != first.text  # temperature 1 over random logits: seeds matter
@@ -229,8 +232,8 @@ def test_prefix_cache_is_reported(engine):
     )
     before = engine.stats()
     assert set(before) == {"prefix_cache_queries", "prefix_cache_hits"}
-    engine.complete([request])
-    [second] = engine.complete([request])
+    run_sync(engine.complete([request]))
+    [second] = run_sync(engine.complete([request]))
     assert second.status == "ok"
     assert second.cached_prompt_tokens and second.cached_prompt_tokens > 0
     after = engine.stats()
@@ -245,8 +248,10 @@ def test_batch_timeout_aborts_unfinished_requests(engine):
     spec = engine.spec
     engine.spec = spec.model_copy(update={"batch_timeout_s": 1e-3})
     try:
-        completions = engine.complete(
-            [_request(f"Slow {i}", _json(max_tokens=200), seed=i) for i in range(2)]
+        completions = run_sync(
+            engine.complete(
+                [_request(f"Slow {i}", _json(max_tokens=200), seed=i) for i in range(2)]
+            )
         )
     finally:
         engine.spec = spec
@@ -255,7 +260,7 @@ def test_batch_timeout_aborts_unfinished_requests(engine):
         assert "batch_timeout_s=0.001" in completion.error
         assert completion.prompt_tokens > 0
     # The aborted requests are gone: the next call gets only its own reply.
-    [after] = engine.complete([_request("Next", OutputSpec.of_choice(["yes", "no"]))])
+    [after] = run_sync(engine.complete([_request("Next", OutputSpec.of_choice(["yes", "no"]))]))
     assert after.status == "ok" and after.text in ("yes", "no")
 
 
@@ -264,8 +269,10 @@ def test_unsupported_schema_fails_only_its_own_request(engine):
     bad = OutputSpec.of_schema(
         {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, max_tokens=16
     )
-    good, broken = engine.complete(
-        [_request("fine", OutputSpec.of_choice(["yes", "no"])), _request("broken", bad)]
+    good, broken = run_sync(
+        engine.complete(
+            [_request("fine", OutputSpec.of_choice(["yes", "no"])), _request("broken", bad)]
+        )
     )
     assert good.status == "ok" and good.text in ("yes", "no")
     assert broken.status == "judge_error"
@@ -344,9 +351,9 @@ def vllm_env(monkeypatch):
 def test_engine_runs_in_process_only_without_a_gpu(
     tiny_judge_model, vllm_env, cuda, preset, tensor_parallel, expected
 ):
-    import ragbatch.engines.vllm as adapter
+    import ragbatch.engines.vllm_setup as setup
 
-    vllm_env.setattr(adapter, "_cuda_available", lambda: cuda)
+    vllm_env.setattr(setup, "cuda_available", lambda: cuda)
     vllm_env.setitem(sys.modules, "vllm", None)  # stop right after the defaults are set
     if preset is not None:
         vllm_env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", preset)
@@ -374,8 +381,8 @@ def _prefix_hit_case(loaded, topic: str) -> tuple[int, int, int]:
     second = _request(f"Notes: {context}\nIs note 17 on shelf 2?", choice)
     a, b = loaded.prompt_token_ids(first), loaded.prompt_token_ids(second)
     common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    loaded.complete([first])
-    [reply] = loaded.complete([second])
+    run_sync(loaded.complete([first]))
+    [reply] = run_sync(loaded.complete([second]))
     assert reply.status == "ok"
     return reply.cached_prompt_tokens, common, len(b)
 
@@ -409,14 +416,14 @@ def test_block_size_in_engine_kwargs_wins(tiny_judge_model):
             loaded.close()
 
 
-# -- calls in flight at once (complete_async) ------------------------------------------
+# -- calls in flight at once ------------------------------------------------------
 
 
 def _in_flight(engine, calls):
     import asyncio
 
     async def run_all():
-        return await asyncio.gather(*(engine.complete_async(c) for c in calls))
+        return await asyncio.gather(*(engine.complete(c) for c in calls))
 
     return asyncio.run(run_all())
 
@@ -441,10 +448,10 @@ def test_calls_in_flight_get_the_replies_of_one_call_at_a_time(engine):
         + [_request(f"Batch {b}: rate it.", _json(max_tokens=32), seed=b)]
         for b in range(3)
     ]
-    one_at_a_time = [_answers(engine.complete(c)) for c in calls]
+    one_at_a_time = [_answers(run_sync(engine.complete(c))) for c in calls]
     in_flight = [_answers(c) for c in _in_flight(engine, calls)]
     assert in_flight == one_at_a_time
-    assert engine._feed.peak == 3 and not engine._feed.busy
+    assert engine._feed.peak == 3 and not engine._feed._calls
 
 
 def test_time_limit_of_one_call_in_flight_leaves_the_others(engine):
@@ -454,14 +461,14 @@ def test_time_limit_of_one_call_in_flight_leaves_the_others(engine):
     engine.spec = spec.model_copy(update={"batch_timeout_s": 600.0})
     slow = [_request(f"Slow {i}", _json(max_tokens=200), seed=i) for i in range(2)]
     quick = [_request("Quick", OutputSpec.of_choice(["yes", "no"]))]
-    alone = _answers(engine.complete(quick))
+    alone = _answers(run_sync(engine.complete(quick)))
 
     async def run_both():
-        slow_task = asyncio.ensure_future(engine.complete_async(slow))
+        slow_task = asyncio.ensure_future(engine.complete(slow))
         await asyncio.sleep(0)  # the slow call adds its requests ...
         (call,) = engine._feed._calls
         call.start -= 1_000  # ... and has been running for longer than its limit
-        return await asyncio.gather(slow_task, engine.complete_async(quick))
+        return await asyncio.gather(slow_task, engine.complete(quick))
 
     try:
         timed_out, got = asyncio.run(run_both())
@@ -470,7 +477,7 @@ def test_time_limit_of_one_call_in_flight_leaves_the_others(engine):
     assert [c.status for c in timed_out] == ["timeout", "timeout"]
     assert "batch_timeout_s=600" in timed_out[0].error
     assert _answers(got) == alone
-    assert not engine._feed.busy
+    assert not engine._feed._calls
 
 
 def test_refused_request_in_one_call_in_flight_leaves_the_others(engine):
@@ -479,7 +486,7 @@ def test_refused_request_in_one_call_in_flight_leaves_the_others(engine):
     )
     first = [_request("fine", OutputSpec.of_choice(["yes", "no"])), _request("broken", bad)]
     second = [_request("other", OutputSpec.of_choice(["yes", "no"]), seed=3)]
-    alone = _answers(engine.complete(second))
+    alone = _answers(run_sync(engine.complete(second)))
     (good, broken), other = _in_flight(engine, [first, second])
     assert good.status == "ok" and good.text in ("yes", "no")
     assert broken.status == "judge_error" and "xgrammar" in broken.error
@@ -495,7 +502,7 @@ def test_judge_stage_with_batches_in_flight_matches_one_batch_at_a_time(engine, 
 
     import ragbatch.engines
     from ragbatch.core.columns import cell_column, judge_column
-    from udfs.judge import AsyncJudgeStage, JudgeStage
+    from udfs.judge import JudgeStage
 
     metrics = ["answer_similarity"]
     reports: list[dict] = []
@@ -530,11 +537,11 @@ def test_judge_stage_with_batches_in_flight_matches_one_batch_at_a_time(engine, 
     ]
     names = [c for m in metrics for c in (cell_column(m), judge_column(m))]
     sync = stage(JudgeStage)
-    one_at_a_time = [sync(b).select(names).to_pylist() for b in batches]
+    one_at_a_time = [run_sync(sync(b)).select(names).to_pylist() for b in batches]
     expected_reports = list(reports)
     reports.clear()
 
-    many = stage(AsyncJudgeStage)
+    many = stage(JudgeStage)
 
     async def run_all():
         return await asyncio.gather(*(many(b) for b in batches))

@@ -18,7 +18,7 @@ from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.metric import JudgeExample
-from ragbatch.judge.protocol import Completion
+from ragbatch.judge.protocol import Completion, run_sync
 from ragbatch.judge.recorded import RecordedReplies, run_example
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.factual_correctness import FactualCorrectness, counts_score
@@ -230,7 +230,7 @@ def test_duplicate_rows_share_every_request():
     engine = RecordedReplies([A_CLAIMS, R_CLAIMS, A_VERDICTS, R_VERDICTS])
     runner = JudgeRunner(engine, [FactualCorrectness.from_params({})])
     rows = [ROW, {**ROW, "row_id": "r2"}]
-    cells, records = judge_frame(runner, _frame(rows))["factual_correctness"]
+    cells, records = run_sync(judge_frame(runner, _frame(rows)))["factual_correctness"]
     assert [c["score"] for c in cells] == pytest.approx([0.4, 0.4])
     assert [(r["judge_calls"], r["cache_hits"]) for r in records] == [(4, 0), (0, 4)]
     assert engine.unused == 0 and len(engine.requests) == 4
@@ -311,7 +311,7 @@ def test_f1_after_precision_pays_only_for_the_reference(tmp_path):
         [FactualCorrectness.from_params({"mode": "precision"})],
         cache=JudgmentCache(uri, {}, names),
     )
-    cells, _ = judge_frame(runner, _frame([ROW]))["factual_correctness"]
+    cells, _ = run_sync(judge_frame(runner, _frame([ROW])))["factual_correctness"]
     assert cells[0]["score"] == pytest.approx(1 / 3)
     assert runner.cache is not None and runner.cache.flush() == 2
     fold_journal(open_files(uri, {}), "run-1")
@@ -319,7 +319,7 @@ def test_f1_after_precision_pays_only_for_the_reference(tmp_path):
     second = RecordedReplies([R_CLAIMS, R_VERDICTS])  # only what precision did not ask
     metric = FactualCorrectness.from_params({"mode": "f1"})
     runner = JudgeRunner(second, [metric], cache=JudgmentCache(uri, {}, names))
-    cells, records = judge_frame(runner, _frame([ROW]))["factual_correctness"]
+    cells, records = run_sync(judge_frame(runner, _frame([ROW])))["factual_correctness"]
     assert cells[0]["score"] == pytest.approx(0.4)
     assert (records[0]["judge_calls"], records[0]["cache_hits"]) == (2, 2)
     assert second.unused == 0 and len(second.requests) == 2
@@ -363,21 +363,21 @@ class _FailsTheAnswerSide(RecordedReplies):
     """Recorded replies, except that the request splitting the answer fails as an
     engine failure would (a fault the recorded engine cannot produce by itself)."""
 
-    def complete(self, requests):
+    async def complete(self, requests):
         out = []
         for request in requests:
             if "Break the answer" in request.messages[1].content:
                 self.requests.append(request)
                 out.append(Completion("judge_error", error="engine fault"))
             else:
-                out.extend(super().complete([request]))
+                out.extend(await super().complete([request]))
         return out
 
 
 def test_a_failed_request_settles_the_row_and_its_sibling_is_still_accounted():
     engine = _FailsTheAnswerSide([R_CLAIMS])  # the first request fails, the second is served
     runner = JudgeRunner(engine, [FactualCorrectness.from_params({})])
-    cells, records = judge_frame(runner, _frame([ROW]))["factual_correctness"]
+    cells, records = run_sync(judge_frame(runner, _frame([ROW])))["factual_correctness"]
     assert cells[0]["status"] == "judge_error" and "answer_claims" in cells[0]["reason"]
     # both requests were sent: each is a call of the cell and of the metric's totals
     assert records[0]["judge_calls"] == 2

@@ -27,6 +27,7 @@ import yaml
 
 from ragbatch.config.job import JobConfig
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.recorded import RecordedReplies
@@ -71,7 +72,7 @@ def test_refused_request_is_not_a_call_and_its_tokens_are_kept_apart(tmp_path):
     engine = RecordedReplies([STATEMENTS, YES], max_model_len=WINDOW)
     cache = JudgmentCache(str(tmp_path / "cache"), {}, ["faithfulness"])
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], cache=cache)
-    cells, records = judge_frame(runner, _frame(answers))["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, _frame(answers)))["faithfulness"]
     assert [c["status"] for c in cells] == ["ok", "context_too_long"]
     # The engine saw 3 requests: r0's two steps (served) and r1's first (refused).
     served, refused = engine.requests[:1] + engine.requests[2:], engine.requests[1:2]
@@ -95,7 +96,7 @@ def test_refused_request_is_not_a_call_and_its_tokens_are_kept_apart(tmp_path):
         [Faithfulness.from_params({})],
         cache=JudgmentCache(str(tmp_path / "cache"), {}, ["faithfulness"]),
     )
-    cells2, records2 = judge_frame(runner, _frame(answers))["faithfulness"]
+    cells2, records2 = run_sync(judge_frame(runner, _frame(answers)))["faithfulness"]
     assert cells2 == cells and len(again.requests) == 1
     assert runner.take_tallies()["faithfulness"] == {
         "judge_calls": 0,

@@ -16,6 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.cli.main import main
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
 from ragbatch.judge.cache_upkeep import (
@@ -36,7 +37,7 @@ def _judge(uri: str, frame: pl.DataFrame, replies: list[str], params: dict | Non
     engine = RecordedReplies(replies)
     cache = JudgmentCache(uri, {})
     runner = JudgeRunner(engine, [Faithfulness.from_params(params or {})], cache=cache)
-    cells, records = judge_frame(runner, frame)["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, frame))["faithfulness"]
     cache.flush()
     return cells, records, engine
 
@@ -328,14 +329,14 @@ def test_rerun_and_prune_on_s3(s3_storage_options, s3_bucket):
     engine = RecordedReplies([STATEMENTS] * 2 + [YES] * 2)
     cache = JudgmentCache(uri, s3_storage_options)
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], cache=cache)
-    cells, _ = judge_frame(runner, _frame(2))["faithfulness"]
+    cells, _ = run_sync(judge_frame(runner, _frame(2)))["faithfulness"]
     cache.flush()
     files = open_files(uri, s3_storage_options)
     assert fold_journal(files, "run-1").journal_files == 1
     again = RecordedReplies([])
     cache = JudgmentCache(uri, s3_storage_options)
     runner = JudgeRunner(again, [Faithfulness.from_params({})], cache=cache)
-    cells2, _ = judge_frame(runner, _frame(2))["faithfulness"]
+    cells2, _ = run_sync(judge_frame(runner, _frame(2)))["faithfulness"]
     cache.flush()
     assert again.requests == [] and cells2 == cells
     fold_journal(files, "run-2")

@@ -22,6 +22,7 @@ from ragbatch.cli.main import main
 from ragbatch.core.errors import OutputError
 from ragbatch.core.status import OK
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.cache import JudgmentCache, group_key
 from ragbatch.judge.cache_files import bucket_of
 from ragbatch.judge.cache_upkeep import (
@@ -77,7 +78,7 @@ def _night(uri: str, options: dict, replies: list[str], run: str):
     engine = RecordedReplies(replies)
     cache = JudgmentCache(uri, options, run_id=run)
     runner = JudgeRunner(engine, [HateSpeech.from_params({})], cache=cache)
-    cells, records = judge_frame(runner, city_rows(ROWS))["hate_speech"]
+    cells, records = run_sync(judge_frame(runner, city_rows(ROWS)))["hate_speech"]
     cache.flush()
     fold_journal(open_files(uri, options), run)
     return cells, records, engine

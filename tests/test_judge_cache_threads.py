@@ -1,5 +1,5 @@
 """The judgment cache off the event loop: a batch's lookup runs on a worker thread
-(:meth:`JudgeRunner.run_async`), so several lookups may run at once on one cache while
+(:meth:`JudgeRunner.run`), so several lookups may run at once on one cache while
 the loop's thread answers requests from it.
 
 Every test reads a real cache on local disk, written through the project's own writer
@@ -22,11 +22,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ragbatch.judge import cache_store
-from ragbatch.judge.batch import guarded_rows, judge_frame, judge_frame_async, with_issues
+from ragbatch.judge.batch import guarded_rows, judge_frame, with_issues
 from ragbatch.judge.cache import JudgmentCache, group_key
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
-from ragbatch.judge.run import AsyncJudgeEngine, JudgeRunner
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, run_sync
+from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
 from support.cache_rows import STATEMENTS, YES, city_rows as _frame, ok_reply as _ok
 
@@ -42,7 +42,7 @@ class ShapedReplies(JudgeEngine):
     model_id = "shaped-replies"
     max_model_len = 1_000_000
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         out = []
         for request in requests:
             schema = request.output.json_schema
@@ -57,7 +57,7 @@ class ShapedReplies(JudgeEngine):
 
 
 class ShapedRepliesAsync(ShapedReplies):
-    """:class:`ShapedReplies` with ``complete_async``: a round first waits, off the
+    """:class:`ShapedReplies` whose ``complete`` first waits, off the
     loop, until ``lookup_held`` is set (at most :data:`HOLD_BOUND_S`), then is noted in
     ``events`` and sets ``answered``."""
 
@@ -68,11 +68,11 @@ class ShapedRepliesAsync(ShapedReplies):
         self.lookup_held = lookup_held
         self.answered = answered
 
-    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         await asyncio.to_thread(self.lookup_held.wait, HOLD_BOUND_S)
         self.events.append("engine round")
         self.answered.set()
-        return self.complete(requests)
+        return await super().complete(requests)
 
 
 class HeldLookups:
@@ -108,7 +108,11 @@ def _judged_and_folded(uri: str, frame: pl.DataFrame) -> None:
     """Judge ``frame`` with faithfulness, write its replies and fold them into the
     cache's bucket files."""
     cache = JudgmentCache(uri, {})
-    judge_frame(JudgeRunner(ShapedReplies(), [Faithfulness.from_params({})], cache=cache), frame)
+    run_sync(
+        judge_frame(
+            JudgeRunner(ShapedReplies(), [Faithfulness.from_params({})], cache=cache), frame
+        )
+    )
     cache.flush()
     fold_journal(open_files(uri, {}), "run-1")
 
@@ -136,19 +140,18 @@ def test_a_slow_lookup_does_not_hold_the_other_batches_on_the_event_loop(tmp_pat
     expected = []
     for frame in (first, second):
         runner = one_at_a_time.fork()
-        expected.append((judge_frame(runner, frame), runner.take_tallies()))
+        expected.append((run_sync(judge_frame(runner, frame)), runner.take_tallies()))
 
     events: list[str] = []
     cache = JudgmentCache(uri, {})
     held = HeldLookups(cache.reader, _groups_of(ShapedReplies(), first), events)
     cache.reader = held
     engine = ShapedRepliesAsync(events, held.waiting, held.release)
-    assert isinstance(engine, AsyncJudgeEngine)
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], cache=cache)
 
     async def batch(frame: pl.DataFrame) -> Any:
         mine = runner.fork()
-        return await judge_frame_async(mine, frame), mine.take_tallies()
+        return await judge_frame(mine, frame), mine.take_tallies()
 
     async def both() -> list[Any]:
         return list(await asyncio.gather(batch(first), batch(second)))

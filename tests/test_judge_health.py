@@ -31,6 +31,7 @@ from ragbatch.analysis.summary_types import MetricInfo
 from ragbatch.config.job import DiagnosticsSection, JobConfig
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.scoring.registry import get_metric
@@ -64,7 +65,7 @@ def _judge(metric, frame: pl.DataFrame, replies: list[str], max_model_len: int =
     engine = RecordedReplies(replies, max_model_len=max_model_len)
     embedders = {name: _no_embedding for name in metric.embedders()}
     runner = JudgeRunner(engine, [metric], embedders=embedders, parse_retries=0)
-    cells, _ = judge_frame(runner, frame.drop("half"))[metric.id]
+    cells, _ = run_sync(judge_frame(runner, frame.drop("half")))[metric.id]
     return cells, engine
 
 

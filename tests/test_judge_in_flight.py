@@ -1,11 +1,13 @@
-"""Several judge batches in flight in one actor (:class:`udfs.judge.AsyncJudgeStage`):
-the same cells and ledger totals as one batch at a time, and a failing batch that
-leaves the others alone.
+"""Several judge batches in flight in one actor (:class:`udfs.judge.JudgeStage` with
+``batches_in_flight`` above 1): the same cells and ledger totals as one batch at a
+time, a batch failing with an engine fault that leaves the others alone, and a bug that
+fails the run.
 
 The engine is the fault-injecting stand-in below: its reply to a request is a function
 of the request alone (a hash of its prompt), so the order in which interleaved batches
-reach it cannot change a reply, and its ``complete_async`` yields to the event loop a
-number of times that differs per call, so that the batches' rounds interleave. The
+reach it cannot change a reply, and :class:`HashedRepliesAsync`'s ``complete`` yields to
+the event loop a number of times that differs per call, so that the batches' rounds
+interleave. The
 same comparison on the real vLLM engine is in ``test_engine_vllm.py``.
 """
 
@@ -23,11 +25,10 @@ import pytest
 
 import ragbatch.engines
 from ragbatch.core.columns import cell_column, judge_column
-from ragbatch.core.errors import EngineError
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine
-from ragbatch.judge.run import AsyncJudgeEngine
+from ragbatch.core.errors import EngineError, OutputError, StageBugError
+from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, run_sync
 from udfs.base import stage_options
-from udfs.judge import AsyncJudgeStage, JudgeStage, judge_stage_class
+from udfs.judge import JudgeStage, judge_stage_class
 
 METRICS = ["faithfulness", "hate_speech"]
 
@@ -39,7 +40,8 @@ def _digest(request: EngineRequest) -> int:
 
 class HashedReplies(JudgeEngine):
     """Fault injector and stand-in: answers each request with a reply that depends only
-    on its prompt; requests whose prompt holds ``poison`` make the engine raise."""
+    on its prompt; requests whose prompt holds ``poison`` make the engine raise an
+    engine fault (:class:`EngineError`)."""
 
     model_id = "hashed-replies"
     max_model_len = 1_000_000
@@ -49,10 +51,10 @@ class HashedReplies(JudgeEngine):
         self.in_flight = 0
         self.peak = 0
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         self.calls += 1
         if any("poison" in m.content for r in requests for m in r.messages):
-            raise RuntimeError("poisoned request")
+            raise EngineError("poisoned request")
         return [self._reply(r) for r in requests]
 
     def _reply(self, request: EngineRequest) -> Completion:
@@ -80,15 +82,15 @@ class HashedReplies(JudgeEngine):
 
 
 class HashedRepliesAsync(HashedReplies):
-    """:class:`HashedReplies` with ``complete_async``: each call yields to the loop a
-    number of times that depends on its requests, so concurrent calls interleave."""
+    """:class:`HashedReplies` whose ``complete`` yields to the loop a number of times
+    that depends on its requests, so concurrent calls interleave."""
 
     def __init__(self) -> None:
         super().__init__()
         self.batches_now: list[str] = []
         self.together: set[tuple[str, ...]] = set()
 
-    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         # The batches whose calls are in the engine at once (rows are named b<k>r<i>).
@@ -98,7 +100,7 @@ class HashedRepliesAsync(HashedReplies):
         try:
             for _ in range(sum(_digest(r) % 4 for r in requests) + 1):
                 await asyncio.sleep(0)
-            return self.complete(requests)
+            return await super().complete(requests)
         finally:
             self.in_flight -= 1
             self.batches_now.remove(tag)
@@ -171,10 +173,10 @@ def _totals(ledger: Ledger) -> dict[str, dict[str, int]]:
 def test_batches_in_flight_give_the_cells_and_totals_of_one_batch_at_a_time(stage_of):
     batches = _batches(5)
     one = stage_of(JudgeStage, HashedReplies())
-    expected = [_judged(one(b)) for b in batches]
+    expected = [_judged(run_sync(one(b))) for b in batches]
 
     engine = HashedRepliesAsync()
-    many = stage_of(AsyncJudgeStage, engine, in_flight=3)
+    many = stage_of(JudgeStage, engine, in_flight=3)
 
     async def run_all():
         return await asyncio.gather(*(many(b) for b in batches))
@@ -196,7 +198,7 @@ def test_batches_in_flight_give_the_cells_and_totals_of_one_batch_at_a_time(stag
 
 def test_a_failing_call_fails_only_its_own_batch(stage_of):
     batches = _batches(3)
-    many = stage_of(AsyncJudgeStage, HashedRepliesAsync(), in_flight=3)
+    many = stage_of(JudgeStage, HashedRepliesAsync(), in_flight=3)
 
     async def run_all():
         return await asyncio.gather(*(many(b) for b in batches))
@@ -207,20 +209,20 @@ def test_a_failing_call_fails_only_its_own_batch(stage_of):
         # Batch 1 holds the poisoned request: every request of its engine calls fails.
         assert statuses == ({"judge_error"} if b == 1 else {"ok"})
     reason = outs[1].column(cell_column("hate_speech"))[0].as_py()["reason"]
-    assert "RuntimeError: poisoned request" in reason
+    assert "EngineError: poisoned request" in reason
 
 
-def test_a_batch_whose_scoring_raises_is_marked_error_alone(stage_of, monkeypatch):
+def test_a_batch_whose_scoring_raises_an_engine_fault_is_marked_error_alone(stage_of, monkeypatch):
     batches = _batches(3)
-    many = stage_of(AsyncJudgeStage, HashedRepliesAsync(), in_flight=3)
-    original = many._score_async
+    many = stage_of(JudgeStage, HashedRepliesAsync(), in_flight=3)
+    original = many._judge_batch
 
     async def score(runner, batch):
         if batch.column("row_id")[0].as_py() == "b2r0":
-            raise ValueError("broken batch")
+            raise EngineError("broken batch")
         return await original(runner, batch)
 
-    monkeypatch.setattr(many, "_score_async", score)
+    monkeypatch.setattr(many, "_judge_batch", score)
 
     async def run_all():
         return await asyncio.gather(*(many(b) for b in batches))
@@ -228,7 +230,7 @@ def test_a_batch_whose_scoring_raises_is_marked_error_alone(stage_of, monkeypatc
     outs = asyncio.run(run_all())
     broken = [r[cell_column("faithfulness")] for r in outs[2].to_pylist()]
     assert {c["status"] for c in broken} == {"error"}
-    assert "batch failed 2 times: ValueError: broken batch" in broken[0]["reason"]
+    assert "batch failed 2 times: EngineError: broken batch" in broken[0]["reason"]
     assert outs[0].column(cell_column("hate_speech"))[0].as_py()["status"] == "ok"
 
 
@@ -249,41 +251,50 @@ def test_a_batch_that_lost_an_actor_is_judged_alone(stage_of):
 
     batches = _batches(5)
     engine = HashedRepliesAsync()
-    many = stage_of(AsyncJudgeStage, engine, in_flight=3)
+    many = stage_of(JudgeStage, engine, in_flight=3)
     many.guard.ledger = RunLedger(batch_key(batches[2]))
 
     async def run_all():
         return await asyncio.gather(*(many(b) for b in batches))
 
     one = stage_of(JudgeStage, HashedReplies())
-    assert [_judged(t) for t in asyncio.run(run_all())] == [_judged(one(b)) for b in batches]
+    expected = [_judged(run_sync(one(b))) for b in batches]
+    assert [_judged(t) for t in asyncio.run(run_all())] == expected
     assert ("2",) in engine.together
     assert not any("2" in tags and len(tags) > 1 for tags in engine.together)
     assert any(len(tags) > 1 for tags in engine.together)  # the others still overlap
 
 
-def test_engine_errors_still_stop_the_run(stage_of, monkeypatch):
-    many = stage_of(AsyncJudgeStage, HashedRepliesAsync(), in_flight=2)
+def test_output_errors_still_stop_the_run(stage_of, monkeypatch):
+    many = stage_of(JudgeStage, HashedRepliesAsync(), in_flight=2)
 
     async def score(runner, batch):
-        raise EngineError("engine gone")
+        raise OutputError("cache unreadable")
 
-    monkeypatch.setattr(many, "_score_async", score)
-    with pytest.raises(EngineError, match="engine gone"):
+    monkeypatch.setattr(many, "_judge_batch", score)
+    with pytest.raises(OutputError, match="cache unreadable"):
         asyncio.run(many(_batches(1)[0]))
 
 
-def test_an_engine_without_complete_async_runs_its_rounds_synchronously(stage_of):
-    batches = _batches(2)
-    engine = HashedReplies()
-    assert not isinstance(engine, AsyncJudgeEngine)
-    many = stage_of(AsyncJudgeStage, engine, in_flight=2)
+def test_a_bug_in_the_stage_fails_the_run_naming_the_stage(stage_of, monkeypatch):
+    """Test-only fault injection: the stage's batch judging raises a TypeError, as a bug
+    in ragbatch's own code would. No error cells: the call raises, once (no retry)."""
+    many = stage_of(JudgeStage, HashedRepliesAsync(), in_flight=2)
+    calls = []
 
-    async def run_all():
-        return await asyncio.gather(*(many(b) for b in batches))
+    async def score(runner, batch):
+        calls.append(batch.num_rows)
+        raise TypeError("injected bug")
 
-    one = stage_of(JudgeStage, HashedReplies())
-    assert [_judged(t) for t in asyncio.run(run_all())] == [_judged(one(b)) for b in batches]
+    monkeypatch.setattr(many, "_judge_batch", score)
+    with pytest.raises(StageBugError) as caught:
+        asyncio.run(many(_batches(1)[0]))
+    message = str(caught.value)
+    assert message.startswith(
+        "stage judge:judge failed with a bug in ragbatch's own code: TypeError: injected bug"
+    )
+    assert "Traceback (most recent call last)" in message and "in score" in message
+    assert calls == [3]
 
 
 def test_stage_class_and_pool_options_follow_batches_in_flight():
@@ -291,7 +302,7 @@ def test_stage_class_and_pool_options_follow_batches_in_flight():
     assert judge_stage_class(spec) is JudgeStage
     assert stage_options(spec)["compute"].max_concurrent_calls_per_actor is None
     spec["batches_in_flight"] = 4
-    assert judge_stage_class(spec) is AsyncJudgeStage
+    assert judge_stage_class(spec) is JudgeStage
     assert stage_options(spec)["compute"].max_concurrent_calls_per_actor == 4
 
 
@@ -358,7 +369,7 @@ def test_the_cache_is_flushed_off_the_event_loop(stage_of, monkeypatch, tmp_path
         return real_flush(self)
 
     monkeypatch.setattr(JudgmentCache, "flush", spied)
-    many = stage_of(AsyncJudgeStage, HashedRepliesAsync(), in_flight=2)
+    many = stage_of(JudgeStage, HashedRepliesAsync(), in_flight=2)
     many.cache = many.runner.cache = JudgmentCache(str(tmp_path / "cache"), {})
 
     async def run_all():

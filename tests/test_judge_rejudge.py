@@ -18,6 +18,7 @@ import pytest
 from ragbatch.config.job import CacheSection, OpenAIEngine
 from ragbatch.core.status import OK, PARSE_FAILURE
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.recorded import RecordedReplies
@@ -35,7 +36,7 @@ def _night(uri: str, engine, rows, rejudge: bool, run: str) -> tuple[list, list]
     """One judge actor's night over ``rows`` (one batch), then the commit's fold."""
     cache = JudgmentCache(uri, {}, run_id=run)
     runner = JudgeRunner(engine, [HateSpeech.from_params({})], cache=cache, rejudge=rejudge)
-    cells, records = judge_frame(runner, rows)["hate_speech"]
+    cells, records = run_sync(judge_frame(runner, rows))["hate_speech"]
     cache.flush()
     fold_journal(open_files(uri, {}), run)
     return cells, records
@@ -138,7 +139,7 @@ def test_a_generation_is_asked_once_per_actor_run(tmp_path):
     cache = JudgmentCache(uri, {}, run_id="n2")
     runner = JudgeRunner(engine, [HateSpeech.from_params({})], cache=cache, rejudge=True)
     for batch in range(2):
-        cells, _ = judge_frame(runner, city_rows(1))["hate_speech"]
+        cells, _ = run_sync(judge_frame(runner, city_rows(1)))["hate_speech"]
         assert cells[0]["status"] == PARSE_FAILURE
         cache.flush()
     assert len(engine.requests) == 2

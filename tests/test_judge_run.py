@@ -12,11 +12,20 @@ from typing import Any, Sequence
 import polars as pl
 import pytest
 
+from ragbatch.core.errors import EngineError
+
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.cache import JudgmentCache, cache_key
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.parse import STATEMENTS_MAX_TOKENS
-from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, OutputSpec
+from ragbatch.judge.protocol import (
+    Ask,
+    Completion,
+    EngineRequest,
+    JudgeEngine,
+    OutputSpec,
+    run_sync,
+)
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import REPLY_MAX_CHARS, JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
@@ -57,7 +66,7 @@ class FaultInjectingEngine(JudgeEngine):
         self.make = make
         self.calls: list[int] = []
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         self.calls.append(len(requests))
         return [self.make(r) for r in requests]
 
@@ -70,7 +79,7 @@ def test_two_step_program_runs_in_lockstep_batches():
     metric = Faithfulness.from_params({"prompt_layout": "instructions_first"})
     runner = JudgeRunner(engine, [metric])
     frame = _frame([_row(0), _row(1, "Paris is in Spain."), _row(2, "Paris!")])
-    cells, records = judge_frame(runner, frame)["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, frame))["faithfulness"]
     assert [c["score"] for c in cells] == [1.0, 0.0, 1.0]
     assert [r["judge_calls"] for r in records] == [2, 2, 2]
     # first step: the three statement asks; second step: the three verdict asks
@@ -85,7 +94,7 @@ def test_two_step_program_runs_in_lockstep_batches():
 def test_identical_rows_share_one_call():
     engine = RecordedReplies([STATEMENTS, YES])
     runner = JudgeRunner(engine, [Faithfulness.from_params({})])
-    cells, records = judge_frame(runner, _frame([_row(0), _row(0)]))["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, _frame([_row(0), _row(0)])))["faithfulness"]
     assert [c["score"] for c in cells] == [1.0, 1.0]
     assert [(r["judge_calls"], r["cache_hits"]) for r in records] == [(2, 0), (0, 2)]
     assert len(engine.requests) == 2 and engine.unused == 0
@@ -100,7 +109,7 @@ def test_guard_settled_rows_make_no_request():
         {"row_id": "b", "question": "q", "contexts": ["c"], "answer": "  "},
         {"row_id": "c", "question": None, "contexts": ["c"], "answer": "x"},
     ]
-    cells, records = judge_frame(runner, _frame(rows))["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, _frame(rows)))["faithfulness"]
     assert [c["status"] for c in cells] == ["missing_input"] * 3
     assert [c["reason"] for c in cells] == [
         "contexts is an empty list",
@@ -114,7 +123,7 @@ def test_guard_settled_rows_make_no_request():
 def test_engine_failures_become_the_cell_status(status):
     engine = FaultInjectingEngine(lambda r: Completion(status, error=f"injected {status}"))
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], parse_retries=3)
-    cells, records = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert cells[0]["status"] == status and cells[0]["score"] is None
     assert cells[0]["reason"] == f"statements: injected {status}"
     assert engine.calls == [1], "an engine failure is not a parse failure: no retry"
@@ -124,12 +133,21 @@ def test_engine_failures_become_the_cell_status(status):
 
 def test_engine_that_raises_gives_judge_error_for_its_requests():
     def boom(request):
-        raise RuntimeError("CUDA error: device lost")
+        raise EngineError("CUDA error: device lost")  # an adapter's backend failure
 
     runner = JudgeRunner(FaultInjectingEngine(boom), [Faithfulness.from_params({})])
-    cells, _ = judge_frame(runner, _frame([_row(0), _row(1, "Other.")]))["faithfulness"]
+    cells, _ = run_sync(judge_frame(runner, _frame([_row(0), _row(1, "Other.")])))["faithfulness"]
     assert [c["status"] for c in cells] == [JUDGE_ERROR, JUDGE_ERROR]
-    assert "RuntimeError: CUDA error: device lost" in cells[0]["reason"]
+    assert "EngineError: CUDA error: device lost" in cells[0]["reason"]
+
+
+def test_a_bug_raised_in_an_engine_call_is_not_turned_into_cells():
+    def bug(request):
+        raise AttributeError("'NoneType' object has no attribute 'messages'")
+
+    runner = JudgeRunner(FaultInjectingEngine(bug), [Faithfulness.from_params({})])
+    with pytest.raises(AttributeError, match="no attribute 'messages'"):
+        run_sync(judge_frame(runner, _frame([_row(0)])))
 
 
 def test_truncated_reply_is_retried_then_parse_failure_with_raw_reply_kept():
@@ -143,7 +161,7 @@ def test_truncated_reply_is_retried_then_parse_failure_with_raw_reply_kept():
         )
     )
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], parse_retries=2)
-    cells, records = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    cells, records = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert cells[0]["status"] == PARSE_FAILURE
     assert cells[0]["reason"] == f"statements: reply cut at max_tokens ({STATEMENTS_MAX_TOKENS})"
     assert engine.calls == [1, 1, 1]
@@ -156,7 +174,7 @@ def test_truncated_reply_is_retried_then_parse_failure_with_raw_reply_kept():
 def test_retry_uses_a_new_seed():
     engine = RecordedReplies(["not json", STATEMENTS, YES])
     runner = JudgeRunner(engine, [Faithfulness.from_params({})], parse_retries=1, seed=7)
-    cells, _ = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    cells, _ = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert cells[0]["status"] == OK
     assert [r.seed for r in engine.requests] == [7, 8, 7]
 
@@ -167,7 +185,7 @@ def test_long_replies_are_truncated_in_the_record():
         [long, '{"verdicts": [' + ", ".join(['{"reason": "r", "verdict": 1}'] * 20) + "]}"]
     )
     runner = JudgeRunner(engine, [Faithfulness.from_params({})])
-    _, records = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    _, records = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert records[0]["judge_reply"].endswith("…[truncated]")
     assert len(records[0]["judge_reply"]) == REPLY_MAX_CHARS + len("…[truncated]")
 
@@ -178,7 +196,7 @@ def test_cache_round_trip_and_second_run_makes_no_call(tmp_path):
     first = RecordedReplies([STATEMENTS, YES])
     cache = JudgmentCache(uri, {}, ["faithfulness"])
     runner = JudgeRunner(first, [metric], cache=cache)
-    cells1, _ = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    cells1, _ = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert cache.flush() == 2
     assert len(list((tmp_path / "cache" / "v2" / "journal").glob("part-*.parquet"))) == 1
     fold_journal(open_files(uri, {}), "run-1")  # what a run's commit does
@@ -187,7 +205,7 @@ def test_cache_round_trip_and_second_run_makes_no_call(tmp_path):
     second = RecordedReplies([])
     runner = JudgeRunner(second, [metric], cache=JudgmentCache(uri, {}, ["faithfulness"]))
     second.model_id = first.model_id
-    cells2, records2 = judge_frame(runner, _frame([_row(0)]))["faithfulness"]
+    cells2, records2 = run_sync(judge_frame(runner, _frame([_row(0)])))["faithfulness"]
     assert cells2 == cells1 and second.requests == []
     assert records2[0]["cache_hits"] == 2 and records2[0]["judge_calls"] == 0
 

@@ -21,6 +21,7 @@ from ragbatch.engines.openai import load_openai_engine  # noqa: E402
 from ragbatch.engines.vllm import load_vllm_engine  # noqa: E402
 from ragbatch.judge.confidence import verdict_probabilities  # noqa: E402
 from ragbatch.judge.protocol import (
+    run_sync,
     EngineRequest,
     Message,
     OutputSpec,  # noqa: E402
@@ -96,7 +97,7 @@ def test_vllm_and_openai_engines_agree_on_verdict_probabilities(engines):
     requests = [
         EngineRequest(PROMPT, replace(output, logprobs=VERDICT_TOP_LOGPROBS)) for output, _ in CASES
     ]
-    local, remote = offline.complete(requests), served.complete(requests)
+    local, remote = run_sync(offline.complete(requests)), run_sync(served.complete(requests))
     for (_, slots), a, b in zip(CASES, local, remote):
         assert a.status == b.status == "ok", (a.error, b.error)
         assert a.finish_reason == "stop", a.text

@@ -260,7 +260,7 @@ def test_gate_holds_sends_while_paused():
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 
 from ragbatch.engines.openai import load_openai_engine  # noqa: E402
-from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec  # noqa: E402
+from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync  # noqa: E402
 
 YES_NO = OutputSpec.of_choice(["yes", "no"], max_tokens=8)
 #: The rate-limited server of the acceptance test: 25 requests/s, a bucket of 5 (0.2 s
@@ -293,7 +293,7 @@ def test_engine_uses_the_allowed_rate_and_scores_every_request():
     server = CannedJudgeProcess("yes", rate_per_s=RATE_PER_S, burst=BURST, latency_s=LATENCY_S)
     with server:
         with load_openai_engine(_spec(server.base_url)) as engine:
-            out = engine.complete([_ask(i) for i in range(N_REQUESTS)])
+            out = run_sync(engine.complete([_ask(i) for i in range(N_REQUESTS)]))
             stats = engine.stats()
             changes = list(engine.limit.changes)
         log, share = server.log(), server.admitted_share()
@@ -313,7 +313,7 @@ def test_engine_uses_the_allowed_rate_and_scores_every_request():
 def test_fixed_concurrency_still_scores_every_request():
     with CannedJudgeServer("yes", rate_per_s=50.0, burst=5, latency_s=0.02) as srv:
         with load_openai_engine(_spec(srv.base_url, adaptive_concurrency=False)) as engine:
-            out = engine.complete([_ask(i) for i in range(60)])
+            out = run_sync(engine.complete([_ask(i) for i in range(60)]))
             stats = engine.stats()
     assert [c.status for c in out] == ["ok"] * 60
     assert stats["rate_limited"] == srv.refused > 0
@@ -325,7 +325,7 @@ def test_rate_limit_retries_end_at_rate_limit_timeout_s():
     # one token, then a 429 asking for 20 ms on every request, for good
     with CannedJudgeServer("yes", rate_per_s=1e-6, burst=1, retry_after_s=0.02) as srv:
         with load_openai_engine(_spec(srv.base_url, rate_limit_timeout_s=0.3)) as engine:
-            out = engine.complete([_ask(0), _ask(1)])
+            out = run_sync(engine.complete([_ask(0), _ask(1)]))
     assert sorted(c.status for c in out) == ["judge_error", "ok"]
     (failed,) = [c for c in out if c.status == "judge_error"]
     assert failed.error.startswith("HTTP 429: Rate limit reached")
@@ -338,8 +338,8 @@ def test_spent_quota_is_not_retried():
         "yes", rate_per_s=1e-6, burst=1, refusal_code="insufficient_quota"
     ) as srv:
         with load_openai_engine(_spec(srv.base_url)) as engine:
-            (first,) = engine.complete([_ask(0)])
-            (second,) = engine.complete([_ask(1)])
+            (first,) = run_sync(engine.complete([_ask(0)]))
+            (second,) = run_sync(engine.complete([_ask(1)]))
             stats = engine.stats()
     assert first.status == "ok" and second.status == "judge_error"
     assert "quota is spent; not retried" in second.error and second.error.endswith("(1 attempt)")

@@ -16,6 +16,7 @@ import pytest
 
 from ragbatch.scoring.registry import get_metric
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.prompt import Instructions, StepPrompt
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
@@ -74,7 +75,7 @@ def _stage(layout: str, names=("faithfulness", "answer_similarity", "retrieval_p
             "reference": pl.String,
         },
     )
-    cells = {mid: c[0][0] for mid, c in judge_frame(runner, frame).items()}
+    cells = {mid: c[0][0] for mid, c in run_sync(judge_frame(runner, frame)).items()}
     return engine, cells
 
 
@@ -140,7 +141,7 @@ def test_a_row_first_metric_keeps_its_prompts_beside_instructions_first_ones():
     engine = RecordedReplies(list(REPLIES))
     runner = JudgeRunner(engine, metrics, parse_retries=0)
     frame = pl.DataFrame([ROW])
-    judge_frame(runner, frame)
+    run_sync(judge_frame(runner, frame))
     systems = [r.messages[0].content for r in engine.requests]
     assert systems[0] == systems[3] == ROW_FIRST_SYSTEM
     assert systems[1] == systems[2] != ROW_FIRST_SYSTEM
@@ -223,18 +224,18 @@ def test_vllm_prefix_cache_serves_the_stage_instructions(tiny_judge_model, monke
             sent: list = []
             complete = engine.complete
 
-            def one_by_one(requests, complete=complete, sent=sent):
+            async def one_by_one(requests, complete=complete, sent=sent):
                 # one request per engine call, so each finds the ones before it cached
                 out = []
                 for r in requests:
-                    out += complete([r])
+                    out += await complete([r])
                     sent.append((r, out[-1]))
                 return out
 
             engine.complete = one_by_one
             runner = JudgeRunner(engine, metrics, parse_retries=0)
             before = engine.stats().get("prefix_cache_hits", 0)
-            judge_frame(runner, frame)
+            run_sync(judge_frame(runner, frame))
             hits = engine.stats().get("prefix_cache_hits", 0) - before
             engine.complete = complete
             system = sent[0][0].messages[0].content

@@ -23,6 +23,7 @@ from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.cli import main
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.batch import judge_frame
+from ragbatch.judge.protocol import run_sync
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.metric import JudgeExample, bind_instructions
@@ -181,8 +182,8 @@ def test_changed_criteria_are_judged_again_not_served_from_the_cache(tmp_path):
     def judge(params: dict[str, Any], replies: list[str]):
         engine = RecordedReplies(replies)
         cache = JudgmentCache(uri, {})
-        cells, records = judge_frame(
-            JudgeRunner(engine, [Rubric.from_params(params)], cache=cache), frame
+        cells, records = run_sync(
+            judge_frame(JudgeRunner(engine, [Rubric.from_params(params)], cache=cache), frame)
         )["rubric"]
         cache.flush()
         fold_journal(open_files(uri, {}), f"run-{len(replies)}-{params['criteria']}")
@@ -250,7 +251,7 @@ def test_two_rubrics_of_a_stage_each_have_their_instructions():
     assert block is not None and [h for h, _ in block.sets] == ["rubric: dates", "rubric: support"]
     engine = RecordedReplies(['{"reason": "r", "score": 3}', "supported"])
     frame = pl.DataFrame([{"row_id": "r0", **ROW}])
-    cells = judge_frame(JudgeRunner(engine, [a, b]), frame)
+    cells = run_sync(judge_frame(JudgeRunner(engine, [a, b]), frame))
     assert cells["dates"][0][0]["score"] == 0.5 and cells["support"][0][0]["score"] == 1.0
     systems = {r.messages[0].content for r in engine.requests}
     assert len(systems) == 1  # one instruction block for the stage, computed once

@@ -19,7 +19,7 @@ from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
 from ragbatch.judge.confidence import NoConfidence, locate, verdict_probabilities
 from ragbatch.judge.metric import JudgeExample
-from ragbatch.judge.protocol import Completion, TokenLogprob, VerdictSlots
+from ragbatch.judge.protocol import Completion, TokenLogprob, VerdictSlots, run_sync
 from ragbatch.judge.recorded import RecordedReplies, run_example
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.answer_similarity import AnswerSimilarity
@@ -185,7 +185,7 @@ def test_cached_rerun_reproduces_scores_and_confidence(tmp_path):
         cache = JudgmentCache(str(tmp_path / "cache"), {}, [metric.name])
         engine = RecordedReplies(replies)
         runner = JudgeRunner(engine, [metric], cache=cache)
-        cells, records = judge_frame(runner, frame)[metric.id]
+        cells, records = run_sync(judge_frame(runner, frame))[metric.id]
         cache.flush()
         fold_journal(open_files(str(tmp_path / "cache"), {}), "run-1")
         return cells[0], records[0]

@@ -13,12 +13,15 @@ Each actor validates its engine spec, takes its metrics, loads its engine once (
 ``__init__``), and then scores batches of canonical rows under a
 :class:`udfs.guard.BatchGuard`, returning every input column unchanged followed by the
 columns it appends. The subclasses add only what is theirs: the engine they load and how
-a batch is scored.
+a batch is scored. The model and PII stages score one batch at a time
+(:class:`SyncActorStage`); the judge stage's ``__call__`` is a coroutine
+(:class:`udfs.judge.JudgeStage`).
 """
 
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
@@ -37,6 +40,7 @@ from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import HeapTrimmer
 from ragbatch.engines.threads import set_thread_variables
+from ragbatch.judge.protocol import run_sync
 from ragbatch.scoring.base import Metric
 from ragbatch.scoring.registry import get_metric
 from ragbatch.core.stages import StageKind
@@ -123,7 +127,7 @@ def stage_options(engine_spec: dict[str, Any] | Any) -> dict[str, Any]:
     in_flight = int(getattr(spec, "batches_in_flight", 1) or 1)
     if in_flight > 1:
         # Several map tasks at once in each actor, each calling the stage's async
-        # __call__ on the actor's one event loop (udfs.judge.AsyncJudgeStage caps the
+        # __call__ on the actor's one event loop (udfs.judge.JudgeStage caps the
         # batches judged at once at the same number).
         options["compute"].max_concurrent_calls_per_actor = in_flight
     if "udf_modifying_row_count" in inspect.signature(ray.data.Dataset.map_batches).parameters:
@@ -172,7 +176,7 @@ def cell_array(metric_id: str, cells: pl.Series, n_rows: int) -> pa.Array:
     return cells.to_arrow().cast(CELL_TYPE)
 
 
-class ActorStage:
+class ActorStage(ABC):
     """Base of the Ray Data callable classes that score the metrics of one engine.
 
     Parameters
@@ -208,7 +212,9 @@ class ActorStage:
     Notes
     -----
     A subclass sets :attr:`kind`, :attr:`metric_class` and :attr:`wrong_metric`, loads
-    its engine in :meth:`load` and appends its columns in :meth:`columns`; it may check
+    its engine in :meth:`load` (abstract: a class without it cannot be instantiated) and
+    defines ``__call__``: :class:`SyncActorStage` scores one batch at a time and its
+    subclasses append their columns in :meth:`SyncActorStage.columns`; it may check
     the spec (:meth:`check_spec`) and each metric (:meth:`check_metric`), declare other
     output columns (:meth:`output_columns`) and act after each batch
     (:meth:`batch_done`). After a batch, at most once per
@@ -243,7 +249,12 @@ class ActorStage:
         self.metrics = [self._metric(i, entry) for i, entry in enumerate(metrics)]
         self.load()
         self.input_columns = list(dict.fromkeys(c for m in self.metrics for c in m.inputs))
-        self.guard = BatchGuard(f"engine {engine_name}", self.output_columns(), ledger)
+        self.guard = BatchGuard(
+            f"engine {engine_name}",
+            self.output_columns(),
+            ledger,
+            label=f"{self.kind.value}:{engine_name}",
+        )
         self.heap = HeapTrimmer()
 
     # -- construction hooks --------------------------------------------------------------------
@@ -256,10 +267,10 @@ class ActorStage:
         """Raise :class:`~ragbatch.core.errors.ConfigError` (naming ``where``) when
         ``metric`` cannot run on this engine. Accepts any by default."""
 
+    @abstractmethod
     def load(self) -> None:
         """Load the engine (once per actor). Called after the metrics are built. Each
         stage defines it; the base has no engine of its own."""
-        raise NotImplementedError(f"{type(self).__name__} must define load()")
 
     def output_columns(self) -> list[tuple[str, pa.DataType]]:
         """The columns a batch gets, in order: ``__ragbatch_cell::<metric id>`` of
@@ -295,36 +306,6 @@ class ActorStage:
 
     # -- batches -------------------------------------------------------------------------------
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        """Score one batch.
-
-        Parameters
-        ----------
-        batch : pyarrow.Table
-            ``n`` canonical rows (at least the metrics' input columns; ``_issues`` when
-            present supplies null reasons) plus any other columns.
-
-        Returns
-        -------
-        pyarrow.Table
-            All of ``batch``'s columns (with :attr:`keep_columns` set, those and the
-            pipeline's own), unchanged and in the same ``n`` rows and order, followed by the columns of
-            :meth:`output_columns`, in that order. A batch whose scoring keeps failing
-            gets them filled with ``error`` cells (:class:`udfs.guard.BatchGuard`).
-
-        Raises
-        ------
-        TypeError
-            ``batch`` is not a pyarrow Table (use ``batch_format="pyarrow"``).
-        ValueError
-            An input column is missing (see :meth:`check_columns`).
-        """
-        self.check_batch(batch)
-        out = self.pruned(self.guard.run(batch, self._score))
-        self.batch_done(batch)
-        self.heap.batch_done()
-        return out
-
     def pruned(self, out: pa.Table) -> pa.Table:
         """``out`` with only the columns of :attr:`keep_columns` and the pipeline's own
         (no copy); unchanged when it is None."""
@@ -351,25 +332,75 @@ class ActorStage:
         """What :meth:`columns` reads: the metrics' input columns and ``_issues``."""
         return input_frame(self.input_columns, batch)
 
-    def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
-        """The columns to append to ``batch``, as (name, array of ``batch.num_rows``)
-        in the order of :meth:`output_columns`. Each stage defines it: the scoring is
-        what a stage is for."""
-        raise NotImplementedError(f"{type(self).__name__} must define columns()")
-
     def batch_done(self, batch: pa.Table) -> None:
         """Called after each batch, scored or marked ``error``. Does nothing by default."""
-
-    def _score(self, batch: pa.Table) -> pa.Table:
-        """``batch`` with the stage's columns appended (run under the batch guard)."""
-        self.check_free(batch)
-        return appended(batch, self.columns(batch, self.input_frame(batch)))
 
     def check_free(self, batch: pa.Table) -> None:
         """Raise ``ValueError`` when ``batch`` already has one of :meth:`output_columns`."""
         for name, _ in self.output_columns():
             if name in batch.column_names:
                 raise ValueError(f"column {name!r} is already present in the batch")
+
+
+class SyncActorStage(ActorStage):
+    """An :class:`ActorStage` that scores one batch at a time, synchronously (the model
+    and PII stages): its batch guard (a coroutine) runs through
+    :func:`~ragbatch.judge.protocol.run_sync` on an event loop of its own per batch."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Score one batch.
+
+        Parameters
+        ----------
+        batch : pyarrow.Table
+            ``n`` canonical rows (at least the metrics' input columns; ``_issues`` when
+            present supplies null reasons) plus any other columns.
+
+        Returns
+        -------
+        pyarrow.Table
+            All of ``batch``'s columns (with :attr:`keep_columns` set, those and the
+            pipeline's own), unchanged and in the same ``n`` rows and order, followed by the columns of
+            :meth:`output_columns`, in that order. A batch whose scoring keeps failing
+            gets them filled with ``error`` cells when it keeps failing with engine
+            faults (:class:`udfs.guard.BatchGuard`).
+
+        Raises
+        ------
+        TypeError
+            ``batch`` is not a pyarrow Table (use ``batch_format="pyarrow"``).
+        ValueError
+            An input column is missing (see :meth:`check_columns`).
+        StageBugError
+            Scoring raised an exception that is not an engine fault (a bug in
+            ragbatch's own code; :func:`udfs.guard.is_engine_fault`).
+        RunError
+            The rows marked ``error`` in the run exceed ``run.error_budget``.
+        """
+        return run_sync(self._process(batch))
+
+    async def _process(self, batch: pa.Table) -> pa.Table:
+        """:meth:`__call__`'s work, on the event loop :meth:`__call__` starts for it."""
+        self.check_batch(batch)
+
+        async def score(batch: pa.Table) -> pa.Table:
+            return self._score(batch)
+
+        out = self.pruned(await self.guard.run(batch, score))
+        self.batch_done(batch)
+        self.heap.batch_done()
+        return out
+
+    @abstractmethod
+    def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
+        """The columns to append to ``batch``, as (name, array of ``batch.num_rows``)
+        in the order of :meth:`output_columns`. Each stage defines it: the scoring is
+        what a stage is for."""
+
+    def _score(self, batch: pa.Table) -> pa.Table:
+        """``batch`` with the stage's columns appended (run under the batch guard)."""
+        self.check_free(batch)
+        return appended(batch, self.columns(batch, self.input_frame(batch)))
 
 
 def appended(batch: pa.Table, columns: Iterable[tuple[str, pa.Array]]) -> pa.Table:

@@ -2,9 +2,16 @@
 
 :class:`BatchGuard` wraps a stage's scoring of one batch:
 
-* A batch whose scoring raises is tried again in the same actor, :data:`BATCH_ATTEMPTS`
-  times in all; if every attempt raises, its rows get status ``error`` with the
-  exception as the reason, and the run goes on.
+* A batch whose scoring raises an engine fault (:func:`is_engine_fault`: an
+  :class:`~ragbatch.core.errors.EngineError`, a time limit, an engine that died or ran
+  out of memory) is tried again in the same actor, :data:`BATCH_ATTEMPTS` times in all;
+  if every attempt raises, its rows get status ``error`` with the exception as the
+  reason, and the run goes on.
+* Any other exception is a bug in ragbatch's own code (a ``TypeError``,
+  ``AttributeError``, ``KeyError``, ``AssertionError``, ``NotImplementedError``...): it
+  is not retried and no cells are made; the run fails with a
+  :class:`~ragbatch.core.errors.StageBugError` naming the stage, the exception and its
+  traceback.
 * An actor that dies holding a batch (its process killed, out of memory, a crashed
   engine) is replaced by Ray Data, which runs the batch again on the new actor. A batch
   whose earlier starts ended with a dead actor :data:`MAX_LOST_STARTS` times is not
@@ -18,8 +25,13 @@
   :class:`ragbatch.core.errors.RunError`) once the rows marked ``error`` exceed
   ``run.error_budget``.
 
-Configuration and engine-loading errors (:class:`ragbatch.core.errors.RagbatchError`) are not
-batch faults: they propagate and stop the run.
+Configuration, input and output errors (the other
+:class:`ragbatch.core.errors.RagbatchError` classes) are not batch faults either: they
+propagate and stop the run.
+
+The guard is a coroutine (:meth:`BatchGuard.run`): the judge stage awaits it on its
+actor's event loop; the model and PII stages, which score one batch at a time, call it
+through :func:`ragbatch.judge.protocol.run_sync`.
 """
 
 from __future__ import annotations
@@ -29,13 +41,20 @@ import contextlib
 import hashlib
 import logging
 import os
+import traceback
 import uuid
 from typing import Any, AsyncContextManager, Awaitable, Callable
 
 import pyarrow as pa
 
 from ragbatch.core.columns import CELL_TYPE
-from ragbatch.core.errors import RagbatchError, RunError, exception_chain
+from ragbatch.core.errors import (
+    EngineError,
+    RagbatchError,
+    RunError,
+    StageBugError,
+    exception_chain,
+)
 from ragbatch.core.status import ERROR
 
 log = logging.getLogger(__name__)
@@ -49,6 +68,33 @@ BATCH_ATTEMPTS = 2
 MAX_LOST_STARTS = 2
 #: Exception class names that mean the engine inside the actor cannot recover.
 ENGINE_DEAD = ("EngineDeadError",)
+#: Exception class names of a device or host out of memory (``torch.OutOfMemoryError``,
+#: ``torch.cuda.OutOfMemoryError``), recognised without importing torch.
+OUT_OF_MEMORY = ("OutOfMemoryError",)
+#: Exception classes that are engine faults wherever they come from: the engine
+#: adapters raise :class:`~ragbatch.core.errors.EngineError` for a backend failure.
+ENGINE_FAULTS: tuple[type[BaseException], ...] = (EngineError, TimeoutError, MemoryError)
+
+
+def is_engine_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a fault of the engine rather than a bug in ragbatch's code: an
+    instance of :data:`ENGINE_FAULTS`, or an exception whose chain of causes holds one of
+    them or a class named in :data:`ENGINE_DEAD` or :data:`OUT_OF_MEMORY`."""
+    names = ENGINE_DEAD + OUT_OF_MEMORY
+    return any(
+        isinstance(e, ENGINE_FAULTS) or any(c.__name__ in names for c in type(e).__mro__)
+        for e in exception_chain(exc)
+    )
+
+
+def bug_error(stage: str, exc: BaseException) -> StageBugError:
+    """The error that fails the run when stage ``stage`` (``<kind>:<engine>``) raised
+    ``exc`` from ragbatch's own code; its message ends with the traceback."""
+    trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return StageBugError(
+        f"stage {stage} failed with a bug in ragbatch's own code: "
+        f"{type(exc).__name__}: {exc} (traceback follows)\n{trace}"
+    )
 
 
 def batch_key(batch: pa.Table) -> str:
@@ -95,54 +141,33 @@ class BatchGuard:
     ledger : ray actor handle or None
         The run's :class:`udfs.ledger.RunLedger`; None (a stage used outside a run)
         skips reporting, lost-start counting and the budget.
+    label : str, optional
+        The stage as a failed run names it, ``<kind>:<engine>`` (for example
+        ``"judge:judge"``); ``stage`` when not given.
     """
 
     def __init__(
-        self, stage: str, columns: list[tuple[str, pa.DataType]], ledger: Any = None
+        self,
+        stage: str,
+        columns: list[tuple[str, pa.DataType]],
+        ledger: Any = None,
+        label: str | None = None,
     ) -> None:
         self.stage = stage
+        self.label = label or stage
         self.columns = columns
         self.ledger = ledger
         self.actor = uuid.uuid4().hex
 
-    def run(self, batch: pa.Table, score: Callable[[pa.Table], pa.Table]) -> pa.Table:
-        """``score(batch)``, or ``batch`` with its rows marked ``error`` when the batch
-        keeps failing.
-
-        Raises
-        ------
-        RagbatchError
-            Raised by ``score`` (a config or engine problem): not a batch fault.
-        RunError
-            The rows marked ``error`` in this run now exceed ``run.error_budget``.
-        """
-        key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
-        lost = self._call("batch_started", key, self.actor) or 0
-        if lost >= MAX_LOST_STARTS:
-            return self._fail(batch, key, 0, self._lost_reason(lost, batch))
-        last: Exception | None = None
-        for attempt in range(BATCH_ATTEMPTS):
-            try:
-                out = score(batch)
-            except RagbatchError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - isolated to this batch
-                last = exc
-                self._attempt_failed(batch, attempt, exc)
-                continue
-            self._finish(key, attempt, 0, None)
-            return out
-        return self._fail(batch, key, BATCH_ATTEMPTS - 1, self._failed_reason(last))
-
-    async def run_async(
+    async def run(
         self,
         batch: pa.Table,
         score: Callable[[pa.Table], Awaitable[pa.Table]],
         gate: Callable[[int], AsyncContextManager[Any]] | None = None,
     ) -> pa.Table:
-        """:meth:`run` for a coroutine ``score``: the same attempts, statuses and reports,
-        with the ledger calls made off the event loop, so that the other batches in
-        flight on it go on meanwhile.
+        """``await score(batch)``, or ``batch`` with its rows marked ``error`` when the
+        batch keeps failing with engine faults. The ledger calls are made off the event
+        loop, so that the other batches in flight on it go on meanwhile.
 
         Parameters
         ----------
@@ -158,8 +183,13 @@ class BatchGuard:
 
         Raises
         ------
-        RagbatchError, RunError
-            As :meth:`run`.
+        RagbatchError
+            Raised by ``score`` (a config, input or output problem): not a batch fault.
+        StageBugError
+            ``score`` raised an exception that is not an engine fault
+            (:func:`is_engine_fault`): a bug, which fails the run.
+        RunError
+            The rows marked ``error`` in this run now exceed ``run.error_budget``.
         """
         key = batch_key(batch) if "row_id" in batch.column_names else uuid.uuid4().hex
         lost = await self._call_async("batch_started", key, self.actor) or 0
@@ -172,9 +202,14 @@ class BatchGuard:
             for attempt in range(BATCH_ATTEMPTS):
                 try:
                     out = await score(batch)
-                except RagbatchError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - isolated to this batch
+                except Exception as exc:
+                    if isinstance(exc, RagbatchError) and not isinstance(exc, EngineError):
+                        raise
+                    if not is_engine_fault(exc):
+                        log.error(
+                            "stage %s: a bug in ragbatch's own code", self.label, exc_info=exc
+                        )
+                        raise bug_error(self.label, exc) from exc
                     last = exc
                     self._attempt_failed(batch, attempt, exc)
                     continue

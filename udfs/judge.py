@@ -10,11 +10,11 @@ calls, cache hits). Run it with::
     ds.map_batches(JudgeStage, batch_format="pyarrow",
                    fn_constructor_kwargs={...}, **stage_options(engine_spec))
 
-(``stage_options`` from :mod:`udfs.base`). A ``vllm`` engine with ``batches_in_flight``
-above 1 runs as :class:`AsyncJudgeStage` instead (:func:`judge_stage_class` picks it):
-its ``__call__`` is a coroutine, so Ray Data hands each actor several batches at once
-and their rounds share the actor's engine (:meth:`VllmJudgeEngine.complete_async
-<ragbatch.engines.vllm.VllmJudgeEngine.complete_async>`).
+(``stage_options`` from :mod:`udfs.base`). Its ``__call__`` is a coroutine, run by Ray
+Data on one event loop per actor: with ``batches_in_flight`` above 1 (``vllm``
+engines) each actor is handed several batches at once and their rounds share the
+actor's engine (:meth:`JudgeEngine.complete <ragbatch.judge.protocol.JudgeEngine.complete>`
+is a coroutine); with 1, the same code judges one batch at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES, JUDGE_TYPE, cell_column, judge_column
 from ragbatch.core.errors import ConfigError, EngineError
-from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame, judge_frame_async
+from ragbatch.judge.batch import JUDGE_DTYPE, judge_frame
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.judge.rejudge import reasks_parse_failures
@@ -80,8 +80,26 @@ class JudgeStage(ActorStage):
     Notes
     -----
     A batch is read as its columns of :data:`JUDGE_INPUTS` that are present; a column a
-    metric needs but the batch lacks is not an error here. After each batch the
-    judgment cache is flushed and the batch's totals are reported to ``ledger``.
+    metric needs but the batch lacks is not an error here.
+
+    ``__call__`` is a coroutine, which Ray Data runs on one event loop per actor, up to
+    ``batches_in_flight`` batches at a time (:func:`udfs.base.stage_options` lets that
+    many calls into each actor, and a gate holds the batches being judged to that
+    number; a batch that lost an actor before is judged alone). Each batch is judged by
+    a runner of its own (:meth:`JudgeRunner.fork <ragbatch.judge.run.JudgeRunner.fork>`)
+    whose judgment-cache lookup runs on a worker thread and whose rounds await the
+    engine, so the next batch's and the next round's requests join the engine while
+    earlier ones are still running, and a slow lookup holds only its own batch.
+
+    Per batch, the :class:`udfs.guard.BatchGuard` retries a batch failing with engine
+    faults and then marks its rows ``error`` without touching the other batches, and
+    fails the run on a bug; the batch's request time limit (``batch_timeout_s``) is its
+    own; the judgment cache is flushed and the batch's totals (its runner's, nothing of
+    the other batches') go to ``ledger`` once it is done.
+
+    Two batches in flight at once that hold an identical request (same prompt, output,
+    seed) may both send it: the second is a cache hit only when the first has already
+    been answered. Batches processed one after another never send it twice.
     """
 
     kind: ClassVar[StageKind] = StageKind.JUDGE
@@ -110,8 +128,9 @@ class JudgeStage(ActorStage):
 
     def load(self) -> None:
         """Open the judgment cache (:attr:`cache`), load the judge engine
-        (:attr:`engine`) and the embedding models the metrics need, and build the
-        :class:`~ragbatch.judge.run.JudgeRunner` (:attr:`runner`)."""
+        (:attr:`engine`) and the embedding models the metrics need, build the
+        :class:`~ragbatch.judge.run.JudgeRunner` (:attr:`runner`), and set the cap on
+        batches judged at once (``batches_in_flight``, 1 when the spec has none)."""
         from ragbatch.engines import load_judge_engine
 
         cache = self._cache_location
@@ -129,7 +148,7 @@ class JudgeStage(ActorStage):
             self.engine = load_judge_engine(self.spec)
         self.runner = JudgeRunner(
             self.engine,
-            self.metrics,
+            self.judge_metrics(),
             embedders=self._embedders(self._embedder_specs),
             cache=self.cache,
             parse_retries=self.spec.parse_retries,
@@ -137,12 +156,19 @@ class JudgeStage(ActorStage):
             max_tokens=self.spec.max_tokens,
             rejudge=reasks_parse_failures((cache or {}).get("rejudge")),
         )
+        self._in_flight = max(1, int(getattr(self.spec, "batches_in_flight", 1) or 1))
+        self._gates: dict[asyncio.AbstractEventLoop, _Gate] = {}
+
+    def judge_metrics(self) -> list[JudgeMetric]:
+        """:attr:`metrics`, each a :class:`~ragbatch.judge.metric.JudgeMetric` (as
+        :attr:`metric_class` makes sure when they are built)."""
+        return [m for m in self.metrics if isinstance(m, JudgeMetric)]
 
     def _embedders(self, specs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         from ragbatch.engines.sentence_transformers import load_model
 
         out = {}
-        for name in dict.fromkeys(n for m in self.metrics for n in m.embedders()):
+        for name in dict.fromkeys(n for m in self.judge_metrics() for n in m.embedders()):
             if name not in specs:
                 raise ConfigError(
                     f"engines.{name}: embedding engine used by a judge metric is not defined"
@@ -172,10 +198,6 @@ class JudgeStage(ActorStage):
         assert isinstance(frame, pl.DataFrame)
         return frame
 
-    def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
-        """Per metric its cells and its judge records, judged over ``frame``."""
-        return self._judged(judge_frame(self.runner, frame))
-
     def _judged(
         self, results: dict[str, tuple[list[dict], list[dict]]]
     ) -> Iterator[tuple[str, pa.Array]]:
@@ -191,15 +213,6 @@ class JudgeStage(ActorStage):
                 judge_column(metric.id),
                 pl.Series(records, dtype=JUDGE_DTYPE).to_arrow().cast(JUDGE_TYPE),
             )
-
-    def batch_done(self, batch: pa.Table) -> None:
-        """Flush the judgment cache and report the batch's totals to the judge ledger."""
-        if self.cache is not None:
-            self.cache.flush()
-        self._report(batch, self.runner.take_tallies())
-
-    def _report(self, batch: pa.Table, tallies: dict[str, dict[str, int]]) -> None:
-        self._send(self._report_args(batch, tallies))
 
     def _report_args(self, batch: pa.Table, tallies: dict[str, dict[str, int]]) -> tuple | None:
         """Count the batch; the arguments of its judge-ledger report (the engine's
@@ -222,46 +235,33 @@ class JudgeStage(ActorStage):
         # Waited for, so that every batch's report is in before the driver reads the totals.
         ray.get(self.ledger.record.remote(*args))
 
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        """Score one batch, sharing the engine with the other batches in flight on this
+        actor's event loop.
 
-class AsyncJudgeStage(JudgeStage):
-    """:class:`JudgeStage` judging up to ``batches_in_flight`` batches at once.
+        Parameters
+        ----------
+        batch : pyarrow.Table
+            ``n`` canonical rows (see :data:`JUDGE_INPUTS`) plus any other columns.
 
-    Same parameters, columns, cells and reports as :class:`JudgeStage`; only
-    ``__call__`` differs: it is a coroutine, which Ray Data runs on one event loop per
-    actor, several batches at a time (:func:`udfs.base.stage_options` lets
-    ``batches_in_flight`` calls into each actor, and a gate holds the batches being
-    judged to that number; a batch that lost an actor before is judged alone). Each
-    batch is judged by a runner of its own (:meth:`JudgeRunner.fork
-    <ragbatch.judge.run.JudgeRunner.fork>`) whose judgment-cache lookup runs on a worker
-    thread and whose rounds await the engine, so the next batch's and the next round's
-    requests join the engine while earlier ones are still running, and a slow lookup
-    holds only its own batch.
+        Returns
+        -------
+        pyarrow.Table
+            As :meth:`udfs.base.SyncActorStage.__call__`: ``batch``'s columns (with
+            ``keep_columns``, those and the pipeline's own), then per metric the cell
+            and judge columns of :meth:`output_columns`, in the same ``n`` rows.
 
-    Per batch, as in :class:`JudgeStage`: the :class:`udfs.guard.BatchGuard`
-    (:meth:`~udfs.guard.BatchGuard.run_async`) retries a failing batch and then marks its
-    rows ``error`` without touching the other batches; the batch's request time limit
-    (``batch_timeout_s``) is its own; the judgment cache is flushed and the batch's
-    totals (its runner's, nothing of the other batches') go to the judge ledger once it
-    is done. An engine that has no ``complete_async`` is called synchronously, one round
-    at a time.
+        Raises
+        ------
+        TypeError
+            ``batch`` is not a pyarrow Table.
+        StageBugError
+            Judging raised an exception that is not an engine fault (a bug).
+        RunError
+            The rows marked ``error`` in the run exceed ``run.error_budget``.
 
-    Notes
-    -----
-    Two batches in flight at once that hold an identical request (same prompt, output,
-    seed) may both send it: the second is a cache hit only when the first has already
-    been answered. Batches processed one after another never send it twice.
-    """
-
-    def load(self) -> None:
-        """:meth:`JudgeStage.load`, and the cap on batches judged at once."""
-        super().load()
-        self._in_flight = max(1, int(getattr(self.spec, "batches_in_flight", 1) or 1))
-        self._gates: dict[asyncio.AbstractEventLoop, _Gate] = {}
-
-    async def __call__(self, batch: pa.Table) -> pa.Table:  # type: ignore[override]
-        """Score one batch (see :meth:`udfs.base.ActorStage.__call__`), sharing the
-        engine with the other batches in flight on this actor's event loop.
-
+        Notes
+        -----
         A batch whose earlier start was lost with its actor is scored alone (no other
         batch in flight on this actor meanwhile): if it kills the actor again, no
         other batch's rows lose a start with it (:data:`udfs.guard.MAX_LOST_STARTS`)."""
@@ -273,9 +273,7 @@ class AsyncJudgeStage(JudgeStage):
             gate = self._gates[loop]
         runner = self.runner.fork()
         out = self.pruned(
-            await self.guard.run_async(
-                batch, functools.partial(self._score_async, runner), gate.enter
-            )
+            await self.guard.run(batch, functools.partial(self._judge_batch, runner), gate.enter)
         )
         if self.cache is not None:  # a journal file written (uploaded) off the loop
             await asyncio.to_thread(self.cache.flush)
@@ -285,10 +283,10 @@ class AsyncJudgeStage(JudgeStage):
         self.heap.batch_done()
         return out
 
-    async def _score_async(self, runner: Any, batch: pa.Table) -> pa.Table:
+    async def _judge_batch(self, runner: JudgeRunner, batch: pa.Table) -> pa.Table:
         """``batch`` with the stage's columns appended, judged by ``runner``."""
         self.check_free(batch)
-        results = await judge_frame_async(runner, self.input_frame(batch))
+        results = await judge_frame(runner, self.input_frame(batch))
         return appended(batch, self._judged(results))
 
 
@@ -331,14 +329,9 @@ class _Gate:
 
 
 def judge_stage_class(engine_spec: Any) -> type[JudgeStage]:
-    """The judge stage class for an engine spec: :class:`AsyncJudgeStage` for a spec
-    with ``batches_in_flight`` above 1 (``vllm`` engines), else :class:`JudgeStage`."""
-    in_flight = (
-        engine_spec.get("batches_in_flight", 1)
-        if isinstance(engine_spec, dict)
-        else getattr(engine_spec, "batches_in_flight", 1)
-    )
-    return AsyncJudgeStage if (in_flight or 1) > 1 else JudgeStage
+    """The judge stage class for an engine spec: :class:`JudgeStage`, whatever its
+    ``batches_in_flight`` (kept for the runner's call)."""
+    return JudgeStage
 
 
 class JudgeLedger:

@@ -33,12 +33,12 @@ from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.base import Metric
 from ragbatch.metrics.pii_base import PiiMetric, PiiResults
 from ragbatch.core.stages import StageKind
-from udfs.base import ActorStage, cell_array, engine_errors
+from udfs.base import SyncActorStage, cell_array, engine_errors
 
 logger = logging.getLogger(__name__)
 
 
-class PiiStage(ActorStage):
+class PiiStage(SyncActorStage):
     """Ray Data callable class computing the PII metrics of one engine.
 
     Parameters
@@ -88,7 +88,9 @@ class PiiStage(ActorStage):
             self.detector = PiiDetector(self.spec)
         why = partial(unsupported_reason, self.spec)
         problems = [
-            p for m in self.metrics for p in m.check_engine(self.spec, self.detector.entities, why)
+            p
+            for m in self.pii_metrics()
+            for p in m.check_engine(self.spec, self.detector.entities, why)
         ]
         if problems:
             raise ConfigError(problems)
@@ -96,6 +98,11 @@ class PiiStage(ActorStage):
         # span is (a card number or a phone number) is decided among all of them, so a
         # metric's cells never depend on the other metrics of the stage.
         self.entities = list(self.detector.entities)
+
+    def pii_metrics(self) -> list[PiiMetric]:
+        """:attr:`metrics`, each a :class:`~ragbatch.metrics.pii_base.PiiMetric` (as
+        :attr:`metric_class` makes sure when they are built)."""
+        return [m for m in self.metrics if isinstance(m, PiiMetric)]
 
     def columns(self, batch: pa.Table, frame: pl.DataFrame) -> Iterator[tuple[str, pa.Array]]:
         """Per metric, ``__ragbatch_cell::<id>``, from one analysis of every distinct
@@ -106,7 +113,8 @@ class PiiStage(ActorStage):
         RuntimeError
             A metric returned a number of cells different from the batch's rows.
         """
-        texts = list(dict.fromkeys(t for m in self.metrics for t in m.texts(frame)))
+        metrics = self.pii_metrics()
+        texts = list(dict.fromkeys(t for m in metrics for t in m.texts(frame)))
         found = dict(zip(texts, self.detector.find(texts, self.entities)))
         for text, result in found.items():
             if isinstance(result, str):
@@ -117,7 +125,7 @@ class PiiStage(ActorStage):
                     result,
                 )
         results = PiiResults(found, self.detector.model_id)
-        for metric in self.metrics:
+        for metric in metrics:
             yield (
                 cell_column(metric.id),
                 cell_array(metric.id, metric.compute(results, frame), batch.num_rows),

@@ -26,10 +26,10 @@ from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.base import Metric, ModelMetric
 from ragbatch.core.stages import StageKind
-from udfs.base import ActorStage, cell_array, engine_errors
+from udfs.base import SyncActorStage, cell_array, engine_errors
 
 
-class ModelStage(ActorStage):
+class ModelStage(SyncActorStage):
     """Ray Data callable class scoring the model metrics of one engine.
 
     Parameters
@@ -58,7 +58,7 @@ class ModelStage(ActorStage):
     -----
     The model is loaded once per actor, in ``__init__``. Each call converts only the
     metrics' input columns (and ``_issues``) to Polars; every input column passes
-    through to the output untouched (see :meth:`udfs.base.ActorStage.__call__`).
+    through to the output untouched (see :meth:`udfs.base.SyncActorStage.__call__`).
     """
 
     kind: ClassVar[StageKind] = StageKind.MODEL

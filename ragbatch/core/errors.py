@@ -75,6 +75,15 @@ class RunError(RagbatchError):
     """The run stopped while running: more rows failed than ``run.error_budget`` allows."""
 
 
+class StageBugError(RagbatchError):
+    """A stage of the run raised an exception from ragbatch's own code (a bug, not a
+    fault of the engine or the data): the run fails instead of marking rows ``error``.
+
+    The message names the stage (``<kind>:<engine>``), the exception's type and message,
+    and ends with its traceback.
+    """
+
+
 def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
     """``exc`` and its causes (``__cause__``, else ``__context__``), at most ``limit``."""
     seen: list[BaseException] = []

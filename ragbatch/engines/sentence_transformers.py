@@ -188,17 +188,22 @@ class LoadedModel:
         Raises
         ------
         EngineError
-            The model is a cross-encoder.
+            The model is a cross-encoder, or the backend failed (the cause chained).
         """
         self._require("embedding", "embed")
         if not texts:
             return np.zeros((0, _embedding_dim(self._backend)), dtype=np.float32)
-        vectors = self._backend.encode(
-            list(texts),
-            batch_size=batch_size or self.batch_size,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        try:
+            vectors = self._backend.encode(
+                list(texts),
+                batch_size=batch_size or self.batch_size,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        except Exception as exc:  # the backend failed: an engine fault, not a bug
+            raise EngineError(
+                f"{self.model_id}: encode failed: {type(exc).__name__}: {exc}"
+            ) from exc
         return l2_normalize(np.asarray(vectors, dtype=np.float32))
 
     def score_pairs(
@@ -223,20 +228,25 @@ class LoadedModel:
         Raises
         ------
         EngineError
-            The model is a bi-encoder.
+            The model is a bi-encoder, or the backend failed (the cause chained).
         """
         self._require("cross_encoder", "score_pairs")
         if not pairs:
             empty: np.ndarray = np.zeros(0, dtype=np.float64)
             return empty, empty.copy()
         torch = _import("torch")
-        raw = self._backend.predict(
-            [(a, b) for a, b in pairs],
-            batch_size=batch_size or self.batch_size,
-            activation_fn=torch.nn.Identity(),
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        try:
+            raw = self._backend.predict(
+                [(a, b) for a, b in pairs],
+                batch_size=batch_size or self.batch_size,
+                activation_fn=torch.nn.Identity(),
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        except Exception as exc:  # the backend failed: an engine fault, not a bug
+            raise EngineError(
+                f"{self.model_id}: predict failed: {type(exc).__name__}: {exc}"
+            ) from exc
         logits = np.asarray(raw, dtype=np.float64).reshape(len(pairs))
         return sigmoid(logits), logits
 

@@ -1,18 +1,15 @@
-"""Several judge calls sharing one ``vllm.LLM`` from one event loop: the engine of
-:meth:`ragbatch.engines.vllm.VllmJudgeEngine.complete_async`.
+"""Several judge calls sharing one ``vllm.LLM`` from one event loop: how
+:meth:`ragbatch.engines.vllm.VllmJudgeEngine.complete` runs.
 
-:meth:`VllmJudgeEngine.complete <ragbatch.engines.vllm.VllmJudgeEngine.complete>` adds
-its requests and steps the engine until the last of them finishes, so the engine runs
-fewer and fewer requests towards the end of each call and nothing between two calls.
-:class:`VllmFeed` lets calls overlap instead. Each call (a coroutine) renders and adds
-its requests exactly as ``complete`` does (``LLM.enqueue``), then waits; one task on the
-same event loop steps the engine (``LLM.llm_engine.step()``) while any call has
-unfinished requests, hands each finished ``RequestOutput`` to the call that added it,
-wakes a call when its last request finishes, and yields to the loop after every step.
-A call that starts while others run (the next round of a judge program, another
-batch) therefore joins vLLM's running batch at the next step.
+Each call (a coroutine) renders and adds its requests (``LLM.enqueue``), then waits; one
+task on the same event loop steps the engine (``LLM.llm_engine.step()``) while any call
+has unfinished requests, hands each finished ``RequestOutput`` to the call that added
+it, wakes a call when its last request finishes, and yields to the loop after every
+step. A call that starts while others run (the next round of a judge program, another
+batch) therefore joins vLLM's running batch at the next step, and with one call at a
+time this is the loop ``LLM.generate`` runs, plus the time limit.
 
-Only vLLM calls the adapter already makes are used (``LLM.enqueue``,
+Only the vLLM calls listed in docs/engines.md are used (``LLM.enqueue``,
 ``llm_engine.step``, ``llm_engine.has_unfinished_requests``,
 ``llm_engine.abort_request``), all from the one thread that runs the loop: vLLM's
 offline engine is not thread-safe, and nothing here needs a second thread. On a GPU
@@ -20,13 +17,13 @@ the engine core runs in its own process and keeps computing while the loop runs 
 callers' Python; on a CPU with the engine in the calling process a step and the
 callers' Python take turns.
 
-Time limits and failures are per call, as with ``complete``: ``batch_timeout_s`` counts
-from the moment a call's requests are added, and once it has passed that call's
-unfinished requests are aborted and come back as ``timeout`` while the other calls go
-on. A request vLLM refuses at ``enqueue`` fails alone (``judge_error``). An exception
-from ``step()`` fails the unfinished requests of every call in flight (``judge_error``,
-the exception's type and message), since a step serves them all. A caller that is
-cancelled while waiting has its unfinished requests aborted.
+Time limits and failures are per call: ``batch_timeout_s`` counts from the moment a
+call's requests are added, and once it has passed that call's unfinished requests are
+aborted and come back as ``timeout`` while the other calls go on. A request vLLM
+refuses at ``enqueue`` fails alone (``judge_error``). An exception from ``step()``
+fails the unfinished requests of every call in flight (``judge_error``, the exception's
+type and message), since a step serves them all. A caller that is cancelled while
+waiting has its unfinished requests aborted.
 """
 
 from __future__ import annotations
@@ -36,9 +33,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ragbatch.core.status import JUDGE_ERROR, TIMEOUT
-from ragbatch.engines.vllm import _completion, _describe, _output_index
-from ragbatch.judge.protocol import Completion, EngineRequest
+from ragbatch.core.status import JUDGE_ERROR, OK, TIMEOUT
+from ragbatch.engines.vllm import _describe
+from ragbatch.judge.protocol import Completion, EngineRequest, TokenLogprob
 
 if TYPE_CHECKING:
     from ragbatch.engines.vllm import VllmJudgeEngine
@@ -69,7 +66,7 @@ class VllmFeed:
     ----------
     engine : VllmJudgeEngine
         The loaded engine; its ``vllm.LLM`` must not be stepped by anything else while
-        calls are in flight (``VllmJudgeEngine.complete`` refuses to run then).
+        calls are in flight.
 
     Attributes
     ----------
@@ -87,11 +84,6 @@ class VllmFeed:
         self.steps = 0
         self.peak = 0
 
-    @property
-    def busy(self) -> bool:
-        """Whether a call has requests in the engine."""
-        return bool(self._calls)
-
     async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         """Answer ``requests``, sharing the engine with the other calls in flight.
 
@@ -102,8 +94,8 @@ class VllmFeed:
         Returns
         -------
         list of Completion
-            One per request, in order, with the statuses of
-            :meth:`VllmJudgeEngine.complete`.
+            One per request, in order, with the statuses
+            :meth:`VllmJudgeEngine.complete` documents.
 
         Raises
         ------
@@ -202,3 +194,68 @@ class VllmFeed:
                 woken.append(call)
         for call in woken:
             self._drop(call, abort=False)
+
+
+def _output_index(request_ids: list[str | None]) -> dict[str, int]:
+    """Position of each request by the id its outputs carry.
+
+    ``LLM.enqueue`` returns the engine's internal id, ``"<id>-<8 random characters>"``,
+    while a ``RequestOutput`` carries ``<id>``, the id the request was added under (the
+    engine appends the characters to keep ids unique; with
+    ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION`` the two are the same). vLLM exposes no
+    public way to learn ``<id>`` from the returned id, so both forms are indexed.
+    """
+    index: dict[str, int] = {}
+    for k, rid in enumerate(request_ids):
+        if rid is not None:
+            index[rid] = k
+            index.setdefault(rid.rsplit("-", 1)[0], k)
+    return index
+
+
+def _completion(result: Any, prompt_tokens: int) -> Completion:
+    """A :class:`Completion` from a finished ``vllm.RequestOutput``."""
+    if not result.outputs:
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            error="vLLM returned no output for the request",
+        )
+    choice = result.outputs[0]
+    cached = getattr(result, "num_cached_tokens", None)
+    finish = choice.finish_reason
+    if finish not in ("stop", "length"):
+        return Completion(
+            JUDGE_ERROR,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(choice.token_ids),
+            error=f"vLLM finished the request with reason {finish!r}",
+        )
+    return Completion(
+        OK,
+        text=choice.text,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(choice.token_ids),
+        cached_prompt_tokens=int(cached) if cached is not None else None,
+        logprobs=_token_logprobs(choice),
+    )
+
+
+def _token_logprobs(choice: Any) -> tuple[TokenLogprob, ...] | None:
+    """The generated tokens of a ``vllm.CompletionOutput`` with their top logprobs, or
+    None when none were asked for (or vLLM returned fewer positions than tokens)."""
+    positions = choice.logprobs
+    if not positions or len(positions) != len(choice.token_ids):
+        return None
+    out = []
+    for token_id, entry in zip(choice.token_ids, positions):
+        chosen = entry.get(token_id) if entry else None
+        if chosen is None:
+            return None
+        top = sorted(
+            ((lp.decoded_token or "", float(lp.logprob)) for lp in entry.values()),
+            key=lambda item: -item[1],
+        )
+        out.append(TokenLogprob(chosen.decoded_token or "", float(chosen.logprob), tuple(top)))
+    return tuple(out)

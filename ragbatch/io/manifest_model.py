@@ -93,9 +93,25 @@ class RowCounts(_Section):
 
 
 class JudgeTally(_Section):
-    """Judge counters of one metric, or of all: requests served by the engine in this
-    run, cache hits, tokens of the served requests, and requests refused as
-    ``context_too_long`` with their prompt tokens (all counts >= 0)."""
+    """Judge counters of one metric, or of all: the manifest's section, and what the
+    judge runner counts per batch as it judges (:data:`ragbatch.judge.run.Tally`).
+
+    Attributes
+    ----------
+    judge_calls : int
+        Requests the engine served in this run (cache hits and refused requests
+        excluded; identical requests of a batch share one).
+    cache_hits : int
+        Requests answered from the judgment cache or by an identical request.
+    prompt_tokens, completion_tokens, cached_prompt_tokens : int
+        Tokens of the served requests.
+    refused_too_long : int
+        Requests refused as ``context_too_long`` without being served.
+    refused_prompt_tokens : int
+        Prompt tokens counted for the refused requests (where the engine counted them).
+
+    All counts are >= 0.
+    """
 
     judge_calls: int = 0
     cache_hits: int = 0

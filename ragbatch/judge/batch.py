@@ -78,14 +78,19 @@ def guarded_rows(
     return settled, todo
 
 
-def judge_frame(
+async def judge_frame(
     runner: JudgeRunner, frame: pl.DataFrame
 ) -> dict[str, tuple[list[dict], list[dict]]]:
     """Cells and judge records of every row of ``frame`` for each of the runner's metrics.
 
+    A coroutine (the runner's engine calls are awaited, :meth:`JudgeRunner.run`); code
+    outside an event loop calls it through :func:`ragbatch.judge.protocol.run_sync`.
+
     Parameters
     ----------
     runner : JudgeRunner
+        A runner of this batch alone (:meth:`JudgeRunner.fork`) when several batches
+        are judged at once, so that its totals are the batch's.
     frame : polars.DataFrame
         ``n`` canonical rows (any of row_id, question, contexts, answer, reference,
         _issues).
@@ -99,31 +104,7 @@ def judge_frame(
     """
     frame = with_issues(frame)
     settled, todo = guarded_rows(runner.metrics, frame)
-    return _assembled(runner, frame, settled, runner.run(todo))
-
-
-async def judge_frame_async(
-    runner: JudgeRunner, frame: pl.DataFrame
-) -> dict[str, tuple[list[dict], list[dict]]]:
-    """:func:`judge_frame` with the runner's engine calls awaited
-    (:meth:`JudgeRunner.run_async`): the same cells and records for the same rows.
-
-    Parameters
-    ----------
-    runner : JudgeRunner
-        A runner of this batch alone (:meth:`JudgeRunner.fork`) when several batches
-        are judged at once, so that its totals are the batch's.
-    frame : polars.DataFrame
-        As :func:`judge_frame`.
-
-    Returns
-    -------
-    dict
-        As :func:`judge_frame`.
-    """
-    frame = with_issues(frame)
-    settled, todo = guarded_rows(runner.metrics, frame)
-    return _assembled(runner, frame, settled, await runner.run_async(todo))
+    return _assembled(runner, frame, settled, await runner.run(todo))
 
 
 def _assembled(

@@ -8,8 +8,8 @@ metric's name, version and params (:func:`cache_key`).
 Every entry is also filed under its row's *group* (:func:`group_key`): a hash of the
 engine's identity and the row's judge inputs. A judge actor looks up the groups of a
 batch's rows once, when the batch starts (:meth:`JudgmentCache.lookup`; on a worker
-thread when several batches share the actor's event loop, see
-:meth:`~ragbatch.judge.run.JudgeRunner.run_async`), and so finds every step of every
+thread, so that the other batches on the actor's event loop go on, see
+:meth:`~ragbatch.judge.run.JudgeRunner.run`), and so finds every step of every
 metric that was judged on those rows, the later steps of a multi-step metric included;
 it keeps them until the batch ends. Its memory and start-up
 therefore depend on the batch, not on the cache's size.

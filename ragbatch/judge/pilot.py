@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ragbatch.judge.protocol import Ask, EngineRequest, JudgeEngine
+from ragbatch.judge.protocol import Ask, EngineRequest, JudgeEngine, run_sync
 from ragbatch.judge.run import capped
 from ragbatch.core.status import OK
 
@@ -72,7 +72,7 @@ class Pilot:
         """
         flat = [capped(a, self.max_tokens) for row in asks for a in row]
         requests = [EngineRequest(a.messages, a.output, self.seed) for a in flat]
-        completions = self.engine.complete(requests) if requests else []
+        completions = run_sync(self.engine.complete(requests)) if requests else []
         served = [c for c in completions if not c.refused]
         self.calls += len(served)
         self.prompt_tokens += sum(c.prompt_tokens for c in served)

@@ -5,6 +5,11 @@ structured output the reply must follow, and a parser). The stage turns asks int
 :class:`EngineRequest` objects, sends them to a :class:`JudgeEngine` in batches, and gets
 one :class:`Completion` back per request, in order. Engines never raise for a single
 request: a failed request is a completion whose ``status`` says why.
+
+An engine answers through one coroutine, :meth:`JudgeEngine.complete`; the judge stage
+awaits it on the actor's event loop whatever the number of batches in flight. Code
+outside an event loop (a worked example, a pilot, a benchmark) calls it through
+:func:`run_sync`.
 """
 
 from __future__ import annotations
@@ -13,12 +18,43 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from ragbatch.core.status import CONTEXT_TOO_LONG, JUDGE_ERROR, OK, TIMEOUT
 
 #: Completion statuses an engine may return (a subset of the cell statuses).
 ENGINE_STATUSES = (OK, JUDGE_ERROR, TIMEOUT, CONTEXT_TOO_LONG)
+
+T = TypeVar("T")
+
+
+def run_sync(awaitable: Awaitable[T]) -> T:
+    """The result of ``awaitable``, awaited on a new event loop (:func:`asyncio.run`):
+    how synchronous code outside a run's actors calls the judge path.
+
+    Parameters
+    ----------
+    awaitable : awaitable
+        For example ``engine.complete(requests)`` or
+        ``ragbatch.judge.batch.judge_frame(runner, frame)``.
+
+    Returns
+    -------
+    object
+        What ``awaitable`` returns.
+
+    Raises
+    ------
+    RuntimeError
+        Called from a thread whose event loop is running (await instead); and whatever
+        ``awaitable`` raises.
+    """
+    import asyncio
+
+    async def wait() -> T:
+        return await awaitable
+
+    return asyncio.run(wait())
 
 
 class ParseError(ValueError):
@@ -283,12 +319,14 @@ class JudgeEngine(ABC):
     max_model_len: int
 
     @abstractmethod
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         """Answer every request; one :class:`Completion` per request, in order.
 
-        Must not raise for a problem with one request (that request's completion gets a
-        non-``ok`` status); may raise :class:`~ragbatch.core.errors.EngineError` when the
-        engine itself is unusable.
+        A coroutine: calls from several batches in flight on one event loop may overlap
+        and share the engine. Must not raise for a problem with one request (that
+        request's completion gets a non-``ok`` status); raises
+        :class:`~ragbatch.core.errors.EngineError` (or a subclass) when the engine
+        itself fails, and nothing else for a backend failure.
         """
 
     @abstractmethod

@@ -15,7 +15,13 @@ import polars as pl
 
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.metric import JudgeExample, JudgeMetric
-from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, TokenLogprob
+from ragbatch.judge.protocol import (
+    Completion,
+    EngineRequest,
+    JudgeEngine,
+    TokenLogprob,
+    run_sync,
+)
 from ragbatch.judge.run import Embedder, JudgeRunner
 from ragbatch.core.status import JUDGE_ERROR, OK
 
@@ -43,7 +49,8 @@ class RecordedReplies(JudgeEngine):
         self._replies = list(replies)
         self.requests: list[EngineRequest] = []
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+        """The next recorded reply per request, in order (see the class docstring)."""
         out = []
         for request in requests:
             self.requests.append(request)
@@ -124,5 +131,5 @@ def run_example(
             "reference": pl.String,
         },
     )
-    cells, records = judge_frame(runner, frame)[metric.id]
+    cells, records = run_sync(judge_frame(runner, frame))[metric.id]
     return cells[0], records[0], engine

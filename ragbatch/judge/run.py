@@ -4,15 +4,14 @@
 row) that passed the metric's guards and advances them all in lockstep: each round
 collects the requests every live program yielded, answers identical requests once,
 serves what it can from the judgment cache (the entries of the batch's rows, looked up
-once when it starts), sends the rest to the engine in one ``complete`` call, parses the
+once when it starts), sends the rest to the engine in one awaited ``complete`` call, parses the
 replies, retries unparseable ones (up to ``parse_retries`` times, each with a new seed,
 which also gives it a new cache key), and sends the parsed values back to the programs.
 A request whose cached replies all fail to parse is asked again under a new generation of
 keys when the runner re-asks parse failures (``rejudge``, :mod:`ragbatch.judge.rejudge`);
 every run follows those generations to the first reply that parses.
-Under :meth:`JudgeRunner.run_async` the lookup runs on a worker thread and the engine
-calls are awaited through ``complete_async``, so that several batches share one engine
-and one event loop.
+:meth:`JudgeRunner.run` is a coroutine: the lookup runs on a worker thread and the engine
+calls are awaited, so that several batches share one engine and one event loop.
 
 Replies that hold verdicts also give their verdicts' probabilities
 (:mod:`ragbatch.judge.confidence`), which become the cell's ``confidence``, its
@@ -28,8 +27,13 @@ status              when
 ``timeout``          the request ran past its time limit
 ``parse_failure``    the reply was cut at ``max_tokens`` or had the wrong shape, on
                      the first try and every retry; ``judge_reply`` keeps it
-``error``            the metric's own code raised (a bug, reported with the exception)
+``error``            the metric's program returned something other than a cell in
+                     range, or an embedding failed
 ==================  ==============================================================
+
+An exception raised by a metric's program, or by an engine call with anything but an
+engine fault (:data:`ENGINE_FAULTS`), is a bug: it propagates, and the judge stage's
+batch guard fails the run with the stage named (:mod:`udfs.guard`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import copy
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Protocol, Sequence, cast, runtime_checkable
+from typing import Any, Callable, Generator, Sequence, cast
 
 import numpy as np
 
@@ -48,6 +52,8 @@ from ragbatch.judge.cache_store import Reply
 from ragbatch.judge.confidence import CellConfidence
 from ragbatch.judge.metric import Embed, JudgeMetric, bind_instructions
 from ragbatch.judge.protocol import Ask, Completion, EngineRequest, JudgeEngine, ParseError
+from ragbatch.core.errors import EngineError
+from ragbatch.io.manifest_model import JudgeTally
 from ragbatch.judge.rejudge import Found, first_generation, rejudge_key
 from ragbatch.scoring.cells import PyCell
 from ragbatch.core.status import ERROR, JUDGE_ERROR, OK, PARSE_FAILURE
@@ -58,6 +64,10 @@ log = logging.getLogger(__name__)
 #: replies are cut and end with "…[truncated]".
 REPLY_MAX_CHARS = 4000
 
+#: What an engine call may raise that fails its requests (``judge_error``) instead of the
+#: run: the engine's own failures and time limits. Anything else is a bug and propagates.
+ENGINE_FAULTS = (EngineError, TimeoutError)
+
 #: An embedding function: texts -> float32 array (len(texts), dim), rows L2-normalised.
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -65,15 +75,6 @@ Embedder = Callable[[list[str]], np.ndarray]
 #: and is sent their completions (same length and order); it returns metric id -> row
 #: position -> :class:`JudgeCell`.
 Rounds = Generator[list[EngineRequest], list[Completion], dict[str, dict[int, "JudgeCell"]]]
-
-
-@runtime_checkable
-class AsyncJudgeEngine(Protocol):
-    """A judge engine that can also answer as a coroutine, sharing itself with other
-    calls in flight on the same event loop (the ``vllm`` engine's ``complete_async``).
-    :meth:`JudgeRunner.run_async` uses it when the engine has it."""
-
-    async def complete_async(self, requests: Sequence[EngineRequest]) -> list[Completion]: ...
 
 
 @dataclass
@@ -137,36 +138,9 @@ class JudgeCell:
     trace: Trace
 
 
-@dataclass
-class Tally:
-    """Per-metric totals of a batch.
-
-    Attributes
-    ----------
-    judge_calls : int
-        Requests the engine served in this run (cache hits and refused requests
-        excluded; identical requests of a batch share one).
-    cache_hits : int
-        Requests answered from the judgment cache or by an identical request.
-    prompt_tokens, completion_tokens, cached_prompt_tokens : int
-        Tokens of the served requests.
-    refused_too_long : int
-        Requests refused as ``context_too_long`` without being served
-        (:attr:`Completion.refused`).
-    refused_prompt_tokens : int
-        Prompt tokens counted for the refused requests (where the engine counted them).
-    """
-
-    judge_calls: int = 0
-    cache_hits: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    refused_too_long: int = 0
-    refused_prompt_tokens: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+#: Per-metric totals of a batch, counted as the batch is judged: the manifest's judge
+#: counters (:class:`~ragbatch.io.manifest_model.JudgeTally`), one definition for both.
+Tally = JudgeTally
 
 
 class _Slot:
@@ -185,17 +159,15 @@ class _Slot:
         self.verdict_replies: dict[int, tuple[Completion, Any]] = {}
 
     def advance(self, values: list[Any] | None) -> None:
-        """Send ``values`` (None to start) and store the next requests or the result."""
+        """Send ``values`` (None to start) and store the next requests or the result.
+        An exception the program raises is a bug in the metric's code: it propagates
+        (the run fails with the stage named), no cell is made of it."""
         try:
             step = next(self.program) if values is None else self.program.send(values)
         except StopIteration as stop:
             self.result = _checked(
                 self.metric, settle(self.metric, stop.value, self.trace.confidence)
             )
-            return
-        except Exception as exc:  # the metric's code failed for this row
-            log.warning("%s: program raised on a row: %r", self.metric.id, exc)
-            self.result = PyCell(None, ERROR, f"{type(exc).__name__}: {exc}")
             return
         self.pending = list(step)
         if not self.pending or not all(isinstance(r, (Ask, Embed)) for r in self.pending):
@@ -360,7 +332,7 @@ class JudgeRunner:
         # the cached entries of the batch being judged (:meth:`_rounds`)
         self._found: dict[str, tuple[Reply, str]] = {}
 
-    def run(
+    async def run(
         self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
     ) -> dict[str, dict[int, JudgeCell]]:
         """Judge the rows that passed each metric's guards.
@@ -374,51 +346,20 @@ class JudgeRunner:
         -------
         dict
             Metric id -> row position -> :class:`JudgeCell`, for every position given.
-        """
-        groups = self._groups(todo)
-        rounds = self._rounds(todo, groups, self._lookup(groups))
-        try:
-            requests = next(rounds)
-            while True:
-                requests = rounds.send(self._complete(requests))
-        except StopIteration as stop:
-            return stop.value
-
-    async def run_async(
-        self, todo: dict[str, list[tuple[int, dict[str, Any]]]]
-    ) -> dict[str, dict[int, JudgeCell]]:
-        """:meth:`run` as a coroutine: the batch's judgment-cache lookup runs on a worker
-        thread and each round's engine call is awaited, so that other batches judged on
-        the same event loop run meanwhile.
-
-        Parameters
-        ----------
-        todo : dict
-            As :meth:`run`.
-
-        Returns
-        -------
-        dict
-            As :meth:`run`: the same cells and the same totals for the same rows.
-
-        Notes
-        -----
-        With an :class:`AsyncJudgeEngine` the requests go to ``complete_async``, where
-        they share the engine with the rounds of every other batch in flight; with any
-        other engine each round calls ``complete`` and holds the loop until it returns
-        (the synchronous path). Run concurrent batches on runners of their own
-        (:meth:`fork`), so that each batch's totals stay its own.
-
-        The lookup (:meth:`_lookup`: reading the bucket files of the batch's groups,
-        about 0.07 s on local disk and 0.35 s on S3 on loopback) is awaited
-        through :func:`asyncio.to_thread`; everything else, the cache hits included,
-        stays on the loop. A cancelled batch stops waiting for its lookup at once; the
-        thread finishes the read and its result is dropped.
 
         Raises
         ------
         OutputError
-            The judgment cache cannot be read (as :meth:`run`).
+            The judgment cache cannot be read.
+
+        Notes
+        -----
+        A coroutine: the batch's judgment-cache lookup (:meth:`_lookup`) runs on a
+        worker thread and each round's engine call is awaited, so that other batches
+        judged on the same event loop run meanwhile and share the engine. Run concurrent
+        batches on runners of their own (:meth:`fork`), so that each batch's totals stay
+        its own. A cancelled batch stops waiting for its lookup at once; the thread
+        finishes the read and its result is dropped.
         """
         groups = self._groups(todo)
         found = await asyncio.to_thread(self._lookup, groups) if groups else {}
@@ -426,7 +367,7 @@ class JudgeRunner:
         try:
             requests = next(rounds)
             while True:
-                requests = rounds.send(await self._complete_async(requests))
+                requests = rounds.send(await self._complete(requests))
         except StopIteration as stop:
             return stop.value
 
@@ -476,7 +417,7 @@ class JudgeRunner:
         (:meth:`JudgmentCache.lookup`); empty without a cache.
 
         It changes nothing on this runner and uses only the cache's reader, which is
-        thread-safe, so it may run on any thread (:meth:`run_async` runs it off the
+        thread-safe, so it may run on any thread (:meth:`run` runs it off the
         event loop).
 
         Raises
@@ -652,20 +593,12 @@ class JudgeRunner:
     def _capped(self, ask: Ask) -> Ask:
         return capped(ask, self.max_tokens)
 
-    def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
+    async def _complete(self, requests: list[EngineRequest]) -> list[Completion]:
+        """The engine's completions of ``requests``; a ``judge_error`` per request when
+        the engine fails (:data:`ENGINE_FAULTS`) or returns another number of them."""
         try:
-            completions = self.engine.complete(requests)
-        except Exception as exc:  # the engine itself failed: every request of the call fails
-            return _engine_failed(requests, exc)
-        return _one_each(requests, completions)
-
-    async def _complete_async(self, requests: list[EngineRequest]) -> list[Completion]:
-        """:meth:`_complete` through ``complete_async`` when the engine has it."""
-        if not isinstance(self.engine, AsyncJudgeEngine):
-            return self._complete(requests)
-        try:
-            completions = await self.engine.complete_async(requests)
-        except Exception as exc:  # as in _complete: every request of the call fails
+            completions = await self.engine.complete(requests)
+        except ENGINE_FAULTS as exc:  # the engine failed: every request of the call fails
             return _engine_failed(requests, exc)
         return _one_each(requests, completions)
 
@@ -708,6 +641,6 @@ class JudgeRunner:
 
     def take_tallies(self) -> dict[str, dict[str, int]]:
         """The per-metric totals since the last call (then reset)."""
-        out = {mid: t.as_dict() for mid, t in self.tallies.items()}
+        out = {mid: t.model_dump() for mid, t in self.tallies.items()}
         self.tallies = {m.id: Tally() for m in self.metrics}
         return out

@@ -8,6 +8,7 @@ name the types found and how many, never the text found.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
@@ -94,6 +95,11 @@ class PiiMetric(ModelMetric):
             f"{self.id}: pii_types {unknown} cannot be found by engine {self.engine!r}: "
             f"{why_text} (it finds {', '.join(supported)}){hint}"
         ]
+
+    @abstractmethod
+    def texts(self, frame: pl.DataFrame) -> list[str]:
+        """The texts of ``frame`` the PII stage must analyze for this metric (each
+        distinct text is analyzed once per batch, for all the stage's metrics)."""
 
     def compute(self, model: "PiiResults", frame: pl.DataFrame) -> pl.Series:
         """Cells for every row of ``frame``.

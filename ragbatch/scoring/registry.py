@@ -24,14 +24,36 @@ def register(cls: type["Metric"]) -> type["Metric"]:
 
     Raises
     ------
+    TypeError
+        The class is still abstract: it lacks a required hook (an abstract method, or a
+        class attribute its bases declare as ``ClassVar`` without a value), so the file
+        that defines it fails when it is imported rather than a run when it is used.
     ValueError
         Another class already registered the same name.
     """
+    missing = missing_hooks(cls)
+    if missing:
+        raise TypeError(
+            f"metric class {cls.__module__}.{cls.__qualname__} cannot be registered: "
+            f"it does not define {', '.join(missing)}"
+        )
     existing = _REGISTRY.get(cls.name)
     if existing is not None and existing is not cls:
         raise ValueError(f"metric name {cls.name!r} registered twice ({existing} and {cls})")
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def missing_hooks(cls: type) -> list[str]:
+    """The required hooks ``cls`` lacks, sorted: its abstract methods (``"program()"``)
+    and the class attributes annotated ``ClassVar`` in it or a base that none of them
+    gives a value (``"statements_of"``). Empty for a class ready to be used."""
+    missing = {f"{name}()" for name in getattr(cls, "__abstractmethods__", ())}
+    for klass in cls.__mro__:
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if "ClassVar" in str(annotation) and not hasattr(cls, name):
+                missing.add(name)
+    return sorted(missing)
 
 
 def _ensure_loaded() -> None:
