@@ -37,7 +37,7 @@ class EchoJudge(JudgeEngine):
         self.model_id = f"echo:{spec.model}"
         self.max_model_len = 1_000_000
 
-    def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
+    async def complete(self, requests: Sequence[EngineRequest]) -> list[Completion]:
         return [self._reply(request) for request in requests]
 
     def _reply(self, request: EngineRequest) -> Completion:
