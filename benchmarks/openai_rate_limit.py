@@ -43,7 +43,7 @@ for path in (ROOT, ROOT / "tests"):  # for tests/support when run as a script
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from ragbatch.config.job import OpenAIEngine  # noqa: E402
+from ragbatch.engines.openai import OpenAIEngine  # noqa: E402
 from ragbatch.engines import openai_limits  # noqa: E402
 from ragbatch.engines.openai import load_openai_engine  # noqa: E402
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync  # noqa: E402

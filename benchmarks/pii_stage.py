@@ -59,7 +59,7 @@ def load_rows() -> list[dict]:
 
 def quality(rows: list[dict]) -> list[dict]:
     """Per entity type: gold rows, flagged rows, tp, fp, fn, precision, recall."""
-    from ragbatch.config.job import PresidioEngine
+    from ragbatch.engines.presidio import PresidioEngine
     from ragbatch.engines.presidio import supported_entities
     from udfs.pii import PiiStage
 

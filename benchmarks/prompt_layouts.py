@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import polars as pl
 
-    from ragbatch.config.job import EmbeddingEngine, VllmEngine
+    from ragbatch.engines.sentence_transformers import EmbeddingEngine
+    from ragbatch.engines.vllm import VllmEngine
     from ragbatch.scoring.registry import get_metric
     from ragbatch.engines import load_judge_engine
     from ragbatch.engines.sentence_transformers import load_model

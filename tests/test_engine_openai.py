@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytest.importorskip("vllm", reason="these tests serve a model with vllm (ragbatch[judge-cpu])")
 
-from ragbatch.config.job import OpenAIEngine  # noqa: E402
+from ragbatch.engines.openai import OpenAIEngine  # noqa: E402
 from ragbatch.engines.openai import BYTE_BOUND_MARGIN, load_openai_engine  # noqa: E402
 from ragbatch.core.errors import EngineError  # noqa: E402
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync  # noqa: E402

@@ -24,7 +24,7 @@ import sys
 import jsonschema
 import pytest
 
-from ragbatch.config.job import VllmEngine
+from ragbatch.engines.vllm import VllmEngine
 from ragbatch.core.errors import EngineError
 from ragbatch.judge.protocol import EngineRequest, Message, OutputSpec, run_sync
 

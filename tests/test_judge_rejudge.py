@@ -15,7 +15,8 @@ import argparse
 
 import pytest
 
-from ragbatch.config.job import CacheSection, OpenAIEngine
+from ragbatch.config.job import CacheSection
+from ragbatch.engines.openai import OpenAIEngine
 from ragbatch.core.status import OK, PARSE_FAILURE
 from ragbatch.judge.batch import judge_frame
 from ragbatch.judge.protocol import run_sync

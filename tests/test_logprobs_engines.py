@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("openai", reason="the openai engine needs the openai package")
 pytest.importorskip("vllm", reason="these tests run vLLM (ragbatch[judge-cpu])")
 
-from ragbatch.config.job import OpenAIEngine, VllmEngine  # noqa: E402
+from ragbatch.engines.openai import OpenAIEngine  # noqa: E402
+from ragbatch.engines.vllm import VllmEngine  # noqa: E402
 from ragbatch.engines.openai import load_openai_engine  # noqa: E402
 from ragbatch.engines.vllm import load_vllm_engine  # noqa: E402
 from ragbatch.judge.confidence import verdict_probabilities  # noqa: E402

@@ -93,7 +93,7 @@ SENTENCE_MODEL_METRICS = [m for m in METRICS if issubclass(m, ModelMetric) and m
 def test_model_metric_examples_with_default_engine(cls):
     from pydantic import TypeAdapter
 
-    from ragbatch.config.job import EngineSpec
+    from ragbatch.config.engine_spec import EngineSpec
     from ragbatch.engines.sentence_transformers import load_model
 
     assert cls.default_engine is not None and cls.engine_types

@@ -18,7 +18,7 @@ import json
 import pytest
 import yaml
 
-from ragbatch.config.job import OpenAIEngine
+from ragbatch.engines.openai import OpenAIEngine
 from ragbatch.engines.openai_limits import AimdLimit, SendGate
 from support.canned_judge_server import (
     SERVED_NAME,

@@ -375,7 +375,7 @@ def test_unreadable_inputs_are_not_quoted():
 
 
 def test_engine_choice_and_entity_types():
-    from ragbatch.config.job import PresidioEngine
+    from ragbatch.engines.presidio import PresidioEngine
     from ragbatch.engines.presidio import supported_entities
 
     default = supported_entities(PresidioEngine(type="presidio"))

@@ -14,7 +14,7 @@ import pytest
 
 from support.pii_models import build_spacy_ner, build_transformers_ner
 from ragbatch.core.columns import CELL_PREFIX
-from ragbatch.config.job import PresidioEngine
+from ragbatch.engines.presidio import PresidioEngine
 from ragbatch.engines.presidio import describe_detectors, ner_labels, supported_entities
 from udfs.pii import PiiStage
 

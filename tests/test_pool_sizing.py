@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from ragbatch.config.job import JobConfig, engine_adapter
+from ragbatch.config.job import JobConfig
+from ragbatch.config.engine_spec import engine_adapter
 from ragbatch.core.placement import Node, actor_bundles, map_batches_options
 from ragbatch.core.pool_sizing import (
     NETWORK_POOL,

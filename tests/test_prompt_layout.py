@@ -188,7 +188,7 @@ def test_vllm_prefix_cache_serves_the_stage_instructions(tiny_judge_model, monke
     pytest.importorskip("vllm", reason="the judge runs on vllm (ragbatch[judge-cpu])")
     from transformers import AutoTokenizer
 
-    from ragbatch.config.job import VllmEngine
+    from ragbatch.engines.vllm import VllmEngine
     from ragbatch.engines.vllm import load_vllm_engine
 
     monkeypatch.setenv("VLLM_NO_USAGE_STATS", "1")

@@ -467,7 +467,7 @@ def instant_judge():
 
 
 def test_openai_model_id_has_no_credentials(instant_judge):
-    from ragbatch.config.job import OpenAIEngine
+    from ragbatch.engines.openai import OpenAIEngine
     from ragbatch.engines.openai import load_openai_engine
 
     with_password = OpenAIEngine(

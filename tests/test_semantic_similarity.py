@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from ragbatch.core.columns import ISSUES, NULLABLE_INPUTS
-from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.engines.sentence_transformers import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import (
     LoadedModel,
     choose_device,

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES_TYPE, cell_column
-from ragbatch.config.job import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.engines.sentence_transformers import CrossEncoderEngine, EmbeddingEngine
 from ragbatch.engines.sentence_transformers import load_model
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import TRIM_INTERVAL_S, HeapTrimmer, heap_trim_available

@@ -30,12 +30,8 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from ragbatch.core.columns import CELL_TYPE, ISSUES, cell_column, is_internal
-from ragbatch.config.job import (
-    CrossEncoderEngine,
-    EmbeddingEngine,
-    engine_adapter,
-    normalize_engine,
-)
+from ragbatch.engines.sentence_transformers import CrossEncoderEngine, EmbeddingEngine
+from ragbatch.config.engine_spec import engine_adapter, normalize_engine
 from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError, EngineError
 from ragbatch.core.heap import HeapTrimmer
@@ -67,7 +63,7 @@ def parse_engine_spec(engine_name: str, engine_spec: dict[str, Any] | Any) -> An
     -------
     engine model
         The spec model of the registered engine type named by ``type``
-        (:func:`ragbatch.config.job.engine_adapter`).
+        (:func:`ragbatch.config.engine_spec.engine_adapter`).
 
     Raises
     ------

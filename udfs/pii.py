@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 
 from ragbatch.core.columns import cell_column
-from ragbatch.config.job import PresidioEngine
+from ragbatch.engines.presidio import PresidioEngine
 from ragbatch.engines.presidio import PiiDetector, unsupported_reason
 from ragbatch.core.errors import ConfigError
 from ragbatch.scoring.base import Metric
@@ -46,7 +46,7 @@ class PiiStage(SyncActorStage):
     engine_name : str
         Key of the engine under ``engines`` (used in errors).
     engine_spec : dict
-        A ``presidio`` engine spec (see :class:`ragbatch.config.job.PresidioEngine`).
+        A ``presidio`` engine spec (see :class:`ragbatch.engines.presidio.PresidioEngine`).
     metrics : list of PiiMetric or dict
         Built PII metrics on this engine, or ``{"name", "id", "params"}`` per metric;
         each a registered PII metric.

@@ -30,13 +30,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.config.engine_spec import EngineSpec, engine_spec_models
-
-# Names of ragbatch.config.engine_spec that this module has always offered.
-from ragbatch.config.engine_spec import JudgeSettings as JudgeSettings
-from ragbatch.config.engine_spec import StageResources as StageResources
-from ragbatch.config.engine_spec import engine_adapter as engine_adapter
-from ragbatch.config.engine_spec import normalize_engine as normalize_engine
-from ragbatch.core.engine_registry import engine_type
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
@@ -469,23 +462,3 @@ def _suggest(word: str, choices: list[str]) -> str:
     if not close:
         return ""
     return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
-
-
-#: The spec models that moved to their engines' modules, by the name this module gave
-#: them and their engine type.
-_MOVED_SPECS = {
-    "EmbeddingEngine": "embedding",
-    "CrossEncoderEngine": "cross_encoder",
-    "VllmEngine": "vllm",
-    "OpenAIEngine": "openai",
-    "PresidioEngine": "presidio",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The built-in engines' spec models under the names this module gave them
-    (``ragbatch.config.job.VllmEngine``), looked up in the engine registry: each now
-    lives in its engine's module (:class:`ragbatch.engines.vllm.VllmEngine`)."""
-    if name in _MOVED_SPECS:
-        return engine_type(_MOVED_SPECS[name]).spec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

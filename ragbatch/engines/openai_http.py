@@ -7,6 +7,8 @@ for and which client and server releases it was written against.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import asyncio
 import email.utils
 import json
@@ -18,11 +20,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence, TypeVar
 
-from ragbatch.config.job import OpenAIEngine
 from ragbatch.core.errors import EngineError
 from ragbatch.core.redact import redact_url
 from ragbatch.core.status import JUDGE_ERROR, OK
 from ragbatch.judge.protocol import Completion, EngineRequest, TokenLogprob
+
+if TYPE_CHECKING:  # the spec lives in the adapter module, which imports this one
+    from ragbatch.engines.openai import OpenAIEngine
 
 T = TypeVar("T")
 

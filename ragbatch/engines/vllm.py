@@ -139,7 +139,7 @@ class VllmJudgeEngine(JudgeEngine):
     max_model_len : int
         The window vLLM runs with (``max_model_len`` from the config, or the model's own
         window), in tokens, prompt plus completion.
-    spec : ragbatch.config.job.VllmEngine
+    spec : ragbatch.engines.vllm.VllmEngine
         The config the engine was loaded from.
 
     Notes
@@ -442,7 +442,7 @@ def identities_without_loading(spec: VllmEngine) -> list[tuple[str, dict[str, An
 
     Parameters
     ----------
-    spec : ragbatch.config.job.VllmEngine
+    spec : ragbatch.engines.vllm.VllmEngine
 
     Returns
     -------
@@ -473,7 +473,7 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
 
     Parameters
     ----------
-    spec : ragbatch.config.job.VllmEngine
+    spec : ragbatch.engines.vllm.VllmEngine
         ``model`` (a local directory, or a model id the machine can resolve without a
         network), ``tokenizer`` (defaults to the model's), ``max_model_len``,
         ``tensor_parallel_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``,

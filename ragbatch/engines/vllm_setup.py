@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragbatch.config.job import VllmEngine
 from ragbatch.core.errors import EngineError
 from ragbatch.engines.vllm import (
     CPU_INSTALL,
@@ -29,7 +28,7 @@ from ragbatch.engines.vllm import (
 from ragbatch.judge.protocol import EngineRequest, OutputSpec
 
 if TYPE_CHECKING:
-    from ragbatch.engines.vllm import VllmJudgeEngine
+    from ragbatch.engines.vllm import VllmEngine, VllmJudgeEngine
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ def cpu_environment_defaults(spec: VllmEngine, cuda: bool) -> dict[str, str]:
 
     Parameters
     ----------
-    spec : ragbatch.config.job.VllmEngine
+    spec : ragbatch.engines.vllm.VllmEngine
     cuda : bool
         Whether a CUDA device is visible.
 

@@ -118,7 +118,7 @@ def probe_cache(config: Any, engine_name: str, spec: Any, metrics: list[JudgeMet
     config : ragbatch.config.job.JobConfig
         ``cache`` and ``output`` locate the cache.
     engine_name : str
-    spec : ragbatch.config.job.VllmEngine or ragbatch.config.job.OpenAIEngine
+    spec : ragbatch.engines.vllm.VllmEngine or ragbatch.engines.openai.OpenAIEngine
     metrics : list of JudgeMetric
         The stage's metrics (accepted for symmetry; entries are found by row).
 

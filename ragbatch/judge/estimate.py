@@ -149,7 +149,7 @@ def estimate_stage(
     ----------
     metrics : list of JudgeMetric
         The stage's metrics.
-    spec : ragbatch.config.job.VllmEngine or ragbatch.config.job.OpenAIEngine
+    spec : ragbatch.engines.vllm.VllmEngine or ragbatch.engines.openai.OpenAIEngine
         ``max_tokens`` caps each ask; ``batch_size`` bounds which identical requests
         share a call when the cache is disabled.
     sample : polars.DataFrame

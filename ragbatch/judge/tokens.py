@@ -87,7 +87,7 @@ def prompt_counter(spec: Any) -> PromptCounter:
 
     Parameters
     ----------
-    spec : judge engine spec (ragbatch.config.job.VllmEngine, OpenAIEngine, ...)
+    spec : judge engine spec (ragbatch.engines.vllm.VllmEngine, OpenAIEngine, ...)
         ``tokenizer`` is used when set; otherwise the engine type's ``tokenizer`` hook
         (``model`` for ``vllm`` engines, none for ``openai``).
 

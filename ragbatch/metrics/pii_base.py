@@ -63,7 +63,7 @@ class PiiMetric(ModelMetric):
 
         Parameters
         ----------
-        spec : ragbatch.config.job.PresidioEngine
+        spec : ragbatch.engines.presidio.PresidioEngine
             The metric's engine spec (its ``score_threshold`` is quoted).
         supported : sequence of str
             Entity types the engine's detectors find.

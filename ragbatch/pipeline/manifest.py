@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from ragbatch import __version__
 from ragbatch.io.write import OutputLayout, RunCheck
-from ragbatch.io.manifest_model import SCHEMA_VERSION, Manifest
+from ragbatch.io.manifest_model import FAULT_COUNTERS, SCHEMA_VERSION, JudgeTally, Manifest
 from ragbatch.pipeline.plan import Plan
 from ragbatch.core.redact import redact
 from ragbatch.core.stages import StageKind
@@ -180,18 +180,10 @@ def placement_summary(plan: Plan, placement: dict[str, dict[str, Any]]) -> dict[
 def fault_summary(plan: Plan, faults: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The manifest's ``faults`` section: the error budget, the counters per actor stage
     (:meth:`udfs.ledger.RunLedger.faults`) and their sums."""
-    keys = (
-        "batches",
-        "batch_starts",
-        "batch_retries",
-        "actors_lost",
-        "failed_batches",
-        "failed_rows",
-    )
     return {
         "error_budget": plan.config.run.error_budget,
         "stages": faults,
-        "total": {k: sum(int(f.get(k, 0)) for f in faults.values()) for k in keys},
+        "total": {k: sum(int(f.get(k, 0)) for f in faults.values()) for k in FAULT_COUNTERS},
     }
 
 
@@ -213,15 +205,8 @@ def pii_summary(plan: Plan) -> dict[str, Any]:
     }
 
 
-_TALLY_KEYS = (
-    "judge_calls",
-    "cache_hits",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_prompt_tokens",
-    "refused_too_long",
-    "refused_prompt_tokens",
-)
+#: The judge counters of the manifest's ``judge`` section, per metric and in total.
+_TALLY_KEYS = tuple(JudgeTally.model_fields)
 
 
 def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
