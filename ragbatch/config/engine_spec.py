@@ -202,8 +202,8 @@ _ADAPTER: list[TypeAdapter] = []
 def engine_adapter() -> TypeAdapter:
     """A :class:`pydantic.TypeAdapter` validating one engine entry against every engine
     type registered when it validates (for example ``engine_adapter().validate_python(
-    {"type": "embedding"})``); raises :class:`pydantic.ValidationError` on an invalid
-    entry."""
+    {"type": name, "model": ...})``, ``name`` a registered type); raises
+    :class:`pydantic.ValidationError` on an invalid entry."""
     if not _ADAPTER:
         _ADAPTER.append(TypeAdapter(EngineSpec))
     return _ADAPTER[0]
