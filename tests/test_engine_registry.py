@@ -133,7 +133,8 @@ def test_an_unknown_type_names_the_field_and_the_known_types():
     known = ", ".join(engine_names())
     assert str(err.value) == (
         f"engines.j.type: unknown engine type 'vlm' (did you mean 'vllm'?); the engine types "
-        f"are {known}"
+        f"are {known} (an engine from another package is found once that package is "
+        "installed in this environment, through the entry-point group ragbatch.engines)"
     )
     with pytest.raises(ConfigError, match="engines.j.type: required field is missing"):
         JobConfig.from_dict(_config({"j": {"model": "m"}}, [{"name": "faithfulness"}]))

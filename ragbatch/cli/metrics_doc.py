@@ -37,7 +37,10 @@ Every metric ragbatch has, as its class declares it. `ragbatch metrics` prints t
 facts as text (`--json`: as JSON); `ragbatch metrics --markdown` prints this page. Kinds:
 `expression` (a Polars expression, all in one pass per batch), `model` (a model in a Ray
 actor pool), `judge` (an LLM judge; [docs/judges.md](judges.md)) and `pii` (detected
-locally with Presidio; [docs/pii.md](pii.md))."""
+locally with Presidio; [docs/pii.md](pii.md)). Each metric's `engine` line names the
+engines ragbatch ships; an engine another package adds serves the metrics of its stage
+or capability too, and `ragbatch metrics` in that environment names it
+([extending.md](extending.md#an-engine))."""
 
 #: Paragraphs that hold for many metrics at once, printed after the overview table.
 GENERAL_NOTES = """The deterministic metrics score exactly 0.0 or 1.0, except the ranking metrics

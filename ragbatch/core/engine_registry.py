@@ -330,7 +330,11 @@ def unknown_type(name: Any) -> str:
     names = engine_names()
     close = difflib.get_close_matches(str(name), list(names), n=3, cutoff=0.5)
     hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-    return f"unknown engine type {name!r}{hint}; the engine types are {', '.join(names)}"
+    return (
+        f"unknown engine type {name!r}{hint}; the engine types are {', '.join(names)} (an "
+        f"engine from another package is found once that package is installed in this "
+        f"environment, through the entry-point group {ENTRY_POINT_GROUP})"
+    )
 
 
 def engine_of(spec: Any) -> EngineType:

@@ -260,7 +260,8 @@ def _engine_problems(engines: dict[str, Any]) -> list[str]:
             continue
         if model and "://" not in model and not Path(model).expanduser().exists():
             problems.append(
-                f"engines.{name}.model: {model!r} does not exist; give a local model directory "
+                f"engines.{name}.model: {model!r} does not exist; engine type {spec.type!r} "
+                "loads its model from a local directory: give one "
                 "(`ragbatch models build --help` lists the small judge models ragbatch builds "
                 "into one, e.g. `ragbatch models build smollm2 --out models/smollm2` for the "
                 "shipped judge configs)"

@@ -51,7 +51,9 @@ class EchoJudge(JudgeEngine):
         return Completion("ok", reply, "stop", prompt_tokens=len(text) // 4)
 
     def sampling_key(self) -> dict[str, Any]:
-        return {"engine": "echo", "marker": self.spec.marker}
+        # every setting that changes a reply, and the version of this rule: the judgment
+        # cache keys on them (bump the version when the rule changes)
+        return {"engine": "echo", "version": 1, "marker": self.spec.marker}
 
 
 register_engine(
@@ -61,6 +63,7 @@ register_engine(
         "judge",
         EchoJudge,
         "pip install ragbatch-echo-engine",
+        packages=("ragbatch-echo-engine",),
         local_model=False,
         pool_rule=NETWORK_POOL,
     )
