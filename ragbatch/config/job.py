@@ -46,6 +46,31 @@ from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
 
+class TableFormatNeeds(BaseModel):
+    """What an input format read from a table (not from files) needs installed: the
+    module to import and the optional extra of ragbatch that installs it."""
+
+    module: str
+    extra: str
+
+
+#: Table formats of ``input.format`` (:mod:`ragbatch.io.formats` holds their readers),
+#: by name. A format listed here is a valid ``input.format``; the config is refused when
+#: its module is missing, with the ``pip install 'ragbatch[extra]'`` to run.
+TABLE_FORMATS: dict[str, TableFormatNeeds] = {
+    "delta": TableFormatNeeds(module="deltalake", extra="delta"),
+}
+
+
+def input_formats() -> tuple[str, ...]:
+    """Every valid ``input.format``: the file formats, then the table formats."""
+    return INPUT_FORMATS + tuple(TABLE_FORMATS)
+
+
+#: Comparison operators of an ``input.filter`` condition.
+FILTER_OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -96,7 +121,15 @@ class InputSection(_Strict):
     """``input``: where the RAG traces are and how their columns map."""
 
     uri: str
-    format: Literal["parquet", "jsonl", "json", "csv", "tsv"] | None = None
+    #: A file format (:data:`INPUT_FORMATS`) or a table format (:data:`TABLE_FORMATS`).
+    format: str | None = None
+    #: Table formats: the table version to read (Delta Lake: the commit version, >= 0).
+    #: Unset, a run reads the latest version and pins it (docs/lakehouse.md).
+    version: int | None = Field(default=None, ge=0)
+    #: Table formats: conditions on partition columns, all of which a row's partition
+    #: must meet, each ``[column, operator, value]`` (operators :data:`FILTER_OPERATORS`;
+    #: ``in`` and ``not in`` take a list). Only the matching data files are read.
+    filter: list[tuple[str, str, Any]] | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
     contexts_format: Literal["auto", "list", "json", "text", "delimited"] = "auto"
     contexts_field: str | None = None
@@ -106,6 +139,47 @@ class InputSection(_Strict):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     encoding: str = "utf-8"
     latency_unit: Literal["s", "ms"] = "s"
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        if value is None or value in input_formats():
+            return value
+        raise ValueError(f"unknown input format {value!r}; use one of {', '.join(input_formats())}")
+
+    @model_validator(mode="after")
+    def _table_options_go_with_tables(self) -> "InputSection":
+        needs = TABLE_FORMATS.get(self.format or "")
+        if needs is None:
+            for name in ("version", "filter"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"input.{name} applies to table formats "
+                        f"({', '.join(TABLE_FORMATS)}), not to input.format "
+                        f"{self.format!r}; remove it or read a table"
+                    )
+            return self
+        import importlib.util
+
+        if importlib.util.find_spec(needs.module) is None:
+            raise ValueError(
+                f"input.format {self.format!r} needs the {needs.module} package, which is "
+                f"not installed: pip install 'ragbatch[{needs.extra}]'"
+            )
+        for condition in self.filter or []:
+            column, operator, value = condition
+            if operator not in FILTER_OPERATORS:
+                raise ValueError(
+                    f"input.filter {list(condition)!r}: unknown operator {operator!r}; "
+                    f"use one of {', '.join(FILTER_OPERATORS)}"
+                )
+            listed = isinstance(value, list)
+            if listed != (operator in ("in", "not in")):
+                raise ValueError(
+                    f"input.filter {list(condition)!r}: 'in' and 'not in' take a list of "
+                    "values, the other operators one value"
+                )
+        return self
 
     @model_validator(mode="after")
     def _delimiter_goes_with_delimited(self) -> "InputSection":

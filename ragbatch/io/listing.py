@@ -179,7 +179,17 @@ def discover(cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[InputFi
     InputError
         No data files among those found, formats mixed without ``input.format``,
         partition directories that differ between files, or unreachable storage.
+
+    Notes
+    -----
+    For a table format (``input.format: delta``) the files are the table's data files at
+    the version read (:mod:`ragbatch.io.formats`), listed from its log, not its folders.
     """
+    from ragbatch.io.formats import table_format
+
+    reader = table_format(cfg.format)
+    if reader is not None:
+        return reader.discover(cfg)
     fs, root = resolve(cfg.uri, cfg.storage_options)
     if has_magic(root):
         listing = _list_glob(fs, cfg.uri, root)

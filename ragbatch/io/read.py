@@ -236,8 +236,9 @@ def input_fingerprint(
     dict
         ``{"files": [{"path": str, "size": int, "etag_or_mtime": str | None}, ...],
         "sha256": str}`` with files in path order; ``sha256`` hashes the canonical JSON of
-        ``files``. Never reads file contents: one listing, plus a ``stat`` for any file
-        the listing lacks.
+        ``files``. A table format (``input.format: delta``) adds ``"table": {"format":
+        str, "version": int}``, the version read, and ``sha256`` covers it too. Never
+        reads file contents: one listing, plus a ``stat`` for any file the listing lacks.
 
     Raises
     ------
@@ -256,6 +257,11 @@ def input_fingerprint(
                 "etag_or_mtime": _version_tag(info),
             }
         )
+    table = next((f.info["table_version"] for f in files if "table_version" in f.info), None)
+    if table is not None:  # a table format: the version read identifies the input too
+        blob: object = {"files": entries, "table": table}
+        digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode("utf-8")).hexdigest()
+        return {"files": entries, "table": table, "sha256": digest}
     digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
     return {"files": entries, "sha256": digest}
 

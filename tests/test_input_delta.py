@@ -1,0 +1,368 @@
+"""Delta Lake tables as input (``input.format: delta``, :mod:`ragbatch.io.formats.delta`).
+
+The tables are real: written with the ``deltalake`` package on local disk and on the
+loopback S3 endpoint (moto), from the two nights of ARES traces the repository ships
+(examples/data/nightly), and the runs are real (in-process, as ``ragbatch run`` runs a job
+of expression metrics). Each cell a run scores from the table is compared with the cell
+of the same row scored from a Parquet file of the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ragbatch.config.job import JobConfig
+from ragbatch.core.errors import ConfigError, InputError, InputNotFoundError, RunError
+from ragbatch.pipeline.runner import run_job
+
+deltalake = pytest.importorskip("deltalake")
+
+NIGHTS = ("2026-11-27", "2026-11-28")
+REPO = Path(__file__).resolve().parents[1]
+
+METRICS = [
+    {"name": "response_length", "params": {"min_chars": 1, "max_chars": 400}},
+    {"name": "context_length", "params": {"max_chars": 2000}},
+    {"name": "contains_text", "id": "mentions_delta", "params": {"text": ["delta"]}},
+]
+
+
+def night_rows(night: str) -> pa.Table:
+    """One night's TSV with every column a string, plus ``row_id`` (night and line) and
+    ``run_date``."""
+    path = REPO / "examples/data/nightly" / f"run_date={night}" / f"ares-{night}.tsv"
+    names = path.read_text(encoding="utf-8").splitlines()[0].split("\t")
+    table = pcsv.read_csv(
+        path,
+        parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names}),
+    )
+    ids = pa.array([f"{night}:{i}" for i in range(table.num_rows)])
+    table = table.append_column("row_id", ids)
+    return table.append_column("run_date", pa.array([night] * table.num_rows))
+
+
+def write_delta(uri: str, options: dict | None = None) -> None:
+    """The two nights as a Delta table partitioned by ``run_date``: version 0 holds the
+    first night, version 1 adds the second."""
+    for night in NIGHTS:
+        deltalake.write_deltalake(
+            uri,
+            night_rows(night),
+            partition_by=["run_date"],
+            mode="append",
+            storage_options=options,
+        )
+
+
+def job(uri: str, out: Path, **input_fields) -> JobConfig:
+    return JobConfig.from_dict(
+        {
+            "run": {"name": "lake", "executor": "in_process"},
+            "input": {
+                "uri": uri,
+                "columns": {
+                    "row_id": "row_id",
+                    "question": "Question",
+                    "contexts": "Document",
+                    "answer": "Answer",
+                },
+                "slice_columns": ["run_date", "Reaction"],
+                **input_fields,
+            },
+            "output": {"uri": str(out)},
+            "metrics": METRICS,
+        }
+    )
+
+
+def scores(out: Path, run_id: str) -> list[tuple]:
+    return duckdb.sql(
+        "SELECT row_id, metric, score, status, reason, run_date, Reaction FROM "
+        f"read_parquet('{out}/scores/**/*.parquet', hive_partitioning=true, union_by_name=true) "
+        f"WHERE run_id = '{run_id}' ORDER BY row_id, metric"
+    ).fetchall()
+
+
+def manifest(out: Path, run_id: str) -> dict:
+    (path,) = out.glob(f"runs/*/run_id={run_id}/manifest.json")
+    return json.loads(path.read_text())
+
+
+def parquet_scores(tmp_path: Path, nights: tuple[str, ...]) -> list[tuple]:
+    """The same job over a Parquet file of the same rows."""
+    src = tmp_path / "parquet" / "rows.parquet"
+    src.parent.mkdir()
+    pq.write_table(pa.concat_tables([night_rows(n) for n in nights]), src)
+    run_job(job(str(src), tmp_path / "parquet_out"), run_id="parquet")
+    return scores(tmp_path / "parquet_out", "parquet")
+
+
+def test_cells_from_a_delta_table_equal_those_from_parquet(tmp_path):
+    table = tmp_path / "traces"
+    write_delta(str(table))
+    run_job(job(str(table), tmp_path / "out", format="delta"), run_id="delta")
+    got = scores(tmp_path / "out", "delta")
+    assert len(got) == 32 * len(METRICS)
+    assert got == parquet_scores(tmp_path, NIGHTS)
+    info = manifest(tmp_path / "out", "delta")
+    assert info["input"]["fingerprint"]["table"] == {"format": "delta", "version": 1}
+    assert info["config"]["input"]["version"] == 1  # the latest, pinned
+    assert len(info["input"]["fingerprint"]["files"]) == 2
+
+
+def test_a_version_reads_the_table_as_it_was(tmp_path):
+    table = tmp_path / "traces"
+    write_delta(str(table))
+    run_job(job(str(table), tmp_path / "out", format="delta", version=0), run_id="v0")
+    got = scores(tmp_path / "out", "v0")
+    assert got == parquet_scores(tmp_path, NIGHTS[:1])
+    assert manifest(tmp_path / "out", "v0")["input"]["fingerprint"]["table"]["version"] == 0
+
+
+def test_a_partition_filter_reads_only_that_partitions_files(tmp_path):
+    table = tmp_path / "traces"
+    write_delta(str(table))
+    # The other night's data files are gone: a reader that opened them would fail.
+    for path in (table / f"run_date={NIGHTS[0]}").glob("*.parquet"):
+        path.unlink()
+    cfg = job(str(table), tmp_path / "out", format="delta", filter=[["run_date", "=", NIGHTS[1]]])
+    run_job(cfg, run_id="night2")
+    assert scores(tmp_path / "out", "night2") == parquet_scores(tmp_path, NIGHTS[1:])
+    files = manifest(tmp_path / "out", "night2")["input"]["fingerprint"]["files"]
+    assert [Path(f["path"]).parent.name for f in files] == [f"run_date={NIGHTS[1]}"]
+
+
+@pytest.mark.parametrize(
+    ("condition", "nights"),
+    [
+        (["run_date", "!=", NIGHTS[0]], NIGHTS[1:]),
+        (["run_date", "<", NIGHTS[1]], NIGHTS[:1]),
+        (["run_date", "in", list(NIGHTS)], NIGHTS),
+        (["run_date", "not in", [NIGHTS[1]]], NIGHTS[:1]),
+    ],
+)
+def test_filter_operators_pick_the_partitions(tmp_path, condition, nights):
+    from ragbatch.io.listing import discover
+
+    table = tmp_path / "traces"
+    write_delta(str(table))
+    cfg = job(str(table), tmp_path / "out", format="delta", filter=[condition]).input
+    _, files = discover(cfg)
+    assert sorted({dict(f.partition)["run_date"] for f in files}) == list(nights)
+
+
+def test_a_resume_reads_the_version_its_first_attempt_read(tmp_path):
+    """Attempt 1 reads version 0 and stops on the error budget; the table then gets a
+    new version; attempt 2 still reads version 0 and commits its rows only."""
+    from support.binary_callbacks import FIRST_ATTEMPT_MARKER
+
+    table = tmp_path / "traces"
+    rows = night_rows(NIGHTS[0])
+    rows = rows.append_column("folder", pa.array([str(tmp_path)] * rows.num_rows))
+    questions = rows.column("Question").to_pylist()
+    rows = rows.set_column(
+        rows.column_names.index("Question"),
+        "Question",
+        pa.array([("flaky " if i == 3 else "") + q for i, q in enumerate(questions)]),
+    )
+    deltalake.write_deltalake(str(table), rows, partition_by=["run_date"])
+    cfg = JobConfig.from_dict(
+        {
+            "run": {"name": "lake", "executor": "in_process", "error_budget": 0},
+            "input": {
+                "uri": str(table),
+                "format": "delta",
+                "columns": {
+                    "row_id": "row_id",
+                    "question": "Question",
+                    "answer": "Answer",
+                    "reference": "folder",
+                },
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "metrics": [
+                {
+                    "name": "binary",
+                    "id": "digit",
+                    "params": {"callback": "support.binary_callbacks:flaky_digit", "mode": "row"},
+                }
+            ],
+        }
+    )
+    (tmp_path / FIRST_ATTEMPT_MARKER).touch()
+    with pytest.raises(RunError):
+        run_job(cfg, run_id="again")
+    later = night_rows(NIGHTS[1]).append_column("folder", pa.array([str(tmp_path)] * 16))
+    deltalake.write_deltalake(str(table), later, partition_by=["run_date"], mode="append")
+    (tmp_path / FIRST_ATTEMPT_MARKER).unlink()
+    run_job(cfg, run_id="again")
+    info = manifest(tmp_path / "out", "again")
+    assert info["input"]["fingerprint"]["table"] == {"format": "delta", "version": 0}
+    assert info["resume"]["attempt"] == 2
+    got = scores_plain(tmp_path / "out", "again")
+    answers = rows.column("Answer").to_pylist()
+    want = sorted(
+        (f"{NIGHTS[0]}:{i}", float(any(ch.isdigit() for ch in a)), "ok")
+        for i, a in enumerate(answers)
+    )
+    assert got == want
+
+
+def scores_plain(out: Path, run_id: str) -> list[tuple]:
+    return duckdb.sql(
+        "SELECT row_id, score, status FROM "
+        f"read_parquet('{out}/scores/**/*.parquet', hive_partitioning=true) "
+        f"WHERE run_id = '{run_id}' ORDER BY ALL"
+    ).fetchall()
+
+
+def test_a_delta_table_on_s3(tmp_path, s3_storage_options, s3_bucket):
+    from ragbatch.io.formats.delta import object_store_options
+
+    uri = f"s3://{s3_bucket}/lake/traces"
+    options = {
+        **object_store_options(uri, s3_storage_options),
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }
+    write_delta(uri, options)
+    cfg = job(uri, tmp_path / "out", format="delta", storage_options=s3_storage_options)
+    run_job(cfg, run_id="s3")
+    assert scores(tmp_path / "out", "s3") == parquet_scores(tmp_path, NIGHTS)
+    assert manifest(tmp_path / "out", "s3")["input"]["fingerprint"]["table"]["version"] == 1
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _cli(tmp_path: Path, cfg: JobConfig) -> tuple[int, str]:
+    from support.nightly_runs import run_cli
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    code, _, err = run_cli(["run", str(path), "--run-id", "bad"])
+    return code, err
+
+
+def test_a_missing_table_exits_2_before_any_work(tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, err = _cli(tmp_path, job(str(tmp_path / "empty"), tmp_path / "out", format="delta"))
+    assert code == 2
+    assert "no Delta table there" in err and "_delta_log" in err
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
+def test_a_version_the_table_lacks_exits_2_naming_the_latest(tmp_path):
+    write_delta(str(tmp_path / "traces"))
+    cfg = job(str(tmp_path / "traces"), tmp_path / "out", format="delta", version=7)
+    code, err = _cli(tmp_path, cfg)
+    assert code == 2
+    assert "cannot read version 7" in err and "the latest version is 1" in err
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
+def test_a_mapped_column_the_table_lacks_is_named(tmp_path):
+    write_delta(str(tmp_path / "traces"))
+    cfg = JobConfig.from_dict(
+        {
+            **job(str(tmp_path / "traces"), tmp_path / "out", format="delta").model_dump(
+                mode="json", exclude_none=True
+            ),
+        }
+    )
+    cfg.input.columns.answer = "Reply"
+    code, err = _cli(tmp_path, cfg)
+    assert code == 2
+    assert "Reply" in err
+    assert not (tmp_path / "out" / "_staging").exists()
+
+
+def test_a_filter_on_a_column_that_is_not_a_partition_column_is_refused(tmp_path):
+    from ragbatch.io.listing import discover
+
+    write_delta(str(tmp_path / "traces"))
+    cfg = job(
+        str(tmp_path / "traces"), tmp_path / "out", format="delta", filter=[["Answer", "=", "x"]]
+    )
+    with pytest.raises(InputError, match="'Answer', which is not a partition column.*run_date"):
+        discover(cfg.input)
+
+
+def test_a_filter_matching_nothing_is_an_input_error(tmp_path):
+    from ragbatch.io.listing import discover
+
+    write_delta(str(tmp_path / "traces"))
+    cfg = job(
+        str(tmp_path / "traces"),
+        tmp_path / "out",
+        format="delta",
+        filter=[["run_date", "=", "1999-01-01"]],
+    )
+    with pytest.raises(InputError, match="no data file meets input.filter"):
+        discover(cfg.input)
+
+
+def test_a_missing_table_raises_input_not_found(tmp_path):
+    from ragbatch.io.listing import discover
+
+    cfg = job(str(tmp_path / "nowhere"), tmp_path / "out", format="delta")
+    with pytest.raises(InputNotFoundError):
+        discover(cfg.input)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"format": "parquet", "version": 3}, "input.version applies to table formats"),
+        ({"filter": [["a", "=", 1]]}, "input.filter applies to table formats"),
+        ({"format": "delta", "filter": [["a", "~", 1]]}, "unknown operator '~'"),
+        ({"format": "delta", "filter": [["a", "in", 1]]}, "take a list of values"),
+        ({"format": "delta", "version": -1}, "greater than or equal to 0"),
+        ({"format": "deltalake"}, "unknown input format 'deltalake'"),
+    ],
+)
+def test_table_options_are_checked_in_the_config(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        job(str(tmp_path), tmp_path / "out", **fields)
+
+
+def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "deltalake" else real(name, *a),
+    )
+    with pytest.raises(ConfigError, match=r"pip install 'ragbatch\[delta\]'"):
+        job(str(tmp_path), tmp_path / "out", format="delta")
+
+
+def test_s3_options_become_object_store_options():
+    from ragbatch.io.formats.delta import object_store_options
+
+    fsspec_options = {
+        "key": "AK",
+        "secret": "SK",
+        "token": "T",
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "region_name": "eu-west-1"},
+    }
+    assert object_store_options("s3://b/t", fsspec_options) == {
+        "AWS_ACCESS_KEY_ID": "AK",
+        "AWS_SECRET_ACCESS_KEY": "SK",
+        "AWS_SESSION_TOKEN": "T",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "eu-west-1",
+    }
+    assert object_store_options("/local/table", fsspec_options) == {}
+    assert object_store_options("s3://b/t", {"anon": True}) == {"AWS_SKIP_SIGNATURE": "true"}
