@@ -366,3 +366,23 @@ def test_s3_options_become_object_store_options():
     }
     assert object_store_options("/local/table", fsspec_options) == {}
     assert object_store_options("s3://b/t", {"anon": True}) == {"AWS_SKIP_SIGNATURE": "true"}
+
+
+def test_a_mapped_column_of_another_type_is_refused_before_any_work(tmp_path):
+    """An answer column of integers in the table: refused as with Parquet input, naming
+    the column and its type, before staging is written."""
+    rows = pa.table(
+        {
+            "row_id": ["r0", "r1", "r2"],
+            "Question": ["q0", "q1", "q2"],
+            "Document": ["d0", "d1", "d2"],
+            "Answer": pa.array([1, 22, None], pa.int64()),
+            "run_date": [NIGHTS[0]] * 3,
+            "Reaction": ["a", "b", "c"],
+        }
+    )
+    deltalake.write_deltalake(str(tmp_path / "typed"), rows, partition_by=["run_date"])
+    code, err = _cli(tmp_path, job(str(tmp_path / "typed"), tmp_path / "out", format="delta"))
+    assert code == 2
+    assert "input.columns.answer: column 'Answer' has type int64" in err
+    assert not (tmp_path / "out" / "_staging").exists()
