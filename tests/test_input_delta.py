@@ -9,45 +9,27 @@ of the same row scored from a Parquet file of the same rows.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
-import pyarrow.csv as pcsv
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
+from support.lake_tables import (
+    METRICS,
+    NIGHTS,
+    cli_run,
+    job,
+    manifest,
+    night_rows,
+    parquet_scores,
+    scores,
+    scores_plain,
+)
 from ragbatch.config.job import JobConfig
 from ragbatch.core.errors import ConfigError, InputError, InputNotFoundError, RunError
 from ragbatch.pipeline.runner import run_job
 
 deltalake = pytest.importorskip("deltalake")
-
-NIGHTS = ("2026-11-27", "2026-11-28")
-REPO = Path(__file__).resolve().parents[1]
-
-METRICS = [
-    {"name": "response_length", "params": {"min_chars": 1, "max_chars": 400}},
-    {"name": "context_length", "params": {"max_chars": 2000}},
-    {"name": "contains_text", "id": "mentions_delta", "params": {"text": ["delta"]}},
-]
-
-
-def night_rows(night: str) -> pa.Table:
-    """One night's TSV with every column a string, plus ``row_id`` (night and line) and
-    ``run_date``."""
-    path = REPO / "examples/data/nightly" / f"run_date={night}" / f"ares-{night}.tsv"
-    names = path.read_text(encoding="utf-8").splitlines()[0].split("\t")
-    table = pcsv.read_csv(
-        path,
-        parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
-        convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names}),
-    )
-    ids = pa.array([f"{night}:{i}" for i in range(table.num_rows)])
-    table = table.append_column("row_id", ids)
-    return table.append_column("run_date", pa.array([night] * table.num_rows))
 
 
 def write_delta(uri: str, options: dict | None = None) -> None:
@@ -61,49 +43,6 @@ def write_delta(uri: str, options: dict | None = None) -> None:
             mode="append",
             storage_options=options,
         )
-
-
-def job(uri: str, out: Path, **input_fields) -> JobConfig:
-    return JobConfig.from_dict(
-        {
-            "run": {"name": "lake", "executor": "in_process"},
-            "input": {
-                "uri": uri,
-                "columns": {
-                    "row_id": "row_id",
-                    "question": "Question",
-                    "contexts": "Document",
-                    "answer": "Answer",
-                },
-                "slice_columns": ["run_date", "Reaction"],
-                **input_fields,
-            },
-            "output": {"uri": str(out)},
-            "metrics": METRICS,
-        }
-    )
-
-
-def scores(out: Path, run_id: str) -> list[tuple]:
-    return duckdb.sql(
-        "SELECT row_id, metric, score, status, reason, run_date, Reaction FROM "
-        f"read_parquet('{out}/scores/**/*.parquet', hive_partitioning=true, union_by_name=true) "
-        f"WHERE run_id = '{run_id}' ORDER BY row_id, metric"
-    ).fetchall()
-
-
-def manifest(out: Path, run_id: str) -> dict:
-    (path,) = out.glob(f"runs/*/run_id={run_id}/manifest.json")
-    return json.loads(path.read_text())
-
-
-def parquet_scores(tmp_path: Path, nights: tuple[str, ...]) -> list[tuple]:
-    """The same job over a Parquet file of the same rows."""
-    src = tmp_path / "parquet" / "rows.parquet"
-    src.parent.mkdir()
-    pq.write_table(pa.concat_tables([night_rows(n) for n in nights]), src)
-    run_job(job(str(src), tmp_path / "parquet_out"), run_id="parquet")
-    return scores(tmp_path / "parquet_out", "parquet")
 
 
 def test_cells_from_a_delta_table_equal_those_from_parquet(tmp_path):
@@ -217,14 +156,6 @@ def test_a_resume_reads_the_version_its_first_attempt_read(tmp_path):
     assert got == want
 
 
-def scores_plain(out: Path, run_id: str) -> list[tuple]:
-    return duckdb.sql(
-        "SELECT row_id, score, status FROM "
-        f"read_parquet('{out}/scores/**/*.parquet', hive_partitioning=true) "
-        f"WHERE run_id = '{run_id}' ORDER BY ALL"
-    ).fetchall()
-
-
 def test_a_delta_table_on_s3(tmp_path, s3_storage_options, s3_bucket):
     from ragbatch.io.formats.delta import object_store_options
 
@@ -243,18 +174,9 @@ def test_a_delta_table_on_s3(tmp_path, s3_storage_options, s3_bucket):
 # --------------------------------------------------------------------------- bad input
 
 
-def _cli(tmp_path: Path, cfg: JobConfig) -> tuple[int, str]:
-    from support.nightly_runs import run_cli
-
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
-    code, _, err = run_cli(["run", str(path), "--run-id", "bad"])
-    return code, err
-
-
 def test_a_missing_table_exits_2_before_any_work(tmp_path):
     (tmp_path / "empty").mkdir()
-    code, err = _cli(tmp_path, job(str(tmp_path / "empty"), tmp_path / "out", format="delta"))
+    code, err = cli_run(tmp_path, job(str(tmp_path / "empty"), tmp_path / "out", format="delta"))
     assert code == 2
     assert "no Delta table there" in err and "_delta_log" in err
     assert not (tmp_path / "out" / "_staging").exists()
@@ -263,7 +185,7 @@ def test_a_missing_table_exits_2_before_any_work(tmp_path):
 def test_a_version_the_table_lacks_exits_2_naming_the_latest(tmp_path):
     write_delta(str(tmp_path / "traces"))
     cfg = job(str(tmp_path / "traces"), tmp_path / "out", format="delta", version=7)
-    code, err = _cli(tmp_path, cfg)
+    code, err = cli_run(tmp_path, cfg)
     assert code == 2
     assert "cannot read version 7" in err and "the latest version is 1" in err
     assert not (tmp_path / "out" / "_staging").exists()
@@ -279,7 +201,7 @@ def test_a_mapped_column_the_table_lacks_is_named(tmp_path):
         }
     )
     cfg.input.columns.answer = "Reply"
-    code, err = _cli(tmp_path, cfg)
+    code, err = cli_run(tmp_path, cfg)
     assert code == 2
     assert "Reply" in err
     assert not (tmp_path / "out" / "_staging").exists()
@@ -321,8 +243,12 @@ def test_a_missing_table_raises_input_not_found(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"format": "parquet", "version": 3}, "input.version applies to table formats"),
-        ({"filter": [["a", "=", 1]]}, "input.filter applies to table formats"),
+        ({"format": "parquet", "version": 3}, "input.version applies to input.format delta,"),
+        ({"filter": [["a", "=", 1]]}, "input.filter applies to input.format delta or iceberg"),
+        (
+            {"format": "delta", "snapshot_id": 3},
+            "input.snapshot_id applies to input.format iceberg",
+        ),
         ({"format": "delta", "filter": [["a", "~", 1]]}, "unknown operator '~'"),
         ({"format": "delta", "filter": [["a", "in", 1]]}, "take a list of values"),
         ({"format": "delta", "version": -1}, "greater than or equal to 0"),
@@ -382,7 +308,7 @@ def test_a_mapped_column_of_another_type_is_refused_before_any_work(tmp_path):
         }
     )
     deltalake.write_deltalake(str(tmp_path / "typed"), rows, partition_by=["run_date"])
-    code, err = _cli(tmp_path, job(str(tmp_path / "typed"), tmp_path / "out", format="delta"))
+    code, err = cli_run(tmp_path, job(str(tmp_path / "typed"), tmp_path / "out", format="delta"))
     assert code == 2
     assert "input.columns.answer: column 'Answer' has type int64" in err
     assert not (tmp_path / "out" / "_staging").exists()

@@ -47,18 +47,32 @@ INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
 
 
 class TableFormatNeeds(BaseModel):
-    """What an input format read from a table (not from files) needs installed: the
-    module to import and the optional extra of ragbatch that installs it."""
+    """What an input format read from a table (not from files) needs: the module to
+    import and the optional extra of ragbatch that installs it; the ``input`` fields it
+    takes (``required`` among them); and ``pin``, the field naming the table version a
+    run reads (set by the run when left out: docs/lakehouse.md)."""
 
     module: str
     extra: str
+    fields: tuple[str, ...]
+    required: tuple[str, ...] = ()
+    pin: str
 
 
 #: Table formats of ``input.format`` (:mod:`ragbatch.io.formats` holds their readers),
 #: by name. A format listed here is a valid ``input.format``; the config is refused when
 #: its module is missing, with the ``pip install 'ragbatch[extra]'`` to run.
 TABLE_FORMATS: dict[str, TableFormatNeeds] = {
-    "delta": TableFormatNeeds(module="deltalake", extra="delta"),
+    "delta": TableFormatNeeds(
+        module="deltalake", extra="delta", fields=("version", "filter"), pin="version"
+    ),
+    "iceberg": TableFormatNeeds(
+        module="pyiceberg",
+        extra="iceberg",
+        fields=("table", "catalog", "snapshot_id", "filter"),
+        required=("table",),
+        pin="snapshot_id",
+    ),
 }
 
 
@@ -126,6 +140,14 @@ class InputSection(_Strict):
     #: Table formats: the table version to read (Delta Lake: the commit version, >= 0).
     #: Unset, a run reads the latest version and pins it (docs/lakehouse.md).
     version: int | None = Field(default=None, ge=0)
+    #: Iceberg: the table's identifier in the catalog, ``namespace.name``.
+    table: str | None = None
+    #: Iceberg: the catalog's properties, as pyiceberg's ``load_catalog`` takes them
+    #: (``type``, ``uri``, ``warehouse``, ...); ``type`` defaults to ``sql``, pyiceberg's
+    #: SQL catalog, embedded on a SQLite file: ``{uri: sqlite:///lake/catalog.db}``.
+    catalog: dict[str, Any] | None = None
+    #: Iceberg: the snapshot to read. Unset, a run reads the current snapshot and pins it.
+    snapshot_id: int | None = None
     #: Table formats: conditions on partition columns, all of which a row's partition
     #: must meet, each ``[column, operator, value]`` (operators :data:`FILTER_OPERATORS`;
     #: ``in`` and ``not in`` take a list). Only the matching data files are read.
@@ -150,15 +172,19 @@ class InputSection(_Strict):
     @model_validator(mode="after")
     def _table_options_go_with_tables(self) -> "InputSection":
         needs = TABLE_FORMATS.get(self.format or "")
+        taken = needs.fields if needs is not None else ()
+        for name in sorted({f for n in TABLE_FORMATS.values() for f in n.fields} - set(taken)):
+            if getattr(self, name) is not None:
+                formats = [f for f, n in TABLE_FORMATS.items() if name in n.fields]
+                raise ValueError(
+                    f"input.{name} applies to input.format {' or '.join(formats)}, not to "
+                    f"input.format {self.format!r}; remove it or read such a table"
+                )
         if needs is None:
-            for name in ("version", "filter"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"input.{name} applies to table formats "
-                        f"({', '.join(TABLE_FORMATS)}), not to input.format "
-                        f"{self.format!r}; remove it or read a table"
-                    )
             return self
+        for name in needs.required:
+            if not getattr(self, name):
+                raise ValueError(f"input.format {self.format!r} needs input.{name}")
         import importlib.util
 
         if importlib.util.find_spec(needs.module) is None:

@@ -237,7 +237,8 @@ def input_fingerprint(
         ``{"files": [{"path": str, "size": int, "etag_or_mtime": str | None}, ...],
         "sha256": str}`` with files in path order; ``sha256`` hashes the canonical JSON of
         ``files``. A table format (``input.format: delta``) adds ``"table": {"format":
-        str, "version": int}``, the version read, and ``sha256`` covers it too. Never
+        str, <pin field>: int}`` (``version`` of a Delta table, ``snapshot_id`` of an
+        Iceberg one), the version read, and ``sha256`` covers it too. Never
         reads file contents: one listing, plus a ``stat`` for any file the listing lacks.
 
     Raises

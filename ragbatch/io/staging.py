@@ -132,8 +132,9 @@ class Staging:
         """Take the run's lease, then start attempt 1, or the next attempt of an
         interrupted run. The lease is renewed until :meth:`publish` or :meth:`close`.
 
-        ``input_version`` (a table input: ``{"format": str, "version": int}``, the table
-        version the run reads) is recorded by attempt 1 for the later attempts
+        ``input_version`` (a table input: ``{"format": str, <pin field>: int}``, the
+        table version the run reads, as :func:`ragbatch.io.read.input_fingerprint` gives
+        it) is recorded by attempt 1 for the later attempts
         (:meth:`input_version`).
 
         Raises
@@ -212,7 +213,7 @@ class Staging:
         return dt.date.fromisoformat(state["run_date"]) if state else None
 
     def input_version(self) -> dict | None:
-        """The table version an earlier attempt read (``{"format": str, "version":
+        """The table version an earlier attempt read (``{"format": str, <pin field>:
         int}``, recorded by :meth:`begin`), or None (no earlier attempt, or not a table
         input)."""
         state = self._read_state()

@@ -255,9 +255,11 @@ def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
 
 
 def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobConfig:
-    """``config`` with ``input.version`` set, for a table input that leaves it unset: the
-    version an earlier attempt of ``run_id`` read (so that a resume reads the same one,
-    even if the table moved on since), else the table's latest version.
+    """``config`` with the table version pinned, for a table input that leaves it unset
+    (``input.version`` of a Delta table, ``input.snapshot_id`` of an Iceberg table: the
+    format's ``pin`` field in :data:`ragbatch.config.job.TABLE_FORMATS`): the version an
+    earlier attempt of ``run_id`` read (so that a resume reads the same one, even if the
+    table moved on since), else the table's current version.
 
     Parameters
     ----------
@@ -271,25 +273,29 @@ def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobC
     Returns
     -------
     JobConfig
-        ``config`` itself when the input is files or ``input.version`` is set; else a copy
-        with the version pinned. The run's fingerprint, manifest and resume all see it.
+        ``config`` itself when the input is files or the version is set; else a copy with
+        the version pinned. The run's fingerprint, manifest and resume all see it.
 
     Raises
     ------
     InputNotFoundError, InputError
         The table cannot be opened (:meth:`ragbatch.io.formats.TableFormat.current_version`).
     """
+    from ragbatch.config.job import TABLE_FORMATS
     from ragbatch.io.formats import table_format
     from ragbatch.io.staging import Staging
 
     reader = table_format(config.input.format)
-    if reader is None or config.input.version is not None:
+    if reader is None:
+        return config
+    field = TABLE_FORMATS[reader.name].pin
+    if getattr(config.input, field) is not None:
         return config
     recorded = Staging(OutputLayout.for_run(config.output, run_date, run_id)).input_version()
-    if recorded is not None and recorded.get("format") == config.input.format:
-        version = int(recorded["version"])
+    if recorded is not None and recorded.get("format") == reader.name and field in recorded:
+        version = int(recorded[field])
     else:
         version = reader.current_version(config.input)
     pinned = config.model_copy(deep=True)
-    pinned.input.version = version
+    setattr(pinned.input, field, version)
     return pinned

@@ -1,6 +1,6 @@
 """Readers of input tables: input formats that name a table, not files.
 
-A table format (``input.format: delta``) resolves a table at one version into the Parquet
+A table format (``input.format: delta`` or ``iceberg``) resolves a table at one version into the Parquet
 data files that make it up, each with its partition values. The rest of the reading side
 treats those files as it treats a hive-partitioned Parquet directory
 (:mod:`ragbatch.io.read`): one or more read tasks per data file, read through Ray tasks on
@@ -37,8 +37,9 @@ class TableFormat(Protocol):
     name: str
 
     def current_version(self, cfg: InputSection) -> int:
-        """The table's latest version (or snapshot id), the one a run pins when
-        ``input.version`` is unset.
+        """The table's current version (Delta: the latest commit version; Iceberg: the
+        current snapshot id), the one a run pins when the format's pin field
+        (:data:`ragbatch.config.job.TABLE_FORMATS`) is unset.
 
         Raises
         ------
@@ -50,13 +51,13 @@ class TableFormat(Protocol):
         ...
 
     def discover(self, cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[InputFile]]:
-        """The data files of the table at ``cfg.version`` (latest when None) that
+        """The data files of the table at the pinned version (current when unset) that
         ``cfg.filter`` keeps, as :func:`ragbatch.io.listing.discover` returns files.
 
         Each file's ``format`` is ``parquet``, its ``key`` its path relative to the table
         root, its ``partition`` the partition values as text (null as
         ``__HIVE_DEFAULT_PARTITION__``), and its ``info`` holds ``size``, ``mtime`` and
-        ``table_version`` ({"format", "version"}: what the run read).
+        ``table_version`` (``{"format": name, <pin field>: int}``: what the run read).
 
         Raises
         ------
@@ -93,5 +94,5 @@ def table_format(name: str | None) -> TableFormat | None:
     if name is None:
         return None
     if not _FORMATS:
-        from ragbatch.io.formats import delta  # noqa: F401 - registers itself
+        from ragbatch.io.formats import delta, iceberg  # noqa: F401 - each registers itself
     return _FORMATS.get(name)
