@@ -45,10 +45,14 @@ def write_delta(uri: str, options: dict | None = None) -> None:
         )
 
 
-def test_cells_from_a_delta_table_equal_those_from_parquet(tmp_path):
+@pytest.mark.parametrize("executor", ["in_process", pytest.param("ray", marks=pytest.mark.slow)])
+def test_cells_from_a_delta_table_equal_those_from_parquet(tmp_path, request, executor):
+    if executor == "ray":
+        request.getfixturevalue("ray_local")  # the data files are read by Ray tasks
     table = tmp_path / "traces"
     write_delta(str(table))
-    run_job(job(str(table), tmp_path / "out", format="delta"), run_id="delta")
+    run_job(job(str(table), tmp_path / "out", executor, format="delta"), run_id="delta")
+    assert manifest(tmp_path / "out", "delta")["ray"]["executor"] == executor
     got = scores(tmp_path / "out", "delta")
     assert len(got) == 32 * len(METRICS)
     assert got == parquet_scores(tmp_path, NIGHTS)

@@ -42,10 +42,11 @@ def night_rows(night: str) -> pa.Table:
     return table.append_column("run_date", pa.array([night] * table.num_rows))
 
 
-def job(uri: str, out: Path, **input_fields) -> JobConfig:
+def job(uri: str, out: Path, executor: str = "in_process", **input_fields) -> JobConfig:
+    """The job over ``uri`` (``input_fields`` added to its input), run by ``executor``."""
     return JobConfig.from_dict(
         {
-            "run": {"name": "lake", "executor": "in_process"},
+            "run": {"name": "lake", "executor": executor},
             "input": {
                 "uri": uri,
                 "columns": {
