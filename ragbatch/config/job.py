@@ -43,7 +43,24 @@ from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 
-INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
+INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv", "openinference")
+
+#: File formats of ``input.format`` that need an optional package: format -> (module,
+#: extra of ragbatch that installs it).
+FILE_FORMAT_NEEDS: dict[str, tuple[str, str]] = {
+    "openinference": ("openinference.semconv", "traces"),
+}
+
+#: The columns an ``openinference`` input gives (one row per trace:
+#: :mod:`ragbatch.io.formats.openinference`), by the canonical column each is mapped to
+#: when ``input.columns`` leaves it out.
+TRACE_COLUMN_DEFAULTS = {
+    "row_id": "trace_id",
+    "question": "question",
+    "contexts": "contexts",
+    "answer": "answer",
+    "latency_s": "latency_s",
+}
 
 
 class TableFormatNeeds(BaseModel):
@@ -148,6 +165,10 @@ class InputSection(_Strict):
     catalog: dict[str, Any] | None = None
     #: Iceberg: the snapshot to read. Unset, a run reads the current snapshot and pins it.
     snapshot_id: int | None = None
+    #: OpenInference traces: slice columns taken from span attributes, column name ->
+    #: attribute key (``{model: llm.model_name}``): the root span's value, else the first
+    #: span's that has it.
+    trace_attributes: dict[str, str] | None = None
     #: Table formats: conditions on partition columns, all of which a row's partition
     #: must meet, each ``[column, operator, value]`` (operators :data:`FILTER_OPERATORS`;
     #: ``in`` and ``not in`` take a list). Only the matching data files are read.
@@ -171,6 +192,12 @@ class InputSection(_Strict):
 
     @model_validator(mode="after")
     def _table_options_go_with_tables(self) -> "InputSection":
+        if self.trace_attributes is not None and self.format != "openinference":
+            raise ValueError(
+                "input.trace_attributes applies to input.format openinference; remove it "
+                "or read a span export"
+            )
+        _check_installed(self.format)
         needs = TABLE_FORMATS.get(self.format or "")
         taken = needs.fields if needs is not None else ()
         for name in sorted({f for n in TABLE_FORMATS.values() for f in n.fields} - set(taken)):
@@ -185,13 +212,6 @@ class InputSection(_Strict):
         for name in needs.required:
             if not getattr(self, name):
                 raise ValueError(f"input.format {self.format!r} needs input.{name}")
-        import importlib.util
-
-        if importlib.util.find_spec(needs.module) is None:
-            raise ValueError(
-                f"input.format {self.format!r} needs the {needs.module} package, which is "
-                f"not installed: pip install 'ragbatch[{needs.extra}]'"
-            )
         for condition in self.filter or []:
             column, operator, value = condition
             if operator not in FILTER_OPERATORS:
@@ -208,6 +228,14 @@ class InputSection(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _trace_columns_mapped(self) -> "InputSection":
+        if self.format == "openinference":
+            for canonical, column in TRACE_COLUMN_DEFAULTS.items():
+                if getattr(self.columns, canonical) is None:
+                    setattr(self.columns, canonical, column)
+        return self
+
+    @model_validator(mode="after")
     def _delimiter_goes_with_delimited(self) -> "InputSection":
         delimited = self.contexts_format == "delimited"
         if delimited and not self.contexts_delimiter:
@@ -221,6 +249,27 @@ class InputSection(_Strict):
                 f"(contexts_format is {self.contexts_format!r}); set both or remove it"
             )
         return self
+
+
+def _check_installed(fmt: str | None) -> None:
+    """Refuse an ``input.format`` whose package is missing, naming the extra."""
+    if fmt in TABLE_FORMATS:
+        module, extra = TABLE_FORMATS[fmt].module, TABLE_FORMATS[fmt].extra
+    elif fmt in FILE_FORMAT_NEEDS:
+        module, extra = FILE_FORMAT_NEEDS[fmt]
+    else:
+        return
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package of a dotted name is missing
+        found = False
+    if not found:
+        raise ValueError(
+            f"input.format {fmt!r} needs the {module} package, which is not installed: "
+            f"pip install 'ragbatch[{extra}]'"
+        )
 
 
 class OutputSection(_Strict):

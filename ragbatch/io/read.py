@@ -45,6 +45,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
+from ragbatch.io.formats.openinference import read_spans
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 from ragbatch.io.names import refuse_internal_names
 from ragbatch.io.listing import (
@@ -409,6 +410,8 @@ def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:
         schema = _parquet_metadata(fs, item.path).schema.to_arrow_schema()
         schema = pa.schema(list(schema))
         refuse_internal_names(schema.names, display_path(fs, item.path))
+    elif item.format == "openinference":
+        schema = read_spans(fs, item.path, cfg).schema
     else:
         table = peek_text(fs, item.path, item.format, cfg.encoding, objects_as_text(cfg))
         schema = table.schema
@@ -610,4 +613,5 @@ _READERS: dict[str, Callable[[fsspec.AbstractFileSystem, ReadTask, InputSection]
     "tsv": _read_text,
     "jsonl": _read_text,
     "json": _read_text,
+    "openinference": lambda fs, task, cfg: read_spans(fs, task.path, cfg),
 }
