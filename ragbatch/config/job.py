@@ -272,11 +272,33 @@ def _check_installed(fmt: str | None) -> None:
         )
 
 
+class MlflowSection(_Strict):
+    """``output.mlflow``: log each committed run as an MLflow run (docs/lakehouse.md).
+    ``tracking_uri`` is any MLflow tracking URI; the default, ``mlruns``, is a local file
+    store in the folder ``ragbatch`` runs in. ``experiment`` defaults to ``run.name``."""
+
+    tracking_uri: str = "mlruns"
+    experiment: str | None = None
+
+    @model_validator(mode="after")
+    def _mlflow_installed(self) -> "MlflowSection":
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is None:
+            raise ValueError(
+                "output.mlflow needs the mlflow package, which is not installed: "
+                "pip install 'ragbatch[mlflow]'"
+            )
+        return self
+
+
 class OutputSection(_Strict):
-    """``output``: root URI of the scores, summary and manifest tables."""
+    """``output``: root URI of the scores, summary and manifest tables; optionally, the
+    MLflow tracking server each committed run is logged to."""
 
     uri: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    mlflow: MlflowSection | None = None
 
 
 class MetricSpec(_Strict):
