@@ -152,3 +152,24 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"pip install 'ragbatch\[mlflow\]'"):
         _config(tmp_path, "mlruns")
+
+
+def test_a_night_is_logged_and_a_night_run_again_is_not_logged_twice(tmp_path):
+    import datetime as dt
+
+    from mlflow import MlflowClient
+
+    from ragbatch.ops.nightly_job import run_nightly
+
+    cfg = _config(tmp_path, str(tmp_path / "mlruns"))
+    first = run_nightly(cfg, run_date=dt.date(2026, 11, 27), report=False)
+    assert first.exit_code == 0, first.message
+    assert first.mlflow is not None and first.mlflow.logged_now
+    again = run_nightly(cfg, run_date=dt.date(2026, 11, 27), report=False)
+    assert again.exit_code == 0, again.message
+    assert again.mlflow.mlflow_run_id == first.mlflow.mlflow_run_id
+    assert not again.mlflow.logged_now
+    client = MlflowClient(str(tmp_path / "mlruns"))
+    (run,) = client.search_runs([first.mlflow.experiment_id])
+    assert run.data.tags["ragbatch.run_id"] == first.run_id
+    assert run.data.tags["ragbatch.run_date"] == "2026-11-27"
