@@ -57,6 +57,7 @@ from ragbatch.core.exit_codes import (
     EXIT_REGRESSION,
 )
 from ragbatch.core.ids import check_id
+from ragbatch.ops.mlflow_log import MlflowLogged
 from ragbatch.io.probe import probe_output
 from ragbatch.core.run_date import choose_run_date
 from ragbatch.config.templating import fixed_prefix, render_config
@@ -132,7 +133,7 @@ class NightlyOutcome:
     fdr: float | None = DEFAULT_FDR
     compared: bool = True
     degenerate: dict[str, str] = field(default_factory=dict)
-    mlflow: Any = None
+    mlflow: MlflowLogged | None = None
 
 
 def run_nightly(
