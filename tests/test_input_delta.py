@@ -211,14 +211,30 @@ def test_a_mapped_column_the_table_lacks_is_named(tmp_path):
     assert not (tmp_path / "out" / "_staging").exists()
 
 
-def test_a_filter_on_a_column_that_is_not_a_partition_column_is_refused(tmp_path):
+def test_a_condition_on_another_column_filters_the_rows_read(tmp_path):
+    """A partition condition chooses the files; a condition on another column keeps the
+    rows of those files that meet it."""
+    table = tmp_path / "traces"
+    write_delta(str(table))
+    for path in (table / f"run_date={NIGHTS[0]}").glob("*.parquet"):
+        path.unlink()  # never opened: the partition condition leaves them out
+    conditions = [["run_date", "=", NIGHTS[1]], ["Reaction", "!=", "no_reaction"]]
+    cfg = job(str(table), tmp_path / "out", format="delta", filter=conditions)
+    run_job(cfg, run_id="thumbs")
+    got = scores(tmp_path / "out", "thumbs")
+    want = parquet_scores(tmp_path, NIGHTS[1:], keep=lambda r: r["Reaction"] != "no_reaction")
+    assert got == want
+    assert 0 < len(got) < 16 * len(METRICS)
+
+
+def test_a_filter_on_a_column_the_table_lacks_is_refused(tmp_path):
     from ragbatch.io.listing import discover
 
     write_delta(str(tmp_path / "traces"))
     cfg = job(
-        str(tmp_path / "traces"), tmp_path / "out", format="delta", filter=[["Answer", "=", "x"]]
+        str(tmp_path / "traces"), tmp_path / "out", format="delta", filter=[["Reply", "=", "x"]]
     )
-    with pytest.raises(InputError, match="'Answer', which is not a partition column.*run_date"):
+    with pytest.raises(InputError, match="'Reply', which is not a column of the Delta table"):
         discover(cfg.input)
 
 
@@ -316,3 +332,41 @@ def test_a_mapped_column_of_another_type_is_refused_before_any_work(tmp_path):
     assert code == 2
     assert "input.columns.answer: column 'Answer' has type int64" in err
     assert not (tmp_path / "out" / "_staging").exists()
+
+
+@pytest.mark.parametrize(
+    ("condition", "kept"),
+    [
+        (["n", "=", 2], [1]),
+        (["n", "!=", 2], [0, 2, 3]),  # null meets !=
+        (["n", "<", "3"], [0, 1]),  # the text is cast to the column's type
+        (["n", "in", [1, 3]], [0, 2]),
+        (["n", "not in", [1, 3]], [1, 3]),  # null meets not in
+        (["n", "=", None], [3]),
+        (["d", ">=", "2026-11-28"], [1, 2]),
+        (["s", "=", "b"], [1]),
+    ],
+)
+def test_filter_rows_compares_in_the_column_type(condition, kept):
+    import datetime as dt
+
+    from ragbatch.io.formats import filter_rows
+
+    table = pa.table(
+        {
+            "i": [0, 1, 2, 3],
+            "n": pa.array([1, 2, 3, None], pa.int64()),
+            "d": [dt.date(2026, 11, 27), dt.date(2026, 11, 28), dt.date(2026, 11, 29), None],
+            "s": ["a", "b", "c", None],
+        }
+    )
+    assert filter_rows(table, [condition]).column("i").to_pylist() == kept
+    assert filter_rows(table, [condition], skip=frozenset({condition[0]})).num_rows == 4
+
+
+def test_filter_rows_refuses_a_value_of_another_type():
+    from ragbatch.io.formats import filter_rows
+
+    table = pa.table({"n": pa.array([1, 2], pa.int64())})
+    with pytest.raises(InputError, match="does not fit the column's type int64"):
+        filter_rows(table, [["n", "=", "two"]])

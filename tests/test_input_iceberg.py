@@ -236,13 +236,26 @@ def test_a_uri_other_than_the_tables_location_is_refused(tmp_path):
     assert location.endswith("/wh/rag/traces")
 
 
-def test_a_filter_on_a_column_that_is_not_a_partition_column_is_refused(tmp_path):
+def test_a_condition_on_another_column_filters_the_rows_read(tmp_path):
+    props = catalog_of(tmp_path, f"file://{tmp_path}/wh")
+    location, _ = write_iceberg(props)
+    for path in (tmp_path / "wh").rglob(f"run_date={NIGHTS[0]}/*.parquet"):
+        path.unlink()  # never opened: the partition condition leaves them out
+    conditions = [["run_date", "=", NIGHTS[1]], ["Reaction", "!=", "no_reaction"]]
+    run_job(iceberg_job(tmp_path, location, props, filter=conditions), run_id="thumbs")
+    got = scores(tmp_path / "out", "thumbs")
+    want = parquet_scores(tmp_path, NIGHTS[1:], keep=lambda r: r["Reaction"] != "no_reaction")
+    assert got == want
+    assert 0 < len(got) < 16 * len(METRICS)
+
+
+def test_a_filter_on_a_column_the_table_lacks_is_refused(tmp_path):
     from ragbatch.io.listing import discover
 
     props = catalog_of(tmp_path, f"file://{tmp_path}/wh")
     location, _ = write_iceberg(props)
-    cfg = iceberg_job(tmp_path, location, props, filter=[["Answer", "=", "x"]])
-    with pytest.raises(InputError, match="'Answer', which is not an identity partition column"):
+    cfg = iceberg_job(tmp_path, location, props, filter=[["Reply", "=", "x"]])
+    with pytest.raises(InputError, match="'Reply', which is not a column of the Iceberg table"):
         discover(cfg.input)
 
 

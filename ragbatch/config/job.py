@@ -169,9 +169,9 @@ class InputSection(_Strict):
     #: attribute key (``{model: llm.model_name}``): the root span's value, else the first
     #: span's that has it.
     trace_attributes: dict[str, str] | None = None
-    #: Table formats: conditions on partition columns, all of which a row's partition
-    #: must meet, each ``[column, operator, value]`` (operators :data:`FILTER_OPERATORS`;
-    #: ``in`` and ``not in`` take a list). Only the matching data files are read.
+    #: Table formats: conditions a row must all meet, each ``[column, operator, value]``
+    #: (operators :data:`FILTER_OPERATORS`; ``in`` and ``not in`` take a list). Those on
+    #: partition columns choose the data files read; the others filter their rows.
     filter: list[tuple[str, str, Any]] | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
     contexts_format: Literal["auto", "list", "json", "text", "delimited"] = "auto"

@@ -45,6 +45,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
+from ragbatch.io.formats import filter_rows, table_format
 from ragbatch.io.formats.openinference import read_spans
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 from ragbatch.io.names import refuse_internal_names
@@ -294,6 +295,7 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         not copied out of the decoded pages, which matters when many rows repeat the same
         long text. :func:`ragbatch.io.schema.normalize` takes them with ``views=True``.
         Empty (the default): every column has its type in the file, as PyArrow reads it.
+        Ignored for a table input with ``input.filter``, whose rows are filtered.
 
     Returns
     -------
@@ -301,7 +303,8 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         The file's columns (types per the module notes), then one ``string`` column per
         hive partition key not already in the file (value null for
         ``__HIVE_DEFAULT_PARTITION__``), and for JSON input possibly
-        :data:`NONSTRING_COLUMN`. Rows in file order.
+        :data:`NONSTRING_COLUMN`. Rows in file order; for a table input, only those that
+        meet ``input.filter`` (:func:`ragbatch.io.formats.filter_rows`).
 
     Raises
     ------
@@ -313,6 +316,8 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         line).
     """
     fs, _ = resolve(cfg.uri, cfg.storage_options)
+    if cfg.filter and table_format(cfg.format) is not None:
+        views = frozenset()  # rows are filtered, and Arrow cannot filter string views
     if task.format == "parquet":
         read = lambda: _read_parquet(fs, task, cfg, views)  # noqa: E731
     else:
@@ -320,7 +325,15 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
     # The file was listed while planning, so an unreachable or throttling store now is
     # transient: wait and read again (see ragbatch.io.fs.with_storage_retries).
     table = with_storage_retries(read, f"read {task.path}")
-    return _add_partitions(table, task.partition)
+    return _table_rows(_add_partitions(table, task.partition), task, cfg)
+
+
+def _table_rows(table: pa.Table, task: ReadTask, cfg: InputSection) -> pa.Table:
+    """A table input's rows that meet ``input.filter`` (its partition conditions chose
+    the task's file already); any other input's rows as they are."""
+    if not cfg.filter or table_format(cfg.format) is None:
+        return table
+    return filter_rows(table, list(cfg.filter), frozenset(k for k, _ in task.partition))
 
 
 def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table:
@@ -381,7 +394,7 @@ def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table
         raise
     except Exception as exc:
         raise describe_storage_error(where, exc) from exc
-    return _add_partitions(table, task.partition)
+    return _table_rows(_add_partitions(table, task.partition), task, cfg)
 
 
 def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:

@@ -77,11 +77,15 @@ def manifest(out: Path, run_id: str) -> dict:
     return json.loads(path.read_text())
 
 
-def parquet_scores(tmp_path: Path, nights: tuple[str, ...]) -> list[tuple]:
-    """The same job over a Parquet file of the same rows."""
+def parquet_scores(tmp_path: Path, nights: tuple[str, ...], keep=None) -> list[tuple]:
+    """The same job over a Parquet file of the same rows (with ``keep``, a predicate on
+    a row dict: only the rows it keeps)."""
     src = tmp_path / "parquet" / "rows.parquet"
     src.parent.mkdir()
-    pq.write_table(pa.concat_tables([night_rows(n) for n in nights]), src)
+    rows = pa.concat_tables([night_rows(n) for n in nights])
+    if keep is not None:
+        rows = pa.Table.from_pylist([r for r in rows.to_pylist() if keep(r)], schema=rows.schema)
+    pq.write_table(rows, src)
     run_job(job(str(src), tmp_path / "parquet_out"), run_id="parquet")
     return scores(tmp_path / "parquet_out", "parquet")
 

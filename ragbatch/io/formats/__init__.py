@@ -14,7 +14,12 @@ config knows the names and what each needs installed
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ragbatch.core.errors import InputError
 
 if TYPE_CHECKING:
     import fsspec
@@ -22,7 +27,7 @@ if TYPE_CHECKING:
     from ragbatch.config.job import InputSection
     from ragbatch.io.listing import InputFile
 
-__all__ = ["TableFormat", "register_table_format", "table_format"]
+__all__ = ["TableFormat", "filter_rows", "register_table_format", "table_format"]
 
 
 class TableFormat(Protocol):
@@ -65,8 +70,7 @@ class TableFormat(Protocol):
             No table at ``cfg.uri``.
         InputError
             The version does not exist, the table needs a reader feature this reader
-            lacks, a filter names a column that is not a partition column, or no data
-            file is left.
+            lacks, a filter names a column the table lacks, or no data file is left.
         """
         ...
 
@@ -96,3 +100,67 @@ def table_format(name: str | None) -> TableFormat | None:
     if not _FORMATS:
         from ragbatch.io.formats import delta, iceberg  # noqa: F401 - each registers itself
     return _FORMATS.get(name)
+
+
+def filter_rows(
+    table: pa.Table, conditions: list[tuple[str, str, Any]], skip: frozenset[str] = frozenset()
+) -> pa.Table:
+    """The rows of ``table`` that meet every condition of ``input.filter`` whose column is
+    not in ``skip`` (the partition columns, whose files were already chosen).
+
+    Parameters
+    ----------
+    table : pyarrow.Table
+        One read task's rows, as read.
+    conditions : list of (str, str, object)
+        ``[column, operator, value]``; ``in`` / ``not in`` take a list.
+    skip : frozenset of str
+        Columns whose conditions are not applied here.
+
+    Returns
+    -------
+    pyarrow.Table
+        The rows that meet them, in their order. Values are compared in the column's
+        type; a null meets only ``!=``, ``not in`` and ``= null`` (as for partition
+        values).
+
+    Raises
+    ------
+    InputError
+        A condition names a column the rows lack, or a value that does not fit the
+        column's type.
+    """
+    mask = None
+    for column, op, value in conditions:
+        if column in skip:
+            continue
+        if column not in table.column_names:
+            raise InputError(
+                f"input.filter names {column!r}, which is not a column of the table; "
+                f"its columns: {', '.join(table.column_names)}"
+            )
+        data = table.column(column)
+        values = value if isinstance(value, list) else [value]
+        try:
+            typed = pa.array(values).cast(data.type) if values != [None] else None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise InputError(
+                f"input.filter {[column, op, value]!r}: the value does not fit the column's "
+                f"type {data.type} ({exc})"
+            ) from None
+        nulls = pc.is_null(data)
+        if typed is None:
+            meets = nulls if op == "=" else pc.invert(nulls)
+        elif op in ("in", "not in"):
+            found = pc.is_in(data, value_set=typed)
+            meets = found if op == "in" else pc.or_kleene(pc.invert(found), nulls)
+        else:
+            name = {"=": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal"}.get(
+                op, {">": "greater", ">=": "greater_equal"}.get(op)
+            )
+            meets = pc.call_function(name, [data, typed[0]])
+            if op == "!=":
+                meets = pc.or_kleene(meets, nulls)
+        meets = pc.fill_null(meets, False)
+        mask = meets if mask is None else pc.and_(mask, meets)
+    return table if mask is None else table.filter(mask)

@@ -3,8 +3,10 @@ package (``pip install 'ragbatch[delta]'``).
 
 The table's transaction log is read once, while planning, to list the data files of the
 pinned version (``input.version``, else the latest, which the run then pins): their
-paths, sizes, modification times and partition values. ``input.filter`` is applied to the
-partition values in the log, so files of other partitions are never opened. The data
+paths, sizes, modification times and partition values. The conditions of
+``input.filter`` on partition columns are applied to the partition values in the log, so
+files of other partitions are never opened; conditions on other columns are applied to
+the rows of each file read (:func:`ragbatch.io.formats.filter_rows`). The data
 files are then read as hive-partitioned Parquet is (:mod:`ragbatch.io.read`), through the
 same fsspec filesystem and ``input.storage_options`` as any other input.
 
@@ -201,15 +203,18 @@ def _refuse_deletion_vectors(cfg: InputSection, actions: pa.Table) -> None:
 def _conditions(
     cfg: InputSection, schema: pa.Schema, partition_columns: list[str]
 ) -> list[tuple[str, str, Any]]:
-    """``cfg.filter`` with each value cast to its partition column's type."""
+    """The conditions of ``cfg.filter`` on partition columns, each value cast to the
+    column's type (the others are applied to the rows read:
+    :func:`ragbatch.io.formats.filter_rows`)."""
     out = []
     for column, op, value in cfg.filter or []:
-        if column not in partition_columns:
+        if column not in schema.names:
             raise InputError(
-                f"input.filter names {column!r}, which is not a partition column of the Delta "
-                f"table {cfg.uri} (partition columns: {partition_columns or 'none'}); filter "
-                "on partition columns only"
+                f"input.filter names {column!r}, which is not a column of the Delta table "
+                f"{cfg.uri} (columns: {', '.join(schema.names)})"
             )
+        if column not in partition_columns:
+            continue  # a row condition: applied to the rows as they are read
         kind = schema.field(column).type
         values = value if isinstance(value, list) else [value]
         try:

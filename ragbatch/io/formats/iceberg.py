@@ -10,8 +10,10 @@ which the data files are read, as for any other input.
 
 While planning, the snapshot ``input.snapshot_id`` (else the current one, which the run
 then pins) is scanned for its data files: ``input.filter`` is handed to the scan, so the
-manifests prune the files of other partitions without any data file being opened. The
-data files, Parquet, are then read as a Parquet directory is (:mod:`ragbatch.io.read`).
+manifests leave out the files of other partitions (and files whose column statistics
+exclude a match) without any data file being opened; the rows of the files kept are then
+filtered as they are read. The data files, Parquet, are read as a Parquet directory is
+(:mod:`ragbatch.io.read`).
 Iceberg data files hold every column, partition columns included, so the rows have the
 table's own column types.
 
@@ -178,32 +180,26 @@ def _load(cfg: InputSection) -> Any:
 
 
 def _row_filter(cfg: InputSection, table: Any) -> Any:
-    """``cfg.filter`` as a pyiceberg expression (all conditions), checked to name
-    identity partition columns, on which pruning files is exact."""
+    """``cfg.filter`` as a pyiceberg expression (all conditions), for the scan to leave
+    out the files that cannot hold a matching row (by partition values and column
+    statistics); the rows of the files kept are filtered as they are read
+    (:func:`ragbatch.io.formats.filter_rows`)."""
     from pyiceberg import expressions as ex
-    from pyiceberg.transforms import IdentityTransform
 
     schema = table.schema()
-    partition_columns = [
-        schema.find_field(f.source_id).name
-        for f in table.spec().fields
-        if isinstance(f.transform, IdentityTransform)
-    ]
+    names = [f.name for f in schema.fields]
     result: Any = ex.AlwaysTrue()
     for column, op, value in cfg.filter or []:
-        if column not in partition_columns:
+        if column not in names:
             raise InputError(
-                f"input.filter names {column!r}, which is not an identity partition column "
-                f"of the Iceberg table {cfg.table} (identity partition columns: "
-                f"{partition_columns or 'none'}); filter on those only"
+                f"input.filter names {column!r}, which is not a column of the Iceberg table "
+                f"{cfg.table} (columns: {', '.join(names)})"
             )
         result = ex.And(result, _condition(column, op, value))
     try:
         ex.visitors.bind(schema, result, case_sensitive=True)
     except ValueError as exc:
-        raise InputError(
-            f"input.filter: a value does not fit its partition column's type ({exc})"
-        ) from None
+        raise InputError(f"input.filter: a value does not fit its column's type ({exc})") from None
     return result
 
 
