@@ -121,8 +121,18 @@ def expected_rows(rows: list[dict], session: str) -> pa.Table:
     )
 
 
-@pytest.mark.parametrize("container", ["jsonl", "jsonl.gz", "parquet"])
-def test_cells_from_a_span_export_equal_those_from_parquet(tmp_path, container):
+@pytest.mark.parametrize(
+    ("container", "executor"),
+    [
+        ("jsonl", "in_process"),
+        ("jsonl.gz", "in_process"),
+        ("parquet", "in_process"),
+        pytest.param("jsonl", "ray", marks=pytest.mark.slow),
+    ],
+)
+def test_cells_from_a_span_export_equal_those_from_parquet(tmp_path, request, container, executor):
+    if executor == "ray":
+        request.getfixturevalue("ray_local")  # the export is read by a Ray task
     script = _script()
     rows = script.read_night("2026-11-28")
     spans = script.build_spans(rows, session="night-2")
@@ -137,7 +147,8 @@ def test_cells_from_a_span_export_equal_those_from_parquet(tmp_path, container):
     cfg = trace_job(
         str(export.parent), tmp_path / "out", format="openinference", trace_attributes=ATTRIBUTES
     )
-    run_job(cfg, run_id="spans")
+    cfg.run.executor = executor
+    assert run_job(cfg, run_id="spans").manifest.ray["executor"] == executor
 
     src = tmp_path / "rows.parquet"
     pq.write_table(expected_rows(rows, "night-2"), src)
