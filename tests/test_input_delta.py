@@ -48,7 +48,7 @@ def write_delta(uri: str, options: dict | None = None) -> None:
 @pytest.mark.parametrize("executor", ["in_process", pytest.param("ray", marks=pytest.mark.slow)])
 def test_cells_from_a_delta_table_equal_those_from_parquet(tmp_path, request, executor):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # the data files are read by Ray tasks
+        request.getfixturevalue("ray_local")  # the data files are read through Ray Data
     table = tmp_path / "traces"
     write_delta(str(table))
     run_job(job(str(table), tmp_path / "out", executor, format="delta"), run_id="delta")

@@ -63,7 +63,7 @@ def iceberg_job(tmp_path: Path, location: str, props: dict, **fields) -> JobConf
 @pytest.mark.parametrize("executor", ["in_process", pytest.param("ray", marks=pytest.mark.slow)])
 def test_cells_from_an_iceberg_table_equal_those_from_parquet(tmp_path, request, executor):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # the data files are read by Ray tasks
+        request.getfixturevalue("ray_local")  # the data files are read through Ray Data
     props = catalog_of(tmp_path, f"file://{tmp_path}/wh")
     location, snapshots = write_iceberg(props)
     cfg = iceberg_job(tmp_path, location, props)

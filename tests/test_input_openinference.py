@@ -132,7 +132,7 @@ def expected_rows(rows: list[dict], session: str) -> pa.Table:
 )
 def test_cells_from_a_span_export_equal_those_from_parquet(tmp_path, request, container, executor):
     if executor == "ray":
-        request.getfixturevalue("ray_local")  # the export is read by a Ray task
+        request.getfixturevalue("ray_local")  # the export is read through Ray Data
     script = _script()
     rows = script.read_night("2026-11-28")
     spans = script.build_spans(rows, session="night-2")

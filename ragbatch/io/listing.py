@@ -187,7 +187,7 @@ def discover(cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[InputFi
 
     Notes
     -----
-    For a table format (``input.format: delta``) the files are the table's data files at
+    For a table format (``input.format: delta`` or ``iceberg``) the files are the table's data files at
     the version read (:mod:`ragbatch.io.formats`), listed from its log, not its folders.
     """
     from ragbatch.io.formats import table_format
