@@ -1,8 +1,8 @@
 """Readers of input tables: input formats that name a table, not files.
 
-A table format (``input.format: delta`` or ``iceberg``) resolves a table at one version into the Parquet
-data files that make it up, each with its partition values. The rest of the reading side
-treats those files as it treats a hive-partitioned Parquet directory
+A table format (``input.format: delta`` or ``iceberg``) resolves a table at one version
+into the Parquet data files that make it up, each with its partition values. The rest of
+the reading side treats those files as it treats a hive-partitioned Parquet directory
 (:mod:`ragbatch.io.read`): one or more read tasks per data file, read through Ray Data on
 the Ray path and in the ``ragbatch`` process in-process, each file straight from its
 storage. Nothing of the table is copied to local disk.
