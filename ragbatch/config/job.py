@@ -251,8 +251,8 @@ class InputSection(_Strict):
         return self
 
 
-def _check_installed(fmt: str | None) -> None:
-    """Refuse an ``input.format`` whose package is missing, naming the extra."""
+def _check_installed(fmt: str | None, where: str = "input.format") -> None:
+    """Refuse a format (of ``where``) whose package is missing, naming the extra."""
     if fmt in TABLE_FORMATS:
         module, extra = TABLE_FORMATS[fmt].module, TABLE_FORMATS[fmt].extra
     elif fmt in FILE_FORMAT_NEEDS:
@@ -267,7 +267,7 @@ def _check_installed(fmt: str | None) -> None:
         found = False
     if not found:
         raise ValueError(
-            f"input.format {fmt!r} needs the {module} package, which is not installed: "
+            f"{where} {fmt!r} needs the {module} package, which is not installed: "
             f"pip install 'ragbatch[{extra}]'"
         )
 
@@ -292,12 +292,41 @@ class MlflowSection(_Strict):
         return self
 
 
+class TableOutputSection(_Strict):
+    """``output.table``: also write each committed run's scores and summary to a
+    lakehouse table (docs/lakehouse.md). ``format: delta``: ``uri`` is a folder holding
+    the Delta tables ``scores`` and ``summary`` (``storage_options`` as for any fsspec
+    URI). ``format: iceberg``: the tables ``<namespace>.scores`` and
+    ``<namespace>.summary`` of the catalog ``catalog`` (pyiceberg's properties, ``type``
+    defaulting to ``sql``)."""
+
+    format: Literal["delta", "iceberg"]
+    uri: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    catalog: dict[str, Any] | None = None
+    namespace: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_the_format(self) -> "TableOutputSection":
+        if self.format == "delta" and not self.uri:
+            raise ValueError("output.table with format delta needs uri: the tables' folder")
+        if self.format == "iceberg" and (not self.namespace or not self.catalog):
+            raise ValueError(
+                "output.table with format iceberg needs namespace and catalog "
+                "(e.g. catalog: {uri: sqlite:///lake/catalog.db, warehouse: ...})"
+            )
+        _check_installed(self.format, "output.table.format")
+        return self
+
+
 class OutputSection(_Strict):
-    """``output``: root URI of the scores, summary and manifest tables; optionally, the
-    MLflow tracking server each committed run is logged to."""
+    """``output``: root URI of the scores, summary and manifest tables; optionally, a
+    lakehouse table each committed run is also written to, and the MLflow tracking
+    server it is logged to."""
 
     uri: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    table: TableOutputSection | None = None
     mlflow: MlflowSection | None = None
 
 

@@ -356,6 +356,19 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
             f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
             "scored again)",
         )
+    if output.table is not None:
+        from ragbatch.ops.table_output import write_run_tables
+
+        try:
+            write_run_tables(config, outcome.run_id)
+        except Exception as exc:  # noqa: BLE001 - the night is committed; say so
+            return _failed(
+                outcome,
+                EXIT_FAILED,
+                f"run {outcome.run_id} is committed, but it could not be written to its "
+                f"tables: {type(exc).__name__}: {exc}; run the night again to retry (it is "
+                "not scored again)",
+            )
     if output.mlflow is not None:
         from ragbatch.ops.mlflow_log import log_run
 
