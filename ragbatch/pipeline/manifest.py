@@ -257,7 +257,7 @@ def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
 def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobConfig:
     """``config`` with the table version pinned, for a table input that leaves it unset
     (``input.version`` of a Delta table, ``input.snapshot_id`` of an Iceberg table: the
-    format's ``pin`` field in :data:`ragbatch.config.job.TABLE_FORMATS`): the version an
+    format's ``pin`` field in :data:`ragbatch.config.formats.TABLE_FORMATS`): the version an
     earlier attempt of ``run_id`` read (so that a resume reads the same one, even if the
     table moved on since), else the table's current version.
 
@@ -281,7 +281,7 @@ def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobC
     InputNotFoundError, InputError
         The table cannot be opened (:meth:`ragbatch.io.formats.TableFormat.current_version`).
     """
-    from ragbatch.config.job import TABLE_FORMATS
+    from ragbatch.config.formats import TABLE_FORMATS
     from ragbatch.io.formats import table_format
     from ragbatch.io.staging import Staging
 

@@ -9,7 +9,7 @@ storage. Nothing of the table is copied to local disk.
 
 Each format is one module here that registers a :class:`TableFormat` under its name; the
 config knows the names and what each needs installed
-(:data:`ragbatch.config.job.TABLE_FORMATS`).
+(:data:`ragbatch.config.formats.TABLE_FORMATS`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class TableFormat(Protocol):
     def current_version(self, cfg: InputSection) -> int:
         """The table's current version (Delta: the latest commit version; Iceberg: the
         current snapshot id), the one a run pins when the format's pin field
-        (:data:`ragbatch.config.job.TABLE_FORMATS`) is unset.
+        (:data:`ragbatch.config.formats.TABLE_FORMATS`) is unset.
 
         Raises
         ------
