@@ -69,6 +69,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("\n".join(hint))
     if args.report:
         _write_run_report(result.config or config, result.run_id)
+    if (result.config or config).output.table is not None:
+        _write_tables(result.config or config, result.run_id)
+    if (result.config or config).output.mlflow is not None:
+        _log_to_mlflow(result.config or config, result.run_id)
     gate = args.fail_on_degenerate or config.diagnostics.fail_on_degenerate
     if gate and summary.degenerate():
         names = ", ".join(summary.degenerate())
@@ -101,6 +105,41 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     )
     print(format_dry_run(result))
     return EXIT_OK
+
+
+def _write_tables(config: JobConfig, run_id: str) -> None:
+    """``output.table``: write the committed run to its tables (:mod:`ragbatch.ops.table_output`)."""
+    from ragbatch.ops.table_output import write_run_tables
+
+    try:
+        written = write_run_tables(config, run_id)
+    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
+        raise RagbatchError(
+            f"run {run_id} committed, but it could not be written to its tables: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    print()
+    print(f"table:      {redact_url(written.scores)} ({written.score_rows} rows)")
+    print(f"            {redact_url(written.summary)} ({written.summary_rows} rows)")
+
+
+def _log_to_mlflow(config: JobConfig, run_id: str) -> None:
+    """``output.mlflow``: log the committed run (:mod:`ragbatch.ops.mlflow_log`)."""
+    from ragbatch.ops.mlflow_log import log_run
+
+    try:
+        logged = log_run(config, run_id)
+    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
+        raise RagbatchError(
+            f"run {run_id} committed, but it could not be logged to MLflow: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    done = "logged as" if logged.logged_now else "already logged as"
+    print()
+    print(
+        f"mlflow:     {done} run {logged.mlflow_run_id} in experiment {logged.experiment!r} "
+        f"({redact_url(logged.tracking_uri)})"
+    )
 
 
 def _write_run_report(config: JobConfig, run_id: str) -> None:

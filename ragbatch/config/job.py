@@ -35,7 +35,15 @@ from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 
-INPUT_FORMATS = ("parquet", "jsonl", "json", "csv", "tsv")
+# The input formats and what they need (ragbatch.config.formats), offered here too.
+from ragbatch.config.formats import FILE_FORMAT_NEEDS as FILE_FORMAT_NEEDS
+from ragbatch.config.formats import FILTER_OPERATORS as FILTER_OPERATORS
+from ragbatch.config.formats import INPUT_FORMATS as INPUT_FORMATS
+from ragbatch.config.formats import TABLE_FORMATS as TABLE_FORMATS
+from ragbatch.config.formats import TRACE_COLUMN_DEFAULTS as TRACE_COLUMN_DEFAULTS
+from ragbatch.config.formats import TableFormatNeeds as TableFormatNeeds
+from ragbatch.config.formats import check_installed as _check_installed
+from ragbatch.config.formats import input_formats as input_formats
 
 
 class _Strict(BaseModel):
@@ -88,7 +96,27 @@ class InputSection(_Strict):
     """``input``: where the RAG traces are and how their columns map."""
 
     uri: str
-    format: Literal["parquet", "jsonl", "json", "csv", "tsv"] | None = None
+    #: A file format (:data:`INPUT_FORMATS`) or a table format (:data:`TABLE_FORMATS`).
+    format: str | None = None
+    #: Table formats: the table version to read (Delta Lake: the commit version, >= 0).
+    #: Unset, a run reads the latest version and pins it (docs/lakehouse.md).
+    version: int | None = Field(default=None, ge=0)
+    #: Iceberg: the table's identifier in the catalog, ``namespace.name``.
+    table: str | None = None
+    #: Iceberg: the catalog's properties, as pyiceberg's ``load_catalog`` takes them
+    #: (``type``, ``uri``, ``warehouse``, ...); ``type`` defaults to ``sql``, pyiceberg's
+    #: SQL catalog, embedded on a SQLite file: ``{uri: sqlite:///lake/catalog.db}``.
+    catalog: dict[str, Any] | None = None
+    #: Iceberg: the snapshot to read. Unset, a run reads the current snapshot and pins it.
+    snapshot_id: int | None = None
+    #: OpenInference traces: slice columns taken from span attributes, column name ->
+    #: attribute key (``{model: llm.model_name}``): the root span's value, else the first
+    #: span's that has it.
+    trace_attributes: dict[str, str] | None = None
+    #: Table formats: conditions a row must all meet, each ``[column, operator, value]``
+    #: (operators :data:`FILTER_OPERATORS`; ``in`` and ``not in`` take a list). Those on
+    #: partition columns choose the data files read; the others filter their rows.
+    filter: list[tuple[str, str, Any]] | None = None
     columns: ColumnMapping = Field(default_factory=ColumnMapping)
     contexts_format: Literal["auto", "list", "json", "text", "delimited"] = "auto"
     contexts_field: str | None = None
@@ -98,6 +126,58 @@ class InputSection(_Strict):
     storage_options: dict[str, Any] = Field(default_factory=dict)
     encoding: str = "utf-8"
     latency_unit: Literal["s", "ms"] = "s"
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        if value is None or value in input_formats():
+            return value
+        raise ValueError(f"unknown input format {value!r}; use one of {', '.join(input_formats())}")
+
+    @model_validator(mode="after")
+    def _table_options_go_with_tables(self) -> "InputSection":
+        if self.trace_attributes is not None and self.format != "openinference":
+            raise ValueError(
+                "input.trace_attributes applies to input.format openinference; remove it "
+                "or read a span export"
+            )
+        _check_installed(self.format)
+        needs = TABLE_FORMATS.get(self.format or "")
+        taken = needs.fields if needs is not None else ()
+        for name in sorted({f for n in TABLE_FORMATS.values() for f in n.fields} - set(taken)):
+            if getattr(self, name) is not None:
+                formats = [f for f, n in TABLE_FORMATS.items() if name in n.fields]
+                raise ValueError(
+                    f"input.{name} applies to input.format {' or '.join(formats)}, not to "
+                    f"input.format {self.format!r}; remove it or read such a table"
+                )
+        if needs is None:
+            return self
+        for name in needs.required:
+            if not getattr(self, name):
+                raise ValueError(f"input.format {self.format!r} needs input.{name}")
+        for condition in self.filter or []:
+            column, operator, value = condition
+            if operator not in FILTER_OPERATORS:
+                raise ValueError(
+                    f"input.filter {list(condition)!r}: unknown operator {operator!r}; "
+                    f"use one of {', '.join(FILTER_OPERATORS)}"
+                )
+            listed = isinstance(value, list)
+            if listed != (operator in ("in", "not in")):
+                raise ValueError(
+                    f"input.filter {list(condition)!r}: 'in' and 'not in' take a list of "
+                    "values, the other operators one value"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _trace_columns_mapped(self) -> "InputSection":
+        if self.format == "openinference":
+            for canonical, column in TRACE_COLUMN_DEFAULTS.items():
+                if getattr(self.columns, canonical) is None:
+                    setattr(self.columns, canonical, column)
+        return self
 
     @model_validator(mode="after")
     def _delimiter_goes_with_delimited(self) -> "InputSection":
@@ -115,11 +195,62 @@ class InputSection(_Strict):
         return self
 
 
+class MlflowSection(_Strict):
+    """``output.mlflow``: log each committed run as an MLflow run (docs/lakehouse.md).
+    ``tracking_uri`` is any MLflow tracking URI; the default, ``mlruns``, is a local file
+    store in the folder ``ragbatch`` runs in. ``experiment`` defaults to ``run.name``."""
+
+    tracking_uri: str = "mlruns"
+    experiment: str | None = None
+
+    @model_validator(mode="after")
+    def _mlflow_installed(self) -> "MlflowSection":
+        import importlib.util
+
+        if importlib.util.find_spec("mlflow") is None:
+            raise ValueError(
+                "output.mlflow needs the mlflow package, which is not installed: "
+                "pip install 'ragbatch[mlflow]'"
+            )
+        return self
+
+
+class TableOutputSection(_Strict):
+    """``output.table``: also write each committed run's scores and summary to a
+    lakehouse table (docs/lakehouse.md). ``format: delta``: ``uri`` is a folder holding
+    the Delta tables ``scores`` and ``summary`` (``storage_options`` as for any fsspec
+    URI). ``format: iceberg``: the tables ``<namespace>.scores`` and
+    ``<namespace>.summary`` of the catalog ``catalog`` (pyiceberg's properties, ``type``
+    defaulting to ``sql``)."""
+
+    format: Literal["delta", "iceberg"]
+    uri: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    catalog: dict[str, Any] | None = None
+    namespace: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_the_format(self) -> "TableOutputSection":
+        if self.format == "delta" and not self.uri:
+            raise ValueError("output.table with format delta needs uri: the tables' folder")
+        if self.format == "iceberg" and (not self.namespace or not self.catalog):
+            raise ValueError(
+                "output.table with format iceberg needs namespace and catalog "
+                "(e.g. catalog: {uri: sqlite:///lake/catalog.db, warehouse: ...})"
+            )
+        _check_installed(self.format, "output.table.format")
+        return self
+
+
 class OutputSection(_Strict):
-    """``output``: root URI of the scores, summary and manifest tables."""
+    """``output``: root URI of the scores, summary and manifest tables; optionally, a
+    lakehouse table each committed run is also written to, and the MLflow tracking
+    server it is logged to."""
 
     uri: str
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    table: TableOutputSection | None = None
+    mlflow: MlflowSection | None = None
 
 
 class MetricSpec(_Strict):

@@ -35,6 +35,11 @@ FORMAT_BY_EXTENSION: dict[str, str] = {
     ".tab": "tsv",
 }
 
+#: Formats of ``input.format`` read from files of other formats: format -> the file
+#: formats (by extension) that hold it. An OpenInference span export is JSON lines or
+#: Parquet (:mod:`ragbatch.io.formats.openinference`).
+CONTAINERS: dict[str, tuple[str, ...]] = {"openinference": ("jsonl", "json", "parquet")}
+
 #: Compression suffixes recognised after a data extension (``data.csv.gz``), with the
 #: fsspec codec name that reads them.
 COMPRESSION_BY_EXTENSION: dict[str, str] = {
@@ -179,7 +184,17 @@ def discover(cfg: InputSection) -> tuple[fsspec.AbstractFileSystem, list[InputFi
     InputError
         No data files among those found, formats mixed without ``input.format``,
         partition directories that differ between files, or unreachable storage.
+
+    Notes
+    -----
+    For a table format (``input.format: delta`` or ``iceberg``) the files are the table's data files at
+    the version read (:mod:`ragbatch.io.formats`), listed from its log, not its folders.
     """
+    from ragbatch.io.formats import table_format
+
+    reader = table_format(cfg.format)
+    if reader is not None:
+        return reader.discover(cfg)
     fs, root = resolve(cfg.uri, cfg.storage_options)
     if has_magic(root):
         listing = _list_glob(fs, cfg.uri, root)
@@ -218,7 +233,8 @@ def _select(cfg: InputSection, listing: dict[str, dict], base: str, what: str) -
         else:
             by_format.setdefault(fmt, []).append(path)
     if cfg.format is not None:
-        chosen = by_format.get(cfg.format) or (unknown if not by_format else [])
+        held = [p for f in CONTAINERS.get(cfg.format, (cfg.format,)) for p in by_format.get(f, [])]
+        chosen = sorted(held) or (unknown if not by_format else [])
         fmt = cfg.format
     elif len(by_format) > 1:
         listing_text = "; ".join(

@@ -45,6 +45,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ragbatch.config.job import InputSection
 from ragbatch.core.errors import InputError
+from ragbatch.io.formats import filter_rows, table_format
+from ragbatch.io.formats.openinference import read_spans
 from ragbatch.io.fs import describe_storage_error, is_process_local, resolve, with_storage_retries
 from ragbatch.io.names import refuse_internal_names
 from ragbatch.io.listing import (
@@ -236,8 +238,10 @@ def input_fingerprint(
     dict
         ``{"files": [{"path": str, "size": int, "etag_or_mtime": str | None}, ...],
         "sha256": str}`` with files in path order; ``sha256`` hashes the canonical JSON of
-        ``files``. Never reads file contents: one listing, plus a ``stat`` for any file
-        the listing lacks.
+        ``files``. A table format (``input.format: delta``) adds ``"table": {"format":
+        str, <pin field>: int}`` (``version`` of a Delta table, ``snapshot_id`` of an
+        Iceberg one), the version read, and ``sha256`` covers it too. Never
+        reads file contents: one listing, plus a ``stat`` for any file the listing lacks.
 
     Raises
     ------
@@ -256,6 +260,11 @@ def input_fingerprint(
                 "etag_or_mtime": _version_tag(info),
             }
         )
+    table = next((f.info["table_version"] for f in files if "table_version" in f.info), None)
+    if table is not None:  # a table format: the version read identifies the input too
+        blob: object = {"files": entries, "table": table}
+        digest = hashlib.sha256(json.dumps(blob, sort_keys=True).encode("utf-8")).hexdigest()
+        return {"files": entries, "table": table, "sha256": digest}
     digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
     return {"files": entries, "sha256": digest}
 
@@ -286,6 +295,7 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         not copied out of the decoded pages, which matters when many rows repeat the same
         long text. :func:`ragbatch.io.schema.normalize` takes them with ``views=True``.
         Empty (the default): every column has its type in the file, as PyArrow reads it.
+        Ignored for a table input with ``input.filter``, whose rows are filtered.
 
     Returns
     -------
@@ -293,7 +303,8 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         The file's columns (types per the module notes), then one ``string`` column per
         hive partition key not already in the file (value null for
         ``__HIVE_DEFAULT_PARTITION__``), and for JSON input possibly
-        :data:`NONSTRING_COLUMN`. Rows in file order.
+        :data:`NONSTRING_COLUMN`. Rows in file order; for a table input, only those that
+        meet ``input.filter`` (:func:`ragbatch.io.formats.filter_rows`).
 
     Raises
     ------
@@ -305,6 +316,8 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         line).
     """
     fs, _ = resolve(cfg.uri, cfg.storage_options)
+    if cfg.filter and table_format(cfg.format) is not None:
+        views = frozenset()  # rows are filtered, and Arrow cannot filter string views
     if task.format == "parquet":
         read = lambda: _read_parquet(fs, task, cfg, views)  # noqa: E731
     else:
@@ -312,7 +325,15 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
     # The file was listed while planning, so an unreachable or throttling store now is
     # transient: wait and read again (see ragbatch.io.fs.with_storage_retries).
     table = with_storage_retries(read, f"read {task.path}")
-    return _add_partitions(table, task.partition)
+    return _table_rows(_add_partitions(table, task.partition), task, cfg)
+
+
+def _table_rows(table: pa.Table, task: ReadTask, cfg: InputSection) -> pa.Table:
+    """A table input's rows that meet ``input.filter`` (its partition conditions chose
+    the task's file already); any other input's rows as they are."""
+    if not cfg.filter or table_format(cfg.format) is None:
+        return table
+    return filter_rows(table, list(cfg.filter), frozenset(k for k, _ in task.partition))
 
 
 def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table:
@@ -373,7 +394,7 @@ def read_task_head(task: ReadTask, cfg: InputSection, max_rows: int) -> pa.Table
         raise
     except Exception as exc:
         raise describe_storage_error(where, exc) from exc
-    return _add_partitions(table, task.partition)
+    return _table_rows(_add_partitions(table, task.partition), task, cfg)
 
 
 def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:
@@ -402,6 +423,8 @@ def peek_schema(cfg: InputSection, listing: Listing | None = None) -> pa.Schema:
         schema = _parquet_metadata(fs, item.path).schema.to_arrow_schema()
         schema = pa.schema(list(schema))
         refuse_internal_names(schema.names, display_path(fs, item.path))
+    elif item.format == "openinference":
+        schema = read_spans(fs, item.path, cfg).schema
     else:
         table = peek_text(fs, item.path, item.format, cfg.encoding, objects_as_text(cfg))
         schema = table.schema
@@ -603,4 +626,5 @@ _READERS: dict[str, Callable[[fsspec.AbstractFileSystem, ReadTask, InputSection]
     "tsv": _read_text,
     "jsonl": _read_text,
     "json": _read_text,
+    "openinference": lambda fs, task, cfg: read_spans(fs, task.path, cfg),
 }

@@ -126,9 +126,16 @@ class Staging:
 
     # -- starting --------------------------------------------------------------------------
 
-    def begin(self, fingerprint: str, metric_ids: list[str]) -> Resume:
+    def begin(
+        self, fingerprint: str, metric_ids: list[str], input_version: dict | None = None
+    ) -> Resume:
         """Take the run's lease, then start attempt 1, or the next attempt of an
         interrupted run. The lease is renewed until :meth:`publish` or :meth:`close`.
+
+        ``input_version`` (a table input: ``{"format": str, <pin field>: int}``, the
+        table version the run reads, as :func:`ragbatch.io.read.input_fingerprint` gives
+        it) is recorded by attempt 1 for the later attempts
+        (:meth:`input_version`).
 
         Raises
         ------
@@ -142,7 +149,7 @@ class Staging:
         try:
             self._check_bucket()
             self.lease.acquire()
-            resume = self._start(fingerprint, metric_ids)
+            resume = self._start(fingerprint, metric_ids, input_version)
         except BaseException as exc:
             self.lease.release()
             if isinstance(exc, RagbatchError) or not isinstance(exc, Exception):
@@ -153,7 +160,9 @@ class Staging:
         self.lease.start_renewing()
         return resume
 
-    def _start(self, fingerprint: str, metric_ids: list[str]) -> Resume:
+    def _start(
+        self, fingerprint: str, metric_ids: list[str], input_version: dict | None = None
+    ) -> Resume:
         """:meth:`begin` under the lease."""
         self.fs.invalidate_cache(self.layout.manifest_path)
         if self.fs.exists(self.layout.manifest_path):
@@ -178,6 +187,7 @@ class Staging:
                     "attempts": 1,
                     "accepted": [],
                     "started_at": _now(),
+                    **({"input_version": input_version} if input_version else {}),
                 }
             )
             return Resume(attempt=1)
@@ -201,6 +211,13 @@ class Staging:
         """The run date an earlier attempt recorded (a resume keeps it), or None."""
         state = self._read_state()
         return dt.date.fromisoformat(state["run_date"]) if state else None
+
+    def input_version(self) -> dict | None:
+        """The table version an earlier attempt read (``{"format": str, <pin field>:
+        int}``, recorded by :meth:`begin`), or None (no earlier attempt, or not a table
+        input)."""
+        state = self._read_state()
+        return state.get("input_version") if state else None
 
     def _read_state(self) -> dict[str, Any] | None:
         if not self.fs.exists(self.state_path):

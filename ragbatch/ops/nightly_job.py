@@ -57,6 +57,7 @@ from ragbatch.core.exit_codes import (
     EXIT_REGRESSION,
 )
 from ragbatch.core.ids import check_id
+from ragbatch.ops.mlflow_log import MlflowLogged
 from ragbatch.io.probe import probe_output
 from ragbatch.core.run_date import choose_run_date
 from ragbatch.config.templating import fixed_prefix, render_config
@@ -112,6 +113,8 @@ class NightlyOutcome:
     degenerate : dict
         Metric id -> reasons, for each judge metric whose all-rows result is degenerate
         (filled whether or not the night gates on it).
+    mlflow : MlflowLogged or None
+        Where the night was logged to MLflow (``output.mlflow``; None without it).
     """
 
     exit_code: int
@@ -130,6 +133,7 @@ class NightlyOutcome:
     fdr: float | None = DEFAULT_FDR
     compared: bool = True
     degenerate: dict[str, str] = field(default_factory=dict)
+    mlflow: MlflowLogged | None = None
 
 
 def run_nightly(
@@ -352,6 +356,32 @@ def _publish(outcome: NightlyOutcome, report: bool, fail_on_degenerate: bool) ->
             f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
             "scored again)",
         )
+    if output.table is not None:
+        from ragbatch.ops.table_output import write_run_tables
+
+        try:
+            write_run_tables(config, outcome.run_id)
+        except Exception as exc:  # noqa: BLE001 - the night is committed; say so
+            return _failed(
+                outcome,
+                EXIT_FAILED,
+                f"run {outcome.run_id} is committed, but it could not be written to its "
+                f"tables: {type(exc).__name__}: {exc}; run the night again to retry (it is "
+                "not scored again)",
+            )
+    if output.mlflow is not None:
+        from ragbatch.ops.mlflow_log import log_run
+
+        try:
+            outcome.mlflow = log_run(config, outcome.run_id)
+        except Exception as exc:  # noqa: BLE001 - the night is committed; say so
+            return _failed(
+                outcome,
+                EXIT_FAILED,
+                f"run {outcome.run_id} is committed, but it could not be logged to MLflow: "
+                f"{type(exc).__name__}: {exc}; run the night again to retry (it is not "
+                "scored again)",
+            )
     if outcome.threshold is not None and outcome.comparison is not None:
         outcome.regressions = outcome.comparison.regressions(outcome.threshold)
     if fail_on_degenerate and outcome.degenerate:

@@ -9,6 +9,7 @@ from importlib import metadata
 from typing import Any, cast
 
 from ragbatch import __version__
+from ragbatch.config.job import JobConfig
 from ragbatch.io.write import OutputLayout, RunCheck
 from ragbatch.io.manifest_model import FAULT_COUNTERS, SCHEMA_VERSION, JudgeTally, Manifest
 from ragbatch.pipeline.plan import Plan
@@ -226,3 +227,50 @@ def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
             entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if hits is not None else None
         engines[name] = entry
     return {"metrics": per_metric, "total": total, "engines": engines}
+
+
+def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobConfig:
+    """``config`` with the table version pinned, for a table input that leaves it unset
+    (``input.version`` of a Delta table, ``input.snapshot_id`` of an Iceberg table: the
+    format's ``pin`` field in :data:`ragbatch.config.formats.TABLE_FORMATS`): the version an
+    earlier attempt of ``run_id`` read (so that a resume reads the same one, even if the
+    table moved on since), else the table's current version.
+
+    Parameters
+    ----------
+    config : JobConfig
+        Rendered (no ``{run_date}`` placeholders left).
+    run_id : str
+    run_date : datetime.date
+        The run's date (:func:`ragbatch.pipeline.runner.run_date_for`), which locates an
+        earlier attempt's staging under ``output.uri``.
+
+    Returns
+    -------
+    JobConfig
+        ``config`` itself when the input is files or the version is set; else a copy with
+        the version pinned. The run's fingerprint, manifest and resume all see it.
+
+    Raises
+    ------
+    InputNotFoundError, InputError
+        The table cannot be opened (:meth:`ragbatch.io.formats.TableFormat.current_version`).
+    """
+    from ragbatch.config.formats import TABLE_FORMATS
+    from ragbatch.io.formats import table_format
+    from ragbatch.io.staging import Staging
+
+    reader = table_format(config.input.format)
+    if reader is None:
+        return config
+    field = TABLE_FORMATS[reader.name].pin
+    if getattr(config.input, field) is not None:
+        return config
+    recorded = Staging(OutputLayout.for_run(config.output, run_date, run_id)).input_version()
+    if recorded is not None and recorded.get("format") == reader.name and field in recorded:
+        version = int(recorded[field])
+    else:
+        version = reader.current_version(config.input)
+    pinned = config.model_copy(deep=True)
+    setattr(pinned.input, field, version)
+    return pinned

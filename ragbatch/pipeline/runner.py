@@ -30,7 +30,7 @@ from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
 from ragbatch.judge.cache_upkeep import settle_journal
-from ragbatch.pipeline.manifest import build_manifest
+from ragbatch.pipeline.manifest import build_manifest, pin_input_version
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, build_plan, preflight_engines
 from ragbatch.pipeline.stage_builders import StageRun, chain_stages
@@ -128,6 +128,7 @@ def run_job(
     if templates:
         config = render_config(config, run_date_for(config, run_id, started))
     probe_output(config.output.uri, config.output.storage_options)
+    config = pin_input_version(config, run_id, run_date_for(config, run_id, started))
     plan = build_plan(config)
     # before any engine is contacted or staging is written: in_process may refuse the job
     executor = choose_executor(plan, address)
@@ -292,7 +293,7 @@ def _begin(plan: Plan, run_id: str, started: dt.datetime) -> tuple[OutputLayout,
     staging = Staging(layout)
     files = plan.input_fingerprint or input_fingerprint(config.input, plan.read_tasks)
     fingerprint = run_fingerprint(config.model_dump(mode="json"), files["sha256"])
-    resume = staging.begin(fingerprint, plan.metric_ids)
+    resume = staging.begin(fingerprint, plan.metric_ids, files.get("table"))
     if resume.resumed:
         log.info(
             "run %s: attempt %d resumes with %d rows already scored",
