@@ -1,0 +1,174 @@
+"""``ragbatch pairwise`` end to end against scripted pairwise judges: a real
+OpenAI-compatible HTTP server on loopback (tests/support/scripted_pairwise_judge.py)
+through the real ``openai`` engine, the judge runner, the judgment cache and the
+command line. The judges' rules are fixed, so the statistics have exact values:
+
+- the scripted judge that always prefers the first position must come out with position
+  consistency 0 and position share 1, and be flagged ``position_bound``;
+- the scripted judge that prefers the longer answer must order the systems by answer
+  length (in code points) with consistency 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from ragbatch.cli.main import main
+from support.scripted_pairwise_judge import SERVED_NAME, ScriptedPairwiseJudge
+
+pytest.importorskip("openai", reason="the openai engine needs the openai package")
+
+# Three systems; on every question `long` > `mid` > `short` in code points. The `mid`
+# answers hold combining marks, emoji and CJK text, so that by UTF-8 bytes `mid` would
+# be longer than `long` on the first question: the lengths must be counted in code
+# points. `short` has a null answer on q4: that row is left out of the pairs.
+MID_Q1 = "e\u0301\U0001f600東京"  # 5 code points, 13 UTF-8 bytes
+ROWS = [
+    ("q1 什么是RAG？", "long", "abcdefghij"),  # 10 code points, 10 bytes
+    ("q1 什么是RAG？", "mid", MID_Q1),
+    ("q1 什么是RAG？", "short", "ab"),
+    ("q2 Who?", "long", "Paul Graham wrote it."),
+    ("q2 Who?", "mid", "Paul 😀 Graham"),
+    ("q2 Who?", "short", "PG"),
+    ("q3 When?", "short", "1"),
+    ("q3 When?", "mid", "in 2001"),
+    ("q3 When?", "long", "in the year 2001"),
+    ("q4 Where?", "long", "in Cambridge, Massachusetts"),
+    ("q4 Where?", "mid", "Cambridge"),
+    ("q4 Where?", "short", None),
+]
+
+
+def _input(tmp_path: Path, rows=ROWS) -> Path:
+    path = tmp_path / "answers.parquet"
+    pl.DataFrame(
+        {
+            "q": [r[0] for r in rows],
+            "sys": [r[1] for r in rows],
+            "text": [r[2] for r in rows],
+        },
+        schema={"q": pl.String, "sys": pl.String, "text": pl.String},
+    ).write_parquet(path)
+    return path
+
+
+def _config(tmp_path: Path, base_url: str, **pairwise) -> Path:
+    config = {
+        "name": "scripted",
+        "input": {
+            "uri": str(_input(tmp_path)),
+            "format": "parquet",
+            "columns": {"question": "q", "answer": "text"},
+        },
+        "pairwise": {"system_column": "sys", "engine": "judge", **pairwise},
+        "engines": {
+            "judge": {
+                "type": "openai",
+                "base_url": base_url,
+                "model": SERVED_NAME,
+                "max_retries": 0,
+            }
+        },
+        "output": {"uri": str(tmp_path / "out")},
+        "bootstrap": {"resamples": 200},
+    }
+    path = tmp_path / "pairwise.yaml"
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def _run_dir(tmp_path: Path, run_id: str) -> Path:
+    [path] = (tmp_path / "out" / "pairwise").glob(f"run_date=*/run_id={run_id}")
+    return path
+
+
+def test_a_judge_that_always_prefers_the_first_position_is_flagged(tmp_path, capsys):
+    with ScriptedPairwiseJudge("first") as judge:
+        assert main(["pairwise", str(_config(tmp_path, judge.base_url)), "--run-id", "first"]) == 0
+        # 3 pairs on q1-q3, 1 on q4 (short's answer is null), each in both orders
+        assert judge.chat_calls == 20
+    out = capsys.readouterr()
+    assert "JUDGE FLAGGED position_bound" in out.out
+    assert "ragbatch: warning: JUDGE FLAGGED position_bound" in out.err
+    run = _run_dir(tmp_path, "first")
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["flags"] == ["position_bound"]
+    assert summary["position_consistency"]["value"] == 0.0
+    assert summary["position_consistency"]["n"] == 10
+    assert summary["position_bias"]["value"] == 1.0
+    assert summary["position_bias"]["n"] == 20
+    assert summary["counts"]["null_answers"] == 1
+    assert summary["counts"]["pairs"] == 10
+    assert summary["counts"]["failed"] == 0
+    assert summary["judge_calls"] == 20 and summary["cache_hits"] == 0
+    # every system wins exactly as often as it is shown first: all win rates 0.5
+    ratings = pl.read_parquet(run / "ratings.parquet")
+    assert ratings["win_rate"].to_list() == [0.5, 0.5, 0.5]
+    assert "Judge flagged position_bound" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_judge_that_prefers_the_longer_answer_orders_systems_by_length(tmp_path, capsys):
+    with ScriptedPairwiseJudge("longer") as judge:
+        config = _config(tmp_path, judge.base_url)
+        assert main(["pairwise", str(config), "--run-id", "longer"]) == 0
+        assert judge.chat_calls == 20
+        # a rerun with the same judge and prompts is answered by the judgment cache
+        assert main(["pairwise", str(config), "--run-id", "again"]) == 0
+        assert judge.chat_calls == 20
+    capsys.readouterr()
+    run = _run_dir(tmp_path, "longer")
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["flags"] == []
+    assert summary["position_consistency"]["value"] == 1.0
+    assert summary["position_consistency"]["n"] == 10
+    # the first position wins half of the decided verdicts: each pair once each way
+    assert summary["position_bias"]["value"] == 0.5
+    assert summary["length_bias"]["value"] == 1.0
+    ratings = pl.read_parquet(run / "ratings.parquet")
+    assert ratings["system"].to_list() == ["long", "mid", "short"]
+    # long wins all its 14 verdicts (8 against mid on q1-q4, 6 against short on q1-q3);
+    # mid wins its 6 against short and none of its 8 against long: 6 / 14
+    assert ratings["win_rate"].to_list() == [1.0, pytest.approx(6 / 14), 0.0]
+    assert ratings["n_verdicts"].to_list() == [14, 14, 12]
+    verdicts = pl.read_parquet(run / "verdicts")
+    assert verdicts.height == 20
+    assert sorted(verdicts["order"].unique().to_list()) == [1, 2]
+    q1 = verdicts.filter((pl.col("first") == "mid") & pl.col("question").str.starts_with("q1"))
+    assert set(q1["first_chars"].to_list()) == {5}
+    assert q1.filter(pl.col("second") == "long")["verdict"].to_list() == ["second"]
+    assert verdicts["prompt_tokens"].to_list() == [50] * 20
+    assert verdicts["reason"].to_list() == ["scripted rule longer"] * 20
+    again = json.loads((_run_dir(tmp_path, "again") / "summary.json").read_text("utf-8"))
+    assert again["judge_calls"] == 0 and again["cache_hits"] == 20
+    assert again["position_consistency"] == summary["position_consistency"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"system_column": "nope"}, "pairwise.system_column: 'nope' is not a column"),
+        ({"systems": ["long", "gone"]}, "pairwise.systems: ['gone'] are not systems"),
+        ({"engine": "missing"}, "pairwise.engine: 'missing' is not defined under `engines`"),
+        ({"colour": "red"}, "pairwise.colour"),
+    ],
+)
+def test_a_bad_config_exits_2_before_any_judge_call(tmp_path, capsys, change, message):
+    with ScriptedPairwiseJudge("first") as judge:
+        assert main(["pairwise", str(_config(tmp_path, judge.base_url, **change))]) == 2
+        assert judge.chat_calls == 0
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "pairwise").exists()
+
+
+def test_one_system_is_too_few(tmp_path, capsys):
+    with ScriptedPairwiseJudge("first") as judge:
+        config = _config(tmp_path, judge.base_url)
+        _input(tmp_path, [r for r in ROWS if r[1] == "long"])
+        assert main(["pairwise", str(config)]) == 2
+        assert judge.chat_calls == 0
+    assert "needs at least two systems; the input has 1: ['long']" in capsys.readouterr().err
