@@ -81,7 +81,8 @@ class Pairs:
     systems : list of str
         The systems compared, sorted.
     counts : dict
-        ``rows`` read, ``null_answers`` (rows left out of the pairs), ``duplicates``
+        ``rows`` read, ``null_answers`` (rows left out of the pairs), ``null_keys``
+        (rows with an answer left out for a null ``match_on`` value), ``duplicates``
         (rows of a system repeating a question key it already answered; the first is
         kept), ``questions`` (questions judged), ``unmatched_questions`` (keys fewer than
         two systems answered), ``pairs``.
@@ -93,7 +94,9 @@ class Pairs:
 
 
 def read_answers(cfg: PairwiseConfig) -> pl.DataFrame:
-    """The input's rows as ``system``, ``question``, ``answer`` and ``question_key``.
+    """The input's rows as ``system``, ``question``, ``answer`` (str), ``question_key``
+    (the content key, 64 hex digits) and ``null_key`` (bool: a ``match_on`` value is
+    null).
 
     Raises
     ------
@@ -137,6 +140,9 @@ def read_answers(cfg: PairwiseConfig) -> pl.DataFrame:
             if "answer" in frame.columns
             else pl.Series([None] * frame.height, dtype=pl.String),
             "question_key": keys["key"],
+            "null_key": frame.select(
+                pl.any_horizontal(pl.col(c).is_null() for c in section.match_on)
+            ).to_series(),
         }
     )
 
@@ -149,7 +155,9 @@ def build_pairs(
     Parameters
     ----------
     answers : polars.DataFrame
-        As :func:`read_answers` returns.
+        As :func:`read_answers` returns. Rows with a null answer, and rows with a null
+        value in a ``match_on`` column (no question to match them on), are left out and
+        counted.
     systems : list of str, optional
         The systems to compare (default: every non-null system of ``answers``).
     max_questions : int, optional
@@ -177,8 +185,12 @@ def build_pairs(
             f"{chosen} (check pairwise.system_column)"
         )
     rows = answers.filter(pl.col("system").is_in(chosen))
-    counts = {"rows": rows.height, "null_answers": int(rows["answer"].is_null().sum())}
-    rows = rows.filter(pl.col("answer").is_not_null()).with_row_index("_pos")
+    counts = {
+        "rows": rows.height,
+        "null_answers": int(rows["answer"].is_null().sum()),
+        "null_keys": int((rows["null_key"] & rows["answer"].is_not_null()).sum()),
+    }
+    rows = rows.filter(pl.col("answer").is_not_null() & ~pl.col("null_key"))
     firsts = rows.unique(["question_key", "system"], keep="first", maintain_order=True)
     counts["duplicates"] = rows.height - firsts.height
     order = firsts.group_by("question_key", maintain_order=True).agg(
@@ -254,7 +266,7 @@ def judge_pairs(cfg: PairwiseConfig, pairs: Pairs, run_id: str | None = None) ->
     from ragbatch.judge.rejudge import reasks_parse_failures
     from ragbatch.judge.run import JudgeRunner
 
-    spec = cfg.engines[cfg.pairwise.engine]
+    spec: Any = cfg.engines[cfg.pairwise.engine]  # a judge engine (checked by the config)
     params: dict[str, Any] = {} if cfg.criteria is None else {"criteria": cfg.criteria}
     metric = PairwisePreference.from_params(params, metric_id="pairwise_preference")
     assert isinstance(metric, PairwisePreference)
