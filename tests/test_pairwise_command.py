@@ -148,6 +148,50 @@ def test_a_judge_that_prefers_the_longer_answer_orders_systems_by_length(tmp_pat
     assert again["position_consistency"] == summary["position_consistency"]
 
 
+def test_unparseable_replies_are_null_verdicts_with_their_status_never_lost_pairs(tmp_path, capsys):
+    with ScriptedPairwiseJudge("prose") as judge:
+        assert main(["pairwise", str(_config(tmp_path, judge.base_url)), "--run-id", "p"]) == 0
+        # each request asked once more after the unparseable reply (parse_retries: 1)
+        assert judge.chat_calls == 40
+    capsys.readouterr()
+    run = _run_dir(tmp_path, "p")
+    verdicts = pl.read_parquet(run / "verdicts")
+    assert verdicts.height == 20
+    assert verdicts["verdict"].null_count() == 20
+    assert verdicts["status"].to_list() == ["parse_failure"] * 20
+    assert verdicts["reason"].str.contains("not JSON").all()
+    # the judge's replies are kept: both attempts of each request
+    replies = [json.loads(r) for r in verdicts["judge_reply"].to_list()]
+    assert replies == [["Answer A reads better to me."] * 2] * 20
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["counts"]["failed"] == 20
+    assert summary["statuses"] == {"parse_failure": 20}
+    assert summary["position_consistency"] == {
+        "value": None,
+        "ci_low": None,
+        "ci_high": None,
+        "n": 0,
+    }
+
+
+def test_a_rubric_written_in_the_config_is_what_the_judge_is_asked(tmp_path, capsys):
+    rubric = "Prefer the answer that names a place or a person."
+    with ScriptedPairwiseJudge("longer") as judge:
+        builtin = _config(tmp_path, judge.base_url)
+        assert main(["pairwise", str(builtin), "--run-id", "builtin"]) == 0
+        assert all("do not let the order" in m for m in judge.system_messages)
+        judge.system_messages.clear()
+        config = _config(tmp_path, judge.base_url, prompt={"rubric": rubric})
+        assert main(["pairwise", str(config), "--run-id", "rubric"]) == 0
+        # another prompt: the cached replies of the built-in one are not reused
+        assert judge.chat_calls == 40
+        assert len(judge.system_messages) == 20
+        assert all(rubric in m and "do not let the order" not in m for m in judge.system_messages)
+    capsys.readouterr()
+    summary = json.loads((_run_dir(tmp_path, "rubric") / "summary.json").read_text("utf-8"))
+    assert summary["prompt"] == "rubric"
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

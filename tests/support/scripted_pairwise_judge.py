@@ -8,6 +8,7 @@ Rules (``rule``):
   follow position, not content (position consistency 0, position share 1).
 - ``"longer"``: prefers the longer answer (in Unicode code points), a tie when both are
   as long: a judge that reads content only (position consistency 1).
+- ``"prose"``: replies in prose, never in the JSON asked for: every reply fails to parse.
 
 It reads the two answers from the user message's ``[Answer A]`` / ``[Answer B]``
 markers (:data:`ragbatch.judge.pairwise_preference.USER`). It serves ``GET /v1/models``
@@ -38,6 +39,8 @@ def verdict_of(rule: str, first: str, second: str) -> str:
     """The scripted verdict (``A``, ``B`` or ``tie``) of ``rule`` for two answers."""
     if rule == "first":
         return "A"
+    if rule == "prose":
+        return "prose"
     if rule == "longer":
         if len(first) == len(second):
             return "tie"
@@ -58,12 +61,15 @@ class ScriptedPairwiseJudge:
         ``http://127.0.0.1:<port>/v1``.
     chat_calls : int
         Chat requests answered so far.
+    system_messages : list of str
+        The system message of each chat request, in order.
     """
 
     def __init__(self, rule: str):
         verdict_of(rule, "", "")  # the rule is known
         self.rule = rule
         self.chat_calls = 0
+        self.system_messages: list[str] = []
         self._lock = threading.Lock()
         outer = self
 
@@ -95,8 +101,13 @@ class ScriptedPairwiseJudge:
                 first, second = answers_of(user)
                 verdict = verdict_of(outer.rule, first, second)
                 reply = json.dumps({"reason": f"scripted rule {outer.rule}", "verdict": verdict})
+                if verdict == "prose":
+                    reply = "Answer A reads better to me."
                 with outer._lock:
                     outer.chat_calls += 1
+                    outer.system_messages += [
+                        m["content"] for m in body["messages"] if m["role"] == "system"
+                    ]
                 self._send(
                     200,
                     {
