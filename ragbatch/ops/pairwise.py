@@ -39,6 +39,9 @@ from ragbatch.ops.pairwise_config import PairwiseConfig
 
 log = logging.getLogger("ragbatch")
 
+#: (pair, order) rows judged in one batch (one engine round, then a judgment-cache flush).
+BATCH_ROWS = 512
+
 #: Verdict of the judge's reply -> verdict of the verdict table.
 _VERDICTS = {"A": FIRST, "B": SECOND, "tie": TIE}
 
@@ -249,7 +252,8 @@ def judge_pairs(cfg: PairwiseConfig, pairs: Pairs, run_id: str | None = None) ->
 
     The judge engine is ``engines[pairwise.engine]``, loaded through the engine
     registry; with ``cache.enabled`` the judgment cache (default
-    ``<output.uri>/judge_cache``) answers requests already judged and keeps new replies.
+    ``<output.uri>/judge_cache``) answers requests already judged and keeps new replies,
+    flushed after every :data:`BATCH_ROWS` rows.
 
     Raises
     ------
@@ -291,9 +295,17 @@ def judge_pairs(cfg: PairwiseConfig, pairs: Pairs, run_id: str | None = None) ->
         pl.col("first_answer").alias("answer"),
         pl.col("second_answer").alias("reference"),
     )
-    cells, records = run_sync(judge_frame(runner, frame))[metric.id]
+    cells: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    for start in range(0, frame.height, BATCH_ROWS):
+        part_cells, part_records = run_sync(judge_frame(runner, frame.slice(start, BATCH_ROWS)))[
+            metric.id
+        ]
+        cells += part_cells
+        records += part_records
+        if cache is not None:  # what a batch paid for is kept if a later one fails
+            cache.flush()
     if cache is not None:
-        cache.flush()
         _fold(cache.uri, cfg.cache.storage_options, run_id)
     verdicts = []
     for cell in cells:

@@ -1,0 +1,91 @@
+"""Pairing for ``ragbatch pairwise`` (:func:`ragbatch.ops.pairwise.build_pairs`): which
+rows become pairs, in which orders, and what is counted when rows are left out. The
+expected pairs are listed by hand from the rows."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from ragbatch.core.errors import InputError
+from ragbatch.ops.pairwise import build_pairs
+
+
+def _answers(rows: list[tuple[str | None, str, str | None]]) -> pl.DataFrame:
+    """Rows of (question, system, answer) as :func:`read_answers` gives them, keyed by
+    the question text itself (the key's hashing is tested with compare's pairing)."""
+    return pl.DataFrame(
+        {
+            "system": [r[1] for r in rows],
+            "question": [r[0] for r in rows],
+            "answer": [r[2] for r in rows],
+            "question_key": [r[0] for r in rows],
+            "null_key": [r[0] is None for r in rows],
+        },
+        schema={
+            "system": pl.String,
+            "question": pl.String,
+            "answer": pl.String,
+            "question_key": pl.String,
+            "null_key": pl.Boolean,
+        },
+    )
+
+
+ROWS = [
+    ("q1", "b", "b1"),
+    ("q1", "a", "a1"),
+    ("q1", "c", "c1"),
+    ("q1", "a", "a1 again"),  # a repeats q1: the first answer is kept
+    ("q2", "a", "a2"),
+    ("q2", "b", None),  # null answer: left out
+    ("q2", "c", "c2 ü"),
+    ("q3", "a", "a3"),  # only a answered q3: no pair
+    (None, "b", "b?"),  # no question to match on: left out
+]
+
+
+def test_pairs_both_orders_and_counts():
+    pairs = build_pairs(_answers(ROWS))
+    got = pairs.frame.select("question", "order", "first", "second", "first_answer").rows()
+    assert got == [
+        ("q1", 1, "a", "b", "a1"),
+        ("q1", 2, "b", "a", "b1"),
+        ("q1", 1, "a", "c", "a1"),
+        ("q1", 2, "c", "a", "c1"),
+        ("q1", 1, "b", "c", "b1"),
+        ("q1", 2, "c", "b", "c1"),
+        ("q2", 1, "a", "c", "a2"),
+        ("q2", 2, "c", "a", "c2 ü"),
+    ]
+    assert pairs.frame["pair_id"].to_list() == [
+        "q1:a|b", "q1:a|b", "q1:a|c", "q1:a|c", "q1:b|c", "q1:b|c", "q2:a|c", "q2:a|c"
+    ]  # fmt: skip
+    # c shown first: "c1" twice on q1, "c2 ü" (4 code points, 5 bytes) on q2
+    assert pairs.frame.filter(pl.col("first") == "c")["first_chars"].to_list() == [2, 2, 4]
+    assert pairs.systems == ["a", "b", "c"]
+    assert pairs.counts == {
+        "rows": 9,
+        "null_answers": 1,
+        "null_keys": 1,
+        "duplicates": 1,
+        "unmatched_questions": 1,
+        "questions": 2,
+        "pairs": 4,
+    }
+
+
+def test_a_subset_of_systems_and_max_questions():
+    pairs = build_pairs(_answers(ROWS), systems=["c", "a"], max_questions=1)
+    assert pairs.frame.select("first", "second").rows() == [("a", "c"), ("c", "a")]
+    assert pairs.systems == ["a", "c"]
+    assert pairs.counts["questions"] == 1
+
+
+def test_unknown_systems_and_too_few_are_input_errors():
+    with pytest.raises(InputError, match=r"\['z'\] are not systems of the input"):
+        build_pairs(_answers(ROWS), systems=["a", "z"])
+    with pytest.raises(InputError, match="at least two systems; the input has 1"):
+        build_pairs(_answers([r for r in ROWS if r[1] == "a"]))
+    with pytest.raises(InputError, match="no question was answered by two"):
+        build_pairs(_answers([("q1", "a", "x"), ("q2", "b", "y")]))
