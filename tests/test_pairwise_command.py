@@ -216,3 +216,55 @@ def test_one_system_is_too_few(tmp_path, capsys):
         assert main(["pairwise", str(config)]) == 2
         assert judge.chat_calls == 0
     assert "needs at least two systems; the input has 1: ['long']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_committed_runs_as_the_systems(ares_nights, tmp_path, capsys):
+    """Two committed runs of the ARES job (the shipped answers, and the night whose answers
+    were replaced on every eighth row) compared by question, with the scripted judge that
+    prefers the longer answer: identical answers tie in both orders, the others go to
+    the longer one in both orders."""
+    from support.nightly_runs import ALTERED_NIGHT, ORIGINAL
+
+    with ScriptedPairwiseJudge("longer") as judge:
+        config = {
+            "runs": [
+                {
+                    "output": str(ares_nights.nightly),
+                    "run_id": ares_nights.run_ids[night],
+                    "system": name,
+                }
+                for night, name in ((ORIGINAL, "original"), (ALTERED_NIGHT, "altered"))
+            ],
+            "pairwise": {"engine": "judge", "max_questions": 24},
+            "engines": {
+                "judge": {"type": "openai", "base_url": judge.base_url, "model": SERVED_NAME}
+            },
+            "output": {"uri": str(tmp_path / "out")},
+            "bootstrap": {"resamples": 100},
+        }
+        path = tmp_path / "pairwise.yaml"
+        path.write_text(yaml.safe_dump(config))
+        assert main(["pairwise", str(path), "--run-id", "runs"]) == 0
+        calls = judge.chat_calls
+    capsys.readouterr()
+    run = _run_dir(tmp_path, "runs")
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    verdicts = pl.read_parquet(run / "verdicts")
+    pairs = summary["counts"]["pairs"]
+    assert summary["systems"] == ["altered", "original"]
+    assert 0 < pairs <= 24 and verdicts.height == 2 * pairs
+    # two identical answers make the same request in both orders: asked once, the
+    # second order answered from the replies this run already has
+    assert calls == summary["judge_calls"] < 2 * pairs
+    assert summary["judge_calls"] + summary["cache_hits"] == 2 * pairs
+    assert summary["position_consistency"]["value"] == 1.0
+    same = verdicts.filter(pl.col("first_chars") == pl.col("second_chars"))
+    assert set(same["verdict"].to_list()) <= {"tie"}
+    longer = verdicts.filter(pl.col("first_chars") != pl.col("second_chars"))
+    assert longer.height > 0
+    won = pl.when(pl.col("first_chars") > pl.col("second_chars")).then(pl.lit("first"))
+    assert (
+        longer["verdict"].to_list()
+        == longer.select(won.otherwise(pl.lit("second"))).to_series().to_list()
+    )

@@ -89,3 +89,30 @@ def test_unknown_systems_and_too_few_are_input_errors():
         build_pairs(_answers([r for r in ROWS if r[1] == "a"]))
     with pytest.raises(InputError, match="no question was answered by two"):
         build_pairs(_answers([("q1", "a", "x"), ("q2", "b", "y")]))
+
+
+def _cfg(**extra):
+    from ragbatch.ops.pairwise_config import pairwise_from_dict
+
+    data = {
+        "pairwise": {"engine": "judge"},
+        "engines": {"judge": {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}},
+        "output": {"uri": "out"},
+        **extra,
+    }
+    return pairwise_from_dict(data)
+
+
+def test_answers_come_from_an_input_or_from_runs_not_both():
+    from ragbatch.core.errors import ConfigError
+
+    runs = [{"output": "o", "run_id": "r1"}, {"output": "o", "run_id": "r2", "system": "b"}]
+    assert [r.name for r in _cfg(runs=runs).runs] == ["r1", "b"]
+    with pytest.raises(ConfigError, match="either as `input`"):
+        _cfg()
+    with pytest.raises(ConfigError, match="either as `input`"):
+        _cfg(runs=runs, input={"uri": "x.parquet"})
+    with pytest.raises(ConfigError, match="same system name"):
+        _cfg(runs=[{"output": "o", "run_id": "r1"}, {"output": "p", "run_id": "r1"}])
+    with pytest.raises(ConfigError, match=r"runs\[0\]\.run_id"):
+        _cfg(runs=[{"output": "o", "run_id": "../up"}, {"output": "o", "run_id": "r2"}])

@@ -3,9 +3,10 @@ pairs, both orders, and rate the systems.
 
 Steps, all in this process (no Ray):
 
-1. :func:`read_answers` reads ``input`` with the job's readers and normalization and
-   keeps the system column, the canonical question and answer, and a content key per
-   row (:func:`ragbatch.analysis.pairing.content_keys` over ``pairwise.match_on``).
+1. :func:`read_answers` reads ``input`` with the job's readers and normalization (or
+   the inputs behind committed runs, ``runs``) and keeps the system column, the
+   canonical question and answer, and a content key per row
+   (:func:`ragbatch.analysis.pairing.content_keys` over ``pairwise.match_on``).
 2. :func:`build_pairs` matches questions across systems by that key and makes every
    unordered pair of systems that answered a question; each pair is judged in both
    orders. Rows with a null answer are left out of the pairs and counted.
@@ -97,31 +98,29 @@ class Pairs:
 
 
 def read_answers(cfg: PairwiseConfig) -> pl.DataFrame:
-    """The input's rows as ``system``, ``question``, ``answer`` (str), ``question_key``
-    (the content key, 64 hex digits) and ``null_key`` (bool: a ``match_on`` value is
-    null).
+    """The answers to compare as ``system``, ``question``, ``answer`` (str),
+    ``question_key`` (the content key, 64 hex digits) and ``null_key`` (bool: a
+    ``match_on`` value is null): the rows of ``input``, or those behind each committed
+    run of ``runs`` (read again from the run's input, :mod:`ragbatch.analysis.inputs`).
 
     Raises
     ------
     InputError
         The input is unreadable or empty, or lacks the system column or a ``match_on``
-        column (the message lists the columns it has).
+        column (the message lists the columns it has); a run is not committed under its
+        output root, or its input cannot be read again unchanged.
     """
-    from ragbatch.io.read import plan_read, read_task
-    from ragbatch.io.schema import normalize
-
-    tables = [
-        normalize(read_task(task, cfg.input), cfg.input, task) for task in plan_read(cfg.input)
-    ]
-    if not tables or sum(t.num_rows for t in tables) == 0:
-        raise InputError(f"input {cfg.input.uri} holds no rows; nothing to compare")
-    frame = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
-    assert isinstance(frame, pl.DataFrame)
     section = cfg.pairwise
+    if cfg.runs is not None:
+        frame = _run_rows(cfg)
+        system_column = "system"
+    else:
+        frame = _input_rows(cfg)
+        system_column = section.system_column
     available = sorted(c for c in frame.columns if not c.startswith("_"))
-    if section.system_column not in frame.columns:
+    if system_column not in frame.columns:
         raise InputError(
-            f"pairwise.system_column: {section.system_column!r} is not a column of the "
+            f"pairwise.system_column: {system_column!r} is not a column of the "
             f"input; its columns: {available}"
         )
     missing = [c for c in section.match_on if c not in frame.columns]
@@ -135,7 +134,7 @@ def read_answers(cfg: PairwiseConfig) -> pl.DataFrame:
     )
     return pl.DataFrame(
         {
-            "system": frame[section.system_column].cast(pl.String),
+            "system": frame[system_column].cast(pl.String),
             "question": frame["question"].cast(pl.String)
             if "question" in frame.columns
             else pl.Series([None] * frame.height, dtype=pl.String),
@@ -148,6 +147,39 @@ def read_answers(cfg: PairwiseConfig) -> pl.DataFrame:
             ).to_series(),
         }
     )
+
+
+def _input_rows(cfg: PairwiseConfig) -> pl.DataFrame:
+    """``input``'s rows, normalized as a job reads them (canonical and slice columns)."""
+    from ragbatch.io.read import plan_read, read_task
+    from ragbatch.io.schema import normalize
+
+    assert cfg.input is not None
+    tables = [
+        normalize(read_task(task, cfg.input), cfg.input, task) for task in plan_read(cfg.input)
+    ]
+    if not tables or sum(t.num_rows for t in tables) == 0:
+        raise InputError(f"input {cfg.input.uri} holds no rows; nothing to compare")
+    frame = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _run_rows(cfg: PairwiseConfig) -> pl.DataFrame:
+    """The canonical input rows behind each run of ``runs``, with a ``system`` column
+    (the run's ``system``, default its run id)."""
+    from ragbatch.analysis.inputs import load_inputs
+    from ragbatch.analysis.runs import find_run
+
+    assert cfg.runs is not None
+    parts = []
+    for i, source in enumerate(cfg.runs):
+        run = find_run(source.output, source.run_id, source.storage_options)
+        inputs = load_inputs(run)
+        if inputs.rows is None:
+            raise InputError(f"runs[{i}]: the input of run {source.run_id}: {inputs.note}")
+        parts.append(inputs.rows.with_columns(pl.lit(source.name).alias("system")))
+    return pl.concat(parts, how="diagonal_relaxed")
 
 
 def build_pairs(

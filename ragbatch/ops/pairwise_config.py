@@ -4,7 +4,9 @@ Shape (see docs/pairwise.md)::
 
     name:     free text
     input:    the answers of every system, as a job's ``input`` section (any format a job
-              reads), with a column naming the system of each row
+              reads), with a column naming the system of each row; or
+    runs:     [{output, run_id, system, storage_options}, ...]: committed runs, one
+              system each, whose inputs are read again
     pairwise: {system_column, match_on, systems, max_questions, prompt, engine}
     engines:  named engines, as in a job (the judge)
     output:   {uri, storage_options}
@@ -23,6 +25,7 @@ from ragbatch.config.engine_spec import EngineSpec
 from ragbatch.config.job import CacheSection, InputSection, OutputSection, _describe, read_yaml
 from ragbatch.core.engine_registry import engine_names
 from ragbatch.core.errors import ConfigError
+from ragbatch.core.ids import PathId
 
 
 class _Strict(BaseModel):
@@ -34,6 +37,22 @@ class RubricPrompt(_Strict):
     in place of the built-in preference criteria."""
 
     rubric: str = Field(min_length=1)
+
+
+class RunSource(_Strict):
+    """One entry of ``runs``: a committed run whose input rows hold one system's answers.
+    ``output``: the run's output root; ``system``: the name its answers go by (default:
+    the run id)."""
+
+    output: str
+    run_id: PathId
+    system: str | None = None
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The system name of this run's answers."""
+        return self.system if self.system is not None else self.run_id
 
 
 class PairwiseSection(_Strict):
@@ -68,7 +87,10 @@ class PairwiseConfig(_Strict):
     """A whole pairwise config; build it with :func:`load_pairwise`."""
 
     name: str = "pairwise"
-    input: InputSection
+    #: The answers of every system in one table (with ``pairwise.system_column``) ...
+    input: InputSection | None = None
+    #: ... or committed runs, one system each (exactly one of the two).
+    runs: list[RunSource] | None = Field(None, min_length=2)
     pairwise: PairwiseSection
     engines: dict[str, EngineSpec] = Field(default_factory=dict)
     output: OutputSection
@@ -93,6 +115,14 @@ class PairwiseConfig(_Strict):
         systems = self.pairwise.systems
         if systems is not None and len(set(systems)) != len(systems):
             raise ValueError("pairwise.systems: a system is named twice")
+        if (self.input is None) == (self.runs is None):
+            raise ValueError(
+                "give the answers either as `input` (one table with a system column) or "
+                "as `runs` (committed runs, one system each), not both or neither"
+            )
+        names = [r.name for r in self.runs or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"runs: two runs go by the same system name: {names}")
         return self
 
     @property
