@@ -92,7 +92,12 @@ def test_a_judge_that_always_prefers_the_first_position_is_flagged(tmp_path, cap
         assert main(["pairwise", str(_config(tmp_path, judge.base_url)), "--run-id", "first"]) == 0
         # 3 pairs on q1-q3, 1 on q4 (short's answer is null), each in both orders
         assert judge.chat_calls == 20
-    out = capsys.readouterr()
+        out = capsys.readouterr()
+        # the flag fails the command when asked to (exit 5, as for a degenerate judge
+        # metric); the replies come from the cache
+        config = _config(tmp_path, judge.base_url)
+        assert main(["pairwise", str(config), "--run-id", "gate", "--fail-on-degenerate"]) == 5
+        assert judge.chat_calls == 20
     assert "JUDGE FLAGGED position_bound" in out.out
     assert "ragbatch: warning: JUDGE FLAGGED position_bound" in out.err
     run = _run_dir(tmp_path, "first")

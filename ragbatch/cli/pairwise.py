@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import sys
 
+from ragbatch.core.exit_codes import EXIT_DEGENERATE, EXIT_OK
 from ragbatch.core.ids import id_argument
 
 
@@ -32,11 +33,19 @@ def add_pairwise_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="judge the first N matched questions; overrides pairwise.max_questions",
     )
+    p.add_argument(
+        "--fail-on-degenerate",
+        action="store_true",
+        help=f"exit {EXIT_DEGENERATE} when the run is written but the judge is flagged "
+        "(position_bound or inconsistent), as `run --fail-on-degenerate` does for a "
+        "degenerate judge metric",
+    )
 
 
 def cmd_pairwise(args: argparse.Namespace) -> int:
     """Run pairwise judging; print where it went, the ratings, the judge's consistency
-    and biases, and any flag on the judge (also on stderr)."""
+    and biases, and any flag on the judge (also on stderr). Returns 0, or
+    ``EXIT_DEGENERATE`` with ``--fail-on-degenerate`` when the judge is flagged."""
     from ragbatch.core.errors import ConfigError
     from ragbatch.core.redact import redact_url
     from ragbatch.ops.pairwise import run_pairwise
@@ -82,4 +91,6 @@ def cmd_pairwise(args: argparse.Namespace) -> int:
         text = f"JUDGE FLAGGED {flag}: {FLAG_NOTES[flag]}"
         print(f"\n  {text}")
         print(f"ragbatch: warning: {text}", file=sys.stderr)
-    return 0
+    if args.fail_on_degenerate and run.result.flags:
+        return EXIT_DEGENERATE
+    return EXIT_OK
