@@ -116,3 +116,41 @@ def test_answers_come_from_an_input_or_from_runs_not_both():
         _cfg(runs=[{"output": "o", "run_id": "r1"}, {"output": "p", "run_id": "r1"}])
     with pytest.raises(ConfigError, match=r"runs\[0\]\.run_id"):
         _cfg(runs=[{"output": "o", "run_id": "../up"}, {"output": "o", "run_id": "r2"}])
+
+
+def test_the_report_escapes_system_names_and_shows_the_flag():
+    from ragbatch.analysis.pairwise import pairwise_statistics
+    from ragbatch.ops.pairwise_output import report_html
+
+    # one question, one pair, the first position wins in both orders
+    verdicts = pl.DataFrame(
+        {
+            "question": ["q", "q"],
+            "pair_id": ["p", "p"],
+            "first": ["<script>x</script>", "b"],
+            "second": ["b", "<script>x</script>"],
+            "verdict": ["first", "first"],
+            "first_chars": [3, 4],
+            "second_chars": [4, 3],
+        }
+    )
+    result = pairwise_statistics(verdicts, n_resamples=20)
+    share = {"value": 0.0, "ci_low": 0.0, "ci_high": 0.79, "n": 1}
+    summary = {
+        "run_id": "r",
+        "run_date": "2026-12-04",
+        "name": "n",
+        "judge": {"engine": "j", "models": ["m"]},
+        "counts": {"questions": 1, "pairs": 1, "verdicts": 2, "failed": 0, "null_answers": 0},
+        "judge_calls": 2,
+        "cache_hits": 0,
+        "flag_notes": {"inconsistent": "near chance"},
+        "confidence": 0.95,
+        "position_consistency": share,
+        "position_bias": share,
+        "length_bias": share,
+    }
+    html = report_html(result, summary)
+    assert "<script>x</script>" not in html
+    assert "&lt;script&gt;x&lt;/script&gt;" in html
+    assert "Judge flagged inconsistent</strong>: near chance." in html
