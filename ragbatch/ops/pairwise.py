@@ -329,14 +329,15 @@ def judge_pairs(cfg: PairwiseConfig, pairs: Pairs, run_id: str | None = None) ->
     )
     cells: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
-    for start in range(0, frame.height, BATCH_ROWS):
-        part_cells, part_records = run_sync(judge_frame(runner, frame.slice(start, BATCH_ROWS)))[
-            metric.id
-        ]
-        cells += part_cells
-        records += part_records
-        if cache is not None:  # what a batch paid for is kept if a later one fails
-            cache.flush()
+    try:
+        for start in range(0, frame.height, BATCH_ROWS):
+            part = run_sync(judge_frame(runner, frame.slice(start, BATCH_ROWS)))[metric.id]
+            cells += part[0]
+            records += part[1]
+            if cache is not None:  # what a batch paid for is kept if a later one fails
+                cache.flush()
+    finally:
+        engine.close()
     if cache is not None:
         _fold(cache.uri, cfg.cache.storage_options, run_id)
     verdicts = []
