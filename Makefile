@@ -12,7 +12,7 @@ EXTRAS ?= test,judge-cpu
 UNWANTED := torchvision torchaudio torchcodec
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: setup demo demo-judge demo-calibrate smollm2 docs test test-fast lint lint-imports \
+.PHONY: setup demo demo-judge demo-calibrate demo-pairwise smollm2 docs test test-fast lint lint-imports \
 	format format-check test-real-judge test-release bench gpu-judge clean
 
 # One pip run for torch and the project, so that the resolver sees the torch pin and every
@@ -54,6 +54,14 @@ demo-judge: smollm2
 	mkdir -p out
 	head -n 25 examples/data/ares/datasets_v2__LLM_Judge_Test_Set_Human_Annotations.tsv > out/ares_24.tsv
 	$(BIN)/ragbatch run jobs/ares_judge.yaml --input out/ares_24.tsv
+	@echo; echo "$$NOT_A_JUDGE"
+
+# Pairwise judging of the six Paul Graham systems on 6 questions (15 pairs each, both
+# orders: 180 judge calls, about two minutes on two CPU cores; jobs/pairwise_paul_graham.yaml).
+demo-pairwise: smollm2
+	$(BIN)/ragbatch pairwise jobs/pairwise_paul_graham.yaml
+	@echo; echo "A 135M judge is near chance here: expect position consistency near 0 and"
+	@echo "the judge flagged position_bound; its ratings are not evidence."
 	@echo; echo "$$NOT_A_JUDGE"
 
 # hate_speech's agreement with HateCheck's gold labels on a stratified sample (24 hateful

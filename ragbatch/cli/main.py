@@ -32,6 +32,7 @@ from ragbatch.cli.common import (
 from ragbatch.cli.jobs import _add_job_parsers, cmd_logs, cmd_status, cmd_submit
 from ragbatch.cli.metrics import cmd_metrics
 from ragbatch.cli.nightly import _add_nightly_parser, cmd_nightly
+from ragbatch.cli.pairwise import add_pairwise_parser, cmd_pairwise
 from ragbatch.cli.run import cmd_run
 from ragbatch.cli.validate import cmd_validate
 
@@ -130,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_nightly_parser(sub)
     _add_job_parsers(sub)
     _add_cache_parser(sub)
+    add_pairwise_parser(sub)
     from ragbatch.calibrate.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
@@ -173,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "calibrate": _cmd_calibrate,
         "models": _cmd_models,
         "cache": cmd_cache,
+        "pairwise": cmd_pairwise,
     }
     try:
         return handlers[args.command](args)
