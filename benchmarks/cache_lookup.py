@@ -4,6 +4,7 @@ Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/cache_lookup.py [--entries 200000] [--batches 40] [--batch 64]
                                       [--threads 1,8] [--repeat 3] [--baseline DIR]
+                                      [--order input,bucket]
 
 It writes a synthetic cache of ``--entries`` entries (``cache_scale.write_filler``: 256
 buckets, replies of 120-900 characters) twice: on local disk, and on an S3 endpoint on
@@ -15,6 +16,12 @@ cache (a judge actor's lookup per batch: the groups fall in dozens of buckets), 
 ``--threads`` in turn, interleaved over ``--repeat`` rounds. Each round is a fresh
 process that opens the cache afresh, so every round reads the same footers and row
 groups; its first batches read footers, the later ones find them kept.
+
+``--order`` says how a batch's groups are drawn: ``input``, at random (rows in input order
+fall in dozens of buckets); ``bucket``, consecutive groups of a block sorted by bucket, as
+the judge stage receives its rows once they are ordered by cache bucket
+(:mod:`udfs.cache_order`; the block is all ``--batches x --batch`` groups). Each order
+is run as its own setting, interleaved with the others.
 
 ``--baseline DIR`` names a source tree of another version of ``ragbatch`` (for example
 ``git archive <commit> ragbatch | tar -x -C DIR``): each round then runs that version
@@ -191,13 +198,13 @@ def _start_moto() -> tuple[subprocess.Popen, int]:
 
 def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> None:
     """Print one store's lines: per version and setting, seconds and requests a batch."""
-    seen = {(r["found"], r["row_groups"]) for rounds in results.values() for r in rounds}
+    seen = {r["found"] for rounds in results.values() for r in rounds}
     if len(seen) != 1:
         raise SystemExit(f"{name}: the versions or settings found different entries: {seen}")
-    ((entries, row_groups),) = seen
+    (entries,) = seen
     print(
-        f"{name}: {args.batches} batches of {args.batch} groups, {entries:,} entries and "
-        f"{row_groups:,} row groups read per pass; load before "
+        f"{name}: {args.batches} batches of {args.batch} groups, {entries:,} entries found "
+        f"per pass; load before "
         f"{tuple(round(x, 2) for x in load[0])}, after {tuple(round(x, 2) for x in load[1])}"
     )
     first = None
@@ -209,6 +216,7 @@ def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> 
             f"  {version}, LOOKUP_THREADS={threads}: {median:.3f} s a batch (rounds "
             f"{', '.join(f'{t:.3f}' for t in times)}); {first / median:.2f}x the first line"
         )
+        line += f"; {rounds[0]['row_groups']:,} row groups read a pass"
         requests = rounds[0]["requests"]
         if any(requests):
             tail = requests[-max(1, len(requests) // 4) :]
@@ -231,6 +239,7 @@ def main() -> None:
     p.add_argument("--threads", default="1,8", help="LOOKUP_THREADS values, comma-separated")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline", help="a source tree of another ragbatch, run interleaved")
+    p.add_argument("--order", default="input,bucket", help="how batches draw groups: input, bucket")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -245,6 +254,8 @@ def main() -> None:
 
     from cache_scale import write_filler
 
+    from ragbatch.judge.cache_files import bucket_of
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server, _ = _start_moto()
     bucket = f"lookup-{uuid.uuid4().hex[:8]}"
@@ -257,16 +268,17 @@ def main() -> None:
             print(f"{name}: {args.entries:,} entries written in {seconds:.1f} s", flush=True)
         for name, uri in stores.items():
             groups = _groups(uri, {}, args.batches * args.batch, seed=1)
-            batches = [groups[i : i + args.batch] for i in range(0, len(groups), args.batch)]
-            results: dict[tuple[str, int], list[dict]] = {
-                (v, t): [] for v, _ in versions for t in settings
-            }
+            results: dict[tuple[str, int], list[dict]] = {}
             load_before = os.getloadavg()
             for _ in range(args.repeat):
-                for threads in settings:
-                    for version, tree in versions:
-                        job = {"uri": uri, "batches": batches, "threads": threads}
-                        results[(version, threads)].append(_round(job, tree))
+                for order in args.order.split(","):
+                    drawn = sorted(groups, key=bucket_of) if order == "bucket" else groups
+                    batches = [drawn[i : i + args.batch] for i in range(0, len(drawn), args.batch)]
+                    for threads in settings:
+                        for version, tree in versions:
+                            job = {"uri": uri, "batches": batches, "threads": threads}
+                            key = (f"{version}, {order} order", threads)
+                            results.setdefault(key, []).append(_round(job, tree))
             _report(name, results, (load_before, os.getloadavg()), args)
     finally:
         server.terminate()

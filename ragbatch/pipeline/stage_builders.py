@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ragbatch.core.columns import ROW_ID
-from ragbatch.core.stages import stage_type
+from ragbatch.core.stages import StageKind, stage_type
 from ragbatch.judge.metric import JudgeMetric
 from ragbatch.pipeline.plan import Plan, Stage
 
@@ -76,6 +76,7 @@ def chain_stages(ds: Any, plan: Plan, run: StageRun) -> Any:
     last_actor = max((i for i, k in enumerate(kinds) if k.actors), default=-1)
     for i, (stage, kind) in enumerate(zip(plan.stages, kinds)):
         if kind.actors:
+            ds = _cache_ordered(ds, plan, stage)
             ds = _actor_sized_blocks(ds, stage.engine.batch_size)
         # The last actor stage passes on only what the scores table is built from.
         keep = _long_table_columns(plan) if i == last_actor else None
@@ -91,6 +92,34 @@ def _long_table_columns(plan: Plan) -> list[str]:
     """The columns :func:`udfs.scores.to_long` reads besides the pipeline's own (cells,
     judge fields): ``row_id`` and the slice columns."""
     return [ROW_ID, *plan.slice_names]
+
+
+def _cache_ordered(ds: Any, plan: Plan, stage: Stage) -> Any:
+    """Before a judge stage with the judgment cache on, each block's rows sorted by the
+    cache bucket of their group (:func:`udfs.cache_order.order_by_cache_bucket`), so that
+    a batch's lookup reads a few bucket files instead of dozens. Left as it is for other
+    stages, without a cache, or when the engine's identity cannot be worked out without
+    loading it (an engine type without an ``identities`` hook, a server that cannot be
+    reached): the order only saves requests."""
+    from ragbatch.core.engine_registry import engine_of
+    from ragbatch.judge.cache_probe import engine_identities
+
+    if stage.kind is not StageKind.JUDGE or not plan.config.cache.enabled:
+        return ds
+    if engine_of(stage.engine).identities is None:
+        return ds
+    identities, _ = engine_identities(str(stage.engine_name), stage.engine)
+    if not identities:
+        return ds
+    from udfs.cache_order import order_by_cache_bucket
+
+    first = identities[0]
+    return ds.map_batches(
+        order_by_cache_bucket,
+        batch_format="pyarrow",
+        batch_size=None,
+        fn_kwargs={"model_id": first.model_id, "sampling": first.sampling_key()},
+    )
 
 
 def _actor_sized_blocks(ds: Any, batch_size: int) -> Any:
