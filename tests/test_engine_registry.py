@@ -356,3 +356,18 @@ def test_metrics_ask_for_capabilities_so_a_new_engine_serves_them():
         unregister_engine("fake_embed")
     with pytest.raises(ValueError, match="does not provide"):
         EngineType("fake_embed", FakeEmbedSpec, "model", "x:y", "z", default_for=("embed",))
+
+
+def test_an_adapter_without_its_required_method_is_refused_at_registration():
+    class NoComplete(JudgeEngine):  # a judge engine that forgot `complete`
+        model_id = "x"
+
+        def sampling_key(self) -> dict[str, Any]:
+            return {}
+
+    class NoCompleteSpec(JudgeSettings):
+        type: Literal["no_complete"]
+
+    with pytest.raises(TypeError, match="lacks complete"):
+        register_engine(EngineType("no_complete", NoCompleteSpec, "judge", NoComplete, "pip x"))
+    assert "no_complete" not in engine_names()

@@ -35,15 +35,13 @@ from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
 
 
-# The input formats and what they need (ragbatch.config.formats), offered here too.
-from ragbatch.config.formats import FILE_FORMAT_NEEDS as FILE_FORMAT_NEEDS
-from ragbatch.config.formats import FILTER_OPERATORS as FILTER_OPERATORS
-from ragbatch.config.formats import INPUT_FORMATS as INPUT_FORMATS
-from ragbatch.config.formats import TABLE_FORMATS as TABLE_FORMATS
-from ragbatch.config.formats import TRACE_COLUMN_DEFAULTS as TRACE_COLUMN_DEFAULTS
-from ragbatch.config.formats import TableFormatNeeds as TableFormatNeeds
-from ragbatch.config.formats import check_installed as _check_installed
-from ragbatch.config.formats import input_formats as input_formats
+from ragbatch.config.formats import (
+    FILTER_OPERATORS,
+    TABLE_FORMATS,
+    TRACE_COLUMN_DEFAULTS,
+    check_installed,
+    input_formats,
+)
 
 
 class _Strict(BaseModel):
@@ -141,7 +139,7 @@ class InputSection(_Strict):
                 "input.trace_attributes applies to input.format openinference; remove it "
                 "or read a span export"
             )
-        _check_installed(self.format)
+        check_installed(self.format)
         needs = TABLE_FORMATS.get(self.format or "")
         taken = needs.fields if needs is not None else ()
         for name in sorted({f for n in TABLE_FORMATS.values() for f in n.fields} - set(taken)):
@@ -238,7 +236,7 @@ class TableOutputSection(_Strict):
                 "output.table with format iceberg needs namespace and catalog "
                 "(e.g. catalog: {uri: sqlite:///lake/catalog.db, warehouse: ...})"
             )
-        _check_installed(self.format, "output.table.format")
+        check_installed(self.format, "output.table.format")
         return self
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -276,7 +277,16 @@ def register_engine(entry: EngineType) -> EngineType:
     ------
     ValueError
         Another entry already has the name.
+    TypeError
+        The loader is a class that still lacks a method its base requires (an abstract
+        class, such as a judge engine without ``complete``): it could never be built.
     """
+    if inspect.isclass(entry.loader) and inspect.isabstract(entry.loader):
+        missing = ", ".join(sorted(getattr(entry.loader, "__abstractmethods__", ())))
+        raise TypeError(
+            f"engine type {entry.name!r}: its loader {entry.loader.__name__} lacks "
+            f"{missing}, which its base class requires"
+        )
     existing = _REGISTRY.get(entry.name)
     if existing is not None:
         if existing == entry:
