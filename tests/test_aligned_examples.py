@@ -187,3 +187,49 @@ def test_validate_exits_2_naming_the_field(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "examples_file" in err and "cannot read the examples file" in err
+
+
+@pytest.mark.parametrize("layout", ["row_first", "instructions_first"])
+@pytest.mark.parametrize("reasons", [True, False])
+def test_verdict_steps_show_the_examples_in_both_layouts(tmp_path, layout, reasons):
+    """retrieval_precision builds its one step with the verdicts ask, not messages()."""
+    from ragbatch.scoring.registry import get_metric
+
+    record = {**EXAMPLES, "metric": "retrieval_precision"}
+    params = {"examples_file": _file(tmp_path, record), "prompt_layout": layout}
+    metric = get_metric("retrieval_precision").from_params({**params, "reasons": reasons})
+    program = metric.program(ROW)
+    (ask,) = next(program)
+    system, user = ask.messages
+    text = system.content if layout == "instructions_first" else user.content
+    assert f"{RENDERED}\n\n## Your task\n" in text
+    plain = get_metric("retrieval_precision").from_params(
+        {"prompt_layout": layout, "reasons": reasons}
+    )
+    (plain_ask,) = next(plain.program(ROW))
+    without = plain_ask.messages[0] if layout == "instructions_first" else plain_ask.messages[1]
+    # the same prompt, with the examples inserted after the task's heading
+    own = without.content
+    if layout == "row_first":
+        assert text == own.replace("## Task\n", f"## Task\n{RENDERED}\n\n## Your task\n", 1)
+    else:
+        head = "## Instructions: retrieval_precision\n"
+        assert text == own.replace(head, f"{head}{RENDERED}\n\n## Your task\n", 1)
+
+
+@pytest.mark.parametrize("layout", ["row_first", "instructions_first"])
+def test_a_rubric_shows_the_examples(tmp_path, layout):
+    from ragbatch.metrics.rubric import Rubric
+
+    scale = {"criteria": "The answer names the author.", "scale": {"min": 1, "max": 5}}
+    record = {**EXAMPLES, "metric": "rubric"}
+    with_file = Rubric.from_params(
+        {**scale, "prompt_layout": layout, "examples_file": _file(tmp_path, record)}
+    )
+    plain = Rubric.from_params({**scale, "prompt_layout": layout})
+    (ask,) = next(with_file.program(ROW))
+    (plain_ask,) = next(plain.program(ROW))
+    index = 0 if layout == "instructions_first" else 1
+    text, own = ask.messages[index].content, plain_ask.messages[index].content
+    assert f"{RENDERED}\n\n## Your task\n" in text and RENDERED not in own
+    assert ask.messages[1 - index] == plain_ask.messages[1 - index]

@@ -22,10 +22,10 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ragbatch.judge.prompt import shared_block
+from ragbatch.judge.prompt import Task, shared_block
 
 #: The ``format_version`` this module reads and writes.
 FORMAT_VERSION = 1
@@ -70,6 +70,18 @@ class AlignedExamples:
             block = block.replace("## ", "#### ", 1) if block.startswith("## ") else block
             parts.append(f"### Example {n}\n{block}\n\n### Reply\n{example['reply'].strip()}")
         return "\n\n".join(parts)
+
+    def ahead_of(self, text: str) -> str:
+        """``text`` (a task or an instruction set) after the examples: :meth:`render`,
+        then ``## Your task`` and ``text`` stripped."""
+        return f"{self.render()}\n\n## Your task\n{text.strip()}"
+
+    def task(self, task: Task) -> Task:
+        """``task`` with the examples ahead of its ``row_first`` text and of its
+        instruction set (:meth:`ahead_of`); its ask unchanged."""
+        return replace(
+            task, text=self.ahead_of(task.text), instructions=self.ahead_of(task.instructions)
+        )
 
 
 def parse_examples(data: bytes) -> AlignedExamples:

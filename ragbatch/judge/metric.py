@@ -15,7 +15,7 @@ program and writes the failure's status on the cell itself.
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generator, Literal, Sequence
 
 from pydantic import Field, field_validator
@@ -179,21 +179,25 @@ class JudgeMetric(Metric):
         path = getattr(self.params, "examples_file", None)
         return None if path is None else load_examples(path)
 
-    def _with_examples(self, index: int, text: str) -> str:
-        """``text`` (an instruction set or a ``row_first`` task) with the aligned
-        examples ahead of it when ``index`` is the first step and examples are set."""
-        examples = self.aligned_examples() if index == 0 else None
+    def step_examples(self, step: StepPrompt) -> AlignedExamples | None:
+        """The aligned examples shown with ``step`` (one of :meth:`step_prompts`, by
+        name): those of :meth:`aligned_examples` for the first step, None for a later
+        one or when none are set."""
+        examples = self.aligned_examples()
         if examples is None:
-            return text
-        return f"{examples.render()}\n\n## Your task\n{text.strip()}"
+            return None
+        steps = self.step_prompts()
+        return examples if steps and step.name == steps[0].name else None
 
     def instruction_sets(self) -> tuple[tuple[str, str], ...]:
         """``(name, instructions)`` of each step, as the ``instructions_first`` layout
         shows them (the first step's preceded by the aligned examples, if any)."""
-        return tuple(
-            (p.name, self._with_examples(i, p.instructions))
-            for i, p in enumerate(self.step_prompts())
-        )
+        sets = []
+        for step in self.step_prompts():
+            examples = self.step_examples(step)
+            text = step.instructions if examples is None else examples.ahead_of(step.instructions)
+            sets.append((step.name, text))
+        return tuple(sets)
 
     def instructions(self) -> Instructions:
         """The instruction sets shown ahead of the row: those of the stage's metrics once
@@ -220,13 +224,9 @@ class JudgeMetric(Metric):
             The step's row-specific template fields (``reference``, ``statements``...).
         """
         task = self.step_prompt(step).fill(**fields)
-        first = bool(self.prompts) and step.name == self.prompts[0].name
-        if first and self.aligned_examples() is not None:
-            task = replace(
-                task,
-                text=self._with_examples(0, task.text),
-                instructions=self._with_examples(0, task.instructions),
-            )
+        examples = self.step_examples(step)
+        if examples is not None:
+            task = examples.task(task)
         if self.prompt_layout == "instructions_first":
             return build_messages(row, task, "instructions_first", self.instructions())
         return build_messages(row, task, "row_first")
