@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from ragbatch.calibrate.agreement import prompt_version
 from ragbatch.cli.main import main
 from ragbatch.core.errors import ConfigError
 from ragbatch.judge.aligned import parse_examples, write_examples
@@ -113,6 +114,12 @@ def test_the_cache_key_holds_the_hash_of_the_contents_not_the_path(tmp_path):
     assert ident_a == ident_b
     assert ident_a["params"]["examples_sha256"] == hashlib.sha256(data).hexdigest()
     assert "examples_file" not in ident_a["params"]
+    # and so in the calibration's prompt version
+    versions = {
+        prompt_version(AnswerSimilarity.from_params(p))
+        for p in ({"examples_file": a}, {"examples_file": b}, {})
+    }
+    assert len(versions) == 2
 
 
 def _judge(uri: str, path: str, replies: list[str]):
