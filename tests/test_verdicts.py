@@ -341,5 +341,5 @@ def test_bad_reasons_param_names_the_param():
         retrieval_precision.RetrievalPrecision.from_params(
             {"reasons": "sometimes"}, where="metrics[2].params"
         )
-    with pytest.raises(ConfigError, match="known: prompt_layout, reasons, score"):
+    with pytest.raises(ConfigError, match="known: examples_file, prompt_layout, reasons, score"):
         retrieval_precision.RetrievalPrecision.from_params({"reason": False})

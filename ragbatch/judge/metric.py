@@ -18,9 +18,10 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generator, Literal, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ragbatch.core.engine_registry import engine_names
+from ragbatch.judge.aligned import AlignedExamples, load_examples
 from ragbatch.judge.confidence import mean
 from ragbatch.judge.health import HealthFields
 from ragbatch.judge.prompt import (
@@ -58,6 +59,22 @@ class JudgeParams(StrictParams):
             "layout and prefix caching\")"
         ),
     )
+    examples_file: str | None = Field(
+        None,
+        description=(
+            "path of an examples file (JSON, as `ragbatch calibrate --align` writes it; "
+            "docs/calibration.md, \"Aligning a judge\"): worked examples shown to the judge "
+            "before the task of the metric's first step; the SHA-256 of the file is part "
+            "of the cache key. Unset (the default): no examples, the prompts unchanged"
+        ),
+    )
+
+    @field_validator("examples_file")
+    @classmethod
+    def _check_examples_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            load_examples(value)  # ValueError: pydantic names the field
+        return value
 
 
 class ScoreParams(JudgeParams):
@@ -150,10 +167,37 @@ class JudgeMetric(Metric):
         """``step`` (one of :attr:`prompts`) as this metric's params word it."""
         return step
 
+    def aligned_examples(self) -> AlignedExamples | None:
+        """The examples file of the ``examples_file`` param
+        (:mod:`ragbatch.judge.aligned`), or None when the param is unset or absent.
+
+        Raises
+        ------
+        ValueError
+            The file cannot be read or is not a valid examples file.
+        """
+        path = getattr(self.params, "examples_file", None)
+        return None if path is None else load_examples(path)
+
+    def step_examples(self, step: StepPrompt) -> AlignedExamples | None:
+        """The aligned examples shown with ``step`` (one of :meth:`step_prompts`, by
+        name): those of :meth:`aligned_examples` for the first step, None for a later
+        one or when none are set."""
+        examples = self.aligned_examples()
+        if examples is None:
+            return None
+        steps = self.step_prompts()
+        return examples if steps and step.name == steps[0].name else None
+
     def instruction_sets(self) -> tuple[tuple[str, str], ...]:
         """``(name, instructions)`` of each step, as the ``instructions_first`` layout
-        shows them."""
-        return tuple((p.name, p.instructions) for p in self.step_prompts())
+        shows them (the first step's preceded by the aligned examples, if any)."""
+        sets = []
+        for step in self.step_prompts():
+            examples = self.step_examples(step)
+            text = step.instructions if examples is None else examples.ahead_of(step.instructions)
+            sets.append((step.name, text))
+        return tuple(sets)
 
     def instructions(self) -> Instructions:
         """The instruction sets shown ahead of the row: those of the stage's metrics once
@@ -180,6 +224,9 @@ class JudgeMetric(Metric):
             The step's row-specific template fields (``reference``, ``statements``...).
         """
         task = self.step_prompt(step).fill(**fields)
+        examples = self.step_examples(step)
+        if examples is not None:
+            task = examples.task(task)
         if self.prompt_layout == "instructions_first":
             return build_messages(row, task, "instructions_first", self.instructions())
         return build_messages(row, task, "row_first")
@@ -199,10 +246,16 @@ class JudgeMetric(Metric):
         params (the metric id is left out, so renaming a metric keeps its cache; so is
         ``score``, which changes how replies are scored, not the requests, and so is
         ``prompt_layout: row_first``, whose prompts are those made before the param
-        existed)."""
+        existed). An ``examples_file`` is keyed by the SHA-256 of its contents
+        (``examples_sha256``), not its path; unset, it is left out, so the keys are
+        those from before the param."""
         params = {k: v for k, v in self.params.model_dump(mode="json").items() if k != "score"}
         if params.get("prompt_layout") == "row_first":
             del params["prompt_layout"]  # the prompts from before the param: same keys
+        if "examples_file" in params:
+            path = params.pop("examples_file")
+            if path is not None:
+                params["examples_sha256"] = load_examples(path).sha256
         return {"metric": self.name, "version": self.version, "params": params}
 
     #: Params that change how replies are scored but not what is asked: left out of the

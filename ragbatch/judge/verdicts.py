@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from ragbatch.judge.aligned import AlignedExamples
 from ragbatch.judge.metric import JudgeMetric, ScoreParams
 from ragbatch.judge.parse import REASON_MAX_CHARS, parse_verdicts, verdicts_schema
 from ragbatch.judge.prompt import Instructions, StepPrompt, build_messages
@@ -132,6 +133,7 @@ class VerdictMetric(JudgeMetric):
             step=step,
             layout=self.prompt_layout,
             instructions=self.instructions(),
+            examples=self.step_examples(template),
             **fields,
         )
 
@@ -198,6 +200,7 @@ def verdicts_ask(
     step: str = "verdicts",
     layout: str = "row_first",
     instructions: Instructions | None = None,
+    examples: AlignedExamples | None = None,
     **fields: str,
 ) -> Ask:
     """The judge request for ``n`` verdicts on ``row``.
@@ -225,6 +228,9 @@ def verdicts_ask(
         ``instructions_first`` needs a :class:`StepPrompt`.
     instructions : Instructions, optional
         The stage's instruction sets (``instructions_first``); by default the step's own.
+    examples : AlignedExamples, optional
+        Worked examples shown ahead of the task (:meth:`AlignedExamples.task`; the
+        metric's ``examples_file`` for its first step).
     **fields : str
         The template's other fields (``statements``, ``reference``...).
 
@@ -245,9 +251,10 @@ def verdicts_ask(
     """
     if isinstance(template, StepPrompt):
         prompt = template if reasons else bare_verdicts_step(template)
+        filled = prompt.fill(n=n, **fields)
         messages = build_messages(
             row,
-            prompt.fill(n=n, **fields),
+            filled if examples is None else examples.task(filled),
             "instructions_first" if layout == "instructions_first" else "row_first",
             instructions,
         )
@@ -255,7 +262,7 @@ def verdicts_ask(
         if layout == "instructions_first":
             raise ValueError("the instructions_first layout needs a StepPrompt, not a template")
         task = (template if reasons else bare_verdicts_template(template)).format(n=n, **fields)
-        messages = build_messages(row, task)
+        messages = build_messages(row, task if examples is None else examples.ahead_of(task))
     per_item = max_tokens_per_verdict if reasons else BARE_VERDICT_MAX_TOKENS
     return Ask(
         messages,
