@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragbatch.config.engine_spec import EngineSpec
 from ragbatch.config.job import (
@@ -29,11 +29,10 @@ from ragbatch.config.job import (
     InputSection,
     MetricSpec,
     OutputSection,
-    _describe,
+    validate_mapping,
     read_yaml,
 )
 from ragbatch.core.engine_registry import engine_names
-from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 
 
@@ -155,9 +154,4 @@ def load_calibration(path: str | Path) -> CalibrationConfig:
 
 def calibration_from_dict(data: Any, source: str = "calibration config") -> CalibrationConfig:
     """Validate a parsed calibration config mapping (see :func:`load_calibration`)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
-    try:
-        return CalibrationConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError([_describe(err) for err in exc.errors()]) from None
+    return validate_mapping(CalibrationConfig, data, source)

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from ragbatch.config.job import JobConfig
 from ragbatch.core.errors import ConfigError, RagbatchError
@@ -13,6 +14,8 @@ from ragbatch.core.exit_codes import EXIT_DEGENERATE, EXIT_OK
 from ragbatch.core.redact import redact_url
 from ragbatch.core.run_date import choose_run_date
 from ragbatch.cli.common import _load
+
+T = TypeVar("T")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -107,17 +110,26 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _after_commit(run_id: str, failed: str, step: Callable[[], T]) -> T:
+    """``step()``, run once the run committed; a failure becomes a
+    :class:`RagbatchError` saying the run is committed but ``failed``, with the cause."""
+    try:
+        return step()
+    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
+        raise RagbatchError(
+            f"run {run_id} committed, but {failed}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _write_tables(config: JobConfig, run_id: str) -> None:
     """``output.table``: write the committed run to its tables (:mod:`ragbatch.ops.table_output`)."""
     from ragbatch.ops.table_output import write_run_tables
 
-    try:
-        written = write_run_tables(config, run_id)
-    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
-        raise RagbatchError(
-            f"run {run_id} committed, but it could not be written to its tables: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    written = _after_commit(
+        run_id,
+        "it could not be written to its tables",
+        lambda: write_run_tables(config, run_id),
+    )
     print()
     print(f"table:      {redact_url(written.scores)} ({written.score_rows} rows)")
     print(f"            {redact_url(written.summary)} ({written.summary_rows} rows)")
@@ -127,13 +139,9 @@ def _log_to_mlflow(config: JobConfig, run_id: str) -> None:
     """``output.mlflow``: log the committed run (:mod:`ragbatch.ops.mlflow_log`)."""
     from ragbatch.ops.mlflow_log import log_run
 
-    try:
-        logged = log_run(config, run_id)
-    except Exception as exc:  # noqa: BLE001 - the run is committed; say so with the cause
-        raise RagbatchError(
-            f"run {run_id} committed, but it could not be logged to MLflow: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    logged = _after_commit(
+        run_id, "it could not be logged to MLflow", lambda: log_run(config, run_id)
+    )
     done = "logged as" if logged.logged_now else "already logged as"
     print()
     print(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,6 +42,10 @@ from ragbatch.config.formats import (
     check_installed,
     input_formats,
 )
+
+
+#: A config model class (:func:`validate_mapping`).
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -487,15 +491,7 @@ class JobConfig(_Strict):
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "JobConfig":
         """Validate a parsed config mapping; raise :class:`ConfigError` naming each field."""
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{source}: expected a mapping with run/input/output/metrics, got "
-                f"{type(data).__name__}"
-            )
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError([_describe(err) for err in exc.errors()]) from None
+        return validate_mapping(cls, data, source, "a mapping with run/input/output/metrics")
 
 
 def load_config(path: str | Path) -> JobConfig:
@@ -509,6 +505,24 @@ def load_config(path: str | Path) -> JobConfig:
     """
     path = Path(path)
     return JobConfig.from_dict(read_yaml(path, "config file"), source=str(path))
+
+
+def validate_mapping(model: type[M], data: Any, source: str, expected: str = "a mapping") -> M:
+    """``data`` (a parsed config file) validated as ``model``.
+
+    Raises
+    ------
+    ConfigError
+        ``data`` is not a mapping (the message names ``source`` and ``expected``), or
+        fields are invalid or unknown: one problem per field, ``<field path>: <what is
+        wrong>``.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected {expected}, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_describe(err) for err in exc.errors()]) from None
 
 
 def read_yaml(path: Path, what: str) -> Any:

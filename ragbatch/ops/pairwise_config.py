@@ -19,12 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ragbatch.config.engine_spec import EngineSpec
-from ragbatch.config.job import CacheSection, InputSection, OutputSection, _describe, read_yaml
+from ragbatch.config.job import (
+    CacheSection,
+    InputSection,
+    OutputSection,
+    read_yaml,
+    validate_mapping,
+)
 from ragbatch.core.engine_registry import engine_names
-from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 
 
@@ -147,9 +152,4 @@ def load_pairwise(path: str | Path) -> PairwiseConfig:
 
 def pairwise_from_dict(data: Any, source: str = "pairwise config") -> PairwiseConfig:
     """Validate a parsed pairwise config mapping (see :func:`load_pairwise`)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
-    try:
-        return PairwiseConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError([_describe(err) for err in exc.errors()]) from None
+    return validate_mapping(PairwiseConfig, data, source)
