@@ -87,7 +87,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 # The unit tests: everything but the tests marked slow (end-to-end runs through Ray, vLLM
-# servers, subprocesses), which `make test` still runs. Under 3 minutes on two cores
+# servers, subprocesses), which `make test` still runs. About 3 minutes on two cores
 # (docs/testing.md).
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow" -q --durations=10
