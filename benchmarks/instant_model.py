@@ -7,7 +7,7 @@ actor gets a model whose ``encode`` costs nothing but a pass over the texts' len
 What is left of a batch's time is the pipeline's own: Ray Data, the Arrow to Polars to
 Python conversion, the guards, the ledger, building the cells. Its scores mean nothing.
 It is used by ``benchmarks/model_stage.py --parts instant`` and
-``benchmarks/gpu/model_stage_gpu.py --instant``; nothing in ragbatch imports it.
+``benchmarks/gpu/model_stage.py``; nothing in ragbatch imports it.
 """
 
 from __future__ import annotations
