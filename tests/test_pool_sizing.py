@@ -113,7 +113,7 @@ def test_with_gpus_one_actor_per_gpu():
         "num_gpus": 1.0,
         "threads": 1,
     }
-    assert pools["model:m"].values["batch_size"] == 4096
+    assert pools["model:m"].values["batch_size"] == 16384  # GPU_MODEL_BATCH_ROWS
     assert "one actor per GPU" in pools["model:m"].rule
 
 

@@ -18,7 +18,7 @@ Three passes over the same rows, in one process, on the same device:
   defaults), normalized, then the row-wise dot product;
 * **stage**: :class:`udfs.similarity.ModelStage` with ``semantic_similarity`` on an
   ``embedding`` engine, called on Arrow batches of ``--batch-rows`` rows (default: what
-  the pool rule gives a GPU engine, 4,096) as a Ray Data actor calls it: the Arrow to
+  the pool rule gives a GPU engine, 16,384) as a Ray Data actor calls it: the Arrow to
   Polars conversion, the input guards, the distinct texts, the model, the cells;
 * **instant**: the same stage with the model's ``encode`` replaced by an instant one
   (:mod:`instant_model`, a benchmark-only stand-in): what the stage costs besides the

@@ -294,9 +294,13 @@ def network_pool(spec: Any, share: Share) -> tuple[dict[str, Any], str]:
 
 #: Rows per call of a model actor on CPUs, and on a GPU: enough that a call's fixed cost
 #: (Polars calls, the ledger's round trip, Ray Data's batching: a few milliseconds) is a
-#: few per cent of it even with a fast model (docs/benchmarks/model-stage.md).
+#: few per cent of it even with a fast model (docs/benchmarks/model-stage.md). On a GPU
+#: the call is larger because the model pads each forward pass to its longest text and
+#: sorts texts by length only within a call: on an H200, calls of 1,024 rows ran at 0.85
+#: of 4,096-row calls and 16,384 rows padded 1 % more than one call over everything
+#: (docs/benchmarks/gpu.md).
 CPU_MODEL_BATCH_ROWS = 4096
-GPU_MODEL_BATCH_ROWS = 4096
+GPU_MODEL_BATCH_ROWS = 16384
 #: Rows per call of a Presidio actor.
 PII_BATCH_ROWS = 256
 #: Rows per call of a vLLM judge actor on CPUs, and on GPUs.
