@@ -86,3 +86,113 @@ def test_examples_record_writes_a_file_a_judge_metric_reads(tmp_path):
     held = {"row_id": split.held_out[0], "label": 0}
     with pytest.raises(ValueError, match="not a training row"):
         examples_record("faithfulness", "cal-1", split, [held], ["r"])
+
+
+# ------------------------------------------------------------------ example replies
+
+ROW = {
+    "question": "Q?",
+    "contexts": ["The only context."],
+    "answer": "An answer.",
+    "reference": "R.",
+}
+
+
+def _metric(name: str, **params):
+    from ragbatch.scoring.registry import get_metric
+
+    return get_metric(name).from_params(params)
+
+
+@pytest.mark.parametrize("name", ["hate_speech", "duplication"])
+def test_a_yes_no_answer_verdict_gets_a_boolean_verdict(name):
+    from ragbatch.calibrate.align_replies import example_reply, scored_reply
+
+    metric = _metric(name)
+    assert json.loads(example_reply(metric, ROW, 1.0)) == {
+        "reason": "a reviewer judged it so",
+        "verdict": True,
+    }
+    assert json.loads(example_reply(metric, ROW, 0.0))["verdict"] is False
+    # the integer verdict of verdict_reply is not this step's format: its parser refuses it
+    with pytest.raises(ValueError, match="does not accept the reply"):
+        scored_reply(metric, ROW, verdict_reply(1.0))
+
+
+@pytest.mark.parametrize(
+    "name", ["retrieval_precision", "context_precision", "augmentation_accuracy"]
+)
+def test_a_verdict_per_context_needs_a_row_with_one_context(name):
+    from ragbatch.calibrate.align_replies import example_reply, row_problem
+
+    metric = _metric(name)
+    assert json.loads(example_reply(metric, ROW, 1.0)) == {
+        "verdicts": [json.loads(verdict_reply(1))]
+    }
+    assert json.loads(example_reply(_metric(name, reasons=False), ROW, 0.0)) == {"verdicts": [0]}
+    two = {**ROW, "contexts": ["one", "two"]}
+    assert (
+        row_problem(metric, two)
+        == "it has 2 contexts; a row's label gives one verdict, for one context"
+    )
+    with pytest.raises(ValueError, match="2 contexts"):
+        example_reply(metric, two, 1.0)
+
+
+def test_answer_consistency_binary_states_claims():
+    from ragbatch.calibrate.align_replies import example_reply
+
+    reply = json.loads(example_reply(_metric("answer_consistency_binary"), ROW, 0.0))
+    assert (reply["states_claims"], reply["unattributable"]) == (True, True)
+
+
+def test_the_shipped_rubrics_get_their_extreme_values():
+    """jobs/calibrate_rubric.yaml: a pass/fail rubric without reasons and a 1-5 scale."""
+    import yaml
+    from pathlib import Path
+
+    from ragbatch.calibrate.align_replies import example_reply, scored_reply
+    from ragbatch.metrics.rubric import Rubric
+
+    config = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "jobs" / "calibrate_rubric.yaml").read_text()
+    )
+    faithful, relevant = (Rubric.from_params(m["params"]) for m in config["metrics"])
+    assert [example_reply(faithful, ROW, v) for v in (1.0, 0.0)] == ["supported", "unsupported"]
+    high, low = (json.loads(example_reply(relevant, ROW, v)) for v in (1.0, 0.0))
+    assert (high["score"], low["score"]) == (5, 1)
+    assert scored_reply(relevant, ROW, json.dumps(high)) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("faithfulness", "lists the statements of a text"),
+        ("factual_correctness", "lists the statements of a text"),
+        ("answer_similarity", "does not reply with one verdict for the row"),
+        ("answer_relevancy", "does not reply with one verdict for the row"),
+    ],
+)
+def test_a_first_step_a_label_does_not_decide_is_refused(name, why):
+    from ragbatch.calibrate.align_replies import example_reply, metric_problem
+
+    assert why in metric_problem(_metric(name))
+    with pytest.raises(ValueError, match=why):
+        example_reply(_metric(name), ROW, 1.0)
+
+
+def test_paired_difference_moves_with_the_rows():
+    import numpy as np
+
+    from ragbatch.calibrate.measures import Bootstrap, paired_difference
+
+    human = np.array([1.0, 1.0, 0.0, 0.0])
+    before = np.array([1.0, 1.0, 1.0, 1.0])
+    after = np.array([1.0, 0.0, 0.0, 0.0])
+    # accuracy 2/4 -> 3/4; recall 1 -> 1/2
+    acc = paired_difference("accuracy", before, after, human, 0.5, Bootstrap(50, 0))
+    assert acc.value == pytest.approx(0.25) and acc.n == 4
+    assert paired_difference("recall", before, after, human, 0.5, Bootstrap(50, 0)).value == -0.5
+    # no human label is 1: recall is undefined on both sides
+    none = paired_difference("recall", before, after, np.zeros(4), 0.5, Bootstrap(50, 0))
+    assert none.value is None and "no human label is 1" in none.reason

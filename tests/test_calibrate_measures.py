@@ -193,8 +193,8 @@ def test_output_schema_doc_lists_every_calibration_column():
     tables = re.findall(
         r"\| column \| Parquet \(Arrow\) \| meaning \|\n\|---\|---\|---\|\n((?:\|.*\n)+)", section
     )
-    assert len(tables) == 3
-    for name, body in zip(("agreement", "confusion", "disagreements"), tables):
+    assert len(tables) == 4
+    for name, body in zip(("agreement", "confusion", "disagreements", "alignment"), tables):
         rows = [
             [c.strip() for c in line.strip("|").split("|")] for line in body.strip().splitlines()
         ]

@@ -29,6 +29,6 @@ def test_failed_judge_run_is_not_reported_as_a_missing_run(tmp_path, monkeypatch
     monkeypatch.setattr("ragbatch.pipeline.runner.run_job", failing_run_job)
     cal = SimpleNamespace(output=SimpleNamespace(uri=str(tmp_path), storage_options={}))
     with pytest.raises(RuntimeError, match="actor died mid-batch") as info:
-        command._committed_judge_run(cal, object(), "cal1", "judge", None, None)
+        command.committed_judge_run(cal, object(), "cal1", "judge", None, None)
     assert seen["handling"] is None
     assert info.value.__context__ is None

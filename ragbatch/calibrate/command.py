@@ -24,6 +24,7 @@ from ragbatch.core.redact import redact
 from ragbatch.core.run_date import choose_run_date
 
 if TYPE_CHECKING:
+    from ragbatch.io.write import OutputLayout
     from ragbatch.judge.metric import JudgeMetric
 
 log = logging.getLogger("ragbatch")
@@ -113,12 +114,8 @@ def run_calibration(
         check_id(judge_run_id(run_id, judge), f"judge run id of judge {judge!r}")
     run_date = choose_run_date(run_date, now=started)
     labelled = read_labelled(cal)
-    fs, base = resolve(cal.output.uri, cal.output.storage_options)
-    input_path = f"{base.rstrip('/')}/calibration_inputs/run_id={run_id}/labelled.parquet"
     layout = OutputLayout.for_run(cal.output, run_date, run_id)
-    if not fs.exists(input_path):
-        layout.write_table(input_path, labelled.frame.to_arrow())
-    input_uri = layout.uri(input_path)
+    input_uri = write_input(cal, layout, run_id, "labelled", labelled.frame)
     boot = Bootstrap(cal.bootstrap.resamples, cal.bootstrap.seed, cal.bootstrap.confidence)
     tables: dict[str, list[dict[str, Any]]] = {
         "agreement": [],
@@ -128,30 +125,19 @@ def run_calibration(
     }
     scores_ids: dict[str, str] = {}
     timings: dict[str, float] = {}
-    texts = _texts(labelled)
+    texts = row_texts(labelled)
     for judge in cal.judges:
         job = judge_job(cal, judge, input_uri, labelled.row_id, labelled.answer)
         job.run.run_date = run_date
         scores_run_id = judge_run_id(run_id, judge)
         t1 = time.perf_counter()
-        committed = _committed_judge_run(cal, job, run_id, judge, address, config_dir)
+        committed = committed_judge_run(cal, job, run_id, judge, address, config_dir)
         timings[f"judge_{judge}_s"] = time.perf_counter() - t1
         scores_ids[judge] = scores_run_id
-        _add_agreement(tables, cal, job, load_scores(committed), judge, scores_run_id, boot, texts)
+        add_agreement(tables, cal, job, load_scores(committed), judge, scores_run_id, boot, texts)
     timings["total_s"] = time.perf_counter() - t0
-    manifest = {
-        "run_id": run_id,
-        "run_date": run_date.isoformat(),
-        "name": cal.name,
-        "started_at": started.isoformat(),
-        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "ragbatch_version": __version__,
-        "config": redact(cal.model_dump(mode="json")),
-        "labelled_input": {"uri": redact(input_uri), "rows": labelled.frame.height},
-        "scores_runs": scores_ids,
-        "bootstrap": cal.bootstrap.model_dump(),
-        "timings": timings,
-    }
+    manifest = base_manifest(cal, run_id, run_date, started, input_uri, labelled.frame.height)
+    manifest.update(scores_runs=scores_ids, timings=timings)
     path = write_calibration(
         cal.output.uri, cal.output.storage_options, run_date, run_id, tables, manifest
     )
@@ -160,7 +146,44 @@ def run_calibration(
     )
 
 
-def _committed_judge_run(
+def write_input(
+    cal: CalibrationConfig, layout: "OutputLayout", run_id: str, name: str, frame: pl.DataFrame
+) -> str:
+    """Write ``frame`` once as ``calibration_inputs/run_id=<run_id>/<name>.parquet`` under
+    the output root (kept when it is there: a calibration started again reads the same
+    rows) and return its URI (``layout``: the calibration's output layout)."""
+    fs, base = resolve(cal.output.uri, cal.output.storage_options)
+    path = f"{base.rstrip('/')}/calibration_inputs/run_id={run_id}/{name}.parquet"
+    if not fs.exists(path):
+        layout.write_table(path, frame.to_arrow())
+    return layout.uri(path)
+
+
+def base_manifest(
+    cal: CalibrationConfig,
+    run_id: str,
+    run_date: dt.date,
+    started: dt.datetime,
+    input_uri: str,
+    rows: int,
+) -> dict[str, Any]:
+    """The manifest keys every calibration has: ids, dates, version, the config (its
+    credentials redacted), the labelled input (``uri``, ``rows``) and the bootstrap
+    settings; ``finished_at`` is now."""
+    return {
+        "run_id": run_id,
+        "run_date": run_date.isoformat(),
+        "name": cal.name,
+        "started_at": started.isoformat(),
+        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "ragbatch_version": __version__,
+        "config": redact(cal.model_dump(mode="json")),
+        "labelled_input": {"uri": redact(input_uri), "rows": rows},
+        "bootstrap": cal.bootstrap.model_dump(),
+    }
+
+
+def committed_judge_run(
     cal: CalibrationConfig,
     job: JobConfig,
     run_id: str,
@@ -189,7 +212,7 @@ def _committed_judge_run(
     return find_run(cal.output.uri, scores_run_id, cal.output.storage_options)
 
 
-def _add_agreement(
+def add_agreement(
     tables: dict[str, list[dict[str, Any]]],
     cal: CalibrationConfig,
     job: JobConfig,
@@ -231,7 +254,7 @@ def judge_run_id(calibration_id: str, judge: str) -> str:
     return f"{calibration_id}-{judge}"
 
 
-def _texts(labelled: LabelledInput) -> pl.DataFrame:
+def row_texts(labelled: LabelledInput) -> pl.DataFrame:
     """``row_id``, ``question``, ``answer`` (text) of the labelled rows."""
     frame = labelled.frame
     cols = [pl.col(labelled.row_id).cast(pl.String).alias("row_id")]

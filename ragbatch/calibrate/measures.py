@@ -351,6 +351,73 @@ def binary_measures(
     return out
 
 
+#: The value function of each binary measure and whether it reads the verdict
+#: (``score >= threshold``) rather than the score itself.
+BINARY_FUNCTIONS: dict[str, tuple[Callable[..., tuple[float | None, str | None]], bool]] = {
+    "accuracy": (accuracy, True),
+    "precision": (precision, True),
+    "recall": (recall, True),
+    "f1": (f1, True),
+    "kappa": (kappa, True),
+    "roc_auc": (roc_auc, False),
+    "brier": (brier, False),
+    "ece": (ece, False),
+}
+
+
+def paired_difference(
+    name: str,
+    before: np.ndarray,
+    after: np.ndarray,
+    human: np.ndarray,
+    threshold: float,
+    boot: Bootstrap,
+) -> Measure:
+    """The change of a binary measure from one judge's scores to another's on the same
+    rows: ``m(after) - m(before)``, with a paired percentile-bootstrap interval (each
+    resample draws rows, and both scores of a row go with it).
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`BINARY_MEASURES`.
+    before, after, human : numpy.ndarray of float64, shape (n,)
+        Both judges' scores of the same rows, in the same order, and the 0/1 labels.
+    threshold : float
+        The verdict is 1 when a score is ``>= threshold``.
+    boot : Bootstrap
+
+    Returns
+    -------
+    Measure
+        Named ``name``; ``value`` None (with the reason) when the measure is undefined
+        for either side; an interval as :func:`binary_measures` gives one.
+
+    Raises
+    ------
+    KeyError
+        ``name`` is not a binary measure.
+    ValueError
+        The vectors differ in length or are not finite.
+    """
+    fn, verdicts = BINARY_FUNCTIONS[name]
+    before, human = _pair_vectors(before, human)
+    after, _ = _pair_vectors(after, human)
+    if verdicts:
+        before = (before >= threshold).astype(np.float64)
+        after = (after >= threshold).astype(np.float64)
+
+    def change(rows: np.ndarray, labels: np.ndarray) -> tuple[float | None, str | None]:
+        idx: np.ndarray = rows.astype(np.int64)
+        first, why_first = fn(before[idx], labels)
+        second, why_second = fn(after[idx], labels)
+        if first is None or second is None:
+            return None, why_first or why_second
+        return second - first, None
+
+    return _with_interval(name, change, np.arange(human.size, dtype=np.float64), human, boot)
+
+
 def graded_measures(score: np.ndarray, human: np.ndarray, boot: Bootstrap) -> list[Measure]:
     """Spearman and Kendall (tau-b) correlations with their intervals.
 

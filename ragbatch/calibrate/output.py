@@ -5,11 +5,13 @@ Layout (hive-style, like a run's tables)::
     calibration/run_date=YYYY-MM-DD/run_id=<id>/agreement.parquet      one row per (judge, metric, measure)
     calibration/run_date=YYYY-MM-DD/run_id=<id>/confusion.parquet      binary: (judge, metric, human, verdict) counts
     calibration/run_date=YYYY-MM-DD/run_id=<id>/disagreements.parquet  the rows judge and humans disagree on most
+    calibration/run_date=YYYY-MM-DD/run_id=<id>/alignment.parquet      --align only: before, after, change
     calibration/run_date=YYYY-MM-DD/run_id=<id>/manifest.json          written last: the calibration is committed
 
 The judges' scores are ordinary committed runs under the same root (run id
 ``<id>-<judge>``), and the labelled rows they read are in
-``calibration_inputs/run_id=<id>/labelled.parquet``.
+``calibration_inputs/run_id=<id>/labelled.parquet`` (with ``--align``, the held-out rows
+the judges read in ``held_out.parquet`` beside it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from ragbatch.core.ids import check_id
 from ragbatch.io.fs import resolve
 
 TABLES = ("agreement", "confusion", "disagreements", "reliability")
+#: Tables written only by the calibrations that hold them (``ragbatch calibrate --align``).
+OPTIONAL_TABLES = ("alignment",)
 MANIFEST = "manifest.json"
 
 #: The leading columns of the per-bin and per-row tables: which judge and metric they
@@ -82,6 +86,30 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("n", pa.int64()),
             ("mean_p", pa.float64()),
             ("observed", pa.float64()),
+        ]
+    ),
+    "alignment": pa.schema(
+        [
+            ("judge", pa.string()),
+            ("model", pa.string()),
+            ("metric", pa.string()),
+            ("metric_name", pa.string()),
+            ("prompt_version_before", pa.string()),
+            ("prompt_version_after", pa.string()),
+            ("measure", pa.string()),
+            ("n_before", pa.int64()),
+            ("before", pa.float64()),
+            ("before_low", pa.float64()),
+            ("before_high", pa.float64()),
+            ("n_after", pa.int64()),
+            ("after", pa.float64()),
+            ("after_low", pa.float64()),
+            ("after_high", pa.float64()),
+            ("n_paired", pa.int64()),
+            ("difference", pa.float64()),
+            ("difference_low", pa.float64()),
+            ("difference_high", pa.float64()),
+            ("reason", pa.string()),
         ]
     ),
     "disagreements": pa.schema(
@@ -139,7 +167,9 @@ def write_calibration(
     tables: dict[str, list[dict[str, Any]]],
     manifest: dict[str, Any],
 ) -> str:
-    """Write the tables, then the manifest (the commit); return the directory's URI.
+    """Write the tables (every one of :data:`TABLES`, empty when ``tables`` lacks it, and
+    those of :data:`OPTIONAL_TABLES` that ``tables`` holds), then the manifest (the
+    commit); return the directory's URI.
 
     Raises
     ------
@@ -153,7 +183,7 @@ def write_calibration(
             f"calibration {run_id!r} is already committed under {root}; pass a new --run-id"
         )
     fs.makedirs(path, exist_ok=True)
-    for name in TABLES:
+    for name in (*TABLES, *(t for t in OPTIONAL_TABLES if t in tables)):
         table = pa.Table.from_pylist(tables.get(name, []), schema=SCHEMAS[name])
         with fs.open(f"{path}/{name}.parquet", "wb") as fh:
             pq.write_table(table, fh)
