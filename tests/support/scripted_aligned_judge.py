@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass
 from typing import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from support.scripted_judge_server import ScriptedJudgeServer
 
 SERVED_NAME = "scripted-aligned"
 #: The judged row's answer in a ``row_first`` user message: the shared block's answer.
@@ -59,11 +59,7 @@ class Judged:
     example_answers: tuple[str, ...]
 
 
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 128  # a burst of requests sent at once is not dropped
-
-
-class ScriptedAlignedJudge:
+class ScriptedAlignedJudge(ScriptedJudgeServer):
     """Context manager: a loopback server judging by :func:`scripted_verdict`.
 
     Parameters
@@ -82,70 +78,13 @@ class ScriptedAlignedJudge:
     def __init__(self, reply: Callable[[bool], str] = verdict_json) -> None:
         self.reply = reply
         self.judged: list[Judged] = []
-        self._lock = threading.Lock()
-        outer = self
+        super().__init__(self._judge, SERVED_NAME)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode("utf-8")
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                if self.path.rstrip("/").endswith("/models"):
-                    card = {"id": SERVED_NAME, "object": "model", "max_model_len": 1_000_000}
-                    self._send(200, {"object": "list", "data": [card]})
-                else:
-                    self._send(404, {"detail": "Not Found"})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                if not self.path.endswith("/chat/completions"):
-                    self._send(404, {"detail": "Not Found"})
-                    return
-                self._send(200, outer._reply(body["messages"]))
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def _reply(self, messages: list[dict]) -> dict:
+    def _judge(self, messages: list[dict]) -> str:
         user = [m["content"] for m in messages if m["role"] == "user"][-1]
         text = "\n\n".join(m["content"] for m in messages)
         answer = _ROW_ANSWER.search(user).group(1)
         with_examples = "## Examples" in text
-        verdict = scripted_verdict(answer, with_examples)
         with self._lock:
             self.judged.append(Judged(answer, with_examples, tuple(_EXAMPLE_ANSWER.findall(text))))
-        reply = self.reply(verdict)
-        return {
-            "id": "scripted",
-            "object": "chat.completion",
-            "model": SERVED_NAME,
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": reply},
-                }
-            ],
-            "usage": {"prompt_tokens": 50, "completion_tokens": 12, "total_tokens": 62},
-        }
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-
-    def __enter__(self) -> "ScriptedAlignedJudge":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        return self.reply(scripted_verdict(answer, with_examples))
