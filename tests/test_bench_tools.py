@@ -530,7 +530,9 @@ def test_judge_ready_table_of_recorded_parts(ready, calib):
 def test_gpu_model_stage_script_runs_on_cpu(tmp_path):
     """benchmarks/gpu/model_stage.py on 24 distinct Paul Graham rows in calls of 8 rows:
     the stage's scores equal raw sentence-transformers' (the same model, the same texts),
-    and the instant stand-in takes a smaller share of the stage's time than the model."""
+    and the instant stand-in takes a smaller share of the stage's time than the model;
+    its sweeps and its cross-encoder half run too (the cross-encoder's scores equal raw
+    ``CrossEncoder.predict``'s)."""
     script = _load("gpu/model_stage")
     result = script.main(
         [
@@ -542,11 +544,28 @@ def test_gpu_model_stage_script_runs_on_cpu(tmp_path):
             "1",
             "--device",
             "cpu",
+            "--cross-rows",
+            "8",
+            "--sweep-encode",
+            "4",
+            "--sweep-rows",
+            "4",
+            "--sweep-size",
+            "8",
             "--out",
             str(tmp_path),
         ]
     )
     saved = json.loads((tmp_path / "model_stage_gpu.json").read_text())
+    # the sweeps: raw and the stage at 4 texts a pass, then the stage at 4 rows a call
+    assert [
+        (s["batch_rows"], s["encode_batch"], "raw_rows_per_s" in s) for s in saved["sweep"]
+    ] == [
+        (8, 4, True),
+        (4, 8, False),
+    ]
+    cross = saved["cross_encoder"]  # the cross-encoder half on the first 8 rows
+    assert cross["rows"] == 8 and cross["max_abs_score_diff"] < 1e-6
     assert saved["rows"] == result["rows"] == 24 and saved["batch_rows"] == 8
     from ragbatch.engines.sentence_transformers import CPU_ENCODE_BATCH
 
