@@ -232,3 +232,16 @@ def test_unanimous_and_mean_combine(tmp_path, ray_local):
     assert manifest["summary"]["panels"]["hs_mean"]["alpha"] == pytest.approx(11 / 69)
     entries = {m["id"]: m for m in manifest["metrics"]}
     assert entries["hs_mean"]["combine"] == "mean" and entries["hs_mean"]["boolean"] is False
+
+
+def test_compare_and_report_use_the_panel_cells(majority, tmp_path):
+    out = str(majority["tmp"] / "out")
+    result = tmp_path / "comparison.json"
+    assert main(["compare", "--output", out, "first", "again", "--json", str(result)]) == 0
+    comparison = json.loads(result.read_text())
+    overall = [m for m in comparison["metrics"] if m.get("slice_column") is None]
+    assert [(m["metric"], m["n_pairs"]) for m in overall] == [("hate_speech", 19)]
+    html = tmp_path / "report.html"
+    assert main(["report", "--output", out, "first", "--html", str(html)]) == 0
+    text = html.read_text(encoding="utf-8")
+    assert "Judge panels" in text and "0.159" in text

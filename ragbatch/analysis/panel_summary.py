@@ -85,3 +85,53 @@ def panel_agreements(
         )
         out[panel.id] = {**result.to_dict(), "combine": panel.combine}
     return out
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def agreement_rows(panels: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """One display row per judge panel (the report's "Judge panels" table, the run
+    command's lines), from the manifest's ``summary.panels``: ``metric``, ``combine``,
+    ``alpha`` (with its level and the pairable rows), ``interval`` (``[low, high]``),
+    ``pairwise`` (``a~b 0.950 (n=19)``, ``;``-joined), ``means`` (``a 0.400``, ...) and
+    ``note``. Values are text; an undefined one is ``n/a``."""
+    rows = []
+    for metric, p in panels.items():
+        measure = "agreement" if p.get("alpha_level") == "nominal" else "mean_abs_diff"
+        pairs = "; ".join(
+            f"{a}~{b} {_num(q.get(measure))} (n={q['n']})"
+            for q in p.get("pairwise", [])
+            for a, b in [q["judges"]]
+        )
+        means = ", ".join(
+            f"{judge} {_num(m.get('mean'))}" for judge, m in (p.get("judge_means") or {}).items()
+        )
+        rows.append(
+            {
+                "metric": metric,
+                "combine": str(p.get("combine") or ""),
+                "alpha": f"{_num(p.get('alpha'))} ({p.get('alpha_level')}, {p.get('n_units')} rows)",
+                "interval": f"[{_num(p.get('alpha_ci_low'))}, {_num(p.get('alpha_ci_high'))}]",
+                "pairwise_measure": "agreement" if measure == "agreement" else "mean |difference|",
+                "pairwise": pairs,
+                "means": means,
+                "note": str(p.get("note") or ""),
+            }
+        )
+    return rows
+
+
+def agreement_text(panels: dict[str, dict[str, Any]]) -> list[str]:
+    """The run command's lines about its judge panels (none without panels)."""
+    lines = []
+    for r in agreement_rows(panels):
+        lines.append(
+            f"judge panel {r['metric']} ({r['combine']}): Krippendorff's alpha {r['alpha']} "
+            f"{r['interval']}; pairwise {r['pairwise_measure']}: {r['pairwise']}; "
+            f"judge means: {r['means']}"
+        )
+        if r["note"]:
+            lines.append(f"  {r['note']}")
+    return lines
