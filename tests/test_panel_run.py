@@ -86,7 +86,12 @@ def _config(tmp: Path, base_url: str, metrics: list[dict], seed_c: int = 0) -> P
 
 
 def _panel(id_: str, combine: str) -> dict:
-    return {"name": "hate_speech", "id": id_, "engines": list(JUDGES), "panel": {"combine": combine}}
+    return {
+        "name": "hate_speech",
+        "id": id_,
+        "engines": list(JUDGES),
+        "panel": {"combine": combine},
+    }
 
 
 def _scores(tmp: Path, run_id: str) -> list[dict]:
@@ -156,7 +161,9 @@ def test_member_cells_carry_their_judge_and_the_panel_cell_its_majority(majority
 
 
 def test_summary_means_come_from_panel_cells_and_judges_have_rows_of_their_own(majority):
-    overall = {r["metric"]: r for r in _summary(majority["tmp"], "first") if r["slice_column"] is None}
+    overall = {
+        r["metric"]: r for r in _summary(majority["tmp"], "first") if r["slice_column"] is None
+    }
     assert list(overall) == [
         "hate_speech",
         "hate_speech[judge_a]",
@@ -186,7 +193,11 @@ def test_agreement_alpha_and_pairwise_agreement(majority):
     low, high = agreement["alpha_ci_low"], agreement["alpha_ci_high"]
     assert low < 11 / 69 < high
     pairs = {tuple(p["judges"]): p for p in agreement["pairwise"]}
-    assert pairs[("judge_a", "judge_b")] == {"judges": ["judge_a", "judge_b"], "n": 19, "agreement": 1.0}
+    assert pairs[("judge_a", "judge_b")] == {
+        "judges": ["judge_a", "judge_b"],
+        "n": 19,
+        "agreement": 1.0,
+    }
     assert pairs[("judge_a", "judge_c")]["agreement"] == pytest.approx(0.4)
     assert pairs[("judge_b", "judge_c")]["agreement"] == pytest.approx(8 / 19)
     assert agreement["judge_means"]["judge_c"] == {"mean": 1.0, "n_ok": 20}

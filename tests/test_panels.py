@@ -144,7 +144,9 @@ def test_unanimous_and_mean():
     assert combine_cells(unanimous, cells)[:2] == (0.0, "ok")
     assert combine_cells(unanimous, [(1.0, "ok", None)] * 3)[:2] == (1.0, "ok")
     assert combine_cells(mean, cells)[0] == pytest.approx(2 / 3)
-    score, _, reason, _ = combine_cells(mean, [(0.8, "ok", None), (0.6, "ok", None), (0.5, "ok", None)])
+    score, _, reason, _ = combine_cells(
+        mean, [(0.8, "ok", None), (0.6, "ok", None), (0.5, "ok", None)]
+    )
     assert score == pytest.approx(0.6333333) and reason == "judges split: a=0.8, b=0.6, c=0.5"
 
 
@@ -156,7 +158,9 @@ def test_no_judge_scored_the_row():
         [(None, "judge_error", "boom"), (None, "timeout", None), (None, "judge_error", "boom")],
     )
     assert (score, status) == (None, "judge_error")
-    assert reason == "no judge scored the row: a judge_error (boom); b timeout; c judge_error (boom)"
+    assert (
+        reason == "no judge scored the row: a judge_error (boom); b timeout; c judge_error (boom)"
+    )
 
 
 # -- agreement ----------------------------------------------------------------------------
@@ -243,7 +247,9 @@ def test_scores_without_a_judge_column_are_still_summarised(tmp_path):
     )
     path = tmp_path / "part-0.parquet"
     pq.write_table(table, path)
-    layout = OutputLayout.for_run(OutputSection(uri=str(tmp_path)), __import__("datetime").date(2024, 6, 1), "old")
+    layout = OutputLayout.for_run(
+        OutputSection(uri=str(tmp_path)), __import__("datetime").date(2024, 6, 1), "old"
+    )
     plan = build_plan(
         JobConfig.from_dict(_config([{"name": "hate_speech", "engine": "a"}])),
         inspect_input=False,

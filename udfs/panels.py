@@ -47,7 +47,13 @@ def combine_panels(batch: pa.Table, panels: list[PanelPlan]) -> pa.Table:
             combined = combine_cells(panel, [(c["score"], c["status"], c["reason"]) for c in row])
             score, status, reason, details = combined
             cells.append(
-                {"score": score, "status": status, "reason": reason, "details": details, "model": None}
+                {
+                    "score": score,
+                    "status": status,
+                    "reason": reason,
+                    "details": details,
+                    "model": None,
+                }
             )
         out = out.append_column(cell_column(panel.id), pa.array(cells, CELL_TYPE))
     return out

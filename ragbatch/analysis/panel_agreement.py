@@ -156,8 +156,8 @@ def alpha_interval(
     if not len(values):
         return None, None
     tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(values, [tail, 100.0 - tail])
-    return float(low), float(high)
+    bounds = np.asarray(np.percentile(values, [tail, 100.0 - tail]), dtype=float)
+    return float(bounds[0]), float(bounds[1])
 
 
 def panel_agreement(
@@ -209,4 +209,6 @@ def panel_agreement(
             "alpha is undefined: fewer than two rows scored by two judges, or every score "
             "the same (no disagreement can be expected)"
         )
-    return PanelAgreement(metric, list(judges), level, n_units, alpha, low, high, pairwise, means, note)
+    return PanelAgreement(
+        metric, list(judges), level, n_units, alpha, low, high, pairwise, means, note
+    )

@@ -133,8 +133,7 @@ def summarize_run(
     )
     if files:
         source = (
-            f"read_parquet({file_list(layout, files)}, hive_partitioning=false, "
-            "union_by_name=true)"
+            f"read_parquet({file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
         )
         # A judge panel's member cells are summarized under their member keys.
         columns = columns.replace("metric", f"{metric_key_sql(con, source)} AS metric", 1)

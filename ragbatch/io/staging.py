@@ -266,7 +266,9 @@ class Staging:
                 continue
             per_row: dict[str, set[str]] = {}
             for row_id, metric, status in zip(
-                table.column("row_id").to_pylist(), _metric_keys(table), table.column("status").to_pylist()
+                table.column("row_id").to_pylist(),
+                _metric_keys(table),
+                table.column("status").to_pylist(),
             ):
                 # A cell with status error is not done: a resume scores its row again.
                 per_row.setdefault(row_id, set()).update(() if status == ERROR else (metric,))

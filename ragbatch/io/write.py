@@ -171,8 +171,9 @@ def verify_run(
 
     Conservation: every metric has exactly ``n_rows`` cells (a judge panel's member
     cells are counted under their member key, :func:`metric_key_sql`, as
-    ``metric_ids`` names them), no (row_id, metric) pair appears twice, every row id appears for every metric, statuses are from the
-    vocabulary, and ``score`` is non-null exactly when ``status == 'ok'``.
+    ``metric_ids`` names them), no (row_id, metric) pair appears twice, every row id
+    appears for every metric, statuses are from the vocabulary, and ``score`` is non-null
+    exactly when ``status == 'ok'``.
 
     The files are scanned once for the counts and a fingerprint of each metric's row ids;
     when the fingerprints agree, only one metric's row ids are grouped to find repeats
@@ -185,7 +186,9 @@ def verify_run(
     """
     con = connect(layout)
     if files:
-        source = f"read_parquet({file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+        source = (
+            f"read_parquet({file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+        )
         con.execute(
             f"CREATE VIEW s AS SELECT row_id, {metric_key_sql(con, source)} AS metric, score, "
             f"status, model FROM {source}"

@@ -82,7 +82,9 @@ class PanelMetric(Metric):
 
     def plan(self) -> PanelPlan:
         """The picklable description the combine step works from."""
-        return PanelPlan(self.id, tuple(self.judges), tuple(m.id for m in self.members), self.combine)
+        return PanelPlan(
+            self.id, tuple(self.judges), tuple(m.id for m in self.members), self.combine
+        )
 
     def manifest_info(self) -> dict[str, Any]:
         """The judged metric's entry, with ``engine`` null, ``engines`` (the judges),
@@ -154,14 +156,16 @@ def combine_cells(
         },
         separators=(",", ":"),
     )
-    scoring = [(j, float(c[0])) for j, c in zip(plan.judges, cells) if c[1] == OK and c[0] is not None]
+    scoring = [
+        (j, float(c[0])) for j, c in zip(plan.judges, cells) if c[1] == OK and c[0] is not None
+    ]
     left_out = [(j, c[1]) for j, c in zip(plan.judges, cells) if c[1] != OK or c[0] is None]
     if not scoring:
-        status, reason = _no_score(plan, cells)
-        return None, status, reason, details
+        status, why = _no_score(plan, cells)
+        return None, status, why, details
     values = [s for _, s in scoring]
     notes = [_split_reason(scoring)] if len(set(values)) > 1 else []
-    notes += [f"{j} {status}, not counted" for j, status in left_out]
+    notes += [f"{j} {failed}, not counted" for j, failed in left_out]
     reason = "; ".join(notes) or None
     if plan.combine == "mean":
         return sum(values) / len(values), OK, reason, details
@@ -171,7 +175,12 @@ def combine_cells(
     zeros = len(values) - ones
     if ones == zeros:
         tie = f"judges tied {ones}-{zeros}: " + ", ".join(f"{j}={_fmt(s)}" for j, s in scoring)
-        return None, TIE_STATUS, "; ".join([tie, *notes[1:]]) + "; a majority needs an odd count", details
+        return (
+            None,
+            TIE_STATUS,
+            "; ".join([tie, *notes[1:]]) + "; a majority needs an odd count",
+            details,
+        )
     return (1.0 if ones > zeros else 0.0), OK, reason, details
 
 
@@ -199,7 +208,8 @@ def _no_score(
     if len(set(statuses)) == 1 and len(reasons) == 1:
         return status, next(iter(reasons)) or f"every judge: {status}"
     listed = "; ".join(
-        f"{j} {s}" + (f" ({r})" if r else "") for j, s, r in zip(plan.judges, statuses, (c[2] for c in cells))
+        f"{j} {s}" + (f" ({r})" if r else "")
+        for j, s, r in zip(plan.judges, statuses, (c[2] for c in cells))
     )
     return status, f"no judge scored the row: {listed}"
 

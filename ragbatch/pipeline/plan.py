@@ -225,7 +225,8 @@ def _panel_metrics(
             engine=name,
             where=f"{where}.params",
         )
-        _resolve_embedders(member, engines, f"{where}.params")
+        if isinstance(member, JudgeMetric):
+            _resolve_embedders(member, engines, f"{where}.params")
         members.append(member)
     if problems:
         raise ConfigError(problems)
