@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ragbatch.cli import main
-from ragbatch.core.columns import INTERNAL_PREFIX, JUDGE_FIELDS
+from ragbatch.core.columns import INTERNAL_PREFIX, JUDGE, JUDGE_FIELDS
 from ragbatch.config.job import JobConfig
 from ragbatch.core.errors import InputError
 from ragbatch.pipeline.plan import build_plan
@@ -48,7 +48,7 @@ def _config(src: Path, out: Path, **input_extra) -> JobConfig:
 def _scores(result) -> tuple[list[str], list[list]]:
     """(column names, rows) of the committed scores, ordered by row and metric."""
     con = duckdb.connect()
-    judge_columns = ", ".join(name for name, _ in JUDGE_FIELDS)
+    judge_columns = ", ".join([*(name for name, _ in JUDGE_FIELDS), JUDGE])
     cur = con.execute(
         f"SELECT * EXCLUDE (run_date, run_id, details, model, {judge_columns}) FROM read_parquet("
         f"'{result.layout.root}/scores/**/*.parquet', hive_partitioning=true) ORDER BY row_id, metric"

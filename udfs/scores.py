@@ -10,6 +10,7 @@ from ragbatch.core.arrow_util import to_arrow
 from ragbatch.core.columns import (
     CELL_FIELDS,
     CELL_TYPE,
+    JUDGE,
     JUDGE_FIELDS,
     ROW_ID,
     cell_column,
@@ -18,7 +19,12 @@ from ragbatch.core.columns import (
 from udfs.expressions import polars_frame
 
 
-def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Table:
+def to_long(
+    batch: pa.Table,
+    metric_ids: list[str],
+    slices: list[str],
+    judges: dict[str, tuple[str, str]] | None = None,
+) -> pa.Table:
     """Turn a batch of rows with ``__ragbatch_cell::<id>`` columns into scores-table rows.
 
     Parameters
@@ -29,13 +35,18 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
         Metric ids in config order.
     slices
         Slice column names (after renaming), appended after the cell fields.
+    judges
+        Member key -> (panel metric id, engine) of each judge of a judge panel
+        (:attr:`ragbatch.pipeline.plan.Plan.member_judges`): such a metric id's cells are
+        written with ``metric`` the panel's id and ``judge`` the engine.
 
     Returns
     -------
     pyarrow.Table
         ``n * len(metric_ids)`` rows: ``row_id, metric``, the cell fields, the judge
         fields (:data:`ragbatch.core.columns.JUDGE_FIELDS`; null for metrics without a
-        judge), then the slice columns, metric-major.
+        judge), ``judge`` (string; null but for panel members), then the slice columns,
+        metric-major.
 
     Raises
     ------
@@ -51,7 +62,8 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     converted to Polars; the input text columns the batch still carries are not read.
     Both give the same table.
     """
-    arrow = _to_long_arrow(batch, metric_ids, slices)
+    judges = judges or {}
+    arrow = None if judges else _to_long_arrow(batch, metric_ids, slices)
     if arrow is not None:
         return arrow
     if metric_ids:
@@ -71,9 +83,10 @@ def to_long(batch: pa.Table, metric_ids: list[str], slices: list[str]) -> pa.Tab
     parts = [
         frame.select(
             pl.col(ROW_ID),
-            pl.lit(mid, pl.String).alias("metric"),
+            pl.lit(judges.get(mid, (mid,))[0], pl.String).alias("metric"),
             *[pl.col(cell_column(mid)).struct.field(f).alias(f) for f in fields],
             *_judge_fields(frame, mid),
+            pl.lit(judges[mid][1] if mid in judges else None, pl.String).alias(JUDGE),
             *[pl.col(s) for s in slices],
         )
         for mid in metric_ids
@@ -106,7 +119,7 @@ def _to_long_arrow(batch: pa.Table, metric_ids: list[str], slices: list[str]) ->
 
     Each metric contributes ``row_id``, a ``metric`` column of its id, the fields of its
     cell struct (of type :data:`ragbatch.core.columns.CELL_TYPE`), null judge
-    fields and the slices; the metrics' parts are joined as chunks, not copied.
+    fields, a null ``judge`` and the slices; the metrics' parts are joined as chunks, not copied.
     """
     names = set(batch.column_names)
     if not metric_ids or any(judge_column(m) in names for m in metric_ids):
@@ -125,11 +138,11 @@ def _to_long_arrow(batch: pa.Table, metric_ids: list[str], slices: list[str]) ->
         return None
     n = batch.num_rows
     fields = [(ROW_ID, pa.string()), ("metric", pa.string()), *CELL_FIELDS, *JUDGE_FIELDS]
-    fields += list(zip(slices, slice_types))
+    fields += [(JUDGE, pa.string()), *zip(slices, slice_types)]
     columns: list[list[pa.Array]] = [[] for _ in fields]
     row_id = batch.column(ROW_ID).chunks
     sliced = [batch.column(s).cast(t).chunks for s, t in zip(slices, slice_types)]
-    nulls = [pa.nulls(n, t) for _, t in JUDGE_FIELDS]
+    nulls = [pa.nulls(n, t) for _, t in [*JUDGE_FIELDS, (JUDGE, pa.string())]]
     for mid, cell in zip(metric_ids, cells):
         values = [row_id, [pa.repeat(pa.scalar(mid, pa.string()), n)]]
         values += [pc.struct_field(cell, name).chunks for name, _ in CELL_FIELDS]

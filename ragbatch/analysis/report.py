@@ -43,6 +43,7 @@ from ragbatch.analysis.corrected import corrected_rows
 from ragbatch.analysis.inputs import load_inputs
 from ragbatch.analysis.metric_facts import MetricFacts, metric_facts
 from ragbatch.analysis.report_template import TEMPLATE
+from ragbatch.analysis.panel_summary import agreement_rows
 from ragbatch.analysis.runs import CommittedRun, load_scores, load_summary
 from ragbatch.core.redact import redact_text, redact_url
 from ragbatch.core.status import NOT_APPLICABLE, OK, STATUSES
@@ -661,6 +662,7 @@ def build_report(
             summary, metric_ids, facts, run.manifest.summary.get("slice_columns") or {}
         ),
         corrected=_corrected_section(summary, run),
+        panels=agreement_rows(run.manifest.summary.get("panels") or {}),
         **_status_section(summary),
         comparison=section,
         trend=_trend_section(run, metric_ids, facts, trend_nights) if trend_nights > 0 else None,

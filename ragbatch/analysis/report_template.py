@@ -73,6 +73,17 @@ must be a random sample of the rows (see docs/ppi.md).</p>
 <td class="num">{{ r.labels_mean }} {{ r.labels_interval }}</td><td class="num">{{ r.ppi_mean }} {{ r.ppi_interval }}</td>
 <td class="num">{{ r.ppi_lambda }}</td><td>{{ r.note }}</td></tr>
 {% endfor %}</table>{% endif %}
+{% if panels %}<h3 id="panels">Judge panels</h3>
+<p>Metrics judged by several engines: the table above gives each panel's combined cells and, as
+<code>metric[judge]</code>, each judge's own. Agreement between the judges over the rows: Krippendorff's
+alpha (nominal for 0/1 metrics, interval otherwise; 1 is perfect agreement, 0 what chance gives) with its
+bootstrap interval, and per pair of judges the share of equal scores (0/1) or the mean absolute difference
+(see docs/panels.md).</p>
+<table id="panels-table">
+<tr><th>metric</th><th>combine</th><th>alpha</th><th>interval</th><th>pairwise</th><th>judge means</th><th>note</th></tr>
+{% for r in panels %}<tr><td><code>{{ r.metric }}</code></td><td>{{ r.combine }}</td><td class="num">{{ r.alpha }}</td>
+<td class="num">{{ r.interval }}</td><td>{{ r.pairwise_measure }}: {{ r.pairwise }}</td><td>{{ r.means }}</td><td>{{ r.note }}</td></tr>
+{% endfor %}</table>{% endif %}
 <h3>Score distributions</h3>
 <div class="charts" id="distributions">
 {% for m in metrics %}<figure class="chart"><img alt="distribution of {{ m.id }} scores" src="{{ m.chart }}"></figure>

@@ -15,8 +15,10 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ragbatch.core.columns import JUDGE
 from ragbatch.core.errors import InputError
 from ragbatch.io.fs import describe_storage_error, resolve
 from ragbatch.io.staging import STAGING
@@ -234,7 +236,9 @@ def previous_run(
     return earlier[-1] if earlier else None
 
 
-def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataFrame:
+def load_scores(
+    run: CommittedRun, columns: list[str] | None = None, judges: bool = False
+) -> pl.DataFrame:
     """The run's long scores table: one row per (input row, metric).
 
     Parameters
@@ -242,6 +246,11 @@ def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataF
     run : CommittedRun
     columns : list of str, optional
         File columns to read (default: all); the partition keys are not file columns.
+    judges : bool
+        Keep the cells of each judge of a judge panel (``judge`` not null). False (the
+        default): only one cell per (row, metric), the panel's own for a panel, as every
+        analysis of a run's scores needs. ``judge`` is read for this even when
+        ``columns`` leaves it out (and dropped again).
 
     Returns
     -------
@@ -267,7 +276,16 @@ def load_scores(run: CommittedRun, columns: list[str] | None = None) -> pl.DataF
     tables = []
     for path in files:
         with run.fs.open(path, "rb") as fh:
-            tables.append(pq.read_table(fh, columns=columns))
+            parquet = pq.ParquetFile(fh)
+            wanted = columns
+            if columns is not None and not judges and JUDGE not in columns:
+                wanted = [*columns, JUDGE] if JUDGE in parquet.schema_arrow.names else columns
+            table = parquet.read(columns=wanted)
+        if not judges and JUDGE in table.column_names:
+            table = table.filter(pc.is_null(table.column(JUDGE)))
+            if columns is not None and JUDGE not in columns:
+                table = table.drop_columns([JUDGE])
+        tables.append(table)
     return pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
 
 

@@ -67,7 +67,8 @@ from ragbatch.analysis.summary_types import (
 from ragbatch.config.job import DiagnosticsSection
 from ragbatch.core.columns import identifier_key, internal
 from ragbatch.core.errors import OutputError
-from ragbatch.io.write import OutputLayout, connect, file_list
+from ragbatch.io.write import OutputLayout, connect, file_list, metric_key_sql
+from ragbatch.analysis.panel_summary import member_judges, panel_agreements
 from ragbatch.core.status import OK, STATUSES
 
 
@@ -131,10 +132,12 @@ def summarize_run(
         ["metric", "status", "score", "details", *(grouped.quote_identifier(c) for c in read)]
     )
     if files:
-        con.execute(
-            f"CREATE VIEW s AS SELECT {columns} FROM read_parquet("
-            f"{file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
-        ).fetchall()
+        source = (
+            f"read_parquet({file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+        )
+        # A judge panel's member cells are summarized under their member keys.
+        columns = columns.replace("metric", f"{metric_key_sql(con, source)} AS metric", 1)
+        con.execute(f"CREATE VIEW s AS SELECT {columns} FROM {source}").fetchall()
     else:
         empty = ", ".join(
             [
@@ -146,7 +149,7 @@ def summarize_run(
             ]
         )
         con.execute(f"CREATE VIEW s AS SELECT {empty} WHERE false").fetchall()
-    return summarize_view(
+    summary = summarize_view(
         con,
         metrics,
         slices,
@@ -156,6 +159,9 @@ def summarize_run(
         labelled_runs,
         materialize=None if layout.on_local_disk else True,
     )
+    if files:
+        summary.panels = panel_agreements(con, source, metrics, summary.settings)
+    return summary
 
 
 def summarize_view(
@@ -203,6 +209,7 @@ def summarize_view(
     ]
     few = [i.id for i in infos if distinct.get(i.id, 0) <= settings.max_distinct]
     counted = grouped.counted_streams(con, few, kept, settings) if few else {}
+    judge_of = member_judges(metrics)
     rows = []
     for info in infos:
         if info.id in counted:
@@ -230,6 +237,7 @@ def summarize_view(
             out = _row(
                 info, column, value, other, counts.get((info.id, *key)), streams.get(key), settings
             )
+            out["judge"] = judge_of.get(info.id)
             return {**out, **corrected(key), **_health_columns(info, health.get(key), diagnostics)}
 
         rows.append(row(None, None, None, (None, None)))

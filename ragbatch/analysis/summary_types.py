@@ -31,6 +31,7 @@ SUMMARY_SCHEMA = pa.schema(
     [
         ("metric", pa.string()),
         ("metric_name", pa.string()),
+        ("judge", pa.string()),
         ("slice_column", pa.string()),
         ("slice_value", pa.string()),
         ("slice_other", pa.bool_()),
@@ -150,6 +151,9 @@ class RunSummary:
     labels: dict[str, str] = field(default_factory=dict)
     #: Metric id -> the labels taken from another run (``<column> of run <id>``).
     labelled_runs: dict[str, str] = field(default_factory=dict)
+    #: Judge panel metric id -> its inter-judge agreement
+    #: (:meth:`ragbatch.analysis.panel_agreement.PanelAgreement.to_dict`).
+    panels: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def manifest_info(self) -> dict[str, Any]:
         """The manifest's ``summary`` section: the settings, the interval methods and the
@@ -165,6 +169,7 @@ class RunSummary:
             "labelled_runs": self.labelled_runs,
             "ppi_interval": "central-limit interval of the prediction-powered mean "
             "(docs/ppi.md); labels_ci_*: of the labels' mean",
+            "panels": self.panels,
         }
 
     def overall(self) -> list[dict[str, Any]]:

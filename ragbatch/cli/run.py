@@ -49,6 +49,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = result.summary
     assert summary is not None, "run_job summarizes every run it commits"
     print(_summary_text(summary.table.to_pylist(), summary.settings.confidence))
+    if summary.panels:
+        from ragbatch.analysis.panel_summary import agreement_text
+
+        print("\n".join(agreement_text(summary.panels)))
     judge = result.manifest.judge
     if judge.metrics:
         t = judge.total

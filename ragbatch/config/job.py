@@ -7,7 +7,7 @@ Shape (see docs/config.md for every field)::
             slice_columns,
               storage_options, encoding, latency_unit}
     output:  {uri, storage_options}
-    metrics: [{name, id, params, engine}, ...]
+    metrics: [{name, id, params, engine | engines, panel}, ...]
     engines: {engine name: {type (or kind), model, ..., num_gpus, num_cpus, concurrency,
               batch_size}}; each type's fields are its spec model's, found through the
               engine registry (:mod:`ragbatch.config.engine_spec`)
@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ragbatch.config.engine_spec import EngineSpec, engine_spec_models
+from ragbatch.config.panel import PanelSection, member_key, panel_problems
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import PathId
 from ragbatch.config.safe_yaml import MAX_YAML_BYTES, load_yaml
@@ -257,16 +258,36 @@ class OutputSection(_Strict):
 
 class MetricSpec(_Strict):
     """One entry of ``metrics``. ``id`` (default: ``name``) is what the scores table's
-    ``metric`` column holds; ``engine`` names an entry of ``engines``."""
+    ``metric`` column holds; ``engine`` names an entry of ``engines``. A judge metric may
+    name several instead, ``engines: [a, b, ...]``, with ``panel`` saying how their cells
+    combine (a judge panel, :mod:`ragbatch.config.panel`); one name there is the same as
+    ``engine``."""
 
     name: str
     id: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     engine: str | None = None
+    engines: list[str] | None = None
+    panel: PanelSection | None = None
 
     @property
     def metric_id(self) -> str:
         return self.id or self.name
+
+    @property
+    def judges(self) -> list[str] | None:
+        """The engines of a panel (two or more, in config order), else None."""
+        if self.engines is not None and len(dict.fromkeys(self.engines)) > 1:
+            return list(dict.fromkeys(self.engines))
+        return None
+
+    @property
+    def single_engine(self) -> str | None:
+        """The one engine of an entry that is not a panel (``engine``, or the only name
+        in ``engines``), else None."""
+        if self.engines is not None and self.judges is None and self.engines:
+            return self.engines[0]
+        return self.engine
 
 
 class CacheSection(_Strict):
@@ -471,6 +492,16 @@ class JobConfig(_Strict):
                     "of them a distinct `id:`"
                 )
             seen.setdefault(mid, i)
+            names = list(self.engines)
+            problems += panel_problems(i, spec.engine, spec.engines, spec.panel, names)
+            for engine in spec.judges or []:
+                key = member_key(mid, engine)
+                if key in seen:
+                    problems.append(
+                        f"metrics[{i}]: the judge key {key!r} of its panel is the id of "
+                        f"metrics[{seen[key]}]; give one of them a distinct `id:`"
+                    )
+                seen.setdefault(key, i)
             if spec.engine is not None and spec.engine not in self.engines:
                 hint = _suggest(spec.engine, list(self.engines))
                 problems.append(

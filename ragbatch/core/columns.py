@@ -143,10 +143,18 @@ JUDGE_PREFIX = internal("judge::")
 
 CELL_PREFIX = internal("cell::")
 
+#: Scores-table column naming the engine of a judge panel's member cell (docs/panels.md);
+#: null for every other cell, a panel's own cell included. Score files written before
+#: panels existed lack it: readers take it as null.
+JUDGE = "judge"
+
 #: Columns of the long scores table written to Parquet (partition keys ``run_date`` and
 #: ``run_id`` are hive directories, not file columns), before the slice columns.
 SCORES_COLUMNS: tuple[str, ...] = (
-    (ROW_ID, "metric") + tuple(n for n, _ in CELL_FIELDS) + tuple(n for n, _ in JUDGE_FIELDS)
+    (ROW_ID, "metric")
+    + tuple(n for n, _ in CELL_FIELDS)
+    + tuple(n for n, _ in JUDGE_FIELDS)
+    + (JUDGE,)
 )
 
 #: Names an input slice column may not keep; a clashing slice column is renamed with
@@ -157,7 +165,7 @@ SCORES_COLUMNS: tuple[str, ...] = (
 #: column named ``relevance`` as it is.
 RESERVED: frozenset[str] = frozenset(
     (set(CANONICAL) - set(RANKING))
-    | {ISSUES, "metric", "run_id", "run_date"}
+    | {ISSUES, "metric", JUDGE, "run_id", "run_date"}
     | {n for n, _ in CELL_FIELDS}
     | {n for n, _ in JUDGE_FIELDS}
 )

@@ -198,7 +198,10 @@ _SUMMARY = (
     "`max_resample_n`, `max_distinct`, `ppi_estimator`), the interval methods, per slice "
     "column its number of distinct `values` and `pooled_values`, and the human labels: "
     "`labels` (metric id -> label column) and `labelled_runs` (metric id -> labels taken "
-    "from another run; [ppi.md](ppi.md))"
+    "from another run; [ppi.md](ppi.md)); `panels`: per judge panel metric id its "
+    "inter-judge agreement (`alpha`, `alpha_ci_low`, `alpha_ci_high`, `alpha_level`, "
+    "`n_units`, `pairwise`, `judge_means`, `combine`, `judges`, `note`; "
+    "[panels.md](panels.md))"
 )
 
 

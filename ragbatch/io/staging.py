@@ -39,7 +39,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ragbatch.config.panel import member_key
 
 from ragbatch.core.errors import OutputError, OutputNotWritableError, RagbatchError
 from ragbatch.core.ids import check_id
@@ -253,7 +256,10 @@ class Staging:
         for path in files:
             try:
                 with self.fs.open(path, "rb") as fh:
-                    table = pq.read_table(fh, columns=["row_id", "metric", "status"])
+                    parquet = pq.ParquetFile(fh)
+                    names = parquet.schema_arrow.names
+                    wanted_columns = ("row_id", "metric", "status", "judge")
+                    table = parquet.read(columns=[c for c in wanted_columns if c in names])
             except Exception as exc:  # noqa: BLE001 - a file cut short by the crash
                 log.info("resume: %s is incomplete (%s); its rows are scored again", path, exc)
                 broken.append(path)
@@ -261,7 +267,7 @@ class Staging:
             per_row: dict[str, set[str]] = {}
             for row_id, metric, status in zip(
                 table.column("row_id").to_pylist(),
-                table.column("metric").to_pylist(),
+                _metric_keys(table),
                 table.column("status").to_pylist(),
             ):
                 # A cell with status error is not done: a resume scores its row again.
@@ -384,3 +390,14 @@ def check_output_bucket(fs: Any, base: str, root: str) -> None:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def _metric_keys(table: pa.Table) -> list[str]:
+    """Each score row's metric key: ``metric``, or ``<metric>[<judge>]`` for a judge
+    panel's member cell (:func:`ragbatch.config.panel.member_key`); files without a
+    ``judge`` column give ``metric``."""
+    metrics = table.column("metric").to_pylist()
+    if "judge" not in table.column_names:
+        return metrics
+    judges = table.column("judge").to_pylist()
+    return [m if j is None else member_key(m, j) for m, j in zip(metrics, judges)]

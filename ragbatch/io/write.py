@@ -169,9 +169,11 @@ def verify_run(
     """Check row conservation over the score files ``files`` (filesystem paths of
     ``layout.fs``) and count cells per metric and status.
 
-    Conservation: every metric has exactly ``n_rows`` cells, no (row_id, metric) pair
-    appears twice, every row id appears for every metric, statuses are from the
-    vocabulary, and ``score`` is non-null exactly when ``status == 'ok'``.
+    Conservation: every metric has exactly ``n_rows`` cells (a judge panel's member
+    cells are counted under their member key, :func:`metric_key_sql`, as
+    ``metric_ids`` names them), no (row_id, metric) pair appears twice, every row id
+    appears for every metric, statuses are from the vocabulary, and ``score`` is non-null
+    exactly when ``status == 'ok'``.
 
     The files are scanned once for the counts and a fingerprint of each metric's row ids;
     when the fingerprints agree, only one metric's row ids are grouped to find repeats
@@ -184,9 +186,12 @@ def verify_run(
     """
     con = connect(layout)
     if files:
+        source = (
+            f"read_parquet({file_list(layout, files)}, hive_partitioning=false, union_by_name=true)"
+        )
         con.execute(
-            f"CREATE VIEW s AS SELECT row_id, metric, score, status, model FROM "
-            f"read_parquet({file_list(layout, files)}, hive_partitioning=false)"
+            f"CREATE VIEW s AS SELECT row_id, {metric_key_sql(con, source)} AS metric, score, "
+            f"status, model FROM {source}"
         )
     else:
         con.execute(
@@ -209,6 +214,18 @@ def verify_run(
     counts = _status_counts(con)
     models = {m: sorted(v) for m, v in _models(con).items()}
     return RunCheck(n_rows, n_rows * len(metric_ids), counts, models)
+
+
+def metric_key_sql(con: duckdb.DuckDBPyConnection, source: str) -> str:
+    """A SQL expression over ``source`` (a table, view or ``read_parquet`` call of score
+    rows) giving each cell's *metric key*: ``metric``, or for a judge panel's member
+    cell (``judge`` not null) the member key ``<metric>[<judge>]``
+    (:func:`ragbatch.config.panel.member_key`). Scores without a ``judge`` column
+    (written before panels existed) give ``metric``."""
+    columns = {d[0] for d in con.execute(f"SELECT * FROM {source} LIMIT 0").description}
+    if "judge" not in columns:
+        return "metric"
+    return "CASE WHEN judge IS NULL THEN metric ELSE metric || '[' || judge || ']' END"
 
 
 def _conservation_problems(

@@ -151,7 +151,9 @@ def execute_in_process(
             table = drop_rows(table, done)
         for stage in plan.stages:
             table = expression_stage(table, metrics=stage.metrics)
-        scores = to_long(table, metric_ids=plan.metric_ids, slices=plan.slice_names)
+        scores = to_long(
+            table, metric_ids=plan.metric_ids, slices=plan.slice_names, judges=plan.member_judges
+        )
         for piece, start in enumerate(range(0, scores.num_rows, ROWS_PER_FILE)):
             name = f"{scores_dir}/{token}-{index:06d}-{part:04d}-{piece:03d}.parquet"
             _write_whole(layout, name, scores.slice(start, ROWS_PER_FILE))

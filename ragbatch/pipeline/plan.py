@@ -18,6 +18,7 @@ from ragbatch.config.job import JobConfig
 from ragbatch.core.engine_registry import default_engine, engine_of, engines_providing
 from ragbatch.core.errors import ConfigError, InputError
 from ragbatch.judge.metric import JudgeMetric
+from ragbatch.judge.panel import PanelMetric, PanelPlan
 from ragbatch.scoring.base import ExpressionMetric, Metric, ModelMetric
 from ragbatch.core.placement import Node, StageDemand, accelerator_problems
 from ragbatch.core.pool_sizing import PoolChoice
@@ -83,6 +84,19 @@ class Plan:
     @property
     def metric_ids(self) -> list[str]:
         return [m.id for m in self.metrics]
+
+    @property
+    def panels(self) -> list[PanelPlan]:
+        """The judge panels' combine plans (:mod:`ragbatch.judge.panel`), in config order."""
+        return [m.plan() for m in self.metrics if isinstance(m, PanelMetric)]
+
+    @property
+    def member_judges(self) -> dict[str, tuple[str, str]]:
+        """Member key -> (the panel's metric id, the judge's engine) of every judge of a
+        panel: how the scores table names a member's cells (``metric``, ``judge``)."""
+        return {
+            key: (p.id, judge) for p in self.panels for key, judge in zip(p.member_keys, p.judges)
+        }
 
     @property
     def slice_names(self) -> list[str]:
@@ -157,7 +171,10 @@ def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list
         where = f"metrics[{i}]"
         try:
             cls = get_metric(spec.name, where=f"{where}.name")
-            engine_name = _resolve_engine(cls, spec.engine, engines, where)
+            if spec.judges is not None:
+                metrics.extend(_panel_metrics(cls, spec, engines, where))
+                continue
+            engine_name = _resolve_engine(cls, spec.single_engine, engines, where)
             metric = cls.from_params(
                 spec.params, metric_id=spec.metric_id, engine=engine_name, where=f"{where}.params"
             )
@@ -170,6 +187,58 @@ def build_metrics(config: JobConfig) -> tuple[list[Metric], dict[str, Any], list
     for metric in metrics:
         metric.quote_values = allowed
     return metrics, engines, problems
+
+
+def _panel_metrics(
+    cls: type[Metric], spec: Any, engines: dict[str, Any], where: str
+) -> list[Metric]:
+    """A judge panel's metrics (:mod:`ragbatch.judge.panel`): the panel, then one member
+    per judge with the member key as its id, on that judge's engine.
+
+    Raises
+    ------
+    ConfigError
+        The metric is not a judge metric, a judge's engine is not of a type the metric
+        runs on (``<where>.engines[j]``), a param is invalid, or the combine rule needs
+        0/1 scores the metric does not give (``<where>.panel.combine``).
+    """
+    from ragbatch.config.panel import member_key
+    from ragbatch.judge.panel import default_combine, panel_metric
+
+    if not issubclass(cls, JudgeMetric):
+        raise ConfigError(
+            f"{where}.engines: {cls.name} is not a judge metric; a panel of judges "
+            "(`engines: [...]`) is for judge metrics only"
+        )
+    problems, members = [], []
+    for j, name in enumerate(spec.judges):
+        spec_j = engines[name]
+        if spec_j.type not in cls.engine_types:
+            problems.append(
+                f"{where}.engines[{j}]: engine {name!r} has type {spec_j.type!r}, but "
+                f"{cls.name} needs {' or '.join(repr(t) for t in cls.engine_types)}"
+            )
+            continue
+        member = cls.from_params(
+            spec.params,
+            metric_id=member_key(spec.metric_id, name),
+            engine=name,
+            where=f"{where}.params",
+        )
+        if isinstance(member, JudgeMetric):
+            _resolve_embedders(member, engines, f"{where}.params")
+        members.append(member)
+    if problems:
+        raise ConfigError(problems)
+    boolean = bool(members[0].boolean)
+    combine = (spec.panel.combine if spec.panel else None) or default_combine(boolean)
+    if combine != "mean" and not boolean:
+        raise ConfigError(
+            f"{where}.panel.combine: {combine!r} needs a metric scored 0/1, and "
+            f"{cls.name}'s scores are continuous; use `combine: mean`"
+        )
+    panel = panel_metric(spec.metric_id, members, list(spec.judges), combine)
+    return [panel, *members]
 
 
 #: Name under which the packaged embedding model is added when a judge metric's
@@ -335,9 +404,12 @@ def _unmapped_inputs(config: JobConfig, metrics: list[Metric]) -> list[str]:
     the config (``metrics[i]: ...``)."""
     mapped = {c for c, v in config.input.columns.model_dump().items() if v is not None}
     where = {spec.metric_id: f"metrics[{i}]" for i, spec in enumerate(config.metrics)}
+    # A panel's judges read the same columns: its first judge reports for the panel.
+    quiet = {m.id for p in metrics if isinstance(p, PanelMetric) for m in p.members[1:]}
     return [
         f"{where[m.id]}: {problem}" if m.id in where else problem
         for m in metrics
+        if m.id not in quiet
         for problem in m.check_input(mapped)
     ]
 

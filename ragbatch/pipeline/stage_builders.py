@@ -53,8 +53,9 @@ class StageRun:
 
 def chain_stages(ds: Any, plan: Plan, run: StageRun) -> Any:
     """``ds`` through every stage of ``plan`` in order, each added by its stage kind's
-    builder (:meth:`ragbatch.core.stages.StageType.build`), then through the wide-to-long
-    stage (:func:`udfs.scores.to_long`).
+    builder (:meth:`ragbatch.core.stages.StageType.build`), then, with judge panels,
+    through their combine step (:func:`udfs.panels.combine_panels`), then through the
+    wide-to-long stage (:func:`udfs.scores.to_long`).
 
     Parameters
     ----------
@@ -81,10 +82,20 @@ def chain_stages(ds: Any, plan: Plan, run: StageRun) -> Any:
         # The last actor stage passes on only what the scores table is built from.
         keep = _long_table_columns(plan) if i == last_actor else None
         ds = kind.build(ds, plan, stage, replace(run, keep_columns=keep))
+    if plan.panels:
+        from udfs.panels import combine_panels
+
+        ds = ds.map_batches(
+            combine_panels, batch_format="pyarrow", fn_kwargs={"panels": plan.panels}
+        )
     return ds.map_batches(
         to_long,
         batch_format="pyarrow",
-        fn_kwargs={"metric_ids": plan.metric_ids, "slices": plan.slice_names},
+        fn_kwargs={
+            "metric_ids": plan.metric_ids,
+            "slices": plan.slice_names,
+            "judges": plan.member_judges,
+        },
     )
 
 
