@@ -80,7 +80,8 @@ class ScriptedAlignedJudge(ScriptedJudgeServer):
         self.judged: list[Judged] = []
         super().__init__(self._judge, SERVED_NAME)
 
-    def _judge(self, messages: list[dict]) -> str:
+    def _judge(self, body: dict) -> str:
+        messages = body["messages"]
         user = [m["content"] for m in messages if m["role"] == "user"][-1]
         text = "\n\n".join(m["content"] for m in messages)
         answer = _ROW_ANSWER.search(user).group(1)

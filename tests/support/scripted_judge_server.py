@@ -12,17 +12,18 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-#: A script: the request's messages (``[{"role": ..., "content": ...}, ...]``) to the
-#: reply's text.
-Script = Callable[[list[dict[str, Any]]], str]
+#: A script: the request's body (``{"model": ..., "messages": [{"role": ...,
+#: "content": ...}, ...], ...}``) to the reply's text.
+Script = Callable[[dict[str, Any]], str]
 
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # a burst of requests sent at once is not dropped
 
 
-def completion(model: str, reply: str) -> dict[str, Any]:
-    """The body of a chat completion holding ``reply``, with fixed token counts."""
+def completion(model: str, reply: str, usage: tuple[int, int] = (50, 12)) -> dict[str, Any]:
+    """The body of a chat completion holding ``reply``; ``usage`` gives its prompt and
+    completion token counts."""
     return {
         "id": "scripted",
         "object": "chat.completion",
@@ -34,21 +35,28 @@ def completion(model: str, reply: str) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": reply},
             }
         ],
-        "usage": {"prompt_tokens": 50, "completion_tokens": 12, "total_tokens": 62},
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        },
     }
 
 
 class ScriptedJudgeServer:
     """Context manager: a loopback server answering each chat request with
-    ``script(messages)``.
+    ``script(body)``.
 
     Parameters
     ----------
     script : callable
-        Messages to reply text; called on the server's threads (one per request), so a
-        script that keeps state must lock it.
-    served_name : str
-        The model id ``/v1/models`` lists and replies name.
+        Request body to reply text; called on the server's threads (one per request),
+        so a script that keeps state must lock it.
+    served_names : str or tuple of str
+        The model ids ``/v1/models`` lists (a script tells them apart by the body's
+        ``model``).
+    usage : (int, int)
+        Prompt and completion tokens every reply reports.
 
     Attributes
     ----------
@@ -56,14 +64,20 @@ class ScriptedJudgeServer:
         ``http://127.0.0.1:<port>/v1``.
     chat_calls : int
         Chat requests answered so far.
-    requests : list of list of dict
-        Every chat request's messages, in arrival order.
+    requests : list of dict
+        Every chat request's body, in arrival order.
     """
 
-    def __init__(self, script: Script, served_name: str = "scripted") -> None:
+    def __init__(
+        self,
+        script: Script,
+        served_names: str | tuple[str, ...] = "scripted",
+        usage: tuple[int, int] = (50, 12),
+    ) -> None:
         self.script = script
-        self.served_name = served_name
-        self.requests: list[list[dict[str, Any]]] = []
+        self.served_names = (served_names,) if isinstance(served_names, str) else served_names
+        self.usage = usage
+        self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -90,8 +104,11 @@ class ScriptedJudgeServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    card = {"id": outer.served_name, "object": "model", "max_model_len": 1_000_000}
-                    self._send(200, {"object": "list", "data": [card]})
+                    cards = [
+                        {"id": name, "object": "model", "max_model_len": 1_000_000}
+                        for name in outer.served_names
+                    ]
+                    self._send(200, {"object": "list", "data": cards})
                 else:
                     self._send(404, {"detail": "Not Found"})
 
@@ -100,11 +117,11 @@ class ScriptedJudgeServer:
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"detail": "Not Found"})
                     return
-                messages = body["messages"]
-                reply = outer.script(messages)
+                reply = outer.script(body)
                 with outer._lock:
-                    outer.requests.append(messages)
-                self._send(200, completion(outer.served_name, reply))
+                    outer.requests.append(body)
+                model = body.get("model") or outer.served_names[0]
+                self._send(200, completion(model, reply, outer.usage))
 
         return Handler
 

@@ -67,7 +67,8 @@ class ScriptedPairwiseJudge(ScriptedJudgeServer):
         self.system_messages: list[str] = []
         super().__init__(self._judge, SERVED_NAME)
 
-    def _judge(self, messages: list[dict]) -> str:
+    def _judge(self, body: dict) -> str:
+        messages = body["messages"]
         user = [m["content"] for m in messages if m["role"] == "user"][-1]
         verdict = verdict_of(self.rule, *answers_of(user))
         with self._lock:
