@@ -69,6 +69,12 @@ def test_one_engine_in_engines_is_the_same_as_engine():
     )
     assert plan.metric_ids == ["hate_speech"] and plan.panels == []
     assert plan.metrics[0].engine == "b"
+    # a `panel:` over one judge is refused rather than silently run without a panel
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict(
+            _config([{"name": "hate_speech", "engines": ["b"], "panel": {"combine": "majority"}}])
+        )
+    assert "metrics[0].panel: a panel needs two judges or more" in str(err.value)
 
 
 def test_a_continuous_metric_defaults_to_mean_and_refuses_majority():

@@ -38,9 +38,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_uncalibrated=args.allow_uncalibrated,
     )
     layout = result.layout
+    judges = sum(len(m.engines) for m in config.metrics if m.engines and len(m.engines) > 1)
+    # a panel's judges write a cell each beside the panel's own
+    shape = (
+        f"({len(config.metrics)} metrics + {judges} panel judges)"
+        if judges
+        else f"{len(config.metrics)} metrics"
+    )
     print(
-        f"run {result.run_id} committed ({result.check.n_rows} rows x "
-        f"{len(config.metrics)} metrics = {result.check.n_cells} cells)"
+        f"run {result.run_id} committed ({result.check.n_rows} rows x {shape} = "
+        f"{result.check.n_cells} cells)"
     )
     print(f"  scores:   {redact_url(layout.uri(layout.scores_path))}/")
     print(f"  summary:  {redact_url(layout.uri(layout.summary_path))}")

@@ -72,7 +72,7 @@ def panel_problems(
     list of str
         One ``<field path>: <what is wrong>; <what to do>`` per problem: ``engine`` and
         ``engines`` both given, an empty ``engines``, an engine named twice, a name not
-        under ``engines``, or ``panel`` without ``engines``.
+        under ``engines``, or ``panel`` without ``engines`` or with one engine.
     """
     where = f"metrics[{index}]"
     problems: list[str] = []
@@ -90,6 +90,11 @@ def panel_problems(
         )
     if not engines:
         problems.append(f"{where}.engines: the list is empty; name one engine or more")
+    elif len(engines) == 1 and panel is not None:
+        problems.append(
+            f"{where}.panel: a panel needs two judges or more, and `engines` names one; "
+            "add judges to `engines`, or remove `panel:` to run one judge"
+        )
     first: dict[str, int] = {}
     for j, name in enumerate(engines):
         if name in first:
