@@ -541,6 +541,7 @@ def profile_components(config_path: str, workdir: Path) -> dict:
     from ragbatch.io.write import OutputLayout, verify_run
     from ragbatch.pipeline.in_process import _slices, view_columns
     from ragbatch.pipeline.plan import build_plan
+    from ragbatch.pipeline.projection import project_input
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
 
@@ -563,14 +564,15 @@ def profile_components(config_path: str, workdir: Path) -> dict:
 
     files, n_rows = [], 0
     views = view_columns(plan)
+    projection = project_input(plan)
     for task in plan.read_tasks:
-        raw = timed("read", read_task, task, config.input, views)
+        raw = timed("read", read_task, task, config.input, views, projection.columns)
         for rows, piece in _slices(raw, task):
             table = timed(
                 "normalize",
                 normalize,
                 rows,
-                config.input,
+                projection.input,
                 piece,
                 slices=plan.slices,
                 views=bool(views),

@@ -162,11 +162,11 @@ def test_a_fresh_run_of_expression_metrics_runs_without_ray(tmp_path):
     assert got == want
 
 
-def _corrupt_first_column(path: Path) -> None:
-    """Overwrite the compressed pages of the file's first column with 0xff, keeping the
-    footer: the plan reads the file's schema and row count as usual, and decoding the
+def _corrupt_column(path: Path, index: int) -> None:
+    """Overwrite the compressed pages of the file's column ``index`` with 0xff, keeping
+    the footer: the plan reads the file's schema and row count as usual, and decoding the
     column fails when the task reads it (a real fault, not a stand-in)."""
-    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(index)
     start = chunk.dictionary_page_offset or chunk.data_page_offset
     data = bytearray(path.read_bytes())
     data[start + 20 : start + chunk.total_compressed_size - 5] = b"\xff" * (
@@ -227,16 +227,35 @@ def test_read_tasks_in_flight_together_write_every_row_once(tmp_path):
 
 
 def test_a_task_that_fails_stops_the_run_and_names_its_file(tmp_path):
-    # File 3 of 7 has corrupt pages behind a sound footer: the run fails with the
-    # reader's error naming that file, and nothing is committed.
+    # File 3 of 7 has corrupt pages behind a sound footer in the answers, which the
+    # metrics read: the run fails with the reader's error naming that file, and nothing
+    # is committed.
     from ragbatch.core.errors import InputError
     from ragbatch.pipeline.runner import run_job
 
     config = _many_files(tmp_path, 7)
-    _corrupt_first_column(tmp_path / "many" / "f03.parquet")
+    _corrupt_column(tmp_path / "many" / "f03.parquet", 1)
     with pytest.raises(InputError, match="f03.parquet"):
         run_job(config, run_id="broken")
     assert not list((tmp_path / "out").glob("runs/*/run_id=broken/manifest.json"))
+
+
+def test_a_corrupt_column_that_no_metric_reads_is_not_read(tmp_path):
+    # The questions of file 3 are corrupt, and neither metric reads a question: the
+    # column is not decoded (ragbatch.pipeline.projection), and every row is scored.
+    from ragbatch.pipeline.runner import run_job
+
+    config = _many_files(tmp_path, 7)
+    _corrupt_column(tmp_path / "many" / "f03.parquet", 0)
+    with pytest.raises(Exception):
+        pq.read_table(tmp_path / "many" / "f03.parquet")
+    result = run_job(config, run_id="unread")
+    assert result.manifest.ray["executor"] == "in_process"
+    (n,) = duckdb.sql(
+        f"SELECT count(*) FROM read_parquet('{tmp_path}/out/scores/**/*.parquet', "
+        "hive_partitioning=true) WHERE status = 'ok'"
+    ).fetchall()[0]
+    assert n == 7 * 3 * 2
 
 
 def _one_group(tmp_path: Path, ids: list[str] | None = None) -> JobConfig:

@@ -49,8 +49,7 @@ def expression_stage(batch: pa.Table, metrics: list[ExpressionMetric]) -> pa.Tab
     names = [cell_column(m.id) for m in metrics]
     shared = list(dict.fromkeys(i for m in metrics for i in m.intermediates()))
     plain = [m.expression() for m in metrics]
-    reads = plain + [pl.col(c) for i in shared for c in i.columns]
-    frame = polars_frame(batch, input_columns(batch, reads))
+    frame = polars_frame(batch, input_columns(batch, _reads(plain, shared)))
     values = {i: i.compute(frame) for i in shared}
     exprs = [
         (m.expression_with(values) if m.intermediates() else expr).alias(name)
@@ -125,18 +124,44 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-def input_columns(batch: pa.Table, exprs: Sequence[pl.Expr]) -> list[str]:
-    """The columns of ``batch`` that ``exprs`` read, in batch order; all of them when that
-    cannot be told (wildcards, regex selectors, names the batch lacks)."""
+def _reads(plain: Sequence[pl.Expr], shared: Sequence) -> list[pl.Expr]:
+    """The expressions whose input columns a stage converts: every metric's own, and one
+    ``pl.col`` per column of each shared intermediate."""
+    return [*plain, *(pl.col(c) for i in shared for c in i.columns)]
+
+
+def stage_columns(metrics: Sequence[ExpressionMetric]) -> frozenset[str] | None:
+    """The columns of a canonical batch that :func:`expression_stage` reads for
+    ``metrics`` (canonical names such as ``answer``, ``contexts``, ``_issues``, or slice
+    columns); None when that cannot be told from the expressions (a wildcard or regex
+    selector, an expression Polars cannot inspect), and every column may be read.
+
+    The same columns the stage converts to Polars (:func:`input_columns`): a metric's
+    expression that read any other column would fail there. Builds each metric's
+    expression once (a ``binary`` metric imports its callback).
+    """
+    shared = list(dict.fromkeys(i for m in metrics for i in m.intermediates()))
+    return _root_names(_reads([m.expression() for m in metrics], shared))
+
+
+def _root_names(exprs: Sequence[pl.Expr]) -> frozenset[str] | None:
+    """The columns ``exprs`` read, or None when that cannot be told."""
     names: set[str] = set()
     try:
         for expr in exprs:
             if expr.meta.has_multiple_outputs():
-                return batch.column_names
+                return None
             names.update(expr.meta.root_names())
-    except Exception:  # an expression Polars cannot inspect: keep every column
-        return batch.column_names
-    if not names <= set(batch.column_names):
+    except Exception:  # an expression Polars cannot inspect
+        return None
+    return frozenset(names)
+
+
+def input_columns(batch: pa.Table, exprs: Sequence[pl.Expr]) -> list[str]:
+    """The columns of ``batch`` that ``exprs`` read, in batch order; all of them when that
+    cannot be told (wildcards, regex selectors, names the batch lacks)."""
+    names = _root_names(exprs)
+    if names is None or not names <= set(batch.column_names):
         return batch.column_names
     return [c for c in batch.column_names if c in names]
 

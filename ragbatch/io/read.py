@@ -280,7 +280,12 @@ def _version_tag(info: dict) -> str | None:
 # --------------------------------------------------------------------------- reading
 
 
-def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozenset()) -> pa.Table:
+def read_task(
+    task: ReadTask,
+    cfg: InputSection,
+    views: frozenset[str] = frozenset(),
+    columns: frozenset[str] | None = None,
+) -> pa.Table:
     """Read one task's rows.
 
     Parameters
@@ -296,11 +301,17 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
         long text. :func:`ragbatch.io.schema.normalize` takes them with ``views=True``.
         Empty (the default): every column has its type in the file, as PyArrow reads it.
         Ignored for a table input with ``input.filter``, whose rows are filtered.
+    columns : frozenset of str, optional
+        Parquet: read only the file's columns named here (those the file has, in the
+        file's order; :func:`ragbatch.pipeline.projection.project_input` chooses them),
+        so that columns no stage reads are not decoded. None (the default), or a set
+        the file has none of: every column. Other formats read every column.
 
     Returns
     -------
     pyarrow.Table
-        The file's columns (types per the module notes), then one ``string`` column per
+        The file's columns (or those of ``columns`` it has; types per the module
+        notes), then one ``string`` column per
         hive partition key not already in the file (value null for
         ``__HIVE_DEFAULT_PARTITION__``), and for JSON input possibly
         :data:`NONSTRING_COLUMN`. Rows in file order; for a table input, only those that
@@ -319,7 +330,7 @@ def read_task(task: ReadTask, cfg: InputSection, views: frozenset[str] = frozens
     if cfg.filter and table_format(cfg.format) is not None:
         views = frozenset()  # rows are filtered, and Arrow cannot filter string views
     if task.format == "parquet":
-        read = lambda: _read_parquet(fs, task, cfg, views)  # noqa: E731
+        read = lambda: _read_parquet(fs, task, cfg, views, columns)  # noqa: E731
     else:
         read = lambda: _READERS[task.format](fs, task, cfg)  # noqa: E731
     # The file was listed while planning, so an unreachable or throttling store now is
@@ -469,6 +480,7 @@ def _read_parquet(
     task: ReadTask,
     cfg: InputSection,
     views: frozenset[str] = frozenset(),
+    columns: frozenset[str] | None = None,
 ) -> pa.Table:
     where = display_path(fs, task.path)
     _refuse_compressed_parquet(task.path)
@@ -478,21 +490,35 @@ def _read_parquet(
             # fast as reading through a Python file object.
             parquet = pq.ParquetFile(task.path, memory_map=True)
             refuse_internal_names(parquet.schema_arrow.names, task.file_key)
-            fast = _read_text_columns_fast(parquet, task, views)
-            return fast if fast is not None else _read_row_groups(parquet, task)
+            chosen = _chosen_columns(parquet.schema_arrow, columns)
+            fast = _read_text_columns_fast(parquet, task, views, chosen)
+            return fast if fast is not None else _read_row_groups(parquet, task, chosen)
         with fs.open(task.path, "rb") as handle:
-            return _read_row_groups(pq.ParquetFile(handle), task)
+            parquet = pq.ParquetFile(handle)
+            chosen = _chosen_columns(parquet.schema_arrow, columns)
+            return _read_row_groups(parquet, task, chosen)
     except pa.ArrowException as exc:
         raise _bad_parquet(where, exc) from None
     except Exception as exc:
         raise describe_storage_error(where, exc) from exc
 
 
-def _read_row_groups(parquet: pq.ParquetFile, task: ReadTask) -> pa.Table:
+def _chosen_columns(schema: pa.Schema, columns: frozenset[str] | None) -> list[str] | None:
+    """The names of ``schema`` in ``columns``, in the file's order; None (read every
+    column) when ``columns`` is None, names none of them, or the file repeats a name."""
+    if columns is None or len(set(schema.names)) != len(schema.names):
+        return None
+    chosen = [n for n in schema.names if n in columns]
+    return chosen or None
+
+
+def _read_row_groups(
+    parquet: pq.ParquetFile, task: ReadTask, columns: list[str] | None = None
+) -> pa.Table:
     refuse_internal_names(parquet.schema_arrow.names, task.file_key)
     if task.row_groups is None:
-        return parquet.read()
-    return parquet.read_row_groups(list(task.row_groups))
+        return parquet.read(columns=columns)
+    return parquet.read_row_groups(list(task.row_groups), columns=columns)
 
 
 #: Fixed-width column types :func:`_read_text_columns_fast` reads besides strings and
@@ -501,7 +527,10 @@ _FAST_FIXED = (pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.bool_())
 
 
 def _read_text_columns_fast(
-    parquet: pq.ParquetFile, task: ReadTask, views: frozenset[str] = frozenset()
+    parquet: pq.ParquetFile,
+    task: ReadTask,
+    views: frozenset[str] = frozenset(),
+    columns: list[str] | None = None,
 ) -> pa.Table | None:
     """The task's rows of a local Parquet file decoded by Polars' reader, cast back to the
     file's own Arrow schema (the table :func:`_read_row_groups` returns, equal value for
@@ -516,8 +545,13 @@ def _read_text_columns_fast(
     The columns named in ``views`` keep Polars' string views (:func:`_view_column`): the
     same values, without copying the strings into one buffer per column (a Parquet
     dictionary page of long texts that many rows share is decoded once, and stays so).
+
+    ``columns`` (from :func:`_chosen_columns`): only these are decoded, and only their
+    types must pass; None: every column.
     """
     schema = parquet.schema_arrow
+    if columns is not None:
+        schema = pa.schema([schema.field(n) for n in columns], metadata=schema.metadata)
     meta = parquet.metadata
     if meta.num_rows == 0 or any(not _fast_type(f.type) for f in schema):
         return None
@@ -531,11 +565,10 @@ def _read_text_columns_fast(
     try:
         import polars as pl
 
-        frame = (
-            pl.scan_parquet(task.path, hive_partitioning=False, glob=False)
-            .slice(start, length)
-            .collect()
-        )
+        scan = pl.scan_parquet(task.path, hive_partitioning=False, glob=False)
+        if columns is not None:
+            scan = scan.select(columns)
+        frame = scan.slice(start, length).collect()
         if frame.columns != schema.names or frame.height != length:
             return None
         if not views & set(schema.names):

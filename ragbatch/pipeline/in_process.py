@@ -12,7 +12,8 @@ threads: the same reader and normalizer (:mod:`ragbatch.io.read`,
 wide-to-long step (:mod:`udfs.scores`), and score files of the same schema in the
 attempt's staging folder. Polars and PyArrow also use every core within each step. The
 text columns travel as string views from the reader to the expression stage
-(:func:`view_columns`), and a large task is scored in slices (:data:`SLICE_ROWS`).
+(:func:`view_columns`), a large task is scored in slices (:data:`SLICE_ROWS`), and
+only the input columns the run uses are read (:mod:`ragbatch.pipeline.projection`).
 
 ``run.executor`` chooses (:func:`choose_executor`): ``auto`` (the default) runs in
 process when the conditions above hold, ``ray`` always uses Ray, ``in_process``
@@ -118,20 +119,22 @@ def execute_in_process(
     """
     from ragbatch.io.read import read_task
     from ragbatch.io.schema import check_row_ids, normalize
+    from ragbatch.pipeline.projection import project_input
     from ragbatch.pipeline.runner import ROWS_PER_FILE, Executed
     from udfs.expressions import expression_stage
     from udfs.judge import JudgeLedger
     from udfs.read import drop_rows
     from udfs.scores import to_long
 
-    cfg = plan.config.input
+    projection = project_input(plan)
+    cfg = projection.input
     done = sorted(done_rows) if done_rows else []
     token = uuid.uuid4().hex[:12]
     # A resumed run filters rows by id, which pyarrow cannot do on string views.
     views = frozenset() if done else view_columns(plan)
 
     def read(index: int, task: Any) -> tuple[int, list[Callable[[], None]]]:
-        raw = read_task(task, cfg, views)
+        raw = read_task(task, plan.config.input, views, projection.columns)
         pieces = _slices(raw, task)
         units: list[Callable[[], None]] = [
             partial(score, index, part, *piece) for part, piece in enumerate(pieces)
