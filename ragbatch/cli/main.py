@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from ragbatch import __version__
+from ragbatch.core.allocator import prefer_jemalloc
 from ragbatch.core.errors import (
     ConfigError,
     InputError,
@@ -162,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     install_log_redaction()
+    prefer_jemalloc()
     handlers = {
         "run": cmd_run,
         "validate": cmd_validate,
