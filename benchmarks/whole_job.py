@@ -536,6 +536,7 @@ def profile_components(config_path: str, workdir: Path) -> dict:
     sys.path.insert(0, str(ROOT))
     from ragbatch.analysis.summary import summarize_run, summary_settings
     from ragbatch.config.job import load_config
+    from ragbatch.core.allocator import prefer_jemalloc
     from ragbatch.io.read import read_task
     from ragbatch.io.schema import normalize
     from ragbatch.io.write import OutputLayout, verify_run
@@ -545,6 +546,7 @@ def profile_components(config_path: str, workdir: Path) -> dict:
     from udfs.expressions import expression_stage
     from udfs.scores import to_long
 
+    prefer_jemalloc()  # as the `ragbatch` command does
     config = load_config(config_path)
     plan = build_plan(config)
     out = workdir / "profile"
