@@ -16,7 +16,7 @@ function writes them, by formatting each *distinct* score of the batch once in P
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
 
 import polars as pl
 import pyarrow as pa
@@ -78,7 +78,7 @@ def panel_cells(batch: pa.Table, panel: PanelPlan) -> pa.StructArray:
         columns[f"f{i}"] = _texts(score, format_score, None)
         columns[f"js{i}"] = _texts(score, json.dumps, "null")
         columns[f"jt{i}"] = _texts(status, json.dumps, "null")
-    frame = pl.DataFrame(pl.from_arrow(pa.table(columns)))
+    frame = pl.DataFrame(pa.table(columns))
     result = frame.select(_cell_exprs(panel)).to_arrow()
     return pa.StructArray.from_arrays(
         [
@@ -107,16 +107,19 @@ def _member_cells(batch: pa.Table, panel: PanelPlan, i: int) -> pa.StructArray:
     bad = pc.or_kleene(pc.is_null(cells), pc.is_null(pc.struct_field(cells, "status")))
     if pc.any(bad).as_py():
         row = pc.index(bad, True).as_py()
-        row_id = batch.column(ROW_ID)[row].as_py() if ROW_ID in batch.column_names else f"#{row}"
+        if ROW_ID in batch.column_names:
+            where = f"row_id {batch.column(ROW_ID)[row].as_py()!r}"
+        else:
+            where = f"row {row} of the batch (it has no {ROW_ID} column)"
         what = "no cell" if not cells[row].is_valid else "a cell without a status"
         raise StageBugError(
-            f"panel {panel.id!r}: judge {judge!r} gave {what} for row_id {row_id!r}; "
+            f"panel {panel.id!r}: judge {judge!r} gave {what} for {where}; "
             "every judge of a panel gives one cell with a status per row"
         )
     return cells
 
 
-def _texts(values: pa.Array, text: Callable[[object], str], null: str | None) -> pa.Array:
+def _texts(values: pa.Array, text: Callable[[Any], str], null: str | None) -> pa.Array:
     """``text(v)`` of each value of ``values`` (``null`` for a null), computed once per
     distinct value and looked up per row; NaNs are one value, 0.0 and -0.0 two."""
     distinct = pc.drop_null(pc.unique(values))
