@@ -117,6 +117,72 @@ def test_config_errors_name_the_field():
     assert "metrics[0].panel.combine" in str(err.value)
 
 
+def _validate(tmp_path, capsys, metrics: str) -> tuple[int, str]:
+    """``ragbatch validate`` of a job config with judges a and b and ``metrics`` (YAML)."""
+    from ragbatch.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"a": "some answer"}\n')
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        f"input: {{uri: {tmp_path / 'in.jsonl'}, columns: {{answer: a}}}}\n"
+        f"output: {{uri: {tmp_path / 'out'}}}\n"
+        "engines:\n"
+        "  a: {kind: openai, base_url: http://127.0.0.1:9/v1, model: m}\n"
+        "  b: {kind: openai, base_url: http://127.0.0.1:9/v1, model: m}\n"
+        f"metrics:\n{metrics}"
+    )
+    code = main(["validate", str(path)])
+    return code, capsys.readouterr().err
+
+
+def test_two_panels_sharing_an_id_are_one_plain_problem(tmp_path, capsys):
+    """Two panels of one metric without ids: one problem saying that they share the id,
+    not one more per judge key ('hate_speech[a]' is not the id of metrics[0])."""
+    code, err = _validate(
+        tmp_path,
+        capsys,
+        "  - {name: hate_speech, engines: [a, b]}\n"
+        "  - {name: hate_speech, engines: [a, b], panel: {combine: unanimous}}\n",
+    )
+    assert code == 2
+    assert err == (
+        "ragbatch: error: config: metrics[1]: id 'hate_speech' is already used by metrics[0]: "
+        "two panels share the id 'hate_speech', and each metric or panel needs an id of its "
+        "own (it names their cells, summary rows and judge keys); give one of them a distinct "
+        "`id:`, e.g. `id: hate_speech_2`\n"
+    )
+    # the fix the message gives: an id of its own for one of them
+    fixed = _config(
+        [
+            {"name": "hate_speech", "engines": ["a", "b"]},
+            {"name": "hate_speech", "engines": ["a", "b"], "id": "hate_speech_2"},
+        ]
+    )
+    assert [m.metric_id for m in JobConfig.from_dict(fixed).metrics] == [
+        "hate_speech",
+        "hate_speech_2",
+    ]
+
+
+def test_a_metric_sharing_a_panels_id_or_judge_key(tmp_path, capsys):
+    code, err = _validate(
+        tmp_path,
+        capsys,
+        "  - {name: hate_speech, engines: [a, b]}\n"
+        "  - {name: hate_speech, engine: a, id: 'hate_speech[a]'}\n"
+        "  - {name: hate_speech, engine: b}\n",
+    )
+    assert code == 2
+    assert err == (
+        "ragbatch: error: config: metrics[1]: id 'hate_speech[a]' is the judge key of engine "
+        "'a' in the panel of metrics[0]; give metrics[1] a distinct `id:`; metrics[2]: id "
+        "'hate_speech' is already used by metrics[0]: a metric and a panel share the id "
+        "'hate_speech', and each metric or panel needs an id of its own (it names their "
+        "cells, summary rows and judge keys); give one of them a distinct `id:`, "
+        "e.g. `id: hate_speech_2`\n"
+    )
+
+
 # -- combine rules ------------------------------------------------------------------------
 
 

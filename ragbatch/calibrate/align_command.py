@@ -30,6 +30,7 @@ from ragbatch.calibrate.command import (
     judge_job,
     judge_run_id,
     row_texts,
+    start_calibration,
     write_input,
 )
 from ragbatch.calibrate.config import CalibrationConfig, LabelSpec
@@ -40,7 +41,6 @@ from ragbatch.calibrate.prepare import LabelledInput, read_labelled
 from ragbatch.config.job import MetricSpec
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.ids import check_id
-from ragbatch.core.run_date import choose_run_date
 from ragbatch.io.fs import resolve
 from ragbatch.judge.aligned import write_examples
 from ragbatch.judge.metric import JudgeMetric
@@ -346,15 +346,12 @@ def run_alignment(
     """
     from ragbatch.analysis.runs import load_scores
     from ragbatch.io.write import OutputLayout
-    from ragbatch.pipeline.runner import new_run_id
 
-    started = dt.datetime.now(dt.timezone.utc)
-    t0 = time.perf_counter()
-    run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
+    start = start_calibration(run_id, run_date)
+    run_id, run_date, started, t0 = start.run_id, start.run_date, start.started, start.clock
     for judge in cal.judges:
         for stage in STAGES:
             check_id(judge_run_id(run_id, f"{judge}-{stage}"), f"judge run id of {judge!r}")
-    run_date = choose_run_date(run_date, now=started)
     aligned_metric(cal, opts)  # the config's problems before the input is read
     labelled = read_labelled(cal)
     plan = plan_alignment(cal, labelled, opts, run_id)

@@ -78,6 +78,48 @@ def judge_job(
     return JobConfig.from_dict(data, source=f"calibration job of judge {judge}")
 
 
+@dataclass(frozen=True)
+class CalibrationStart:
+    """When and as what a calibration starts (:func:`start_calibration`).
+
+    Attributes
+    ----------
+    run_id : str
+        The calibration id, checked (:func:`ragbatch.core.ids.check_id`).
+    run_date : datetime.date
+        The date given, else the UTC date of ``started``.
+    started : datetime.datetime
+        The start time, timezone-aware UTC (the manifest's ``started_at``).
+    clock : float
+        :func:`time.perf_counter` at the start, for the ``total_s`` timing.
+    """
+
+    run_id: str
+    run_date: dt.date
+    started: dt.datetime
+    clock: float
+
+
+def start_calibration(run_id: str | None, run_date: dt.date | None) -> CalibrationStart:
+    """The start of a calibration run (``ragbatch calibrate``, with or without
+    ``--align``): the start time, the calibration id (``run_id``, else a new one from the
+    start time, :func:`ragbatch.pipeline.runner.new_run_id`) and the run date
+    (``run_date``, else today in UTC, :func:`ragbatch.core.run_date.choose_run_date`).
+    The ids of the judge runs differ between the two commands; each checks its own.
+
+    Raises
+    ------
+    ConfigError
+        ``run_id`` is not a valid id (:func:`ragbatch.core.ids.check_id`).
+    """
+    from ragbatch.pipeline.runner import new_run_id
+
+    started = dt.datetime.now(dt.timezone.utc)
+    clock = time.perf_counter()
+    run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
+    return CalibrationStart(run_id, choose_run_date(run_date, now=started), started, clock)
+
+
 def run_calibration(
     cal: CalibrationConfig,
     *,
@@ -105,14 +147,11 @@ def run_calibration(
     """
     from ragbatch.analysis.runs import load_scores
     from ragbatch.io.write import OutputLayout
-    from ragbatch.pipeline.runner import new_run_id
 
-    started = dt.datetime.now(dt.timezone.utc)
-    t0 = time.perf_counter()
-    run_id = check_id(new_run_id(started) if run_id is None else run_id, "calibration id")
+    start = start_calibration(run_id, run_date)
+    run_id, run_date, started, t0 = start.run_id, start.run_date, start.started, start.clock
     for judge in cal.judges:
         check_id(judge_run_id(run_id, judge), f"judge run id of judge {judge!r}")
-    run_date = choose_run_date(run_date, now=started)
     labelled = read_labelled(cal)
     layout = OutputLayout.for_run(cal.output, run_date, run_id)
     input_uri = write_input(cal, layout, run_id, "labelled", labelled.frame)

@@ -483,25 +483,33 @@ class JobConfig(_Strict):
     @model_validator(mode="after")
     def _ids_unique_and_engines_known(self) -> "JobConfig":
         problems: list[str] = []
-        seen: dict[str, int] = {}
+        seen: dict[str, int] = {}  # metric ids and panel judge keys -> metrics index
+        ids: dict[str, int] = {}  # metric ids alone
+        judge_keys: dict[str, tuple[int, str]] = {}  # judge key -> (metrics index, engine)
         for i, spec in enumerate(self.metrics):
             mid = spec.metric_id
-            if mid in seen:
-                problems.append(
-                    f"metrics[{i}]: id {mid!r} is already used by metrics[{seen[mid]}]; give one "
-                    "of them a distinct `id:`"
-                )
-            seen.setdefault(mid, i)
             names = list(self.engines)
+            if mid in ids:
+                problems.append(_shared_id(mid, ids[mid], i, self.metrics))
+            elif mid in judge_keys:
+                j, engine = judge_keys[mid]
+                problems.append(
+                    f"metrics[{i}]: id {mid!r} is the judge key of engine {engine!r} in the "
+                    f"panel of metrics[{j}]; give metrics[{i}] a distinct `id:`"
+                )
             problems += panel_problems(i, spec.engine, spec.engines, spec.panel, names)
-            for engine in spec.judges or []:
-                key = member_key(mid, engine)
-                if key in seen:
-                    problems.append(
-                        f"metrics[{i}]: the judge key {key!r} of its panel is the id of "
-                        f"metrics[{seen[key]}]; give one of them a distinct `id:`"
-                    )
-                seen.setdefault(key, i)
+            if mid not in ids:  # a shared id is reported once, not once per judge key
+                for engine in spec.judges or []:
+                    key = member_key(mid, engine)
+                    if key in seen:
+                        problems.append(
+                            f"metrics[{i}]: the judge key {key!r} of its panel is the id of "
+                            f"metrics[{seen[key]}]; give one of them a distinct `id:`"
+                        )
+                    seen.setdefault(key, i)
+                    judge_keys.setdefault(key, (i, engine))
+            ids.setdefault(mid, i)
+            seen.setdefault(mid, i)
             if spec.engine is not None and spec.engine not in self.engines:
                 hint = _suggest(spec.engine, list(self.engines))
                 problems.append(
@@ -523,6 +531,19 @@ class JobConfig(_Strict):
     def from_dict(cls, data: dict[str, Any], source: str = "config") -> "JobConfig":
         """Validate a parsed config mapping; raise :class:`ConfigError` naming each field."""
         return validate_mapping(cls, data, source, "a mapping with run/input/output/metrics")
+
+
+def _shared_id(mid: str, first: int, again: int, metrics: list[MetricSpec]) -> str:
+    """The problem of ``metrics[again]`` reusing ``metrics[first]``'s id ``mid``: says
+    whether two metrics, two panels or a metric and a panel share it, and how to fix it."""
+    panels = [metrics[k].judges is not None for k in (first, again)]
+    what = "two panels" if all(panels) else "a metric and a panel" if any(panels) else "two metrics"
+    return (
+        f"metrics[{again}]: id {mid!r} is already used by metrics[{first}]: {what} share "
+        f"the id {mid!r}, and each metric or panel needs an id of its own (it names their "
+        f"cells, summary rows and judge keys); give one of them a distinct `id:`, "
+        f"e.g. `id: {mid}_2`"
+    )
 
 
 def load_config(path: str | Path) -> JobConfig:

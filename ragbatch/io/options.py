@@ -9,6 +9,11 @@ fsspec ``storage_options`` as repeatable flags. One form, the same for every fla
 - a dotted key nests: ``client_kwargs.region_name=eu-west-1`` gives
   ``{"client_kwargs": {"region_name": "eu-west-1"}}``.
 
+A flag's value is one scalar, never a config: a mapping or list is refused whatever it
+holds (so a flow mapping repeating a key, ``k={a: 1, a: 2}``, is refused as any mapping),
+and a key given by two flags is refused by :func:`storage_options_from`. Config files are
+read by :func:`ragbatch.config.safe_yaml.load_yaml`, which also refuses repeated keys.
+
 The filesystem still reads the standard environment variables (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...) for anything the flags leave out.
 """

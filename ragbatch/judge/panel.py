@@ -174,7 +174,9 @@ def combine_cells(
     ones = sum(1 for v in values if v == 1.0)
     zeros = len(values) - ones
     if ones == zeros:
-        tie = f"judges tied {ones}-{zeros}: " + ", ".join(f"{j}={_fmt(s)}" for j, s in scoring)
+        tie = f"judges tied {ones}-{zeros}: " + ", ".join(
+            f"{j}={format_score(s)}" for j, s in scoring
+        )
         return (
             None,
             TIE_STATUS,
@@ -188,7 +190,7 @@ def _split_reason(scoring: list[tuple[str, float]]) -> str:
     """``judges split 2-1: a=1, b=1, c=0`` (counts of each score given, most first;
     for more than two distinct scores, ``judges split: a=0.5, ...``)."""
     counts = Counter(s for _, s in scoring)
-    listed = ", ".join(f"{j}={_fmt(s)}" for j, s in scoring)
+    listed = ", ".join(f"{j}={format_score(s)}" for j, s in scoring)
     if len(counts) == 2:
         tally = "-".join(str(n) for n in sorted(counts.values(), reverse=True))
         return f"judges split {tally}: {listed}"
@@ -214,6 +216,7 @@ def _no_score(
     return status, f"no judge scored the row: {listed}"
 
 
-def _fmt(score: float) -> str:
-    """A score as the reasons print it: ``1``, ``0``, ``0.75``."""
+def format_score(score: float) -> str:
+    """A score as the reasons print it: ``1``, ``0``, ``0.75`` (an integral score as an
+    integer, any other with 4 significant digits, ``.4g``)."""
     return str(int(score)) if float(score).is_integer() else f"{score:.4g}"
