@@ -64,8 +64,12 @@ LOOKUP_COLUMNS = (
     "created_at",
 )
 
-#: What a lookup finds for a key: (reply, created_at, group).
-Found = tuple[Reply, Any, str]
+#: What a lookup finds for a key: (reply, created_at in microseconds since the epoch or
+#: None, group).
+Found = tuple[Reply, "int | None", str]
+#: An entry as a lookup reads it: the values of :data:`LOOKUP_COLUMNS`, ``created_at`` in
+#: microseconds since the epoch.
+_Row = tuple[Any, ...]
 #: A bucket file as the latest listing gave it: (path, size, version),
 #: :meth:`CacheFiles.identity <ragbatch.judge.cache_files.CacheFiles.identity>`.
 Identity = tuple[str, "int | None", str]
@@ -352,13 +356,13 @@ class BucketReader:
         for plan in todo:
             plan.pending, at = pending[at : at + len(plan.first)], at + len(plan.first)
         if len(todo) > 1 and LOOKUP_THREADS > 1:
-            tables = list(self._pool.map(self._finish, todo))
+            per_file = list(self._pool.map(self._finish, todo))
         else:
-            tables = [self._finish(plan) for plan in todo]
+            per_file = [self._finish(plan) for plan in todo]
         out: dict[str, Found] = {}
-        for table in tables:
-            if table is not None:
-                _merge_into(table, out)
+        for rows in per_file:
+            if rows is not None:
+                _merge_into(rows, out)
         return out
 
     def _plan(self, path: str, groups: set[str]) -> _Plan | None:
@@ -397,12 +401,13 @@ class BucketReader:
             self._damaged(path, str(exc))
             return None
 
-    def _finish(self, plan: _Plan) -> pa.Table | None:
-        """The entries of ``plan.groups`` in its file (LOOKUP_COLUMNS, replies only),
-        from the row groups kept and the bytes of its first request: the row groups
-        chosen and not kept, or the file's end (:meth:`_after_footer`). The row groups
-        decoded are kept. None when there are none, or the file is gone or damaged (then
-        set aside)."""
+    def _finish(self, plan: _Plan) -> list[_Row] | None:
+        """The entries of ``plan.groups`` in its file (replies only, as :data:`_Row`:
+        turned into Python values here, on the read thread, while other files' requests
+        may still be out), from the row groups kept and the bytes of its first request:
+        the row groups chosen and not kept, or the file's end (:meth:`_after_footer`).
+        The row groups decoded are kept. None when there are none, or the file is gone
+        or damaged (then set aside)."""
         try:
             got = [p.result() for p in plan.pending]
             if any(data is None for data in got):
@@ -442,7 +447,7 @@ class BucketReader:
             pc.is_in(table.column("group"), value_set=pa.array(sorted(plan.groups), pa.string())),
             pc.is_valid(table.column("text")),
         )
-        return table.filter(mask)
+        return _rows(table.filter(mask))
 
     def _after_footer(
         self, plan: _Plan, tail: bytes
@@ -555,12 +560,20 @@ def _with_lookup_columns(table: pa.Table) -> pa.Table:
     return table.select(list(LOOKUP_COLUMNS))
 
 
-def _merge_into(table: pa.Table, out: dict[str, Found]) -> None:
-    """Add the entries of ``table`` (LOOKUP_COLUMNS) to ``out``, keeping for a key stored
-    twice the earlier reply (:func:`_earlier`)."""
-    for group, key, text, finish, pt, ct, lp, created in zip(
-        *(table.column(c).to_pylist() for c in LOOKUP_COLUMNS)
-    ):
+def _rows(table: pa.Table) -> list[_Row]:
+    """The rows of ``table`` (LOOKUP_COLUMNS) as tuples, ``created_at`` as an integer
+    (microseconds since the epoch, UTC; None where null): making a timezone-aware
+    ``datetime`` of each costs more than all the other columns together."""
+    columns = [table.column(c) for c in LOOKUP_COLUMNS]
+    at = LOOKUP_COLUMNS.index("created_at")
+    columns[at] = columns[at].cast(pa.int64())
+    return list(zip(*(column.to_pylist() for column in columns)))
+
+
+def _merge_into(rows: list[_Row], out: dict[str, Found]) -> None:
+    """Add the entries ``rows`` (:func:`_rows`) to ``out``, keeping for a key stored twice
+    the earlier reply (:func:`_earlier`)."""
+    for group, key, text, finish, pt, ct, lp, created in rows:
         reply: Reply = (text, finish or "", pt or 0, ct or 0, lp)
         known = out.get(key)
         if known is None or _earlier((created, text), (known[1], known[0][0])):
