@@ -28,9 +28,11 @@ is run as its own setting, interleaved with the others.
 and this one, one after the other, on the same caches and groups.
 
 It prints, per store, version and setting: seconds per batch (median of the rounds),
-the requests a batch made to S3 (every S3 API call s3fs makes, counted by wrapping its
-call, after the cache is opened: mean over all batches, and over the last quarter, when
-the footers of the files touched are kept), and the load average before and after. For
+the row groups read from the store a pass (and those taken from memory, kept by the
+reader from an earlier batch: ``ROW_GROUP_CACHE_BYTES``), the requests a batch made to
+S3 (every S3 API call s3fs makes, counted by wrapping its call, after the cache is
+opened: mean over all batches, and over the last quarter, when the footers of the files
+touched are kept), and the load average before and after. For
 this tree it also times the same byte ranges fetched alone, with ``fs.cat_ranges`` and
 no decoding: what the requests cost by themselves. It checks that every version and
 setting found the same entries. Nothing here asserts a speed.
@@ -126,6 +128,8 @@ def _worker(job: dict) -> dict:
         "seconds": seconds / len(job["batches"]),
         "found": found,
         "row_groups": cache.row_groups_read,
+        # taken from memory (a version without ROW_GROUP_CACHE_BYTES keeps none)
+        "row_group_hits": getattr(cache.reader, "row_group_hits", 0),
         "requests": per_batch,
         "by_call": by_call,
         "bare": bare,
@@ -217,6 +221,8 @@ def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> 
             f"{', '.join(f'{t:.3f}' for t in times)}); {first / median:.2f}x the first line"
         )
         line += f"; {rounds[0]['row_groups']:,} row groups read a pass"
+        if rounds[0].get("row_group_hits"):
+            line += f" and {rounds[0]['row_group_hits']:,} taken from memory"
         requests = rounds[0]["requests"]
         if any(requests):
             tail = requests[-max(1, len(requests) // 4) :]

@@ -426,10 +426,12 @@ def test_a_reader_keeps_the_footers_it_read_within_its_byte_bound(
     # reads after it: the second lookup reads no footer. With the bound at one byte only
     # the footer read last stays: the second lookup, which plans every file's first
     # request before it makes any, finds that one kept and reads the other 39 again.
-    # Either way the same entries are found.
+    # Either way the same entries are found. (No row group is kept in memory here: a
+    # file whose row groups are all kept needs no footer, nor any request.)
     from ragbatch.judge import cache_store
 
     monkeypatch.setattr(cache_store, "LOOKUP_THREADS", 1)  # files read in order
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 0)
     if bound is not None:
         monkeypatch.setattr(cache_store, "FOOTER_CACHE_BYTES", bound)
     uri = str(tmp_path / "cache")
@@ -521,8 +523,11 @@ def test_a_lookup_makes_one_request_per_file_once_its_footer_is_kept(
     # when it fits in FIRST_READ_BYTES (1 request a file); its footer only (then 1 more
     # for the row group: 2); less than its footer (then 1 more for the rest of the
     # footer, and 1 for the row group: 3). The second lookup keeps every footer: 1
-    # request a file. The entries found are the same.
-    from ragbatch.judge import cache_parquet
+    # request a file. The entries found are the same. (No row group is kept in memory
+    # here: a kept one is not fetched at all, tests/test_judge_cache_row_groups.py.)
+    from ragbatch.judge import cache_parquet, cache_store
+
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 0)
 
     uri = str(tmp_path / "cache")
     groups = _forty_files(uri, {})
@@ -552,9 +557,13 @@ def test_a_lookup_on_s3_sends_one_get_per_file_and_nothing_else(
     monkeypatch, s3_storage_options, s3_bucket
 ):
     # Counted at s3fs's call to the S3 API: once the footers are kept, a lookup of 40
-    # groups in 40 files is 40 GetObject calls, and no HeadObject or listing.
+    # groups in 40 files is 40 GetObject calls, and no HeadObject or listing (no row
+    # group kept in memory: one kept is not fetched, tests/test_judge_cache_row_groups.py).
     import s3fs
 
+    from ragbatch.judge import cache_store
+
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 0)
     uri = f"s3://{s3_bucket}/judge_cache"
     groups = _forty_files(uri, s3_storage_options)
     reader = JudgmentCache(uri, s3_storage_options)

@@ -219,10 +219,12 @@ def _flushed_touches(cache: JudgmentCache, uri: str) -> set[tuple[str, str]]:
 
 def test_lookups_from_several_threads_find_what_serial_lookups_find(tmp_path, monkeypatch):
     # Six threads look up overlapping groups three times each on one shared cache, and
-    # note their hits, while the reader keeps a few footers' and group ranges' worth
-    # only: footers and ranges are dropped and read again throughout. Each lookup finds
-    # what the same lookup finds when made alone, one after another; the row groups read,
-    # the hits and the touches written are the same; the reader's bounds still hold.
+    # note their hits, while the reader keeps a few footers', group ranges' and decoded
+    # row groups' worth only: they are dropped and read again throughout. Each lookup
+    # finds what the same lookup finds when made alone, one after another; the row
+    # groups needed (read from the store or taken from memory: which, depends on the
+    # interleaving), the hits and the touches written are the same; the reader's bounds
+    # still hold.
     uri = str(tmp_path / "cache")
     groups = _spread_cache(uri)
     paths = [p for ps in open_files(uri, {}).bucket_files().values() for p in ps]
@@ -230,12 +232,20 @@ def test_lookups_from_several_threads_find_what_serial_lookups_find(tmp_path, mo
     footer_bytes = max(len(pickle.dumps(pq.read_metadata(p))) for p in paths)
     monkeypatch.setattr(cache_store, "FOOTER_CACHE_BYTES", 4 * footer_bytes)
     monkeypatch.setattr(cache_store, "RANGE_CACHE_ROW_GROUPS", 6)
+    row_group_bytes = max(
+        pq.ParquetFile(p)
+        .read_row_group(0, columns=list(cache_store.LOOKUP_COLUMNS))
+        .get_total_buffer_size()
+        for p in paths
+    )
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 5 * row_group_bytes)
     callers, rounds = 6, 3
     plan = _plan(groups, callers, rounds)
 
     alone = JudgmentCache(uri, {})
     expected = {at: _look_up_and_hit(alone, asked) for at, asked in plan.items()}
-    expected_row_groups = alone.row_groups_read
+    expected_row_groups = alone.row_groups_read + alone.reader.row_group_hits
+    assert alone.reader.row_group_hits > 0  # some were taken from memory
     expected_touches = _flushed_touches(alone, uri)
     assert alone.reader.footers_read > len(paths)  # footers were dropped and read again
     assert sum(len(found) for found, _ in expected.values()) > 0
@@ -260,13 +270,17 @@ def test_lookups_from_several_threads_find_what_serial_lookups_find(tmp_path, mo
         thread.join()
     assert failures == []
     assert got == expected
-    assert shared.row_groups_read == expected_row_groups
+    assert shared.row_groups_read + shared.reader.row_group_hits == expected_row_groups
     assert _flushed_touches(shared, uri) == expected_touches
     assert shared.reader.footers_read > len(paths)
     reader = shared.reader
     assert reader._footer_bytes == sum(map(len, reader._footers.values()))
     assert reader._footer_bytes <= cache_store.FOOTER_CACHE_BYTES
     assert reader._range_row_groups == sum(len(lows) for lows, _ in reader._ranges.values())
+    kept = [table.get_total_buffer_size() for table in reader._row_groups.values()]
+    assert reader._row_group_bytes == sum(kept)
+    assert reader._row_group_bytes <= cache_store.ROW_GROUP_CACHE_BYTES
+    assert 0 < len(kept) <= 5
 
 
 def test_lookups_started_at_once_share_one_pool_of_read_threads(tmp_path, monkeypatch):

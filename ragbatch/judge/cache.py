@@ -124,8 +124,9 @@ class JudgmentCache:
     :meth:`prefetch`. Memory: the entries of the groups prefetched for the current
     batch, the ``group`` ranges of at most
     :data:`~ragbatch.judge.cache_store.RANGE_CACHE_ROW_GROUPS` row groups,
-    :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_BYTES` of serialized footers, and up
-    to :data:`RECENT_ENTRIES` replies this process obtained.
+    :data:`~ragbatch.judge.cache_store.FOOTER_CACHE_BYTES` of serialized footers,
+    :data:`~ragbatch.judge.cache_store.ROW_GROUP_CACHE_BYTES` of decoded row groups, and
+    up to :data:`RECENT_ENTRIES` replies this process obtained.
 
     Thread-safe: one cache is shared by every batch in flight on a judge actor, whose
     lookups (:meth:`lookup`) run on worker threads while the event loop's thread answers

@@ -92,12 +92,17 @@ class CacheFiles:
     sizes : dict
         Path -> size in bytes, of the files the listings so far found (a lookup reads
         ranges of a file without asking the store for its size).
+    versions : dict
+        Path -> what the latest listing says of that version of the file, besides its
+        size (:data:`VERSION_FIELDS`: an object store's ETag or generation, a local
+        file's inode and modification time), as a string; see :meth:`identity`.
     """
 
     def __init__(self, fs: Any, root: str):
         self.fs = fs
         self.root = root.rstrip("/")
         self.sizes: dict[str, int] = {}
+        self.versions: dict[str, str] = {}
 
     @property
     def buckets_dir(self) -> str:
@@ -128,14 +133,25 @@ class CacheFiles:
         found = self.fs.find(folder, detail=True)
         for gone in [p for p in self.sizes if p.startswith(folder + "/") and p not in found]:
             del self.sizes[gone]
+        for gone in [p for p in self.versions if p.startswith(folder + "/") and p not in found]:
+            del self.versions[gone]
         out = []
         for path, info in found.items():
             if not path.endswith(".parquet") or info.get("type", "file") != "file":
                 continue
             if info.get("size") is not None:
                 self.sizes[path] = int(info["size"])
+            self.versions[path] = _version(info)
             out.append(path)
         return sorted(out)
+
+    def identity(self, path: str) -> tuple[str, int | None, str]:
+        """What tells this version of ``path`` from another written at the same path:
+        ``(path, size, version)`` as the latest listing gave them (size None and version
+        ``""`` for a file no listing found). A file rewritten in place has another size,
+        ETag, generation or modification time, so what a reader keeps under one
+        identity (footers, row groups) is never used for the file listed after it."""
+        return (path, self.sizes.get(path), self.versions.get(path, ""))
 
     def bucket_files(self) -> dict[str, list[str]]:
         """Bucket name -> its files (one listing of the whole bucket tree)."""
@@ -385,6 +401,7 @@ class CacheFiles:
         except FileNotFoundError:
             return None  # another process set it aside, or removed it, first
         self.sizes.pop(path, None)
+        self.versions.pop(path, None)
         log.warning(
             "judgment cache: %s cannot be read (%s); moved to %s, and its entries will "
             "be asked again ('ragbatch cache check' lists such files)",
@@ -423,6 +440,18 @@ class Pending:
         except Exception as exc:
             raise self._files.fetch_error(self._path, exc) from exc
         return bytes(data)
+
+
+#: Fields of a listing's entry that change when a file is written again at the same path:
+#: S3 and Azure (``ETag``/``etag``), Google Cloud Storage (``generation``), local disk
+#: (``ino`` and ``mtime``: a file replaced by a rename has another inode).
+VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId", "ino", "mtime")
+
+
+def _version(info: dict[str, Any]) -> str:
+    """The :data:`VERSION_FIELDS` of one listing entry, as one string (``""`` when the
+    store gives none of them: then only the size tells two versions apart)."""
+    return "|".join(f"{name}={info[name]}" for name in VERSION_FIELDS if info.get(name) is not None)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ in memory. That also draws the line between the two kinds of failure:
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -212,7 +212,30 @@ def decode(
     row_groups: Sequence[int],
     columns: Sequence[str],
 ) -> pa.Table:
-    """``columns`` of ``row_groups`` of a file, decoded from the bytes fetched.
+    """``columns`` of ``row_groups`` of a file, decoded from the bytes fetched, as one
+    table (the row groups in file order).
+
+    Parameters and errors as :func:`decode_row_groups`.
+    """
+    return _decoded(
+        meta,
+        size,
+        pieces,
+        lambda file, present: file.read_row_groups(sorted(row_groups), columns=present),
+        columns,
+    )
+
+
+def decode_row_groups(
+    meta: Any,
+    size: int,
+    pieces: Sequence[tuple[int, bytes]],
+    row_groups: Sequence[int],
+    columns: Sequence[str],
+) -> list[pa.Table]:
+    """``columns`` of each of ``row_groups`` of a file, decoded from the bytes fetched:
+    one table per row group, in the order of ``row_groups``, each holding its own
+    buffers (one can be kept without the others).
 
     Parameters
     ----------
@@ -225,13 +248,31 @@ def decode(
         :func:`column_spans`.
     row_groups : sequence of int
     columns : sequence of str
-        Columns to read; those the file lacks are left out of the table.
+        Columns to read; those the file lacks are left out of the tables.
 
     Raises
     ------
     Damaged
         The pages do not decode, or lie outside what the footer's column chunks said.
     """
+    return _decoded(
+        meta,
+        size,
+        pieces,
+        lambda file, present: [file.read_row_group(i, columns=present) for i in row_groups],
+        columns,
+    )
+
+
+def _decoded(
+    meta: Any,
+    size: int,
+    pieces: Sequence[tuple[int, bytes]],
+    read: Callable[[Any, list[str]], Any],
+    columns: Sequence[str],
+) -> Any:
+    """``read(parquet_file, columns present)`` over the fetched ``pieces`` of a file;
+    whatever fails to decode is :class:`Damaged`."""
     schema = meta.schema.to_arrow_schema()
     present = [c for c in columns if schema.get_field_index(c) >= 0]
     try:
@@ -239,8 +280,7 @@ def decode(
             source: Any = pa.BufferReader(pieces[0][1])
         else:
             source = pa.PythonFile(Pieces(size, pieces), mode="r")
-        parquet = pq.ParquetFile(source, metadata=meta, pre_buffer=False)
-        return parquet.read_row_groups(sorted(row_groups), columns=present)
+        return read(pq.ParquetFile(source, metadata=meta, pre_buffer=False), present)
     except Damaged:
         raise
     except Exception as exc:  # noqa: BLE001 - decoding bytes in memory: they are bad

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from ragbatch.judge.cache_parquet import (
     Damaged,
     column_spans,
-    decode,
+    decode_row_groups,
     tail_start,
 )
 from ragbatch.judge.cache_files import (
@@ -45,6 +45,12 @@ FOOTER_CACHE_BYTES = 32 << 20
 #: dozens of buckets; read one after another, every file's request would wait on its own
 #: round trip to the store (and PyArrow decodes with the GIL released).
 LOOKUP_THREADS = 8
+#: Bytes of decoded row groups a reader keeps (the :data:`LOOKUP_COLUMNS` of every row of
+#: each, counted as their Arrow buffers), most recently used last. With the rows ordered by
+#: cache bucket before the judge stage (``udfs/cache_order.py``) one batch ends in the
+#: bucket where the next begins, so consecutive batches read row groups in common: those
+#: kept are neither fetched nor decoded again. 0 keeps none (every lookup reads the store).
+ROW_GROUP_CACHE_BYTES = 32 << 20
 
 #: Columns a lookup reads back.
 LOOKUP_COLUMNS = (
@@ -58,22 +64,32 @@ LOOKUP_COLUMNS = (
     "created_at",
 )
 
-#: What a lookup finds for a key: (reply, created_at, group).
-Found = tuple[Reply, Any, str]
+#: What a lookup finds for a key: (reply, created_at in microseconds since the epoch or
+#: None, group).
+Found = tuple[Reply, "int | None", str]
+#: An entry as a lookup reads it: the values of :data:`LOOKUP_COLUMNS`, ``created_at`` in
+#: microseconds since the epoch.
+_Row = tuple[Any, ...]
+#: A bucket file as the latest listing gave it: (path, size, version),
+#: :meth:`CacheFiles.identity <ragbatch.judge.cache_files.CacheFiles.identity>`.
+Identity = tuple[str, "int | None", str]
 
 
 @dataclass
 class _Plan:
-    """One bucket file in one lookup: the groups asked of it, its size, the row groups
-    chosen and its footer (None where not known yet), the byte ranges of its first
-    request and, once made, their bytes (None for a file gone)."""
+    """One bucket file in one lookup: its identity, the groups asked of it, its size, the
+    row groups chosen and its footer (None where not known yet), the byte ranges of its
+    first request (none when every row group chosen is kept), the row groups found kept
+    in memory and, once the request is made, its bytes (None for a file gone)."""
 
     path: str
+    identity: Identity
     groups: set[str]
     size: int
     chosen: list[int] | None
     meta: Any
     first: list[tuple[int, int]]
+    kept: dict[int, pa.Table] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
 
 
@@ -124,9 +140,19 @@ class BucketReader:
     later lookups: its entries are misses, asked again. A failure to fetch bytes (the
     store is unreachable) is raised.
 
+    The row groups a lookup decodes are kept, up to :data:`ROW_GROUP_CACHE_BYTES`: a
+    later lookup that needs one of them takes it from memory, with no request and no
+    decoding (a file whose row groups chosen are all kept is not fetched at all). What
+    the reader keeps of a file (footer, ``group`` ranges, row groups) is filed under the
+    file's identity as listed (path, size and the store's ETag, generation or
+    modification time, :meth:`CacheFiles.identity`), so a file written again in place
+    and listed again (:meth:`relist`) is read afresh, never served from what was kept of
+    the file it replaced.
+
     Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
-    groups, :data:`FOOTER_CACHE_BYTES` of serialized footers and the entries of the
-    groups asked for, whatever the cache's size; opening costs one listing.
+    groups, :data:`FOOTER_CACHE_BYTES` of serialized footers,
+    :data:`ROW_GROUP_CACHE_BYTES` of decoded row groups and the entries of the groups
+    asked for, whatever the cache's size; opening costs one listing.
 
     Thread-safe: :meth:`lookup` may be called from several threads at once (a judge
     actor looks up the batches in flight on worker threads). The range and footer
@@ -134,8 +160,9 @@ class BucketReader:
     under one lock, and every lookup reads its files on the one pool of
     :data:`LOOKUP_THREADS` threads made with the reader (each file decoded as soon as its
     bytes are in, while the requests of others are still out). The caches only save
-    reads: what a lookup returns, and the row groups it counts, are those it would find
-    alone.
+    reads: what a lookup returns is what it would find alone, and every row group it
+    needs is counted once, as read or as kept (``row_groups_read + row_group_hits`` does
+    not depend on what ran before or at once).
 
     Parameters
     ----------
@@ -146,7 +173,10 @@ class BucketReader:
     Attributes
     ----------
     row_groups_read : int
-        Row groups decoded so far.
+        Row groups fetched and decoded so far.
+    row_group_hits : int
+        Row groups a lookup needed and took from memory so far (neither fetched nor
+        decoded).
     footers_read : int
         Footers read from the store so far (a footer kept is not read again).
     damaged : list of (str, str)
@@ -157,12 +187,17 @@ class BucketReader:
         self.files = files
         self.repair = repair
         self.by_bucket = files.bucket_files()
-        self._ranges: OrderedDict[str, tuple[list[str], list[str]]] = OrderedDict()
+        # Each keyed by the file's identity (path, size, version) as listed.
+        self._ranges: OrderedDict[Identity, tuple[list[str], list[str]]] = OrderedDict()
         self._range_row_groups = 0
-        # path -> the file's footer, pickled (parsed again when the file is read)
-        self._footers: OrderedDict[str, bytes] = OrderedDict()
+        # the file's footer, pickled (parsed again when the file is read)
+        self._footers: OrderedDict[Identity, bytes] = OrderedDict()
         self._footer_bytes = 0
+        # (identity, row group) -> its LOOKUP_COLUMNS, decoded
+        self._row_groups: OrderedDict[tuple[Identity, int], pa.Table] = OrderedDict()
+        self._row_group_bytes = 0
         self.row_groups_read = 0
+        self.row_group_hits = 0
         self.footers_read = 0
         self.damaged: list[tuple[str, str]] = []
         # The range and footer caches, the listing and the counters are shared by the
@@ -176,46 +211,106 @@ class BucketReader:
     def empty(self) -> bool:
         return not self.by_bucket
 
-    def _keep_footer(self, path: str, meta: Any) -> None:
-        """Keep ``path``'s footer (a ``pyarrow.parquet.FileMetaData``), most recently
-        used last; drop the least recently used past :data:`FOOTER_CACHE_BYTES`."""
+    def relist(self) -> None:
+        """List the bucket files again (one listing): later lookups read the files
+        written since the reader was opened, and what it kept of a file since removed or
+        written again in place (another size or version) is dropped. Files found
+        damaged stay left out.
+
+        Raises
+        ------
+        OSError
+            The store cannot be listed.
+        """
+        listed = self.files.bucket_files()
         with self._lock:
-            if path in self._footers:
-                self._footers.move_to_end(path)
+            damaged = {path for path, _ in self.damaged}
+            self.by_bucket = {
+                bucket: [p for p in paths if p not in damaged] for bucket, paths in listed.items()
+            }
+            current = {self.files.identity(p) for paths in listed.values() for p in paths}
+            self._forget(lambda identity: identity not in current)
+
+    def _forget(self, stale: Any) -> None:
+        """Drop the footers, ranges and row groups kept of the files whose identity
+        ``stale(identity)`` says; under the lock."""
+        for identity in [k for k in self._footers if stale(k)]:
+            self._footer_bytes -= len(self._footers.pop(identity))
+        for identity in [k for k in self._ranges if stale(k)]:
+            self._range_row_groups -= len(self._ranges.pop(identity)[0])
+        for key in [k for k in self._row_groups if stale(k[0])]:
+            self._row_group_bytes -= self._row_groups.pop(key).get_total_buffer_size()
+
+    def _kept_row_groups(self, identity: Identity, chosen: list[int]) -> dict[int, pa.Table]:
+        """Those of the ``chosen`` row groups of the file ``identity`` kept in memory
+        (row group -> table), marked most recently used."""
+        out = {}
+        with self._lock:
+            for i in chosen:
+                table = self._row_groups.get((identity, i))
+                if table is not None:
+                    self._row_groups.move_to_end((identity, i))
+                    out[i] = table
+        return out
+
+    def _keep_row_groups(self, identity: Identity, tables: dict[int, pa.Table]) -> None:
+        """Keep the decoded row groups ``tables`` (row group -> table) of the file
+        ``identity``, most recently used last; drop the least recently used past
+        :data:`ROW_GROUP_CACHE_BYTES` (one larger than the bound is not kept)."""
+        bound = ROW_GROUP_CACHE_BYTES
+        with self._lock:
+            for i, table in tables.items():
+                size = table.get_total_buffer_size()
+                if size > bound or (identity, i) in self._row_groups:
+                    continue
+                self._row_groups[(identity, i)] = table
+                self._row_group_bytes += size
+            while self._row_group_bytes > bound and self._row_groups:
+                _, dropped = self._row_groups.popitem(last=False)
+                self._row_group_bytes -= dropped.get_total_buffer_size()
+
+    def _keep_footer(self, identity: Identity, meta: Any) -> None:
+        """Keep the footer (a ``pyarrow.parquet.FileMetaData``) of the file ``identity``,
+        most recently used last; drop the least recently used past
+        :data:`FOOTER_CACHE_BYTES`."""
+        with self._lock:
+            if identity in self._footers:
+                self._footers.move_to_end(identity)
                 return
         serialized = pickle.dumps(meta)
         with self._lock:
-            if path not in self._footers:
-                self._footers[path] = serialized
+            if identity not in self._footers:
+                self._footers[identity] = serialized
                 self._footer_bytes += len(serialized)
             while self._footer_bytes > FOOTER_CACHE_BYTES and len(self._footers) > 1:
                 _, dropped = self._footers.popitem(last=False)
                 self._footer_bytes -= len(dropped)
 
-    def _footer(self, path: str) -> Any:
-        """``path``'s kept footer (``FileMetaData``), or None."""
+    def _footer(self, identity: Identity) -> Any:
+        """The kept footer (``FileMetaData``) of the file ``identity``, or None."""
         with self._lock:
-            serialized = self._footers.get(path)
+            serialized = self._footers.get(identity)
             if serialized is not None:
-                self._footers.move_to_end(path)
+                self._footers.move_to_end(identity)
         # our own bytes, pickled by _keep_footer in this process
         return None if serialized is None else pickle.loads(serialized)
 
-    def _known_range(self, path: str) -> tuple[list[str], list[str]] | None:
-        """The kept (min, max) of ``group`` per row group of ``path``, or None."""
+    def _known_range(self, identity: Identity) -> tuple[list[str], list[str]] | None:
+        """The kept (min, max) of ``group`` per row group of the file ``identity``, or
+        None."""
         with self._lock:
-            found = self._ranges.get(path)
+            found = self._ranges.get(identity)
             if found is not None:
-                self._ranges.move_to_end(path)
+                self._ranges.move_to_end(identity)
             return found
 
-    def _keep_range(self, path: str, meta: Any) -> tuple[list[str], list[str]]:
-        """Work out and keep ``path``'s ranges from its footer; drop the least recently
-        used past :data:`RANGE_CACHE_ROW_GROUPS`."""
+    def _keep_range(self, identity: Identity, meta: Any) -> tuple[list[str], list[str]]:
+        """Work out and keep the ranges of the file ``identity`` from its footer; drop
+        the least recently used past :data:`RANGE_CACHE_ROW_GROUPS`."""
         found = _ranges_of(meta)
         with self._lock:
-            if path not in self._ranges:
-                self._ranges[path] = found
+            if identity not in self._ranges:
+                self._ranges[identity] = found
                 self._range_row_groups += len(found[0])
             while self._range_row_groups > RANGE_CACHE_ROW_GROUPS and len(self._ranges) > 1:
                 _, (dropped, _) = self._ranges.popitem(last=False)
@@ -230,7 +325,9 @@ class BucketReader:
         The bucket files are read up to :data:`LOOKUP_THREADS` at once (over all the
         lookups running on this reader), each with the requests the class notes count;
         what they hold is merged in file order afterwards, so the result does not depend
-        on which read ends first, nor on the other lookups running meanwhile.
+        on which read ends first, nor on the other lookups running meanwhile. Row groups
+        kept in memory (:data:`ROW_GROUP_CACHE_BYTES`) are taken from there; a file whose
+        row groups chosen are all kept is not fetched.
 
         Raises
         ------
@@ -259,82 +356,107 @@ class BucketReader:
         for plan in todo:
             plan.pending, at = pending[at : at + len(plan.first)], at + len(plan.first)
         if len(todo) > 1 and LOOKUP_THREADS > 1:
-            tables = list(self._pool.map(self._finish, todo))
+            per_file = list(self._pool.map(self._finish, todo))
         else:
-            tables = [self._finish(plan) for plan in todo]
+            per_file = [self._finish(plan) for plan in todo]
         out: dict[str, Found] = {}
-        for table in tables:
-            if table is not None:
-                _merge_into(table, out)
+        for rows in per_file:
+            if rows is not None:
+                _merge_into(rows, out)
         return out
 
     def _plan(self, path: str, groups: set[str]) -> _Plan | None:
         """What to fetch first from bucket file ``path`` for ``groups`` (no request
-        made): the byte ranges of the row groups chosen when its footer is kept, else its
-        end (:func:`~ragbatch.judge.cache_parquet.tail_start`). None when its kept ranges
+        made): nothing when every row group chosen is kept in memory; the byte ranges of
+        the row groups chosen and not kept when its footer is kept; else its end
+        (:func:`~ragbatch.judge.cache_parquet.tail_start`). None when its kept ranges
         show that no row group can hold one of ``groups``, or it is gone or damaged."""
         try:
             size = self.files.size(path)
-            ranges = self._known_range(path)
+            identity = self.files.identity(path)
+            ranges = self._known_range(identity)
             chosen = _choose(ranges, groups) if ranges is not None else None
             if chosen == []:
                 return None
-            meta = self._footer(path)
+            kept = self._kept_row_groups(identity, chosen) if chosen is not None else {}
+            if chosen is not None and len(kept) == len(chosen):
+                return _Plan(path, identity, groups, size, chosen, None, [], kept)
+            meta = self._footer(identity)
             if meta is None:
-                return _Plan(path, groups, size, chosen, None, [(tail_start(size), size)])
+                first = [(tail_start(size), size)]
+                return _Plan(path, identity, groups, size, chosen, None, first, kept)
             if chosen is None:  # its ranges were not kept: work them out from the footer
-                chosen = _choose(self._keep_range(path, meta), groups)
+                chosen = _choose(self._keep_range(identity, meta), groups)
                 if not chosen:
                     return None
-            return _Plan(path, groups, size, chosen, meta, self._spans(meta, chosen, size))
+                kept = self._kept_row_groups(identity, chosen)
+                if len(kept) == len(chosen):
+                    return _Plan(path, identity, groups, size, chosen, meta, [], kept)
+            missing = [i for i in chosen if i not in kept]
+            first = self._spans(meta, missing, size)
+            return _Plan(path, identity, groups, size, chosen, meta, first, kept)
         except FileNotFoundError:
             return None  # removed by another process (a compaction) meanwhile
         except Damaged as exc:
             self._damaged(path, str(exc))
             return None
 
-    def _finish(self, plan: _Plan) -> pa.Table | None:
-        """The entries of ``plan.groups`` in its file (LOOKUP_COLUMNS, replies only),
-        from the bytes of its first request: the row groups chosen, or the file's end
-        (:meth:`_after_footer`). None when there are none, or the file is gone or damaged
-        (then set aside)."""
+    def _finish(self, plan: _Plan) -> list[_Row] | None:
+        """The entries of ``plan.groups`` in its file (replies only, as :data:`_Row`:
+        turned into Python values here, on the read thread, while other files' requests
+        may still be out), from the row groups kept and the bytes of its first request:
+        the row groups chosen and not kept, or the file's end (:meth:`_after_footer`).
+        The row groups decoded are kept. None when there are none, or the file is gone
+        or damaged (then set aside)."""
         try:
             got = [p.result() for p in plan.pending]
             if any(data is None for data in got):
                 return None  # removed by another process (a compaction) meanwhile
             fetched = [data for data in got if data is not None]
-            if plan.meta is None:
-                found = self._after_footer(plan, fetched[0])
-                if found is None:
-                    return None
-                meta, chosen, pieces = found
-            else:  # a plan with a footer has its row groups chosen (_plan)
-                meta, chosen = plan.meta, plan.chosen or []
-                pieces = self._pieces(plan.path, plan.first, fetched)
-            if not pieces or not chosen:
-                return None  # gone, or nothing to read
-            table = decode(meta, plan.size, pieces, chosen, LOOKUP_COLUMNS)
+            decoded: dict[int, pa.Table] = {}
+            if plan.first:
+                if plan.meta is None:
+                    found = self._after_footer(plan, fetched[0])
+                    if found is None:
+                        return None
+                    meta, missing, pieces = found
+                else:  # a plan with a footer has its row groups chosen (_plan)
+                    meta = plan.meta
+                    missing = [i for i in plan.chosen or [] if i not in plan.kept]
+                    pieces = self._pieces(plan.path, plan.first, fetched) if missing else []
+                if missing:
+                    if not pieces:
+                        return None  # gone
+                    tables = decode_row_groups(meta, plan.size, pieces, missing, LOOKUP_COLUMNS)
+                    decoded = {i: _with_lookup_columns(t) for i, t in zip(missing, tables)}
         except FileNotFoundError:
             return None
         except Damaged as exc:
             self._damaged(plan.path, str(exc))
             return None
         with self._lock:
-            self.row_groups_read += len(chosen)
-        table = _with_lookup_columns(table)
+            self.row_groups_read += len(decoded)
+            self.row_group_hits += len(plan.kept)
+        self._keep_row_groups(plan.identity, decoded)
+        chosen = sorted({**plan.kept, **decoded})
+        if not chosen:
+            return None
+        whole = {**plan.kept, **decoded}
+        table = pa.concat_tables([whole[i] for i in chosen])
         mask = pc.and_(
             pc.is_in(table.column("group"), value_set=pa.array(sorted(plan.groups), pa.string())),
             pc.is_valid(table.column("text")),
         )
-        return table.filter(mask)
+        return _rows(table.filter(mask))
 
     def _after_footer(
         self, plan: _Plan, tail: bytes
     ) -> tuple[Any, list[int], list[tuple[int, bytes]]] | None:
         """Parse and keep the footer of ``plan``'s file from ``tail`` (its end), choose
-        its row groups, and get their bytes: from ``tail`` when it is the whole file,
-        else with one more request. (footer, row groups chosen, pieces), or None when no
-        row group can hold one of the groups.
+        its row groups (noting in ``plan`` those kept in memory), and get the bytes of
+        the others: from ``tail`` when it is the whole file, else with one more request.
+        (footer, row groups to decode, pieces), or None when no row group can hold one
+        of the groups.
 
         Raises
         ------
@@ -344,14 +466,20 @@ class BucketReader:
         meta, whole = self.files.footer(plan.path, plan.size, tail)
         with self._lock:
             self.footers_read += 1
-        self._keep_footer(plan.path, meta)
-        kept = self._keep_range(plan.path, meta)
-        chosen = plan.chosen if plan.chosen is not None else _choose(kept, plan.groups)
-        if not chosen:
+        self._keep_footer(plan.identity, meta)
+        ranges = self._keep_range(plan.identity, meta)
+        if plan.chosen is None:
+            plan.chosen = _choose(ranges, plan.groups)
+            plan.kept = self._kept_row_groups(plan.identity, plan.chosen)
+        if not plan.chosen:
             return None
+        missing = [i for i in plan.chosen if i not in plan.kept]
+        if not missing:
+            return meta, [], []
         if whole is not None:
-            return meta, chosen, [(0, whole)]
-        return meta, chosen, self._pieces(plan.path, self._spans(meta, chosen, plan.size), None)
+            return meta, missing, [(0, whole)]
+        spans = self._spans(meta, missing, plan.size)
+        return meta, missing, self._pieces(plan.path, spans, None)
 
     @staticmethod
     def _spans(meta: Any, chosen: list[int], size: int) -> list[tuple[int, int]]:
@@ -399,10 +527,7 @@ class BucketReader:
             for paths in self.by_bucket.values():
                 if path in paths:
                     paths.remove(path)
-            dropped = self._footers.pop(path, None)
-            self._footer_bytes -= len(dropped) if dropped is not None else 0
-            ranges = self._ranges.pop(path, None)
-            self._range_row_groups -= len(ranges[0]) if ranges is not None else 0
+            self._forget(lambda identity: identity[0] == path)
         if not self.repair:
             log.warning(
                 "judgment cache: %s cannot be read (%s); its entries count as misses "
@@ -435,12 +560,20 @@ def _with_lookup_columns(table: pa.Table) -> pa.Table:
     return table.select(list(LOOKUP_COLUMNS))
 
 
-def _merge_into(table: pa.Table, out: dict[str, Found]) -> None:
-    """Add the entries of ``table`` (LOOKUP_COLUMNS) to ``out``, keeping for a key stored
-    twice the earlier reply (:func:`_earlier`)."""
-    for group, key, text, finish, pt, ct, lp, created in zip(
-        *(table.column(c).to_pylist() for c in LOOKUP_COLUMNS)
-    ):
+def _rows(table: pa.Table) -> list[_Row]:
+    """The rows of ``table`` (LOOKUP_COLUMNS) as tuples, ``created_at`` as an integer
+    (microseconds since the epoch, UTC; None where null): making a timezone-aware
+    ``datetime`` of each costs more than all the other columns together."""
+    columns = [table.column(c) for c in LOOKUP_COLUMNS]
+    at = LOOKUP_COLUMNS.index("created_at")
+    columns[at] = columns[at].cast(pa.int64())
+    return list(zip(*(column.to_pylist() for column in columns)))
+
+
+def _merge_into(rows: list[_Row], out: dict[str, Found]) -> None:
+    """Add the entries ``rows`` (:func:`_rows`) to ``out``, keeping for a key stored twice
+    the earlier reply (:func:`_earlier`)."""
+    for group, key, text, finish, pt, ct, lp, created in rows:
         reply: Reply = (text, finish or "", pt or 0, ct or 0, lp)
         known = out.get(key)
         if known is None or _earlier((created, text), (known[1], known[0][0])):

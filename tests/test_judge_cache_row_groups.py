@@ -1,0 +1,251 @@
+"""Decoded row groups kept by a judgment-cache reader (``ROW_GROUP_CACHE_BYTES``): a row
+group a later lookup needs again is taken from memory, with no request and no decoding;
+the memory they take stays within the bound; a file written again in place is read
+afresh once it is listed again, never served from what was kept of the file it replaced.
+
+Every cache here is real Parquet written through the project's own writer
+(:meth:`JudgmentCache.flush`, then :func:`fold_journal`), on local disk and on a real S3
+endpoint (moto's server on loopback); requests are counted by a spy that lets every call
+through to the store.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ragbatch.judge import cache_store
+from ragbatch.judge.cache import JudgmentCache
+from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
+from ragbatch.judge.cache_upkeep import fold_journal, open_files
+from support.cache_rows import ok_reply as _ok
+
+
+@pytest.fixture(params=["local disk", "S3"])
+def store(request, tmp_path) -> tuple[str, dict]:
+    """(cache URI, storage options): a folder on local disk, or a fresh bucket on the S3
+    endpoint on loopback."""
+    if request.param == "local disk":
+        return str(tmp_path / "cache"), {}
+    options = request.getfixturevalue("s3_storage_options")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/judge_cache", options
+
+
+def _write(uri: str, options: dict, entries: list[tuple[str, str, str]], run: str) -> None:
+    """Store (key, reply text, group) ``entries`` as one run does: one journal file,
+    folded into the bucket files (one file per bucket touched, one row group each)."""
+    cache = JudgmentCache(uri, options)
+    for key, text, group in entries:
+        cache.put(key, "m", "model", _ok(text), group)
+    cache.flush()
+    fold_journal(open_files(uri, options), run)
+
+
+def _forty(uri: str, options: dict) -> dict[str, tuple[str, str]]:
+    """40 groups, each alone in its bucket file (buckets 00, 02, ..., 4e); returns key ->
+    (reply text, group) of what was stored."""
+    groups = [f"{i:02x}" + "0" * 62 for i in range(0, 80, 2)]
+    entries = [(f"k{i}", f"t{i}", g) for i, g in enumerate(groups)]
+    _write(uri, options, entries, "run-1")
+    return {key: (text, group) for key, text, group in entries}
+
+
+def _texts(found: dict) -> dict[str, tuple[str, str]]:
+    """key -> (reply text, group) of what :meth:`JudgmentCache.lookup` returned."""
+    return {key: (reply[0], group) for key, (reply, group) in found.items()}
+
+
+def _counting_ranges(monkeypatch) -> list[tuple[str, int, int]]:
+    """Every byte range the cache's files ask the store for (a spy: each call goes
+    through to the real store)."""
+    asked: list[tuple[str, int, int]] = []
+    start, fetch = CacheFiles.start_fetch, CacheFiles.fetch
+
+    def counting_start(self, ranges):
+        asked.extend(ranges)
+        return start(self, ranges)
+
+    def counting_fetch(self, ranges):
+        asked.extend(ranges)
+        return fetch(self, ranges)
+
+    monkeypatch.setattr(CacheFiles, "start_fetch", counting_start)
+    monkeypatch.setattr(CacheFiles, "fetch", counting_fetch)
+    return asked
+
+
+def _counting_s3_calls(monkeypatch) -> list[str]:
+    """Every S3 API call s3fs makes from now on, by name."""
+    import s3fs
+
+    calls: list[str] = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def counting(self, method, *args, **kwargs):
+        calls.append(getattr(method, "__name__", str(method)))
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    return calls
+
+
+def test_row_groups_kept_are_neither_fetched_nor_decoded_again(store, monkeypatch):
+    # 40 files of one row group each, looked up twice by one reader. The first lookup
+    # reads each file whole (one request a file: they are smaller than FIRST_READ_BYTES)
+    # and decodes its row group: 40 read, none from memory. The second needs the same 40
+    # row groups and finds them all kept: no request (on S3, no call to the API at all),
+    # 40 from memory, nothing more read; the same entries.
+    uri, options = store
+    expected = _forty(uri, options)
+    groups = sorted({group for _, group in expected.values()})
+    paths = {p for ps in open_files(uri, options).bucket_files().values() for p in ps}
+    asked = _counting_ranges(monkeypatch)
+    s3_calls = _counting_s3_calls(monkeypatch) if options else []
+    cache = JudgmentCache(uri, options)
+    s3_calls.clear()  # the listing made when the cache is opened
+
+    assert _texts(cache.lookup(groups)) == expected
+    assert len(asked) == 40
+    assert {path for path, _, _ in asked} == paths
+    assert (cache.row_groups_read, cache.reader.row_group_hits) == (40, 0)
+    if options:
+        assert s3_calls == ["get_object"] * 40
+
+    asked.clear()
+    s3_calls.clear()
+    assert _texts(cache.lookup(groups)) == expected
+    assert asked == []
+    assert s3_calls == []
+    assert (cache.row_groups_read, cache.reader.row_group_hits) == (40, 40)
+
+
+def test_consecutive_batches_in_bucket_order_fetch_the_file_between_them_once(
+    tmp_path, monkeypatch
+):
+    # Rows ordered by cache bucket: batch one's groups fall in buckets 10, 11 and 12,
+    # batch two's in 12, 13 and 14 (another group of bucket 12, in the same row group).
+    # Batch two fetches the files of 13 and 14 only and takes bucket 12's row group from
+    # memory; it finds what a fresh reader finds.
+    uri = str(tmp_path / "cache")
+    one = ["10" + "1" * 62, "11" + "1" * 62, "12" + "1" * 62]
+    two = ["12" + "2" * 62, "13" + "2" * 62, "14" + "2" * 62]
+    entries = [(f"k-{g[:3]}", f"reply {g[:3]}", g) for g in one + two]
+    _write(uri, {}, entries, "run-1")
+    files = open_files(uri, {}).bucket_files()
+    assert sorted(files) == ["10", "11", "12", "13", "14"]
+    assert all(len(paths) == 1 for paths in files.values())
+    asked = _counting_ranges(monkeypatch)
+    cache = JudgmentCache(uri, {})
+    cache.lookup(one)
+    asked.clear()
+
+    found = cache.lookup(two)
+
+    assert _texts(found) == {
+        "k-122": ("reply 122", two[0]),
+        "k-132": ("reply 132", two[1]),
+        "k-142": ("reply 142", two[2]),
+    }
+    assert sorted(path for path, _, _ in asked) == sorted(files["13"] + files["14"])
+    assert (cache.row_groups_read, cache.reader.row_group_hits) == (3 + 2, 1)
+    assert _texts(JudgmentCache(uri, {}).lookup(two)) == _texts(found)
+
+
+def _decoded_bytes(path: str) -> int:
+    """Arrow buffer bytes of the one row group of bucket file ``path``, decoded with
+    PyArrow from the file directly (the columns a lookup reads)."""
+    parquet = pq.ParquetFile(path)
+    assert parquet.metadata.num_row_groups == 1
+    return parquet.read_row_group(
+        0, columns=list(cache_store.LOOKUP_COLUMNS)
+    ).get_total_buffer_size()
+
+
+def test_the_row_groups_kept_stay_within_their_byte_bound(tmp_path, monkeypatch):
+    # The bound is what the row groups of the last three of the 40 files take, decoded.
+    # The reader looks up the first 37 groups at once, then the last three one at a
+    # time: it keeps the latest within the bound, those three, and counts their bytes.
+    # Looked up again, all 40 at once, those three come from memory and the other 37
+    # are read again. With a bound of one byte, nothing is kept.
+    uri = str(tmp_path / "cache")
+    expected = _forty(uri, {})
+    groups = [f"{i:02x}" + "0" * 62 for i in range(0, 80, 2)]
+    by_bucket = open_files(uri, {}).bucket_files()
+    paths = [by_bucket[g[:2]][0] for g in groups]
+    sizes = [_decoded_bytes(p) for p in paths]
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", sum(sizes[-3:]))
+    cache = JudgmentCache(uri, {})
+    reader = cache.reader
+
+    found = cache.lookup(groups[:37])
+    for group in groups[37:]:
+        found.update(cache.lookup([group]))
+    assert _texts(found) == expected
+    assert [identity[0] for identity, _ in reader._row_groups] == paths[-3:]
+    assert reader._row_group_bytes == sum(sizes[-3:])
+    assert _texts(cache.lookup(groups)) == expected
+    assert (cache.row_groups_read, reader.row_group_hits) == (40 + 37, 3)
+    assert reader._row_group_bytes <= cache_store.ROW_GROUP_CACHE_BYTES
+
+    monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 1)
+    bare = JudgmentCache(uri, {})
+    for _ in range(2):
+        assert _texts(bare.lookup(groups)) == expected
+    assert (bare.row_groups_read, bare.reader.row_group_hits) == (80, 0)
+    assert (len(bare.reader._row_groups), bare.reader._row_group_bytes) == (0, 0)
+
+
+def _rewrite_in_place(files: CacheFiles, path: str, old: str, new: str) -> None:
+    """Write bucket file ``path`` again at the same path, reply text ``old`` replaced by
+    ``new`` (as long), with the writer's options: a file of the same size."""
+    table = pq.read_table(files.fs.open(path, "rb"))
+    texts = [new if t == old else t for t in table.column("text").to_pylist()]
+    table = table.set_column(
+        table.schema.get_field_index("text"), "text", pa.array(texts, pa.string())
+    )
+    local = files.fs.protocol in ("file", ("file", "local"))
+    target = f"{path}.tmp" if local else path
+    with files.fs.open(target, "wb") as handle:
+        pq.write_table(
+            table, handle, row_group_size=ROW_GROUP_ROWS, write_statistics=["group", "metric"]
+        )
+    if local:
+        files.fs.mv(target, path)  # as the writer does: a new file under the old name
+
+
+def test_a_file_written_again_in_place_is_read_afresh_once_listed_again(store, monkeypatch):
+    # A reader looks a group up and keeps its file's footer, ranges and row group. The
+    # file is then written again at the same path, with the same size and another
+    # reply; another group is folded into a new file meanwhile. Listed again, the reader
+    # reads the rewritten file from the store (its row group read again, none from
+    # memory), finds the new reply, keeps nothing of the file it replaced, and finds the
+    # new file's entry too.
+    uri, options = store
+    group = "a1" + "0" * 62
+    later = "b2" + "0" * 62
+    _write(uri, options, [("k", "old reply", group)], "run-1")
+    files = open_files(uri, options)
+    (path,) = files.bucket_files()["a1"]
+    cache = JudgmentCache(uri, options)
+    reader = cache.reader
+    assert _texts(cache.lookup([group])) == {"k": ("old reply", group)}
+    before = files.identity(path)
+
+    _rewrite_in_place(files, path, "old reply", "new reply")
+    _write(uri, options, [("k-later", "later reply", later)], "run-2")
+    files.bucket_files()
+    after = files.identity(path)
+    assert after[:2] == before[:2] and after != before  # same path and size, another version
+    asked = _counting_ranges(monkeypatch)
+    reader.relist()
+
+    assert _texts(cache.lookup([group, later])) == {
+        "k": ("new reply", group),
+        "k-later": ("later reply", later),
+    }
+    assert path in {p for p, _, _ in asked}
+    assert (cache.row_groups_read, reader.row_group_hits) == (1 + 2, 0)
+    kept = {identity for identity, _ in reader._row_groups} | set(reader._footers)
+    assert before not in kept and after in kept
