@@ -4,12 +4,17 @@ Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/cache_lookup.py [--entries 200000] [--batches 40] [--batch 64]
                                       [--threads 1,8] [--repeat 3] [--baseline DIR]
-                                      [--order input,bucket]
+                                      [--order input,bucket] [--s3-server moto]
 
 It writes a synthetic cache of ``--entries`` entries (``cache_scale.write_filler``: 256
 buckets, replies of 120-900 characters) twice: on local disk, and on an S3 endpoint on
 loopback (moto in server mode, in a process of its own, as the tests use: every read a
 real HTTP request, with moto's own per-request cost standing in for a store's latency).
+``--s3-server`` says which: ``moto``, ``python -m moto.server``, whose server answers
+every request with ``Connection: close``, so the client opens a TCP connection for each
+(the reference for every figure recorded before 2026-12-04's keep-alive run); or
+``moto-keepalive``, the same moto application served by ``benchmarks/moto_keepalive.py``
+with HTTP/1.1 connections kept open, as a real store keeps them.
 Then, on each, it looks up ``--batches`` batches of ``--batch`` groups that exist in the
 cache (a judge actor's lookup per batch: the groups fall in dozens of buckets), through
 :class:`ragbatch.judge.cache.JudgmentCache`, with ``LOOKUP_THREADS`` set to each value of
@@ -32,15 +37,19 @@ the row groups read from the store a pass (and those taken from memory, kept by 
 reader from an earlier batch: ``ROW_GROUP_CACHE_BYTES``), the requests a batch made to
 S3 (every S3 API call s3fs makes, counted by wrapping its call, after the cache is
 opened: mean over all batches, and over the last quarter, when the footers of the files
-touched are kept), and the load average before and after. For
+touched are kept), the TCP connections the lookups opened (counted in aiohttp's
+connector, which s3fs's requests go through), and the load average before and after. For
 this tree it also times the same byte ranges fetched alone, with ``fs.cat_ranges`` and
 no decoding: what the requests cost by themselves. It checks that every version and
-setting found the same entries. Nothing here asserts a speed.
+setting, on both stores, found the same entries (their number, and a digest of every
+key, group and reply found, which depends neither on the store nor on the server).
+Nothing here asserts a speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -98,25 +107,52 @@ def _count_s3_calls() -> Counter:
     return calls
 
 
+def _count_connections() -> list[int]:
+    """Count the TCP connections aiohttp opens from now on (s3fs's requests go through
+    aiohttp's connector; one taken from its pool is not counted)."""
+    import aiohttp
+
+    opened = [0]
+    original = aiohttp.TCPConnector._create_connection
+
+    async def counted(self, *args, **kwargs):
+        opened[0] += 1
+        return await original(self, *args, **kwargs)
+
+    aiohttp.TCPConnector._create_connection = counted
+    return opened
+
+
+def _digest(entries: dict) -> str:
+    """A digest of every key, group and reply found (in no order but the keys')."""
+    text = json.dumps(sorted(entries.items()), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _worker(job: dict) -> dict:
     """One round of one version and setting: open the cache, look up every batch."""
     from ragbatch.judge import cache_store
     from ragbatch.judge.cache import JudgmentCache
 
     calls = _count_s3_calls()
+    connections = _count_connections()
     ranges = _record_ranges()
     cache_store.LOOKUP_THREADS = job["threads"]
     cache = JudgmentCache(job["uri"], {})
     calls.clear()  # opening (the listing) is not a lookup's
-    found, per_batch, seconds, fetched = 0, [], 0.0, []
+    opened_before = connections[0]
+    found, per_batch, seconds, fetched, entries = 0, [], 0.0, [], {}
     for batch in job["batches"]:
         before = sum(calls.values())
         ranges.clear()
         start = time.perf_counter()
-        found += len(cache.lookup(batch))
+        result = cache.lookup(batch)
         seconds += time.perf_counter() - start
+        found += len(result)
+        entries.update(result)
         per_batch.append(sum(calls.values()) - before)
         fetched.append(list(ranges))
+    opened = connections[0] - opened_before
     by_call = dict(calls)
     bare = None
     if any(fetched):  # this tree: the same ranges again, fetched alone
@@ -127,6 +163,8 @@ def _worker(job: dict) -> dict:
     return {
         "seconds": seconds / len(job["batches"]),
         "found": found,
+        "digest": _digest(entries),
+        "connections": opened,
         "row_groups": cache.row_groups_read,
         # taken from memory (a version without ROW_GROUP_CACHE_BYTES keeps none)
         "row_group_hits": getattr(cache.reader, "row_group_hits", 0),
@@ -176,13 +214,22 @@ def _round(job: dict, tree: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _start_moto() -> tuple[subprocess.Popen, int]:
-    """moto's S3 server in its own process (in this one, serving each request would take
-    the GIL from the lookups it answers); the endpoint and test credentials go to the
-    environment, which botocore and the worker processes read."""
+#: ``--s3-server``: the command that serves moto's S3 on a port.
+S3_SERVERS = {
+    # werkzeug's server, as moto runs it: every response closes its connection
+    "moto": [sys.executable, "-m", "moto.server"],
+    # the same application, connections kept open (HTTP/1.1 keep-alive)
+    "moto-keepalive": [sys.executable, str(REPO / "benchmarks" / "moto_keepalive.py")],
+}
+
+
+def _start_moto(kind: str = "moto") -> tuple[subprocess.Popen, int]:
+    """moto's S3 server (``S3_SERVERS[kind]``) in its own process (in this one, serving
+    each request would take the GIL from the lookups it answers); the endpoint and test
+    credentials go to the environment, which botocore and the worker processes read."""
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [*S3_SERVERS[kind], "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -200,15 +247,16 @@ def _start_moto() -> tuple[subprocess.Popen, int]:
     return server, port
 
 
-def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> None:
-    """Print one store's lines: per version and setting, seconds and requests a batch."""
-    seen = {r["found"] for rounds in results.values() for r in rounds}
+def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> str:
+    """Print one store's lines: per version and setting, seconds and requests a batch;
+    return the digest of the entries found."""
+    seen = {(r["found"], r["digest"]) for rounds in results.values() for r in rounds}
     if len(seen) != 1:
         raise SystemExit(f"{name}: the versions or settings found different entries: {seen}")
-    (entries,) = seen
+    ((entries, digest),) = seen
     print(
         f"{name}: {args.batches} batches of {args.batch} groups, {entries:,} entries found "
-        f"per pass; load before "
+        f"per pass (digest {digest}); load before "
         f"{tuple(round(x, 2) for x in load[0])}, after {tuple(round(x, 2) for x in load[1])}"
     )
     first = None
@@ -231,10 +279,15 @@ def _report(name: str, results: dict, load: tuple, args: argparse.Namespace) -> 
                 f"{statistics.mean(tail):.1f}, most {max(requests)}; "
                 f"{', '.join(f'{k} {v}' for k, v in sorted(rounds[0]['by_call'].items()))})"
             )
+            line += (
+                f"; TCP connections opened {rounds[0]['connections']} a pass "
+                f"({rounds[0]['connections'] / len(requests):.2f} a batch)"
+            )
         bare = [r["bare"] for r in rounds if r.get("bare") is not None]
         if bare:
             line += f"; the same ranges fetched alone {statistics.median(bare):.3f} s a batch"
         print(line, flush=True)
+    return digest
 
 
 def main() -> None:
@@ -246,6 +299,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--baseline", help="a source tree of another ragbatch, run interleaved")
     p.add_argument("--order", default="input,bucket", help="how batches draw groups: input, bucket")
+    p.add_argument(
+        "--s3-server",
+        choices=sorted(S3_SERVERS),
+        default="moto",
+        help="moto: python -m moto.server, a connection a request; moto-keepalive: the same "
+        "application with connections kept open (benchmarks/moto_keepalive.py)",
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -263,11 +323,15 @@ def main() -> None:
     from ragbatch.judge.cache_files import bucket_of
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server, _ = _start_moto()
+    server, _ = _start_moto(args.s3_server)
     bucket = f"lookup-{uuid.uuid4().hex[:8]}"
     s3fs.S3FileSystem().mkdir(bucket)
     local = tempfile.mkdtemp(prefix="ragbatch-lookup-")
-    stores = {"local disk": f"{local}/cache", "S3 on loopback": f"s3://{bucket}/cache"}
+    stores = {
+        "local disk": f"{local}/cache",
+        f"S3 on loopback ({args.s3_server})": f"s3://{bucket}/cache",
+    }
+    digests = {}
     try:
         for name, uri in stores.items():
             seconds = write_filler(uri, args.entries)
@@ -285,7 +349,9 @@ def main() -> None:
                             job = {"uri": uri, "batches": batches, "threads": threads}
                             key = (f"{version}, {order} order", threads)
                             results.setdefault(key, []).append(_round(job, tree))
-            _report(name, results, (load_before, os.getloadavg()), args)
+            digests[name] = _report(name, results, (load_before, os.getloadavg()), args)
+        if len(set(digests.values())) != 1:  # the same seed writes the same entries
+            raise SystemExit(f"the stores found different entries: {digests}")
     finally:
         server.terminate()
         server.wait()
