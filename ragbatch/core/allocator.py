@@ -5,7 +5,7 @@ the wheels this project is tested with). The data path of a run allocates and fr
 buffers of tens to hundreds of megabytes (decoded pages, string views, score columns)
 many times over; with mimalloc, a run of six expression metrics over 1,000,000 rows
 spent 2.7-3.5 s of kernel time on a two-core machine, against 1.7-2.2 s with jemalloc
-or the system allocator, and took 10-15 % longer (docs/benchmarks/whole-job.md, round
+or the system allocator, and took 10-20 % longer (docs/benchmarks/whole-job.md, round
 five). The command line therefore makes jemalloc the default pool, unless the user
 chose one with Arrow's own ``ARROW_DEFAULT_MEMORY_POOL`` variable.
 """
