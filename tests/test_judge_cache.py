@@ -29,6 +29,7 @@ from ragbatch.judge.cache_upkeep import (
 from ragbatch.judge.recorded import RecordedReplies
 from ragbatch.judge.run import JudgeRunner
 from ragbatch.metrics.faithfulness import Faithfulness
+from support.s3_calls import count_s3_calls
 from support.cache_rows import STATEMENTS, YES, city_rows as _frame, ok_reply as _ok
 
 
@@ -559,8 +560,6 @@ def test_a_lookup_on_s3_sends_one_get_per_file_and_nothing_else(
     # Counted at s3fs's call to the S3 API: once the footers are kept, a lookup of 40
     # groups in 40 files is 40 GetObject calls, and no HeadObject or listing (no row
     # group kept in memory: one kept is not fetched, tests/test_judge_cache_row_groups.py).
-    import s3fs
-
     from ragbatch.judge import cache_store
 
     monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 0)
@@ -568,13 +567,6 @@ def test_a_lookup_on_s3_sends_one_get_per_file_and_nothing_else(
     groups = _forty_files(uri, s3_storage_options)
     reader = JudgmentCache(uri, s3_storage_options)
     reader.lookup(groups)
-    calls: list[str] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def counting(self, method, *args, **kwargs):
-        calls.append(getattr(method, "__name__", str(method)))
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    calls = count_s3_calls(monkeypatch)
     assert len(reader.lookup(groups)) == 40
     assert calls == ["get_object"] * 40

@@ -19,6 +19,7 @@ from ragbatch.judge import cache_store
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
 from ragbatch.judge.cache_upkeep import fold_journal, open_files
+from support.s3_calls import count_s3_calls
 from support.cache_rows import ok_reply as _ok
 
 
@@ -76,21 +77,6 @@ def _counting_ranges(monkeypatch) -> list[tuple[str, int, int]]:
     return asked
 
 
-def _counting_s3_calls(monkeypatch) -> list[str]:
-    """Every S3 API call s3fs makes from now on, by name."""
-    import s3fs
-
-    calls: list[str] = []
-    call = s3fs.S3FileSystem._call_s3
-
-    async def counting(self, method, *args, **kwargs):
-        calls.append(getattr(method, "__name__", str(method)))
-        return await call(self, method, *args, **kwargs)
-
-    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
-    return calls
-
-
 def test_row_groups_kept_are_neither_fetched_nor_decoded_again(store, monkeypatch):
     # 40 files of one row group each, looked up twice by one reader. The first lookup
     # reads each file whole (one request a file: they are smaller than FIRST_READ_BYTES)
@@ -102,7 +88,7 @@ def test_row_groups_kept_are_neither_fetched_nor_decoded_again(store, monkeypatc
     groups = sorted({group for _, group in expected.values()})
     paths = {p for ps in open_files(uri, options).bucket_files().values() for p in ps}
     asked = _counting_ranges(monkeypatch)
-    s3_calls = _counting_s3_calls(monkeypatch) if options else []
+    s3_calls = count_s3_calls(monkeypatch) if options else []
     cache = JudgmentCache(uri, options)
     s3_calls.clear()  # the listing made when the cache is opened
 
