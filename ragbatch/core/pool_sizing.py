@@ -297,8 +297,8 @@ def network_pool(spec: Any, share: Share) -> tuple[dict[str, Any], str]:
 #: few per cent of it even with a fast model (docs/benchmarks/model-stage.md). On a GPU
 #: the call is larger because the model pads each forward pass to its longest text and
 #: sorts texts by length only within a call: on an H200, calls of 1,024 rows ran at 0.85
-#: of 4,096-row calls and 16,384 rows padded 1 % more than one call over everything
-#: (docs/benchmarks/gpu.md).
+#: of 4,096-row calls and 16,384 rows padded 1 % more than one call over everything;
+#: at 16,384 the stage ran at 0.95 of raw sentence-transformers (docs/benchmarks/gpu.md).
 CPU_MODEL_BATCH_ROWS = 4096
 GPU_MODEL_BATCH_ROWS = 16384
 #: Rows per call of a Presidio actor.
