@@ -170,17 +170,17 @@ def test_the_row_groups_kept_stay_within_their_byte_bound(tmp_path, monkeypatch)
         found.update(cache.lookup([group]))
     assert _texts(found) == expected
     assert [identity[0] for identity, _ in reader._row_groups] == paths[-3:]
-    assert reader._row_group_bytes == sum(sizes[-3:])
+    assert reader._row_groups.currsize == sum(sizes[-3:])
     assert _texts(cache.lookup(groups)) == expected
     assert (cache.row_groups_read, reader.row_group_hits) == (40 + 37, 3)
-    assert reader._row_group_bytes <= cache_store.ROW_GROUP_CACHE_BYTES
+    assert reader._row_groups.currsize <= cache_store.ROW_GROUP_CACHE_BYTES
 
     monkeypatch.setattr(cache_store, "ROW_GROUP_CACHE_BYTES", 1)
     bare = JudgmentCache(uri, {})
     for _ in range(2):
         assert _texts(bare.lookup(groups)) == expected
     assert (bare.row_groups_read, bare.reader.row_group_hits) == (80, 0)
-    assert (len(bare.reader._row_groups), bare.reader._row_group_bytes) == (0, 0)
+    assert (len(bare.reader._row_groups), bare.reader._row_groups.currsize) == (0, 0)
 
 
 def _rewrite_in_place(files: CacheFiles, path: str, old: str, new: str) -> None:

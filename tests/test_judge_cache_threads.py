@@ -274,12 +274,13 @@ def test_lookups_from_several_threads_find_what_serial_lookups_find(tmp_path, mo
     assert _flushed_touches(shared, uri) == expected_touches
     assert shared.reader.footers_read > len(paths)
     reader = shared.reader
-    assert reader._footer_bytes == sum(map(len, reader._footers.values()))
-    assert reader._footer_bytes <= cache_store.FOOTER_CACHE_BYTES
-    assert reader._range_row_groups == sum(len(lows) for lows, _ in reader._ranges.values())
+    assert reader._footers.currsize == sum(map(len, reader._footers.values()))
+    assert reader._footers.currsize <= cache_store.FOOTER_CACHE_BYTES
+    assert reader._ranges.currsize == sum(len(lows) for lows, _ in reader._ranges.values())
+    assert reader._ranges.currsize <= cache_store.RANGE_CACHE_ROW_GROUPS
     kept = [table.get_total_buffer_size() for table in reader._row_groups.values()]
-    assert reader._row_group_bytes == sum(kept)
-    assert reader._row_group_bytes <= cache_store.ROW_GROUP_CACHE_BYTES
+    assert reader._row_groups.currsize == sum(kept)
+    assert reader._row_groups.currsize <= cache_store.ROW_GROUP_CACHE_BYTES
     assert 0 < len(kept) <= 5
 
 

@@ -29,11 +29,11 @@ import hashlib
 import json
 import logging
 import threading
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Protocol
 
 import pyarrow as pa
+from cachetools import LRUCache
 
 from ragbatch.core.errors import OutputError
 from ragbatch.judge.cache_files import ENTRY_SCHEMA, CacheFiles, Reply
@@ -156,7 +156,8 @@ class JudgmentCache:
             self.reader = BucketReader(self.files, repair=repair)
         self._batch: dict[str, tuple[Reply, str]] = {}
         self._fetched: set[str] = set()
-        self._recent: OrderedDict[str, Reply] = OrderedDict()
+        # this process's own replies, the least recently used dropped past RECENT_ENTRIES
+        self._recent: LRUCache[str, Reply] = LRUCache(RECENT_ENTRIES)
         self._new: list[dict[str, Any]] = []
         self._touched: dict[str, str] = {}
         # guards the five fields above: they are shared by every thread using the cache
@@ -231,9 +232,7 @@ class JudgmentCache:
         prefetched groups and this process's own recent replies are found."""
         with self._lock:
             found = self._batch.get(key)
-            recent = None if found is not None else self._recent.get(key)
-            if recent is not None:
-                self._recent.move_to_end(key)
+            recent = None if found is not None else self._recent.get(key)  # marks it used
         if found is not None:
             return self.hit(key, found)
         return None if recent is None else _completion(recent)
@@ -258,10 +257,7 @@ class JudgmentCache:
             logprobs_json(completion.logprobs),
         )
         with self._lock:
-            self._recent[key] = reply
-            self._recent.move_to_end(key)
-            if len(self._recent) > RECENT_ENTRIES:
-                self._recent.popitem(last=False)
+            self._recent[key] = reply  # the least recently used dropped past the bound
         if group is None:
             return
         now = _now()

@@ -9,13 +9,13 @@ import bisect
 import logging
 import pickle
 import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from cachetools import LRUCache
 
 from ragbatch.judge.cache_parquet import (
     Damaged,
@@ -187,15 +187,19 @@ class BucketReader:
         self.files = files
         self.repair = repair
         self.by_bucket = files.bucket_files()
-        # Each keyed by the file's identity (path, size, version) as listed.
-        self._ranges: OrderedDict[Identity, tuple[list[str], list[str]]] = OrderedDict()
-        self._range_row_groups = 0
-        # the file's footer, pickled (parsed again when the file is read)
-        self._footers: OrderedDict[Identity, bytes] = OrderedDict()
-        self._footer_bytes = 0
-        # (identity, row group) -> its LOOKUP_COLUMNS, decoded
-        self._row_groups: OrderedDict[tuple[Identity, int], pa.Table] = OrderedDict()
-        self._row_group_bytes = 0
+        # Least recently used dropped first, past each one's bound (``currsize``: what
+        # they hold, in the bound's unit); keyed by the file's identity (path, size,
+        # version) as listed. Read and changed only under ``_lock``.
+        # identity -> (min, max) of ``group`` per row group; bounded in row groups
+        self._ranges: LRUCache[Identity, tuple[list[str], list[str]]] = LRUCache(
+            RANGE_CACHE_ROW_GROUPS, getsizeof=lambda ranges: len(ranges[0])
+        )
+        # identity -> the file's footer, pickled (parsed again when the file is read)
+        self._footers: LRUCache[Identity, bytes] = LRUCache(FOOTER_CACHE_BYTES, getsizeof=len)
+        # (identity, row group) -> its LOOKUP_COLUMNS, decoded; bounded in buffer bytes
+        self._row_groups: LRUCache[tuple[Identity, int], pa.Table] = LRUCache(
+            ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.get_total_buffer_size()
+        )
         self.row_groups_read = 0
         self.row_group_hits = 0
         self.footers_read = 0
@@ -235,11 +239,11 @@ class BucketReader:
         """Drop the footers, ranges and row groups kept of the files whose identity
         ``stale(identity)`` says; under the lock."""
         for identity in [k for k in self._footers if stale(k)]:
-            self._footer_bytes -= len(self._footers.pop(identity))
+            del self._footers[identity]
         for identity in [k for k in self._ranges if stale(k)]:
-            self._range_row_groups -= len(self._ranges.pop(identity)[0])
+            del self._ranges[identity]
         for key in [k for k in self._row_groups if stale(k[0])]:
-            self._row_group_bytes -= self._row_groups.pop(key).get_total_buffer_size()
+            del self._row_groups[key]
 
     def _kept_row_groups(self, identity: Identity, chosen: list[int]) -> dict[int, pa.Table]:
         """Those of the ``chosen`` row groups of the file ``identity`` kept in memory
@@ -247,51 +251,36 @@ class BucketReader:
         out = {}
         with self._lock:
             for i in chosen:
-                table = self._row_groups.get((identity, i))
+                table = self._row_groups.get((identity, i))  # marks it used
                 if table is not None:
-                    self._row_groups.move_to_end((identity, i))
                     out[i] = table
         return out
 
     def _keep_row_groups(self, identity: Identity, tables: dict[int, pa.Table]) -> None:
         """Keep the decoded row groups ``tables`` (row group -> table) of the file
         ``identity``, most recently used last; drop the least recently used past
-        :data:`ROW_GROUP_CACHE_BYTES` (one larger than the bound is not kept)."""
-        bound = ROW_GROUP_CACHE_BYTES
+        :data:`ROW_GROUP_CACHE_BYTES` (:func:`_keep`)."""
         with self._lock:
             for i, table in tables.items():
-                size = table.get_total_buffer_size()
-                if size > bound or (identity, i) in self._row_groups:
-                    continue
-                self._row_groups[(identity, i)] = table
-                self._row_group_bytes += size
-            while self._row_group_bytes > bound and self._row_groups:
-                _, dropped = self._row_groups.popitem(last=False)
-                self._row_group_bytes -= dropped.get_total_buffer_size()
+                if (identity, i) not in self._row_groups:
+                    _keep(self._row_groups, (identity, i), table)
 
     def _keep_footer(self, identity: Identity, meta: Any) -> None:
         """Keep the footer (a ``pyarrow.parquet.FileMetaData``) of the file ``identity``,
         most recently used last; drop the least recently used past
-        :data:`FOOTER_CACHE_BYTES`."""
+        :data:`FOOTER_CACHE_BYTES` (:func:`_keep`)."""
         with self._lock:
-            if identity in self._footers:
-                self._footers.move_to_end(identity)
+            if self._footers.get(identity) is not None:  # marks it used
                 return
-        serialized = pickle.dumps(meta)
+        serialized = pickle.dumps(meta)  # outside the lock: other lookups go on
         with self._lock:
             if identity not in self._footers:
-                self._footers[identity] = serialized
-                self._footer_bytes += len(serialized)
-            while self._footer_bytes > FOOTER_CACHE_BYTES and len(self._footers) > 1:
-                _, dropped = self._footers.popitem(last=False)
-                self._footer_bytes -= len(dropped)
+                _keep(self._footers, identity, serialized)
 
     def _footer(self, identity: Identity) -> Any:
         """The kept footer (``FileMetaData``) of the file ``identity``, or None."""
         with self._lock:
-            serialized = self._footers.get(identity)
-            if serialized is not None:
-                self._footers.move_to_end(identity)
+            serialized = self._footers.get(identity)  # marks it used
         # our own bytes, pickled by _keep_footer in this process
         return None if serialized is None else pickle.loads(serialized)
 
@@ -299,22 +288,15 @@ class BucketReader:
         """The kept (min, max) of ``group`` per row group of the file ``identity``, or
         None."""
         with self._lock:
-            found = self._ranges.get(identity)
-            if found is not None:
-                self._ranges.move_to_end(identity)
-            return found
+            return self._ranges.get(identity)  # marks it used
 
     def _keep_range(self, identity: Identity, meta: Any) -> tuple[list[str], list[str]]:
         """Work out and keep the ranges of the file ``identity`` from its footer; drop
-        the least recently used past :data:`RANGE_CACHE_ROW_GROUPS`."""
+        the least recently used past :data:`RANGE_CACHE_ROW_GROUPS` (:func:`_keep`)."""
         found = _ranges_of(meta)
         with self._lock:
             if identity not in self._ranges:
-                self._ranges[identity] = found
-                self._range_row_groups += len(found[0])
-            while self._range_row_groups > RANGE_CACHE_ROW_GROUPS and len(self._ranges) > 1:
-                _, (dropped, _) = self._ranges.popitem(last=False)
-                self._range_row_groups -= len(dropped)
+                _keep(self._ranges, identity, found)
         return found
 
     def lookup(self, groups: Iterable[str]) -> dict[str, Found]:
@@ -547,6 +529,17 @@ class BucketReader:
                 type(exc).__name__,
                 exc,
             )
+
+
+def _keep(kept: LRUCache, key: Any, value: Any) -> None:
+    """Put ``value`` under ``key`` in ``kept`` (a bounded least-recently-used map),
+    dropping the least recently used past its bound; a value larger than the whole bound
+    (``kept.maxsize``, in the unit of its ``getsizeof``) is not kept, and is read again
+    when next needed."""
+    try:
+        kept[key] = value
+    except ValueError:  # larger than the bound alone
+        pass
 
 
 def _with_lookup_columns(table: pa.Table) -> pa.Table:
