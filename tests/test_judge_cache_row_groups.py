@@ -18,7 +18,7 @@ import pytest
 from ragbatch.judge import cache_store
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
-from ragbatch.judge.cache_upkeep import fold_journal, open_files
+from ragbatch.judge.cache_upkeep import compact, fold_journal, open_files
 from support.s3_calls import count_s3_calls
 from support.cache_rows import ok_reply as _ok
 
@@ -235,3 +235,34 @@ def test_a_file_written_again_in_place_is_read_afresh_once_listed_again(store, m
     assert (cache.row_groups_read, reader.row_group_hits) == (1 + 2, 0)
     kept = {identity for identity, _ in reader._row_groups} | set(reader._footers)
     assert before not in kept and after in kept
+
+
+def test_a_lookup_whose_files_were_compacted_away_lists_again_and_finds_them(store):
+    # Two runs fold into bucket a1 (two files); a reader opens and lists them. Another
+    # process then compacts the cache, merging the two files into a new one and removing
+    # them. The reader's lookup finds its listed files gone, lists once more and finds
+    # both entries in the merged file (missed, they would be judged again). A reader
+    # that had kept the row groups of the removed files serves them from memory, with
+    # no listing. A lookup with nothing removed lists nothing.
+    uri, options = store
+    first, second = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, options, [("k1", "first reply", first)], "run-1")
+    _write(uri, options, [("k2", "second reply", second)], "run-2")
+    before = open_files(uri, options).bucket_files()["a1"]
+    assert len(before) == 2
+    expected = {"k1": ("first reply", first), "k2": ("second reply", second)}
+    fresh = JudgmentCache(uri, options)
+    warm = JudgmentCache(uri, options)
+    assert _texts(warm.lookup([first, second])) == expected
+
+    compact(open_files(uri, options))
+    (merged,) = open_files(uri, options).bucket_files()["a1"]
+    assert merged not in before
+
+    assert _texts(fresh.lookup([first, second])) == expected
+    assert fresh.reader.relists == 1
+    assert fresh.reader.by_bucket["a1"] == [merged]
+    assert _texts(fresh.lookup([first])) == {"k1": ("first reply", first)}
+    assert fresh.reader.relists == 1
+    assert _texts(warm.lookup([first, second])) == expected
+    assert (warm.reader.relists, warm.reader.row_group_hits) == (0, 2)

@@ -91,6 +91,8 @@ class _Plan:
     first: list[tuple[int, int]]
     kept: dict[int, pa.Table] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
+    #: Set by :meth:`BucketReader._finish` when the file was removed meanwhile.
+    gone: bool = False
 
 
 def _choose(ranges: tuple[list[str], list[str]], groups: set[str]) -> list[int]:
@@ -149,6 +151,12 @@ class BucketReader:
     and listed again (:meth:`relist`) is read afresh, never served from what was kept of
     the file it replaced.
 
+    A lookup that finds one of its files removed since the listing (another process
+    folded or compacted the cache meanwhile, merging the bucket's files into a new one)
+    lists the files again (:meth:`relist`) and looks the groups of that file's bucket up
+    once more, in the files listed now: entries moved by a compaction are found, not
+    judged again.
+
     Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
     groups, :data:`FOOTER_CACHE_BYTES` of serialized footers,
     :data:`ROW_GROUP_CACHE_BYTES` of decoded row groups and the entries of the groups
@@ -179,6 +187,9 @@ class BucketReader:
         decoded).
     footers_read : int
         Footers read from the store so far (a footer kept is not read again).
+    relists : int
+        Listings made again since the reader was opened, by :meth:`relist` (each lookup
+        that found a file removed makes one).
     damaged : list of (str, str)
         The files found unreadable so far, with why.
     """
@@ -203,6 +214,7 @@ class BucketReader:
         self.row_groups_read = 0
         self.row_group_hits = 0
         self.footers_read = 0
+        self.relists = 0
         self.damaged: list[tuple[str, str]] = []
         # The range and footer caches, the listing and the counters are shared by the
         # read threads of a lookup and by lookups made at once from several threads.
@@ -228,6 +240,7 @@ class BucketReader:
         """
         listed = self.files.bucket_files()
         with self._lock:
+            self.relists += 1
             damaged = {path for path, _ in self.damaged}
             self.by_bucket = {
                 bucket: [p for p in paths if p not in damaged] for bucket, paths in listed.items()
@@ -311,24 +324,47 @@ class BucketReader:
         kept in memory (:data:`ROW_GROUP_CACHE_BYTES`) are taken from there; a file whose
         row groups chosen are all kept is not fetched.
 
+        A file removed since the listing (a compaction by another process) makes the
+        reader list the files again and look its bucket's groups up once more, in the
+        files listed now (once a lookup: a file removed again is then skipped).
+
         Raises
         ------
         OSError
             Bytes of a bucket file cannot be fetched (the message names the file; one
-            that another process removed meanwhile is skipped, and one that is damaged
-            is set aside); :meth:`JudgmentCache.lookup
-            <ragbatch.judge.cache.JudgmentCache.lookup>` reports it as an ``OutputError``."""
+            that another process removed meanwhile is skipped, as above, and one that is
+            damaged is set aside), or the files cannot be listed again;
+            :meth:`JudgmentCache.lookup <ragbatch.judge.cache.JudgmentCache.lookup>`
+            reports it as an ``OutputError``."""
         wanted: dict[str, set[str]] = {}
         for g in groups:
             wanted.setdefault(bucket_of(g), set()).add(g)
+        out, gone = self._lookup_once(wanted)
+        if gone:
+            self.relist()
+            again, _ = self._lookup_once({bucket: wanted[bucket] for bucket in gone})
+            for key, found in again.items():
+                known = out.get(key)
+                if known is None or _earlier((found[1], found[0][0]), (known[1], known[0][0])):
+                    out[key] = found
+        return out
+
+    def _lookup_once(self, wanted: dict[str, set[str]]) -> tuple[dict[str, Found], set[str]]:
+        """:meth:`lookup` of the groups ``wanted`` (bucket -> groups) in the files as
+        listed now; (what was found, the buckets of the files found removed)."""
         with self._lock:
             listed = {bucket: list(self.by_bucket.get(bucket, [])) for bucket in wanted}
-        plans = [
-            self._plan(path, in_bucket)
-            for bucket, in_bucket in wanted.items()
-            for path in listed[bucket]
-        ]
-        todo = [plan for plan in plans if plan is not None]
+        gone: set[str] = set()
+        todo: list[_Plan] = []
+        for bucket, in_bucket in wanted.items():
+            for path in listed[bucket]:
+                try:
+                    plan = self._plan(path, in_bucket)
+                except FileNotFoundError:  # removed by another process (a compaction)
+                    gone.add(bucket)
+                    continue
+                if plan is not None:
+                    todo.append(plan)
         # The first request of every file, all sent now (concurrently on object stores);
         # each file is decoded as soon as its bytes are in.
         pending = self.files.start_fetch(
@@ -345,14 +381,20 @@ class BucketReader:
         for rows in per_file:
             if rows is not None:
                 _merge_into(rows, out)
-        return out
+        return out, gone | {bucket_of(next(iter(plan.groups))) for plan in todo if plan.gone}
 
     def _plan(self, path: str, groups: set[str]) -> _Plan | None:
         """What to fetch first from bucket file ``path`` for ``groups`` (no request
         made): nothing when every row group chosen is kept in memory; the byte ranges of
         the row groups chosen and not kept when its footer is kept; else its end
         (:func:`~ragbatch.judge.cache_parquet.tail_start`). None when its kept ranges
-        show that no row group can hold one of ``groups``, or it is gone or damaged."""
+        show that no row group can hold one of ``groups``, or it is damaged.
+
+        Raises
+        ------
+        FileNotFoundError
+            The file is gone (removed by another process since the listing).
+        """
         try:
             size = self.files.size(path)
             identity = self.files.identity(path)
@@ -377,8 +419,6 @@ class BucketReader:
             missing = [i for i in chosen if i not in kept]
             first = self._spans(meta, missing, size)
             return _Plan(path, identity, groups, size, chosen, meta, first, kept)
-        except FileNotFoundError:
-            return None  # removed by another process (a compaction) meanwhile
         except Damaged as exc:
             self._damaged(path, str(exc))
             return None
@@ -393,7 +433,8 @@ class BucketReader:
         try:
             got = [p.result() for p in plan.pending]
             if any(data is None for data in got):
-                return None  # removed by another process (a compaction) meanwhile
+                plan.gone = True  # removed by another process (a compaction) meanwhile
+                return None
             fetched = [data for data in got if data is not None]
             decoded: dict[int, pa.Table] = {}
             if plan.first:
@@ -408,10 +449,12 @@ class BucketReader:
                     pieces = self._pieces(plan.path, plan.first, fetched) if missing else []
                 if missing:
                     if not pieces:
-                        return None  # gone
+                        plan.gone = True
+                        return None
                     tables = decode_row_groups(meta, plan.size, pieces, missing, LOOKUP_COLUMNS)
                     decoded = {i: _with_lookup_columns(t) for i, t in zip(missing, tables)}
         except FileNotFoundError:
+            plan.gone = True
             return None
         except Damaged as exc:
             self._damaged(plan.path, str(exc))
