@@ -266,3 +266,35 @@ def test_a_lookup_whose_files_were_compacted_away_lists_again_and_finds_them(sto
     assert fresh.reader.relists == 1
     assert _texts(warm.lookup([first, second])) == expected
     assert (warm.reader.relists, warm.reader.row_group_hits) == (0, 2)
+
+
+def test_a_failed_listing_after_a_compaction_leaves_misses_and_a_warning(tmp_path, caplog):
+    # The files a reader listed are compacted away, and listing the cache again fails
+    # (a stand-in fault: the reader's listing call is replaced by one that raises, as an
+    # unreachable store would). The lookup does not fail: it warns, naming the cache and
+    # the error, and finds nothing in the bucket whose files moved; a later lookup, once
+    # the store answers again, lists again and finds both entries.
+    uri, options = str(tmp_path / "cache"), {}
+    first, second = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, options, [("k1", "first reply", first)], "run-1")
+    _write(uri, options, [("k2", "second reply", second)], "run-2")
+    cache = JudgmentCache(uri, options)
+    compact(open_files(uri, options))
+    files = cache.reader.files
+    listing = files.bucket_files
+
+    def unreachable() -> dict:
+        raise OSError("store unreachable (stand-in fault)")
+
+    files.bucket_files = unreachable  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="ragbatch.judge.cache_store"):
+        assert cache.lookup([first, second]) == {}
+    (record,) = [r for r in caplog.records if "listing the cache again failed" in r.message]
+    assert "store unreachable (stand-in fault)" in record.message
+    assert str(tmp_path / "cache") in record.message
+    files.bucket_files = listing  # type: ignore[method-assign]
+    assert _texts(cache.lookup([first, second])) == {
+        "k1": ("first reply", first),
+        "k2": ("second reply", second),
+    }
+    assert cache.reader.relists == 1

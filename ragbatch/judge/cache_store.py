@@ -326,22 +326,32 @@ class BucketReader:
 
         A file removed since the listing (a compaction by another process) makes the
         reader list the files again and look its bucket's groups up once more, in the
-        files listed now (once a lookup: a file removed again is then skipped).
+        files listed now (once a lookup: a file removed again is then skipped). Where
+        that listing fails, a warning says so and the entries of those buckets are
+        misses.
 
         Raises
         ------
         OSError
             Bytes of a bucket file cannot be fetched (the message names the file; one
             that another process removed meanwhile is skipped, as above, and one that is
-            damaged is set aside), or the files cannot be listed again;
-            :meth:`JudgmentCache.lookup <ragbatch.judge.cache.JudgmentCache.lookup>`
+            damaged is set aside); :meth:`JudgmentCache.lookup <ragbatch.judge.cache.JudgmentCache.lookup>`
             reports it as an ``OutputError``."""
         wanted: dict[str, set[str]] = {}
         for g in groups:
             wanted.setdefault(bucket_of(g), set()).add(g)
         out, gone = self._lookup_once(wanted)
         if gone:
-            self.relist()
+            try:
+                self.relist()
+            except OSError as exc:  # the entries moved are misses, asked again
+                log.warning(
+                    "judgment cache %s: bucket files were removed meanwhile and listing the "
+                    "cache again failed (%s); their entries will be asked again",
+                    self.files.uri(self.files.root),
+                    exc,
+                )
+                return out
             again, _ = self._lookup_once({bucket: wanted[bucket] for bucket in gone})
             for key, found in again.items():
                 known = out.get(key)
