@@ -11,6 +11,8 @@ through to the store.
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from ragbatch.judge import cache_store
 from ragbatch.judge.cache import JudgmentCache
 from ragbatch.judge.cache_files import ROW_GROUP_ROWS, CacheFiles
-from ragbatch.judge.cache_upkeep import compact, fold_journal, open_files
+from ragbatch.judge.cache_upkeep import _remove, compact, fold_journal, open_files
 from support.s3_calls import count_s3_calls
 from support.cache_rows import ok_reply as _ok
 
@@ -298,3 +300,117 @@ def test_a_failed_listing_after_a_compaction_leaves_misses_and_a_warning(tmp_pat
         "k2": ("second reply", second),
     }
     assert cache.reader.relists == 1
+
+
+#: Seconds a held thread waits for the other before giving up (a hang fails the test).
+HOLD_BOUND_S = 10.0
+
+
+def test_two_lookups_that_list_again_at_once_both_find_their_entries(tmp_path):
+    # Two batches in flight on one reader both find their listed files compacted away
+    # and both list the cache again. A fake forces the worst interleaving: the first
+    # listing is held while it walks what the reader knows of the files (their sizes),
+    # until the second lookup has listed and finished. Both must find their entries
+    # (before, the first failed: the dictionary it walked changed size under it).
+    uri = str(tmp_path / "cache")
+    first, second = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, {}, [("k1", "first reply", first)], "run-1")
+    _write(uri, {}, [("k2", "second reply", second)], "run-2")
+    cache = JudgmentCache(uri, {})
+    compact(open_files(uri, {}))  # another process: both listed files are gone
+
+    fs = cache.reader.files.fs
+    real_find = fs.find
+    held, released = threading.Event(), threading.Event()
+
+    class Held(dict):
+        """The first listing's result, holding its walker at the first membership test."""
+
+        def __contains__(self, path):
+            if not held.is_set():
+                held.set()
+                released.wait(HOLD_BOUND_S)
+            return dict.__contains__(self, path)
+
+    calls = []
+
+    def find(*args, **kwargs):
+        calls.append(1)
+        found = real_find(*args, **kwargs)
+        return Held(found) if len(calls) == 1 else found
+
+    fs.find = find
+    results: dict[str, object] = {}
+
+    def one(name: str, group: str) -> None:
+        try:
+            results[name] = _texts(cache.lookup([group]))
+        except Exception as exc:  # noqa: BLE001 - compared below
+            results[name] = exc
+
+    a = threading.Thread(target=one, args=("a", first))
+    a.start()
+    assert held.wait(HOLD_BOUND_S)
+    try:
+        one("b", second)
+    finally:
+        released.set()
+    a.join(HOLD_BOUND_S)
+    assert results == {
+        "a": {"k1": ("first reply", first)},
+        "b": {"k2": ("second reply", second)},
+    }
+
+
+def test_a_listing_failing_as_s3fs_fails_after_a_compaction_leaves_misses(tmp_path, caplog):
+    # As the failed-listing test above, with the error s3fs passes on when an endpoint
+    # cannot be reached (botocore's EndpointConnectionError, not an OSError), made by a
+    # real s3fs listing a closed port.
+    s3fs = pytest.importorskip("s3fs")
+
+    uri = str(tmp_path / "cache")
+    first, second = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, {}, [("k1", "first reply", first)], "run-1")
+    _write(uri, {}, [("k2", "second reply", second)], "run-2")
+    cache = JudgmentCache(uri, {})
+    compact(open_files(uri, {}))
+    closed = s3fs.S3FileSystem(
+        key="k",
+        secret="s",
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"},
+        config_kwargs={"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    )
+    unreachable = CacheFiles(closed, "bkt/cache").bucket_files
+    cache.reader.files.bucket_files = unreachable  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="ragbatch.judge.cache_store"):
+        assert cache.lookup([first, second]) == {}
+    assert any("listing the cache again failed" in r.message for r in caplog.records)
+
+
+def test_a_lookup_that_lists_again_counts_each_row_group_it_needs_once(tmp_path):
+    # Bucket a1 holds F1 (k1) and F3 (k3). Another process merges F1 alone into a new
+    # file M (a compactor that listed before F3 was written) and removes F1. The lookup
+    # finds F1 gone, lists again and reads M; F3, read in the first pass, is not read
+    # again: row_groups_read + row_group_hits is what a reader opened now counts.
+    uri = str(tmp_path / "cache")
+    g1, g3 = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, {}, [("k1", "r1", g1)], "run-1")
+    _write(uri, {}, [("k3", "r3", g3)], "run-3")
+    files = open_files(uri, {})
+    (f1,) = [
+        p
+        for p in files.bucket_files()["a1"]
+        if pq.read_table(p).column("key").to_pylist() == ["k1"]
+    ]
+    cache = JudgmentCache(uri, {})
+    files.write(files.bucket_dir("a1"), pq.read_table(f1), ROW_GROUP_ROWS)
+    _remove(files, f1)
+
+    expected = {"k1": ("r1", g1), "k3": ("r3", g3)}
+    assert _texts(cache.lookup([g1, g3])) == expected
+    fresh = JudgmentCache(uri, {})
+    assert _texts(fresh.lookup([g1, g3])) == expected
+    reader = cache.reader
+    assert reader.relists == 1
+    assert reader.row_groups_read + reader.row_group_hits == fresh.reader.row_groups_read == 2

@@ -257,7 +257,10 @@ class JudgmentCache:
             logprobs_json(completion.logprobs),
         )
         with self._lock:
-            self._recent[key] = reply  # the least recently used dropped past the bound
+            try:
+                self._recent[key] = reply  # the least recently used dropped past the bound
+            except ValueError:  # RECENT_ENTRIES of 0: none kept
+                pass
         if group is None:
             return
         now = _now()

@@ -131,10 +131,11 @@ class CacheFiles:
         if not self.fs.exists(folder):
             return []
         found = self.fs.find(folder, detail=True)
-        for gone in [p for p in self.sizes if p.startswith(folder + "/") and p not in found]:
-            del self.sizes[gone]
-        for gone in [p for p in self.versions if p.startswith(folder + "/") and p not in found]:
-            del self.versions[gone]
+        # Other threads list (a reader's lookups in flight) and set files aside at the same
+        # time: walk a copy, and drop what another thread may have dropped first.
+        for known in (self.sizes, self.versions):
+            for gone in [p for p in list(known) if p.startswith(folder + "/") and p not in found]:
+                known.pop(gone, None)
         out = []
         for path, info in found.items():
             if not path.endswith(".parquet") or info.get("type", "file") != "file":

@@ -340,11 +340,14 @@ class BucketReader:
         wanted: dict[str, set[str]] = {}
         for g in groups:
             wanted.setdefault(bucket_of(g), set()).add(g)
-        out, gone = self._lookup_once(wanted)
+        out, gone, read = self._lookup_once(wanted)
         if gone:
             try:
                 self.relist()
-            except OSError as exc:  # the entries moved are misses, asked again
+            # Any failure: s3fs passes some of botocore's errors on as they are (an
+            # endpoint that cannot be reached is not an OSError). The entries moved are
+            # then misses, asked again, as they were before the relist existed.
+            except Exception as exc:  # noqa: BLE001
                 log.warning(
                     "judgment cache %s: bucket files were removed meanwhile and listing the "
                     "cache again failed (%s); their entries will be asked again",
@@ -352,18 +355,26 @@ class BucketReader:
                     exc,
                 )
                 return out
-            again, _ = self._lookup_once({bucket: wanted[bucket] for bucket in gone})
+            again, _, _ = self._lookup_once({bucket: wanted[bucket] for bucket in gone}, read)
             for key, found in again.items():
                 known = out.get(key)
                 if known is None or _earlier((found[1], found[0][0]), (known[1], known[0][0])):
                     out[key] = found
         return out
 
-    def _lookup_once(self, wanted: dict[str, set[str]]) -> tuple[dict[str, Found], set[str]]:
+    def _lookup_once(
+        self, wanted: dict[str, set[str]], done: frozenset[str] | set[str] = frozenset()
+    ) -> tuple[dict[str, Found], set[str], set[str]]:
         """:meth:`lookup` of the groups ``wanted`` (bucket -> groups) in the files as
-        listed now; (what was found, the buckets of the files found removed)."""
+        listed now, leaving out the paths in ``done`` (files this lookup has read
+        already: each row group it needs is read or counted once). Returns what was
+        found, the buckets of the files found removed, and the paths of the files read
+        (or found in memory) and not removed."""
         with self._lock:
-            listed = {bucket: list(self.by_bucket.get(bucket, [])) for bucket in wanted}
+            listed = {
+                bucket: [p for p in self.by_bucket.get(bucket, []) if p not in done]
+                for bucket in wanted
+            }
         gone: set[str] = set()
         todo: list[_Plan] = []
         for bucket, in_bucket in wanted.items():
@@ -391,7 +402,8 @@ class BucketReader:
         for rows in per_file:
             if rows is not None:
                 _merge_into(rows, out)
-        return out, gone | {bucket_of(next(iter(plan.groups))) for plan in todo if plan.gone}
+        gone |= {bucket_of(next(iter(plan.groups))) for plan in todo if plan.gone}
+        return out, gone, {plan.path for plan in todo if not plan.gone}
 
     def _plan(self, path: str, groups: set[str]) -> _Plan | None:
         """What to fetch first from bucket file ``path`` for ``groups`` (no request
