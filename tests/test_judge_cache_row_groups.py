@@ -46,6 +46,15 @@ def _write(uri: str, options: dict, entries: list[tuple[str, str, str]], run: st
     fold_journal(open_files(uri, options), run)
 
 
+def _two_runs_in_one_bucket(uri: str, options: dict) -> tuple[str, str]:
+    """Two runs' entries in bucket a1, one file each: ``k1`` -> "first reply" under the
+    first group returned, ``k2`` -> "second reply" under the second."""
+    first, second = "a1" + "0" * 62, "a1" + "f" * 62
+    _write(uri, options, [("k1", "first reply", first)], "run-1")
+    _write(uri, options, [("k2", "second reply", second)], "run-2")
+    return first, second
+
+
 def _forty(uri: str, options: dict) -> dict[str, tuple[str, str]]:
     """40 groups, each alone in its bucket file (buckets 00, 02, ..., 4e); returns key ->
     (reply text, group) of what was stored."""
@@ -247,9 +256,7 @@ def test_a_lookup_whose_files_were_compacted_away_lists_again_and_finds_them(sto
     # that had kept the row groups of the removed files serves them from memory, with
     # no listing. A lookup with nothing removed lists nothing.
     uri, options = store
-    first, second = "a1" + "0" * 62, "a1" + "f" * 62
-    _write(uri, options, [("k1", "first reply", first)], "run-1")
-    _write(uri, options, [("k2", "second reply", second)], "run-2")
+    first, second = _two_runs_in_one_bucket(uri, options)
     before = open_files(uri, options).bucket_files()["a1"]
     assert len(before) == 2
     expected = {"k1": ("first reply", first), "k2": ("second reply", second)}
@@ -277,9 +284,7 @@ def test_a_failed_listing_after_a_compaction_leaves_misses_and_a_warning(tmp_pat
     # the error, and finds nothing in the bucket whose files moved; a later lookup, once
     # the store answers again, lists again and finds both entries.
     uri, options = str(tmp_path / "cache"), {}
-    first, second = "a1" + "0" * 62, "a1" + "f" * 62
-    _write(uri, options, [("k1", "first reply", first)], "run-1")
-    _write(uri, options, [("k2", "second reply", second)], "run-2")
+    first, second = _two_runs_in_one_bucket(uri, options)
     cache = JudgmentCache(uri, options)
     compact(open_files(uri, options))
     files = cache.reader.files
@@ -313,9 +318,7 @@ def test_two_lookups_that_list_again_at_once_both_find_their_entries(tmp_path):
     # until the second lookup has listed and finished. Both must find their entries
     # (before, the first failed: the dictionary it walked changed size under it).
     uri = str(tmp_path / "cache")
-    first, second = "a1" + "0" * 62, "a1" + "f" * 62
-    _write(uri, {}, [("k1", "first reply", first)], "run-1")
-    _write(uri, {}, [("k2", "second reply", second)], "run-2")
+    first, second = _two_runs_in_one_bucket(uri, {})
     cache = JudgmentCache(uri, {})
     compact(open_files(uri, {}))  # another process: both listed files are gone
 
@@ -369,9 +372,7 @@ def test_a_listing_failing_as_s3fs_fails_after_a_compaction_leaves_misses(tmp_pa
     s3fs = pytest.importorskip("s3fs")
 
     uri = str(tmp_path / "cache")
-    first, second = "a1" + "0" * 62, "a1" + "f" * 62
-    _write(uri, {}, [("k1", "first reply", first)], "run-1")
-    _write(uri, {}, [("k2", "second reply", second)], "run-2")
+    first, second = _two_runs_in_one_bucket(uri, {})
     cache = JudgmentCache(uri, {})
     compact(open_files(uri, {}))
     closed = s3fs.S3FileSystem(
