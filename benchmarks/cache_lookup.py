@@ -223,22 +223,30 @@ S3_SERVERS = {
 }
 
 
-def _start_moto(kind: str = "moto") -> tuple[subprocess.Popen, int]:
-    """moto's S3 server (``S3_SERVERS[kind]``) in its own process (in this one, serving
-    each request would take the GIL from the lookups it answers); the endpoint and test
-    credentials go to the environment, which botocore and the worker processes read."""
+def serve_s3(kind: str = "moto") -> tuple[subprocess.Popen, int]:
+    """Start ``S3_SERVERS[kind]`` on a free port of 127.0.0.1 in a process of its own and
+    wait (up to about 20 s) until it accepts connections; (the process, its port)."""
     port = _free_port()
     server = subprocess.Popen(
         [*S3_SERVERS[kind], "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(100):
+    for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             break
         except OSError:
             time.sleep(0.1)
+    return server, port
+
+
+def _start_moto(kind: str = "moto") -> tuple[subprocess.Popen, int]:
+    """moto's S3 server (``S3_SERVERS[kind]``, :func:`serve_s3`) in its own process (in
+    this one, serving each request would take the GIL from the lookups it answers); the
+    endpoint and test credentials go to the environment, which botocore and the worker
+    processes read."""
+    server, port = serve_s3(kind)
     os.environ.update(
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
         AWS_ACCESS_KEY_ID="testing",

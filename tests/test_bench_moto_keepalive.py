@@ -10,10 +10,8 @@ from __future__ import annotations
 import http.client
 import importlib.util
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,37 +19,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _servers() -> dict:
+def _benchmark():
+    """benchmarks/cache_lookup.py as a module."""
     spec = importlib.util.spec_from_file_location(
         "cache_lookup", ROOT / "benchmarks" / "cache_lookup.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.S3_SERVERS
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return module
 
 
 @pytest.fixture(params=["moto", "moto-keepalive"])
 def server(request):
     """(name, port) of each ``--s3-server``, started as the benchmark starts it."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [*_servers()[request.param], "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, port = _benchmark().serve_s3(request.param)
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
         yield request.param, port
     finally:
         process.terminate()
