@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from ragbatch import __version__
-from ragbatch.core.allocator import prefer_jemalloc
+from ragbatch.core.allocator import keep_freed_pages_for_polars, prefer_jemalloc
 from ragbatch.core.errors import (
     ConfigError,
     InputError,
@@ -156,6 +156,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragbatch`` console script; returns the exit status."""
+    keep_freed_pages_for_polars()  # before anything loads Polars (the parser's defaults do)
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
