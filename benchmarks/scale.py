@@ -573,6 +573,14 @@ def fit_linear(rows: list[int], seconds: list[float]) -> tuple[float, float]:
     return float(intercept), float(slope * 1e6)
 
 
+def _ratio(large: float, small: float) -> float | None:
+    return large / small if small else None
+
+
+def _two(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def summarize(stage: str, sizes: dict[int, dict]) -> dict:
     rows = sorted(sizes)
     medians = [sizes[n]["median_wall_s"] for n in rows]
@@ -585,8 +593,9 @@ def summarize(stage: str, sizes: dict[int, dict]) -> dict:
         "linear_fit_wall": dict(zip(("fixed_s", "per_million_rows_s"), fit_linear(rows, medians))),
         "memory_key": key,
         "memory_ratio_largest_smallest": large[key] / small[key],
-        "driver_rss_ratio": large["driver_rss"] / small["driver_rss"],
-        "workers_rss_ratio": large["workers_rss"] / small["workers_rss"],
+        "driver_rss_ratio": _ratio(large["driver_rss"], small["driver_rss"]),
+        # None when the smallest run had no workers (the in-process executor starts none).
+        "workers_rss_ratio": _ratio(large["workers_rss"], small["workers_rss"]),
     }
 
 
@@ -616,7 +625,7 @@ def report(result: dict) -> str:
         f"{sm['linear_fit_wall']['per_million_rows_s']:.1f} s per million rows",
         f"peak memory, largest / smallest size ({sm['memory_key']}): "
         f"{sm['memory_ratio_largest_smallest']:.2f} (target <= 1.5); driver RSS "
-        f"{sm['driver_rss_ratio']:.2f}, workers RSS {sm['workers_rss_ratio']:.2f}",
+        f"{_two(sm['driver_rss_ratio'])}, workers RSS {_two(sm['workers_rss_ratio'])}",
     ]
     return "\n".join(lines)
 
