@@ -93,6 +93,29 @@ def test_a_polars_setting_the_user_chose_is_kept():
     assert POLARS_JEMALLOC_OPTIONS not in conf
 
 
+def test_polars_own_options_inherited_from_a_parent_get_ours_after_them():
+    """A process that loaded Polars (a notebook, a scheduler's Python task) and starts
+    ``ragbatch`` passes on the variable Polars' package filled in; that is not the
+    user's choice, so the command still adds its setting, last."""
+    from ragbatch.core.allocator import POLARS_JEMALLOC_OPTIONS, POLARS_OWN_OPTIONS
+
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import os, polars; print(os.environ['_RJEM_MALLOC_CONF'])"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    inherited = done.stdout.strip()
+    # The constant names what this Polars puts there by itself.
+    assert set(inherited.split(",")) == POLARS_OWN_OPTIONS
+    before, after, conf = _polars_conf_after_a_command(inherited)
+    assert (before, after) == ("False", "True")
+    assert conf.split(",")[-1] == POLARS_JEMALLOC_OPTIONS
+
+
 def test_nothing_is_set_once_polars_is_loaded(monkeypatch):
     import polars  # noqa: F401  (loaded, as in any process that used Polars already)
 
@@ -114,6 +137,13 @@ def test_the_variable_is_set_when_polars_is_not_loaded(monkeypatch):
     monkeypatch.delitem(sys.modules, "polars")
     assert keep_freed_pages_for_polars() == POLARS_JEMALLOC_OPTIONS
     assert os.environ[POLARS_JEMALLOC_VARIABLE] == POLARS_JEMALLOC_OPTIONS
-    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, "narenas:2")
-    assert keep_freed_pages_for_polars() is None
-    assert os.environ[POLARS_JEMALLOC_VARIABLE] == "narenas:2"
+    for users in ("narenas:2", "dirty_decay_ms:500,narenas:2", "dirty_decay_ms:-1"):
+        monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, users)
+        assert keep_freed_pages_for_polars() is None
+        assert os.environ[POLARS_JEMALLOC_VARIABLE] == users
+    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, "muzzy_decay_ms:1000, dirty_decay_ms:500")
+    expected = f"muzzy_decay_ms:1000, dirty_decay_ms:500,{POLARS_JEMALLOC_OPTIONS}"
+    assert keep_freed_pages_for_polars() == expected
+    assert os.environ[POLARS_JEMALLOC_VARIABLE] == expected
+    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, " ")
+    assert keep_freed_pages_for_polars() == POLARS_JEMALLOC_OPTIONS
