@@ -15,15 +15,25 @@ PROBE = (
 )
 
 
-def _pool_after_a_command(env_pool: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    if env_pool is not None:
-        env["ARROW_DEFAULT_MEMORY_POOL"] = env_pool
+def _run_python(code: str, variable: str, value: str | None) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter whose environment has ``variable`` set to
+    ``value``, or not at all when ``value`` is None; it must exit 0."""
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    if value is not None:
+        env[variable] = value
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
+    return done
+
+
+def _last_line(code: str, variable: str, value: str | None) -> str:
+    return _run_python(code, variable, value).stdout.strip().splitlines()[-1]
+
+
+def _pool_after_a_command(env_pool: str | None) -> str:
+    return _last_line(PROBE, "ARROW_DEFAULT_MEMORY_POOL", env_pool)
 
 
 def test_the_command_line_uses_jemalloc():
@@ -49,14 +59,7 @@ POLARS_PROBE = (
 
 
 def _polars_conf_after_a_command(user_value: str | None) -> tuple[str, str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    if user_value is not None:
-        env["_RJEM_MALLOC_CONF"] = user_value
-    done = subprocess.run(
-        [sys.executable, "-c", POLARS_PROBE], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    before, after, conf = done.stdout.strip().splitlines()[-1].split(" ", 2)
+    before, after, conf = _last_line(POLARS_PROBE, "_RJEM_MALLOC_CONF", user_value).split(" ", 2)
     return before, after, conf
 
 
@@ -65,11 +68,7 @@ def test_polars_jemalloc_reads_the_variable():
     it draws jemalloc's own complaint when Polars loads."""
     if not sys.platform.startswith("linux"):
         pytest.skip("Polars uses jemalloc on Linux only")
-    env = {**os.environ, "_RJEM_MALLOC_CONF": "ragbatch_probe:1"}
-    done = subprocess.run(
-        [sys.executable, "-c", "import polars"], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_python("import polars", "_RJEM_MALLOC_CONF", "ragbatch_probe:1")
     assert "Invalid conf pair: ragbatch_probe:1" in done.stderr
 
 
@@ -99,16 +98,8 @@ def test_polars_own_options_inherited_from_a_parent_get_ours_after_them():
     user's choice, so the command still adds its setting, last."""
     from ragbatch.core.allocator import POLARS_JEMALLOC_OPTIONS, POLARS_OWN_OPTIONS
 
-    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    done = subprocess.run(
-        [sys.executable, "-c", "import os, polars; print(os.environ['_RJEM_MALLOC_CONF'])"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    inherited = done.stdout.strip()
+    code = "import os, polars; print(os.environ['_RJEM_MALLOC_CONF'])"
+    inherited = _last_line(code, "_RJEM_MALLOC_CONF", None)
     # The constant names what this Polars puts there by itself.
     assert set(inherited.split(",")) == POLARS_OWN_OPTIONS
     before, after, conf = _polars_conf_after_a_command(inherited)
