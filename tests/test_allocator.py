@@ -101,7 +101,7 @@ def test_polars_own_options_inherited_from_a_parent_get_ours_after_them():
     code = "import os, polars; print(os.environ['_RJEM_MALLOC_CONF'])"
     inherited = _last_line(code, "_RJEM_MALLOC_CONF", None)
     # The constant names what this Polars puts there by itself.
-    assert set(inherited.split(",")) == POLARS_OWN_OPTIONS
+    assert inherited == POLARS_OWN_OPTIONS
     before, after, conf = _polars_conf_after_a_command(inherited)
     assert (before, after) == ("False", "True")
     assert conf.split(",")[-1] == POLARS_JEMALLOC_OPTIONS
@@ -128,12 +128,15 @@ def test_the_variable_is_set_when_polars_is_not_loaded(monkeypatch):
     monkeypatch.delitem(sys.modules, "polars")
     assert keep_freed_pages_for_polars() == POLARS_JEMALLOC_OPTIONS
     assert os.environ[POLARS_JEMALLOC_VARIABLE] == POLARS_JEMALLOC_OPTIONS
-    for users in ("narenas:2", "dirty_decay_ms:500,narenas:2", "dirty_decay_ms:-1"):
-        monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, users)
+    # The user's own settings, including Polars' half second asked for by name.
+    users = ("narenas:2", "dirty_decay_ms:500", "dirty_decay_ms:500,narenas:2", "dirty_decay_ms:-1")
+    for value in users:
+        monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, value)
         assert keep_freed_pages_for_polars() is None
-        assert os.environ[POLARS_JEMALLOC_VARIABLE] == users
-    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, "muzzy_decay_ms:1000, dirty_decay_ms:500")
-    expected = f"muzzy_decay_ms:1000, dirty_decay_ms:500,{POLARS_JEMALLOC_OPTIONS}"
+        assert os.environ[POLARS_JEMALLOC_VARIABLE] == value
+    # Exactly what Polars filled in, inherited from a parent process.
+    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, "dirty_decay_ms:500,muzzy_decay_ms:1000 ")
+    expected = f"dirty_decay_ms:500,muzzy_decay_ms:1000,{POLARS_JEMALLOC_OPTIONS}"
     assert keep_freed_pages_for_polars() == expected
     assert os.environ[POLARS_JEMALLOC_VARIABLE] == expected
     monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, " ")

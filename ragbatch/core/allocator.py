@@ -39,9 +39,10 @@ POLARS_JEMALLOC_VARIABLE = "_RJEM_MALLOC_CONF"
 #: run); 2,000 ms was slower.
 POLARS_JEMALLOC_OPTIONS = "dirty_decay_ms:5000"
 
-#: The options Polars' package itself puts in the variable (Polars 2.1; a test checks). A process
-#: started by one that loaded Polars inherits them; they are not the user's choice.
-POLARS_OWN_OPTIONS = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
+#: What Polars' package itself puts in the variable when the user set nothing (Polars
+#: 2.1; a test checks). A process started by one that loaded Polars inherits it; it is
+#: not the user's choice.
+POLARS_OWN_OPTIONS = "dirty_decay_ms:500,muzzy_decay_ms:1000"
 
 
 def prefer_jemalloc() -> str:
@@ -70,10 +71,11 @@ def prefer_jemalloc() -> str:
 def keep_freed_pages_for_polars() -> str | None:
     """Put :data:`POLARS_JEMALLOC_OPTIONS` in this process's
     :data:`POLARS_JEMALLOC_VARIABLE`, unless Polars is imported already (its allocator
-    has read its options by then) or the variable holds anything besides
-    :data:`POLARS_OWN_OPTIONS` (the user's own setting, kept as it is). Polars' own
-    options, which a process started from one that loaded Polars inherits, get ours
-    after them; jemalloc takes the last value of an option.
+    has read its options by then) or the variable holds anything but exactly
+    :data:`POLARS_OWN_OPTIONS` (the user's own setting, kept as it is; to keep Polars'
+    half second, set ``dirty_decay_ms:500``). Polars' own options, which a process
+    started from one that loaded Polars inherits, get ours after them; jemalloc takes
+    the last value of an option.
 
     Call it before anything imports Polars. Processes started afterwards inherit the
     setting (a local Ray's workers). It changes when freed memory goes back to the kernel,
@@ -89,9 +91,9 @@ def keep_freed_pages_for_polars() -> str | None:
     current = os.environ.get(POLARS_JEMALLOC_VARIABLE)
     if current is None or not current.strip():
         value = POLARS_JEMALLOC_OPTIONS
-    elif {pair.strip() for pair in current.split(",")} <= POLARS_OWN_OPTIONS:
+    elif current.strip() == POLARS_OWN_OPTIONS:
         # Inherited from a parent process that loaded Polars: only Polars' defaults.
-        value = f"{current},{POLARS_JEMALLOC_OPTIONS}"
+        value = f"{POLARS_OWN_OPTIONS},{POLARS_JEMALLOC_OPTIONS}"
     else:
         return None
     os.environ[POLARS_JEMALLOC_VARIABLE] = value
