@@ -10,14 +10,15 @@ five). The command line therefore makes jemalloc the default pool, unless the us
 chose one with Arrow's own ``ARROW_DEFAULT_MEMORY_POOL`` variable.
 
 Polars carries its own jemalloc (on Linux). Its Python package sets that allocator's
-options before the library loads: freed pages go back to the kernel within about half a
-second (``dirty_decay_ms:500``), followed by whatever the user put in
-:data:`POLARS_JEMALLOC_VARIABLE`. Reading wide text columns, each row group's decoded pages
-were then handed back and faulted in afresh for the next: a run of six expression metrics
-over 1,000,000 rows of long, distinct texts spent 3.0-3.8 s of kernel time on 1.1-1.3
-million page faults. :func:`keep_freed_pages_for_polars` keeps freed pages for five
-seconds instead, so the next row groups reuse them: 1.9-2.5 s of kernel time and about 6 %
-less wall time (medians of four), with the same peak memory (docs/benchmarks/whole-job.md, round six).
+options before the library loads: freed pages go back to the kernel within about half
+a second (``dirty_decay_ms:500``), followed by whatever the user put in
+:data:`POLARS_JEMALLOC_VARIABLE`. Reading wide text columns, each row group's decoded
+pages were then handed back and faulted in afresh for the next: a run of six expression
+metrics over 1,000,000 rows of long, distinct texts spent 3.0-3.8 s of kernel time on
+1.1-1.3 million page faults. :func:`keep_freed_pages_for_polars` keeps freed pages for
+five seconds instead, so the next row groups reuse them: 1.9-2.5 s of kernel time and
+about 6 % less wall time (medians of four), with the same peak memory
+(docs/benchmarks/whole-job.md, round six).
 """
 
 from __future__ import annotations
