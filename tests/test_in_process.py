@@ -144,11 +144,11 @@ def test_a_fresh_run_of_expression_metrics_runs_without_ray(tmp_path):
     manifest says where it ran, and every cell has its hand-worked value (the same rows
     run on Ray in tests/test_e2e.py and tests/test_recovery.py, both executors)."""
     done = _run_cli(_config(tmp_path, EXPRESSION_METRICS), tmp_path / "auto.yaml", "here")
-    assert done["manifest"]["ray"] == {
-        "executor": "in_process",
-        "address": None,
-        "started_locally": False,
-    }
+    ray = done["manifest"]["ray"]
+    n = ray.pop("tasks_in_flight")
+    assert ray.pop("tasks_in_flight_reason").startswith(f"{n} read tasks at a time: ")
+    assert n >= 2
+    assert ray == {"executor": "in_process", "address": None, "started_locally": False}
     assert "Ray" not in done["stderr"]
     got = duckdb.sql(
         f"SELECT row_id, metric, score, status, team FROM read_parquet("
@@ -175,7 +175,7 @@ def _corrupt_column(path: Path, index: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def _many_files(tmp_path: Path, n_files: int) -> JobConfig:
+def _many_files(tmp_path: Path, n_files: int, tasks_in_flight: int | None = None) -> JobConfig:
     """``n_files`` input files of 3 rows each (one read task per file): file k, row i
     answers ``"x" * (k + i)`` (empty for k + i = 0), so response_length (1-5 characters)
     is 1 exactly when 1 <= k + i <= 5, and contains_text "数据" hits row 2 of every file."""
@@ -195,7 +195,7 @@ def _many_files(tmp_path: Path, n_files: int) -> JobConfig:
         )
     return JobConfig.from_dict(
         {
-            "run": {"name": "many", "executor": "in_process"},
+            "run": {"name": "many", "executor": "in_process", "tasks_in_flight": tasks_in_flight},
             "input": {"uri": str(src), "columns": {"question": "q", "answer": "a"}},
             "output": {"uri": str(tmp_path / "out")},
             "metrics": [
@@ -206,12 +206,19 @@ def _many_files(tmp_path: Path, n_files: int) -> JobConfig:
     )
 
 
-def test_read_tasks_in_flight_together_write_every_row_once(tmp_path):
-    # 7 files, read two at a time on two threads: every row scored once, by hand.
+@pytest.mark.parametrize("in_flight", [None, 1, 3, 9])
+def test_read_tasks_in_flight_together_write_every_row_once(tmp_path, in_flight):
+    # 7 files, read up to in_flight at a time (unset: sized to this machine, at least
+    # two): every row scored once, by hand.
     from ragbatch.pipeline.runner import run_job
 
-    result = run_job(_many_files(tmp_path, 7), run_id="many")
+    result = run_job(_many_files(tmp_path, 7, in_flight), run_id="many")
     assert result.manifest.ray["executor"] == "in_process"
+    if in_flight is not None:
+        assert result.manifest.ray["tasks_in_flight"] == in_flight
+        assert "as run.tasks_in_flight sets" in result.manifest.ray["tasks_in_flight_reason"]
+    else:
+        assert result.manifest.ray["tasks_in_flight"] >= 2
     got = duckdb.sql(
         f"SELECT row_id, metric, score FROM read_parquet("
         f"'{tmp_path}/out/scores/**/*.parquet', hive_partitioning=true) ORDER BY ALL"
@@ -333,3 +340,65 @@ def test_a_row_id_repeated_in_two_slices_of_a_task_is_refused_as_in_a_whole_one(
     assert str(sliced.value) == str(whole.value)
     assert "repeats 1 value(s) (e.g. 'r1')" in str(sliced.value)
     assert not list((tmp_path / "out").glob("runs/*/run_id=twice/manifest.json"))
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("cores", "available", "expected"),
+    [
+        (2, 24 * GIB, 2),  # this machine: as before the rule
+        (4, 24 * GIB, 4),
+        (16, 128 * GIB, 16),  # one per core
+        (16, 12 * GIB, 6),  # memory allows 6 tasks of 2 GiB
+        (16, 13 * GIB - 1, 6),
+        (64, 64 * GIB, 32),
+        (1, 1 * GIB, 2),  # never fewer than two
+        (8, 3 * GIB, 2),
+    ],
+)
+def test_tasks_in_flight_fill_the_machine_as_memory_allows(cores, available, expected):
+    from ragbatch.pipeline.in_process import TASK_MEMORY_BYTES, tasks_in_flight
+
+    assert TASK_MEMORY_BYTES == 2 * GIB
+    n, why = tasks_in_flight(None, cores=cores, available=available)
+    assert n == expected
+    core_word = "core" if cores == 1 else "cores"
+    assert why.startswith(f"{expected} read tasks at a time: {cores} {core_word}, ")
+    assert f"{available / GIB:.1f} GiB of memory available" in why
+
+
+@pytest.mark.parametrize("setting", [1, 2, 5, 40])
+def test_tasks_in_flight_set_in_the_config_are_kept(setting):
+    from ragbatch.pipeline.in_process import tasks_in_flight
+
+    n, why = tasks_in_flight(setting, cores=16, available=1 * GIB)
+    assert (n, why) == (setting, f"{setting} read tasks at a time, as run.tasks_in_flight sets")
+
+
+def test_tasks_in_flight_read_from_this_machine():
+    import os
+
+    import psutil
+
+    from ragbatch.pipeline.in_process import TASK_MEMORY_BYTES, tasks_in_flight
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n, _ = tasks_in_flight(None)
+    by_memory = psutil.virtual_memory().available // TASK_MEMORY_BYTES
+    # Memory moves between the two reads; the count is one of its neighbours' choices.
+    assert n in {max(2, min(cores, m)) for m in (by_memory - 1, by_memory, by_memory + 1)}
+
+
+@pytest.mark.parametrize("bad", [0, -1, "many", 1.5])
+def test_tasks_in_flight_is_checked_in_the_config(tmp_path, bad):
+    with pytest.raises(ConfigError, match="tasks_in_flight"):
+        JobConfig.from_dict(
+            {
+                "run": {"tasks_in_flight": bad},
+                "input": {"uri": str(tmp_path / "x.parquet")},
+                "output": {"uri": str(tmp_path / "out")},
+                "metrics": [{"name": "exact_match"}],
+            }
+        )

@@ -64,7 +64,9 @@ class RunSection(_Strict):
     failed batches exceed it) and is not committed. ``executor`` chooses where the run
     executes (:mod:`ragbatch.pipeline.in_process`): ``auto`` runs a job of expression
     metrics only in the ``ragbatch`` process when no Ray cluster is named, and on Ray
-    otherwise; ``ray`` always starts or joins Ray; ``in_process`` insists on the first."""
+    otherwise; ``ray`` always starts or joins Ray; ``in_process`` insists on the first.
+    ``tasks_in_flight`` sets how many read tasks a run in the process works on at once
+    (default: sized to the machine's cores and memory)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -77,6 +79,10 @@ class RunSection(_Strict):
     #: Where the run executes: ``auto``, ``ray`` or ``in_process``
     #: (:mod:`ragbatch.pipeline.in_process`).
     executor: Literal["auto", "ray", "in_process"] = "auto"
+    #: Read tasks a run in the process holds at once, and its threads (at least 1);
+    #: unset: one per core, as memory allows, at least two
+    #: (:func:`ragbatch.pipeline.in_process.tasks_in_flight`). Not used on Ray.
+    tasks_in_flight: int | None = Field(None, ge=1)
 
 
 class ColumnMapping(_Strict):

@@ -276,8 +276,9 @@ class Manifest(_Section):
     platform: str = Field(description="operating system and machine")
     ray: dict[str, Any] = Field(
         description="`executor` (`ray` or `in_process`, "
-        "[config.md](config.md#where-a-run-executes)); on Ray, the cluster's `address`, "
-        "`started_locally` and `resources`"
+        "[config.md](config.md#where-a-run-executes)); in the process, `tasks_in_flight` "
+        "(read tasks at once) and `tasks_in_flight_reason` (why, in words); on Ray, the "
+        "cluster's `address`, `started_locally` and `resources`"
     )
     judge: JudgeInfo = Field(default_factory=JudgeInfo, description=_JUDGE)
     pii: dict[str, dict[str, Any]] = Field(

@@ -32,11 +32,69 @@ from typing import Any, Callable
 from ragbatch.core.errors import ConfigError
 from ragbatch.core.stages import StageKind
 
-#: Threads :func:`execute_in_process` works on, and read tasks it holds open at once:
-#: while one task's file is decoded, rows already read are scored and written (NumPy,
-#: Polars, PyArrow and the Parquet writer release the GIL). Measured at 3,000,000 rows on
-#: two cores: 19.1 s with two against 32.7 s with one (docs/benchmarks/whole-job.md).
+#: The fewest threads :func:`execute_in_process` works on, and read tasks it holds open
+#: at once (:func:`tasks_in_flight`): while one task's file is decoded, rows already read
+#: are scored and written (NumPy, Polars, PyArrow and the Parquet writer release the
+#: GIL). Measured at 3,000,000 rows on two cores: 19.1 s with two against 32.7 s with
+#: one (docs/benchmarks/whole-job.md).
 TASKS_IN_FLIGHT = 2
+
+#: Memory counted per read task in flight when :func:`tasks_in_flight` sizes the
+#: executor to the machine. A task is about 100,000 rows; with two in flight, 1,000,000
+#: rows of long, distinct texts (about 5 KB a row, the benchmark's `long` shape) peaked
+#: at 2.1-2.4 GB for the whole process (docs/benchmarks/whole-job.md, round six): about
+#: 1 GB a task. Twice that leaves room for rows longer still.
+TASK_MEMORY_BYTES = 2 * 2**30
+
+
+def tasks_in_flight(
+    setting: int | None, cores: int | None = None, available: int | None = None
+) -> tuple[int, str]:
+    """Read tasks :func:`execute_in_process` holds open at once, which is also the
+    threads it works on, and a sentence saying why (for the log and the manifest).
+
+    ``setting`` (``run.tasks_in_flight``) is kept as written. Unset, it is one per core
+    this process may run on, as far as the memory available allows
+    :data:`TASK_MEMORY_BYTES` a task, and never fewer than :data:`TASKS_IN_FLIGHT`: on
+    two cores two, on sixteen cores with 128 GiB available sixteen, on sixteen cores
+    with 12 GiB available six. The reading, scoring and writing of a task run mostly on one core
+    each (Polars decodes one column chunk on one thread), so tasks are what spread a run
+    over a larger machine.
+
+    Parameters
+    ----------
+    setting : int or None
+        ``run.tasks_in_flight`` (at least 1), or None to size to the machine.
+    cores, available : int, optional
+        The cores this process may run on and the bytes of memory available; read from
+        the operating system (``os.sched_getaffinity``, ``psutil.virtual_memory``) when
+        not given.
+    """
+    if setting is not None:
+        return setting, f"{setting} read tasks at a time, as run.tasks_in_flight sets"
+    if cores is None:
+        cores = _usable_cores()
+    if available is None:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    by_memory = available // TASK_MEMORY_BYTES
+    n = max(TASKS_IN_FLIGHT, min(cores, by_memory))
+    gib = available / 2**30
+    return n, (
+        f"{n} read tasks at a time: {cores} core{'' if cores == 1 else 's'}, "
+        f"{gib:.1f} GiB of memory available "
+        f"({TASK_MEMORY_BYTES // 2**30} GiB counted a task, at least {TASKS_IN_FLIGHT}; "
+        "run.tasks_in_flight sets it)"
+    )
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def _ray_started() -> bool:
@@ -91,20 +149,24 @@ def choose_executor(plan: Any, address: str | None) -> str:
 
 
 def execute_in_process(
-    plan: Any, layout: Any, scores_dir: str, done_rows: set[str] | None = None
+    plan: Any,
+    layout: Any,
+    scores_dir: str,
+    done_rows: set[str] | None = None,
+    workers: int = TASKS_IN_FLIGHT,
 ) -> Any:
     """Read, score and write every read task of ``plan`` in this process, in task order;
     return a :class:`ragbatch.pipeline.runner.Executed` (no judge totals, faults or
     placement: there are no actors).
 
-    The work runs on :data:`TASKS_IN_FLIGHT` threads of this process. A task's rows are
-    read in one piece, then scored and written whole or, when large, in slices
-    (:func:`_slices`), each slice on whichever thread is free: slices of a read task
-    go before the next read, and at most :data:`TASKS_IN_FLIGHT` tasks are open (read,
-    or being read, and not yet written) at once. The files are named by task and slice,
-    so they do not depend on which finishes first. The first failure stops the run: no
-    task is read after it, the slices of the tasks already read are finished, and its
-    error is raised.
+    The work runs on ``workers`` threads of this process (the runner passes
+    :func:`tasks_in_flight`'s choice). A task's rows are read in one piece, then scored
+    and written whole or, when large, in slices (:func:`_slices`), each slice on
+    whichever thread is free: slices of a read task go before the next read, and at most
+    ``workers`` tasks are open (read, or being read, and not yet written) at once. The
+    files are named by task and slice, so they do not depend on which finishes first.
+    The first failure stops the run: no task is read after it, the slices of the tasks
+    already read are finished, and its error is raised.
 
     Each slice's score rows are written as one Parquet file (split past
     :data:`ragbatch.pipeline.runner.ROWS_PER_FILE` rows) under ``scores_dir``, first
@@ -161,7 +223,6 @@ def execute_in_process(
             name = f"{scores_dir}/{token}-{index:06d}-{part:04d}-{piece:03d}.parquet"
             _write_whole(layout, name, scores.slice(start, ROWS_PER_FILE))
 
-    workers = TASKS_IN_FLIGHT
     with ThreadPoolExecutor(workers, thread_name_prefix="ragbatch-task") as pool:
         n_rows = _Schedule(pool, workers, read).run(list(plan.read_tasks))
     return Executed(n_rows, JudgeLedger().totals(), {}, {})

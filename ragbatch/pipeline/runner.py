@@ -34,7 +34,7 @@ from ragbatch.pipeline.manifest import build_manifest, pin_input_version
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, build_plan, preflight_engines
 from ragbatch.pipeline.stage_builders import StageRun, chain_stages
-from ragbatch.pipeline.in_process import choose_executor, execute_in_process
+from ragbatch.pipeline.in_process import choose_executor, execute_in_process, tasks_in_flight
 from ragbatch.pipeline.ray_paths import start_data_actors, start_local_ray, worker_pythonpath
 from ragbatch.core.run_date import choose_run_date, today_utc
 from ragbatch.core.stages import StageKind
@@ -154,8 +154,18 @@ def run_job(
         t1 = time.perf_counter()
         ray_info: dict[str, Any]
         if executor == "in_process":
-            ray_info = {"executor": "in_process", "address": None, "started_locally": False}
-            done = execute_in_process(plan, layout, staging.scores_dir(), resume.done_rows)
+            workers, why = tasks_in_flight(config.run.tasks_in_flight)
+            log.info("run %s in this process: %s", run_id, why)
+            ray_info = {
+                "executor": "in_process",
+                "address": None,
+                "started_locally": False,
+                "tasks_in_flight": workers,
+                "tasks_in_flight_reason": why,
+            }
+            done = execute_in_process(
+                plan, layout, staging.scores_dir(), resume.done_rows, workers=workers
+            )
         else:
             actors = any(stage.engine is not None for stage in plan.stages)
             ray_info = {"executor": "ray", **ensure_ray(address, data_actors_first=not actors)}
