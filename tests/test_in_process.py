@@ -378,15 +378,12 @@ def test_tasks_in_flight_set_in_the_config_are_kept(setting):
 
 
 def test_tasks_in_flight_read_from_this_machine():
-    import os
-
-    import psutil
-
+    from ragbatch.core.machine import available_memory, usable_cores
     from ragbatch.pipeline.in_process import TASK_MEMORY_BYTES, tasks_in_flight
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     n, _ = tasks_in_flight(None)
-    by_memory = psutil.virtual_memory().available // TASK_MEMORY_BYTES
+    by_memory = available_memory() // TASK_MEMORY_BYTES
     # Memory moves between the two reads; the count is one of its neighbours' choices.
     assert n in {max(2, min(cores, m)) for m in (by_memory - 1, by_memory, by_memory + 1)}
 

@@ -30,6 +30,7 @@ from functools import partial
 from typing import Any, Callable
 
 from ragbatch.core.errors import ConfigError
+from ragbatch.core.machine import available_memory, usable_cores
 from ragbatch.core.stages import StageKind
 
 #: The fewest threads :func:`execute_in_process` works on, and read tasks it holds open
@@ -54,30 +55,29 @@ def tasks_in_flight(
     threads it works on, and a sentence saying why (for the log and the manifest).
 
     ``setting`` (``run.tasks_in_flight``) is kept as written. Unset, it is one per core
-    this process may run on, as far as the memory available allows
+    this process may use, as far as the memory available allows
     :data:`TASK_MEMORY_BYTES` a task, and never fewer than :data:`TASKS_IN_FLIGHT`: on
     two cores two, on sixteen cores with 128 GiB available sixteen, on sixteen cores
-    with 12 GiB available six. The reading, scoring and writing of a task run mostly on one core
-    each (Polars decodes one column chunk on one thread), so tasks are what spread a run
-    over a larger machine.
+    with 12 GiB available six. The reading, scoring and writing of a task run mostly on
+    one core each (Polars decodes one column chunk on one thread), so tasks are what
+    spread a run over a larger machine.
 
     Parameters
     ----------
     setting : int or None
         ``run.tasks_in_flight`` (at least 1), or None to size to the machine.
     cores, available : int, optional
-        The cores this process may run on and the bytes of memory available; read from
-        the operating system (``os.sched_getaffinity``, ``psutil.virtual_memory``) when
-        not given.
+        The cores this process may use and the bytes of memory it may still take, a
+        container's CPU quota and memory limit counted
+        (:func:`ragbatch.core.machine.usable_cores`,
+        :func:`ragbatch.core.machine.available_memory`) when not given.
     """
     if setting is not None:
         return setting, f"{setting} read tasks at a time, as run.tasks_in_flight sets"
     if cores is None:
-        cores = _usable_cores()
+        cores = usable_cores()
     if available is None:
-        import psutil
-
-        available = int(psutil.virtual_memory().available)
+        available = available_memory()
     by_memory = available // TASK_MEMORY_BYTES
     n = max(TASKS_IN_FLIGHT, min(cores, by_memory))
     gib = available / 2**30
@@ -87,14 +87,6 @@ def tasks_in_flight(
         f"({TASK_MEMORY_BYTES // 2**30} GiB counted a task, at least {TASKS_IN_FLIGHT}; "
         "run.tasks_in_flight sets it)"
     )
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _ray_started() -> bool:
