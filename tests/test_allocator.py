@@ -67,7 +67,7 @@ def test_polars_jemalloc_reads_the_variable():
     """The variable is the one this Polars build's allocator reads: an unknown option in
     it draws jemalloc's own complaint when Polars loads."""
     if not sys.platform.startswith("linux"):
-        pytest.skip("Polars uses jemalloc on Linux only")
+        pytest.skip("checked on Linux, where Polars is known to use jemalloc")
     done = _run_python("import polars", "_RJEM_MALLOC_CONF", "ragbatch_probe:1")
     assert "Invalid conf pair: ragbatch_probe:1" in done.stderr
 
@@ -124,20 +124,34 @@ def test_the_variable_is_set_when_polars_is_not_loaded(monkeypatch):
         keep_freed_pages_for_polars,
     )
 
+    ours = POLARS_JEMALLOC_OPTIONS
     monkeypatch.delenv(POLARS_JEMALLOC_VARIABLE, raising=False)
-    monkeypatch.delitem(sys.modules, "polars")
-    assert keep_freed_pages_for_polars() == POLARS_JEMALLOC_OPTIONS
-    assert os.environ[POLARS_JEMALLOC_VARIABLE] == POLARS_JEMALLOC_OPTIONS
-    # The user's own settings, including Polars' half second asked for by name.
-    users = ("narenas:2", "dirty_decay_ms:500", "dirty_decay_ms:500,narenas:2", "dirty_decay_ms:-1")
-    for value in users:
+    monkeypatch.delitem(sys.modules, "polars", raising=False)
+    assert keep_freed_pages_for_polars() == ours
+    assert os.environ[POLARS_JEMALLOC_VARIABLE] == ours
+    # A decay the user chose, including Polars' half second asked for by name: kept.
+    for value in ("dirty_decay_ms:500", "narenas:2, dirty_decay_ms:750", "dirty_decay_ms:-1"):
         monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, value)
         assert keep_freed_pages_for_polars() is None
         assert os.environ[POLARS_JEMALLOC_VARIABLE] == value
-    # Exactly what Polars filled in, inherited from a parent process.
-    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, "dirty_decay_ms:500,muzzy_decay_ms:1000 ")
-    expected = f"dirty_decay_ms:500,muzzy_decay_ms:1000,{POLARS_JEMALLOC_OPTIONS}"
-    assert keep_freed_pages_for_polars() == expected
-    assert os.environ[POLARS_JEMALLOC_VARIABLE] == expected
-    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, " ")
-    assert keep_freed_pages_for_polars() == POLARS_JEMALLOC_OPTIONS
+    # What Polars filled in in parent processes (once, twice, with its THP options, or
+    # after an earlier ragbatch), and other options of the user's.
+    polars = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+    thp = "thp:always,metadata_thp:always"
+    cases = {
+        " ": ours,
+        polars: ours,
+        f"{polars} ": ours,
+        f"{polars},{polars}": ours,
+        f"{polars},{thp}": ours,
+        f"{polars},{thp},{polars},{thp},narenas:2": f"{ours},narenas:2",
+        "narenas:2": f"{ours},narenas:2",
+        "background_thread:false,narenas:4": f"{ours},background_thread:false,narenas:4",
+    }
+    for value, expected in cases.items():
+        monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, value)
+        assert keep_freed_pages_for_polars() == expected, value
+        assert os.environ[POLARS_JEMALLOC_VARIABLE] == expected
+    # A child of a ragbatch process whose Polars loaded: our decay is there, last.
+    monkeypatch.setenv(POLARS_JEMALLOC_VARIABLE, f"{polars},{ours}")
+    assert keep_freed_pages_for_polars() is None

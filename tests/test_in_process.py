@@ -247,6 +247,37 @@ def test_a_task_that_fails_stops_the_run_and_names_its_file(tmp_path):
     assert not list((tmp_path / "out").glob("runs/*/run_id=broken/manifest.json"))
 
 
+def test_with_many_tasks_failing_the_earliest_is_reported(tmp_path):
+    # Files 2 and 5 of 7 are corrupt and all seven are read at once: whichever fails
+    # first, the error raised names file 2, every time.
+    from ragbatch.core.errors import InputError
+    from ragbatch.pipeline.runner import run_job
+
+    config = _many_files(tmp_path, 7, tasks_in_flight=9)
+    for k in (2, 5):
+        _corrupt_column(tmp_path / "many" / f"f{k:02d}.parquet", 1)
+    for attempt in range(4):
+        with pytest.raises(InputError, match="f02.parquet"):
+            run_job(config, run_id=f"broken{attempt}")
+
+
+def test_a_machine_that_cannot_be_read_gets_two_tasks(monkeypatch):
+    # A fault stand-in: the operating system refuses to say how many cores there are.
+    import ragbatch.pipeline.in_process as in_process
+
+    def refused() -> int:
+        raise PermissionError("sched_getaffinity refused by the sandbox")
+
+    monkeypatch.setattr(in_process, "usable_cores", refused)
+    n, why = in_process.tasks_in_flight(None)
+    assert n == 2
+    assert "could not be read (PermissionError: sched_getaffinity refused" in why
+    assert in_process.tasks_in_flight(5) == (
+        5,
+        "5 read tasks at a time, as run.tasks_in_flight sets",
+    )
+
+
 def test_a_corrupt_column_that_no_metric_reads_is_not_read(tmp_path):
     # The questions of file 3 are corrupt, and neither metric reads a question: the
     # column is not decoded (ragbatch.pipeline.projection), and every row is scored.
@@ -388,7 +419,7 @@ def test_tasks_in_flight_read_from_this_machine():
     assert n in {max(2, min(cores, m)) for m in (by_memory - 1, by_memory, by_memory + 1)}
 
 
-@pytest.mark.parametrize("bad", [0, -1, "many", 1.5])
+@pytest.mark.parametrize("bad", [0, -1, "many", 1.5, True, "4", 4.0, 1025])
 def test_tasks_in_flight_is_checked_in_the_config(tmp_path, bad):
     with pytest.raises(ConfigError, match="tasks_in_flight"):
         JobConfig.from_dict(

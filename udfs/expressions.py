@@ -114,7 +114,7 @@ def _evaluate(frame: pl.DataFrame, exprs: list[pl.Expr], names: list[str]) -> li
 
 def _pool() -> ThreadPoolExecutor:
     """The stage's thread pool (one per process), as many threads as Polars has; created
-    under a lock, since the in-process executor runs the stage on two threads at once."""
+    under a lock, since the in-process executor runs the stage on several threads at once."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

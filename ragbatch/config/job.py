@@ -53,6 +53,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: The most read tasks ``run.tasks_in_flight`` may ask for (each holds its rows in memory).
+MAX_TASKS_IN_FLIGHT = 1024
+
+
 class RunSection(_Strict):
     """``run``: naming of the run. ``run_date`` defaults to today (UTC); ``run_id`` is
     generated (``YYYYMMDDTHHMMSSZ-xxxxxx``) unless given here or with ``--run-id``; it
@@ -82,7 +86,7 @@ class RunSection(_Strict):
     #: Read tasks a run in the process holds at once, and its threads (at least 1);
     #: unset: one per core, as memory allows, at least two
     #: (:func:`ragbatch.pipeline.in_process.tasks_in_flight`). Not used on Ray.
-    tasks_in_flight: int | None = Field(None, ge=1)
+    tasks_in_flight: int | None = Field(None, ge=1, le=MAX_TASKS_IN_FLIGHT, strict=True)
 
 
 class ColumnMapping(_Strict):

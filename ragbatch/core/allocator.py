@@ -9,9 +9,10 @@ or the system allocator, and took 10-20 % longer (docs/benchmarks/whole-job.md, 
 five). The command line therefore makes jemalloc the default pool, unless the user
 chose one with Arrow's own ``ARROW_DEFAULT_MEMORY_POOL`` variable.
 
-Polars carries its own jemalloc (on Linux). Its Python package sets that allocator's
-options before the library loads: freed pages go back to the kernel within about half
-a second (``dirty_decay_ms:500``), followed by whatever the user put in
+Polars carries its own jemalloc (in its Linux wheels, which this project is tested
+with). Its Python package sets that allocator's options before the library loads:
+freed pages go back to the kernel within about half a second (``dirty_decay_ms:500``),
+followed by whatever the user put in
 :data:`POLARS_JEMALLOC_VARIABLE`. Reading wide text columns, each row group's decoded
 pages were then handed back and faulted in afresh for the next: a run of six expression
 metrics over 1,000,000 rows of long, distinct texts spent 3.0-3.8 s of kernel time on
@@ -40,10 +41,11 @@ POLARS_JEMALLOC_VARIABLE = "_RJEM_MALLOC_CONF"
 #: run); 2,000 ms was slower.
 POLARS_JEMALLOC_OPTIONS = "dirty_decay_ms:5000"
 
-#: What Polars' package itself puts in the variable when the user set nothing (Polars
-#: 2.1; a test checks). A process started by one that loaded Polars inherits it; it is
-#: not the user's choice.
+#: What Polars' package itself puts at the front of the variable (Polars 2.1; a test
+#: checks), and after it when ``POLARS_THP=1``. A process started by one that loaded
+#: Polars inherits them; they are not the user's choice.
 POLARS_OWN_OPTIONS = "dirty_decay_ms:500,muzzy_decay_ms:1000"
+POLARS_THP_OPTIONS = "thp:always,metadata_thp:always"
 
 
 def prefer_jemalloc() -> str:
@@ -72,15 +74,17 @@ def prefer_jemalloc() -> str:
 def keep_freed_pages_for_polars() -> str | None:
     """Put :data:`POLARS_JEMALLOC_OPTIONS` in this process's
     :data:`POLARS_JEMALLOC_VARIABLE`, unless Polars is imported already (its allocator
-    has read its options by then) or the variable holds anything but exactly
-    :data:`POLARS_OWN_OPTIONS` (the user's own setting, kept as it is; to keep Polars'
-    half second, set ``dirty_decay_ms:500``). Polars' own options, which a process
-    started from one that loaded Polars inherits, get ours after them; jemalloc takes
-    the last value of an option.
+    has read its options by then) or the user chose a decay there (``dirty_decay_ms``),
+    which is kept as it is (``dirty_decay_ms:500`` keeps Polars' half second).
+
+    What Polars filled in by itself in parent processes (leading runs of
+    :data:`POLARS_OWN_OPTIONS`, each maybe followed by :data:`POLARS_THP_OPTIONS`) is
+    dropped: Polars puts its own options back when it loads here. Other options the user
+    set stay, after ours.
 
     Call it before anything imports Polars. Processes started afterwards inherit the
     setting (a local Ray's workers). It changes when freed memory goes back to the kernel,
-    not how much is allocated; a Polars without jemalloc (macOS, Windows) ignores it.
+    not how much is allocated; a Polars without jemalloc ignores it.
 
     Returns
     -------
@@ -89,13 +93,15 @@ def keep_freed_pages_for_polars() -> str | None:
     """
     if "polars" in sys.modules:
         return None
-    current = os.environ.get(POLARS_JEMALLOC_VARIABLE)
-    if current is None or not current.strip():
-        value = POLARS_JEMALLOC_OPTIONS
-    elif current.strip() == POLARS_OWN_OPTIONS:
-        # Inherited from a parent process that loaded Polars: only Polars' defaults.
-        value = f"{POLARS_OWN_OPTIONS},{POLARS_JEMALLOC_OPTIONS}"
-    else:
+    current = os.environ.get(POLARS_JEMALLOC_VARIABLE) or ""
+    pairs = [pair.strip() for pair in current.split(",") if pair.strip()]
+    own, thp = POLARS_OWN_OPTIONS.split(","), POLARS_THP_OPTIONS.split(",")
+    while pairs[: len(own)] == own:
+        pairs = pairs[len(own) :]
+        if pairs[: len(thp)] == thp:
+            pairs = pairs[len(thp) :]
+    if any(pair.partition(":")[0] == "dirty_decay_ms" for pair in pairs):
         return None
+    value = ",".join([POLARS_JEMALLOC_OPTIONS, *pairs])
     os.environ[POLARS_JEMALLOC_VARIABLE] = value
     return value

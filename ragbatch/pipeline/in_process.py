@@ -6,14 +6,15 @@ no PII engine) has nothing to place on actors. When it also has no Ray cluster t
 a local Ray instance costs more than the work on small and medium inputs: about 5-6 s
 for ``ray.init`` on a two-core machine, then a worker process per task and for Ray
 Data's own actors, each importing Ray Data (about 2 CPU-s each), before the first row
-is read. :func:`execute_in_process` runs the same stages in this process instead, on two
-threads: the same reader and normalizer (:mod:`ragbatch.io.read`,
-:mod:`ragbatch.io.schema`), the same expression stage (:mod:`udfs.expressions`) and
-wide-to-long step (:mod:`udfs.scores`), and score files of the same schema in the
-attempt's staging folder. Polars and PyArrow also use every core within each step. The
-text columns travel as string views from the reader to the expression stage
-(:func:`view_columns`), a large task is scored in slices (:data:`SLICE_ROWS`), and
-only the input columns the run uses are read (:mod:`ragbatch.pipeline.projection`).
+is read. :func:`execute_in_process` runs the same stages in this process instead, on
+a thread per read task in flight (:func:`tasks_in_flight`): the same reader and
+normalizer (:mod:`ragbatch.io.read`, :mod:`ragbatch.io.schema`), the same expression
+stage (:mod:`udfs.expressions`) and wide-to-long step (:mod:`udfs.scores`), and score
+files of the same schema in the attempt's staging folder. Polars and PyArrow also use
+every core within each step. The text columns travel as string views from the reader
+to the expression stage (:func:`view_columns`), a large task is scored in slices
+(:data:`SLICE_ROWS`), and only the input columns the run uses are read
+(:mod:`ragbatch.pipeline.projection`).
 
 ``run.executor`` chooses (:func:`choose_executor`): ``auto`` (the default) runs in
 process when the conditions above hold, ``ray`` always uses Ray, ``in_process``
@@ -74,10 +75,14 @@ def tasks_in_flight(
     """
     if setting is not None:
         return setting, f"{setting} read tasks at a time, as run.tasks_in_flight sets"
-    if cores is None:
-        cores = usable_cores()
-    if available is None:
-        available = available_memory()
+    try:
+        cores = usable_cores() if cores is None else cores
+        available = available_memory() if available is None else available
+    except Exception as exc:  # noqa: BLE001 - a sandbox that hides the machine
+        return TASKS_IN_FLIGHT, (
+            f"{TASKS_IN_FLIGHT} read tasks at a time: the cores and memory of this machine "
+            f"could not be read ({type(exc).__name__}: {exc}); run.tasks_in_flight sets it"
+        )
     by_memory = available // TASK_MEMORY_BYTES
     n = max(TASKS_IN_FLIGHT, min(cores, by_memory))
     gib = available / 2**30
@@ -158,7 +163,8 @@ def execute_in_process(
     ``workers`` tasks are open (read, or being read, and not yet written) at once. The
     files are named by task and slice, so they do not depend on which finishes first.
     The first failure stops the run: no task is read after it, the slices of the tasks
-    already read are finished, and its error is raised.
+    already read are finished, and the error of the earliest task (in task order) that
+    failed is raised.
 
     Each slice's score rows are written as one Parquet file (split past
     :data:`ragbatch.pipeline.runner.ROWS_PER_FILE` rows) under ``scores_dir``, first
@@ -196,7 +202,7 @@ def execute_in_process(
         if len(pieces) > 1:
             # Row ids repeated within the task (in two slices), null or of a type that
             # cannot be a string are refused as the task's normalization refuses them;
-            # checked beside the slices, on the other thread.
+            # checked beside the slices, on another thread.
             units.insert(0, partial(check_row_ids, raw, cfg, task))
         return raw.num_rows, units
 
@@ -223,7 +229,7 @@ def execute_in_process(
 #: Rows of the slices a large read task is scored and written in
 #: (:func:`execute_in_process`): a task of more than twice this many rows (one large
 #: Parquet row group, a large text file) is cut into as few slices of about equal size
-#: as keep each within it, so that its slices are scored on both threads and its memory
+#: as keep each within it, so that its slices are scored on several threads and its memory
 #: is not held three times over (raw, normalized, scored). Smaller tasks stay whole:
 #: each slice costs a fixed share of work (the stage's queries, a file, the check of
 #: the task's row ids), and tasks of 125,000 rows took 3.4-3.6 s whole against
@@ -265,11 +271,12 @@ class _Schedule:
         self.left: dict[int, int] = {}  # task index -> units not yet done (1: its read)
         self.pending: dict[Future, tuple[int, bool]] = {}  # -> task index, is a read
         self.failure: BaseException | None = None
+        self.failure_index = -1  # the task whose failure is kept
         self.n_rows = 0
 
     def run(self, tasks: list[Any]) -> int:
-        """Read and score every task; the rows read. Raises the first failure, once the
-        units of the tasks already read are done."""
+        """Read and score every task; the rows read. Raises the earliest task's failure,
+        once the units of the tasks already read are done."""
         queue = deque(enumerate(tasks))
         while True:
             while len(self.pending) < self.workers:
@@ -295,7 +302,9 @@ class _Schedule:
         try:
             value = future.result()
         except BaseException as exc:  # noqa: BLE001 - raised by run, once the rest is done
-            self.failure = self.failure or exc
+            # The earliest task's failure, whichever ends first among those in flight.
+            if self.failure is None or index < self.failure_index:
+                self.failure, self.failure_index = exc, index
             is_read = False
         if is_read:
             n_rows, units = value
