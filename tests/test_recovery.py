@@ -174,6 +174,26 @@ def test_error_cells_are_scored_again_on_resume_and_the_rest_reused(ray_local, t
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("first", "then"), [("in_process", "auto"), ("auto", "in_process")])
+def test_a_run_stopped_on_one_executor_resumes_on_the_other(ray_local, tmp_path, first, then):
+    # A run that stopped in the process (say, out of memory) is resumed on Ray, and the
+    # reverse: the staged scores of the first attempt are reused, only the rows with an
+    # error cell are scored again, and the run commits what an uninterrupted one would.
+    first_attempt(tmp_path, "moved", first)
+    _, seen = scored_since(tmp_path, 0)
+    (tmp_path / FIRST_ATTEMPT_MARKER).unlink()
+
+    run_job(job(tmp_path, then), run_id="moved")
+    assert manifest(tmp_path, "moved")["ray"]["executor"] == (
+        "ray" if then == "auto" else "in_process"
+    )
+    assert scored_since(tmp_path, seen)[0] == questions(FLAKY_FILE)
+    info = manifest(tmp_path, "moved")["resume"]
+    assert (info["attempt"], info["rows_reused"]) == (2, (N_FILES - 1) * ROWS_PER_FILE)
+    assert committed(tmp_path, "moved") == expected_scores()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", EXECUTORS)
 def test_staged_file_without_footer_is_set_aside_and_its_rows_scored_again(
     ray_local, tmp_path, executor

@@ -235,7 +235,7 @@ def test_fingerprint_ignores_credentials_and_cache_but_not_metrics():
     }
     rotated = {
         **base,
-        "run": {"run_id": "b", "tasks_in_flight": 1},
+        "run": {"run_id": "b", "tasks_in_flight": 1, "executor": "in_process"},
         "cache": {"enabled": False},
         "calibration": {"uri": "out/cal", "min_agreement": {"faithfulness": 0.5}},
         "input": {"uri": "s3://t/in", "storage_options": {"key": "new"}},

@@ -90,13 +90,14 @@ class Resume:
 def run_fingerprint(config: dict[str, Any], input_fingerprint: str) -> str:
     """sha256 of what decides a run's output: the config and the input fingerprint. A
     resume must match it. Left out: the run id and date, the error budget (raising it is
-    how a stopped run is let through), the read tasks in flight (lowering them is how a
-    run that ran out of memory is resumed; they change cost, not scores), the storage
+    how a stopped run is let through), where it executes and the read tasks in flight
+    (a run that ran out of memory in the process is resumed on Ray or with fewer tasks;
+    they change cost, not scores), the storage
     options (rotated credentials must not block a resume), the judgment cache settings
     (they change cost, not scores) and the calibration guard (it decides whether a run
     starts, not what it writes)."""
     config = json.loads(json.dumps(config, default=str))
-    for key in ("run_id", "run_date", "error_budget", "tasks_in_flight"):
+    for key in ("run_id", "run_date", "error_budget", "executor", "tasks_in_flight"):
         config.get("run", {}).pop(key, None)
     config.pop("cache", None)
     config.pop("calibration", None)
