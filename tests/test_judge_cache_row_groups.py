@@ -12,6 +12,7 @@ through to the store.
 from __future__ import annotations
 
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -312,11 +313,13 @@ HOLD_BOUND_S = 10.0
 
 
 def test_two_lookups_that_list_again_at_once_both_find_their_entries(tmp_path):
-    # Two batches in flight on one reader both find their listed files compacted away
-    # and both list the cache again. A fake forces the worst interleaving: the first
-    # listing is held while it walks what the reader knows of the files (their sizes),
-    # until the second lookup has listed and finished. Both must find their entries
-    # (before, the first failed: the dictionary it walked changed size under it).
+    # Two batches in flight on one reader both find their listed files compacted away.
+    # A fake forces the interleaving: the first listing is held while it walks what the
+    # reader knows of the files (their sizes), until the second lookup has found its file
+    # gone too. Listings are made one at a time, so the second waits for the first and
+    # then lists again (it found its file gone after the first listing began). Both must
+    # find their entries (before listings were made one at a time, the first failed: the
+    # dictionary it walked changed size under it).
     uri = str(tmp_path / "cache")
     first, second = _two_runs_in_one_bucket(uri, {})
     cache = JudgmentCache(uri, {})
@@ -351,18 +354,79 @@ def test_two_lookups_that_list_again_at_once_both_find_their_entries(tmp_path):
         except Exception as exc:  # noqa: BLE001 - compared below
             results[name] = exc
 
+    reader = cache.reader
     a = threading.Thread(target=one, args=("a", first))
     a.start()
     assert held.wait(HOLD_BOUND_S)
+    b = threading.Thread(target=one, args=("b", second))
     try:
-        one("b", second)
+        b.start()
+        # a found its file gone (moment 1) and began listing (2); b finds its file gone (3).
+        deadline = time.monotonic() + HOLD_BOUND_S
+        while reader._clock < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader._clock == 3
+        assert reader.relists == 0  # the first listing is still held
     finally:
         released.set()
     a.join(HOLD_BOUND_S)
+    b.join(HOLD_BOUND_S)
     assert results == {
         "a": {"k1": ("first reply", first)},
         "b": {"k2": ("second reply", second)},
     }
+    assert reader.relists == 2 == len(calls)
+
+
+def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path):
+    # Two batches in flight both find their listed files compacted away before either
+    # lists again (a fake holds the first relist until the second lookup has come to its
+    # own). The second lists; the first takes that listing instead of making another:
+    # one listing for both, and both find their entries.
+    uri = str(tmp_path / "cache")
+    first, second = _two_runs_in_one_bucket(uri, {})
+    cache = JudgmentCache(uri, {})
+    compact(open_files(uri, {}))
+    reader = cache.reader
+    real_relist = reader.relist
+    arrived: list[int] = []
+    both = threading.Event()
+
+    def relist(after=None):
+        arrived.append(after)
+        if len(arrived) == 1:
+            both.wait(HOLD_BOUND_S)  # the first waits for the second
+        else:
+            both.set()
+        return real_relist(after=after)
+
+    reader.relist = relist  # type: ignore[method-assign]
+    results: dict[str, object] = {}
+
+    def one(name: str, group: str) -> None:
+        try:
+            results[name] = _texts(cache.lookup([group]))
+        except Exception as exc:  # noqa: BLE001 - compared below
+            results[name] = exc
+
+    threads = [
+        threading.Thread(target=one, args=("a", first)),
+        threading.Thread(target=one, args=("b", second)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HOLD_BOUND_S)
+    assert results == {
+        "a": {"k1": ("first reply", first)},
+        "b": {"k2": ("second reply", second)},
+    }
+    assert sorted(arrived) == [1, 2]
+    assert reader.relists == 1
+    # A lookup that finds a file gone after that listing began lists again.
+    assert reader.relist is relist
+    reader.relist(after=reader._tick())
+    assert reader.relists == 2
 
 
 def test_a_listing_failing_as_s3fs_fails_after_a_compaction_leaves_misses(tmp_path, caplog):

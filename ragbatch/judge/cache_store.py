@@ -155,7 +155,10 @@ class BucketReader:
     folded or compacted the cache meanwhile, merging the bucket's files into a new one)
     lists the files again (:meth:`relist`) and looks the groups of that file's bucket up
     once more, in the files listed now: entries moved by a compaction are found, not
-    judged again.
+    judged again. Listings are made one at a time, and lookups that found files gone
+    before a listing began take its result rather than list again: the lookups in flight
+    when a compaction lands make one listing between them, not one each, and an older
+    listing never replaces a newer one.
 
     Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
     groups, :data:`FOOTER_CACHE_BYTES` of serialized footers,
@@ -188,8 +191,8 @@ class BucketReader:
     footers_read : int
         Footers read from the store so far (a footer kept is not read again).
     relists : int
-        Listings made again since the reader was opened, by :meth:`relist` (each lookup
-        that found a file removed makes one).
+        Listings made again since the reader was opened, by :meth:`relist` (a lookup
+        that found a file removed makes one unless another began after it found it).
     damaged : list of (str, str)
         The files found unreadable so far, with why.
     """
@@ -219,6 +222,12 @@ class BucketReader:
         # The range and footer caches, the listing and the counters are shared by the
         # read threads of a lookup and by lookups made at once from several threads.
         self._lock = threading.Lock()
+        # One listing at a time (:meth:`relist`); ``_clock`` orders the moments a lookup
+        # found a file gone and a listing began, ``_listed_at`` is when the latest
+        # listing to finish began. Both under ``_lock``.
+        self._listing = threading.Lock()
+        self._clock = 0
+        self._listed_at = 0
         # Made here, not at the first lookup, so that concurrent first lookups share one;
         # its threads start with the first decode of several files.
         self._pool = ThreadPoolExecutor(max(1, LOOKUP_THREADS), thread_name_prefix="ragbatch-cache")
@@ -227,19 +236,39 @@ class BucketReader:
     def empty(self) -> bool:
         return not self.by_bucket
 
-    def relist(self) -> None:
+    def relist(self, after: int | None = None) -> None:
         """List the bucket files again (one listing): later lookups read the files
         written since the reader was opened, and what it kept of a file since removed or
         written again in place (another size or version) is dropped. Files found
         damaged stay left out.
+
+        Listings are made one at a time. With ``after`` (a moment from :meth:`_tick`,
+        taken when a lookup found a file gone), nothing is listed when a listing that
+        began later has finished meanwhile: that listing already leaves the file out.
 
         Raises
         ------
         OSError
             The store cannot be listed.
         """
-        listed = self.files.bucket_files()
+        with self._listing:
+            with self._lock:
+                if after is not None and self._listed_at > after:
+                    return
+            began = self._tick()
+            listed = self.files.bucket_files()
+            self._use_listing(listed, began)
+
+    def _tick(self) -> int:
+        """The next moment of the reader's clock (listings and files found gone)."""
         with self._lock:
+            self._clock += 1
+            return self._clock
+
+    def _use_listing(self, listed: dict[str, list[str]], began: int) -> None:
+        """Make ``listed`` (begun at moment ``began``) the files later lookups read."""
+        with self._lock:
+            self._listed_at = began
             self.relists += 1
             damaged = {path for path, _ in self.damaged}
             self.by_bucket = {
@@ -342,8 +371,9 @@ class BucketReader:
             wanted.setdefault(bucket_of(g), set()).add(g)
         out, gone, read = self._lookup_once(wanted)
         if gone:
+            found_gone = self._tick()
             try:
-                self.relist()
+                self.relist(after=found_gone)
             # Any failure: s3fs passes some of botocore's errors on as they are (an
             # endpoint that cannot be reached is not an OSError). The entries moved are
             # then misses, asked again, as they were before the relist existed.
