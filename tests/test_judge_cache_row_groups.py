@@ -429,6 +429,66 @@ def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path)
     assert reader.relists == 2
 
 
+def test_lookups_waiting_for_a_listing_that_fails_take_its_error(tmp_path, caplog):
+    # As above, but the listing fails (a stand-in fault: the reader's listing call is
+    # replaced by one that raises, as an unreachable store would). The lookup that waited
+    # for it does not ask the store again: both warn and find nothing in the moved
+    # bucket. Once the store answers, a later lookup lists and finds both entries.
+    uri = str(tmp_path / "cache")
+    first, second = _two_runs_in_one_bucket(uri, {})
+    cache = JudgmentCache(uri, {})
+    compact(open_files(uri, {}))
+    reader = cache.reader
+    listing = reader.files.bucket_files
+    asked: list[int] = []
+
+    def unreachable() -> dict:
+        asked.append(1)
+        raise OSError("store unreachable (stand-in fault)")
+
+    reader.files.bucket_files = unreachable  # type: ignore[method-assign]
+    real_relist = reader.relist
+    arrived: list[int] = []
+    both = threading.Event()
+
+    def relist(after=None):
+        arrived.append(after)
+        if len(arrived) == 1:
+            both.wait(HOLD_BOUND_S)
+        else:
+            both.set()
+        return real_relist(after=after)
+
+    reader.relist = relist  # type: ignore[method-assign]
+    results: dict[str, object] = {}
+
+    def one(name: str, group: str) -> None:
+        results[name] = cache.lookup([group])
+
+    threads = [
+        threading.Thread(target=one, args=("a", first)),
+        threading.Thread(target=one, args=("b", second)),
+    ]
+    with caplog.at_level("WARNING", logger="ragbatch.judge.cache_store"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HOLD_BOUND_S)
+    assert results == {"a": {}, "b": {}}
+    assert len(asked) == 1
+    warnings = [r for r in caplog.records if "listing the cache again failed" in r.message]
+    assert len(warnings) == 2
+    assert all("store unreachable (stand-in fault)" in r.message for r in warnings)
+    assert reader.relists == 0
+
+    reader.files.bucket_files = listing  # type: ignore[method-assign]
+    assert _texts(cache.lookup([first, second])) == {
+        "k1": ("first reply", first),
+        "k2": ("second reply", second),
+    }
+    assert reader.relists == 1
+
+
 def test_a_listing_failing_as_s3fs_fails_after_a_compaction_leaves_misses(tmp_path, caplog):
     # As the failed-listing test above, with the error s3fs passes on when an endpoint
     # cannot be reached (botocore's EndpointConnectionError, not an OSError), made by a

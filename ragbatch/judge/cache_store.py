@@ -155,10 +155,10 @@ class BucketReader:
     folded or compacted the cache meanwhile, merging the bucket's files into a new one)
     lists the files again (:meth:`relist`) and looks the groups of that file's bucket up
     once more, in the files listed now: entries moved by a compaction are found, not
-    judged again. Listings are made one at a time, and lookups that found files gone
-    before a listing began take its result rather than list again: the lookups in flight
-    when a compaction lands make one listing between them, not one each, and an older
-    listing never replaces a newer one.
+    judged again. Listings are made one at a time, so an older listing never replaces a
+    newer one, and lookups that found files gone before a listing began take its
+    outcome rather than list again: its files when it succeeded, its error when it
+    failed (a store that cannot be listed is not asked again once per waiting lookup).
 
     Memory is bounded by the ``group`` ranges of :data:`RANGE_CACHE_ROW_GROUPS` row
     groups, :data:`FOOTER_CACHE_BYTES` of serialized footers,
@@ -191,8 +191,9 @@ class BucketReader:
     footers_read : int
         Footers read from the store so far (a footer kept is not read again).
     relists : int
-        Listings made again since the reader was opened, by :meth:`relist` (a lookup
-        that found a file removed makes one unless another began after it found it).
+        Listings made again since the reader was opened, by :meth:`relist`, that
+        succeeded (a lookup that found a file removed makes one unless another listing
+        began after it found it and ended before its turn).
     damaged : list of (str, str)
         The files found unreadable so far, with why.
     """
@@ -228,6 +229,10 @@ class BucketReader:
         self._listing = threading.Lock()
         self._clock = 0
         self._listed_at = 0
+        # When the latest failed listing began, and its error (raised again to the
+        # lookups that were waiting for it).
+        self._failed_at = 0
+        self._failure: Exception | None = None
         # Made here, not at the first lookup, so that concurrent first lookups share one;
         # its threads start with the first decode of several files.
         self._pool = ThreadPoolExecutor(max(1, LOOKUP_THREADS), thread_name_prefix="ragbatch-cache")
@@ -244,19 +249,28 @@ class BucketReader:
 
         Listings are made one at a time. With ``after`` (a moment from :meth:`_tick`,
         taken when a lookup found a file gone), nothing is listed when a listing that
-        began later has finished meanwhile: that listing already leaves the file out.
+        began later has ended meanwhile: if it succeeded it already leaves the file out,
+        and if it failed its error is raised again.
 
         Raises
         ------
-        OSError
-            The store cannot be listed.
+        Exception
+            The store cannot be listed (``OSError``, or what the filesystem raises as it
+            is: s3fs passes some of botocore's errors on unchanged).
         """
         with self._listing:
             with self._lock:
                 if after is not None and self._listed_at > after:
                     return
+                if after is not None and self._failed_at > after and self._failure:
+                    raise self._failure
             began = self._tick()
-            listed = self.files.bucket_files()
+            try:
+                listed = self.files.bucket_files()
+            except Exception as exc:
+                with self._lock:
+                    self._failed_at, self._failure = began, exc
+                raise
             self._use_listing(listed, began)
 
     def _tick(self) -> int:
