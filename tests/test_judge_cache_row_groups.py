@@ -378,18 +378,12 @@ def test_two_lookups_that_list_again_at_once_both_find_their_entries(tmp_path):
     assert reader.relists == 2 == len(calls)
 
 
-def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path):
-    # Two batches in flight both find their listed files compacted away before either
-    # lists again (a fake holds the first relist until the second lookup has come to its
-    # own). The second lists; the first takes that listing instead of making another:
-    # one listing for both, and both find their entries.
-    uri = str(tmp_path / "cache")
-    first, second = _two_runs_in_one_bucket(uri, {})
-    cache = JudgmentCache(uri, {})
-    compact(open_files(uri, {}))
-    reader = cache.reader
+def _hold_the_first_relist(reader) -> list:
+    """Make the first lookup that lists again wait until a second one has come to its own
+    listing (a fake forcing the interleaving; each then goes on to the real
+    :meth:`BucketReader.relist`). Returns the moments they passed, as they arrive."""
     real_relist = reader.relist
-    arrived: list[int] = []
+    arrived: list = []
     both = threading.Event()
 
     def relist(after=None):
@@ -400,13 +394,20 @@ def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path)
             both.set()
         return real_relist(after=after)
 
-    reader.relist = relist  # type: ignore[method-assign]
+    reader.relist = relist
+    return arrived
+
+
+def _two_lookups_at_once(cache, first: str, second: str) -> dict[str, object]:
+    """``cache.lookup([first])`` and ``cache.lookup([second])`` on two threads at once:
+    {"a": what the first found (key -> (text, group)), "b": the second's}, or the
+    exception one raised."""
     results: dict[str, object] = {}
 
     def one(name: str, group: str) -> None:
         try:
             results[name] = _texts(cache.lookup([group]))
-        except Exception as exc:  # noqa: BLE001 - compared below
+        except Exception as exc:  # noqa: BLE001 - compared by the caller
             results[name] = exc
 
     threads = [
@@ -417,6 +418,21 @@ def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path)
         t.start()
     for t in threads:
         t.join(HOLD_BOUND_S)
+    return results
+
+
+def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path):
+    # Two batches in flight both find their listed files compacted away before either
+    # lists again (a fake holds the first relist until the second lookup has come to its
+    # own). The second lists; the first takes that listing instead of making another:
+    # one listing for both, and both find their entries.
+    uri = str(tmp_path / "cache")
+    first, second = _two_runs_in_one_bucket(uri, {})
+    cache = JudgmentCache(uri, {})
+    compact(open_files(uri, {}))
+    reader = cache.reader
+    arrived = _hold_the_first_relist(reader)
+    results = _two_lookups_at_once(cache, first, second)
     assert results == {
         "a": {"k1": ("first reply", first)},
         "b": {"k2": ("second reply", second)},
@@ -424,7 +440,6 @@ def test_lookups_that_found_files_gone_before_a_listing_began_share_it(tmp_path)
     assert sorted(arrived) == [1, 2]
     assert reader.relists == 1
     # A lookup that finds a file gone after that listing began lists again.
-    assert reader.relist is relist
     reader.relist(after=reader._tick())
     assert reader.relists == 2
 
@@ -447,33 +462,9 @@ def test_lookups_waiting_for_a_listing_that_fails_take_its_error(tmp_path, caplo
         raise OSError("store unreachable (stand-in fault)")
 
     reader.files.bucket_files = unreachable  # type: ignore[method-assign]
-    real_relist = reader.relist
-    arrived: list[int] = []
-    both = threading.Event()
-
-    def relist(after=None):
-        arrived.append(after)
-        if len(arrived) == 1:
-            both.wait(HOLD_BOUND_S)
-        else:
-            both.set()
-        return real_relist(after=after)
-
-    reader.relist = relist  # type: ignore[method-assign]
-    results: dict[str, object] = {}
-
-    def one(name: str, group: str) -> None:
-        results[name] = cache.lookup([group])
-
-    threads = [
-        threading.Thread(target=one, args=("a", first)),
-        threading.Thread(target=one, args=("b", second)),
-    ]
+    _hold_the_first_relist(reader)
     with caplog.at_level("WARNING", logger="ragbatch.judge.cache_store"):
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(HOLD_BOUND_S)
+        results = _two_lookups_at_once(cache, first, second)
     assert results == {"a": {}, "b": {}}
     assert len(asked) == 1
     warnings = [r for r in caplog.records if "listing the cache again failed" in r.message]
