@@ -261,9 +261,9 @@ class BucketReader:
         with self._listing:
             with self._lock:
                 if after is not None and self._listed_at > after:
-                    return
+                    return  # a later listing succeeded: it leaves the file out
                 if after is not None and self._failed_at > after and self._failure:
-                    raise self._failure
+                    raise self._failure  # a later listing failed: its error is ours
             began = self._tick()
             try:
                 listed = self.files.bucket_files()
