@@ -4,7 +4,7 @@ Usage (from the repository root, in the project's virtual environment)::
 
     python benchmarks/cache_lookup.py [--entries 200000] [--batches 40] [--batch 64]
                                       [--threads 1,8] [--repeat 3] [--baseline DIR]
-                                      [--order input,bucket] [--s3-server moto]
+                                      [--order input,bucket] [--s3-server moto|moto-keepalive|s3rver]
 
 It writes a synthetic cache of ``--entries`` entries (``cache_scale.write_filler``: 256
 buckets, replies of 120-900 characters) twice: on local disk, and on an S3 endpoint on
@@ -14,7 +14,9 @@ real HTTP request, with moto's own per-request cost standing in for a store's la
 every request with ``Connection: close``, so the client opens a TCP connection for each
 (the reference for every figure recorded before 2026-12-04's keep-alive run); or
 ``moto-keepalive``, the same moto application served by ``benchmarks/moto_keepalive.py``
-with HTTP/1.1 connections kept open, as a real store keeps them.
+with HTTP/1.1 connections kept open, as a real store keeps them; or ``s3rver``, a Node.js
+S3 server that keeps connections open and spends less CPU a request than moto's Python
+(not a dependency: ``npm install s3rver``, then its command on PATH or in ``$S3RVER``).
 Then, on each, it looks up ``--batches`` batches of ``--batch`` groups that exist in the
 cache (a judge actor's lookup per batch: the groups fall in dozens of buckets), through
 :class:`ragbatch.judge.cache.JudgmentCache`, with ``LOOKUP_THREADS`` set to each value of
@@ -49,6 +51,7 @@ Nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import logging
@@ -220,7 +223,27 @@ S3_SERVERS = {
     "moto": [sys.executable, "-m", "moto.server"],
     # the same application, connections kept open (HTTP/1.1 keep-alive)
     "moto-keepalive": [sys.executable, str(REPO / "benchmarks" / "moto_keepalive.py")],
+    # s3rver, a Node.js S3 server keeping objects in a folder (``npm install s3rver``; not
+    # a dependency of the project): its command, or the path in the environment variable
+    # S3RVER. It accepts only its own access key, S3RVER.
+    "s3rver": [os.environ.get("S3RVER", "s3rver")],
 }
+
+#: The access key and secret each ``--s3-server`` accepts.
+S3_CREDENTIALS = {"moto": "testing", "moto-keepalive": "testing", "s3rver": "S3RVER"}
+
+
+def _server_command(kind: str, port: int) -> list[str]:
+    """The command line of ``S3_SERVERS[kind]`` on 127.0.0.1:``port``."""
+    if kind == "s3rver":
+        data = tempfile.mkdtemp(prefix="ragbatch-s3rver-")
+        atexit.register(shutil.rmtree, data, True)  # after main() has stopped the server
+        return [
+            *S3_SERVERS[kind],
+            *("-d", data, "-a", "127.0.0.1", "-p", str(port), "--silent"),
+            "--allow-mismatched-signatures",  # botocore signs for the endpoint's own host
+        ]
+    return [*S3_SERVERS[kind], "-H", "127.0.0.1", "-p", str(port)]
 
 
 def serve_s3(kind: str = "moto") -> tuple[subprocess.Popen, int]:
@@ -228,7 +251,7 @@ def serve_s3(kind: str = "moto") -> tuple[subprocess.Popen, int]:
     wait (up to about 20 s) until it accepts connections; (the process, its port)."""
     port = _free_port()
     server = subprocess.Popen(
-        [*S3_SERVERS[kind], "-H", "127.0.0.1", "-p", str(port)],
+        _server_command(kind, port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -242,15 +265,15 @@ def serve_s3(kind: str = "moto") -> tuple[subprocess.Popen, int]:
 
 
 def _start_moto(kind: str = "moto") -> tuple[subprocess.Popen, int]:
-    """moto's S3 server (``S3_SERVERS[kind]``, :func:`serve_s3`) in its own process (in
+    """The S3 server ``S3_SERVERS[kind]`` (:func:`serve_s3`) in its own process (in
     this one, serving each request would take the GIL from the lookups it answers); the
-    endpoint and test credentials go to the environment, which botocore and the worker
+    endpoint and its credentials go to the environment, which botocore and the worker
     processes read."""
     server, port = serve_s3(kind)
     os.environ.update(
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_ACCESS_KEY_ID=S3_CREDENTIALS[kind],
+        AWS_SECRET_ACCESS_KEY=S3_CREDENTIALS[kind],
     )
     return server, port
 
@@ -312,7 +335,8 @@ def main() -> None:
         choices=sorted(S3_SERVERS),
         default="moto",
         help="moto: python -m moto.server, a connection a request; moto-keepalive: the same "
-        "application with connections kept open (benchmarks/moto_keepalive.py)",
+        "application with connections kept open (benchmarks/moto_keepalive.py); s3rver: "
+        "Node.js's s3rver (npm install s3rver; its command on PATH or in $S3RVER)",
     )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
