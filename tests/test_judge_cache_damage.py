@@ -190,6 +190,10 @@ def _check_and_repair(uri: str, options: dict, capsys) -> None:
     assert f"damaged   {files.uri(damaged['corrupt_page'])}: its pages do not decode" in out
     assert f"damaged   {files.uri(damaged['truncated journal'])}: no Parquet footer" in out
     assert f"checked {ROWS + 1} files (every byte): 4 damaged" in out
+    # PyArrow's message about the page spans lines and quotes a byte of the file: each
+    # file's line stays one printable line
+    assert all(line.isprintable() for line in out.splitlines())
+    assert len(out.splitlines()) == 4 + 2
     # repair: each is moved under v2/damaged/, keeping its path below v2/
     assert main(["cache", "check", *flags, "--data", "--repair"]) == 0
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@ the ``openai`` engine against a real OpenAI-compatible server on loopback,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -83,7 +84,14 @@ def test_a_fixed_judge_is_asked_again_by_the_next_night(tmp_path, ray_local):
         assert server.chat_calls == 3 * ROWS
 
 
-def test_a_night_over_a_damaged_cache_finishes_and_asks_only_what_was_lost(tmp_path, ray_local):
+def _manifest(tmp_path: Path, run_id: str) -> dict:
+    [path] = (tmp_path / "out" / "runs").glob(f"run_date=*/run_id={run_id}/manifest.json")
+    return json.loads(path.read_text())
+
+
+def test_a_night_over_a_damaged_cache_finishes_and_asks_only_what_was_lost(
+    tmp_path, ray_local, caplog
+):
     with CannedJudgeServer(GOOD) as server:
         config = str(_config(tmp_path, server.base_url))
         nightly = ["nightly", config, "--no-report", "--run-date"]
@@ -106,4 +114,17 @@ def test_a_night_over_a_damaged_cache_finishes_and_asks_only_what_was_lost(tmp_p
             Path("damaged/journal/part-garbage.parquet"),
         ]
         assert not bucket_file.exists() and not journal_file.exists()
+        # the driver says which files this run set aside, in its log and the manifest
+        damaged = sorted(
+            f"file://{root / 'damaged' / part}"
+            for part in (relative, Path("journal/part-garbage.parquet"))
+        )
+        assert _manifest(tmp_path, "nightly-2024-06-02")["judge"]["cache_files_set_aside"] == (
+            damaged
+        )
+        assert _manifest(tmp_path, "nightly-2024-06-01")["judge"]["cache_files_set_aside"] == []
+        (warning,) = [r for r in caplog.records if "were set aside" in r.getMessage()]
+        assert warning.levelname == "WARNING" and all(d in warning.getMessage() for d in damaged)
         assert main(["cache", "check", "--uri", str(root.parent)]) == 0
+        assert main([*nightly, "2024-06-03"]) == 0  # nothing new set aside
+        assert _manifest(tmp_path, "nightly-2024-06-03")["judge"]["cache_files_set_aside"] == []

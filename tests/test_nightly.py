@@ -372,6 +372,105 @@ def test_first_night_commits_with_nothing_to_compare(nights):
     assert manifest["run"]["date"] == NIGHT1 and manifest["rows"]["input"] == 16
 
 
+def _not_ok_block(out: Path, night: str) -> list[str]:
+    """The screen's "cells not ok" lines for a committed night, runs of spaces as one,
+    worked out from its score files with PyArrow (not from the summary the screen reads)."""
+    scores = pq.read_table(
+        out / "scores" / f"run_date={night}" / f"run_id=nightly-{night}",
+        columns=["metric", "status"],
+    ).to_pylist()
+    order = ["not_applicable", "missing_input", "parse_failure", "judge_error", "timeout"]
+    order += ["context_too_long", "error"]
+    counts: dict[str, dict[str, int]] = {}
+    for cell in scores:
+        if cell["status"] != "ok":
+            per = counts.setdefault(cell["metric"], {})
+            per[cell["status"]] = per.get(cell["status"], 0) + 1
+    if not counts:
+        return []
+    return ["cells not ok (statuses: docs/output-schema.md):"] + [
+        f"{m}: " + ", ".join(f"{s}={per[s]}" for s in order if s in per)
+        for m, per in counts.items()
+    ]
+
+
+def _collapsed(lines: list[str]) -> list[str]:
+    return [" ".join(line.split()) for line in lines]
+
+
+def test_the_screen_counts_the_cells_not_ok(nights):
+    out, got, _ = nights
+    for night in (NIGHT1, NIGHT2):
+        _, stdout, _ = got[night]
+        block = _not_ok_block(out, night)
+        lines = stdout.splitlines()
+        if not block:
+            assert "cells not ok" not in stdout
+            continue
+        start = lines.index(block[0])
+        assert sorted(_collapsed(lines[start + 1 : start + len(block)])) == sorted(block[1:])
+
+
+def test_a_night_with_cells_not_ok_lists_them_under_the_table(monkeypatch, tmp_path):
+    """Rows 1 and 3 have no answer, rows 2 and 3 no document: each answer metric has two
+    ``missing_input`` cells, context_length two, and the ``binary`` callback's policy
+    makes the two null answers ``not_applicable``."""
+    header, rows = read_ares()
+    answer, document = header.index("Answer"), header.index("Document")
+    rows = [list(r) for r in rows[:4]]
+    rows[0][answer] = rows[2][answer] = ""
+    rows[1][document] = rows[2][document] = ""
+    write_tsv(tmp_path / "in" / f"run_date={NIGHT1}" / "night.tsv", header, rows)
+    monkeypatch.chdir(REPO)
+    code, stdout, err = run_cli(
+        [
+            "nightly",
+            str(CONFIG),
+            "--run-date",
+            NIGHT1,
+            "--input",
+            str(tmp_path / "in" / "run_date={run_date}") + "/",
+            "--output",
+            str(tmp_path / "out"),
+            "--no-report",
+        ]
+    )
+    assert code == 0, err[-3000:]
+    expected = [
+        "cells not ok (statuses: docs/output-schema.md):",
+        "  response_length:     missing_input=2",
+        "  context_length:      missing_input=2",
+        "  mentions_databricks: missing_input=2",
+        "  cites_a_url:         missing_input=2",
+        "  mentions_spark:      missing_input=2",
+        "  not_a_refusal:       not_applicable=2",
+    ]
+    lines = stdout.splitlines()
+    start = lines.index(expected[0])
+    assert lines[start : start + len(expected)] == expected
+    assert lines[start - 1] == "" and lines[start + len(expected)] == ""
+    assert _not_ok_block(tmp_path / "out", NIGHT1) == _collapsed(expected)
+
+
+def test_cells_not_ok_are_listed_by_metric_in_status_order():
+    from ragbatch.ops.nightly_summary import not_ok_lines
+
+    zeros = {f"n_{s}": 0 for s in ("not_applicable", "missing_input", "judge_error")}
+    rows = [
+        {"metric": "faithfulness", **zeros, "n_parse_failure": 2, "n_error": 1, "n_ok": 3},
+        {"metric": "response_length", **zeros, "n_parse_failure": None, "n_ok": 6},
+        {"metric": "answer_relevancy_long_id", "n_ok": 0, "n_timeout": 4, "n_missing_input": 1},
+    ]
+    assert not_ok_lines(rows) == [
+        "",
+        "cells not ok (statuses: docs/output-schema.md):",
+        "  faithfulness:             parse_failure=2, error=1",
+        "  answer_relevancy_long_id: missing_input=1, timeout=4",
+    ]
+    assert not_ok_lines(rows[1:2]) == []
+    assert not_ok_lines([]) == []
+
+
 def test_second_night_is_compared_with_the_first(nights):
     out, got, _ = nights
     code, stdout, err = got[NIGHT2]

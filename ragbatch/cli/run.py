@@ -211,7 +211,7 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
     interval of the pass rate, :func:`_interval_of`), and the non-zero other statuses; a
     judge metric whose result is degenerate is marked ``DEGENERATE`` and its reasons are
     listed under the table."""
-    from ragbatch.core.status import OK, STATUSES
+    from ragbatch.core.status import other_statuses
 
     width = max([28, *(len(r["metric"]) for r in rows)])
     ci = f"{confidence:.0%} CI"
@@ -220,7 +220,7 @@ def _summary_text(rows: list[dict], confidence: float) -> str:
     for r in rows:
         if r["slice_column"] is not None:
             continue
-        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES if s != OK and r[f"n_{s}"])
+        other = other_statuses(r)
         if r["mean"] is None:
             mean, interval = "-", "-"
         else:

@@ -6,6 +6,8 @@ field, input column, file or row involved and says what to change.
 
 from __future__ import annotations
 
+import unicodedata
+
 
 class RagbatchError(Exception):
     """Base class of every error ragbatch raises on purpose."""
@@ -92,6 +94,19 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
         seen.append(current)
         current = current.__cause__ or current.__context__
     return seen
+
+
+def describe_exception(exc: BaseException, limit: int = 1000) -> str:
+    """``"<exception type>: <message>"`` on one line: the message's runs of whitespace
+    (line breaks included; PyArrow's and vLLM's errors span several lines) as one space,
+    other control characters (Unicode category Cc) as ``\\xNN`` (PyArrow quotes a damaged
+    file's bytes, which must not reach a terminal as escape sequences), cut to ``limit``
+    characters with ``...``; the type alone when the message is empty."""
+    text = " ".join(str(exc).split())
+    text = "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -7,7 +7,7 @@ the metric measured 0, never that something failed.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 OK = "ok"
 NOT_APPLICABLE = "not_applicable"
@@ -43,6 +43,27 @@ DESCRIPTIONS: dict[str, str] = {
     CONTEXT_TOO_LONG: "the prompt would exceed the model's context window",
     ERROR: "anything else went wrong for this row; `reason` holds the message",
 }
+
+
+def other_statuses(counts: Mapping[str, Any]) -> str:
+    """The statuses other than ``ok`` that a summary row counts, as ``"status=n, ..."``.
+
+    Parameters
+    ----------
+    counts : mapping
+        A summary row (``summary.parquet``, docs/output-schema.md): an ``n_<status>``
+        integer for each of :data:`STATUSES` (null or missing counts as 0).
+
+    Returns
+    -------
+    str
+        The non-zero counts in :data:`STATUSES` order, ``ok`` left out; empty when every
+        cell is ``ok``.
+    """
+    return ", ".join(
+        f"{s}={counts[f'n_{s}']}" for s in STATUSES if s != OK and counts.get(f"n_{s}")
+    )
+
 
 #: Statuses a run can be told to judge again (``cache.rejudge``, ``--rejudge``). Only a
 #: ``parse_failure`` cell comes from a cached reply, and only it is re-asked under new

@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from ragbatch.config.engine_spec import JudgeSettings
 from ragbatch.core.engine_registry import EngineType, register_engine
-from ragbatch.core.errors import EngineError
+from ragbatch.core.errors import EngineError, describe_exception
 from ragbatch.core.pool_sizing import VLLM_POOL
 from ragbatch.engines.threads import set_thread_variables
 from ragbatch.judge.protocol import Completion, EngineRequest, JudgeEngine, OutputSpec
@@ -279,7 +279,9 @@ class VllmJudgeEngine(JudgeEngine):
             try:
                 ids = self.prompt_token_ids(request)
             except Exception as exc:
-                results[i] = Completion(JUDGE_ERROR, error=f"chat template: {_describe(exc)}")
+                results[i] = Completion(
+                    JUDGE_ERROR, error=f"chat template: {describe_exception(exc)}"
+                )
                 continue
             need = len(ids) + request.output.max_tokens
             if need > self.max_model_len:
@@ -321,7 +323,7 @@ class VllmJudgeEngine(JudgeEngine):
             logger.info(
                 "vLLM refused a batch of %d requests (%s); adding them one by one",
                 len(to_run),
-                _describe(batch_exc),
+                describe_exception(batch_exc),
             )
         request_ids: list[str | None] = [None] * len(to_run)
         for k, (i, _) in enumerate(to_run):
@@ -331,7 +333,7 @@ class VllmJudgeEngine(JudgeEngine):
                 )[0]
             except Exception as exc:
                 out[k] = Completion(
-                    JUDGE_ERROR, prompt_tokens=len(to_run[k][1]), error=_describe(exc)
+                    JUDGE_ERROR, prompt_tokens=len(to_run[k][1]), error=describe_exception(exc)
                 )
         return request_ids
 
@@ -340,7 +342,9 @@ class VllmJudgeEngine(JudgeEngine):
         try:
             self._llm.llm_engine.abort_request(ids, internal=True)
         except Exception as exc:  # nothing more to do; the next call still works
-            logger.warning("could not abort %d vLLM requests: %s", len(ids), _describe(exc))
+            logger.warning(
+                "could not abort %d vLLM requests: %s", len(ids), describe_exception(exc)
+            )
 
     def sampling_key(self) -> dict[str, Any]:
         """The settings that shape a reply besides the prompt and the request seed.
@@ -397,7 +401,7 @@ class VllmJudgeEngine(JudgeEngine):
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
         except Exception as exc:
-            logger.warning("vLLM engine shutdown failed: %s", _describe(exc))
+            logger.warning("vLLM engine shutdown failed: %s", describe_exception(exc))
         del llm, core
         from ragbatch.engines.vllm_setup import cleanup_vllm
 
@@ -527,7 +531,7 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
     except Exception as exc:
         setup.cleanup_vllm()  # a half-started engine may hold a process group or memory
         raise EngineError(
-            f"vLLM could not load judge model {spec.model!r}: {_describe(exc)}"
+            f"vLLM could not load judge model {spec.model!r}: {describe_exception(exc)}"
         ) from exc
     model_config = llm.llm_engine.model_config
     max_model_len = int(model_config.max_model_len)
@@ -543,15 +547,6 @@ def load_vllm_engine(spec: VllmEngine) -> VllmJudgeEngine:
 
 
 # -- helpers -------------------------------------------------------------------------
-
-
-def _describe(exc: BaseException, limit: int = 1000) -> str:
-    """``"<exception type>: <message>"``, the message on one line and at most ``limit``
-    characters (vLLM's configuration errors span several lines)."""
-    text = " ".join(str(exc).split())
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def context_window(spec: VllmEngine) -> tuple[int, str] | None:

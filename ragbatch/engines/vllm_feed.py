@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ragbatch.core.status import JUDGE_ERROR, OK, TIMEOUT
-from ragbatch.engines.vllm import _describe
+from ragbatch.core.errors import describe_exception
 from ragbatch.judge.protocol import Completion, EngineRequest, TokenLogprob
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class VllmFeed:
                 self._dispatch(outputs)
                 await asyncio.sleep(0)  # the woken calls parse and add their next requests
         except Exception as exc:  # the engine failed mid-step: every unfinished request fails
-            failure = _describe(exc)
+            failure = describe_exception(exc)
             logger.warning("vLLM failed with %d calls in flight: %s", len(self._calls), failure)
             for call in list(self._calls):
                 self._settle(call, JUDGE_ERROR, failure)

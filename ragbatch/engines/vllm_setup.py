@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragbatch.core.errors import EngineError
+from ragbatch.core.errors import EngineError, describe_exception
 from ragbatch.engines.vllm import (
     CPU_INSTALL,
     DEFAULT_CPU_BLOCK_SIZE,
@@ -23,7 +23,6 @@ from ragbatch.engines.vllm import (
     GPU_INSTALL,
     MODEL_ID_FILES,
     TOKENIZER_ID_FILES,
-    _describe,
 )
 from ragbatch.judge.protocol import EngineRequest, OutputSpec
 
@@ -102,7 +101,7 @@ def import_vllm(cuda: bool) -> Any:
                 "; torchvision does not match the installed torch: "
                 "pip uninstall -y torchvision torchaudio torchcodec"
             )
-        raise EngineError(f"vLLM cannot be imported: {_describe(exc)}{hint}") from exc
+        raise EngineError(f"vLLM cannot be imported: {describe_exception(exc)}{hint}") from exc
     return vllm
 
 
@@ -151,7 +150,7 @@ def check_chat_template(engine: VllmJudgeEngine) -> None:
         engine.close()
         raise EngineError(
             f"the tokenizer of judge model {engine.spec.model!r} cannot render a "
-            f"chat: {_describe(exc)}; use a chat (instruct) model or a "
+            f"chat: {describe_exception(exc)}; use a chat (instruct) model or a "
             f"tokenizer with a chat template"
         ) from exc
 
@@ -215,7 +214,7 @@ def cleanup_vllm() -> None:
 
         cleanup_dist_env_and_memory()
     except Exception as exc:
-        logger.debug("vLLM cleanup failed: %s", _describe(exc))
+        logger.debug("vLLM cleanup failed: %s", describe_exception(exc))
     gc.collect()
 
 

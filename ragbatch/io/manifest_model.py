@@ -123,7 +123,14 @@ class JudgeTally(_Section):
 
 
 class JudgeInfo(_Section):
-    """The manifest's ``judge`` section (:func:`ragbatch.pipeline.manifest.judge_summary`)."""
+    """The manifest's ``judge`` section (:func:`ragbatch.pipeline.manifest.judge_summary`).
+
+    Runs since 2026-12-05 also write ``cache_files_set_aside``: the URIs of the judgment
+    cache's files the run could not read and moved under ``v2/damaged/`` (a list of
+    str, empty when none). It is not declared here, so that a manifest written before it
+    existed reads and writes back as it was; read it from the section's extra keys
+    (``judge.model_extra``).
+    """
 
     metrics: dict[str, JudgeTally] = Field(default_factory=dict)
     total: JudgeTally = Field(default_factory=JudgeTally)
@@ -169,7 +176,9 @@ _JUDGE = (
     "`cache_hits`, `prompt_tokens`, `completion_tokens`, `cached_prompt_tokens` (of the "
     "served requests), `refused_too_long` (requests refused as `context_too_long`, never "
     "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
-    "judges.md)"
+    "judges.md); `cache_files_set_aside`, the judgment cache's files this run could not "
+    "read and moved under `v2/damaged/` (their entries were asked again; "
+    "[cache.md](cache.md))"
 )
 #: The fault counters of each actor stage (:meth:`udfs.ledger.RunLedger.faults`), in the
 #: order written, each with its note in docs/output-schema.md ("": none).

@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragbatch.core.errors import describe_exception
+
 #: Bytes a lookup reads first from a file whose footer it does not know: the whole file
 #: when it is no larger (the row groups are then decoded from it, with no second request),
 #: else the last this many bytes, which hold the footer of a file of up to about 200 row
@@ -93,7 +95,7 @@ def parse_footer(footer: bytes) -> Any:
     try:
         meta = pq.read_metadata(pa.BufferReader(MAGIC + footer))
     except Exception as exc:  # noqa: BLE001 - whatever PyArrow raises, the bytes are bad
-        raise Damaged(f"its footer does not parse: {type(exc).__name__}: {exc}") from None
+        raise Damaged(f"its footer does not parse: {describe_exception(exc)}") from None
     check_schema(meta)
     return meta
 
@@ -117,7 +119,7 @@ def check_schema(meta: Any) -> None:
     try:
         schema = meta.schema.to_arrow_schema()
     except Exception as exc:  # noqa: BLE001 - a schema PyArrow cannot map is a bad file
-        raise Damaged(f"its schema cannot be read: {type(exc).__name__}: {exc}") from None
+        raise Damaged(f"its schema cannot be read: {describe_exception(exc)}") from None
     for name in REQUIRED_COLUMNS:
         if schema.get_field_index(name) < 0:
             raise Damaged(f"column {name!r} is missing (columns: {', '.join(schema.names)})")
@@ -284,7 +286,7 @@ def _decoded(
     except Damaged:
         raise
     except Exception as exc:  # noqa: BLE001 - decoding bytes in memory: they are bad
-        raise Damaged(f"its pages do not decode: {type(exc).__name__}: {exc}") from None
+        raise Damaged(f"its pages do not decode: {describe_exception(exc)}") from None
 
 
 def decode_whole(data: bytes, columns: Sequence[str] | None = None) -> pa.Table:

@@ -3,7 +3,7 @@ against the previous committed run, and the exit code with its meaning."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from ragbatch.core.exit_codes import EXIT_CODES, EXIT_INPUT_NOT_READY
 from ragbatch.ops.nightly_job import NightlyOutcome
@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 def format_outcome(outcome: NightlyOutcome) -> str:
     """``outcome`` as text: a headline, the paths, one line per metric (cells, ``ok``
     cells, mean; the paired change against the previous run with its interval, marked
-    when it regresses beyond the threshold, or when its judge result is degenerate) and the
-    exit line. URLs appear without credentials (:func:`ragbatch.core.redact.redact_text`)."""
+    when it regresses beyond the threshold, or when its judge result is degenerate), the
+    counts of cells not ``ok`` by status (:func:`not_ok_lines`) and the exit line. URLs
+    appear without credentials (:func:`ragbatch.core.redact.redact_text`)."""
     lines = [_headline(outcome)]
     if outcome.config is not None:
         lines.append(f"  input:      {outcome.config.input.uri}")
@@ -103,7 +104,24 @@ def _metric_lines(outcome: NightlyOutcome) -> list[str]:
         if r["metric"] in outcome.degenerate:
             text += f"  DEGENERATE: {outcome.degenerate[r['metric']]}"
         lines.append(text.rstrip())
-    return lines
+    return lines + not_ok_lines(summary.iter_rows(named=True))
+
+
+def not_ok_lines(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Lines under the metric table naming, per metric, the cells that are not ``ok``
+    (``parse_failure=2, error=1``; :func:`ragbatch.core.status.other_statuses`), so that
+    a night whose judge failed on some rows says so on its screen; no lines when every
+    cell of every metric in ``rows`` (overall summary rows) is ``ok``."""
+    from ragbatch.core.status import other_statuses
+
+    found = [(r["metric"], other_statuses(r)) for r in rows]
+    found = [(metric, text) for metric, text in found if text]
+    if not found:
+        return []
+    width = max(len(metric) for metric, _ in found)
+    return ["", "cells not ok (statuses: docs/output-schema.md):"] + [
+        f"  {metric + ':':<{width + 1}} {text}" for metric, text in found
+    ]
 
 
 def _change_text(change: dict[str, Any]) -> str:

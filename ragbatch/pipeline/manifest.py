@@ -77,7 +77,9 @@ def build_manifest(
     ``prompt_tokens``, ``completion_tokens`` and ``cached_prompt_tokens`` of the calls
     served, ``refused_too_long`` (requests refused as ``context_too_long``, never
     served) and ``refused_prompt_tokens`` (their prompt tokens); per engine its
-    counters, for vLLM the prefix-cache hit rate), ``pii`` (per PII engine, the detectors that ran) and
+    counters, for vLLM the prefix-cache hit rate; ``cache_files_set_aside``, the judgment
+    cache's files this run could not read and moved under ``v2/damaged/``), ``pii`` (per
+    PII engine, the detectors that ran) and
     ``resume`` (attempt number, whether the run resumed an interrupted one, rows and
     files reused from earlier attempts, files set aside), ``faults`` (the error
     budget, and per actor stage and in total: batches, batch starts, in-process batch
@@ -226,7 +228,12 @@ def judge_summary(plan: Plan, totals: dict[str, Any]) -> dict[str, Any]:
         if queries:
             entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if hits is not None else None
         engines[name] = entry
-    return {"metrics": per_metric, "total": total, "engines": engines}
+    return {
+        "metrics": per_metric,
+        "total": total,
+        "engines": engines,
+        "cache_files_set_aside": list(totals.get("cache_files_set_aside") or []),
+    }
 
 
 def pin_input_version(config: JobConfig, run_id: str, run_date: dt.date) -> JobConfig:

@@ -29,7 +29,7 @@ from ragbatch.io.fs import is_process_local, resolve, to_pyarrow
 from ragbatch.io.probe import probe_output
 from ragbatch.io.staging import Resume, Staging, run_fingerprint
 from ragbatch.io.write import OutputLayout, RunCheck, verify_run
-from ragbatch.judge.cache_upkeep import settle_journal
+from ragbatch.judge.cache_upkeep import damaged_cache_files, settle_journal
 from ragbatch.pipeline.manifest import build_manifest, pin_input_version
 from ragbatch.io.manifest_model import Manifest
 from ragbatch.pipeline.plan import Plan, build_plan, preflight_engines
@@ -153,6 +153,7 @@ def run_job(
 
         t1 = time.perf_counter()
         ray_info: dict[str, Any]
+        set_aside: list[str] = []
         if executor == "in_process":
             workers, why = tasks_in_flight(config.run.tasks_in_flight)
             log.info("run %s in this process: %s", run_id, why)
@@ -171,9 +172,11 @@ def run_job(
             ray_info = {"executor": "ray", **ensure_ray(address, data_actors_first=not actors)}
             size_pools(plan)
             check_fit(plan, started_locally=ray_info.get("started_locally", False))
+            damaged_before = damaged_cache_files(plan.config, plan.stages)
             settle_journal(plan.config, run_id, plan.stages)
             done = execute(plan, layout, staging.scores_dir(), resume.done_rows)
             _stop_local_ray(ray_info)
+            set_aside = _set_aside_by_this_run(plan, damaged_before)
         n_rows = done.n_rows
         timings["execute_s"] = time.perf_counter() - t1
 
@@ -202,7 +205,7 @@ def run_job(
             started=started,
             timings=timings,
             ray_info=ray_info,
-            judge=done.judge,
+            judge={**(done.judge or {}), "cache_files_set_aside": set_aside},
             resume=resume,
             faults=done.faults,
             placement=done.placement,
@@ -219,6 +222,24 @@ def run_job(
             timings["total_s"],
         )
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
+
+
+def _set_aside_by_this_run(plan: Plan, before: set[str] | None) -> list[str]:
+    """The judgment cache's files this run's stages could not read and set aside (new
+    under ``v2/damaged/`` since ``before``, :func:`damaged_cache_files`), sorted, with a
+    warning in the driver's log naming them; empty when either listing failed."""
+    after = damaged_cache_files(plan.config, plan.stages)
+    if before is None or after is None or not after - before:
+        return []
+    new = sorted(after - before)
+    log.warning(
+        "judgment cache: %d file(s) could not be read during this run and were set aside "
+        "(their entries were asked again; the manifest lists them under "
+        "judge.cache_files_set_aside; 'ragbatch cache check' finds others): %s",
+        len(new),
+        ", ".join(new),
+    )
+    return new
 
 
 #: Shutdowns of a local Ray under way (:func:`_stop_local_ray`).
