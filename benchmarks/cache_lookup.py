@@ -236,6 +236,11 @@ S3_CREDENTIALS = {"moto": "testing", "moto-keepalive": "testing", "s3rver": "S3R
 def _server_command(kind: str, port: int) -> list[str]:
     """The command line of ``S3_SERVERS[kind]`` on 127.0.0.1:``port``."""
     if kind == "s3rver":
+        if shutil.which(S3_SERVERS[kind][0]) is None:
+            raise SystemExit(
+                f"--s3-server s3rver: no command {S3_SERVERS[kind][0]!r}; install it with "
+                "`npm install s3rver` and put node_modules/.bin on PATH or its path in $S3RVER"
+            )
         data = tempfile.mkdtemp(prefix="ragbatch-s3rver-")
         atexit.register(shutil.rmtree, data, True)  # after main() has stopped the server
         return [
@@ -260,6 +265,11 @@ def serve_s3(kind: str = "moto") -> tuple[subprocess.Popen, int]:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             break
         except OSError:
+            if server.poll() is not None:
+                raise SystemExit(
+                    f"the S3 server {kind!r} exited with status {server.returncode} before "
+                    f"it listened; run it by hand to see why: {' '.join(server.args)}"
+                ) from None
             time.sleep(0.1)
     return server, port
 

@@ -40,3 +40,14 @@ def test_pyarrow_error_about_damaged_pages_is_one_printable_line(tmp_path):
     text = describe_exception(info.value)
     assert "\n" not in text and text.isprintable(), text
     assert text.startswith(type(info.value).__name__ + ": ")
+
+
+def test_format_surrogate_and_private_characters_are_escaped():
+    from ragbatch.core.errors import printable
+
+    # a bidi override reorders a terminal line; a zero-width space hides; a lone
+    # surrogate cannot be encoded; private-use characters have no agreed glyph
+    text = "a\u202eb\u200bc\udcffd\U000f0000e"
+    assert printable(text) == "a\\u202eb\\u200bc\\udcffd\\U000f0000e"
+    assert printable(text).encode("utf-8")  # writable to a UTF-8 terminal or log
+    assert printable("\u2028two\x85lines\x1c") == "two lines"  # Unicode line breaks

@@ -46,7 +46,12 @@ DAMAGE = {
     "wrong_schema": "column 'group' is missing",
     "corrupt_footer": "its footer does not parse",
     "corrupt_page": "its pages do not decode",
+    "invalid_utf8": "its pages do not decode",
+    "hostile_names": "column 'group' is missing",
 }
+#: A column name a hostile file could hold: a terminal title, a screen clear, a colour,
+#: a line break and a carriage return.
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\nchecked 0 files\r\u202e"
 
 
 def _damage(fs, path: str, kind: str) -> None:
@@ -60,6 +65,20 @@ def _damage(fs, path: str, kind: str) -> None:
         sink = io.BytesIO()
         pq.write_table(pa.table({"x": [1, 2]}), sink)
         damaged = sink.getvalue()
+    elif kind == "hostile_names":
+        sink = io.BytesIO()
+        pq.write_table(pa.table({HOSTILE: [1, 2]}), sink)
+        damaged = sink.getvalue()
+    elif kind == "invalid_utf8":  # Parquet stores the replies' bytes without checking them
+        table = pq.read_table(pa.BufferReader(data))
+        marker = "Q" * 16
+        at = table.schema.get_field_index("text")
+        table = table.set_column(at, "text", pa.array([marker] * table.num_rows, pa.string()))
+        sink = io.BytesIO()
+        pq.write_table(
+            table, sink, compression="none", use_dictionary=False, write_statistics=["group"]
+        )
+        damaged = sink.getvalue().replace(marker.encode(), b"\xff\x1b[31m" + b"Q" * 10)
     elif kind == "corrupt_footer":
         length = int.from_bytes(data[-8:-4], "little")
         start = len(data) - 8 - length
@@ -114,6 +133,7 @@ def _damaged_run(uri: str, options: dict, kind: str, caplog) -> None:
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert files.uri(path) in warning and DAMAGE[kind] in warning
     assert files.uri(moved) in warning
+    assert warning.isprintable()  # whatever the file held, one line that shows as written
 
     cells, records, engine = _night(uri, options, [], "n3")
     assert [c["status"] for c in cells] == [OK] * ROWS
@@ -205,6 +225,29 @@ def _check_and_repair(uri: str, options: dict, capsys) -> None:
     assert f"checked {ROWS - 3} files (every byte): 0 damaged" in capsys.readouterr().out
     assert main(["cache", "stats", *flags]) == 0
     assert "damaged  files       4  (set aside, not read)" in capsys.readouterr().out
+
+
+def test_text_that_is_not_utf8_and_hostile_names_are_found_by_check(tmp_path, capsys):
+    uri = str(tmp_path / "cache")
+    _, _, first = _night(uri, {}, [GOOD] * ROWS, "n1")
+    files = open_files(uri, {})
+    (text_file,) = files.bucket_files()[_row_buckets(first)[0]]
+    (names_file,) = files.bucket_files()[_row_buckets(first)[1]]
+    _damage(files.fs, text_file, "invalid_utf8")
+    _damage(files.fs, names_file, "hostile_names")
+    assert main(["cache", "check", "--uri", uri]) == 3  # the text's footer is sound
+    out = capsys.readouterr().out
+    assert files.uri(text_file) not in out
+    escaped = "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred checked 0 files \\u202e"
+    assert (
+        f"damaged   {files.uri(names_file)}: column 'group' is missing (columns: {escaped})" in out
+    )
+    assert main(["cache", "check", "--uri", uri, "--data"]) == 3
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if files.uri(text_file) in x)
+    assert line.startswith(f"damaged   {files.uri(text_file)}: its pages do not decode: ")
+    assert "utf" in line.lower() and "\\xff" not in line  # PyArrow names the fault
+    assert all(x.isprintable() for x in out.splitlines()) and len(out.splitlines()) == 2 + 2
 
 
 def test_cache_check_finds_and_repairs_damaged_files(tmp_path, capsys):

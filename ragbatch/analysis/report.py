@@ -46,7 +46,7 @@ from ragbatch.analysis.report_template import TEMPLATE
 from ragbatch.analysis.panel_summary import agreement_rows
 from ragbatch.analysis.runs import CommittedRun, load_scores, load_summary
 from ragbatch.core.redact import redact_text, redact_url
-from ragbatch.core.status import NOT_APPLICABLE, OK, STATUSES
+from ragbatch.core.status import NOT_APPLICABLE, OK, STATUSES, other_statuses
 
 #: Rows listed per metric in the worst-rows and moved-rows tables.
 TOP_ROWS = 10
@@ -136,7 +136,7 @@ def _metric_rows(
             r["metric"], r.get("metric_name") or r["metric"], "", False, True, None, False
         )
         ok = scores.filter((pl.col("metric") == r["metric"]) & (pl.col("status") == OK))["score"]
-        other = ", ".join(f"{s}={r[f'n_{s}']}" for s in STATUSES if s != OK and r.get(f"n_{s}"))
+        other = other_statuses(r)
         pass_rate = (
             "-"
             if r["pass_rate"] is None

@@ -96,14 +96,36 @@ def exception_chain(exc: BaseException, limit: int = 10) -> list[BaseException]:
     return seen
 
 
+#: Unicode categories :func:`printable` escapes: controls, format characters (bidi
+#: overrides, zero-width spaces), surrogates and private-use characters.
+UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co"})
+
+
+def printable(text: str) -> str:
+    """``text`` as one line a terminal shows as written: runs of whitespace (line breaks
+    included) as one space, and each character of :data:`UNPRINTABLE_CATEGORIES` as its
+    escape (``\\x1b``, ``\\u202e``, ``\\U000f0000``), so that text taken from a file or
+    a reply (a damaged file's column names, PyArrow quoting its bytes) cannot move the
+    cursor, recolour the screen or reorder a line. Letters, marks, symbols and emoji of
+    any script are kept."""
+    return "".join(_escaped(c) for c in " ".join(text.split()))
+
+
+def _escaped(c: str) -> str:
+    if unicodedata.category(c) not in UNPRINTABLE_CATEGORIES:
+        return c
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def describe_exception(exc: BaseException, limit: int = 1000) -> str:
-    """``"<exception type>: <message>"`` on one line: the message's runs of whitespace
-    (line breaks included; PyArrow's and vLLM's errors span several lines) as one space,
-    other control characters (Unicode category Cc) as ``\\xNN`` (PyArrow quotes a damaged
-    file's bytes, which must not reach a terminal as escape sequences), cut to ``limit``
-    characters with ``...``; the type alone when the message is empty."""
-    text = " ".join(str(exc).split())
-    text = "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" else c for c in text)
+    """``"<exception type>: <message>"`` on one line, the message :func:`printable`
+    (PyArrow's and vLLM's errors span several lines; PyArrow quotes a damaged file's
+    bytes) and cut to ``limit`` characters with ``...``; the type alone when the message
+    is empty."""
+    text = printable(str(exc))
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

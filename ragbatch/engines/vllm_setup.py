@@ -92,7 +92,7 @@ def import_vllm(cuda: bool) -> Any:
     except ImportError as exc:
         raise EngineError(
             f"the vllm judge engine needs vLLM, which is not installed "
-            f"({exc}); install it with: {install}"
+            f"({describe_exception(exc)}); install it with: {install}"
         ) from exc
     except Exception as exc:  # a broken install, e.g. torchvision built for another torch
         hint = ""

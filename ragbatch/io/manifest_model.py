@@ -126,10 +126,10 @@ class JudgeInfo(_Section):
     """The manifest's ``judge`` section (:func:`ragbatch.pipeline.manifest.judge_summary`).
 
     Runs since 2026-12-05 also write ``cache_files_set_aside``: the URIs of the judgment
-    cache's files the run could not read and moved under ``v2/damaged/`` (a list of
-    str, empty when none). It is not declared here, so that a manifest written before it
-    existed reads and writes back as it was; read it from the section's extra keys
-    (``judge.model_extra``).
+    cache's files set aside under ``v2/damaged/`` while the run's stages ran (a list of
+    at most 1,000 str, empty when none or when the folder could not be listed). It is not
+    declared here, so that a manifest written before it existed reads and writes back as
+    it was; read it from the section's extra keys (``judge.model_extra``).
     """
 
     metrics: dict[str, JudgeTally] = Field(default_factory=dict)
@@ -176,9 +176,9 @@ _JUDGE = (
     "`cache_hits`, `prompt_tokens`, `completion_tokens`, `cached_prompt_tokens` (of the "
     "served requests), `refused_too_long` (requests refused as `context_too_long`, never "
     "served) and `refused_prompt_tokens` (their prompt tokens); engine counters (see "
-    "judges.md); `cache_files_set_aside`, the judgment cache's files this run could not "
-    "read and moved under `v2/damaged/` (their entries were asked again; "
-    "[cache.md](cache.md))"
+    "judges.md); `cache_files_set_aside`, the judgment cache's files set aside under "
+    "`v2/damaged/` while the run's stages ran, by this run (it could not read them) or by "
+    "another process sharing the cache; at most 1,000 ([cache.md](cache.md))"
 )
 #: The fault counters of each actor stage (:meth:`udfs.ledger.RunLedger.faults`), in the
 #: order written, each with its note in docs/output-schema.md ("": none).

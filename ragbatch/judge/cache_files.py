@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ragbatch.core.errors import describe_exception, printable
 from ragbatch.judge.cache_parquet import (
     Damaged,
     decode_whole,
@@ -121,8 +122,9 @@ class CacheFiles:
         return f"{self.buckets_dir}/bucket={bucket}"
 
     def uri(self, path: str) -> str:
-        """``path`` as a URI with the filesystem's protocol, for messages."""
-        return str(self.fs.unstrip_protocol(path))
+        """``path`` as a URI with the filesystem's protocol, for messages: one
+        :func:`~ragbatch.core.errors.printable` line, whatever the file's name holds."""
+        return printable(str(self.fs.unstrip_protocol(path)))
 
     def _parquet_under(self, folder: str) -> list[str]:
         # Other processes write here: list afresh (invalidating a folder alone leaves
@@ -252,7 +254,7 @@ class CacheFiles:
                 now = listed
             if now < listed:
                 return Damaged(f"it has {now} bytes, {listed} when listed (cut short)")
-        error = OSError(f"cannot read {self.uri(path)}: {type(exc).__name__}: {exc}")
+        error = OSError(f"cannot read {self.uri(path)}: {describe_exception(exc)}")
         error.__cause__ = exc
         return error
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ragbatch.core.errors import describe_exception
+from ragbatch.core.errors import describe_exception, printable
 
 #: Bytes a lookup reads first from a file whose footer it does not know: the whole file
 #: when it is no larger (the row groups are then decoded from it, with no second request),
@@ -40,7 +40,12 @@ REQUIRED_COLUMNS = {"group": pa.string(), "key": pa.string(), "text": pa.string(
 
 
 class Damaged(Exception):
-    """The bytes of a cache file are not a readable cache file; the message says why."""
+    """The bytes of a cache file are not a readable cache file; the message says why, as
+    one :func:`~ragbatch.core.errors.printable` line (it may quote the file's own column
+    names and types)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(printable(why))
 
 
 def tail_start(size: int) -> int:
@@ -255,7 +260,8 @@ def decode_row_groups(
     Raises
     ------
     Damaged
-        The pages do not decode, or lie outside what the footer's column chunks said.
+        The pages do not decode, lie outside what the footer's column chunks said, or
+        hold text that is not UTF-8.
     """
     return _decoded(
         meta,
@@ -273,8 +279,9 @@ def _decoded(
     read: Callable[[Any, list[str]], Any],
     columns: Sequence[str],
 ) -> Any:
-    """``read(parquet_file, columns present)`` over the fetched ``pieces`` of a file;
-    whatever fails to decode is :class:`Damaged`."""
+    """``read(parquet_file, columns present)`` over the fetched ``pieces`` of a file,
+    each table validated in full (text that is not UTF-8 included); whatever fails to
+    decode or validate is :class:`Damaged`."""
     schema = meta.schema.to_arrow_schema()
     present = [c for c in columns if schema.get_field_index(c) >= 0]
     try:
@@ -282,7 +289,10 @@ def _decoded(
             source: Any = pa.BufferReader(pieces[0][1])
         else:
             source = pa.PythonFile(Pieces(size, pieces), mode="r")
-        return read(pq.ParquetFile(source, metadata=meta, pre_buffer=False), present)
+        got = read(pq.ParquetFile(source, metadata=meta, pre_buffer=False), present)
+        for table in got if isinstance(got, list) else [got]:
+            table.validate(full=True)  # PyArrow decodes text without checking its UTF-8
+        return got
     except Damaged:
         raise
     except Exception as exc:  # noqa: BLE001 - decoding bytes in memory: they are bad

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from cachetools import LRUCache
 
+from ragbatch.core.errors import describe_exception
 from ragbatch.judge.cache_parquet import (
     Damaged,
     column_spans,
@@ -396,7 +397,7 @@ class BucketReader:
                     "judgment cache %s: bucket files were removed meanwhile and listing the "
                     "cache again failed (%s); their entries will be asked again",
                     self.files.uri(self.files.root),
-                    exc,
+                    describe_exception(exc),
                 )
                 return out
             again, _, _ = self._lookup_once({bucket: wanted[bucket] for bucket in gone}, read)
@@ -631,12 +632,11 @@ class BucketReader:
             self.files.set_aside(path, why)
         except Exception as exc:  # noqa: BLE001 - the lookup goes on without the file
             log.warning(
-                "judgment cache: %s cannot be read (%s), nor moved aside (%s: %s); this "
+                "judgment cache: %s cannot be read (%s), nor moved aside (%s); this "
                 "process leaves it out and asks its entries again",
                 self.files.uri(path),
                 why,
-                type(exc).__name__,
-                exc,
+                describe_exception(exc),
             )
 
 

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ragbatch.core.errors import describe_exception
 from ragbatch.judge.cache_parquet import Damaged
 from ragbatch.judge.cache_files import BUCKET_DIGITS, ENTRY_SCHEMA, ROW_GROUP_ROWS, CacheFiles
 
@@ -416,6 +417,8 @@ def damaged_cache_files(config: Any, stages: Any) -> set[str] | None:
 
     from ragbatch.core.stages import StageKind
 
+    from ragbatch.core.redact import redact_text
+
     if not config.cache.enabled or not any(s.kind == StageKind.JUDGE for s in stages):
         return None
     uri, options = config.cache_location()
@@ -424,10 +427,9 @@ def damaged_cache_files(config: Any, stages: Any) -> set[str] | None:
         return {files.uri(path) for path in files.damaged_files()}
     except Exception as exc:  # noqa: BLE001 - a count for the manifest, not the run's work
         logging.getLogger(__name__).warning(
-            "judgment cache %s: files set aside could not be listed: %s: %s",
-            uri,
-            type(exc).__name__,
-            exc,
+            "judgment cache %s: files set aside could not be listed: %s",
+            redact_text(uri),
+            describe_exception(exc),
         )
         return None
 
@@ -445,12 +447,16 @@ def settle_journal(config: Any, run_id: str, stages: Any) -> FoldResult | None:
 
     if not config.cache.enabled or not any(s.kind == StageKind.JUDGE for s in stages):
         return None
+    from ragbatch.core.redact import redact_text
+
     uri, options = config.cache_location()
     log = logging.getLogger(__name__)
     try:
         result = fold_journal(open_files(uri, options), run_id)
     except Exception as exc:
-        log.warning("judgment cache %s: journal not folded: %s: %s", uri, type(exc).__name__, exc)
+        log.warning(
+            "judgment cache %s: journal not folded: %s", redact_text(uri), describe_exception(exc)
+        )
         return None
     if result.journal_files:
         log.info(

@@ -224,22 +224,35 @@ def run_job(
         return RunResult(run_id, run_date, layout, check, manifest, timings, summary, config)
 
 
+#: Most files of the judgment cache a manifest names as set aside during its run
+#: (``judge.cache_files_set_aside``), and most the driver's warning names.
+SET_ASIDE_IN_MANIFEST = 1000
+SET_ASIDE_IN_LOG = 10
+
+
 def _set_aside_by_this_run(plan: Plan, before: set[str] | None) -> list[str]:
-    """The judgment cache's files this run's stages could not read and set aside (new
-    under ``v2/damaged/`` since ``before``, :func:`damaged_cache_files`), sorted, with a
-    warning in the driver's log naming them; empty when either listing failed."""
+    """The judgment cache's files set aside while this run's stages ran (new under
+    ``v2/damaged/`` since ``before``, :func:`damaged_cache_files`): files this run could
+    not read, or that another process sharing the cache set aside meanwhile. Sorted, at
+    most :data:`SET_ASIDE_IN_MANIFEST`, with one warning in the driver's log giving their
+    number and naming the first :data:`SET_ASIDE_IN_LOG`; empty when either listing
+    failed."""
     after = damaged_cache_files(plan.config, plan.stages)
     if before is None or after is None or not after - before:
         return []
     new = sorted(after - before)
+    named = ", ".join(new[:SET_ASIDE_IN_LOG])
+    if len(new) > SET_ASIDE_IN_LOG:
+        named += f" and {len(new) - SET_ASIDE_IN_LOG} more"
     log.warning(
-        "judgment cache: %d file(s) could not be read during this run and were set aside "
-        "(their entries were asked again; the manifest lists them under "
-        "judge.cache_files_set_aside; 'ragbatch cache check' finds others): %s",
+        "judgment cache: %d file(s) were set aside while this run's stages ran (files it "
+        "could not read, or that another process sharing the cache set aside); entries "
+        "they held are asked again; the manifest lists them (judge.cache_files_set_aside): "
+        "%s",
         len(new),
-        ", ".join(new),
+        named,
     )
-    return new
+    return new[:SET_ASIDE_IN_MANIFEST]
 
 
 #: Shutdowns of a local Ray under way (:func:`_stop_local_ray`).
