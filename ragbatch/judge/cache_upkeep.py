@@ -409,22 +409,22 @@ def check_cache(files: CacheFiles, data: bool = False, repair: bool = False) -> 
 def damaged_cache_files(config: Any, stages: Any) -> set[str] | None:
     """The files of the judgment cache of ``config`` (a
     :class:`~ragbatch.config.job.JobConfig`) already set aside under ``v2/damaged/``, as
-    URIs: the runner lists them before a run's stages start and again after they end, and
-    the files new in the second listing are those this run set aside (the manifest's
-    ``judge.cache_files_set_aside``). None when the cache is disabled, no stage of
-    ``stages`` is a judge stage, or the listing fails (logged; never raises)."""
+    URIs without credentials: the runner lists them before a run's stages start and
+    again after they end, and the files new in the second listing were set aside while
+    the stages ran (the manifest's ``judge.cache_files_set_aside``). None when the cache
+    is disabled, no stage of ``stages`` is a judge stage, or the listing fails (logged;
+    never raises)."""
     import logging
 
-    from ragbatch.core.stages import StageKind
-
     from ragbatch.core.redact import redact_text
+    from ragbatch.core.stages import StageKind
 
     if not config.cache.enabled or not any(s.kind == StageKind.JUDGE for s in stages):
         return None
     uri, options = config.cache_location()
     try:
         files = open_files(uri, options)
-        return {files.uri(path) for path in files.damaged_files()}
+        return {redact_text(files.uri(path)) for path in files.damaged_files()}
     except Exception as exc:  # noqa: BLE001 - a count for the manifest, not the run's work
         logging.getLogger(__name__).warning(
             "judgment cache %s: files set aside could not be listed: %s",
