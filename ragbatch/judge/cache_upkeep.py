@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ragbatch.core.errors import describe_exception
+from ragbatch.core.redact import redact_text
 from ragbatch.judge.cache_parquet import Damaged
 from ragbatch.judge.cache_files import BUCKET_DIGITS, ENTRY_SCHEMA, ROW_GROUP_ROWS, CacheFiles
 
@@ -416,7 +417,6 @@ def damaged_cache_files(config: Any, stages: Any) -> set[str] | None:
     never raises)."""
     import logging
 
-    from ragbatch.core.redact import redact_text
     from ragbatch.core.stages import StageKind
 
     if not config.cache.enabled or not any(s.kind == StageKind.JUDGE for s in stages):
@@ -447,8 +447,6 @@ def settle_journal(config: Any, run_id: str, stages: Any) -> FoldResult | None:
 
     if not config.cache.enabled or not any(s.kind == StageKind.JUDGE for s in stages):
         return None
-    from ragbatch.core.redact import redact_text
-
     uri, options = config.cache_location()
     log = logging.getLogger(__name__)
     try:
